@@ -1,0 +1,67 @@
+//! The dagcron cron language.
+//!
+//! One strict parser for 5-, 6- and 7-field expressions with Quartz
+//! extensions (`L`, `W`, `#`), Jenkins-style `H`, `@` descriptors and
+//! `CRON_TZ=` prefixes; a search that computes the next or previous fire by
+//! field arithmetic on bit sets; daylight-saving rules that distinguish
+//! wall-clock times from rhythms and can be overridden per schedule; an
+//! English explanation and a normal form.
+//!
+//! ```
+//! use dagcron_cron::Schedule;
+//!
+//! let s = Schedule::parse("*/15 9-17 * * MON-FRI").unwrap();
+//! let t: jiff::Timestamp = "2026-11-27T17:50:00Z".parse().unwrap(); // a Friday
+//! assert_eq!(s.next_after(t).unwrap().to_string(), "2026-11-30T09:00:00Z");
+//! assert_eq!(s.normalized(), "0 */15 9-17 * * 1-5 *");
+//! ```
+//!
+//! The crate does no I/O and never reads the clock: every query takes the
+//! instant it is about. The semantic choices the language leaves open are
+//! listed in `docs/cron.md`.
+
+mod ast;
+mod calendar;
+mod civil;
+mod error;
+mod explain;
+#[doc(hidden)]
+pub mod fuzzing;
+mod hash;
+mod normal;
+mod parse;
+mod schedule;
+mod zone;
+
+pub use ast::{Ast, Descriptor, Field, FieldKind, Item, ItemKind, StepBase};
+pub use error::{ErrorKind, ParseError, Span};
+pub use hash::seed_from_key;
+pub use schedule::{Fire, Fires, Options, Schedule};
+pub use zone::{DstGap, DstNote, DstOverlap};
+
+/// The version of the cron semantics. Stored with every schedule so that an
+/// upgrade that changes a rule never silently moves a fire.
+pub const SEMANTICS_VERSION: u32 = 1;
+
+impl Schedule {
+    /// A plain-English explanation.
+    pub fn explain(&self) -> String {
+        explain::explain(self)
+    }
+
+    /// The normal form: two spellings of the same schedule have the same
+    /// normal form (7 fields, or `@every <seconds>s`, with a `CRON_TZ=`
+    /// prefix when the zone is not UTC).
+    pub fn normalized(&self) -> String {
+        normal::normalized(self)
+    }
+}
+
+impl PartialEq for Schedule {
+    fn eq(&self, other: &Schedule) -> bool {
+        self.normalized() == other.normalized()
+            && self.dst_gap() == other.dst_gap()
+            && self.dst_overlap() == other.dst_overlap()
+            && self.every().map(|e| e.1) == other.every().map(|e| e.1)
+    }
+}
