@@ -217,7 +217,8 @@ pub(crate) fn explain(schedule: &Schedule) -> String {
         let compiled = schedule.compiled().expect("cron fields");
         let time = time_phrase(&f(FieldKind::Second), &f(FieldKind::Minute), &f(FieldKind::Hour));
         let day = day_phrase(&f(FieldKind::DayOfMonth), &f(FieldKind::Month), &f(FieldKind::DayOfWeek), compiled.and_days);
-        let at_times = time.starts_with("at ") && !time.contains(',');
+        // "at 02:30" reads well before any day phrase; rhythms take a comma.
+        let at_times = time.strip_prefix("at ").is_some_and(|t| t.starts_with(|c: char| c.is_ascii_digit()));
         let mut s = match (at_times, day.as_str()) {
             (false, "every day") => time,
             (true, _) => format!("{time} {day}"),

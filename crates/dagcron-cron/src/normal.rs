@@ -150,8 +150,12 @@ pub(crate) fn normalized(schedule: &Schedule) -> String {
         (join_field(fmt_values(&dom_vals, 1, 31, Style::NoStar), dspec), "*".to_string())
     } else if c.and_days {
         // Both restricted, and both must match: the source had `*/n` in one
-        // of them. Print the day-of-month that way (either one keeps the mode).
-        (fmt_star_prefixed(&dom_vals, 1, 31, &dspec), join_field(fmt_values(&dow_vals, 0, 6, Style::NoStar), wspec))
+        // of them, so that field holds its first value. Print it that way.
+        if dom_vals.first() == Some(&1) {
+            (fmt_star_prefixed(&dom_vals, 1, 31, &dspec), join_field(fmt_values(&dow_vals, 0, 6, Style::NoStar), wspec))
+        } else {
+            (join_field(fmt_values(&dom_vals, 1, 31, Style::NoStar), dspec), fmt_star_prefixed(&dow_vals, 0, 6, &wspec))
+        }
     } else {
         (
             join_field(fmt_values(&dom_vals, 1, 31, Style::NoStar), dspec),
