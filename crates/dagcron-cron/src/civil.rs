@@ -88,9 +88,15 @@ pub(crate) struct Compiled {
     pub(crate) and_days: bool,
     has_dom_specials: bool,
     has_dow_specials: bool,
+    /// Every day of every month matches: the day mask is just the month's length.
+    every_day: bool,
 }
 
 fn span_bits(lo: u16, hi: u16, step: u32) -> u64 {
+    if step == 1 {
+        // All bits from lo through hi (hi is at most 59).
+        return (u64::MAX >> (63 - hi)) & (u64::MAX << lo);
+    }
     let mut bits = 0u64;
     let mut v = u32::from(lo);
     while v <= u32::from(hi) {
@@ -121,7 +127,9 @@ fn field_bits(ast: &Ast, kind: FieldKind, years: &mut YearSet) -> (u64, bool) {
         match item.kind {
             ItemKind::Any | ItemKind::NoSpecific => {
                 any = true;
-                add(min, open, 1, &mut bits);
+                if kind != FieldKind::Year {
+                    add(min, open, 1, &mut bits);
+                }
             }
             ItemKind::Value(v) => add(v, v, 1, &mut bits),
             ItemKind::Range(a, b) => add(a, b, 1, &mut bits),
@@ -174,6 +182,7 @@ impl Compiled {
             and_days: false,
             has_dom_specials: false,
             has_dow_specials: false,
+            every_day: false,
         };
         let dom_field = ast.field(FieldKind::DayOfMonth).expect("cron fields");
         let dow_field = ast.field(FieldKind::DayOfWeek).expect("cron fields");
@@ -195,6 +204,12 @@ impl Compiled {
         c.has_dom_specials = c.dom_last != 0 || c.dom_nearest != 0 || c.dom_last_weekday;
         c.has_dow_specials = c.dow_last != 0 || c.dow_nth.iter().any(|b| *b != 0);
         c.and_days = dom_field.is_star() || dow_field.is_star();
+        let (dom_all, dow_all) = (c.dom == 0xffff_fffe, c.dow == 0x7f);
+        c.every_day = if c.and_days {
+            dom_all && dow_all && !c.has_dow_specials
+        } else {
+            dom_all || dow_all
+        };
         c.check_can_fire(ast)?;
         Ok(c)
     }
@@ -203,6 +218,9 @@ impl Compiled {
     #[inline]
     pub(crate) fn day_mask(&self, year: i32, month: u8) -> u32 {
         let len = days_in_month(year, month);
+        if self.every_day {
+            return ((1u64 << (len + 1)) - 2) as u32;
+        }
         let w1 = weekday(days_from_civil(year, month, 1));
         self.day_mask_for(len, w1)
     }
@@ -332,6 +350,8 @@ impl Compiled {
     /// The first matching civil second in `[from, limit)`.
     pub(crate) fn next(&self, from: i64, limit: i64) -> Search {
         let c = Civil::from_secs(from);
+        // The start day's count, reused while the search stays on that day.
+        let from_day = (c.year, u32::from(c.month), u32::from(c.day), from.div_euclid(DAY));
         let (mut y, mut mo, mut d) = (c.year, u32::from(c.month), u32::from(c.day));
         let (mut h, mut mi, mut s) = (u32::from(c.hour), u32::from(c.minute), u32::from(c.second));
         let mut mask_key = (i32::MIN, 0);
@@ -367,7 +387,11 @@ impl Compiled {
                 Some(nd) if nd != d => (d, h, mi, s) = (nd, 0, 0, 0),
                 _ => {}
             }
-            let day_start = days_from_civil(y, mo as u8, d as u8) * DAY;
+            let day_start = if (y, mo, d) == (from_day.0, from_day.1, from_day.2) {
+                from_day.3 * DAY
+            } else {
+                days_from_civil(y, mo as u8, d as u8) * DAY
+            };
             if day_start >= limit {
                 return Search::Beyond;
             }

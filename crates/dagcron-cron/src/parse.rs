@@ -368,6 +368,26 @@ fn expected(kind: FieldKind) -> String {
 }
 
 fn parse_item(src: &str, kind: FieldKind, span: Span, seed: u64) -> Result<Item, ParseError> {
+    // Fast paths for the most common elements: `*`, a number, `*/n`.
+    let bytes = &src.as_bytes()[span.start..span.end];
+    let number = |b: &[u8]| -> Option<u32> {
+        (!b.is_empty() && b.len() <= 9 && b.iter().all(u8::is_ascii_digit))
+            .then(|| b.iter().fold(0u32, |v, d| v * 10 + u32::from(d - b'0')))
+    };
+    match bytes {
+        [b'*'] => return Ok(Item { span, kind: ItemKind::Any }),
+        [b'*', b'/', rest @ ..] => {
+            if let Some(s) = number(rest) {
+                let s = step(s, Span::new(span.start + 2, span.end))?;
+                return Ok(Item { span, kind: ItemKind::Step { base: StepBase::Any, step: s } });
+            }
+        }
+        _ => {
+            if let Some(v) = number(bytes) {
+                return Ok(Item { span, kind: ItemKind::Value(value(src, kind, (Tok::Num(v), span))?) });
+            }
+        }
+    }
     let (toks, n) = tokenize(src, span)?;
     let t = &toks[..n];
     let text = |s: Span| &src[s.start..s.end];

@@ -41,7 +41,7 @@ pub struct Fire {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Kind {
-    Cron(Box<Compiled>),
+    Cron(Compiled),
     Every { period: i64, anchor: i64 },
 }
 
@@ -90,7 +90,7 @@ impl Schedule {
                 let plain = [FieldKind::Second, FieldKind::Minute, FieldKind::Hour]
                     .iter()
                     .all(|k| ast.field(*k).expect("cron fields").items.iter().all(|i| i.is_plain()));
-                (Kind::Cron(Box::new(compiled)), plain)
+                (Kind::Cron(compiled), plain)
             }
         };
         let policy = Policy {
