@@ -1,6 +1,8 @@
 //! Computes next fires in a loop, for profiling.
 fn main() {
-    let expr = std::env::args().nth(1).unwrap_or_else(|| "0 */5 * * * *".into());
+    let expr = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "0 */5 * * * *".into());
     let s = dagcron_cron::Schedule::parse(&expr).unwrap();
     let mut n = 0i64;
     for i in 0..20_000_000i64 {

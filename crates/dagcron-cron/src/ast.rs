@@ -155,7 +155,10 @@ impl Item {
     /// Whether the item is a plain number (or name, or unstepped `H`), the
     /// kind of element that names a wall-clock time.
     pub(crate) fn is_plain(&self) -> bool {
-        matches!(self.kind, ItemKind::Value(_) | ItemKind::Hash { step: None, .. })
+        matches!(
+            self.kind,
+            ItemKind::Value(_) | ItemKind::Hash { step: None, .. }
+        )
     }
 }
 
@@ -179,13 +182,22 @@ impl Field<'_> {
     pub fn is_star(&self) -> bool {
         matches!(
             self.items.first().map(|i| i.kind),
-            Some(ItemKind::Any | ItemKind::NoSpecific | ItemKind::Step { base: StepBase::Any, .. })
+            Some(
+                ItemKind::Any
+                    | ItemKind::NoSpecific
+                    | ItemKind::Step {
+                        base: StepBase::Any,
+                        ..
+                    }
+            )
         )
     }
 
     /// Whether the field is exactly `*` or `?`.
     pub fn is_any(&self) -> bool {
-        self.items.iter().any(|i| matches!(i.kind, ItemKind::Any | ItemKind::NoSpecific))
+        self.items
+            .iter()
+            .any(|i| matches!(i.kind, ItemKind::Any | ItemKind::NoSpecific))
     }
 }
 
@@ -261,7 +273,11 @@ impl Ast {
     /// descriptor.
     pub fn field_count(&self) -> Option<u8> {
         match &self.body {
-            Body::Fields { count, descriptor: None, .. } => Some(*count),
+            Body::Fields {
+                count,
+                descriptor: None,
+                ..
+            } => Some(*count),
             _ => None,
         }
     }

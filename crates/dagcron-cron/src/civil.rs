@@ -7,7 +7,7 @@
 //! search always ends.
 
 use crate::ast::{Ast, FieldKind, ItemKind, StepBase};
-use crate::calendar::{days_from_civil, days_in_month, weekday, Civil, DAY};
+use crate::calendar::{Civil, DAY, days_from_civil, days_in_month, weekday};
 use crate::error::{ErrorKind, ParseError};
 
 /// The last year the search looks at (the end of the supported timeline).
@@ -45,17 +45,24 @@ impl YearSet {
     /// The first year in the set at or after `year`.
     fn next(&self, year: i32) -> Option<i32> {
         let from = (year - YEAR_BASE).max(0);
-        (from..192).find(|i| self.0[*i as usize / 64] & (1 << (i % 64)) != 0).map(|i| i + YEAR_BASE)
+        (from..192)
+            .find(|i| self.0[*i as usize / 64] & (1 << (i % 64)) != 0)
+            .map(|i| i + YEAR_BASE)
     }
 
     /// The last year in the set at or before `year`.
     fn prev(&self, year: i32) -> Option<i32> {
         let to = (year - YEAR_BASE).min(191);
-        (0..=to).rev().find(|i| self.0[*i as usize / 64] & (1 << (i % 64)) != 0).map(|i| i + YEAR_BASE)
+        (0..=to)
+            .rev()
+            .find(|i| self.0[*i as usize / 64] & (1 << (i % 64)) != 0)
+            .map(|i| i + YEAR_BASE)
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = i32> + '_ {
-        (0..192).filter(|i| self.0[i / 64] & (1 << (i % 64)) != 0).map(|i| i as i32 + YEAR_BASE)
+        (0..192)
+            .filter(|i| self.0[i / 64] & (1 << (i % 64)) != 0)
+            .map(|i| i as i32 + YEAR_BASE)
     }
 }
 
@@ -141,7 +148,9 @@ fn field_bits(ast: &Ast, kind: FieldKind, years: &mut YearSet) -> (u64, bool) {
                 };
                 add(a, b, step, &mut bits);
             }
-            ItemKind::Hash { hi, step, start, .. } => match step {
+            ItemKind::Hash {
+                hi, step, start, ..
+            } => match step {
                 None => add(start, start, 1, &mut bits),
                 Some(s) => add(start, hi, s, &mut bits),
             },
@@ -311,7 +320,8 @@ impl Compiled {
     /// Gregorian years that include no skipped leap year, so checking 2000-2027
     /// decides expressions without a year field; with one, its years are checked.
     fn check_can_fire(&self, ast: &Ast) -> Result<(), ParseError> {
-        let fires_in = |y: i32| (1..=12u8).any(|m| self.months & (1 << m) != 0 && self.day_mask(y, m) != 0);
+        let fires_in =
+            |y: i32| (1..=12u8).any(|m| self.months & (1 << m) != 0 && self.day_mask(y, m) != 0);
         let ok = match &self.years {
             None => (2000..2028).any(fires_in),
             Some(years) => years.iter().any(fires_in),
@@ -326,11 +336,34 @@ impl Compiled {
         let src_of = |f: &crate::ast::Field<'_>| crate::explain::field_phrase(f);
         let would_without_years = self.years.is_some() && (2000..2028).any(fires_in);
         let (span, message) = if would_without_years {
-            (dom.span.to(year.span), format!("this expression can never fire: {} {} does not occur in {}", src_of(&dom), src_of(&month), src_of(&year)))
+            (
+                dom.span.to(year.span),
+                format!(
+                    "this expression can never fire: {} {} does not occur in {}",
+                    src_of(&dom),
+                    src_of(&month),
+                    src_of(&year)
+                ),
+            )
         } else if dow.is_any() || !self.and_days && self.dow == 0 && !self.has_dow_specials {
-            (dom.span.to(month.span), format!("this expression can never fire: {} never occurs in {}", src_of(&dom), src_of(&month)))
+            (
+                dom.span.to(month.span),
+                format!(
+                    "this expression can never fire: {} never occurs in {}",
+                    src_of(&dom),
+                    src_of(&month)
+                ),
+            )
         } else {
-            (dom.span.to(dow.span), format!("this expression can never fire: no day is both {} and {} in {}", src_of(&dom), src_of(&dow), src_of(&month)))
+            (
+                dom.span.to(dow.span),
+                format!(
+                    "this expression can never fire: no day is both {} and {} in {}",
+                    src_of(&dom),
+                    src_of(&dow),
+                    src_of(&month)
+                ),
+            )
         };
         Err(ParseError::new(ErrorKind::NeverFires, span, message)
             .help("check the day-of-month against the lengths of the chosen months (February has 28 or 29 days; April, June, September and November 30)"))
@@ -351,7 +384,12 @@ impl Compiled {
     pub(crate) fn next(&self, from: i64, limit: i64) -> Search {
         let c = Civil::from_secs(from);
         // The start day's count, reused while the search stays on that day.
-        let from_day = (c.year, u32::from(c.month), u32::from(c.day), from.div_euclid(DAY));
+        let from_day = (
+            c.year,
+            u32::from(c.month),
+            u32::from(c.day),
+            from.div_euclid(DAY),
+        );
         let (mut y, mut mo, mut d) = (c.year, u32::from(c.month), u32::from(c.day));
         let (mut h, mut mi, mut s) = (u32::from(c.hour), u32::from(c.minute), u32::from(c.second));
         let mut mask_key = (i32::MIN, 0);
@@ -419,7 +457,11 @@ impl Compiled {
                 Some(ns) => s = ns,
             }
             let found = day_start + i64::from(h * 3600 + mi * 60 + s);
-            return if found < limit { Search::Found(found) } else { Search::Beyond };
+            return if found < limit {
+                Search::Found(found)
+            } else {
+                Search::Beyond
+            };
         }
     }
 
@@ -489,7 +531,11 @@ impl Compiled {
                 Some(ps) => s = ps,
             }
             let found = day_start + i64::from(h * 3600 + mi * 60 + s);
-            return if found >= limit { Search::Found(found) } else { Search::Beyond };
+            return if found >= limit {
+                Search::Found(found)
+            } else {
+                Search::Beyond
+            };
         }
     }
 }
@@ -510,6 +556,10 @@ fn prev_bit(bits: u64, from: i32) -> Option<i32> {
     if from < 0 {
         return None;
     }
-    let rest = if from >= 63 { bits } else { bits & ((1u64 << (from + 1)) - 1) };
+    let rest = if from >= 63 {
+        bits
+    } else {
+        bits & ((1u64 << (from + 1)) - 1)
+    };
     (rest != 0).then(|| 63 - rest.leading_zeros() as i32)
 }

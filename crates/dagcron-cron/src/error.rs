@@ -73,7 +73,12 @@ pub struct ParseError {
 
 impl ParseError {
     pub(crate) fn new(kind: ErrorKind, span: Span, message: impl Into<String>) -> ParseError {
-        ParseError { kind, span, message: message.into(), suggestion: None }
+        ParseError {
+            kind,
+            span,
+            message: message.into(),
+            suggestion: None,
+        }
     }
 
     pub(crate) fn help(mut self, suggestion: impl Into<String>) -> ParseError {
@@ -91,11 +96,17 @@ impl ParseError {
     ///   = help: minutes are 0-59
     /// ```
     pub fn render(&self, source: &str) -> String {
-        let mut out = format!("error: {}\n  |\n  | {}\n  | ", self.message, source.escape_default());
+        let mut out = format!(
+            "error: {}\n  |\n  | {}\n  | ",
+            self.message,
+            source.escape_default()
+        );
         // Column in the escaped rendering, so that carets stay aligned even
         // when the source holds characters that we print escaped.
         let col = |byte: usize| -> usize {
-            source.get(..byte).map_or(byte, |s| s.escape_default().to_string().len())
+            source
+                .get(..byte)
+                .map_or(byte, |s| s.escape_default().to_string().len())
         };
         let (start, end) = (col(self.span.start), col(self.span.end));
         out.push_str(&" ".repeat(start));
@@ -110,7 +121,11 @@ impl ParseError {
 
 impl fmt::Display for ParseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "at bytes {}..{}: {}", self.span.start, self.span.end, self.message)?;
+        write!(
+            f,
+            "at bytes {}..{}: {}",
+            self.span.start, self.span.end, self.message
+        )?;
         if let Some(help) = &self.suggestion {
             write!(f, " (help: {help})")?;
         }

@@ -34,6 +34,9 @@ mod tests {
         // would move the fires of every job that uses `H`.
         assert_eq!(seed_from_key(""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(seed_from_key("billing/nightly"), 0xf27e_6921_6aa0_a2a6);
-        assert_ne!(field_hash(1, FieldKind::Minute), field_hash(1, FieldKind::Hour));
+        assert_ne!(
+            field_hash(1, FieldKind::Minute),
+            field_hash(1, FieldKind::Hour)
+        );
     }
 }

@@ -25,7 +25,11 @@ fn values(bits: u64, lo: u16, hi: u16) -> Vec<u16> {
 
 fn fmt_values(vals: &[u16], lo: u16, hi: u16, style: Style) -> String {
     if style == Style::Plain {
-        return vals.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
+        return vals
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
     }
     if vals.len() == usize::from(hi - lo) + 1 && style == Style::Compact {
         return "*".into();
@@ -64,11 +68,19 @@ fn fmt_values(vals: &[u16], lo: u16, hi: u16, style: Style) -> String {
 /// print the sparsest `*/n` progression it contains, then the rest.
 fn fmt_star_prefixed(vals: &[u16], lo: u16, hi: u16, extra: &[String]) -> String {
     let step = (1..=hi - lo + 1)
-        .find(|n| (lo..=hi).step_by(usize::from(*n)).all(|v| vals.contains(&v)))
+        .find(|n| {
+            (lo..=hi)
+                .step_by(usize::from(*n))
+                .all(|v| vals.contains(&v))
+        })
         .unwrap_or(hi - lo + 1);
     let prog: Vec<u16> = (lo..=hi).step_by(usize::from(step)).collect();
     let rest: Vec<u16> = vals.iter().copied().filter(|v| !prog.contains(v)).collect();
-    let mut parts = vec![if step == 1 { "*".to_string() } else { format!("*/{step}") }];
+    let mut parts = vec![if step == 1 {
+        "*".to_string()
+    } else {
+        format!("*/{step}")
+    }];
     if !rest.is_empty() {
         parts.push(fmt_values(&rest, lo, hi, Style::NoStar));
     }
@@ -80,13 +92,21 @@ fn dom_specials(c: &Compiled) -> Vec<String> {
     let mut out = Vec::new();
     for n in 0..31 {
         if c.dom_last & (1 << n) != 0 {
-            out.push(if n == 0 { "L".to_string() } else { format!("L-{n}") });
+            out.push(if n == 0 {
+                "L".to_string()
+            } else {
+                format!("L-{n}")
+            });
         }
     }
     if c.dom_last_weekday {
         out.push("LW".into());
     }
-    out.extend((1..=31).filter(|n| c.dom_nearest & (1 << n) != 0).map(|n| format!("{n}W")));
+    out.extend(
+        (1..=31)
+            .filter(|n| c.dom_nearest & (1 << n) != 0)
+            .map(|n| format!("{n}W")),
+    );
     out
 }
 
@@ -96,7 +116,11 @@ fn dow_specials(c: &Compiled) -> Vec<String> {
         if c.dow_last & (1 << w) != 0 {
             out.push(format!("{w}L"));
         }
-        out.extend((1..=5).filter(|k| c.dow_nth[w] & (1 << k) != 0).map(|k| format!("{w}#{k}")));
+        out.extend(
+            (1..=5)
+                .filter(|k| c.dow_nth[w] & (1 << k) != 0)
+                .map(|k| format!("{w}#{k}")),
+        );
     }
     out
 }
@@ -121,7 +145,11 @@ pub(crate) fn normalized(schedule: &Schedule) -> String {
         out.push_str(&format!("@every {period}s"));
         return out;
     };
-    let time_style = if schedule.is_wall_clock() { Style::Plain } else { Style::Compact };
+    let time_style = if schedule.is_wall_clock() {
+        Style::Plain
+    } else {
+        Style::Compact
+    };
     let sec = values(c.seconds, 0, 59);
     let min = values(c.minutes, 0, 59);
     let hour = values(c.hours, 0, 23);
@@ -134,7 +162,11 @@ pub(crate) fn normalized(schedule: &Schedule) -> String {
     if time_style == Style::Compact && fields.iter().all(|f| is_plain(f)) {
         // A rhythm whose fields all print as plain numbers would read back
         // as wall-clock times: keep one range to preserve its DST behaviour.
-        fields[2] = format!("{h}-{h}{}", fields[2].strip_prefix(&hour[0].to_string()).unwrap_or(""), h = hour[0]);
+        fields[2] = format!(
+            "{h}-{h}{}",
+            fields[2].strip_prefix(&hour[0].to_string()).unwrap_or(""),
+            h = hour[0]
+        );
     }
 
     let dom_vals = values(u64::from(c.dom), 1, 31);
@@ -142,19 +174,32 @@ pub(crate) fn normalized(schedule: &Schedule) -> String {
     let (dspec, wspec) = (dom_specials(c), dow_specials(c));
     let dom_full = dom_vals.len() == 31;
     let dow_full = dow_vals.len() == 7;
-    let (dom, dow) = if !c.and_days && (dom_full || dow_full) || c.and_days && dom_full && dow_full {
+    let (dom, dow) = if !c.and_days && (dom_full || dow_full) || c.and_days && dom_full && dow_full
+    {
         ("*".to_string(), "*".to_string())
     } else if c.and_days && dom_full {
-        ("*".to_string(), join_field(fmt_values(&dow_vals, 0, 6, Style::NoStar), wspec))
+        (
+            "*".to_string(),
+            join_field(fmt_values(&dow_vals, 0, 6, Style::NoStar), wspec),
+        )
     } else if c.and_days && dow_full {
-        (join_field(fmt_values(&dom_vals, 1, 31, Style::NoStar), dspec), "*".to_string())
+        (
+            join_field(fmt_values(&dom_vals, 1, 31, Style::NoStar), dspec),
+            "*".to_string(),
+        )
     } else if c.and_days {
         // Both restricted, and both must match: the source had `*/n` in one
         // of them, so that field holds its first value. Print it that way.
         if dom_vals.first() == Some(&1) {
-            (fmt_star_prefixed(&dom_vals, 1, 31, &dspec), join_field(fmt_values(&dow_vals, 0, 6, Style::NoStar), wspec))
+            (
+                fmt_star_prefixed(&dom_vals, 1, 31, &dspec),
+                join_field(fmt_values(&dow_vals, 0, 6, Style::NoStar), wspec),
+            )
         } else {
-            (join_field(fmt_values(&dom_vals, 1, 31, Style::NoStar), dspec), fmt_star_prefixed(&dow_vals, 0, 6, &wspec))
+            (
+                join_field(fmt_values(&dom_vals, 1, 31, Style::NoStar), dspec),
+                fmt_star_prefixed(&dow_vals, 0, 6, &wspec),
+            )
         }
     } else {
         (

@@ -7,11 +7,19 @@
 use crate::ast::{Ast, Body, Descriptor, FieldKind, Item, ItemKind, Slot, StepBase};
 use crate::error::{ErrorKind, ParseError, Span};
 
-const MONTHS: [&str; 12] =
-    ["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"];
+const MONTHS: [&str; 12] = [
+    "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC",
+];
 const WEEKDAYS: [&str; 7] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
 const DESCRIPTORS: [&str; 9] = [
-    "@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly", "@every",
+    "@yearly",
+    "@annually",
+    "@monthly",
+    "@weekly",
+    "@daily",
+    "@midnight",
+    "@hourly",
+    "@every",
     "@reboot",
 ];
 const FIELD_COUNTS: &str = "5 fields (minute hour day-of-month month day-of-week), 6 fields \
@@ -23,7 +31,10 @@ pub(crate) fn parse(src: &str, seed: u64) -> Result<Ast, ParseError> {
     let bytes = src.as_bytes();
     let is_ws = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
     let start = bytes.iter().position(|b| !is_ws(b)).unwrap_or(bytes.len());
-    let end = bytes.iter().rposition(|b| !is_ws(b)).map_or(start, |p| p + 1);
+    let end = bytes
+        .iter()
+        .rposition(|b| !is_ws(b))
+        .map_or(start, |p| p + 1);
     if start == end {
         return Err(ParseError::new(ErrorKind::Empty, Span::new(0, src.len()), "the expression is empty")
             .help("write 5 to 7 fields, such as `*/5 * * * *` (every 5 minutes), or a descriptor such as `@daily`"));
@@ -36,16 +47,24 @@ pub(crate) fn parse(src: &str, seed: u64) -> Result<Ast, ParseError> {
             let name_end = next_ws(bytes, name_start, end);
             let span = Span::new(name_start, name_end);
             if name_start == name_end {
-                return Err(ParseError::new(ErrorKind::TimeZone, Span::new(pos, name_end), "the time zone prefix names no zone")
-                    .help("write an IANA zone such as `CRON_TZ=Europe/Berlin 0 9 * * *`"));
+                return Err(ParseError::new(
+                    ErrorKind::TimeZone,
+                    Span::new(pos, name_end),
+                    "the time zone prefix names no zone",
+                )
+                .help("write an IANA zone such as `CRON_TZ=Europe/Berlin 0 9 * * *`"));
             }
             let name = &src[name_start..name_end];
             crate::zone::lookup(name, span)?;
             time_zone = Some((name.to_owned(), span));
             pos = skip_ws(bytes, name_end, end);
             if pos == end {
-                return Err(ParseError::new(ErrorKind::Empty, Span::new(end, end), "expected a cron expression after the time zone")
-                    .help(format!("for example `{} 0 9 * * *`", &src[start..name_end])));
+                return Err(ParseError::new(
+                    ErrorKind::Empty,
+                    Span::new(end, end),
+                    "expected a cron expression after the time zone",
+                )
+                .help(format!("for example `{} 0 9 * * *`", &src[start..name_end])));
             }
             break;
         }
@@ -59,18 +78,31 @@ pub(crate) fn parse(src: &str, seed: u64) -> Result<Ast, ParseError> {
 }
 
 fn check_ascii(src: &str) -> Result<(), ParseError> {
-    if src.is_ascii() && !src.bytes().any(|b| b.is_ascii_control() && !matches!(b, b' ' | b'\t' | b'\n' | b'\r')) {
+    if src.is_ascii()
+        && !src
+            .bytes()
+            .any(|b| b.is_ascii_control() && !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+    {
         return Ok(());
     }
     let (i, ch) = src
         .char_indices()
-        .find(|&(_, c)| !c.is_ascii() || (c.is_ascii_control() && !matches!(c, ' ' | '\t' | '\n' | '\r')))
+        .find(|&(_, c)| {
+            !c.is_ascii() || (c.is_ascii_control() && !matches!(c, ' ' | '\t' | '\n' | '\r'))
+        })
         .expect("a non-ASCII or control character exists");
     let span = Span::new(i, i + ch.len_utf8());
     let err = ParseError::new(
-        if ch.is_ascii() { ErrorKind::UnexpectedChar } else { ErrorKind::NonAscii },
+        if ch.is_ascii() {
+            ErrorKind::UnexpectedChar
+        } else {
+            ErrorKind::NonAscii
+        },
         span,
-        format!("character {:?} (U+{:04X}) is not allowed: cron expressions are plain ASCII", ch, ch as u32),
+        format!(
+            "character {:?} (U+{:04X}) is not allowed: cron expressions are plain ASCII",
+            ch, ch as u32
+        ),
     );
     Err(match ch {
         '\u{a0}' | '\u{2000}'..='\u{200b}' | '\u{202f}' | '\u{3000}' => err.help("replace it with a plain space"),
@@ -113,7 +145,11 @@ fn parse_descriptor(src: &str, pos: usize, end: usize, seed: u64) -> Result<Body
                 .help("trigger the job through the API or `dagcron jobs trigger` when your service starts"));
         }
         _ => {
-            let err = ParseError::new(ErrorKind::Descriptor, span, format!("unknown descriptor `{word}`"));
+            let err = ParseError::new(
+                ErrorKind::Descriptor,
+                span,
+                format!("unknown descriptor `{word}`"),
+            );
             return Err(match closest(&lower, DESCRIPTORS.iter().copied().filter(|d| *d != "@reboot")) {
                 Some(best) => err.help(format!("did you mean `{best}`?")),
                 None => err.help("accepted: @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly, @every <duration>"),
@@ -122,10 +158,20 @@ fn parse_descriptor(src: &str, pos: usize, end: usize, seed: u64) -> Result<Body
     };
     let rest = skip_ws(bytes, word_end, end);
     if rest < end {
-        return Err(ParseError::new(ErrorKind::UnexpectedChar, Span::new(rest, end), format!("unexpected text after `{word}`"))
-            .help(format!("`{word}` stands alone; remove what follows it")));
+        return Err(ParseError::new(
+            ErrorKind::UnexpectedChar,
+            Span::new(rest, end),
+            format!("unexpected text after `{word}`"),
+        )
+        .help(format!("`{word}` stands alone; remove what follows it")));
     }
-    let Body::Fields { count, mut slots, mut items, .. } = parse_fields(expansion, 0, expansion.len(), seed, None)? else {
+    let Body::Fields {
+        count,
+        mut slots,
+        mut items,
+        ..
+    } = parse_fields(expansion, 0, expansion.len(), seed, None)?
+    else {
         unreachable!("an expansion is made of fields")
     };
     for slot in &mut slots {
@@ -134,21 +180,37 @@ fn parse_descriptor(src: &str, pos: usize, end: usize, seed: u64) -> Result<Body
     for item in &mut items {
         item.span = span;
     }
-    Ok(Body::Fields { count, slots, items, descriptor: Some(descriptor) })
+    Ok(Body::Fields {
+        count,
+        slots,
+        items,
+        descriptor: Some(descriptor),
+    })
 }
 
-fn parse_every(src: &str, word_end: usize, end: usize, word_span: Span) -> Result<Body, ParseError> {
+fn parse_every(
+    src: &str,
+    word_end: usize,
+    end: usize,
+    word_span: Span,
+) -> Result<Body, ParseError> {
     let bytes = src.as_bytes();
     let start = skip_ws(bytes, word_end, end);
     if start == end {
-        return Err(ParseError::new(ErrorKind::Duration, word_span, "`@every` needs a duration")
-            .help("for example `@every 90s`, `@every 5m` or `@every 1h30m`"));
+        return Err(
+            ParseError::new(ErrorKind::Duration, word_span, "`@every` needs a duration")
+                .help("for example `@every 90s`, `@every 5m` or `@every 1h30m`"),
+        );
     }
     let dur_end = next_ws(bytes, start, end);
     let span = Span::new(start, dur_end);
     if skip_ws(bytes, dur_end, end) < end {
-        return Err(ParseError::new(ErrorKind::UnexpectedChar, Span::new(skip_ws(bytes, dur_end, end), end), "unexpected text after the duration")
-            .help("write the duration without spaces, such as `@every 1h30m`"));
+        return Err(ParseError::new(
+            ErrorKind::UnexpectedChar,
+            Span::new(skip_ws(bytes, dur_end, end), end),
+            "unexpected text after the duration",
+        )
+        .help("write the duration without spaces, such as `@every 1h30m`"));
     }
     let seconds = parse_duration_secs(&src[start..dur_end], start)?;
     Ok(Body::Every { seconds, span })
@@ -159,8 +221,12 @@ fn parse_duration_secs(text: &str, offset: usize) -> Result<i64, ParseError> {
     let bytes = text.as_bytes();
     let whole = Span::new(offset, offset + text.len());
     let bad = |at: usize, len: usize, msg: String| {
-        ParseError::new(ErrorKind::Duration, Span::new(offset + at, offset + at + len.max(1)), msg)
-            .help("write whole seconds or more with units d, h, m, s, such as `90s`, `5m` or `1h30m`")
+        ParseError::new(
+            ErrorKind::Duration,
+            Span::new(offset + at, offset + at + len.max(1)),
+            msg,
+        )
+        .help("write whole seconds or more with units d, h, m, s, such as `90s`, `5m` or `1h30m`")
     };
     let mut i = 0;
     let mut total: i64 = 0;
@@ -172,7 +238,9 @@ fn parse_duration_secs(text: &str, offset: usize) -> Result<i64, ParseError> {
         if i == num_start {
             return Err(bad(i, 1, format!("expected a number in duration `{text}`")));
         }
-        let n: i64 = text[num_start..i].parse().map_err(|_| bad(num_start, i - num_start, "number too large".into()))?;
+        let n: i64 = text[num_start..i]
+            .parse()
+            .map_err(|_| bad(num_start, i - num_start, "number too large".into()))?;
         let unit_start = i;
         while i < bytes.len() && bytes[i].is_ascii_alphabetic() {
             i += 1;
@@ -184,25 +252,58 @@ fn parse_duration_secs(text: &str, offset: usize) -> Result<i64, ParseError> {
             "m" => 60,
             "s" => 1,
             "ms" | "us" | "µs" | "ns" => {
-                return Err(ParseError::new(ErrorKind::Duration, whole, "`@every` fires on whole seconds; sub-second periods are not supported")
-                    .help("use a period of at least `1s`"));
+                return Err(ParseError::new(
+                    ErrorKind::Duration,
+                    whole,
+                    "`@every` fires on whole seconds; sub-second periods are not supported",
+                )
+                .help("use a period of at least `1s`"));
             }
-            "" => return Err(bad(num_start, i - num_start, format!("the number {n} has no unit"))),
-            _ => return Err(bad(unit_start, i - unit_start, format!("unknown duration unit `{unit}`"))),
+            "" => {
+                return Err(bad(
+                    num_start,
+                    i - num_start,
+                    format!("the number {n} has no unit"),
+                ));
+            }
+            _ => {
+                return Err(bad(
+                    unit_start,
+                    i - unit_start,
+                    format!("unknown duration unit `{unit}`"),
+                ));
+            }
         };
         total = n
             .checked_mul(scale)
             .and_then(|v| total.checked_add(v))
             .filter(|v| *v <= 100 * 366 * 86_400)
-            .ok_or_else(|| ParseError::new(ErrorKind::Duration, whole, "the period is longer than 100 years"))?;
+            .ok_or_else(|| {
+                ParseError::new(
+                    ErrorKind::Duration,
+                    whole,
+                    "the period is longer than 100 years",
+                )
+            })?;
     }
     if total == 0 {
-        return Err(ParseError::new(ErrorKind::Duration, whole, "the period must be at least one second").help("for example `@every 1s`"));
+        return Err(ParseError::new(
+            ErrorKind::Duration,
+            whole,
+            "the period must be at least one second",
+        )
+        .help("for example `@every 1s`"));
     }
     Ok(total)
 }
 
-fn parse_fields(src: &str, pos: usize, end: usize, seed: u64, _: Option<()>) -> Result<Body, ParseError> {
+fn parse_fields(
+    src: &str,
+    pos: usize,
+    end: usize,
+    seed: u64,
+    _: Option<()>,
+) -> Result<Body, ParseError> {
     let bytes = src.as_bytes();
     let mut spans = [Span::new(0, 0); 8];
     let mut count = 0;
@@ -218,9 +319,18 @@ fn parse_fields(src: &str, pos: usize, end: usize, seed: u64, _: Option<()>) -> 
     }
     if !(5..=7).contains(&count) {
         let (span, msg) = if count > 7 {
-            (Span::new(spans[7].start, end), format!("too many fields: found {}, expected 5, 6 or 7", count_all(bytes, pos, end)))
+            (
+                Span::new(spans[7].start, end),
+                format!(
+                    "too many fields: found {}, expected 5, 6 or 7",
+                    count_all(bytes, pos, end)
+                ),
+            )
         } else {
-            (Span::new(pos, end), format!("expected 5, 6 or 7 fields, found {count}"))
+            (
+                Span::new(pos, end),
+                format!("expected 5, 6 or 7 fields, found {count}"),
+            )
         };
         let mut err = ParseError::new(ErrorKind::FieldCount, span, msg);
         err.suggestion = Some(format!("accepted: {FIELD_COUNTS}"));
@@ -232,22 +342,53 @@ fn parse_fields(src: &str, pos: usize, end: usize, seed: u64, _: Option<()>) -> 
         _ => &FieldKind::ALL,
     };
     let mut items = Vec::with_capacity(count + 2);
-    let empty = Slot { span: Span::new(pos, pos), start: 0, len: 0, written: false };
+    let empty = Slot {
+        span: Span::new(pos, pos),
+        start: 0,
+        len: 0,
+        written: false,
+    };
     let mut slots = [empty; 7];
     for (kind, span) in kinds.iter().zip(&spans) {
         let start = items.len() as u16;
         parse_field(src, *kind, *span, seed, &mut items)?;
-        slots[kind.index()] = Slot { span: *span, start, len: items.len() as u16 - start, written: true };
+        slots[kind.index()] = Slot {
+            span: *span,
+            start,
+            len: items.len() as u16 - start,
+            written: true,
+        };
     }
     if count == 5 {
-        slots[0] = Slot { span: Span::new(pos, pos), start: items.len() as u16, len: 1, written: false };
-        items.push(Item { span: slots[0].span, kind: ItemKind::Value(0) });
+        slots[0] = Slot {
+            span: Span::new(pos, pos),
+            start: items.len() as u16,
+            len: 1,
+            written: false,
+        };
+        items.push(Item {
+            span: slots[0].span,
+            kind: ItemKind::Value(0),
+        });
     }
     if count < 7 {
-        slots[6] = Slot { span: Span::new(end, end), start: items.len() as u16, len: 1, written: false };
-        items.push(Item { span: slots[6].span, kind: ItemKind::Any });
+        slots[6] = Slot {
+            span: Span::new(end, end),
+            start: items.len() as u16,
+            len: 1,
+            written: false,
+        };
+        items.push(Item {
+            span: slots[6].span,
+            kind: ItemKind::Any,
+        });
     }
-    Ok(Body::Fields { count: count as u8, slots, items, descriptor: None })
+    Ok(Body::Fields {
+        count: count as u8,
+        slots,
+        items,
+        descriptor: None,
+    })
 }
 
 fn count_all(bytes: &[u8], mut i: usize, end: usize) -> usize {
@@ -259,7 +400,13 @@ fn count_all(bytes: &[u8], mut i: usize, end: usize) -> usize {
     n
 }
 
-fn parse_field(src: &str, kind: FieldKind, span: Span, seed: u64, out: &mut Vec<Item>) -> Result<(), ParseError> {
+fn parse_field(
+    src: &str,
+    kind: FieldKind,
+    span: Span,
+    seed: u64,
+    out: &mut Vec<Item>,
+) -> Result<(), ParseError> {
     let bytes = src.as_bytes();
     let first = out.len();
     let mut start = span.start;
@@ -269,9 +416,16 @@ fn parse_field(src: &str, kind: FieldKind, span: Span, seed: u64, out: &mut Vec<
             stop += 1;
         }
         if stop == start {
-            let at = Span::new(start.saturating_sub(usize::from(start > span.start)), (start + 1).min(span.end.max(start + 1)));
-            return Err(ParseError::new(ErrorKind::EmptyElement, at, format!("empty element in the {} field", kind.name()))
-                .help("remove the extra comma: list elements are separated by exactly one `,`"));
+            let at = Span::new(
+                start.saturating_sub(usize::from(start > span.start)),
+                (start + 1).min(span.end.max(start + 1)),
+            );
+            return Err(ParseError::new(
+                ErrorKind::EmptyElement,
+                at,
+                format!("empty element in the {} field", kind.name()),
+            )
+            .help("remove the extra comma: list elements are separated by exactly one `,`"));
         }
         out.push(parse_item(src, kind, Span::new(start, stop), seed)?);
         if stop == span.end {
@@ -279,15 +433,23 @@ fn parse_field(src: &str, kind: FieldKind, span: Span, seed: u64, out: &mut Vec<
         }
         start = stop + 1;
         if start == span.end {
-            return Err(ParseError::new(ErrorKind::EmptyElement, Span::new(stop, start), format!("the {} field ends with a comma", kind.name()))
-                .help("remove the trailing comma"));
+            return Err(ParseError::new(
+                ErrorKind::EmptyElement,
+                Span::new(stop, start),
+                format!("the {} field ends with a comma", kind.name()),
+            )
+            .help("remove the trailing comma"));
         }
     }
     let items = &out[first..];
     if items.len() > 1 {
         if let Some(q) = items.iter().find(|i| i.kind == ItemKind::NoSpecific) {
-            return Err(ParseError::new(ErrorKind::Misplaced, q.span, "`?` must stand alone in its field")
-                .help("write `?` by itself, or list the values you want"));
+            return Err(ParseError::new(
+                ErrorKind::Misplaced,
+                q.span,
+                "`?` must stand alone in its field",
+            )
+            .help("write `?` by itself, or list the values you want"));
         }
     }
     Ok(())
@@ -317,7 +479,9 @@ fn tokenize(src: &str, span: Span) -> Result<([(Tok, Span); 8], usize), ParseErr
         let tok = if b.is_ascii_digit() {
             let mut v: u32 = 0;
             while i < span.end && bytes[i].is_ascii_digit() {
-                v = v.saturating_mul(10).saturating_add(u32::from(bytes[i] - b'0'));
+                v = v
+                    .saturating_mul(10)
+                    .saturating_add(u32::from(bytes[i] - b'0'));
                 i += 1;
             }
             Tok::Num(v)
@@ -337,14 +501,22 @@ fn tokenize(src: &str, span: Span) -> Result<([(Tok, Span); 8], usize), ParseErr
                 b'(' => Tok::LParen,
                 b')' => Tok::RParen,
                 _ => {
-                    return Err(ParseError::new(ErrorKind::UnexpectedChar, Span::new(start, i), format!("unexpected character `{}`", b as char))
-                        .help("fields use digits, names and `* , - / ? # L W H`"));
+                    return Err(ParseError::new(
+                        ErrorKind::UnexpectedChar,
+                        Span::new(start, i),
+                        format!("unexpected character `{}`", b as char),
+                    )
+                    .help("fields use digits, names and `* , - / ? # L W H`"));
                 }
             }
         };
         if n == toks.len() {
-            return Err(ParseError::new(ErrorKind::UnexpectedChar, Span::new(start, span.end), "unexpected text at the end of the element")
-                .help("an element is a value, a range `a-b` or a step such as `a-b/n`"));
+            return Err(ParseError::new(
+                ErrorKind::UnexpectedChar,
+                Span::new(start, span.end),
+                "unexpected text at the end of the element",
+            )
+            .help("an element is a value, a range `a-b` or a step such as `a-b/n`"));
         }
         toks[n] = (tok, Span::new(start, i));
         n += 1;
@@ -364,7 +536,9 @@ fn expected(kind: FieldKind) -> String {
         FieldKind::DayOfWeek => ", `?`, `nL`, `n#k`",
         _ => "",
     };
-    format!("accepted: {base}{names}, `*`, a range `a-b`, a step `*/n`, `a/n` or `a-b/n`, `H`{specials}, or a comma-separated list of these")
+    format!(
+        "accepted: {base}{names}, `*`, a range `a-b`, a step `*/n`, `a/n` or `a-b/n`, `H`{specials}, or a comma-separated list of these"
+    )
 }
 
 fn parse_item(src: &str, kind: FieldKind, span: Span, seed: u64) -> Result<Item, ParseError> {
@@ -375,16 +549,30 @@ fn parse_item(src: &str, kind: FieldKind, span: Span, seed: u64) -> Result<Item,
             .then(|| b.iter().fold(0u32, |v, d| v * 10 + u32::from(d - b'0')))
     };
     match bytes {
-        [b'*'] => return Ok(Item { span, kind: ItemKind::Any }),
+        [b'*'] => {
+            return Ok(Item {
+                span,
+                kind: ItemKind::Any,
+            });
+        }
         [b'*', b'/', rest @ ..] => {
             if let Some(s) = number(rest) {
                 let s = step(s, Span::new(span.start + 2, span.end))?;
-                return Ok(Item { span, kind: ItemKind::Step { base: StepBase::Any, step: s } });
+                return Ok(Item {
+                    span,
+                    kind: ItemKind::Step {
+                        base: StepBase::Any,
+                        step: s,
+                    },
+                });
             }
         }
         _ => {
             if let Some(v) = number(bytes) {
-                return Ok(Item { span, kind: ItemKind::Value(value(src, kind, (Tok::Num(v), span))?) });
+                return Ok(Item {
+                    span,
+                    kind: ItemKind::Value(value(src, kind, (Tok::Num(v), span))?),
+                });
             }
         }
     }
@@ -398,51 +586,97 @@ fn parse_item(src: &str, kind: FieldKind, span: Span, seed: u64) -> Result<Item,
     use Tok::*;
     match t {
         [(Star, _)] => item(ItemKind::Any),
-        [(Star, _), (Slash, _), (Num(s), ss)] => item(ItemKind::Step { base: StepBase::Any, step: step(*s, *ss)? }),
+        [(Star, _), (Slash, _), (Num(s), ss)] => item(ItemKind::Step {
+            base: StepBase::Any,
+            step: step(*s, *ss)?,
+        }),
         [(Question, s)] => {
             if is_dom || is_dow {
                 item(ItemKind::NoSpecific)
             } else {
-                Err(misplaced(*s, "`?`", kind, "it means \"any\" in day-of-month or day-of-week only").help("use `*` here"))
+                Err(misplaced(
+                    *s,
+                    "`?`",
+                    kind,
+                    "it means \"any\" in day-of-month or day-of-week only",
+                )
+                .help("use `*` here"))
             }
         }
         [(Word, w), rest @ ..] if word_is(*w, "H") => parse_hash(kind, span, *w, rest, seed),
         [(Word, w)] if word_is(*w, "L") && is_dom => item(ItemKind::LastDay(0)),
         [(Word, w), (Dash, _), (Num(v), vs)] if word_is(*w, "L") && is_dom => {
             if *v > 30 {
-                return Err(ParseError::new(ErrorKind::OutOfRange, *vs, format!("`L-{v}` reaches before the first day of every month"))
-                    .help("`L-n` takes n from 0 to 30"));
+                return Err(ParseError::new(
+                    ErrorKind::OutOfRange,
+                    *vs,
+                    format!("`L-{v}` reaches before the first day of every month"),
+                )
+                .help("`L-n` takes n from 0 to 30"));
             }
             item(ItemKind::LastDay(*v as u16))
         }
         [(Word, w)] if word_is(*w, "LW") && is_dom => item(ItemKind::LastWeekday),
-        [(Word, w)] if word_is(*w, "L") && is_dow => Err(misplaced(*w, "`L` alone", kind, "dialects disagree on what it means there")
-            .help("write `5L` for the last Friday of the month, or `L` in day-of-month for the last day")),
+        [(Word, w)] if word_is(*w, "L") && is_dow => Err(misplaced(
+            *w,
+            "`L` alone",
+            kind,
+            "dialects disagree on what it means there",
+        )
+        .help(
+            "write `5L` for the last Friday of the month, or `L` in day-of-month for the last day",
+        )),
         [v @ (Num(_) | Word, _), (Word, w)] if word_is(*w, "W") => {
             if !is_dom {
-                return Err(misplaced(*w, "`W`", kind, "it means \"nearest weekday\" in day-of-month only"));
+                return Err(misplaced(
+                    *w,
+                    "`W`",
+                    kind,
+                    "it means \"nearest weekday\" in day-of-month only",
+                ));
             }
             let day = value(src, kind, *v)?;
             item(ItemKind::NearestWeekday(day))
         }
         [v @ (Num(_) | Word, _), (Word, w)] if word_is(*w, "L") => {
             if !is_dow {
-                return Err(misplaced(*w, "`nL`", kind, "it means \"last n-day of the month\" in day-of-week only")
-                    .help("in day-of-month, `L` alone is the last day and `L-n` counts back from it"));
+                return Err(misplaced(
+                    *w,
+                    "`nL`",
+                    kind,
+                    "it means \"last n-day of the month\" in day-of-week only",
+                )
+                .help("in day-of-month, `L` alone is the last day and `L-n` counts back from it"));
             }
             item(ItemKind::LastOfMonth(weekday(value(src, kind, *v)?)))
         }
         [v @ (Num(_) | Word, _), (Hash, hs), rest @ ..] => {
             if !is_dow {
-                return Err(misplaced(*hs, "`#`", kind, "`n#k` means \"k-th n-day of the month\" in day-of-week only"));
+                return Err(misplaced(
+                    *hs,
+                    "`#`",
+                    kind,
+                    "`n#k` means \"k-th n-day of the month\" in day-of-week only",
+                ));
             }
             let wd = weekday(value(src, kind, *v)?);
             match rest {
-                [(Num(k), ks)] if (1..=5).contains(k) => item(ItemKind::Nth { weekday: wd, nth: *k as u8 }),
-                [(Num(k), ks)] => Err(ParseError::new(ErrorKind::OutOfRange, *ks, format!("there is no {k}th weekday of the same kind in a month"))
-                    .help("`n#k` takes k from 1 to 5")),
-                _ => Err(ParseError::new(ErrorKind::UnexpectedChar, Span::new(hs.end, span.end), "expected a number 1-5 after `#`")
-                    .help("for example `1#2`, the second Monday of the month")),
+                [(Num(k), ks)] if (1..=5).contains(k) => item(ItemKind::Nth {
+                    weekday: wd,
+                    nth: *k as u8,
+                }),
+                [(Num(k), ks)] => Err(ParseError::new(
+                    ErrorKind::OutOfRange,
+                    *ks,
+                    format!("there is no {k}th weekday of the same kind in a month"),
+                )
+                .help("`n#k` takes k from 1 to 5")),
+                _ => Err(ParseError::new(
+                    ErrorKind::UnexpectedChar,
+                    Span::new(hs.end, span.end),
+                    "expected a number 1-5 after `#`",
+                )
+                .help("for example `1#2`, the second Monday of the month")),
             }
         }
         [v @ (Num(_) | Word, _)] => item(ItemKind::Value(value(src, kind, *v)?)),
@@ -452,18 +686,34 @@ fn parse_item(src: &str, kind: FieldKind, span: Span, seed: u64) -> Result<Item,
         }
         [a @ (Num(_) | Word, _), (Slash, _), (Num(s), ss)] => {
             let lo = value(src, kind, *a)?;
-            item(ItemKind::Step { base: StepBase::From(lo), step: step(*s, *ss)? })
+            item(ItemKind::Step {
+                base: StepBase::From(lo),
+                step: step(*s, *ss)?,
+            })
         }
-        [a @ (Num(_) | Word, _), (Dash, _), b @ (Num(_) | Word, _), (Slash, _), (Num(s), ss)] => {
+        [
+            a @ (Num(_) | Word, _),
+            (Dash, _),
+            b @ (Num(_) | Word, _),
+            (Slash, _),
+            (Num(s), ss),
+        ] => {
             let (lo, hi) = range(src, kind, *a, *b)?;
-            item(ItemKind::Step { base: StepBase::Range(lo, hi), step: step(*s, *ss)? })
+            item(ItemKind::Step {
+                base: StepBase::Range(lo, hi),
+                step: step(*s, *ss)?,
+            })
         }
         _ => Err(syntax_error(src, kind, span, t)),
     }
 }
 
 fn misplaced(span: Span, what: &str, kind: FieldKind, why: &str) -> ParseError {
-    ParseError::new(ErrorKind::Misplaced, span, format!("{what} is not allowed in the {} field: {why}", kind.name()))
+    ParseError::new(
+        ErrorKind::Misplaced,
+        span,
+        format!("{what} is not allowed in the {} field: {why}", kind.name()),
+    )
 }
 
 /// Finds the first token that breaks the grammar and explains it.
@@ -485,16 +735,34 @@ fn syntax_error(src: &str, kind: FieldKind, span: Span, t: &[(Tok, Span)]) -> Pa
     let at = valid_prefix.min(t.len().saturating_sub(1));
     let bad = t[at].1;
     let err = if at + 1 == t.len() && matches!(t[at].0, Tok::Dash | Tok::Slash) {
-        ParseError::new(ErrorKind::UnexpectedChar, bad, format!("`{}` must be followed by a number", &src[bad.start..bad.end]))
+        ParseError::new(
+            ErrorKind::UnexpectedChar,
+            bad,
+            format!(
+                "`{}` must be followed by a number",
+                &src[bad.start..bad.end]
+            ),
+        )
     } else {
-        ParseError::new(ErrorKind::UnexpectedChar, Span::new(bad.start, span.end), format!("unexpected `{}` in the {} field", &src[bad.start..span.end], kind.name()))
+        ParseError::new(
+            ErrorKind::UnexpectedChar,
+            Span::new(bad.start, span.end),
+            format!(
+                "unexpected `{}` in the {} field",
+                &src[bad.start..span.end],
+                kind.name()
+            ),
+        )
     };
     err.help(expected(kind))
 }
 
 fn step(s: u32, span: Span) -> Result<u32, ParseError> {
     if s == 0 {
-        return Err(ParseError::new(ErrorKind::ZeroStep, span, "a step of 0 never advances").help("use a step of 1 or more, such as `*/5`"));
+        return Err(
+            ParseError::new(ErrorKind::ZeroStep, span, "a step of 0 never advances")
+                .help("use a step of 1 or more, such as `*/5`"),
+        );
     }
     Ok(s)
 }
@@ -509,13 +777,23 @@ fn value(src: &str, kind: FieldKind, (tok, span): (Tok, Span)) -> Result<u16, Pa
     match tok {
         Tok::Num(v) => {
             if v < u32::from(min) || v > u32::from(max) {
-                let mut err = ParseError::new(ErrorKind::OutOfRange, span, format!("{v} is out of range for the {} field", kind.name()));
+                let mut err = ParseError::new(
+                    ErrorKind::OutOfRange,
+                    span,
+                    format!("{v} is out of range for the {} field", kind.name()),
+                );
                 err.suggestion = Some(match (kind, v) {
                     (FieldKind::Hour, 24) => "hours are 0-23; midnight is 0".into(),
-                    (FieldKind::Minute | FieldKind::Second, 60) => format!("{}s are 0-59", kind.name()),
-                    (FieldKind::DayOfMonth, 0) => "days of the month start at 1; `L` is the last day".into(),
+                    (FieldKind::Minute | FieldKind::Second, 60) => {
+                        format!("{}s are 0-59", kind.name())
+                    }
+                    (FieldKind::DayOfMonth, 0) => {
+                        "days of the month start at 1; `L` is the last day".into()
+                    }
                     (FieldKind::Month, 0) => "months are 1-12 (JAN-DEC)".into(),
-                    (FieldKind::DayOfWeek, _) => "weekdays are 0-7, where 0 and 7 are Sunday (1 is Monday)".into(),
+                    (FieldKind::DayOfWeek, _) => {
+                        "weekdays are 0-7, where 0 and 7 are Sunday (1 is Monday)".into()
+                    }
                     _ => format!("accepted: {min}-{max}"),
                 });
                 return Err(err);
@@ -533,12 +811,31 @@ fn value(src: &str, kind: FieldKind, (tok, span): (Tok, Span)) -> Result<u16, Pa
             if let Some(i) = table.iter().position(|n| *n == upper) {
                 return Ok(i as u16 + kind.min());
             }
-            let err = ParseError::new(ErrorKind::UnknownName, span, format!("unknown name `{word}` in the {} field", kind.name()));
-            let other = if kind == FieldKind::Month { &WEEKDAYS[..] } else { &MONTHS[..] };
+            let err = ParseError::new(
+                ErrorKind::UnknownName,
+                span,
+                format!("unknown name `{word}` in the {} field", kind.name()),
+            );
+            let other = if kind == FieldKind::Month {
+                &WEEKDAYS[..]
+            } else {
+                &MONTHS[..]
+            };
             Err(if table.is_empty() {
-                err.help(format!("the {} field takes numbers {min}-{max}, not names", kind.name()))
+                err.help(format!(
+                    "the {} field takes numbers {min}-{max}, not names",
+                    kind.name()
+                ))
             } else if other.contains(&upper.as_str()) {
-                err.help(format!("`{word}` is a {} name; this field takes {}", if kind == FieldKind::Month { "weekday" } else { "month" }, table.join(", ")))
+                err.help(format!(
+                    "`{word}` is a {} name; this field takes {}",
+                    if kind == FieldKind::Month {
+                        "weekday"
+                    } else {
+                        "month"
+                    },
+                    table.join(", ")
+                ))
             } else if let Some(best) = closest(&upper, table.iter().copied()) {
                 err.help(format!("did you mean `{best}`?"))
             } else {
@@ -548,7 +845,12 @@ fn value(src: &str, kind: FieldKind, (tok, span): (Tok, Span)) -> Result<u16, Pa
     }
 }
 
-fn range(src: &str, kind: FieldKind, a: (Tok, Span), b: (Tok, Span)) -> Result<(u16, u16), ParseError> {
+fn range(
+    src: &str,
+    kind: FieldKind,
+    a: (Tok, Span),
+    b: (Tok, Span),
+) -> Result<(u16, u16), ParseError> {
     let lo = value(src, kind, a)?;
     let mut hi = value(src, kind, b)?;
     // `FRI-SUN`: a weekday name ending a range means the Sunday that ends the week.
@@ -557,14 +859,22 @@ fn range(src: &str, kind: FieldKind, a: (Tok, Span), b: (Tok, Span)) -> Result<(
     }
     if lo > hi {
         let span = a.1.to(b.1);
-        let err = ParseError::new(ErrorKind::ReversedRange, span, format!("the range `{}` runs backwards", &src[span.start..span.end]));
+        let err = ParseError::new(
+            ErrorKind::ReversedRange,
+            span,
+            format!("the range `{}` runs backwards", &src[span.start..span.end]),
+        );
         let (ta, tb) = (&src[a.1.start..a.1.end], &src[b.1.start..b.1.end]);
         return Err(match kind {
             FieldKind::Year => err.help(format!("write `{tb}-{ta}`")),
             FieldKind::DayOfWeek if hi == 0 => err.help(format!("write `{ta}-7`: 7 is Sunday too")),
             _ => {
                 let (max, min) = if a.0 == Tok::Word {
-                    let table: &[&str] = if kind == FieldKind::Month { &MONTHS } else { &WEEKDAYS };
+                    let table: &[&str] = if kind == FieldKind::Month {
+                        &MONTHS
+                    } else {
+                        &WEEKDAYS
+                    };
                     (table[table.len() - 1].to_string(), table[0].to_string())
                 } else {
                     (kind.open_max().to_string(), kind.min().to_string())
@@ -576,27 +886,63 @@ fn range(src: &str, kind: FieldKind, a: (Tok, Span), b: (Tok, Span)) -> Result<(
     Ok((lo, hi))
 }
 
-fn parse_hash(kind: FieldKind, span: Span, h: Span, rest: &[(Tok, Span)], seed: u64) -> Result<Item, ParseError> {
+fn parse_hash(
+    kind: FieldKind,
+    span: Span,
+    h: Span,
+    rest: &[(Tok, Span)],
+    seed: u64,
+) -> Result<Item, ParseError> {
     if kind == FieldKind::Year {
-        return Err(misplaced(h, "`H`", kind, "a hashed year would rarely fire").help("write the years explicitly"));
+        return Err(misplaced(h, "`H`", kind, "a hashed year would rarely fire")
+            .help("write the years explicitly"));
     }
     // Days of the month default to 1-28 so that a hashed day exists in every month.
-    let default_hi = if kind == FieldKind::DayOfMonth { 28 } else { kind.open_max() };
+    let default_hi = if kind == FieldKind::DayOfMonth {
+        28
+    } else {
+        kind.open_max()
+    };
     let (lo, hi, rest) = match rest {
-        [(Tok::LParen, _), (Tok::Num(a), sa), (Tok::Dash, _), (Tok::Num(b), sb), (Tok::RParen, _), rest @ ..] => {
+        [
+            (Tok::LParen, _),
+            (Tok::Num(a), sa),
+            (Tok::Dash, _),
+            (Tok::Num(b), sb),
+            (Tok::RParen, _),
+            rest @ ..,
+        ] => {
             for (v, s) in [(*a, *sa), (*b, *sb)] {
                 if v < u32::from(kind.min()) || v > u32::from(kind.open_max()) {
-                    return Err(ParseError::new(ErrorKind::OutOfRange, s, format!("{v} is out of range for the {} field", kind.name()))
-                        .help(format!("accepted: {}-{}", kind.min(), kind.open_max())));
+                    return Err(ParseError::new(
+                        ErrorKind::OutOfRange,
+                        s,
+                        format!("{v} is out of range for the {} field", kind.name()),
+                    )
+                    .help(format!(
+                        "accepted: {}-{}",
+                        kind.min(),
+                        kind.open_max()
+                    )));
                 }
             }
             if a > b {
-                return Err(ParseError::new(ErrorKind::ReversedRange, sa.to(*sb), "the range of `H(a-b)` runs backwards").help(format!("write `H({b}-{a})`")));
+                return Err(ParseError::new(
+                    ErrorKind::ReversedRange,
+                    sa.to(*sb),
+                    "the range of `H(a-b)` runs backwards",
+                )
+                .help(format!("write `H({b}-{a})`")));
             }
             (*a as u16, *b as u16, rest)
         }
         [(Tok::LParen, s), ..] => {
-            return Err(ParseError::new(ErrorKind::UnexpectedChar, Span::new(s.start, span.end), "malformed `H(a-b)`").help("write a range in parentheses, such as `H(0-29)`"));
+            return Err(ParseError::new(
+                ErrorKind::UnexpectedChar,
+                Span::new(s.start, span.end),
+                "malformed `H(a-b)`",
+            )
+            .help("write a range in parentheses, such as `H(0-29)`"));
         }
         rest => (kind.min(), default_hi, rest),
     };
@@ -604,21 +950,39 @@ fn parse_hash(kind: FieldKind, span: Span, h: Span, rest: &[(Tok, Span)], seed: 
         [] => None,
         [(Tok::Slash, _), (Tok::Num(s), ss)] => Some(step(*s, *ss)?),
         [(_, s), ..] => {
-            return Err(ParseError::new(ErrorKind::UnexpectedChar, Span::new(s.start, span.end), "unexpected text after `H`").help("write `H`, `H/n`, `H(a-b)` or `H(a-b)/n`"));
+            return Err(ParseError::new(
+                ErrorKind::UnexpectedChar,
+                Span::new(s.start, span.end),
+                "unexpected text after `H`",
+            )
+            .help("write `H`, `H/n`, `H(a-b)` or `H(a-b)/n`"));
         }
     };
     let h = crate::hash::field_hash(seed, kind);
     let size = u64::from(hi - lo) + 1;
     let modulus = step.map_or(size, |s| u64::from(s).min(size));
     let start = lo + (h % modulus) as u16;
-    Ok(Item { span, kind: ItemKind::Hash { lo, hi, step, start } })
+    Ok(Item {
+        span,
+        kind: ItemKind::Hash {
+            lo,
+            hi,
+            step,
+            start,
+        },
+    })
 }
 
 /// The candidate closest to `word` by edit distance, if it is close enough to
 /// be a plausible typo.
 fn closest<'a>(word: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
     candidates
-        .map(|c| (edit_distance(&word.to_ascii_uppercase(), &c.to_ascii_uppercase()), c))
+        .map(|c| {
+            (
+                edit_distance(&word.to_ascii_uppercase(), &c.to_ascii_uppercase()),
+                c,
+            )
+        })
         .filter(|(d, c)| *d <= 2.min(c.len() / 2))
         .min_by_key(|(d, _)| *d)
         .map(|(_, c)| c)
@@ -630,7 +994,9 @@ pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
     for (i, ca) in a.chars().enumerate() {
         let mut cur = vec![i + 1; b.len() + 1];
         for (j, cb) in b.iter().enumerate() {
-            cur[j + 1] = (prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
+            cur[j + 1] = (prev[j] + usize::from(ca != *cb))
+                .min(prev[j + 1] + 1)
+                .min(cur[j] + 1);
         }
         prev = cur;
     }

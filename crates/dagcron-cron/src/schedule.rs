@@ -26,7 +26,13 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Options {
-        Options { time_zone: TimeZone::UTC, hash_seed: 0, anchor: None, dst_gap: None, dst_overlap: None }
+        Options {
+            time_zone: TimeZone::UTC,
+            hash_seed: 0,
+            anchor: None,
+            dst_gap: None,
+            dst_overlap: None,
+        }
     }
 }
 
@@ -83,21 +89,48 @@ impl Schedule {
         let (kind, wall_clock) = match &ast.body {
             Body::Every { seconds, .. } => {
                 let anchor = options.anchor.map_or(0, |a| a.as_second());
-                (Kind::Every { period: *seconds, anchor }, false)
+                (
+                    Kind::Every {
+                        period: *seconds,
+                        anchor,
+                    },
+                    false,
+                )
             }
             Body::Fields { .. } => {
                 let compiled = Compiled::new(&ast)?;
                 let plain = [FieldKind::Second, FieldKind::Minute, FieldKind::Hour]
                     .iter()
-                    .all(|k| ast.field(*k).expect("cron fields").items.iter().all(|i| i.is_plain()));
+                    .all(|k| {
+                        ast.field(*k)
+                            .expect("cron fields")
+                            .items
+                            .iter()
+                            .all(|i| i.is_plain())
+                    });
                 (Kind::Cron(compiled), plain)
             }
         };
         let policy = Policy {
-            gap: options.dst_gap.unwrap_or(if wall_clock { DstGap::Shift } else { DstGap::Skip }),
-            overlap: options.dst_overlap.unwrap_or(if wall_clock { DstOverlap::First } else { DstOverlap::Both }),
+            gap: options.dst_gap.unwrap_or(if wall_clock {
+                DstGap::Shift
+            } else {
+                DstGap::Skip
+            }),
+            overlap: options.dst_overlap.unwrap_or(if wall_clock {
+                DstOverlap::First
+            } else {
+                DstOverlap::Both
+            }),
         };
-        Ok(Schedule { ast, kind, tz, fixed, wall_clock, policy })
+        Ok(Schedule {
+            ast,
+            kind,
+            tz,
+            fixed,
+            wall_clock,
+            policy,
+        })
     }
 
     /// The syntax tree, with spans.
@@ -142,7 +175,13 @@ impl Schedule {
 
     fn walker(&self) -> Walker<'_> {
         let compiled = self.compiled().expect("walker is for cron fields");
-        Walker { compiled, tz: &self.tz, fixed: self.fixed, policy: self.policy, seg: None }
+        Walker {
+            compiled,
+            tz: &self.tz,
+            fixed: self.fixed,
+            policy: self.policy,
+            seg: None,
+        }
     }
 
     /// The first fire strictly after `t`.
@@ -175,7 +214,11 @@ impl Schedule {
     /// Fires strictly before `t`, in decreasing order.
     pub fn fires_before(&self, t: Timestamp) -> Fires<'_> {
         // The last whole second strictly before t.
-        let from = if t.subsec_nanosecond() > 0 { t.as_second() } else { t.as_second() - 1 };
+        let from = if t.subsec_nanosecond() > 0 {
+            t.as_second()
+        } else {
+            t.as_second() - 1
+        };
         self.fires(from, false)
     }
 
@@ -184,12 +227,21 @@ impl Schedule {
             Kind::Cron(_) => State::Cron(self.walker()),
             Kind::Every { .. } => State::Every,
         };
-        Fires { schedule: self, next: Some(from), forward, state }
+        Fires {
+            schedule: self,
+            next: Some(from),
+            forward,
+            state,
+        }
     }
 
     /// Whether `t` is a fire time.
     pub fn matches(&self, t: Timestamp) -> bool {
-        t.subsec_nanosecond() == 0 && self.fires(t.as_second(), true).next().is_some_and(|f| f.at == t)
+        t.subsec_nanosecond() == 0
+            && self
+                .fires(t.as_second(), true)
+                .next()
+                .is_some_and(|f| f.at == t)
     }
 }
 
@@ -225,7 +277,11 @@ impl Iterator for Fires<'_> {
                 let k = (i128::from(from) - i128::from(anchor)).div_euclid(i128::from(period));
                 let at = if self.forward {
                     let at = i128::from(anchor) + k * i128::from(period);
-                    if at < i128::from(from) { at + i128::from(period) } else { at }
+                    if at < i128::from(from) {
+                        at + i128::from(period)
+                    } else {
+                        at
+                    }
                 } else {
                     i128::from(anchor) + k * i128::from(period)
                 };
@@ -240,7 +296,11 @@ impl Iterator for Fires<'_> {
             self.next = None;
             return None;
         };
-        self.next = if self.forward { at.checked_add(1) } else { at.checked_sub(1) };
+        self.next = if self.forward {
+            at.checked_add(1)
+        } else {
+            at.checked_sub(1)
+        };
         Some(Fire { at: ts, dst })
     }
 }

@@ -76,15 +76,28 @@ pub(crate) fn lookup(name: &str, span: Span) -> Result<TimeZone, ParseError> {
         return Ok(TimeZone::UTC);
     }
     TimeZone::get(name).map_err(|_| {
-        let err = ParseError::new(ErrorKind::TimeZone, span, format!("unknown time zone `{name}`"));
+        let err = ParseError::new(
+            ErrorKind::TimeZone,
+            span,
+            format!("unknown time zone `{name}`"),
+        );
         let best = jiff::tz::db()
             .available()
-            .map(|n| (crate::parse::edit_distance(&name.to_ascii_lowercase(), &n.as_str().to_ascii_lowercase()), n))
+            .map(|n| {
+                (
+                    crate::parse::edit_distance(
+                        &name.to_ascii_lowercase(),
+                        &n.as_str().to_ascii_lowercase(),
+                    ),
+                    n,
+                )
+            })
             .min_by_key(|(d, _)| *d)
             .filter(|(d, _)| *d <= 3);
         match best {
             Some((_, n)) => err.help(format!("did you mean `{}`?", n.as_str())),
-            None => err.help("use an IANA zone name such as `Europe/Berlin`, `America/New_York` or `UTC`"),
+            None => err
+                .help("use an IANA zone name such as `Europe/Berlin`, `America/New_York` or `UTC`"),
         }
     })
 }
@@ -101,7 +114,13 @@ pub(crate) struct Segment {
 
 impl Segment {
     pub(crate) fn fixed(offset: i64) -> Segment {
-        Segment { start: i64::MIN, end: i64::MAX, offset, prev_offset: offset, next_offset: offset }
+        Segment {
+            start: i64::MIN,
+            end: i64::MAX,
+            offset,
+            prev_offset: offset,
+            next_offset: offset,
+        }
     }
 
     pub(crate) fn contains(&self, i: i64) -> bool {
@@ -110,7 +129,8 @@ impl Segment {
 }
 
 fn ts(secs: i64) -> Timestamp {
-    Timestamp::from_second(secs.clamp(Timestamp::MIN.as_second(), Timestamp::MAX.as_second())).expect("clamped")
+    Timestamp::from_second(secs.clamp(Timestamp::MIN.as_second(), Timestamp::MAX.as_second()))
+        .expect("clamped")
 }
 
 /// The segment of `tz` that contains the instant `i`.
@@ -127,7 +147,13 @@ pub(crate) fn segment_at(tz: &TimeZone, i: i64) -> Segment {
         Some(t) => (t.timestamp().as_second(), i64::from(t.offset().seconds())),
         None => (i64::MAX, offset),
     };
-    Segment { start, end, offset, prev_offset, next_offset }
+    Segment {
+        start,
+        end,
+        offset,
+        prev_offset,
+        next_offset,
+    }
 }
 
 /// The DST policy of a schedule.
@@ -160,9 +186,15 @@ fn gap_fire(c: &Compiled, seg: &Segment, policy: Policy) -> Option<DstNote> {
         return None;
     }
     let (lo, hi) = (seg.start + seg.prev_offset, seg.start + seg.offset);
-    let Search::Found(first) = c.next(lo, hi) else { return None };
+    let Search::Found(first) = c.next(lo, hi) else {
+        return None;
+    };
     let collapsed = matches!(c.next(first + 1, hi), Search::Found(_)) || c.matches_civil(hi);
-    Some(if collapsed { DstNote::Collapsed } else { DstNote::Shifted })
+    Some(if collapsed {
+        DstNote::Collapsed
+    } else {
+        DstNote::Shifted
+    })
 }
 
 /// The note for a regular fire at civil time `civil` in `seg`.
@@ -231,7 +263,9 @@ impl Walker<'_> {
             }
             if lo < hi {
                 match self.compiled.next(lo, hi) {
-                    Search::Found(c) => return Some((c - seg.offset, fold_note(&seg, c, self.policy))),
+                    Search::Found(c) => {
+                        return Some((c - seg.offset, fold_note(&seg, c, self.policy)));
+                    }
                     Search::Exhausted => exhausted_from = exhausted_from.min(lo),
                     Search::Beyond => {}
                 }
@@ -250,16 +284,28 @@ impl Walker<'_> {
         let mut exhausted_to = i64::MIN;
         for _ in 0..MAX_SEGMENTS {
             let (lo, hi) = civil_range(&seg, self.policy);
-            let hi = hi.min(from.min(seg.end.saturating_sub(1)).saturating_add(seg.offset).saturating_add(1));
+            let hi = hi.min(
+                from.min(seg.end.saturating_sub(1))
+                    .saturating_add(seg.offset)
+                    .saturating_add(1),
+            );
             if hi.max(seg.start.saturating_add(seg.offset)) <= exhausted_to {
                 return None;
             }
-            let gap = if seg.start <= from { gap_fire(self.compiled, &seg, self.policy) } else { None };
+            let gap = if seg.start <= from {
+                gap_fire(self.compiled, &seg, self.policy)
+            } else {
+                None
+            };
             if lo < hi {
                 match self.compiled.prev(hi - 1, lo) {
                     Search::Found(c) => {
                         let at = c - seg.offset;
-                        let note = if at == seg.start && gap.is_some() { gap } else { fold_note(&seg, c, self.policy) };
+                        let note = if at == seg.start && gap.is_some() {
+                            gap
+                        } else {
+                            fold_note(&seg, c, self.policy)
+                        };
                         return Some((at, note));
                     }
                     Search::Exhausted => exhausted_to = exhausted_to.max(hi),

@@ -70,7 +70,8 @@ pub(crate) enum OverlapArg {
 
 /// The outcome of parsing: the schedule, or an error already printed.
 fn parse(args: &ExprArgs) -> Result<Option<Schedule>> {
-    let time_zone = TimeZone::get(&args.tz).with_context(|| format!("unknown time zone {:?} given to --tz", args.tz))?;
+    let time_zone = TimeZone::get(&args.tz)
+        .with_context(|| format!("unknown time zone {:?} given to --tz", args.tz))?;
     let options = Options {
         time_zone,
         hash_seed: seed_from_key(&args.hash_key),
@@ -96,11 +97,17 @@ fn parse(args: &ExprArgs) -> Result<Option<Schedule>> {
 
 /// RFC 3339 with the zone's offset, such as 2026-03-08T03:00:00-04:00.
 fn rfc3339(t: Timestamp, tz: &TimeZone) -> String {
-    t.to_zoned_datetime(tz.clone()).strftime("%Y-%m-%dT%H:%M:%S%:z").to_string()
+    t.to_zoned_datetime(tz.clone())
+        .strftime("%Y-%m-%dT%H:%M:%S%:z")
+        .to_string()
 }
 
 fn describe_policy(s: &Schedule) -> String {
-    let kind = if s.is_wall_clock() { "wall-clock times" } else { "a rhythm" };
+    let kind = if s.is_wall_clock() {
+        "wall-clock times"
+    } else {
+        "a rhythm"
+    };
     let gap = match s.dst_gap() {
         DstGap::Shift => "shift",
         DstGap::Skip => "skip",
@@ -118,9 +125,19 @@ fn print_table(out: &mut impl Write, s: &Schedule, from: Timestamp, count: usize
     let mut n = 0;
     writeln!(out, "{:>4}  {:<26}  {:<20}  note", "#", "local time", "UTC")?;
     for (i, fire) in s.fires_after(from).take(count).enumerate() {
-        let local = fire.at.to_zoned_datetime(tz.clone()).strftime("%Y-%m-%d %H:%M:%S %:z").to_string();
+        let local = fire
+            .at
+            .to_zoned_datetime(tz.clone())
+            .strftime("%Y-%m-%d %H:%M:%S %:z")
+            .to_string();
         let note = fire.dst.map_or("", |d| d.describe());
-        writeln!(out, "{:>4}  {:<26}  {:<20}  {note}", i + 1, local, fire.at.to_string())?;
+        writeln!(
+            out,
+            "{:>4}  {:<26}  {:<20}  {note}",
+            i + 1,
+            local,
+            fire.at.to_string()
+        )?;
         n += 1;
     }
     Ok(n)
@@ -130,12 +147,16 @@ pub(crate) fn run(cmd: CronCommand) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     match cmd {
         CronCommand::Check { expr } => {
-            let Some(s) = parse(&expr)? else { return Ok(ExitCode::from(2)) };
+            let Some(s) = parse(&expr)? else {
+                return Ok(ExitCode::from(2));
+            };
             writeln!(out, "valid: {}", s.explain())?;
             writeln!(out, "normal form: {}", s.normalized())?;
         }
         CronCommand::Explain { expr } => {
-            let Some(s) = parse(&expr)? else { return Ok(ExitCode::from(2)) };
+            let Some(s) = parse(&expr)? else {
+                return Ok(ExitCode::from(2));
+            };
             writeln!(out, "{}", s.explain())?;
             writeln!(out, "normal form: {}", s.normalized())?;
             writeln!(out, "daylight saving: {}", describe_policy(&s))?;
@@ -144,8 +165,15 @@ pub(crate) fn run(cmd: CronCommand) -> Result<ExitCode> {
                 writeln!(out, "(no fires after now)")?;
             }
         }
-        CronCommand::Next { expr, from, count, json } => {
-            let Some(s) = parse(&expr)? else { return Ok(ExitCode::from(2)) };
+        CronCommand::Next {
+            expr,
+            from,
+            count,
+            json,
+        } => {
+            let Some(s) = parse(&expr)? else {
+                return Ok(ExitCode::from(2));
+            };
             let from = match from {
                 Some(f) => f.parse::<Timestamp>().with_context(|| {
                     format!("--from {f:?} is not an RFC 3339 instant (accepted: such as 2026-03-08T00:00:00Z or 2026-03-08T00:00:00-05:00)")
@@ -153,7 +181,11 @@ pub(crate) fn run(cmd: CronCommand) -> Result<ExitCode> {
                 None => Timestamp::now(),
             };
             if json {
-                let fires: Vec<String> = s.fires_after(from).take(count).map(|f| rfc3339(f.at, s.time_zone())).collect();
+                let fires: Vec<String> = s
+                    .fires_after(from)
+                    .take(count)
+                    .map(|f| rfc3339(f.at, s.time_zone()))
+                    .collect();
                 if fires.is_empty() && count > 0 {
                     bail!("`{}` has no fire after {from}", expr.expr);
                 }

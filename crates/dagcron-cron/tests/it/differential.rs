@@ -78,11 +78,17 @@ fn documented_differences() {
     // Vixie OR: `cron` requires both day fields; we fire on the 15th or on Mondays.
     assert_eq!(first("0 0 0 15 * MON"), "2026-01-05T00:00:00Z");
     let cron = cron::Schedule::from_str("0 0 0 15 * MON").unwrap();
-    assert_eq!(cron.after(&chrono_of(t)).next().unwrap().to_rfc3339(), "2026-06-15T00:00:00+00:00");
+    assert_eq!(
+        cron.after(&chrono_of(t)).next().unwrap().to_rfc3339(),
+        "2026-06-15T00:00:00+00:00"
+    );
     // Numeric weekdays: `cron` counts 1 = Sunday (Quartz); we count 1 = Monday.
     assert_eq!(first("0 0 0 * * 1"), "2026-01-05T00:00:00Z");
     let cron = cron::Schedule::from_str("0 0 0 * * 1").unwrap();
-    assert_eq!(cron.after(&chrono_of(t)).next().unwrap().to_rfc3339(), "2026-01-04T00:00:00+00:00");
+    assert_eq!(
+        cron.after(&chrono_of(t)).next().unwrap().to_rfc3339(),
+        "2026-01-04T00:00:00+00:00"
+    );
     // croner rejects `*` inside a list; we accept it as "every value".
     assert!(croner::Cron::from_str("*,10 * * * *").is_err());
     assert_eq!(first("*,10 * * * *"), "2026-01-01T00:01:00Z");

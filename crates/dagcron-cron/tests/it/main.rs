@@ -15,7 +15,11 @@ use jiff::tz::TimeZone;
 
 /// Parses `expr` in zone `tz` with seed 42 for `H`.
 pub(crate) fn schedule(expr: &str, tz: &str) -> Schedule {
-    let options = Options { time_zone: TimeZone::get(tz).unwrap(), hash_seed: 42, ..Options::default() };
+    let options = Options {
+        time_zone: TimeZone::get(tz).unwrap(),
+        hash_seed: 42,
+        ..Options::default()
+    };
     Schedule::parse_with(expr, &options).unwrap_or_else(|e| panic!("{expr:?}: {e}"))
 }
 
@@ -27,7 +31,10 @@ pub(crate) fn ts(s: &str) -> Timestamp {
 pub(crate) fn preview(s: &Schedule, from: &str, n: usize) -> String {
     let mut out = String::new();
     for f in s.fires_after(ts(from)).take(n) {
-        let local = f.at.to_zoned_datetime(s.time_zone().clone()).strftime("%Y-%m-%d %a %H:%M:%S %:z").to_string();
+        let local =
+            f.at.to_zoned_datetime(s.time_zone().clone())
+                .strftime("%Y-%m-%d %a %H:%M:%S %:z")
+                .to_string();
         out.push_str(&local);
         if let Some(note) = f.dst {
             out.push_str(&format!("  [{}]", note.describe()));

@@ -21,7 +21,11 @@ fn weekday_num(d: Date) -> i64 {
 fn in_values(kind: FieldKind, lo: u16, hi: u16, step: u32, v: i64) -> bool {
     let mut x = u32::from(lo);
     while x <= u32::from(hi) {
-        let val = if kind == FieldKind::DayOfWeek { i64::from(x % 7) } else { i64::from(x) };
+        let val = if kind == FieldKind::DayOfWeek {
+            i64::from(x % 7)
+        } else {
+            i64::from(x)
+        };
         if val == v {
             return true;
         }
@@ -31,17 +35,37 @@ fn in_values(kind: FieldKind, lo: u16, hi: u16, step: u32, v: i64) -> bool {
 }
 
 fn item_matches(kind: FieldKind, item: ItemKind, v: i64, date: Date) -> bool {
-    let open_max = if kind == FieldKind::DayOfWeek { 6 } else { kind.max() };
+    let open_max = if kind == FieldKind::DayOfWeek {
+        6
+    } else {
+        kind.max()
+    };
     let last = i64::from(date.days_in_month());
     match item {
         ItemKind::Any | ItemKind::NoSpecific => true,
         ItemKind::Value(x) => in_values(kind, x, x, 1, v),
         ItemKind::Range(a, b) => in_values(kind, a, b, 1, v),
-        ItemKind::Step { base: StepBase::Any, step } => in_values(kind, kind.min(), open_max, step, v),
-        ItemKind::Step { base: StepBase::From(a), step } => in_values(kind, a, open_max.max(a), step, v),
-        ItemKind::Step { base: StepBase::Range(a, b), step } => in_values(kind, a, b, step, v),
-        ItemKind::Hash { step: None, start, .. } => in_values(kind, start, start, 1, v),
-        ItemKind::Hash { step: Some(s), start, hi, .. } => in_values(kind, start, hi, s, v),
+        ItemKind::Step {
+            base: StepBase::Any,
+            step,
+        } => in_values(kind, kind.min(), open_max, step, v),
+        ItemKind::Step {
+            base: StepBase::From(a),
+            step,
+        } => in_values(kind, a, open_max.max(a), step, v),
+        ItemKind::Step {
+            base: StepBase::Range(a, b),
+            step,
+        } => in_values(kind, a, b, step, v),
+        ItemKind::Hash {
+            step: None, start, ..
+        } => in_values(kind, start, start, 1, v),
+        ItemKind::Hash {
+            step: Some(s),
+            start,
+            hi,
+            ..
+        } => in_values(kind, start, hi, s, v),
         ItemKind::LastDay(n) => i64::from(date.day()) == last - i64::from(n),
         ItemKind::LastWeekday => {
             let mut d = date.last_of_month();
@@ -51,23 +75,37 @@ fn item_matches(kind: FieldKind, item: ItemKind, v: i64, date: Date) -> bool {
             d == date
         }
         ItemKind::NearestWeekday(n) => {
-            let Ok(target) = Date::new(date.year(), date.month(), n as i8) else { return false };
+            let Ok(target) = Date::new(date.year(), date.month(), n as i8) else {
+                return false;
+            };
             let moved = match target.weekday() {
-                Weekday::Saturday if n == 1 => target.checked_add(SignedDuration::from_hours(48)).unwrap(),
+                Weekday::Saturday if n == 1 => {
+                    target.checked_add(SignedDuration::from_hours(48)).unwrap()
+                }
                 Weekday::Saturday => target.yesterday().unwrap(),
-                Weekday::Sunday if i64::from(n) == last => target.checked_sub(SignedDuration::from_hours(48)).unwrap(),
+                Weekday::Sunday if i64::from(n) == last => {
+                    target.checked_sub(SignedDuration::from_hours(48)).unwrap()
+                }
                 Weekday::Sunday => target.tomorrow().unwrap(),
                 _ => target,
             };
             moved == date
         }
-        ItemKind::LastOfMonth(w) => weekday_num(date) == i64::from(w) && i64::from(date.day()) + 7 > last,
-        ItemKind::Nth { weekday, nth } => weekday_num(date) == i64::from(weekday) && (i64::from(date.day()) - 1) / 7 + 1 == i64::from(nth),
+        ItemKind::LastOfMonth(w) => {
+            weekday_num(date) == i64::from(w) && i64::from(date.day()) + 7 > last
+        }
+        ItemKind::Nth { weekday, nth } => {
+            weekday_num(date) == i64::from(weekday)
+                && (i64::from(date.day()) - 1) / 7 + 1 == i64::from(nth)
+        }
     }
 }
 
 fn field_matches(field: &Field<'_>, v: i64, date: Date) -> bool {
-    field.items.iter().any(|i| item_matches(field.kind, i.kind, v, date))
+    field
+        .items
+        .iter()
+        .any(|i| item_matches(field.kind, i.kind, v, date))
 }
 
 /// Whether a civil date-time matches the expression's fields.
@@ -78,7 +116,11 @@ pub(crate) fn civil_matches(s: &Schedule, dt: DateTime) -> bool {
     let (dom, dow) = (f(FieldKind::DayOfMonth), f(FieldKind::DayOfWeek));
     let dom_ok = field_matches(&dom, i64::from(date.day()), date);
     let dow_ok = field_matches(&dow, weekday_num(date), date);
-    let day_ok = if dom.is_star() || dow.is_star() { dom_ok && dow_ok } else { dom_ok || dow_ok };
+    let day_ok = if dom.is_star() || dow.is_star() {
+        dom_ok && dow_ok
+    } else {
+        dom_ok || dow_ok
+    };
     day_ok
         && field_matches(&f(FieldKind::Year), i64::from(date.year()), date)
         && field_matches(&f(FieldKind::Month), i64::from(date.month()), date)
@@ -95,7 +137,11 @@ pub(crate) fn fires_at(s: &Schedule, t: Timestamp) -> bool {
     let dt = tz.to_datetime(t);
     let occurrence_ok = match tz.to_ambiguous_timestamp(dt).offset() {
         AmbiguousOffset::Fold { before, after } if before != after => {
-            if offset == before { s.dst_overlap() != DstOverlap::Last } else { s.dst_overlap() != DstOverlap::First }
+            if offset == before {
+                s.dst_overlap() != DstOverlap::Last
+            } else {
+                s.dst_overlap() != DstOverlap::First
+            }
         }
         _ => true,
     };
@@ -108,8 +154,18 @@ pub(crate) fn fires_at(s: &Schedule, t: Timestamp) -> bool {
         let prev_offset = tz.to_offset(before);
         if prev_offset < offset {
             let gap = i64::from(offset.seconds() - prev_offset.seconds());
-            let first_skipped = tz.to_datetime(before).checked_add(SignedDuration::from_secs(1)).unwrap();
-            return (0..gap).any(|k| civil_matches(s, first_skipped.checked_add(SignedDuration::from_secs(k)).unwrap()));
+            let first_skipped = tz
+                .to_datetime(before)
+                .checked_add(SignedDuration::from_secs(1))
+                .unwrap();
+            return (0..gap).any(|k| {
+                civil_matches(
+                    s,
+                    first_skipped
+                        .checked_add(SignedDuration::from_secs(k))
+                        .unwrap(),
+                )
+            });
         }
     }
     false

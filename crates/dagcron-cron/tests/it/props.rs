@@ -9,8 +9,15 @@ use proptest::prelude::*;
 
 use crate::oracle;
 
-const ZONES: [&str; 7] =
-    ["UTC", "America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "Asia/Tokyo", "Pacific/Chatham", "America/Santiago"];
+const ZONES: [&str; 7] = [
+    "UTC",
+    "America/New_York",
+    "Europe/Berlin",
+    "Australia/Lord_Howe",
+    "Asia/Tokyo",
+    "Pacific/Chatham",
+    "America/Santiago",
+];
 
 fn time_field(max: u32) -> impl Strategy<Value = String> {
     prop_oneof![
@@ -76,8 +83,16 @@ fn overlap() -> impl Strategy<Value = Option<DstOverlap>> {
 fn instant_near_transition(tz: &TimeZone, pick: usize, delta: i64) -> Timestamp {
     let start: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
     let end: Timestamp = "2028-01-01T00:00:00Z".parse().unwrap();
-    let transitions: Vec<Timestamp> = tz.following(start).take_while(|t| t.timestamp() < end).map(|t| t.timestamp()).collect();
-    let base = if transitions.is_empty() { start.as_second() + (pick as i64 % 700) * 86_400 } else { transitions[pick % transitions.len()].as_second() };
+    let transitions: Vec<Timestamp> = tz
+        .following(start)
+        .take_while(|t| t.timestamp() < end)
+        .map(|t| t.timestamp())
+        .collect();
+    let base = if transitions.is_empty() {
+        start.as_second() + (pick as i64 % 700) * 86_400
+    } else {
+        transitions[pick % transitions.len()].as_second()
+    };
     Timestamp::from_second(base + delta).unwrap()
 }
 
