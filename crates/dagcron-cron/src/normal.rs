@@ -214,7 +214,8 @@ pub(crate) fn normalized(schedule: &Schedule) -> String {
         None => "*".into(),
         Some(y) => {
             let ys: Vec<u16> = y.iter().map(|y| y as u16).collect();
-            fmt_values(&ys, 1970, 2099, Style::Compact)
+            // Never `*`: a year field restricts fires to 1970-2099, and `*` would not.
+            fmt_values(&ys, 1970, 2099, Style::NoStar)
         }
     });
     out.push_str(&fields.join(" "));

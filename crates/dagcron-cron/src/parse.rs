@@ -113,15 +113,16 @@ fn check_ascii(src: &str) -> Result<(), ParseError> {
     })
 }
 
+/// The end of a word: fields are separated by spaces or tabs only.
 fn next_ws(bytes: &[u8], mut i: usize, end: usize) -> usize {
-    while i < end && !matches!(bytes[i], b' ' | b'\t' | b'\n' | b'\r') {
+    while i < end && !matches!(bytes[i], b' ' | b'\t') {
         i += 1;
     }
     i
 }
 
 fn skip_ws(bytes: &[u8], mut i: usize, end: usize) -> usize {
-    while i < end && matches!(bytes[i], b' ' | b'\t' | b'\n' | b'\r') {
+    while i < end && matches!(bytes[i], b' ' | b'\t') {
         i += 1;
     }
     i
