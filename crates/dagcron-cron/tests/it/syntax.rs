@@ -494,7 +494,10 @@ fn regression_year_step_keeps_its_bounds_in_the_normal_form() {
     // Found by fuzzing: `*/1` in the year field means 1970-2099, not every year.
     let s = schedule("0 0 */11 * */1 0 */1", "UTC");
     assert_eq!(s.normalized(), "0 0 */11 * * 0 1970-2099");
-    assert_eq!(s.next_after(jiff::Timestamp::MIN), Some(crate::ts("1970-01-04T00:00:00Z")));
+    assert_eq!(
+        s.next_after(jiff::Timestamp::MIN),
+        Some(crate::ts("1970-01-04T00:00:00Z"))
+    );
 }
 
 #[test]

@@ -1,0 +1,23 @@
+//! dagcron's domain core: the job model and its validation, DAG planning, the
+//! run/task/attempt state machines, retry with backoff and jitter, and the
+//! overlap and misfire policies.
+//!
+//! **No I/O, no clock, no randomness of its own:** time and random numbers
+//! are arguments, so a test can replay any instant and pin every delay.
+
+pub mod dag;
+pub mod duration;
+pub mod model;
+pub mod policy;
+pub mod retry;
+pub mod state;
+
+pub use dag::Dag;
+pub use duration::Dur;
+pub use model::{
+    Concurrency, Delivery, Executor, Job, JobFile, JobSpec, Misfire, Task, TaskSpec, TriggerRule,
+    ValidationError, ValidationErrors,
+};
+pub use policy::{FireDecision, FireOutcome};
+pub use retry::{Failure, RetryDecision, RetryPolicy};
+pub use state::{AttemptState, IllegalTransition, RunState, TaskState};

@@ -1,0 +1,704 @@
+//! The job model, as users declare it in job files (YAML or JSON), and its
+//! validation into a [`Job`] ready to schedule.
+//!
+//! Applying the same file twice must change nothing, so every type here has
+//! a canonical serialized form (`serde_json` of the spec) to compare.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use dagcron_cron::{DstGap, DstOverlap, Options, Schedule, seed_from_key};
+use jiff::Timestamp;
+use jiff::tz::TimeZone;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::dag::Dag;
+use crate::duration::Dur;
+use crate::retry::{Backoff, Jitter, RetryOn, RetryPolicy};
+
+/// A job file: one namespace and its jobs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobFile {
+    /// The tenant the jobs belong to.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// The jobs.
+    pub jobs: Vec<JobSpec>,
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+
+/// One schedule or several.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Schedules {
+    /// `schedule: "0 3 * * *"`.
+    One(String),
+    /// `schedule: ["0 3 * * *", "0 15 * * *"]`.
+    Many(Vec<String>),
+}
+
+impl Schedules {
+    /// The expressions.
+    pub fn as_slice(&self) -> &[String] {
+        match self {
+            Schedules::One(s) => std::slice::from_ref(s),
+            Schedules::Many(v) => v,
+        }
+    }
+}
+
+/// What happens when a fire comes while runs are active.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Concurrency {
+    /// Start another run (up to `max_active_runs`; beyond, queue it).
+    #[default]
+    Allow,
+    /// Skip the fire while a run is active, recording why.
+    Forbid,
+    /// Cancel the active runs and start the new one.
+    Replace,
+    /// Queue the run until a slot frees.
+    Queue,
+}
+
+/// What happens to fires missed during downtime or a pause.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Misfire {
+    /// Record them as missed and run none.
+    Skip,
+    /// Run the most recent one, record the others as missed.
+    #[default]
+    RunOnce,
+    /// Run all of them, up to `max_catchup` (the most recent ones).
+    RunAll,
+}
+
+/// What happens to an attempt whose worker vanished.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// Retry it as a new attempt (per the retry policy).
+    #[default]
+    AtLeastOnce,
+    /// Mark it `lost` and never run it again.
+    AtMostOnce,
+}
+
+/// When a task may start, given its upstream tasks' outcomes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TriggerRule {
+    /// Every upstream task succeeded (a skipped upstream skips this task).
+    #[default]
+    AllSuccess,
+    /// Every upstream task finished, whatever its outcome.
+    AllDone,
+    /// At least one upstream task failed (for failure handlers).
+    OneFailed,
+    /// Starts without waiting for upstream tasks.
+    Always,
+}
+
+/// The daylight-saving gap policy, as written in job files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GapPolicy {
+    /// Fire once after the gap.
+    Shift,
+    /// Do not fire.
+    Skip,
+}
+
+/// The daylight-saving overlap policy, as written in job files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverlapPolicy {
+    /// First occurrence.
+    First,
+    /// Second occurrence.
+    Last,
+    /// Both occurrences.
+    Both,
+}
+
+/// The job-level retry policy (every field has a default).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetrySpec {
+    /// Attempts in total, including the first (1 = no retry).
+    pub max_attempts: u32,
+    /// `fixed` or `exponential`.
+    pub backoff: Backoff,
+    /// The first delay.
+    pub initial: Dur,
+    /// The growth factor of exponential backoff.
+    pub factor: f64,
+    /// The cap on any delay.
+    pub max: Dur,
+    /// Randomization of each delay.
+    pub jitter: Jitter,
+    /// Which failures are retried.
+    pub retry_on: RetryOn,
+}
+
+impl Default for RetrySpec {
+    fn default() -> RetrySpec {
+        RetrySpec {
+            max_attempts: 1,
+            backoff: Backoff::Exponential,
+            initial: Dur::from_secs(1),
+            factor: 2.0,
+            max: Dur::from_secs(300),
+            jitter: Jitter::None,
+            retry_on: RetryOn::default(),
+        }
+    }
+}
+
+/// A task's override of the job's retry policy: only what it sets changes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(missing_docs)]
+pub struct RetryOverride {
+    pub max_attempts: Option<u32>,
+    pub backoff: Option<Backoff>,
+    pub initial: Option<Dur>,
+    pub factor: Option<f64>,
+    pub max: Option<Dur>,
+    pub jitter: Option<Jitter>,
+    pub retry_on: Option<RetryOn>,
+}
+
+/// A shell task: a string for `/bin/sh -c`, or a command with details.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ShellSpec {
+    /// `shell: "./extract.sh --region {{params.region}}"`.
+    Script(String),
+    /// `shell: { command: ./load.sh, args: [...], env: {...}, cwd: /srv }`.
+    Command(ShellCommand),
+}
+
+/// The detailed form of a shell task.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShellCommand {
+    /// The program, or a script for `/bin/sh -c` when `args` is empty.
+    pub command: String,
+    /// Arguments; when present, `command` is executed directly.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory.
+    pub cwd: Option<String>,
+}
+
+/// An HTTP task.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSpec {
+    /// `GET`, `POST`, ...
+    #[serde(default = "default_method")]
+    pub method: String,
+    /// The URL (`http://` or `https://`).
+    pub url: String,
+    /// Request headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Request body.
+    pub body: Option<String>,
+    /// Statuses that count as success (default: any 2xx).
+    #[serde(default)]
+    pub expect: Vec<u16>,
+}
+
+fn default_method() -> String {
+    "GET".into()
+}
+
+/// One node of a job's DAG.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// Unique within the job.
+    pub id: String,
+    /// Upstream tasks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
+    /// When the task may start.
+    #[serde(default)]
+    pub trigger_rule: TriggerRule,
+    /// Time limit of one attempt.
+    pub timeout: Option<Dur>,
+    /// Overrides of the job's retry policy.
+    pub retry: Option<RetryOverride>,
+    /// Run a shell command.
+    pub shell: Option<ShellSpec>,
+    /// Call an HTTP endpoint.
+    pub http: Option<HttpSpec>,
+}
+
+/// A job as declared.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// Unique within the namespace.
+    pub name: String,
+    /// Cron expressions; none for a job that runs only when triggered.
+    pub schedule: Option<Schedules>,
+    /// IANA zone of the schedules.
+    #[serde(default = "default_tz")]
+    pub timezone: String,
+    /// Spring-forward policy override.
+    pub dst_gap: Option<GapPolicy>,
+    /// Fall-back policy override.
+    pub dst_overlap: Option<OverlapPolicy>,
+    /// Overlap policy.
+    #[serde(default)]
+    pub concurrency: Concurrency,
+    /// Runs active at once.
+    #[serde(default = "one")]
+    pub max_active_runs: u32,
+    /// Missed-fire policy.
+    #[serde(default)]
+    pub misfire: Misfire,
+    /// The most missed fires caught up under `run_all`.
+    #[serde(default = "default_catchup")]
+    pub max_catchup: u32,
+    /// Time limit of a whole run.
+    pub deadline: Option<Dur>,
+    /// Default parameters, overridable per trigger.
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+    /// Default retry policy of the tasks.
+    #[serde(default)]
+    pub retry: RetrySpec,
+    /// What happens to attempts whose worker vanished.
+    #[serde(default)]
+    pub delivery: Delivery,
+    /// A paused job does not fire.
+    #[serde(default)]
+    pub paused: bool,
+    /// No fire before this instant.
+    pub start_date: Option<Timestamp>,
+    /// No fire after this instant.
+    pub end_date: Option<Timestamp>,
+    /// The DAG.
+    pub tasks: Vec<TaskSpec>,
+}
+
+fn default_tz() -> String {
+    "UTC".into()
+}
+fn one() -> u32 {
+    1
+}
+fn default_catchup() -> u32 {
+    10
+}
+
+/// What a task runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Executor {
+    /// A shell command.
+    Shell(ShellCommand),
+    /// An HTTP request.
+    Http(HttpSpec),
+}
+
+/// A validated task.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Task {
+    /// Unique within the job.
+    pub id: String,
+    /// When it may start.
+    pub trigger_rule: TriggerRule,
+    /// Time limit of one attempt.
+    pub timeout: Option<Dur>,
+    /// The effective retry policy (job default merged with the override).
+    pub retry: RetryPolicy,
+    /// What it runs.
+    pub executor: Executor,
+}
+
+/// A validated job, ready to schedule.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// Its namespace.
+    pub namespace: String,
+    /// The declaration, as applied.
+    pub spec: JobSpec,
+    /// Compiled schedules, in the job's zone.
+    pub schedules: Vec<Schedule>,
+    /// The tasks, in declaration order.
+    pub tasks: Vec<Task>,
+    /// The dependency graph over `tasks` indices.
+    pub dag: Dag,
+}
+
+impl Job {
+    /// `namespace/name`, the job's identity (also the seed of `H`).
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.spec.name)
+    }
+
+    /// The canonical form of the declaration: equal when applying changes nothing.
+    pub fn canonical(&self) -> String {
+        serde_json::to_string(&self.spec).expect("job specs serialize")
+    }
+
+    /// The first fire of any of the job's schedules strictly after `t`, within
+    /// its start and end dates.
+    pub fn next_fire_after(&self, t: Timestamp) -> Option<Timestamp> {
+        let from = match self.spec.start_date {
+            Some(start) if start > t => start
+                .checked_sub(jiff::SignedDuration::from_nanos(1))
+                .unwrap_or(start),
+            _ => t,
+        };
+        let next = self
+            .schedules
+            .iter()
+            .filter_map(|s| s.next_after(from))
+            .min()?;
+        match self.spec.end_date {
+            Some(end) if next > end => None,
+            _ => Some(next),
+        }
+    }
+}
+
+/// A problem in a job file, with the path of the offending field.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ValidationError {
+    /// Such as `jobs[0].tasks[2].depends_on[0]`.
+    pub path: String,
+    /// What is wrong and what would be accepted.
+    pub message: String,
+    /// For cron errors: the byte span in the expression.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub span: Option<(usize, usize)>,
+}
+
+impl fmt::Display for ValidationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// All the problems of a job file (validation reports every one, not the first).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidationErrors(pub Vec<ValidationError>);
+
+impl fmt::Display for ValidationErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ValidationErrors {}
+
+/// Whether a name is acceptable for a namespace, job or task: lowercase
+/// letters, digits, `-`, `_` and `.`, starting with a letter or digit, at most 63 bytes.
+pub fn valid_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b.iter().all(|c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'-' | b'_' | b'.')
+        })
+}
+
+const NAME_RULE: &str =
+    "use 1-63 lowercase letters, digits, '-', '_' or '.', starting with a letter or digit";
+
+impl JobFile {
+    /// Validates every job; reports every problem found.
+    pub fn validate(&self) -> Result<Vec<Job>, ValidationErrors> {
+        let mut errors = Vec::new();
+        let mut err = |path: String, message: String| {
+            errors.push(ValidationError {
+                path,
+                message,
+                span: None,
+            })
+        };
+        if !valid_name(&self.namespace) {
+            err(
+                "namespace".into(),
+                format!("invalid namespace {:?}: {NAME_RULE}", self.namespace),
+            );
+        }
+        let mut seen = BTreeMap::new();
+        for (i, job) in self.jobs.iter().enumerate() {
+            if let Some(first) = seen.insert(job.name.clone(), i) {
+                err(
+                    format!("jobs[{i}].name"),
+                    format!("job {:?} is declared twice (also jobs[{first}])", job.name),
+                );
+            }
+        }
+        let mut jobs = Vec::new();
+        for (i, spec) in self.jobs.iter().enumerate() {
+            match validate_job(&self.namespace, spec, &format!("jobs[{i}]")) {
+                Ok(job) => jobs.push(job),
+                Err(mut e) => errors.append(&mut e),
+            }
+        }
+        if errors.is_empty() {
+            Ok(jobs)
+        } else {
+            Err(ValidationErrors(errors))
+        }
+    }
+}
+
+fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<ValidationError>> {
+    let mut errors = Vec::new();
+    let mut err = |path: String, message: String| {
+        errors.push(ValidationError {
+            path,
+            message,
+            span: None,
+        })
+    };
+    if !valid_name(&spec.name) {
+        err(
+            format!("{at}.name"),
+            format!("invalid job name {:?}: {NAME_RULE}", spec.name),
+        );
+    }
+    let tz = match TimeZone::get(&spec.timezone) {
+        Ok(tz) => Some(tz),
+        Err(_) => {
+            err(
+                format!("{at}.timezone"),
+                format!(
+                    "unknown time zone {:?}: use an IANA name such as Europe/Berlin",
+                    spec.timezone
+                ),
+            );
+            None
+        }
+    };
+    if spec.max_active_runs == 0 {
+        err(format!("{at}.max_active_runs"), "must be at least 1".into());
+    }
+    if let (Some(s), Some(e)) = (spec.start_date, spec.end_date) {
+        if e <= s {
+            err(
+                format!("{at}.end_date"),
+                format!("end_date {e} is not after start_date {s}"),
+            );
+        }
+    }
+    if spec.tasks.is_empty() {
+        err(
+            format!("{at}.tasks"),
+            "a job needs at least one task".into(),
+        );
+    }
+    if let Some(d) = spec.deadline {
+        if d.0.is_zero() {
+            err(format!("{at}.deadline"), "must be longer than 0s".into());
+        }
+    }
+    let mut schedules = Vec::new();
+    if let (Some(list), Some(tz)) = (&spec.schedule, &tz) {
+        if list.as_slice().is_empty() {
+            err(format!("{at}.schedule"), "an empty list of schedules; omit `schedule` for a job that runs only when triggered".into());
+        }
+        let options = Options {
+            time_zone: tz.clone(),
+            hash_seed: seed_from_key(&format!("{namespace}/{}", spec.name)),
+            anchor: None,
+            dst_gap: spec.dst_gap.map(|g| match g {
+                GapPolicy::Shift => DstGap::Shift,
+                GapPolicy::Skip => DstGap::Skip,
+            }),
+            dst_overlap: spec.dst_overlap.map(|o| match o {
+                OverlapPolicy::First => DstOverlap::First,
+                OverlapPolicy::Last => DstOverlap::Last,
+                OverlapPolicy::Both => DstOverlap::Both,
+            }),
+        };
+        for (k, expr) in list.as_slice().iter().enumerate() {
+            let path = match list {
+                Schedules::One(_) => format!("{at}.schedule"),
+                Schedules::Many(_) => format!("{at}.schedule[{k}]"),
+            };
+            match Schedule::parse_with(expr, &options) {
+                Ok(s) => schedules.push(s),
+                Err(e) => {
+                    let mut message = format!("invalid cron expression {expr:?}: {}", e.message);
+                    if let Some(help) = &e.suggestion {
+                        message.push_str(&format!(" ({help})"));
+                    }
+                    errors.push(ValidationError {
+                        path,
+                        message,
+                        span: Some((e.span.start, e.span.end)),
+                    });
+                }
+            }
+        }
+    }
+    let retry_errors = crate::retry::check_spec(&spec.retry, &format!("{at}.retry"));
+    errors.extend(retry_errors);
+    let mut tasks = Vec::new();
+    for (k, t) in spec.tasks.iter().enumerate() {
+        let path = format!("{at}.tasks[{k}]");
+        let mut err = |p: String, m: String| {
+            errors.push(ValidationError {
+                path: p,
+                message: m,
+                span: None,
+            })
+        };
+        if !valid_name(&t.id) {
+            err(
+                format!("{path}.id"),
+                format!("invalid task id {:?}: {NAME_RULE}", t.id),
+            );
+        }
+        let executor = match (&t.shell, &t.http) {
+            (Some(ShellSpec::Script(s)), None) => Some(Executor::Shell(ShellCommand {
+                command: s.clone(),
+                args: vec![],
+                env: BTreeMap::new(),
+                cwd: None,
+            })),
+            (Some(ShellSpec::Command(c)), None) => Some(Executor::Shell(c.clone())),
+            (None, Some(h)) => {
+                if !(h.url.starts_with("http://") || h.url.starts_with("https://")) {
+                    err(
+                        format!("{path}.http.url"),
+                        format!("{:?} is not an http:// or https:// URL", h.url),
+                    );
+                }
+                if !matches!(
+                    h.method.as_str(),
+                    "GET" | "POST" | "PUT" | "PATCH" | "DELETE" | "HEAD" | "OPTIONS"
+                ) {
+                    err(
+                        format!("{path}.http.method"),
+                        format!(
+                            "unknown method {:?}: use GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS",
+                            h.method
+                        ),
+                    );
+                }
+                if let Some(s) = h.expect.iter().find(|s| !(100..=599).contains(*s)) {
+                    err(
+                        format!("{path}.http.expect"),
+                        format!("{s} is not an HTTP status (100-599)"),
+                    );
+                }
+                Some(Executor::Http(h.clone()))
+            }
+            (Some(_), Some(_)) => {
+                err(
+                    path.clone(),
+                    "a task has exactly one executor: `shell` or `http`, not both".into(),
+                );
+                None
+            }
+            (None, None) => {
+                err(
+                    path.clone(),
+                    "a task needs an executor: `shell: <command>` or `http: { url: ... }`".into(),
+                );
+                None
+            }
+        };
+        if let Some(ShellSpec::Script(s) | ShellSpec::Command(ShellCommand { command: s, .. })) =
+            &t.shell
+        {
+            if s.trim().is_empty() {
+                err(format!("{path}.shell"), "the command is empty".into());
+            }
+        }
+        if t.timeout.is_some_and(|d| d.0.is_zero()) {
+            err(format!("{path}.timeout"), "must be longer than 0s".into());
+        }
+        let merged = crate::retry::merge(&spec.retry, t.retry.as_ref());
+        errors.extend(
+            crate::retry::check_spec(&merged, &format!("{path}.retry"))
+                .into_iter()
+                .filter(|_| t.retry.is_some()),
+        );
+        if let Some(executor) = executor {
+            tasks.push(Task {
+                id: t.id.clone(),
+                trigger_rule: t.trigger_rule,
+                timeout: t.timeout,
+                retry: RetryPolicy::from_spec(&merged),
+                executor,
+            });
+        }
+    }
+    let dag = match Dag::build(&spec.tasks) {
+        Ok(dag) => Some(dag),
+        Err(e) => {
+            errors.extend(e.into_iter().map(|(p, m)| ValidationError {
+                path: format!("{at}.{p}"),
+                message: m,
+                span: None,
+            }));
+            None
+        }
+    };
+    match dag {
+        Some(dag) if errors.is_empty() => Ok(Job {
+            namespace: namespace.to_string(),
+            spec: spec.clone(),
+            schedules,
+            tasks,
+            dag,
+        }),
+        _ => Err(errors),
+    }
+}
+
+impl Serialize for Jitter {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Jitter::None => s.serialize_str("none"),
+            Jitter::Full => s.serialize_str("full"),
+            Jitter::Equal => s.serialize_str("equal"),
+            Jitter::Percent(p) => s.collect_str(&format_args!("{p}%")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Jitter {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Jitter, D::Error> {
+        let text = String::deserialize(d)?;
+        match text.as_str() {
+            "none" => Ok(Jitter::None),
+            "full" => Ok(Jitter::Full),
+            "equal" => Ok(Jitter::Equal),
+            p => p
+                .strip_suffix('%')
+                .and_then(|n| n.parse::<u8>().ok())
+                .filter(|n| (1..=100).contains(n))
+                .map(Jitter::Percent)
+                .ok_or_else(|| serde::de::Error::custom(format!("invalid jitter {text:?}: use none, full, equal or a percentage such as \"20%\" (1-100)"))),
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! Decisions about fires: overlap (concurrency) and catch-up (misfire).
+
+use jiff::Timestamp;
+
+use crate::model::{Concurrency, Misfire};
+use crate::state::{RunState, TaskState};
+
+/// What to do with a fire, given the runs already active.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FireDecision {
+    /// Create a run and start it.
+    Start,
+    /// Create a run and keep it pending until a slot frees.
+    Queue,
+    /// Create no run; record the fire as skipped by the overlap policy.
+    Skip,
+    /// Cancel the active runs, then start a new one.
+    Replace,
+}
+
+/// The overlap decision for a new fire.
+pub fn on_fire(policy: Concurrency, max_active_runs: u32, active: u32) -> FireDecision {
+    match policy {
+        Concurrency::Allow | Concurrency::Queue if active < max_active_runs => FireDecision::Start,
+        Concurrency::Allow | Concurrency::Queue => FireDecision::Queue,
+        Concurrency::Forbid if active > 0 => FireDecision::Skip,
+        Concurrency::Forbid => FireDecision::Start,
+        Concurrency::Replace if active > 0 => FireDecision::Replace,
+        Concurrency::Replace => FireDecision::Start,
+    }
+}
+
+/// The outcome of an expected fire, as the fire ledger records it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FireOutcome {
+    /// On time: a run was created.
+    Fired,
+    /// Declined because a run was active (`concurrency: forbid`).
+    SkippedOverlap,
+    /// Missed during downtime or a pause, then run by the misfire policy.
+    MissedCaughtUp,
+    /// Missed during downtime or a pause, and not run.
+    MissedSkipped,
+    /// Suppressed: the job was paused when it came due.
+    Suppressed,
+}
+
+impl FireOutcome {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FireOutcome::Fired => "fired",
+            FireOutcome::SkippedOverlap => "skipped_overlap",
+            FireOutcome::MissedCaughtUp => "missed_caught_up",
+            FireOutcome::MissedSkipped => "missed_skipped",
+            FireOutcome::Suppressed => "suppressed",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<FireOutcome> {
+        [
+            FireOutcome::Fired,
+            FireOutcome::SkippedOverlap,
+            FireOutcome::MissedCaughtUp,
+            FireOutcome::MissedSkipped,
+            FireOutcome::Suppressed,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == s)
+    }
+}
+
+/// Which of the missed fires (in increasing order) to run.
+pub fn catch_up(
+    missed: &[Timestamp],
+    policy: Misfire,
+    max_catchup: u32,
+) -> Vec<(Timestamp, FireOutcome)> {
+    let keep = match policy {
+        Misfire::Skip => 0,
+        Misfire::RunOnce => 1,
+        Misfire::RunAll => max_catchup as usize,
+    };
+    let first_run = missed.len().saturating_sub(keep);
+    missed
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            (
+                *t,
+                if i >= first_run {
+                    FireOutcome::MissedCaughtUp
+                } else {
+                    FireOutcome::MissedSkipped
+                },
+            )
+        })
+        .collect()
+}
+
+/// The final state of a run whose tasks are all finished, or `None` while
+/// some task is still going.
+pub fn run_outcome(tasks: &[TaskState]) -> Option<RunState> {
+    if !tasks.iter().all(|t| t.is_terminal()) {
+        return None;
+    }
+    let bad = tasks
+        .iter()
+        .any(|t| matches!(t, TaskState::Failed | TaskState::UpstreamFailed));
+    let cancelled = tasks.iter().any(|t| *t == TaskState::Cancelled);
+    Some(if bad {
+        RunState::Failed
+    } else if cancelled {
+        RunState::Cancelled
+    } else {
+        RunState::Succeeded
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlap_decisions() {
+        use Concurrency::*;
+        use FireDecision as D;
+        let cases = [
+            (Allow, 2, 0, D::Start),
+            (Allow, 2, 2, D::Queue),
+            (Forbid, 5, 1, D::Skip),
+            (Forbid, 5, 0, D::Start),
+            (Replace, 1, 1, D::Replace),
+            (Replace, 1, 0, D::Start),
+            (Queue, 1, 1, D::Queue),
+            (Queue, 1, 0, D::Start),
+        ];
+        for (policy, max, active, want) in cases {
+            assert_eq!(
+                on_fire(policy, max, active),
+                want,
+                "{policy:?} max={max} active={active}"
+            );
+        }
+    }
+
+    #[test]
+    fn catch_up_policies() {
+        let t = |s: i64| Timestamp::from_second(s).unwrap();
+        let missed = [t(1), t(2), t(3), t(4)];
+        let run = |p, n| {
+            catch_up(&missed, p, n)
+                .iter()
+                .filter(|x| x.1 == FireOutcome::MissedCaughtUp)
+                .map(|x| x.0.as_second())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(Misfire::Skip, 10), Vec::<i64>::new());
+        assert_eq!(run(Misfire::RunOnce, 10), [4]);
+        assert_eq!(run(Misfire::RunAll, 10), [1, 2, 3, 4]);
+        assert_eq!(run(Misfire::RunAll, 2), [3, 4]);
+        assert_eq!(
+            catch_up(&missed, Misfire::RunAll, 2).len(),
+            4,
+            "every missed fire is recorded"
+        );
+    }
+
+    #[test]
+    fn run_outcomes() {
+        use TaskState::*;
+        assert_eq!(run_outcome(&[Succeeded, Running]), None);
+        assert_eq!(
+            run_outcome(&[Succeeded, Skipped]),
+            Some(RunState::Succeeded)
+        );
+        assert_eq!(run_outcome(&[Failed, Succeeded]), Some(RunState::Failed));
+        assert_eq!(
+            run_outcome(&[Succeeded, UpstreamFailed]),
+            Some(RunState::Failed)
+        );
+        assert_eq!(
+            run_outcome(&[Succeeded, Cancelled]),
+            Some(RunState::Cancelled)
+        );
+    }
+}

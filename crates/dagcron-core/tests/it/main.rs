@@ -1,0 +1,130 @@
+//! Job files end to end through the core: YAML in, validated jobs or precise errors out.
+
+use dagcron_core::{JobFile, TriggerRule};
+
+fn load(yaml: &str) -> JobFile {
+    serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn errors(yaml: &str) -> Vec<String> {
+    load(yaml)
+        .validate()
+        .unwrap_err()
+        .0
+        .iter()
+        .map(|e| e.to_string())
+        .collect()
+}
+
+#[test]
+fn the_examples_validate() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let file = load(&std::fs::read_to_string(&path).unwrap());
+            let jobs = file
+                .validate()
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(!jobs.is_empty());
+            n += 1;
+        }
+    }
+    assert!(n >= 2);
+}
+
+#[test]
+fn the_spec_example_has_the_declared_shape() {
+    let file = load(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/nightly-etl.yaml"
+        ))
+        .unwrap(),
+    );
+    let job = &file.validate().unwrap()[0];
+    assert_eq!(job.key(), "billing/nightly-reconcile");
+    assert_eq!(job.tasks.len(), 4);
+    assert_eq!(job.tasks[2].retry.max_attempts, 6, "task override");
+    assert_eq!(job.tasks[1].retry.max_attempts, 4, "job default");
+    assert_eq!(job.tasks[3].trigger_rule, TriggerRule::OneFailed);
+    assert_eq!(job.dag.waves().len(), 4);
+    let t: jiff::Timestamp = "2026-11-29T00:00:00Z".parse().unwrap();
+    assert_eq!(
+        job.next_fire_after(t).unwrap().to_string(),
+        "2026-11-29T18:30:00Z"
+    );
+}
+
+#[test]
+fn applying_twice_is_idempotent_by_canonical_form() {
+    let yaml = "namespace: a\njobs:\n  - name: j\n    schedule: '@daily'\n    tasks: [{ id: t, shell: 'true' }]\n";
+    let a = load(yaml).validate().unwrap();
+    let b = load(yaml).validate().unwrap();
+    assert_eq!(a[0].canonical(), b[0].canonical());
+}
+
+#[test]
+fn every_problem_is_reported_with_its_path() {
+    let yaml = r#"
+namespace: Billing
+jobs:
+  - name: j
+    schedule: ["0 0 30 2 *", "*/5 * * * *"]
+    timezone: Europe/Berln
+    retry: { max_attempts: 0, factor: 0.5 }
+    tasks:
+      - id: a
+        depends_on: [c]
+        shell: "true"
+      - id: b
+        http: { url: "ftp://x", method: FETCH, expect: [700] }
+      - id: c
+        depends_on: [a]
+        shell: "true"
+      - id: d
+  - name: j
+    tasks: []
+"#;
+    expect_test::expect![[r#"
+        [
+            "namespace: invalid namespace \"Billing\": use 1-63 lowercase letters, digits, '-', '_' or '.', starting with a letter or digit",
+            "jobs[1].name: job \"j\" is declared twice (also jobs[0])",
+            "jobs[0].timezone: unknown time zone \"Europe/Berln\": use an IANA name such as Europe/Berlin",
+            "jobs[0].retry.max_attempts: 0 is out of range: attempts in total, 1 (no retry) to 1000",
+            "jobs[0].retry.factor: 0.5 is out of range: a growth factor from 1.0 to 100.0",
+            "jobs[0].tasks[1].http.url: \"ftp://x\" is not an http:// or https:// URL",
+            "jobs[0].tasks[1].http.method: unknown method \"FETCH\": use GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS",
+            "jobs[0].tasks[1].http.expect: 700 is not an HTTP status (100-599)",
+            "jobs[0].tasks[3]: a task needs an executor: `shell: <command>` or `http: { url: ... }`",
+            "jobs[0].tasks[0].depends_on: dependency cycle: a -> c -> a",
+            "jobs[1].tasks: a job needs at least one task",
+        ]
+    "#]]
+    .assert_debug_eq(&errors(yaml));
+}
+
+#[test]
+fn cron_errors_carry_their_span() {
+    let yaml = "namespace: a\njobs:\n  - name: j\n    schedule: '0 0 30 2 *'\n    tasks: [{ id: t, shell: 'true' }]\n";
+    let errs = load(yaml).validate().unwrap_err();
+    assert_eq!(errs.0[0].path, "jobs[0].schedule");
+    assert_eq!(errs.0[0].span, Some((4, 8)));
+    assert!(
+        errs.0[0]
+            .message
+            .contains("day 30 never occurs in February"),
+        "{}",
+        errs.0[0].message
+    );
+}
+
+#[test]
+fn unknown_fields_are_rejected() {
+    let err = serde_saphyr::from_str::<JobFile>(
+        "namespace: a\njobs:\n  - name: j\n    shedule: '@daily'\n    tasks: []\n",
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("shedule"), "{err}");
+}
