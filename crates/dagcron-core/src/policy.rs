@@ -108,7 +108,7 @@ pub fn run_outcome(tasks: &[TaskState]) -> Option<RunState> {
     let bad = tasks
         .iter()
         .any(|t| matches!(t, TaskState::Failed | TaskState::UpstreamFailed));
-    let cancelled = tasks.iter().any(|t| *t == TaskState::Cancelled);
+    let cancelled = tasks.contains(&TaskState::Cancelled);
     Some(if bad {
         RunState::Failed
     } else if cancelled {

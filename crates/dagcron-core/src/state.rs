@@ -210,11 +210,7 @@ impl AttemptState {
     /// Checks a transition.
     pub fn to(self, next: AttemptState) -> Result<AttemptState, IllegalTransition> {
         use AttemptState::*;
-        let ok = match (self, next) {
-            (Dispatching, Running | Failed | Lost | Cancelled) => true,
-            (Running, Succeeded | Failed | TimedOut | Lost | Cancelled) => true,
-            _ => false,
-        };
+        let ok = matches!((self, next), (Dispatching, Running | Failed | Lost | Cancelled) | (Running, Succeeded | Failed | TimedOut | Lost | Cancelled));
         if ok {
             Ok(next)
         } else {

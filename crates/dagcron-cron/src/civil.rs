@@ -105,10 +105,10 @@ fn span_bits(lo: u16, hi: u16, step: u32) -> u64 {
         return (u64::MAX >> (63 - hi)) & (u64::MAX << lo);
     }
     let mut bits = 0u64;
-    let mut v = u32::from(lo);
-    while v <= u32::from(hi) {
+    let mut v = u64::from(lo);
+    while v <= u64::from(hi) {
         bits |= 1 << v;
-        v += step;
+        v += u64::from(step);
     }
     bits
 }
@@ -121,10 +121,10 @@ fn field_bits(ast: &Ast, kind: FieldKind, years: &mut YearSet) -> (u64, bool) {
     let mut any = false;
     let mut add = |lo: u16, hi: u16, step: u32, bits: &mut u64| {
         if kind == FieldKind::Year {
-            let mut v = u32::from(lo);
-            while v <= u32::from(hi) {
+            let mut v = u64::from(lo);
+            while v <= u64::from(hi) {
                 years.insert(v as u16);
-                v += step;
+                v += u64::from(step);
             }
         } else {
             *bits |= span_bits(lo, hi, step);

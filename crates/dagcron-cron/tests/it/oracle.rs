@@ -19,17 +19,17 @@ fn weekday_num(d: Date) -> i64 {
 
 /// Whether `v` is one of the field's values, weekdays counted modulo 7.
 fn in_values(kind: FieldKind, lo: u16, hi: u16, step: u32, v: i64) -> bool {
-    let mut x = u32::from(lo);
-    while x <= u32::from(hi) {
+    let mut x = u64::from(lo);
+    while x <= u64::from(hi) {
         let val = if kind == FieldKind::DayOfWeek {
-            i64::from(x % 7)
+            (x % 7) as i64
         } else {
-            i64::from(x)
+            x as i64
         };
         if val == v {
             return true;
         }
-        x += step;
+        x += u64::from(step);
     }
     false
 }

@@ -505,3 +505,10 @@ fn regression_only_spaces_and_tabs_separate_fields() {
     assert!(dagcron_cron::Schedule::parse("0\n0 * * *").is_err());
     assert!(dagcron_cron::Schedule::parse("0 0 * * *\n").is_ok());
 }
+
+#[test]
+fn regression_huge_steps_do_not_overflow() {
+    // Found by fuzzing: a step near u32::MAX overflowed the set builder.
+    let s = schedule("0 0 5/4294967295 * * * 1970-2099/4294967295", "UTC");
+    assert_eq!(s.normalized(), "0 0 5 * * * 1970");
+}
