@@ -210,7 +210,11 @@ impl AttemptState {
     /// Checks a transition.
     pub fn to(self, next: AttemptState) -> Result<AttemptState, IllegalTransition> {
         use AttemptState::*;
-        let ok = matches!((self, next), (Dispatching, Running | Failed | Lost | Cancelled) | (Running, Succeeded | Failed | TimedOut | Lost | Cancelled));
+        let ok = matches!(
+            (self, next),
+            (Dispatching, Running | Failed | Lost | Cancelled)
+                | (Running, Succeeded | Failed | TimedOut | Lost | Cancelled)
+        );
         if ok {
             Ok(next)
         } else {
