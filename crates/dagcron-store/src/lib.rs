@@ -1,0 +1,342 @@
+//! The storage interface of dagcron.
+//!
+//! The engine decides; the store makes decisions durable. Writes arrive in
+//! batches ([`Write`]) that a backend commits in one transaction, each
+//! state change as a compare-and-set on the previous state, so that nothing
+//! is acted on before it is committed and a stale change is refused. The
+//! fire ledger's unique key (job, scheduled instant) is the final fence
+//! against a doubled fire.
+//!
+//! Every backend passes the same [`conformance`] suite.
+
+pub mod conformance;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+
+use dagcron_core::{AttemptState, FireOutcome, RunState, TaskState};
+use jiff::Timestamp;
+use serde::Serialize;
+
+/// A run's identity: unique, and increasing with creation time.
+pub type RunId = i64;
+
+/// What created a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    /// A fire on time.
+    Schedule,
+    /// A fire missed during downtime and run by the misfire policy.
+    Catchup,
+    /// A manual trigger.
+    Manual,
+    /// A backfill over a time range.
+    Backfill,
+}
+
+impl Trigger {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Schedule => "schedule",
+            Trigger::Catchup => "catchup",
+            Trigger::Manual => "manual",
+            Trigger::Backfill => "backfill",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<Trigger> {
+        [Trigger::Schedule, Trigger::Catchup, Trigger::Manual, Trigger::Backfill].into_iter().find(|t| t.as_str() == s)
+    }
+}
+
+/// A job as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredJob {
+    /// Tenant.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Increments with every change of the spec.
+    pub version: i64,
+    /// The canonical JSON of the job's spec.
+    pub spec: String,
+    /// Paused jobs do not fire.
+    pub paused: bool,
+    /// Last change.
+    pub updated_at: Timestamp,
+}
+
+/// A job to create or update.
+#[derive(Clone, Debug)]
+pub struct JobUpsert {
+    /// Tenant.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Canonical JSON of the spec; equal means unchanged.
+    pub spec: String,
+}
+
+/// What applying a job did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "result", content = "version")]
+pub enum ApplyResult {
+    /// New job, at this version.
+    Created(i64),
+    /// Changed, now at this version.
+    Updated(i64),
+    /// Same spec as stored.
+    Unchanged(i64),
+}
+
+/// A run to create.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewRun {
+    /// Its id (allocated by the engine).
+    pub id: RunId,
+    /// Tenant.
+    pub namespace: String,
+    /// Job name.
+    pub job: String,
+    /// The job version it runs.
+    pub job_version: i64,
+    /// Why it exists.
+    pub trigger: Trigger,
+    /// The fire instant (for manual runs, the trigger instant).
+    pub scheduled_at: Timestamp,
+    /// Parameters (job defaults merged with the trigger's).
+    pub params: BTreeMap<String, String>,
+    /// `pending` or `running`; `skipped` records a declined run.
+    pub state: RunState,
+    /// Task ids, all starting `pending`.
+    pub tasks: Vec<String>,
+    /// Creation instant.
+    pub created_at: Timestamp,
+}
+
+/// One change in a batch.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Write {
+    /// Record an expected fire in the ledger, with the run it created, if any.
+    /// Refused (as a conflict) if the ledger already has this fire.
+    Fire {
+        /// Tenant.
+        namespace: String,
+        /// Job.
+        job: String,
+        /// The scheduled instant.
+        scheduled_at: Timestamp,
+        /// What happened.
+        outcome: FireOutcome,
+        /// The run it created.
+        run: Option<NewRun>,
+    },
+    /// Create a run that no fire owns (manual trigger).
+    Run(NewRun),
+    /// Change a run's state if it is still `from`.
+    RunState {
+        /// The run.
+        run: RunId,
+        /// Expected current state.
+        from: RunState,
+        /// New state.
+        to: RunState,
+        /// When.
+        at: Timestamp,
+    },
+    /// Change a task's state if it is still `from`.
+    TaskState {
+        /// The run.
+        run: RunId,
+        /// The task.
+        task: String,
+        /// Expected current state.
+        from: TaskState,
+        /// New state.
+        to: TaskState,
+    },
+    /// Record a new attempt, `dispatching` or `running`.
+    AttemptStart {
+        /// The run.
+        run: RunId,
+        /// The task.
+        task: String,
+        /// 1-based.
+        number: u32,
+        /// Initial state.
+        state: AttemptState,
+        /// When.
+        at: Timestamp,
+    },
+    /// Change an attempt's state if it is still `from`, with its result.
+    AttemptEnd {
+        /// The run.
+        run: RunId,
+        /// The task.
+        task: String,
+        /// 1-based.
+        number: u32,
+        /// Expected current state.
+        from: AttemptState,
+        /// New state.
+        to: AttemptState,
+        /// When.
+        at: Timestamp,
+        /// Process exit code or HTTP status.
+        exit_code: Option<i32>,
+        /// What went wrong.
+        error: Option<String>,
+        /// Captured output (already capped by the executor).
+        log: Vec<u8>,
+    },
+}
+
+/// The result of one [`Write`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteResult {
+    /// Applied.
+    Done,
+    /// The previous state was not the expected one, or the fire was already
+    /// recorded: nothing changed. Says what was found.
+    Conflict(String),
+}
+
+/// An attempt as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AttemptRecord {
+    /// 1-based.
+    pub number: u32,
+    /// State.
+    pub state: AttemptState,
+    /// Start.
+    pub started_at: Timestamp,
+    /// End.
+    pub finished_at: Option<Timestamp>,
+    /// Exit code or HTTP status.
+    pub exit_code: Option<i32>,
+    /// Error.
+    pub error: Option<String>,
+}
+
+/// A task of a run, as stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TaskRecord {
+    /// Task id.
+    pub id: String,
+    /// State.
+    pub state: TaskState,
+    /// Attempts, oldest first.
+    pub attempts: Vec<AttemptRecord>,
+}
+
+/// A run as stored, with its tasks and attempts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RunRecord {
+    /// Id.
+    pub id: RunId,
+    /// Tenant.
+    pub namespace: String,
+    /// Job.
+    pub job: String,
+    /// Job version.
+    pub job_version: i64,
+    /// Why it exists.
+    pub trigger: Trigger,
+    /// The fire instant.
+    pub scheduled_at: Timestamp,
+    /// State.
+    pub state: RunState,
+    /// Parameters.
+    pub params: BTreeMap<String, String>,
+    /// Created.
+    pub created_at: Timestamp,
+    /// Started.
+    pub started_at: Option<Timestamp>,
+    /// Finished.
+    pub finished_at: Option<Timestamp>,
+    /// Tasks in declaration order.
+    pub tasks: Vec<TaskRecord>,
+}
+
+/// A row of the fire ledger.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FireRecord {
+    /// The scheduled instant.
+    pub scheduled_at: Timestamp,
+    /// What happened.
+    pub outcome: FireOutcome,
+    /// The run it created.
+    pub run_id: Option<RunId>,
+}
+
+/// A page of results and the cursor of the next one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Page<T> {
+    /// Items.
+    pub items: Vec<T>,
+    /// Pass back to get the next page; `None` at the end.
+    pub next_cursor: Option<String>,
+}
+
+/// Why a storage operation failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StorageError {
+    /// The database could not be reached or answered an error; retrying may help.
+    Unavailable(String),
+    /// The stored data is not what this version understands.
+    Corrupt(String),
+    /// The caller passed something invalid (a bad cursor).
+    Invalid(String),
+}
+
+impl fmt::Display for StorageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StorageError::Unavailable(m) => write!(f, "storage unavailable: {m}"),
+            StorageError::Corrupt(m) => write!(f, "stored data is corrupt: {m}"),
+            StorageError::Invalid(m) => write!(f, "invalid storage request: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for StorageError {}
+
+/// Result of storage operations.
+pub type Result<T> = std::result::Result<T, StorageError>;
+
+/// Durable state of jobs, fires, runs, tasks, attempts and logs.
+pub trait Store: Send + Sync + 'static {
+    /// Creates or updates jobs in one transaction; unchanged specs keep their version.
+    fn apply_jobs(&self, jobs: &[JobUpsert], at: Timestamp) -> impl Future<Output = Result<Vec<ApplyResult>>> + Send;
+    /// Every job (at start-up).
+    fn load_jobs(&self) -> impl Future<Output = Result<Vec<StoredJob>>> + Send;
+    /// One job.
+    fn get_job(&self, namespace: &str, name: &str) -> impl Future<Output = Result<Option<StoredJob>>> + Send;
+    /// Jobs of a namespace by name, paginated.
+    fn list_jobs(&self, namespace: &str, limit: u32, cursor: Option<&str>) -> impl Future<Output = Result<Page<StoredJob>>> + Send;
+    /// Deletes a job (its history stays). Returns whether it existed.
+    fn delete_job(&self, namespace: &str, name: &str) -> impl Future<Output = Result<bool>> + Send;
+    /// Pauses or resumes. Returns whether the job exists.
+    fn set_paused(&self, namespace: &str, name: &str, paused: bool) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Applies a batch in one transaction; one result per write, in order.
+    fn write(&self, batch: &[Write]) -> impl Future<Output = Result<Vec<WriteResult>>> + Send;
+
+    /// The latest recorded fire of every job (where recovery resumes from).
+    fn last_fires(&self) -> impl Future<Output = Result<Vec<(String, String, Timestamp)>>> + Send;
+    /// Fires of a job in `[from, to)`, oldest first, at most `limit`.
+    fn list_fires(&self, namespace: &str, job: &str, from: Timestamp, to: Timestamp, limit: u32) -> impl Future<Output = Result<Vec<FireRecord>>> + Send;
+    /// Runs that are not finished (at start-up).
+    fn active_runs(&self) -> impl Future<Output = Result<Vec<RunRecord>>> + Send;
+    /// One run.
+    fn get_run(&self, id: RunId) -> impl Future<Output = Result<Option<RunRecord>>> + Send;
+    /// Runs of a job, newest first, paginated.
+    fn list_runs(&self, namespace: &str, job: &str, limit: u32, cursor: Option<&str>) -> impl Future<Output = Result<Page<RunRecord>>> + Send;
+    /// An attempt's captured output.
+    fn read_log(&self, run: RunId, task: &str, number: u32) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
+}
