@@ -1,0 +1,75 @@
+//! HTTP tasks: one request, success by status, the body as the log.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use dagcron_core::Failure;
+use dagcron_core::model::HttpSpec;
+use tokio_util::sync::CancellationToken;
+
+use crate::{AttemptContext, CappedLog, Ending, Limits, Outcome};
+
+fn client() -> &'static reqwest::Client {
+    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        // TLS uses rustls with the ring provider (no C toolchain needed).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        reqwest::Client::builder().build().expect("HTTP client")
+    })
+}
+
+fn failed(failure: Failure, error: String, code: Option<i32>, log: Vec<u8>) -> Outcome {
+    Outcome { ending: Ending::Failed(failure), exit_code: code, error: Some(error), log }
+}
+
+pub(crate) async fn run(spec: &HttpSpec, ctx: &AttemptContext, timeout: Option<Duration>, cancel: CancellationToken, limits: Limits) -> Outcome {
+    let method = match reqwest::Method::from_bytes(spec.method.as_bytes()) {
+        Ok(m) => m,
+        Err(_) => return failed(Failure::Error("bad method".into()), format!("invalid HTTP method {:?}", spec.method), None, vec![]),
+    };
+    let url = ctx.substitute(&spec.url);
+    let mut req = client().request(method, &url);
+    for (k, v) in ctx.identity() {
+        let name = k.split('_').map(|w| w[..1].to_string() + &w[1..].to_ascii_lowercase()).collect::<Vec<_>>().join("-");
+        req = req.header(format!("X-Dagcron-{name}"), v);
+    }
+    for (k, v) in &spec.headers {
+        req = req.header(k, ctx.substitute(v));
+    }
+    if let Some(body) = &spec.body {
+        req = req.body(ctx.substitute(body));
+    }
+    let call = async {
+        let resp = req.send().await?;
+        let status = resp.status().as_u16();
+        let mut log = CappedLog::new(limits.max_output);
+        let mut resp = resp;
+        while let Some(chunk) = resp.chunk().await? {
+            log.push(&chunk);
+        }
+        Ok::<_, reqwest::Error>((status, log.finish()))
+    };
+    let sleep = async {
+        match timeout {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    // Dropping the request future aborts it.
+    tokio::select! {
+        r = call => match r {
+            Ok((status, log)) => {
+                let ok = if spec.expect.is_empty() { (200..300).contains(&status) } else { spec.expect.contains(&status) };
+                if ok {
+                    Outcome { ending: Ending::Succeeded, exit_code: Some(i32::from(status)), error: None, log }
+                } else {
+                    let expected = if spec.expect.is_empty() { "2xx".to_string() } else { format!("{:?}", spec.expect) };
+                    failed(Failure::HttpStatus(status), format!("{} {url} answered {status}, expected {expected}", spec.method), Some(i32::from(status)), log)
+                }
+            }
+            Err(e) => failed(Failure::Error(e.to_string()), format!("{} {url}: {e}", spec.method), None, vec![]),
+        },
+        () = sleep => Outcome { ending: Ending::TimedOut, exit_code: None, error: Some(format!("no answer from {url} within {:?}", timeout.unwrap_or_default())), log: vec![] },
+        () = cancel.cancelled() => Outcome { ending: Ending::Cancelled, exit_code: None, error: Some("cancelled".into()), log: vec![] },
+    }
+}

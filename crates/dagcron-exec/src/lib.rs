@@ -1,0 +1,204 @@
+//! Task executors: run one attempt of a task and report how it ended.
+//!
+//! Every attempt receives its identity (namespace, job, run, task, attempt
+//! number, scheduled time, idempotency key) and the run's parameters, as
+//! environment variables for shell tasks and `X-Dagcron-*` headers for HTTP
+//! tasks; `{{params.name}}` is substituted in commands, URLs and bodies.
+//! Timeouts and cancellation reach the work: a shell task's whole process
+//! group is killed, an HTTP request is aborted.
+
+mod http;
+mod shell;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use dagcron_core::{Executor, Failure};
+use jiff::Timestamp;
+use tokio_util::sync::CancellationToken;
+
+/// Who an attempt is: passed to the task so the systems it calls can deduplicate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttemptContext {
+    /// Tenant.
+    pub namespace: String,
+    /// Job name.
+    pub job: String,
+    /// Run id.
+    pub run_id: i64,
+    /// Task id.
+    pub task_id: String,
+    /// 1-based attempt number.
+    pub attempt: u32,
+    /// The fire instant of the run.
+    pub scheduled_at: Timestamp,
+    /// The same for every attempt of this task in this run.
+    pub idempotency_key: String,
+    /// Run parameters.
+    pub params: BTreeMap<String, String>,
+}
+
+impl AttemptContext {
+    /// The idempotency key of a task in a run.
+    pub fn idempotency_key_for(namespace: &str, job: &str, run_id: i64, task: &str) -> String {
+        format!("{namespace}/{job}/{run_id}/{task}")
+    }
+
+    /// The identity as `(name, value)` pairs, names without prefix
+    /// (`NAMESPACE`, `JOB`, ..., `PARAM_REGION`).
+    pub fn identity(&self) -> Vec<(String, String)> {
+        let mut out = vec![
+            ("NAMESPACE".to_string(), self.namespace.clone()),
+            ("JOB".to_string(), self.job.clone()),
+            ("RUN_ID".to_string(), self.run_id.to_string()),
+            ("TASK_ID".to_string(), self.task_id.clone()),
+            ("ATTEMPT".to_string(), self.attempt.to_string()),
+            ("SCHEDULED_AT".to_string(), self.scheduled_at.to_string()),
+            ("IDEMPOTENCY_KEY".to_string(), self.idempotency_key.clone()),
+        ];
+        for (k, v) in &self.params {
+            let name: String = k.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
+            out.push((format!("PARAM_{name}"), v.clone()));
+        }
+        out
+    }
+
+    /// Replaces `{{params.name}}` with the parameter's value (unknown names stay as written).
+    pub fn substitute(&self, text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(start) = rest.find("{{") {
+            out.push_str(&rest[..start]);
+            let after = &rest[start + 2..];
+            match after.find("}}") {
+                Some(end) => {
+                    let key = after[..end].trim();
+                    match key.strip_prefix("params.").and_then(|k| self.params.get(k)) {
+                        Some(v) => out.push_str(v),
+                        None => out.push_str(&rest[start..start + 2 + end + 2]),
+                    }
+                    rest = &after[end + 2..];
+                }
+                None => {
+                    out.push_str(&rest[start..]);
+                    rest = "";
+                }
+            }
+        }
+        out.push_str(rest);
+        out
+    }
+}
+
+/// Limits that apply to every attempt.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Output kept per attempt; the rest is dropped with a marker.
+    pub max_output: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits { max_output: 1 << 20 }
+    }
+}
+
+/// How an attempt ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// It did its job.
+    Succeeded,
+    /// It failed; the failure says how, for the retry policy.
+    Failed(Failure),
+    /// It ran past its timeout and was stopped.
+    TimedOut,
+    /// It was cancelled and stopped.
+    Cancelled,
+}
+
+/// The report of one attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// How it ended.
+    pub ending: Ending,
+    /// Process exit code, or HTTP status.
+    pub exit_code: Option<i32>,
+    /// What went wrong, in a sentence.
+    pub error: Option<String>,
+    /// Captured output (stdout and stderr interleaved, or the response body), capped.
+    pub log: Vec<u8>,
+}
+
+/// Runs one attempt of `executor`.
+pub async fn run(executor: &Executor, ctx: &AttemptContext, timeout: Option<Duration>, cancel: CancellationToken, limits: Limits) -> Outcome {
+    match executor {
+        Executor::Shell(cmd) => shell::run(cmd, ctx, timeout, cancel, limits).await,
+        Executor::Http(spec) => http::run(spec, ctx, timeout, cancel, limits).await,
+    }
+}
+
+/// A byte buffer that keeps at most `cap` bytes and says how much it dropped.
+pub(crate) struct CappedLog {
+    buf: Vec<u8>,
+    cap: usize,
+    dropped: usize,
+}
+
+impl CappedLog {
+    pub(crate) fn new(cap: usize) -> CappedLog {
+        CappedLog { buf: Vec::new(), cap, dropped: 0 }
+    }
+
+    pub(crate) fn push(&mut self, bytes: &[u8]) {
+        let room = self.cap.saturating_sub(self.buf.len());
+        let take = room.min(bytes.len());
+        self.buf.extend_from_slice(&bytes[..take]);
+        self.dropped += bytes.len() - take;
+    }
+
+    pub(crate) fn finish(mut self) -> Vec<u8> {
+        if self.dropped > 0 {
+            self.buf.extend_from_slice(format!("\n[dagcron: output truncated, {} more bytes dropped]\n", self.dropped).as_bytes());
+        }
+        self.buf
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx() -> AttemptContext {
+        AttemptContext {
+            namespace: "billing".into(),
+            job: "nightly".into(),
+            run_id: 42,
+            task_id: "extract".into(),
+            attempt: 2,
+            scheduled_at: "2026-01-01T02:30:00Z".parse().unwrap(),
+            idempotency_key: "billing/nightly/42/extract".into(),
+            params: BTreeMap::from([("region".into(), "cn-east".into()), ("dry-run".into(), "1".into())]),
+        }
+    }
+
+    #[test]
+    fn substitution() {
+        let c = ctx();
+        assert_eq!(c.substitute("./x --region {{params.region}} {{ params.dry-run }}"), "./x --region cn-east 1");
+        assert_eq!(c.substitute("{{params.missing}} {{other}} {{unclosed"), "{{params.missing}} {{other}} {{unclosed");
+    }
+
+    #[test]
+    fn identity_names() {
+        let names: Vec<String> = ctx().identity().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(names, ["NAMESPACE", "JOB", "RUN_ID", "TASK_ID", "ATTEMPT", "SCHEDULED_AT", "IDEMPOTENCY_KEY", "PARAM_DRY_RUN", "PARAM_REGION"]);
+    }
+
+    #[test]
+    fn capped_log() {
+        let mut log = CappedLog::new(4);
+        log.push(b"abc");
+        log.push(b"defg");
+        assert_eq!(String::from_utf8(log.finish()).unwrap(), "abcd\n[dagcron: output truncated, 3 more bytes dropped]\n");
+    }
+}
