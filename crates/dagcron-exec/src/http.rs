@@ -19,18 +19,40 @@ fn client() -> &'static reqwest::Client {
 }
 
 fn failed(failure: Failure, error: String, code: Option<i32>, log: Vec<u8>) -> Outcome {
-    Outcome { ending: Ending::Failed(failure), exit_code: code, error: Some(error), log }
+    Outcome {
+        ending: Ending::Failed(failure),
+        exit_code: code,
+        error: Some(error),
+        log,
+    }
 }
 
-pub(crate) async fn run(spec: &HttpSpec, ctx: &AttemptContext, timeout: Option<Duration>, cancel: CancellationToken, limits: Limits) -> Outcome {
+pub(crate) async fn run(
+    spec: &HttpSpec,
+    ctx: &AttemptContext,
+    timeout: Option<Duration>,
+    cancel: CancellationToken,
+    limits: Limits,
+) -> Outcome {
     let method = match reqwest::Method::from_bytes(spec.method.as_bytes()) {
         Ok(m) => m,
-        Err(_) => return failed(Failure::Error("bad method".into()), format!("invalid HTTP method {:?}", spec.method), None, vec![]),
+        Err(_) => {
+            return failed(
+                Failure::Error("bad method".into()),
+                format!("invalid HTTP method {:?}", spec.method),
+                None,
+                vec![],
+            );
+        }
     };
     let url = ctx.substitute(&spec.url);
     let mut req = client().request(method, &url);
     for (k, v) in ctx.identity() {
-        let name = k.split('_').map(|w| w[..1].to_string() + &w[1..].to_ascii_lowercase()).collect::<Vec<_>>().join("-");
+        let name = k
+            .split('_')
+            .map(|w| w[..1].to_string() + &w[1..].to_ascii_lowercase())
+            .collect::<Vec<_>>()
+            .join("-");
         req = req.header(format!("X-Dagcron-{name}"), v);
     }
     for (k, v) in &spec.headers {

@@ -57,7 +57,16 @@ impl AttemptContext {
             ("IDEMPOTENCY_KEY".to_string(), self.idempotency_key.clone()),
         ];
         for (k, v) in &self.params {
-            let name: String = k.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
+            let name: String = k
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() {
+                        c.to_ascii_uppercase()
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
             out.push((format!("PARAM_{name}"), v.clone()));
         }
         out
@@ -99,7 +108,9 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Limits {
-        Limits { max_output: 1 << 20 }
+        Limits {
+            max_output: 1 << 20,
+        }
     }
 }
 
@@ -130,7 +141,13 @@ pub struct Outcome {
 }
 
 /// Runs one attempt of `executor`.
-pub async fn run(executor: &Executor, ctx: &AttemptContext, timeout: Option<Duration>, cancel: CancellationToken, limits: Limits) -> Outcome {
+pub async fn run(
+    executor: &Executor,
+    ctx: &AttemptContext,
+    timeout: Option<Duration>,
+    cancel: CancellationToken,
+    limits: Limits,
+) -> Outcome {
     match executor {
         Executor::Shell(cmd) => shell::run(cmd, ctx, timeout, cancel, limits).await,
         Executor::Http(spec) => http::run(spec, ctx, timeout, cancel, limits).await,
@@ -146,7 +163,11 @@ pub(crate) struct CappedLog {
 
 impl CappedLog {
     pub(crate) fn new(cap: usize) -> CappedLog {
-        CappedLog { buf: Vec::new(), cap, dropped: 0 }
+        CappedLog {
+            buf: Vec::new(),
+            cap,
+            dropped: 0,
+        }
     }
 
     pub(crate) fn push(&mut self, bytes: &[u8]) {
@@ -158,7 +179,13 @@ impl CappedLog {
 
     pub(crate) fn finish(mut self) -> Vec<u8> {
         if self.dropped > 0 {
-            self.buf.extend_from_slice(format!("\n[dagcron: output truncated, {} more bytes dropped]\n", self.dropped).as_bytes());
+            self.buf.extend_from_slice(
+                format!(
+                    "\n[dagcron: output truncated, {} more bytes dropped]\n",
+                    self.dropped
+                )
+                .as_bytes(),
+            );
         }
         self.buf
     }
@@ -177,21 +204,43 @@ mod tests {
             attempt: 2,
             scheduled_at: "2026-01-01T02:30:00Z".parse().unwrap(),
             idempotency_key: "billing/nightly/42/extract".into(),
-            params: BTreeMap::from([("region".into(), "cn-east".into()), ("dry-run".into(), "1".into())]),
+            params: BTreeMap::from([
+                ("region".into(), "cn-east".into()),
+                ("dry-run".into(), "1".into()),
+            ]),
         }
     }
 
     #[test]
     fn substitution() {
         let c = ctx();
-        assert_eq!(c.substitute("./x --region {{params.region}} {{ params.dry-run }}"), "./x --region cn-east 1");
-        assert_eq!(c.substitute("{{params.missing}} {{other}} {{unclosed"), "{{params.missing}} {{other}} {{unclosed");
+        assert_eq!(
+            c.substitute("./x --region {{params.region}} {{ params.dry-run }}"),
+            "./x --region cn-east 1"
+        );
+        assert_eq!(
+            c.substitute("{{params.missing}} {{other}} {{unclosed"),
+            "{{params.missing}} {{other}} {{unclosed"
+        );
     }
 
     #[test]
     fn identity_names() {
         let names: Vec<String> = ctx().identity().into_iter().map(|(k, _)| k).collect();
-        assert_eq!(names, ["NAMESPACE", "JOB", "RUN_ID", "TASK_ID", "ATTEMPT", "SCHEDULED_AT", "IDEMPOTENCY_KEY", "PARAM_DRY_RUN", "PARAM_REGION"]);
+        assert_eq!(
+            names,
+            [
+                "NAMESPACE",
+                "JOB",
+                "RUN_ID",
+                "TASK_ID",
+                "ATTEMPT",
+                "SCHEDULED_AT",
+                "IDEMPOTENCY_KEY",
+                "PARAM_DRY_RUN",
+                "PARAM_REGION"
+            ]
+        );
     }
 
     #[test]
@@ -199,6 +248,9 @@ mod tests {
         let mut log = CappedLog::new(4);
         log.push(b"abc");
         log.push(b"defg");
-        assert_eq!(String::from_utf8(log.finish()).unwrap(), "abcd\n[dagcron: output truncated, 3 more bytes dropped]\n");
+        assert_eq!(
+            String::from_utf8(log.finish()).unwrap(),
+            "abcd\n[dagcron: output truncated, 3 more bytes dropped]\n"
+        );
     }
 }

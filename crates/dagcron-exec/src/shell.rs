@@ -25,7 +25,13 @@ async fn pump(mut from: impl AsyncRead + Unpin, log: Arc<Mutex<CappedLog>>) {
     }
 }
 
-pub(crate) async fn run(cmd: &ShellCommand, ctx: &AttemptContext, timeout: Option<Duration>, cancel: CancellationToken, limits: Limits) -> Outcome {
+pub(crate) async fn run(
+    cmd: &ShellCommand,
+    ctx: &AttemptContext,
+    timeout: Option<Duration>,
+    cancel: CancellationToken,
+    limits: Limits,
+) -> Outcome {
     let mut command = if cmd.args.is_empty() {
         let mut c = Command::new("/bin/sh");
         c.arg("-c").arg(ctx.substitute(&cmd.command));
@@ -44,12 +50,22 @@ pub(crate) async fn run(cmd: &ShellCommand, ctx: &AttemptContext, timeout: Optio
     if let Some(dir) = &cmd.cwd {
         command.current_dir(ctx.substitute(dir));
     }
-    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
     let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
             let error = format!("could not start {:?}: {e}", cmd.command);
-            return Outcome { ending: Ending::Failed(Failure::Error(error.clone())), exit_code: None, error: Some(error), log: vec![] };
+            return Outcome {
+                ending: Ending::Failed(Failure::Error(error.clone())),
+                exit_code: None,
+                error: Some(error),
+                log: vec![],
+            };
         }
     };
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));
@@ -77,10 +93,18 @@ pub(crate) async fn run(cmd: &ShellCommand, ctx: &AttemptContext, timeout: Optio
     kill_group();
     let _ = out.await;
     let _ = err.await;
-    let log = Arc::try_unwrap(log).map(|m| m.into_inner().expect("log lock").finish()).unwrap_or_default();
+    let log = Arc::try_unwrap(log)
+        .map(|m| m.into_inner().expect("log lock").finish())
+        .unwrap_or_default();
     let exit_code = status.and_then(|s| s.code());
     let (ending, error) = match ending {
-        Some(Ending::TimedOut) => (Ending::TimedOut, Some(format!("timed out after {}", timeout.map(|d| format!("{d:?}")).unwrap_or_default()))),
+        Some(Ending::TimedOut) => (
+            Ending::TimedOut,
+            Some(format!(
+                "timed out after {}",
+                timeout.map(|d| format!("{d:?}")).unwrap_or_default()
+            )),
+        ),
         Some(e) => (e, Some("cancelled".to_string())),
         None => match status {
             Some(s) if s.success() => (Ending::Succeeded, None),
@@ -93,8 +117,16 @@ pub(crate) async fn run(cmd: &ShellCommand, ctx: &AttemptContext, timeout: Optio
                 };
                 (Ending::Failed(Failure::Exit(s.code())), Some(error))
             }
-            None => (Ending::Failed(Failure::Error("lost track of the process".into())), Some("lost track of the process".into())),
+            None => (
+                Ending::Failed(Failure::Error("lost track of the process".into())),
+                Some("lost track of the process".into()),
+            ),
         },
     };
-    Outcome { ending, exit_code, error, log }
+    Outcome {
+        ending,
+        exit_code,
+        error,
+        log,
+    }
 }

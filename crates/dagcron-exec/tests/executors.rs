@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use dagcron_core::Executor;
 use dagcron_core::Failure;
 use dagcron_core::model::{HttpSpec, ShellCommand};
-use dagcron_core::Executor;
 use dagcron_exec::{AttemptContext, Ending, Limits, run};
 use tokio_util::sync::CancellationToken;
 
@@ -23,7 +23,12 @@ fn ctx() -> AttemptContext {
 }
 
 fn sh(script: &str) -> Executor {
-    Executor::Shell(ShellCommand { command: script.into(), args: vec![], env: BTreeMap::new(), cwd: None })
+    Executor::Shell(ShellCommand {
+        command: script.into(),
+        args: vec![],
+        env: BTreeMap::new(),
+        cwd: None,
+    })
 }
 
 fn alive(pid: i32) -> bool {
@@ -33,11 +38,23 @@ fn alive(pid: i32) -> bool {
 #[tokio::test]
 async fn shell_gets_identity_params_and_substitution() {
     let script = "echo \"$DAGCRON_NAMESPACE $DAGCRON_JOB $DAGCRON_RUN_ID $DAGCRON_TASK_ID $DAGCRON_ATTEMPT $DAGCRON_SCHEDULED_AT $DAGCRON_IDEMPOTENCY_KEY $DAGCRON_PARAM_REGION\"; echo region={{params.region}} >&2";
-    let out = run(&sh(script), &ctx(), None, CancellationToken::new(), Limits::default()).await;
+    let out = run(
+        &sh(script),
+        &ctx(),
+        None,
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await;
     assert_eq!(out.ending, Ending::Succeeded);
     assert_eq!(out.exit_code, Some(0));
     let log = String::from_utf8(out.log).unwrap();
-    assert!(log.contains("billing nightly 42 extract 3 2026-01-01T02:30:00Z billing/nightly/42/extract cn-east\n"), "{log}");
+    assert!(
+        log.contains(
+            "billing nightly 42 extract 3 2026-01-01T02:30:00Z billing/nightly/42/extract cn-east\n"
+        ),
+        "{log}"
+    );
     assert!(log.contains("region=cn-east\n"), "{log}");
 }
 
@@ -50,18 +67,45 @@ async fn command_with_args_env_and_cwd() {
         env: BTreeMap::from([("MODE".into(), "full-{{params.region}}".into())]),
         cwd: Some(dir.path().to_string_lossy().into()),
     });
-    let out = run(&cmd, &ctx(), None, CancellationToken::new(), Limits::default()).await;
+    let out = run(
+        &cmd,
+        &ctx(),
+        None,
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await;
     let log = String::from_utf8(out.log).unwrap();
-    assert_eq!(log, format!("{}\nfull-cn-east\n", dir.path().canonicalize().unwrap().display()));
+    assert_eq!(
+        log,
+        format!(
+            "{}\nfull-cn-east\n",
+            dir.path().canonicalize().unwrap().display()
+        )
+    );
 }
 
 #[tokio::test]
 async fn failures_carry_the_exit_code() {
-    let out = run(&sh("echo oops >&2; exit 75"), &ctx(), None, CancellationToken::new(), Limits::default()).await;
+    let out = run(
+        &sh("echo oops >&2; exit 75"),
+        &ctx(),
+        None,
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await;
     assert_eq!(out.ending, Ending::Failed(Failure::Exit(Some(75))));
     assert_eq!(out.error.as_deref(), Some("exit status 75"));
     assert_eq!(out.log, b"oops\n");
-    let out = run(&sh("/nonexistent/program"), &ctx(), None, CancellationToken::new(), Limits::default()).await;
+    let out = run(
+        &sh("/nonexistent/program"),
+        &ctx(),
+        None,
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await;
     assert_eq!(out.ending, Ending::Failed(Failure::Exit(Some(127))));
 }
 
@@ -72,14 +116,35 @@ async fn timeout_kills_the_whole_process_group() {
     // The shell starts a background grandchild, then waits; both must die.
     let script = format!("sleep 30 & echo $! > {}; wait", pidfile.display());
     let start = Instant::now();
-    let out = run(&sh(&script), &ctx(), Some(Duration::from_millis(300)), CancellationToken::new(), Limits::default()).await;
+    let out = run(
+        &sh(&script),
+        &ctx(),
+        Some(Duration::from_millis(300)),
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await;
     assert_eq!(out.ending, Ending::TimedOut);
-    assert!(start.elapsed() < Duration::from_secs(10), "the attempt returned promptly");
-    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "the attempt returned promptly"
+    );
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     // The grandchild was reaped by nobody but is killed: wait until it is gone.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while alive(pid) && !std::fs::read_to_string(format!("/proc/{pid}/stat")).map(|s| s.contains(") Z ")).unwrap_or(true) {
-        assert!(Instant::now() < deadline, "grandchild {pid} survived the timeout");
+    while alive(pid)
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "grandchild {pid} survived the timeout"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -98,26 +163,52 @@ async fn cancellation_stops_a_running_task() {
 
 #[tokio::test]
 async fn output_is_capped() {
-    let out = run(&sh("head -c 100000 /dev/zero | tr '\\0' x"), &ctx(), None, CancellationToken::new(), Limits { max_output: 1000 }).await;
+    let out = run(
+        &sh("head -c 100000 /dev/zero | tr '\\0' x"),
+        &ctx(),
+        None,
+        CancellationToken::new(),
+        Limits { max_output: 1000 },
+    )
+    .await;
     assert_eq!(out.ending, Ending::Succeeded);
     let log = String::from_utf8(out.log).unwrap();
     assert!(log.starts_with(&"x".repeat(1000)));
-    assert!(log.ends_with("[dagcron: output truncated, 99000 more bytes dropped]\n"), "{}", &log[1000..]);
+    assert!(
+        log.ends_with("[dagcron: output truncated, 99000 more bytes dropped]\n"),
+        "{}",
+        &log[1000..]
+    );
 }
 
 async fn server() -> String {
     use axum::routing::{get, post};
     let app = axum::Router::new()
-        .route("/echo", post(|headers: axum::http::HeaderMap, body: String| async move {
-            let key = headers.get("x-dagcron-idempotency-key").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
-            let attempt = headers.get("x-dagcron-attempt").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default();
-            format!("{key} {attempt} {body}")
-        }))
-        .route("/fail", get(|| async { (axum::http::StatusCode::SERVICE_UNAVAILABLE, "busy") }))
-        .route("/slow", get(|| async {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-            "late"
-        }));
+        .route(
+            "/echo",
+            post(|headers: axum::http::HeaderMap, body: String| async move {
+                let key = headers
+                    .get("x-dagcron-idempotency-key")
+                    .map(|v| v.to_str().unwrap().to_string())
+                    .unwrap_or_default();
+                let attempt = headers
+                    .get("x-dagcron-attempt")
+                    .map(|v| v.to_str().unwrap().to_string())
+                    .unwrap_or_default();
+                format!("{key} {attempt} {body}")
+            }),
+        )
+        .route(
+            "/fail",
+            get(|| async { (axum::http::StatusCode::SERVICE_UNAVAILABLE, "busy") }),
+        )
+        .route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                "late"
+            }),
+        );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -125,26 +216,78 @@ async fn server() -> String {
 }
 
 fn http(method: &str, url: String, body: Option<&str>, expect: Vec<u16>) -> Executor {
-    Executor::Http(HttpSpec { method: method.into(), url, headers: BTreeMap::new(), body: body.map(String::from), expect })
+    Executor::Http(HttpSpec {
+        method: method.into(),
+        url,
+        headers: BTreeMap::new(),
+        body: body.map(String::from),
+        expect,
+    })
 }
 
 #[tokio::test]
 async fn http_tasks() {
     let base = server().await;
-    let out = run(&http("POST", format!("{base}/echo"), Some("region={{params.region}}"), vec![]), &ctx(), None, CancellationToken::new(), Limits::default()).await;
+    let out = run(
+        &http(
+            "POST",
+            format!("{base}/echo"),
+            Some("region={{params.region}}"),
+            vec![],
+        ),
+        &ctx(),
+        None,
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await;
     assert_eq!(out.ending, Ending::Succeeded);
-    assert_eq!(String::from_utf8(out.log).unwrap(), "billing/nightly/42/extract 3 region=cn-east");
+    assert_eq!(
+        String::from_utf8(out.log).unwrap(),
+        "billing/nightly/42/extract 3 region=cn-east"
+    );
 
-    let out = run(&http("GET", format!("{base}/fail"), None, vec![]), &ctx(), None, CancellationToken::new(), Limits::default()).await;
+    let out = run(
+        &http("GET", format!("{base}/fail"), None, vec![]),
+        &ctx(),
+        None,
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await;
     assert_eq!(out.ending, Ending::Failed(Failure::HttpStatus(503)));
     assert_eq!(out.exit_code, Some(503));
-    let out = run(&http("GET", format!("{base}/fail"), None, vec![503]), &ctx(), None, CancellationToken::new(), Limits::default()).await;
+    let out = run(
+        &http("GET", format!("{base}/fail"), None, vec![503]),
+        &ctx(),
+        None,
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await;
     assert_eq!(out.ending, Ending::Succeeded, "503 was declared expected");
 
-    let out = run(&http("GET", format!("{base}/slow"), None, vec![]), &ctx(), Some(Duration::from_millis(200)), CancellationToken::new(), Limits::default()).await;
+    let out = run(
+        &http("GET", format!("{base}/slow"), None, vec![]),
+        &ctx(),
+        Some(Duration::from_millis(200)),
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await;
     assert_eq!(out.ending, Ending::TimedOut);
 
     // Nothing listens on port 9 of loopback.
-    let out = run(&http("GET", "http://127.0.0.1:9/".into(), None, vec![]), &ctx(), None, CancellationToken::new(), Limits::default()).await;
-    assert!(matches!(out.ending, Ending::Failed(Failure::Error(_))), "{out:?}");
+    let out = run(
+        &http("GET", "http://127.0.0.1:9/".into(), None, vec![]),
+        &ctx(),
+        None,
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await;
+    assert!(
+        matches!(out.ending, Ending::Failed(Failure::Error(_))),
+        "{out:?}"
+    );
 }

@@ -11,11 +11,14 @@ use std::time::Duration;
 
 use dagcron_core::{AttemptState, FireOutcome, RunState, TaskState};
 use dagcron_store::{
-    ApplyResult, AttemptRecord, FireRecord, JobUpsert, NewRun, Page, Result, RunId, RunRecord, StorageError, Store, StoredJob, TaskRecord, Trigger, Write,
-    WriteResult,
+    ApplyResult, AttemptRecord, FireRecord, JobUpsert, NewRun, Page, Result, RunId, RunRecord,
+    StorageError, Store, StoredJob, TaskRecord, Trigger, Write, WriteResult,
 };
 use jiff::Timestamp;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
 use sqlx::{Row, Sqlite, Transaction};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -59,16 +62,33 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true);
-        let writer = SqlitePoolOptions::new().max_connections(1).connect_with(options.clone()).await.map_err(unavailable)?;
-        MIGRATOR.run(&writer).await.map_err(|e| StorageError::Unavailable(format!("migrating {}: {e}", path.display())))?;
-        let reader = SqlitePoolOptions::new().max_connections(4).connect_with(options.read_only(true)).await.map_err(unavailable)?;
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await
+            .map_err(unavailable)?;
+        MIGRATOR
+            .run(&writer)
+            .await
+            .map_err(|e| StorageError::Unavailable(format!("migrating {}: {e}", path.display())))?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options.read_only(true))
+            .await
+            .map_err(unavailable)?;
         Ok(SqliteStore { writer, reader })
     }
 
     async fn apply_one(tx: &mut Transaction<'_, Sqlite>, w: &Write) -> Result<WriteResult> {
         let conflict = |what: String| Ok(WriteResult::Conflict(what));
         match w {
-            Write::Fire { namespace, job, scheduled_at, outcome, run } => {
+            Write::Fire {
+                namespace,
+                job,
+                scheduled_at,
+                outcome,
+                run,
+            } => {
                 let inserted = sqlx::query("INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING")
                     .bind(namespace)
                     .bind(job)
@@ -80,7 +100,9 @@ impl SqliteStore {
                     .map_err(unavailable)?
                     .rows_affected();
                 if inserted == 0 {
-                    return conflict(format!("fire {namespace}/{job} at {scheduled_at} is already recorded"));
+                    return conflict(format!(
+                        "fire {namespace}/{job} at {scheduled_at} is already recorded"
+                    ));
                 }
                 if let Some(run) = run {
                     insert_run(tx, run).await?;
@@ -109,33 +131,56 @@ impl SqliteStore {
                 if n == 1 {
                     return Ok(WriteResult::Done);
                 }
-                let found: Option<String> = sqlx::query_scalar("SELECT state FROM runs WHERE id = ?").bind(run).fetch_optional(&mut **tx).await.map_err(unavailable)?;
+                let found: Option<String> =
+                    sqlx::query_scalar("SELECT state FROM runs WHERE id = ?")
+                        .bind(run)
+                        .fetch_optional(&mut **tx)
+                        .await
+                        .map_err(unavailable)?;
                 conflict(match found {
                     Some(s) => format!("run {run} is {s}, not {from}"),
                     None => format!("run {run} does not exist"),
                 })
             }
-            Write::TaskState { run, task, from, to } => {
-                let n = sqlx::query("UPDATE tasks SET state = ? WHERE run_id = ? AND task_id = ? AND state = ?")
-                    .bind(to.as_str())
-                    .bind(run)
-                    .bind(task)
-                    .bind(from.as_str())
-                    .execute(&mut **tx)
-                    .await
-                    .map_err(unavailable)?
-                    .rows_affected();
+            Write::TaskState {
+                run,
+                task,
+                from,
+                to,
+            } => {
+                let n = sqlx::query(
+                    "UPDATE tasks SET state = ? WHERE run_id = ? AND task_id = ? AND state = ?",
+                )
+                .bind(to.as_str())
+                .bind(run)
+                .bind(task)
+                .bind(from.as_str())
+                .execute(&mut **tx)
+                .await
+                .map_err(unavailable)?
+                .rows_affected();
                 if n == 1 {
                     return Ok(WriteResult::Done);
                 }
                 let found: Option<String> =
-                    sqlx::query_scalar("SELECT state FROM tasks WHERE run_id = ? AND task_id = ?").bind(run).bind(task).fetch_optional(&mut **tx).await.map_err(unavailable)?;
+                    sqlx::query_scalar("SELECT state FROM tasks WHERE run_id = ? AND task_id = ?")
+                        .bind(run)
+                        .bind(task)
+                        .fetch_optional(&mut **tx)
+                        .await
+                        .map_err(unavailable)?;
                 conflict(match found {
                     Some(s) => format!("task {task} of run {run} is {s}, not {from}"),
                     None => format!("run {run} has no task {task}"),
                 })
             }
-            Write::AttemptStart { run, task, number, state, at } => {
+            Write::AttemptStart {
+                run,
+                task,
+                number,
+                state,
+                at,
+            } => {
                 let n = sqlx::query("INSERT INTO attempts (run_id, task_id, number, state, started_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING")
                     .bind(run)
                     .bind(task)
@@ -146,9 +191,23 @@ impl SqliteStore {
                     .await
                     .map_err(unavailable)?
                     .rows_affected();
-                if n == 1 { Ok(WriteResult::Done) } else { conflict(format!("attempt {number} of {run}/{task} already exists")) }
+                if n == 1 {
+                    Ok(WriteResult::Done)
+                } else {
+                    conflict(format!("attempt {number} of {run}/{task} already exists"))
+                }
             }
-            Write::AttemptEnd { run, task, number, from, to, at, exit_code, error, log } => {
+            Write::AttemptEnd {
+                run,
+                task,
+                number,
+                from,
+                to,
+                at,
+                exit_code,
+                error,
+                log,
+            } => {
                 let n = sqlx::query(
                     "UPDATE attempts SET state = ?, finished_at = ?, exit_code = ?, error = ?, log = ?
                      WHERE run_id = ? AND task_id = ? AND number = ? AND state = ?",
@@ -166,7 +225,11 @@ impl SqliteStore {
                 .await
                 .map_err(unavailable)?
                 .rows_affected();
-                if n == 1 { Ok(WriteResult::Done) } else { conflict(format!("attempt {number} of {run}/{task} is not {from}")) }
+                if n == 1 {
+                    Ok(WriteResult::Done)
+                } else {
+                    conflict(format!("attempt {number} of {run}/{task} is not {from}"))
+                }
             }
         }
     }
@@ -176,14 +239,22 @@ impl SqliteStore {
         if ids.is_empty() {
             return Ok(out);
         }
-        let list = ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+        let list = ids
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
         // The ids are integers we produced, so they are safe to inline.
         let tasks = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT run_id, task_id, state FROM tasks WHERE run_id IN ({list}) ORDER BY run_id, position")))
             .fetch_all(&self.reader)
             .await
             .map_err(unavailable)?;
         for row in tasks {
-            out.entry(row.get(0)).or_default().push(TaskRecord { id: row.get(1), state: parse(row.get::<&str, _>(2))?, attempts: vec![] });
+            out.entry(row.get(0)).or_default().push(TaskRecord {
+                id: row.get(1),
+                state: parse(row.get::<&str, _>(2))?,
+                attempts: vec![],
+            });
         }
         let attempts = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT run_id, task_id, number, state, started_at, finished_at, exit_code, error FROM attempts WHERE run_id IN ({list}) ORDER BY run_id, task_id, number"
@@ -202,7 +273,10 @@ impl SqliteStore {
                 exit_code: row.get(6),
                 error: row.get(7),
             };
-            if let Some(t) = out.get_mut(&run).and_then(|ts| ts.iter_mut().find(|t| t.id == task)) {
+            if let Some(t) = out
+                .get_mut(&run)
+                .and_then(|ts| ts.iter_mut().find(|t| t.id == task))
+            {
                 t.attempts.push(record);
             }
         }
@@ -220,10 +294,13 @@ impl SqliteStore {
                     namespace: row.get(1),
                     job: row.get(2),
                     job_version: row.get(3),
-                    trigger: Trigger::parse(row.get(4)).ok_or_else(|| StorageError::Corrupt(format!("run {id}: unknown trigger")))?,
+                    trigger: Trigger::parse(row.get(4)).ok_or_else(|| {
+                        StorageError::Corrupt(format!("run {id}: unknown trigger"))
+                    })?,
                     scheduled_at: ts(row.get(5))?,
                     state: parse(row.get::<&str, _>(6))?,
-                    params: serde_json::from_str(row.get(7)).map_err(|e| StorageError::Corrupt(format!("run {id} params: {e}")))?,
+                    params: serde_json::from_str(row.get(7))
+                        .map_err(|e| StorageError::Corrupt(format!("run {id} params: {e}")))?,
                     created_at: ts(row.get(8))?,
                     started_at: opt_ts(row.get(9))?,
                     finished_at: opt_ts(row.get(10))?,
@@ -239,22 +316,28 @@ const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_a
 async fn insert_run(tx: &mut Transaction<'_, Sqlite>, run: &NewRun) -> Result<()> {
     let started = (run.state == RunState::Running).then_some(micros(run.created_at));
     let finished = run.state.is_terminal().then_some(micros(run.created_at));
-    sqlx::query(sqlx::AssertSqlSafe(format!("INSERT INTO runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")))
-        .bind(run.id)
-        .bind(&run.namespace)
-        .bind(&run.job)
-        .bind(run.job_version)
-        .bind(run.trigger.as_str())
-        .bind(micros(run.scheduled_at))
-        .bind(run.state.as_str())
-        .bind(serde_json::to_string(&run.params).expect("params serialize"))
-        .bind(micros(run.created_at))
-        .bind(started)
-        .bind(finished)
-        .execute(&mut **tx)
-        .await
-        .map_err(unavailable)?;
-    let task_state = if run.state.is_terminal() { TaskState::Skipped } else { TaskState::Pending };
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    )))
+    .bind(run.id)
+    .bind(&run.namespace)
+    .bind(&run.job)
+    .bind(run.job_version)
+    .bind(run.trigger.as_str())
+    .bind(micros(run.scheduled_at))
+    .bind(run.state.as_str())
+    .bind(serde_json::to_string(&run.params).expect("params serialize"))
+    .bind(micros(run.created_at))
+    .bind(started)
+    .bind(finished)
+    .execute(&mut **tx)
+    .await
+    .map_err(unavailable)?;
+    let task_state = if run.state.is_terminal() {
+        TaskState::Skipped
+    } else {
+        TaskState::Pending
+    };
     for (position, task) in run.tasks.iter().enumerate() {
         sqlx::query("INSERT INTO tasks (run_id, task_id, position, state) VALUES (?, ?, ?, ?)")
             .bind(run.id)
@@ -269,7 +352,14 @@ async fn insert_run(tx: &mut Transaction<'_, Sqlite>, run: &NewRun) -> Result<()
 }
 
 fn job_from_row(row: &SqliteRow) -> Result<StoredJob> {
-    Ok(StoredJob { namespace: row.get(0), name: row.get(1), version: row.get(2), spec: row.get(3), paused: row.get::<i64, _>(4) != 0, updated_at: ts(row.get(5))? })
+    Ok(StoredJob {
+        namespace: row.get(0),
+        name: row.get(1),
+        version: row.get(2),
+        spec: row.get(3),
+        paused: row.get::<i64, _>(4) != 0,
+        updated_at: ts(row.get(5))?,
+    })
 }
 
 const JOB_COLUMNS: &str = "namespace, name, version, spec, paused, updated_at";
@@ -280,7 +370,12 @@ impl Store for SqliteStore {
         let mut out = Vec::with_capacity(jobs.len());
         for j in jobs {
             let current: Option<(i64, String)> =
-                sqlx::query_as("SELECT version, spec FROM jobs WHERE namespace = ? AND name = ?").bind(&j.namespace).bind(&j.name).fetch_optional(&mut *tx).await.map_err(unavailable)?;
+                sqlx::query_as("SELECT version, spec FROM jobs WHERE namespace = ? AND name = ?")
+                    .bind(&j.namespace)
+                    .bind(&j.name)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
             let result = match current {
                 Some((v, spec)) if spec == j.spec => ApplyResult::Unchanged(v),
                 Some((v, _)) => {
@@ -297,12 +392,14 @@ impl Store for SqliteStore {
                 }
                 None => {
                     // A re-created job continues its version history.
-                    let last: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM job_versions WHERE namespace = ? AND name = ?")
-                        .bind(&j.namespace)
-                        .bind(&j.name)
-                        .fetch_one(&mut *tx)
-                        .await
-                        .map_err(unavailable)?;
+                    let last: Option<i64> = sqlx::query_scalar(
+                        "SELECT MAX(version) FROM job_versions WHERE namespace = ? AND name = ?",
+                    )
+                    .bind(&j.namespace)
+                    .bind(&j.name)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
                     let v = last.unwrap_or(0) + 1;
                     sqlx::query("INSERT INTO jobs (namespace, name, version, spec, paused, updated_at) VALUES (?, ?, ?, ?, 0, ?)")
                         .bind(&j.namespace)
@@ -334,32 +431,49 @@ impl Store for SqliteStore {
     }
 
     async fn load_jobs(&self) -> Result<Vec<StoredJob>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {JOB_COLUMNS} FROM jobs ORDER BY namespace, name"))).fetch_all(&self.reader).await.map_err(unavailable)?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {JOB_COLUMNS} FROM jobs ORDER BY namespace, name"
+        )))
+        .fetch_all(&self.reader)
+        .await
+        .map_err(unavailable)?;
         rows.iter().map(job_from_row).collect()
     }
 
     async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<StoredJob>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = ? AND name = ?")))
-            .bind(namespace)
-            .bind(name)
-            .fetch_optional(&self.reader)
-            .await
-            .map_err(unavailable)?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = ? AND name = ?"
+        )))
+        .bind(namespace)
+        .bind(name)
+        .fetch_optional(&self.reader)
+        .await
+        .map_err(unavailable)?;
         row.as_ref().map(job_from_row).transpose()
     }
 
-    async fn list_jobs(&self, namespace: &str, limit: u32, cursor: Option<&str>) -> Result<Page<StoredJob>> {
+    async fn list_jobs(
+        &self,
+        namespace: &str,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<Page<StoredJob>> {
         let after = match cursor {
             None => String::new(),
-            Some(c) => c.strip_prefix("job:").ok_or_else(|| StorageError::Invalid(format!("bad cursor {c:?}")))?.to_string(),
+            Some(c) => c
+                .strip_prefix("job:")
+                .ok_or_else(|| StorageError::Invalid(format!("bad cursor {c:?}")))?
+                .to_string(),
         };
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = ? AND name > ? ORDER BY name LIMIT ?")))
-            .bind(namespace)
-            .bind(&after)
-            .bind(i64::from(limit) + 1)
-            .fetch_all(&self.reader)
-            .await
-            .map_err(unavailable)?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = ? AND name > ? ORDER BY name LIMIT ?"
+        )))
+        .bind(namespace)
+        .bind(&after)
+        .bind(i64::from(limit) + 1)
+        .fetch_all(&self.reader)
+        .await
+        .map_err(unavailable)?;
         let mut items = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
         let next_cursor = (items.len() > limit as usize).then(|| {
             items.truncate(limit as usize);
@@ -369,7 +483,13 @@ impl Store for SqliteStore {
     }
 
     async fn delete_job(&self, namespace: &str, name: &str) -> Result<bool> {
-        let n = sqlx::query("DELETE FROM jobs WHERE namespace = ? AND name = ?").bind(namespace).bind(name).execute(&self.writer).await.map_err(unavailable)?.rows_affected();
+        let n = sqlx::query("DELETE FROM jobs WHERE namespace = ? AND name = ?")
+            .bind(namespace)
+            .bind(name)
+            .execute(&self.writer)
+            .await
+            .map_err(unavailable)?
+            .rows_affected();
         Ok(n == 1)
     }
 
@@ -398,10 +518,19 @@ impl Store for SqliteStore {
     async fn last_fires(&self) -> Result<Vec<(String, String, Timestamp)>> {
         let rows: Vec<(String, String, i64)> =
             sqlx::query_as("SELECT namespace, job, MAX(scheduled_at) FROM fires GROUP BY namespace, job ORDER BY namespace, job").fetch_all(&self.reader).await.map_err(unavailable)?;
-        rows.into_iter().map(|(n, j, t)| Ok((n, j, ts(t)?))).collect()
+        rows.into_iter()
+            .map(|(n, j, t)| Ok((n, j, ts(t)?)))
+            .collect()
     }
 
-    async fn list_fires(&self, namespace: &str, job: &str, from: Timestamp, to: Timestamp, limit: u32) -> Result<Vec<FireRecord>> {
+    async fn list_fires(
+        &self,
+        namespace: &str,
+        job: &str,
+        from: Timestamp,
+        to: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<FireRecord>> {
         let rows: Vec<(i64, String, Option<i64>)> = sqlx::query_as(
             "SELECT scheduled_at, outcome, run_id FROM fires WHERE namespace = ? AND job = ? AND scheduled_at >= ? AND scheduled_at < ? ORDER BY scheduled_at LIMIT ?",
         )
@@ -415,25 +544,50 @@ impl Store for SqliteStore {
         .map_err(unavailable)?;
         rows.into_iter()
             .map(|(t, o, run_id)| {
-                Ok(FireRecord { scheduled_at: ts(t)?, outcome: FireOutcome::parse(&o).ok_or_else(|| StorageError::Corrupt(format!("fire outcome {o:?}")))?, run_id })
+                Ok(FireRecord {
+                    scheduled_at: ts(t)?,
+                    outcome: FireOutcome::parse(&o)
+                        .ok_or_else(|| StorageError::Corrupt(format!("fire outcome {o:?}")))?,
+                    run_id,
+                })
             })
             .collect()
     }
 
     async fn active_runs(&self) -> Result<Vec<RunRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {RUN_COLUMNS} FROM runs WHERE state IN ('pending', 'running') ORDER BY id"))).fetch_all(&self.reader).await.map_err(unavailable)?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE state IN ('pending', 'running') ORDER BY id"
+        )))
+        .fetch_all(&self.reader)
+        .await
+        .map_err(unavailable)?;
         self.runs_from_rows(rows).await
     }
 
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?"))).bind(id).fetch_all(&self.reader).await.map_err(unavailable)?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE id = ?"
+        )))
+        .bind(id)
+        .fetch_all(&self.reader)
+        .await
+        .map_err(unavailable)?;
         Ok(self.runs_from_rows(rows).await?.pop())
     }
 
-    async fn list_runs(&self, namespace: &str, job: &str, limit: u32, cursor: Option<&str>) -> Result<Page<RunRecord>> {
+    async fn list_runs(
+        &self,
+        namespace: &str,
+        job: &str,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<Page<RunRecord>> {
         let before = match cursor {
             None => i64::MAX,
-            Some(c) => c.strip_prefix("run:").and_then(|n| n.parse().ok()).ok_or_else(|| StorageError::Invalid(format!("bad cursor {c:?}")))?,
+            Some(c) => c
+                .strip_prefix("run:")
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| StorageError::Invalid(format!("bad cursor {c:?}")))?,
         };
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {RUN_COLUMNS} FROM runs WHERE namespace = ? AND job = ? AND id < ? ORDER BY id DESC LIMIT ?")))
             .bind(namespace)
@@ -451,15 +605,24 @@ impl Store for SqliteStore {
         Ok(Page { items, next_cursor })
     }
 
-    async fn read_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {
-        let row: Option<(Option<Vec<u8>>,)> = sqlx::query_as("SELECT log FROM attempts WHERE run_id = ? AND task_id = ? AND number = ?")
-            .bind(run)
-            .bind(task)
-            .bind(number)
-            .fetch_optional(&self.reader)
+    async fn max_run_id(&self) -> Result<RunId> {
+        let id: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM runs")
+            .fetch_one(&self.reader)
             .await
             .map_err(unavailable)?;
+        Ok(id.unwrap_or(0))
+    }
+
+    async fn read_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {
+        let row: Option<(Option<Vec<u8>>,)> = sqlx::query_as(
+            "SELECT log FROM attempts WHERE run_id = ? AND task_id = ? AND number = ?",
+        )
+        .bind(run)
+        .bind(task)
+        .bind(number)
+        .fetch_optional(&self.reader)
+        .await
+        .map_err(unavailable)?;
         Ok(row.map(|(log,)| log.unwrap_or_default()))
     }
 }
-

@@ -2,7 +2,9 @@
 
 async fn fresh() -> (dagcron_store_sqlite::SqliteStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let store = dagcron_store_sqlite::SqliteStore::open(&dir.path().join("dagcron.db")).await.unwrap();
+    let store = dagcron_store_sqlite::SqliteStore::open(&dir.path().join("dagcron.db"))
+        .await
+        .unwrap();
     (store, dir)
 }
 

@@ -42,7 +42,11 @@ fn t(secs: i64) -> Timestamp {
 }
 
 fn job(ns: &str, name: &str, spec: &str) -> JobUpsert {
-    JobUpsert { namespace: ns.into(), name: name.into(), spec: spec.into() }
+    JobUpsert {
+        namespace: ns.into(),
+        name: name.into(),
+        spec: spec.into(),
+    }
 }
 
 /// A run of job `ns/j` with tasks a and b.
@@ -62,27 +66,57 @@ pub fn new_run(id: i64, scheduled: i64) -> NewRun {
 }
 
 fn fire(scheduled: i64, run: Option<NewRun>) -> Write {
-    let outcome = if run.is_some() { FireOutcome::Fired } else { FireOutcome::SkippedOverlap };
-    Write::Fire { namespace: "ns".into(), job: "j".into(), scheduled_at: t(scheduled), outcome, run }
+    let outcome = if run.is_some() {
+        FireOutcome::Fired
+    } else {
+        FireOutcome::SkippedOverlap
+    };
+    Write::Fire {
+        namespace: "ns".into(),
+        job: "j".into(),
+        scheduled_at: t(scheduled),
+        outcome,
+        run,
+    }
 }
 
 /// Applying the same spec twice changes nothing; a new spec makes a new version.
 pub async fn apply_is_idempotent_and_versioned<S: Store>(s: &S) {
-    let r = s.apply_jobs(&[job("ns", "a", "{1}"), job("ns", "b", "{1}")], t(10)).await.unwrap();
+    let r = s
+        .apply_jobs(&[job("ns", "a", "{1}"), job("ns", "b", "{1}")], t(10))
+        .await
+        .unwrap();
     assert_eq!(r, [ApplyResult::Created(1), ApplyResult::Created(1)]);
-    let r = s.apply_jobs(&[job("ns", "a", "{1}"), job("ns", "b", "{2}")], t(20)).await.unwrap();
+    let r = s
+        .apply_jobs(&[job("ns", "a", "{1}"), job("ns", "b", "{2}")], t(20))
+        .await
+        .unwrap();
     assert_eq!(r, [ApplyResult::Unchanged(1), ApplyResult::Updated(2)]);
     let b = s.get_job("ns", "b").await.unwrap().unwrap();
-    assert_eq!((b.version, b.spec.as_str(), b.updated_at), (2, "{2}", t(20)));
-    assert_eq!(s.get_job("ns", "a").await.unwrap().unwrap().updated_at, t(10), "unchanged jobs keep their timestamp");
-    assert!(s.get_job("other", "a").await.unwrap().is_none(), "namespaces are separate");
+    assert_eq!(
+        (b.version, b.spec.as_str(), b.updated_at),
+        (2, "{2}", t(20))
+    );
+    assert_eq!(
+        s.get_job("ns", "a").await.unwrap().unwrap().updated_at,
+        t(10),
+        "unchanged jobs keep their timestamp"
+    );
+    assert!(
+        s.get_job("other", "a").await.unwrap().is_none(),
+        "namespaces are separate"
+    );
 }
 
 /// Pause, resume, delete, and list with pagination.
 pub async fn pause_delete_and_list_jobs<S: Store>(s: &S) {
-    let jobs: Vec<JobUpsert> = (0..5).map(|i| job("ns", &format!("job-{i}"), "{}")).collect();
+    let jobs: Vec<JobUpsert> = (0..5)
+        .map(|i| job("ns", &format!("job-{i}"), "{}"))
+        .collect();
     s.apply_jobs(&jobs, t(1)).await.unwrap();
-    s.apply_jobs(&[job("other", "x", "{}")], t(1)).await.unwrap();
+    s.apply_jobs(&[job("other", "x", "{}")], t(1))
+        .await
+        .unwrap();
     assert!(s.set_paused("ns", "job-1", true).await.unwrap());
     assert!(s.get_job("ns", "job-1").await.unwrap().unwrap().paused);
     assert!(!s.set_paused("ns", "missing", true).await.unwrap());
@@ -91,7 +125,10 @@ pub async fn pause_delete_and_list_jobs<S: Store>(s: &S) {
     let p1 = s.list_jobs("ns", 3, None).await.unwrap();
     let names: Vec<&str> = p1.items.iter().map(|j| j.name.as_str()).collect();
     assert_eq!(names, ["job-0", "job-1", "job-2"]);
-    let p2 = s.list_jobs("ns", 3, p1.next_cursor.as_deref()).await.unwrap();
+    let p2 = s
+        .list_jobs("ns", 3, p1.next_cursor.as_deref())
+        .await
+        .unwrap();
     let names: Vec<&str> = p2.items.iter().map(|j| j.name.as_str()).collect();
     assert_eq!(names, ["job-3"]);
     assert_eq!(p2.next_cursor, None);
@@ -103,22 +140,55 @@ pub async fn pause_delete_and_list_jobs<S: Store>(s: &S) {
 pub async fn a_fire_is_recorded_once<S: Store>(s: &S) {
     let r = s.write(&[fire(100, Some(new_run(1, 100)))]).await.unwrap();
     assert_eq!(r, [WriteResult::Done]);
-    let r = s.write(&[fire(100, Some(new_run(2, 100))), fire(101, None)]).await.unwrap();
+    let r = s
+        .write(&[fire(100, Some(new_run(2, 100))), fire(101, None)])
+        .await
+        .unwrap();
     assert!(matches!(r[0], WriteResult::Conflict(_)), "{r:?}");
-    assert_eq!(r[1], WriteResult::Done, "one conflict does not undo the rest of the batch");
-    assert!(s.get_run(2).await.unwrap().is_none(), "the refused fire's run was not created");
+    assert_eq!(
+        r[1],
+        WriteResult::Done,
+        "one conflict does not undo the rest of the batch"
+    );
+    assert!(
+        s.get_run(2).await.unwrap().is_none(),
+        "the refused fire's run was not created"
+    );
     let run = s.get_run(1).await.unwrap().unwrap();
-    assert_eq!(run.tasks.iter().map(|t| (t.id.as_str(), t.state)).collect::<Vec<_>>(), [("a", TaskState::Pending), ("b", TaskState::Pending)]);
+    assert_eq!(
+        run.tasks
+            .iter()
+            .map(|t| (t.id.as_str(), t.state))
+            .collect::<Vec<_>>(),
+        [("a", TaskState::Pending), ("b", TaskState::Pending)]
+    );
     assert_eq!(run.params.get("region").map(String::as_str), Some("eu"));
 }
 
 /// Many writers racing to record the same fires: each fire gets exactly one run.
 pub async fn concurrent_fires_create_one_run<S: Store>(s: &S) {
-    let batches: Vec<Vec<Write>> = (0..4i64).map(|w| (0..50).map(|k| fire(1000 + k, Some(new_run(10_000 * (w + 1) + k, 1000 + k)))).collect()).collect();
+    let batches: Vec<Vec<Write>> = (0..4i64)
+        .map(|w| {
+            (0..50)
+                .map(|k| fire(1000 + k, Some(new_run(10_000 * (w + 1) + k, 1000 + k))))
+                .collect()
+        })
+        .collect();
     let results = futures_join(batches.iter().map(|b| s.write(b)).collect()).await;
-    let done: usize = results.into_iter().map(|r| r.unwrap().iter().filter(|x| **x == WriteResult::Done).count()).sum();
+    let done: usize = results
+        .into_iter()
+        .map(|r| {
+            r.unwrap()
+                .iter()
+                .filter(|x| **x == WriteResult::Done)
+                .count()
+        })
+        .sum();
     assert_eq!(done, 50, "exactly one writer wins each fire");
-    let fires = s.list_fires("ns", "j", t(0), t(10_000), 1000).await.unwrap();
+    let fires = s
+        .list_fires("ns", "j", t(0), t(10_000), 1000)
+        .await
+        .unwrap();
     assert_eq!(fires.len(), 50);
     for f in &fires {
         assert!(s.get_run(f.run_id.unwrap()).await.unwrap().is_some());
@@ -140,7 +210,11 @@ async fn futures_join<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
                 }
             }
         }
-        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
     })
     .await;
     set.extend(outputs.into_iter().map(|o| o.expect("ready")));
@@ -152,29 +226,72 @@ pub async fn state_changes_are_compare_and_set<S: Store>(s: &S) {
     s.write(&[fire(100, Some(new_run(1, 100)))]).await.unwrap();
     let r = s
         .write(&[
-            Write::TaskState { run: 1, task: "a".into(), from: TaskState::Pending, to: TaskState::Ready },
-            Write::TaskState { run: 1, task: "b".into(), from: TaskState::Running, to: TaskState::Succeeded },
-            Write::RunState { run: 1, from: RunState::Pending, to: RunState::Running, at: t(101) },
-            Write::TaskState { run: 1, task: "zz".into(), from: TaskState::Pending, to: TaskState::Ready },
+            Write::TaskState {
+                run: 1,
+                task: "a".into(),
+                from: TaskState::Pending,
+                to: TaskState::Ready,
+            },
+            Write::TaskState {
+                run: 1,
+                task: "b".into(),
+                from: TaskState::Running,
+                to: TaskState::Succeeded,
+            },
+            Write::RunState {
+                run: 1,
+                from: RunState::Pending,
+                to: RunState::Running,
+                at: t(101),
+            },
+            Write::TaskState {
+                run: 1,
+                task: "zz".into(),
+                from: TaskState::Pending,
+                to: TaskState::Ready,
+            },
         ])
         .await
         .unwrap();
     assert_eq!(r[0], WriteResult::Done);
     assert!(matches!(r[1], WriteResult::Conflict(_)));
-    assert!(matches!(r[2], WriteResult::Conflict(_)), "the run is running, not pending");
+    assert!(
+        matches!(r[2], WriteResult::Conflict(_)),
+        "the run is running, not pending"
+    );
     assert!(matches!(r[3], WriteResult::Conflict(_)), "unknown task");
     let run = s.get_run(1).await.unwrap().unwrap();
-    assert_eq!((run.tasks[0].state, run.tasks[1].state), (TaskState::Ready, TaskState::Pending));
-    let r = s.write(&[Write::RunState { run: 1, from: RunState::Running, to: RunState::Succeeded, at: t(150) }]).await.unwrap();
+    assert_eq!(
+        (run.tasks[0].state, run.tasks[1].state),
+        (TaskState::Ready, TaskState::Pending)
+    );
+    let r = s
+        .write(&[Write::RunState {
+            run: 1,
+            from: RunState::Running,
+            to: RunState::Succeeded,
+            at: t(150),
+        }])
+        .await
+        .unwrap();
     assert_eq!(r, [WriteResult::Done]);
     let run = s.get_run(1).await.unwrap().unwrap();
-    assert_eq!((run.state, run.finished_at), (RunState::Succeeded, Some(t(150))));
+    assert_eq!(
+        (run.state, run.finished_at),
+        (RunState::Succeeded, Some(t(150)))
+    );
 }
 
 /// Attempts are recorded with their results, and their output can be read back.
 pub async fn attempts_and_logs<S: Store>(s: &S) {
     s.write(&[fire(100, Some(new_run(1, 100)))]).await.unwrap();
-    let start = |n| Write::AttemptStart { run: 1, task: "a".into(), number: n, state: AttemptState::Running, at: t(100 + i64::from(n)) };
+    let start = |n| Write::AttemptStart {
+        run: 1,
+        task: "a".into(),
+        number: n,
+        state: AttemptState::Running,
+        at: t(100 + i64::from(n)),
+    };
     let end = |n, to, code| Write::AttemptEnd {
         run: 1,
         task: "a".into(),
@@ -186,26 +303,51 @@ pub async fn attempts_and_logs<S: Store>(s: &S) {
         error: (to != AttemptState::Succeeded).then(|| "exit status 75".to_string()),
         log: format!("output of attempt {n}").into_bytes(),
     };
-    let r = s.write(&[start(1), end(1, AttemptState::Failed, Some(75)), start(2)]).await.unwrap();
+    let r = s
+        .write(&[start(1), end(1, AttemptState::Failed, Some(75)), start(2)])
+        .await
+        .unwrap();
     assert_eq!(r, [WriteResult::Done, WriteResult::Done, WriteResult::Done]);
     let r = s.write(&[start(2)]).await.unwrap();
-    assert!(matches!(r[0], WriteResult::Conflict(_)), "an attempt number is used once");
-    let r = s.write(&[end(1, AttemptState::Succeeded, Some(0))]).await.unwrap();
-    assert!(matches!(r[0], WriteResult::Conflict(_)), "a finished attempt does not change");
-    s.write(&[end(2, AttemptState::Succeeded, Some(0))]).await.unwrap();
+    assert!(
+        matches!(r[0], WriteResult::Conflict(_)),
+        "an attempt number is used once"
+    );
+    let r = s
+        .write(&[end(1, AttemptState::Succeeded, Some(0))])
+        .await
+        .unwrap();
+    assert!(
+        matches!(r[0], WriteResult::Conflict(_)),
+        "a finished attempt does not change"
+    );
+    s.write(&[end(2, AttemptState::Succeeded, Some(0))])
+        .await
+        .unwrap();
     let run = s.get_run(1).await.unwrap().unwrap();
     let a = &run.tasks[0].attempts;
     assert_eq!(a.len(), 2);
-    assert_eq!((a[0].number, a[0].state, a[0].exit_code, a[0].finished_at), (1, AttemptState::Failed, Some(75), Some(t(111))));
+    assert_eq!(
+        (a[0].number, a[0].state, a[0].exit_code, a[0].finished_at),
+        (1, AttemptState::Failed, Some(75), Some(t(111)))
+    );
     assert_eq!(a[0].error.as_deref(), Some("exit status 75"));
-    assert_eq!((a[1].state, a[1].started_at), (AttemptState::Succeeded, t(102)));
-    assert_eq!(s.read_log(1, "a", 1).await.unwrap().unwrap(), b"output of attempt 1");
+    assert_eq!(
+        (a[1].state, a[1].started_at),
+        (AttemptState::Succeeded, t(102))
+    );
+    assert_eq!(
+        s.read_log(1, "a", 1).await.unwrap().unwrap(),
+        b"output of attempt 1"
+    );
     assert_eq!(s.read_log(1, "a", 9).await.unwrap(), None);
 }
 
 /// Runs list newest first, page by page, and a bad cursor is an error.
 pub async fn runs_are_paginated_newest_first<S: Store>(s: &S) {
-    let batch: Vec<Write> = (1..=7).map(|i| fire(100 * i, Some(new_run(i, 100 * i)))).collect();
+    let batch: Vec<Write> = (1..=7)
+        .map(|i| fire(100 * i, Some(new_run(i, 100 * i))))
+        .collect();
     s.write(&batch).await.unwrap();
     let mut seen = Vec::new();
     let mut cursor = None;
@@ -218,20 +360,52 @@ pub async fn runs_are_paginated_newest_first<S: Store>(s: &S) {
         }
     }
     assert_eq!(seen, [7, 6, 5, 4, 3, 2, 1]);
-    assert!(matches!(s.list_runs("ns", "j", 3, Some("not-a-cursor")).await, Err(StorageError::Invalid(_))));
-    assert!(s.list_runs("ns", "other", 3, None).await.unwrap().items.is_empty());
+    assert_eq!(s.max_run_id().await.unwrap(), 7);
+    assert!(matches!(
+        s.list_runs("ns", "j", 3, Some("not-a-cursor")).await,
+        Err(StorageError::Invalid(_))
+    ));
+    assert!(
+        s.list_runs("ns", "other", 3, None)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
 }
 
 /// Recovery reads: the last fire per job, the ledger, and unfinished runs.
 pub async fn fires_and_recovery_queries<S: Store>(s: &S) {
     let mut done = new_run(2, 200);
     done.state = RunState::Running;
-    s.write(&[fire(100, Some(new_run(1, 100))), fire(200, Some(done)), fire(300, None)]).await.unwrap();
-    s.write(&[Write::RunState { run: 2, from: RunState::Running, to: RunState::Failed, at: t(250) }]).await.unwrap();
+    s.write(&[
+        fire(100, Some(new_run(1, 100))),
+        fire(200, Some(done)),
+        fire(300, None),
+    ])
+    .await
+    .unwrap();
+    s.write(&[Write::RunState {
+        run: 2,
+        from: RunState::Running,
+        to: RunState::Failed,
+        at: t(250),
+    }])
+    .await
+    .unwrap();
     let last = s.last_fires().await.unwrap();
     assert_eq!(last, [("ns".to_string(), "j".to_string(), t(300))]);
     let fires = s.list_fires("ns", "j", t(100), t(300), 10).await.unwrap();
-    assert_eq!(fires.iter().map(|f| (f.scheduled_at.as_second(), f.outcome, f.run_id)).collect::<Vec<_>>(), [(100, FireOutcome::Fired, Some(1)), (200, FireOutcome::Fired, Some(2))]);
+    assert_eq!(
+        fires
+            .iter()
+            .map(|f| (f.scheduled_at.as_second(), f.outcome, f.run_id))
+            .collect::<Vec<_>>(),
+        [
+            (100, FireOutcome::Fired, Some(1)),
+            (200, FireOutcome::Fired, Some(2))
+        ]
+    );
     let active = s.active_runs().await.unwrap();
     assert_eq!(active.iter().map(|r| r.id).collect::<Vec<_>>(), [1]);
 }

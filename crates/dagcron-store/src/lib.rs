@@ -49,7 +49,14 @@ impl Trigger {
 
     /// Parses a stored name.
     pub fn parse(s: &str) -> Option<Trigger> {
-        [Trigger::Schedule, Trigger::Catchup, Trigger::Manual, Trigger::Backfill].into_iter().find(|t| t.as_str() == s)
+        [
+            Trigger::Schedule,
+            Trigger::Catchup,
+            Trigger::Manual,
+            Trigger::Backfill,
+        ]
+        .into_iter()
+        .find(|t| t.as_str() == s)
     }
 }
 
@@ -312,17 +319,35 @@ pub type Result<T> = std::result::Result<T, StorageError>;
 /// Durable state of jobs, fires, runs, tasks, attempts and logs.
 pub trait Store: Send + Sync + 'static {
     /// Creates or updates jobs in one transaction; unchanged specs keep their version.
-    fn apply_jobs(&self, jobs: &[JobUpsert], at: Timestamp) -> impl Future<Output = Result<Vec<ApplyResult>>> + Send;
+    fn apply_jobs(
+        &self,
+        jobs: &[JobUpsert],
+        at: Timestamp,
+    ) -> impl Future<Output = Result<Vec<ApplyResult>>> + Send;
     /// Every job (at start-up).
     fn load_jobs(&self) -> impl Future<Output = Result<Vec<StoredJob>>> + Send;
     /// One job.
-    fn get_job(&self, namespace: &str, name: &str) -> impl Future<Output = Result<Option<StoredJob>>> + Send;
+    fn get_job(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<StoredJob>>> + Send;
     /// Jobs of a namespace by name, paginated.
-    fn list_jobs(&self, namespace: &str, limit: u32, cursor: Option<&str>) -> impl Future<Output = Result<Page<StoredJob>>> + Send;
+    fn list_jobs(
+        &self,
+        namespace: &str,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> impl Future<Output = Result<Page<StoredJob>>> + Send;
     /// Deletes a job (its history stays). Returns whether it existed.
     fn delete_job(&self, namespace: &str, name: &str) -> impl Future<Output = Result<bool>> + Send;
     /// Pauses or resumes. Returns whether the job exists.
-    fn set_paused(&self, namespace: &str, name: &str, paused: bool) -> impl Future<Output = Result<bool>> + Send;
+    fn set_paused(
+        &self,
+        namespace: &str,
+        name: &str,
+        paused: bool,
+    ) -> impl Future<Output = Result<bool>> + Send;
 
     /// Applies a batch in one transaction; one result per write, in order.
     fn write(&self, batch: &[Write]) -> impl Future<Output = Result<Vec<WriteResult>>> + Send;
@@ -330,13 +355,33 @@ pub trait Store: Send + Sync + 'static {
     /// The latest recorded fire of every job (where recovery resumes from).
     fn last_fires(&self) -> impl Future<Output = Result<Vec<(String, String, Timestamp)>>> + Send;
     /// Fires of a job in `[from, to)`, oldest first, at most `limit`.
-    fn list_fires(&self, namespace: &str, job: &str, from: Timestamp, to: Timestamp, limit: u32) -> impl Future<Output = Result<Vec<FireRecord>>> + Send;
+    fn list_fires(
+        &self,
+        namespace: &str,
+        job: &str,
+        from: Timestamp,
+        to: Timestamp,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<FireRecord>>> + Send;
     /// Runs that are not finished (at start-up).
     fn active_runs(&self) -> impl Future<Output = Result<Vec<RunRecord>>> + Send;
     /// One run.
     fn get_run(&self, id: RunId) -> impl Future<Output = Result<Option<RunRecord>>> + Send;
     /// Runs of a job, newest first, paginated.
-    fn list_runs(&self, namespace: &str, job: &str, limit: u32, cursor: Option<&str>) -> impl Future<Output = Result<Page<RunRecord>>> + Send;
+    fn list_runs(
+        &self,
+        namespace: &str,
+        job: &str,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> impl Future<Output = Result<Page<RunRecord>>> + Send;
+    /// The largest run id ever stored (ids keep increasing across restarts).
+    fn max_run_id(&self) -> impl Future<Output = Result<RunId>> + Send;
     /// An attempt's captured output.
-    fn read_log(&self, run: RunId, task: &str, number: u32) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
+    fn read_log(
+        &self,
+        run: RunId,
+        task: &str,
+        number: u32,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
 }

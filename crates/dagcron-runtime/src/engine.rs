@@ -1,0 +1,1398 @@
+//! The engine: one task that owns the scheduling state.
+//!
+//! It keeps one timer heap over every schedule, retry and deadline (no task
+//! or polling loop per job), turns due fires into runs, plans each run's DAG,
+//! and hands ready tasks to a bounded pool of attempt tasks. Every decision
+//! is first appended to a batch of [`Write`]s; the batch is committed in one
+//! transaction, and only then are its effects carried out (attempts started,
+//! callers answered). A crash between the two loses no decision: on start,
+//! the engine recovers from the store (missed fires by the misfire policy,
+//! attempts that were running as `lost`).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dagcron_core::policy::{self, FireDecision, FireOutcome};
+use dagcron_core::{
+    AttemptState, Delivery, Failure, Job, JobFile, RetryDecision, RunState, TaskState,
+};
+use dagcron_exec::{AttemptContext, Ending, Limits, Outcome};
+use dagcron_store::{
+    ApplyResult, JobUpsert, NewRun, RunId, RunRecord, StorageError, Store, Trigger, Write,
+    WriteResult,
+};
+use jiff::{SignedDuration, Timestamp};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+
+/// Settings of the engine; every one has a safe default.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Attempts running at once in the in-process pool.
+    pub pool_size: usize,
+    /// A fire found overdue by less than this at start-up still counts as on time.
+    pub misfire_grace: Duration,
+    /// Output kept per attempt.
+    pub max_output: usize,
+    /// At most this many missed fires are recorded per job at recovery.
+    pub max_missed_per_job: usize,
+    /// At most this many runs one backfill creates.
+    pub max_backfill: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> EngineConfig {
+        EngineConfig {
+            pool_size: 64,
+            misfire_grace: Duration::from_secs(60),
+            max_output: 1 << 20,
+            max_missed_per_job: 10_000,
+            max_backfill: 10_000,
+        }
+    }
+}
+
+/// Why the engine refused a command.
+#[derive(Debug)]
+pub enum EngineError {
+    /// No such job or run.
+    NotFound(String),
+    /// The request conflicts with the current state (for example, triggering
+    /// a `forbid` job while it runs).
+    Conflict(String),
+    /// The request is invalid.
+    Invalid(String),
+    /// The store failed.
+    Storage(StorageError),
+    /// The engine has stopped.
+    Stopped,
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EngineError::NotFound(m) | EngineError::Conflict(m) | EngineError::Invalid(m) => {
+                f.write_str(m)
+            }
+            EngineError::Storage(e) => write!(f, "{e}"),
+            EngineError::Stopped => f.write_str("the engine has stopped"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
+
+/// What the API asks of the engine.
+pub(crate) enum Command {
+    Apply {
+        jobs: Vec<Job>,
+        reply: Reply<Vec<(String, ApplyResult)>>,
+    },
+    Delete {
+        namespace: String,
+        name: String,
+        reply: Reply<()>,
+    },
+    Pause {
+        namespace: String,
+        name: String,
+        paused: bool,
+        reply: Reply<()>,
+    },
+    Trigger {
+        namespace: String,
+        name: String,
+        params: std::collections::BTreeMap<String, String>,
+        reply: Reply<RunId>,
+    },
+    Backfill {
+        namespace: String,
+        name: String,
+        from: Timestamp,
+        to: Timestamp,
+        reply: Reply<Vec<RunId>>,
+    },
+    Cancel {
+        run: RunId,
+        reply: Reply<()>,
+    },
+}
+
+type JobKey = (String, String);
+
+struct JobEntry {
+    job: Arc<Job>,
+    version: i64,
+    paused: bool,
+    /// Bumped on every change, so that timers armed for an older version are ignored.
+    generation: u64,
+    /// The latest fire recorded in the ledger (where the next search starts).
+    last_fire: Option<Timestamp>,
+    /// Runs started and not finished.
+    active: Vec<RunId>,
+    /// Runs waiting for a slot.
+    queued: VecDeque<RunId>,
+}
+
+struct RunEntry {
+    key: JobKey,
+    job: Arc<Job>,
+    scheduled_at: Timestamp,
+    params: std::collections::BTreeMap<String, String>,
+    state: RunState,
+    tasks: Vec<TaskState>,
+    attempts: Vec<u32>,
+    tokens: Vec<Option<CancellationToken>>,
+    /// Set when the run is being stopped (cancel, replace, deadline): its final state.
+    closing: Option<RunState>,
+}
+
+enum Timer {
+    Fire {
+        key: JobKey,
+        generation: u64,
+        at: Timestamp,
+    },
+    Retry {
+        run: RunId,
+        task: usize,
+    },
+    Deadline {
+        run: RunId,
+    },
+}
+
+enum Effect {
+    Spawn {
+        run: RunId,
+        task: usize,
+        number: u32,
+    },
+    Reply(Box<dyn FnOnce() + Send>),
+}
+
+/// The result of one attempt, sent back by the attempt task.
+struct Finished {
+    run: RunId,
+    task: usize,
+    number: u32,
+    outcome: Outcome,
+    at: Timestamp,
+}
+
+/// A handle to a running engine, for the API.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<Command>,
+}
+
+impl EngineHandle {
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(make(tx))
+            .await
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)?
+    }
+
+    /// Creates or updates jobs (already validated); answers after commit.
+    pub async fn apply(&self, jobs: Vec<Job>) -> Result<Vec<(String, ApplyResult)>, EngineError> {
+        self.ask(|reply| Command::Apply { jobs, reply }).await
+    }
+
+    /// Deletes a job; its history stays.
+    pub async fn delete(&self, namespace: &str, name: &str) -> Result<(), EngineError> {
+        self.ask(|reply| Command::Delete {
+            namespace: namespace.into(),
+            name: name.into(),
+            reply,
+        })
+        .await
+    }
+
+    /// Pauses (or resumes) a job.
+    pub async fn pause(
+        &self,
+        namespace: &str,
+        name: &str,
+        paused: bool,
+    ) -> Result<(), EngineError> {
+        self.ask(|reply| Command::Pause {
+            namespace: namespace.into(),
+            name: name.into(),
+            paused,
+            reply,
+        })
+        .await
+    }
+
+    /// Starts a run now with these parameters (over the job's defaults).
+    pub async fn trigger(
+        &self,
+        namespace: &str,
+        name: &str,
+        params: std::collections::BTreeMap<String, String>,
+    ) -> Result<RunId, EngineError> {
+        self.ask(|reply| Command::Trigger {
+            namespace: namespace.into(),
+            name: name.into(),
+            params,
+            reply,
+        })
+        .await
+    }
+
+    /// Creates a run for every fire in `[from, to)` not already in the ledger.
+    pub async fn backfill(
+        &self,
+        namespace: &str,
+        name: &str,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> Result<Vec<RunId>, EngineError> {
+        self.ask(|reply| Command::Backfill {
+            namespace: namespace.into(),
+            name: name.into(),
+            from,
+            to,
+            reply,
+        })
+        .await
+    }
+
+    /// Cancels a run: running attempts are stopped, pending tasks cancelled.
+    pub async fn cancel(&self, run: RunId) -> Result<(), EngineError> {
+        self.ask(|reply| Command::Cancel { run, reply }).await
+    }
+}
+
+/// The engine's state; see the module documentation.
+pub struct Engine<S: Store> {
+    store: Arc<S>,
+    clock: Arc<dyn Clock>,
+    config: EngineConfig,
+    jobs: HashMap<JobKey, JobEntry>,
+    runs: HashMap<RunId, RunEntry>,
+    heap: BinaryHeap<Reverse<(Timestamp, u64)>>,
+    timers: HashMap<u64, Timer>,
+    next_timer: u64,
+    ready: VecDeque<(RunId, usize)>,
+    running: usize,
+    last_run_id: RunId,
+    rng: u64,
+    writes: Vec<Write>,
+    effects: Vec<Effect>,
+    finished_tx: mpsc::UnboundedSender<Finished>,
+    finished_rx: mpsc::UnboundedReceiver<Finished>,
+    commands: Option<mpsc::Receiver<Command>>,
+}
+
+fn key_of(job: &Job) -> JobKey {
+    (job.namespace.clone(), job.spec.name.clone())
+}
+
+fn parse_stored(namespace: &str, spec: &str) -> Result<Job, String> {
+    let spec = serde_json::from_str(spec).map_err(|e| e.to_string())?;
+    let file = JobFile {
+        namespace: namespace.to_string(),
+        jobs: vec![spec],
+    };
+    file.validate()
+        .map_err(|e| e.to_string())?
+        .pop()
+        .ok_or_else(|| "no job".to_string())
+}
+
+impl<S: Store> Engine<S> {
+    /// Loads jobs and unfinished runs from the store, records missed fires,
+    /// and returns the engine and a handle to it. Call [`Engine::run`] next.
+    pub async fn start(
+        store: Arc<S>,
+        clock: Arc<dyn Clock>,
+        config: EngineConfig,
+    ) -> Result<(Engine<S>, EngineHandle), StorageError> {
+        let (finished_tx, finished_rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(1024);
+        let now = clock.now();
+        let mut engine = Engine {
+            store: store.clone(),
+            clock,
+            config,
+            jobs: HashMap::new(),
+            runs: HashMap::new(),
+            heap: BinaryHeap::new(),
+            timers: HashMap::new(),
+            next_timer: 0,
+            ready: VecDeque::new(),
+            running: 0,
+            last_run_id: store.max_run_id().await?,
+            rng: (now.as_nanosecond() as u64) | 1,
+            writes: Vec::new(),
+            effects: Vec::new(),
+            finished_tx,
+            finished_rx,
+            commands: Some(rx),
+        };
+        engine.recover(now).await?;
+        Ok((engine, EngineHandle { tx }))
+    }
+
+    fn run_id(&mut self) -> RunId {
+        // Increasing, and roughly the creation time in microseconds.
+        self.last_run_id = (self.last_run_id + 1).max(self.clock.now().as_microsecond());
+        self.last_run_id
+    }
+
+    fn random(&mut self) -> u64 {
+        // xorshift64*: enough for jitter, and no dependency.
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn arm(&mut self, at: Timestamp, timer: Timer) {
+        let id = self.next_timer;
+        self.next_timer += 1;
+        self.timers.insert(id, timer);
+        self.heap.push(Reverse((at, id)));
+    }
+
+    fn arm_next_fire(&mut self, key: &JobKey, after: Timestamp) {
+        let Some(entry) = self.jobs.get(key) else {
+            return;
+        };
+        if entry.paused {
+            return;
+        }
+        if let Some(at) = entry.job.next_fire_after(after) {
+            let generation = entry.generation;
+            self.arm(
+                at,
+                Timer::Fire {
+                    key: key.clone(),
+                    generation,
+                    at,
+                },
+            );
+        }
+    }
+
+    async fn recover(&mut self, now: Timestamp) -> Result<(), StorageError> {
+        let last: HashMap<JobKey, Timestamp> = self
+            .store
+            .last_fires()
+            .await?
+            .into_iter()
+            .map(|(n, j, t)| ((n, j), t))
+            .collect();
+        for stored in self.store.load_jobs().await? {
+            let job = match parse_stored(&stored.namespace, &stored.spec) {
+                Ok(job) => Arc::new(job),
+                Err(e) => {
+                    tracing::error!(namespace = %stored.namespace, job = %stored.name, "stored job no longer validates, not scheduling it: {e}");
+                    continue;
+                }
+            };
+            let key = key_of(&job);
+            let last_fire = last.get(&key).copied();
+            self.jobs.insert(
+                key,
+                JobEntry {
+                    job,
+                    version: stored.version,
+                    paused: stored.paused,
+                    generation: 0,
+                    last_fire,
+                    active: vec![],
+                    queued: VecDeque::new(),
+                },
+            );
+            let _ = stored.updated_at;
+        }
+        // Unfinished runs: rebuild them; attempts that were running are lost.
+        for record in self.store.active_runs().await? {
+            self.recover_run(record, now);
+        }
+        // Missed fires, per job, by its misfire policy.
+        let keys: Vec<JobKey> = self.jobs.keys().cloned().collect();
+        let stored_jobs: HashMap<JobKey, Timestamp> = self
+            .store
+            .load_jobs()
+            .await?
+            .into_iter()
+            .map(|j| ((j.namespace, j.name), j.updated_at))
+            .collect();
+        for key in keys {
+            let since = self.jobs[&key]
+                .last_fire
+                .or_else(|| stored_jobs.get(&key).copied())
+                .unwrap_or(now);
+            if self.jobs[&key].paused {
+                continue;
+            }
+            self.catch_up(&key, since, now);
+        }
+        self.flush().await?;
+        Ok(())
+    }
+
+    /// Records the fires of `key` in `(since, now - grace]` by the misfire
+    /// policy, and arms the next fire.
+    fn catch_up(&mut self, key: &JobKey, since: Timestamp, now: Timestamp) {
+        let job = self.jobs[key].job.clone();
+        let grace =
+            SignedDuration::try_from(self.config.misfire_grace).unwrap_or(SignedDuration::ZERO);
+        let cutoff = now.checked_sub(grace).unwrap_or(now);
+        let mut missed = Vec::new();
+        let mut t = since;
+        while let Some(next) = job.next_fire_after(t) {
+            if next > cutoff || missed.len() >= self.config.max_missed_per_job {
+                break;
+            }
+            missed.push(next);
+            t = next;
+        }
+        if missed.len() >= self.config.max_missed_per_job {
+            tracing::warn!(job = %format!("{}/{}", key.0, key.1), "more than {} missed fires; recording the first ones only", self.config.max_missed_per_job);
+        }
+        for (at, outcome) in policy::catch_up(&missed, job.spec.misfire, job.spec.max_catchup) {
+            match outcome {
+                FireOutcome::MissedCaughtUp => {
+                    self.fire(key, at, Trigger::Catchup, FireOutcome::MissedCaughtUp)
+                }
+                other => self.writes.push(Write::Fire {
+                    namespace: key.0.clone(),
+                    job: key.1.clone(),
+                    scheduled_at: at,
+                    outcome: other,
+                    run: None,
+                }),
+            }
+        }
+        if let Some(last) = missed.last() {
+            self.jobs.get_mut(key).expect("job").last_fire = Some(*last);
+        }
+        self.arm_next_fire(key, t.max(since));
+    }
+
+    fn recover_run(&mut self, record: RunRecord, now: Timestamp) {
+        let key = (record.namespace.clone(), record.job.clone());
+        let Some(entry) = self.jobs.get(&key) else {
+            tracing::warn!(
+                run = record.id,
+                "run of a deleted job left unfinished; cancelling it"
+            );
+            self.writes.push(Write::RunState {
+                run: record.id,
+                from: record.state,
+                to: RunState::Cancelled,
+                at: now,
+            });
+            return;
+        };
+        let job = entry.job.clone();
+        let index: HashMap<&str, usize> = job
+            .tasks
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.id.as_str(), i))
+            .collect();
+        let mut tasks = vec![TaskState::Pending; job.tasks.len()];
+        let mut attempts = vec![0u32; job.tasks.len()];
+        let mut lost = Vec::new();
+        for t in &record.tasks {
+            let Some(&i) = index.get(t.id.as_str()) else {
+                continue;
+            };
+            tasks[i] = t.state;
+            attempts[i] = t.attempts.iter().map(|a| a.number).max().unwrap_or(0);
+            for a in &t.attempts {
+                if !a.state.is_terminal() {
+                    self.writes.push(Write::AttemptEnd {
+                        run: record.id,
+                        task: t.id.clone(),
+                        number: a.number,
+                        from: a.state,
+                        to: AttemptState::Lost,
+                        at: now,
+                        exit_code: None,
+                        error: Some("the process running this attempt stopped".into()),
+                        log: vec![],
+                    });
+                }
+            }
+            if matches!(t.state, TaskState::Running | TaskState::Dispatching) {
+                lost.push((i, t.state));
+            }
+        }
+        let run = RunEntry {
+            key: key.clone(),
+            job: job.clone(),
+            scheduled_at: record.scheduled_at,
+            params: record.params,
+            state: record.state,
+            tasks,
+            attempts,
+            tokens: vec![None; job.tasks.len()],
+            closing: None,
+        };
+        let id = record.id;
+        self.runs.insert(id, run);
+        let entry = self.jobs.get_mut(&key).expect("job");
+        match record.state {
+            RunState::Pending => entry.queued.push_back(id),
+            _ => entry.active.push(id),
+        }
+        if record.state != RunState::Running {
+            return;
+        }
+        for (i, from) in lost {
+            let number = self.runs[&id].attempts[i];
+            self.attempt_failed(id, i, number, from, Failure::Lost, now);
+        }
+        for i in 0..job.tasks.len() {
+            match self.runs[&id].tasks[i] {
+                TaskState::Ready => self.ready.push_back((id, i)),
+                TaskState::Retrying => self.arm(now, Timer::Retry { run: id, task: i }),
+                _ => {}
+            }
+        }
+        if let Some(deadline) = job.spec.deadline {
+            let at = record
+                .scheduled_at
+                .max(record.created_at)
+                .checked_add(SignedDuration::try_from(deadline.0).unwrap_or(SignedDuration::MAX))
+                .unwrap_or(Timestamp::MAX);
+            self.arm(at, Timer::Deadline { run: id });
+        }
+        self.advance(id, now);
+    }
+
+    /// Runs the engine until `shutdown` is cancelled, then waits up to
+    /// `drain` for running attempts. Attempts still running after that are
+    /// recovered as lost on the next start.
+    pub async fn run(
+        mut self,
+        shutdown: CancellationToken,
+        drain: Duration,
+    ) -> Result<(), StorageError> {
+        let mut commands = self.commands.take().expect("run is called once");
+        self.dispatch();
+        self.flush().await?;
+        loop {
+            let next = self.heap.peek().map(|Reverse((at, _))| *at);
+            let sleep = match next {
+                Some(at) => self.clock.sleep_until(at),
+                None => Box::pin(std::future::pending()),
+            };
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                Some(done) = self.finished_rx.recv() => {
+                    self.on_finished(done);
+                    while let Ok(done) = self.finished_rx.try_recv() {
+                        self.on_finished(done);
+                    }
+                }
+                Some(cmd) = commands.recv() => {
+                    self.on_command(cmd).await;
+                    while let Ok(cmd) = commands.try_recv() {
+                        self.on_command(cmd).await;
+                    }
+                }
+                () = sleep => self.on_timers(),
+            }
+            self.dispatch();
+            self.flush().await?;
+        }
+        // Graceful shutdown: no new fires or attempts; let running attempts finish.
+        let deadline = tokio::time::Instant::now() + drain;
+        while self.running > 0 {
+            match tokio::time::timeout_at(deadline, self.finished_rx.recv()).await {
+                Ok(Some(done)) => {
+                    self.on_finished(done);
+                    self.ready.clear();
+                    self.flush().await?;
+                }
+                _ => break,
+            }
+        }
+        if self.running > 0 {
+            tracing::warn!(
+                "{} attempts still running at shutdown; they will be recovered as lost",
+                self.running
+            );
+        }
+        Ok(())
+    }
+
+    /// Commits the batch, then carries out its effects.
+    async fn flush(&mut self) -> Result<(), StorageError> {
+        if !self.writes.is_empty() {
+            let mut tries = 0;
+            let results = loop {
+                match self.store.write(&self.writes).await {
+                    Ok(r) => break r,
+                    Err(e) if tries < 5 => {
+                        tries += 1;
+                        tracing::warn!("commit failed ({e}); retrying");
+                        tokio::time::sleep(Duration::from_millis(100 << tries)).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            for (w, r) in self.writes.iter().zip(&results) {
+                if let WriteResult::Conflict(why) = r {
+                    // A fire already in the ledger is expected after a crash
+                    // between commit and arming; anything else is a bug.
+                    if matches!(w, Write::Fire { .. }) {
+                        tracing::info!("{why}");
+                    } else {
+                        tracing::error!("refused state change: {why}");
+                    }
+                }
+            }
+            self.writes.clear();
+        }
+        for effect in std::mem::take(&mut self.effects) {
+            match effect {
+                Effect::Spawn { run, task, number } => self.spawn(run, task, number),
+                Effect::Reply(f) => f(),
+            }
+        }
+        Ok(())
+    }
+
+    fn spawn(&mut self, run_id: RunId, task: usize, number: u32) {
+        let Some(run) = self.runs.get(&run_id) else {
+            return;
+        };
+        let spec = &run.job.tasks[task];
+        let ctx = AttemptContext {
+            namespace: run.key.0.clone(),
+            job: run.key.1.clone(),
+            run_id,
+            task_id: spec.id.clone(),
+            attempt: number,
+            scheduled_at: run.scheduled_at,
+            idempotency_key: AttemptContext::idempotency_key_for(
+                &run.key.0, &run.key.1, run_id, &spec.id,
+            ),
+            params: run.params.clone(),
+        };
+        let executor = spec.executor.clone();
+        let timeout = spec.timeout.map(|d| d.0);
+        let token = run.tokens[task].clone().unwrap_or_default();
+        let tx = self.finished_tx.clone();
+        let clock = self.clock.clone();
+        let limits = Limits {
+            max_output: self.config.max_output,
+        };
+        tokio::spawn(async move {
+            let outcome = dagcron_exec::run(&executor, &ctx, timeout, token, limits).await;
+            let _ = tx.send(Finished {
+                run: run_id,
+                task,
+                number,
+                outcome,
+                at: clock.now(),
+            });
+        });
+    }
+
+    fn on_timers(&mut self) {
+        let now = self.clock.now();
+        while let Some(Reverse((at, id))) = self.heap.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.heap.pop();
+            let Some(timer) = self.timers.remove(&id) else {
+                continue;
+            };
+            match timer {
+                Timer::Fire {
+                    key,
+                    generation,
+                    at,
+                } => {
+                    let Some(entry) = self.jobs.get(&key) else {
+                        continue;
+                    };
+                    if entry.generation != generation || entry.paused {
+                        continue;
+                    }
+                    self.fire(&key, at, Trigger::Schedule, FireOutcome::Fired);
+                    self.jobs.get_mut(&key).expect("job").last_fire = Some(at);
+                    self.arm_next_fire(&key, at);
+                }
+                Timer::Retry { run, task } => {
+                    if let Some(r) = self.runs.get_mut(&run) {
+                        if r.tasks[task] == TaskState::Retrying && r.closing.is_none() {
+                            r.tasks[task] = TaskState::Ready;
+                            self.writes.push(Write::TaskState {
+                                run,
+                                task: r.job.tasks[task].id.clone(),
+                                from: TaskState::Retrying,
+                                to: TaskState::Ready,
+                            });
+                            self.ready.push_back((run, task));
+                        }
+                    }
+                }
+                Timer::Deadline { run } => {
+                    if self
+                        .runs
+                        .get(&run)
+                        .is_some_and(|r| r.state == RunState::Running)
+                    {
+                        tracing::info!(run, "run deadline passed; stopping it");
+                        self.stop_run(run, RunState::Failed, now);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A fire of `key` at `at`: applies the overlap policy and records it.
+    fn fire(&mut self, key: &JobKey, at: Timestamp, trigger: Trigger, outcome: FireOutcome) {
+        let now = self.clock.now();
+        let entry = &self.jobs[key];
+        let job = entry.job.clone();
+        let decision = policy::on_fire(
+            job.spec.concurrency,
+            job.spec.max_active_runs,
+            entry.active.len() as u32,
+        );
+        if decision == FireDecision::Skip {
+            self.writes.push(Write::Fire {
+                namespace: key.0.clone(),
+                job: key.1.clone(),
+                scheduled_at: at,
+                outcome: FireOutcome::SkippedOverlap,
+                run: None,
+            });
+            return;
+        }
+        let run = self.new_run(key, trigger, at, job.spec.params.clone(), decision, now);
+        let id = run.id;
+        self.writes.push(Write::Fire {
+            namespace: key.0.clone(),
+            job: key.1.clone(),
+            scheduled_at: at,
+            outcome,
+            run: Some(run),
+        });
+        self.after_new_run(key, id, decision, now);
+    }
+
+    fn new_run(
+        &mut self,
+        key: &JobKey,
+        trigger: Trigger,
+        at: Timestamp,
+        params: std::collections::BTreeMap<String, String>,
+        decision: FireDecision,
+        now: Timestamp,
+    ) -> NewRun {
+        let id = self.run_id();
+        let job = self.jobs[key].job.clone();
+        let state = if decision == FireDecision::Queue {
+            RunState::Pending
+        } else {
+            RunState::Running
+        };
+        self.runs.insert(
+            id,
+            RunEntry {
+                key: key.clone(),
+                job: job.clone(),
+                scheduled_at: at,
+                params: params.clone(),
+                state,
+                tasks: vec![TaskState::Pending; job.tasks.len()],
+                attempts: vec![0; job.tasks.len()],
+                tokens: vec![None; job.tasks.len()],
+                closing: None,
+            },
+        );
+        NewRun {
+            id,
+            namespace: key.0.clone(),
+            job: key.1.clone(),
+            job_version: self.jobs[key].version,
+            trigger,
+            scheduled_at: at,
+            params,
+            state,
+            tasks: job.tasks.iter().map(|t| t.id.clone()).collect(),
+            created_at: now,
+        }
+    }
+
+    fn after_new_run(&mut self, key: &JobKey, id: RunId, decision: FireDecision, now: Timestamp) {
+        if decision == FireDecision::Replace {
+            let active = self.jobs[key].active.clone();
+            for run in active {
+                self.stop_run(run, RunState::Cancelled, now);
+            }
+        }
+        if decision == FireDecision::Queue {
+            self.jobs.get_mut(key).expect("job").queued.push_back(id);
+        } else {
+            self.begin(id, now);
+        }
+    }
+
+    /// A run enters `running`: arm its deadline and plan its first tasks.
+    fn begin(&mut self, id: RunId, now: Timestamp) {
+        let run = self.runs.get_mut(&id).expect("run");
+        run.state = RunState::Running;
+        let key = run.key.clone();
+        let deadline = run.job.spec.deadline;
+        self.jobs.get_mut(&key).expect("job").active.push(id);
+        if let Some(d) = deadline {
+            let at = now
+                .checked_add(SignedDuration::try_from(d.0).unwrap_or(SignedDuration::MAX))
+                .unwrap_or(Timestamp::MAX);
+            self.arm(at, Timer::Deadline { run: id });
+        }
+        self.advance(id, now);
+    }
+
+    /// Plans the DAG until nothing changes; finishes the run when it is done.
+    fn advance(&mut self, id: RunId, now: Timestamp) {
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
+        if run.state != RunState::Running {
+            return;
+        }
+        let rules: Vec<_> = run.job.tasks.iter().map(|t| t.trigger_rule).collect();
+        if run.closing.is_none() {
+            loop {
+                let changes = run.job.dag.plan(&rules, &run.tasks);
+                if changes.is_empty() {
+                    break;
+                }
+                for (i, to) in changes {
+                    self.writes.push(Write::TaskState {
+                        run: id,
+                        task: run.job.tasks[i].id.clone(),
+                        from: TaskState::Pending,
+                        to,
+                    });
+                    run.tasks[i] = to;
+                    if to == TaskState::Ready {
+                        self.ready.push_back((id, i));
+                    }
+                }
+            }
+        }
+        let outcome = if run.closing.is_some() {
+            run.tasks
+                .iter()
+                .all(|t| t.is_terminal())
+                .then(|| run.closing.expect("closing"))
+        } else {
+            policy::run_outcome(&run.tasks)
+        };
+        if let Some(final_state) = outcome {
+            run.state = final_state;
+            self.writes.push(Write::RunState {
+                run: id,
+                from: RunState::Running,
+                to: final_state,
+                at: now,
+            });
+            let key = run.key.clone();
+            self.runs.remove(&id);
+            let entry = self.jobs.get_mut(&key);
+            if let Some(entry) = entry {
+                entry.active.retain(|r| *r != id);
+                self.start_queued(&key, now);
+            }
+        }
+    }
+
+    fn start_queued(&mut self, key: &JobKey, now: Timestamp) {
+        loop {
+            let Some(entry) = self.jobs.get_mut(key) else {
+                return;
+            };
+            if entry.active.len() as u32 >= entry.job.spec.max_active_runs {
+                return;
+            }
+            let Some(next) = entry.queued.pop_front() else {
+                return;
+            };
+            self.writes.push(Write::RunState {
+                run: next,
+                from: RunState::Pending,
+                to: RunState::Running,
+                at: now,
+            });
+            self.begin(next, now);
+        }
+    }
+
+    /// Stops a run: pending work is cancelled, running attempts are told to stop.
+    fn stop_run(&mut self, id: RunId, final_state: RunState, now: Timestamp) {
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
+        match run.state {
+            RunState::Pending => {
+                self.writes.push(Write::RunState {
+                    run: id,
+                    from: RunState::Pending,
+                    to: RunState::Cancelled,
+                    at: now,
+                });
+                let key = run.key.clone();
+                self.runs.remove(&id);
+                if let Some(e) = self.jobs.get_mut(&key) {
+                    e.queued.retain(|r| *r != id);
+                }
+                return;
+            }
+            RunState::Running => {}
+            _ => return,
+        }
+        run.closing = Some(final_state);
+        for i in 0..run.tasks.len() {
+            let from = run.tasks[i];
+            match from {
+                TaskState::Pending | TaskState::Ready | TaskState::Retrying => {
+                    run.tasks[i] = TaskState::Cancelled;
+                    self.writes.push(Write::TaskState {
+                        run: id,
+                        task: run.job.tasks[i].id.clone(),
+                        from,
+                        to: TaskState::Cancelled,
+                    });
+                }
+                TaskState::Running | TaskState::Dispatching => {
+                    if let Some(t) = &run.tokens[i] {
+                        t.cancel();
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.advance(id, now);
+    }
+
+    /// Hands ready tasks to the pool while it has room.
+    fn dispatch(&mut self) {
+        let now = self.clock.now();
+        while self.running < self.config.pool_size {
+            let Some((id, i)) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(run) = self.runs.get_mut(&id) else {
+                continue;
+            };
+            if run.tasks[i] != TaskState::Ready || run.closing.is_some() {
+                continue;
+            }
+            let number = run.attempts[i] + 1;
+            let task = run.job.tasks[i].id.clone();
+            run.attempts[i] = number;
+            run.tasks[i] = TaskState::Running;
+            run.tokens[i] = Some(CancellationToken::new());
+            self.writes.push(Write::TaskState {
+                run: id,
+                task: task.clone(),
+                from: TaskState::Ready,
+                to: TaskState::Dispatching,
+            });
+            self.writes.push(Write::TaskState {
+                run: id,
+                task: task.clone(),
+                from: TaskState::Dispatching,
+                to: TaskState::Running,
+            });
+            self.writes.push(Write::AttemptStart {
+                run: id,
+                task,
+                number,
+                state: AttemptState::Running,
+                at: now,
+            });
+            self.effects.push(Effect::Spawn {
+                run: id,
+                task: i,
+                number,
+            });
+            self.running += 1;
+        }
+    }
+
+    fn on_finished(&mut self, done: Finished) {
+        self.running -= 1;
+        let Finished {
+            run: id,
+            task: i,
+            number,
+            outcome,
+            at,
+        } = done;
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
+        run.tokens[i] = None;
+        let task = run.job.tasks[i].id.clone();
+        let to = match outcome.ending {
+            Ending::Succeeded => AttemptState::Succeeded,
+            Ending::Failed(_) => AttemptState::Failed,
+            Ending::TimedOut => AttemptState::TimedOut,
+            Ending::Cancelled => AttemptState::Cancelled,
+        };
+        self.writes.push(Write::AttemptEnd {
+            run: id,
+            task: task.clone(),
+            number,
+            from: AttemptState::Running,
+            to,
+            at,
+            exit_code: outcome.exit_code,
+            error: outcome.error.clone(),
+            log: outcome.log,
+        });
+        match outcome.ending {
+            Ending::Succeeded => {
+                run.tasks[i] = TaskState::Succeeded;
+                self.writes.push(Write::TaskState {
+                    run: id,
+                    task,
+                    from: TaskState::Running,
+                    to: TaskState::Succeeded,
+                });
+            }
+            Ending::Cancelled => {
+                run.tasks[i] = TaskState::Cancelled;
+                self.writes.push(Write::TaskState {
+                    run: id,
+                    task,
+                    from: TaskState::Running,
+                    to: TaskState::Cancelled,
+                });
+            }
+            Ending::Failed(failure) => {
+                self.attempt_failed(id, i, number, TaskState::Running, failure, at)
+            }
+            Ending::TimedOut => {
+                self.attempt_failed(id, i, number, TaskState::Running, Failure::Timeout, at)
+            }
+        }
+        self.advance(id, at);
+    }
+
+    /// Retry or give up after attempt `number` of task `i` failed.
+    fn attempt_failed(
+        &mut self,
+        id: RunId,
+        i: usize,
+        number: u32,
+        from: TaskState,
+        failure: Failure,
+        now: Timestamp,
+    ) {
+        let rand = self.random();
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
+        let spec = &run.job.tasks[i];
+        let task = spec.id.clone();
+        let decision = if failure == Failure::Lost && run.job.spec.delivery == Delivery::AtMostOnce
+        {
+            RetryDecision::GiveUp("at-most-once delivery")
+        } else if run.closing.is_some() {
+            RetryDecision::GiveUp("the run is stopping")
+        } else {
+            spec.retry.decide(number, &failure, rand)
+        };
+        match decision {
+            RetryDecision::Retry(delay) => {
+                run.tasks[i] = TaskState::Retrying;
+                self.writes.push(Write::TaskState {
+                    run: id,
+                    task,
+                    from,
+                    to: TaskState::Retrying,
+                });
+                let at = now
+                    .checked_add(SignedDuration::try_from(delay).unwrap_or(SignedDuration::MAX))
+                    .unwrap_or(Timestamp::MAX);
+                self.arm(at, Timer::Retry { run: id, task: i });
+            }
+            RetryDecision::GiveUp(_) => {
+                run.tasks[i] = TaskState::Failed;
+                self.writes.push(Write::TaskState {
+                    run: id,
+                    task,
+                    from,
+                    to: TaskState::Failed,
+                });
+            }
+        }
+    }
+
+    async fn on_command(&mut self, cmd: Command) {
+        let now = self.clock.now();
+        match cmd {
+            Command::Apply { jobs, reply } => {
+                let upserts: Vec<JobUpsert> = jobs
+                    .iter()
+                    .map(|j| JobUpsert {
+                        namespace: j.namespace.clone(),
+                        name: j.spec.name.clone(),
+                        spec: j.canonical(),
+                    })
+                    .collect();
+                // Applying is committed on its own, before the engine changes its timers.
+                match self.store.apply_jobs(&upserts, now).await {
+                    Ok(results) => {
+                        let mut out = Vec::new();
+                        for (job, result) in jobs.into_iter().zip(results) {
+                            let key = key_of(&job);
+                            out.push((job.key(), result));
+                            let version = match result {
+                                ApplyResult::Unchanged(_) => continue,
+                                ApplyResult::Created(v) | ApplyResult::Updated(v) => v,
+                            };
+                            let job = Arc::new(job);
+                            let entry = self.jobs.entry(key.clone()).or_insert_with(|| JobEntry {
+                                job: job.clone(),
+                                version,
+                                paused: false,
+                                generation: 0,
+                                last_fire: None,
+                                active: vec![],
+                                queued: VecDeque::new(),
+                            });
+                            entry.job = job;
+                            entry.version = version;
+                            entry.generation += 1;
+                            let from = entry.last_fire.map_or(now, |l| l.max(now));
+                            self.arm_next_fire(&key, from);
+                        }
+                        self.effects.push(Effect::Reply(Box::new(move || {
+                            let _ = reply.send(Ok(out));
+                        })));
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(EngineError::Storage(e)));
+                    }
+                }
+            }
+            Command::Delete {
+                namespace,
+                name,
+                reply,
+            } => {
+                let result = match self.store.delete_job(&namespace, &name).await {
+                    Ok(true) => {
+                        if let Some(entry) = self.jobs.remove(&(namespace.clone(), name.clone())) {
+                            for run in entry
+                                .queued
+                                .iter()
+                                .chain(&entry.active)
+                                .copied()
+                                .collect::<Vec<_>>()
+                            {
+                                self.stop_run(run, RunState::Cancelled, now);
+                            }
+                        }
+                        Ok(())
+                    }
+                    Ok(false) => Err(EngineError::NotFound(format!("no job {namespace}/{name}"))),
+                    Err(e) => Err(EngineError::Storage(e)),
+                };
+                self.effects.push(Effect::Reply(Box::new(move || {
+                    let _ = reply.send(result);
+                })));
+            }
+            Command::Pause {
+                namespace,
+                name,
+                paused,
+                reply,
+            } => {
+                let key = (namespace, name);
+                let result = match self.store.set_paused(&key.0, &key.1, paused).await {
+                    Ok(true) => {
+                        if let Some(entry) = self.jobs.get_mut(&key) {
+                            let was = entry.paused;
+                            entry.paused = paused;
+                            entry.generation += 1;
+                            if was && !paused {
+                                // Fires that came due while paused follow the misfire policy.
+                                let since = entry.last_fire.unwrap_or(now);
+                                let grace = self.config.misfire_grace;
+                                self.config.misfire_grace = Duration::ZERO;
+                                self.catch_up(&key, since, now);
+                                self.config.misfire_grace = grace;
+                            }
+                        }
+                        Ok(())
+                    }
+                    Ok(false) => Err(EngineError::NotFound(format!("no job {}/{}", key.0, key.1))),
+                    Err(e) => Err(EngineError::Storage(e)),
+                };
+                self.effects.push(Effect::Reply(Box::new(move || {
+                    let _ = reply.send(result);
+                })));
+            }
+            Command::Trigger {
+                namespace,
+                name,
+                params,
+                reply,
+            } => {
+                let key = (namespace, name);
+                let Some(entry) = self.jobs.get(&key) else {
+                    let _ = reply.send(Err(EngineError::NotFound(format!(
+                        "no job {}/{}",
+                        key.0, key.1
+                    ))));
+                    return;
+                };
+                let job = entry.job.clone();
+                let decision = policy::on_fire(
+                    job.spec.concurrency,
+                    job.spec.max_active_runs,
+                    entry.active.len() as u32,
+                );
+                if decision == FireDecision::Skip {
+                    let _ = reply.send(Err(EngineError::Conflict(format!(
+                        "{}/{} has a run active and its concurrency policy is forbid",
+                        key.0, key.1
+                    ))));
+                    return;
+                }
+                let mut merged = job.spec.params.clone();
+                merged.extend(params);
+                let run = self.new_run(&key, Trigger::Manual, now, merged, decision, now);
+                let id = run.id;
+                self.writes.push(Write::Run(run));
+                self.after_new_run(&key, id, decision, now);
+                self.effects.push(Effect::Reply(Box::new(move || {
+                    let _ = reply.send(Ok(id));
+                })));
+            }
+            Command::Backfill {
+                namespace,
+                name,
+                from,
+                to,
+                reply,
+            } => {
+                let key = (namespace, name);
+                let Some(entry) = self.jobs.get(&key) else {
+                    let _ = reply.send(Err(EngineError::NotFound(format!(
+                        "no job {}/{}",
+                        key.0, key.1
+                    ))));
+                    return;
+                };
+                if to <= from {
+                    let _ = reply.send(Err(EngineError::Invalid(format!(
+                        "`to` ({to}) must be after `from` ({from})"
+                    ))));
+                    return;
+                }
+                let job = entry.job.clone();
+                let mut instants = Vec::new();
+                let mut t = from
+                    .checked_sub(SignedDuration::from_nanos(1))
+                    .unwrap_or(from);
+                while let Some(next) = job.schedules.iter().filter_map(|s| s.next_after(t)).min() {
+                    if next >= to {
+                        break;
+                    }
+                    if instants.len() >= self.config.max_backfill {
+                        let _ = reply.send(Err(EngineError::Invalid(format!(
+                            "the range holds more than {} fires; backfill a shorter range",
+                            self.config.max_backfill
+                        ))));
+                        return;
+                    }
+                    instants.push(next);
+                    t = next;
+                }
+                // Fires already in the ledger are left alone: the store refuses
+                // them, and the runs made for them are dropped below.
+                let recorded: std::collections::HashSet<Timestamp> = match self
+                    .store
+                    .list_fires(
+                        &key.0,
+                        &key.1,
+                        from,
+                        to,
+                        self.config.max_backfill as u32 + 1,
+                    )
+                    .await
+                {
+                    Ok(f) => f.into_iter().map(|f| f.scheduled_at).collect(),
+                    Err(e) => {
+                        let _ = reply.send(Err(EngineError::Storage(e)));
+                        return;
+                    }
+                };
+                let mut ids = Vec::new();
+                for at in instants.into_iter().filter(|at| !recorded.contains(at)) {
+                    let run = self.new_run(
+                        &key,
+                        Trigger::Backfill,
+                        at,
+                        job.spec.params.clone(),
+                        FireDecision::Queue,
+                        now,
+                    );
+                    let id = run.id;
+                    self.writes.push(Write::Fire {
+                        namespace: key.0.clone(),
+                        job: key.1.clone(),
+                        scheduled_at: at,
+                        outcome: FireOutcome::Fired,
+                        run: Some(run),
+                    });
+                    self.jobs.get_mut(&key).expect("job").queued.push_back(id);
+                    ids.push(id);
+                }
+                self.start_queued(&key, now);
+                self.effects.push(Effect::Reply(Box::new(move || {
+                    let _ = reply.send(Ok(ids));
+                })));
+            }
+            Command::Cancel { run, reply } => {
+                let result = if self.runs.contains_key(&run) {
+                    self.stop_run(run, RunState::Cancelled, now);
+                    Ok(())
+                } else {
+                    match self.store.get_run(run).await {
+                        Ok(Some(r)) => Err(EngineError::Conflict(format!(
+                            "run {run} is already {}",
+                            r.state
+                        ))),
+                        Ok(None) => Err(EngineError::NotFound(format!("no run {run}"))),
+                        Err(e) => Err(EngineError::Storage(e)),
+                    }
+                };
+                self.effects.push(Effect::Reply(Box::new(move || {
+                    let _ = reply.send(result);
+                })));
+            }
+        }
+    }
+}

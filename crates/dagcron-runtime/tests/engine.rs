@@ -1,0 +1,611 @@
+//! The engine with a manual clock and a real SQLite file: a year of fires,
+//! retries with their exact delays, DAG rules, overlap and misfire policies,
+//! cancellation, deadlines, and recovery after the engine is dropped mid-run.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dagcron_core::{AttemptState, FireOutcome, JobFile, RunState, TaskState};
+use dagcron_runtime::{Engine, EngineConfig, EngineHandle, ManualClock};
+use dagcron_store::{RunRecord, Store, Trigger};
+use dagcron_store_sqlite::SqliteStore;
+use jiff::{SignedDuration, Timestamp};
+use tokio_util::sync::CancellationToken;
+
+struct Harness {
+    store: Arc<SqliteStore>,
+    clock: ManualClock,
+    handle: EngineHandle,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    _dir: Arc<tempfile::TempDir>,
+}
+
+fn ts(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+
+async fn start(dir: Arc<tempfile::TempDir>, clock: ManualClock, config: EngineConfig) -> Harness {
+    let store = Arc::new(
+        SqliteStore::open(&dir.path().join("db.sqlite"))
+            .await
+            .unwrap(),
+    );
+    let (engine, handle) = Engine::start(store.clone(), Arc::new(clock.clone()), config)
+        .await
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let s = shutdown.clone();
+    let task = tokio::spawn(async move { engine.run(s, Duration::from_secs(5)).await.unwrap() });
+    Harness {
+        store,
+        clock,
+        handle,
+        shutdown,
+        task,
+        _dir: dir,
+    }
+}
+
+async fn fresh(at: &str) -> Harness {
+    let config = EngineConfig {
+        misfire_grace: Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    start(
+        Arc::new(tempfile::tempdir().unwrap()),
+        ManualClock::new(ts(at)),
+        config,
+    )
+    .await
+}
+
+impl Harness {
+    async fn apply(&self, yaml: &str) {
+        let file: JobFile = serde_saphyr::from_str(yaml).unwrap();
+        self.handle.apply(file.validate().unwrap()).await.unwrap();
+    }
+
+    /// Waits (bounded) until `check` holds on the store.
+    async fn until<F: AsyncFnMut(&SqliteStore) -> bool>(&self, what: &str, mut check: F) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !check(&self.store).await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for: {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn idle(&self) {
+        self.until("no active runs", async |s| {
+            s.active_runs().await.unwrap().is_empty()
+        })
+        .await;
+    }
+
+    async fn runs(&self, job: &str) -> Vec<RunRecord> {
+        let mut out = self
+            .store
+            .list_runs("t", job, 10_000, None)
+            .await
+            .unwrap()
+            .items;
+        out.reverse();
+        out
+    }
+
+    async fn stop(self) -> (Arc<tempfile::TempDir>, ManualClock) {
+        self.shutdown.cancel();
+        self.task.await.unwrap();
+        (self._dir, self.clock)
+    }
+}
+
+#[tokio::test]
+async fn a_year_of_daily_fires_across_dst_in_one_jump() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply("namespace: t\njobs:\n  - name: daily\n    schedule: '0 30 2 * * *'\n    timezone: Europe/Berlin\n    tasks: [{ id: a, shell: 'true' }]\n").await;
+    h.clock.set(ts("2027-01-01T00:00:00Z"));
+    h.until("365 runs finished", async |s| {
+        let runs = s.list_runs("t", "daily", 1000, None).await.unwrap().items;
+        runs.len() == 365 && runs.iter().all(|r| r.state == RunState::Succeeded)
+    })
+    .await;
+    let fires = h
+        .store
+        .list_fires(
+            "t",
+            "daily",
+            ts("2026-01-01T00:00:00Z"),
+            ts("2027-01-01T00:00:00Z"),
+            1000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(fires.len(), 365);
+    assert!(
+        fires
+            .iter()
+            .all(|f| f.outcome == FireOutcome::Fired && f.run_id.is_some())
+    );
+    // 02:30 does not exist on 2026-03-29 in Berlin: that day fires at 03:00 local.
+    let march_29 = fires
+        .iter()
+        .find(|f| f.scheduled_at.to_string().starts_with("2026-03-29"))
+        .unwrap();
+    assert_eq!(march_29.scheduled_at, ts("2026-03-29T01:00:00Z"));
+    // The fires are exactly the schedule's, in order.
+    let s = dagcron_cron::Schedule::parse("CRON_TZ=Europe/Berlin 0 30 2 * * *").unwrap();
+    let want: Vec<Timestamp> = s
+        .fires_after(ts("2026-01-01T00:00:00Z"))
+        .take(365)
+        .map(|f| f.at)
+        .collect();
+    assert_eq!(
+        fires.iter().map(|f| f.scheduled_at).collect::<Vec<_>>(),
+        want
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn retries_happen_after_the_configured_delays() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply(concat!(
+        "namespace: t\njobs:\n  - name: flaky\n    retry: { max_attempts: 4, backoff: exponential, initial: 10s, factor: 3.0, max: 1h }\n",
+        "    tasks: [{ id: a, shell: 'test \"$DAGCRON_ATTEMPT\" -ge 3' }]\n"
+    ))
+    .await;
+    let run = h
+        .handle
+        .trigger("t", "flaky", BTreeMap::new())
+        .await
+        .unwrap();
+    for (n, wait) in [(1, 10), (2, 30)] {
+        h.until("attempt failed and waiting", async |s| {
+            let r = s.get_run(run).await.unwrap().unwrap();
+            r.tasks[0].attempts.len() == n && r.tasks[0].state == TaskState::Retrying
+        })
+        .await;
+        // Not a second early.
+        h.clock.advance(SignedDuration::from_secs(wait - 1));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            h.store.get_run(run).await.unwrap().unwrap().tasks[0]
+                .attempts
+                .len(),
+            n
+        );
+        h.clock.advance(SignedDuration::from_secs(1));
+    }
+    h.idle().await;
+    let r = h.store.get_run(run).await.unwrap().unwrap();
+    assert_eq!(r.state, RunState::Succeeded);
+    let a = &r.tasks[0].attempts;
+    assert_eq!(
+        a.iter().map(|a| a.state).collect::<Vec<_>>(),
+        [
+            AttemptState::Failed,
+            AttemptState::Failed,
+            AttemptState::Succeeded
+        ]
+    );
+    assert_eq!(
+        a[1].started_at.duration_since(a[0].finished_at.unwrap()),
+        SignedDuration::from_secs(10)
+    );
+    assert_eq!(
+        a[2].started_at.duration_since(a[1].finished_at.unwrap()),
+        SignedDuration::from_secs(30)
+    );
+    assert_eq!(r.trigger, Trigger::Manual);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn dag_order_trigger_rules_and_failure_handlers() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace");
+    h.apply(&format!(
+        r#"
+namespace: t
+jobs:
+  - name: etl
+    params: {{ region: eu }}
+    tasks:
+      - {{ id: extract, shell: "echo extract >> {t}" }}
+      - {{ id: transform, depends_on: [extract], shell: "echo transform-$DAGCRON_PARAM_REGION >> {t}; exit 3" }}
+      - {{ id: load, depends_on: [transform], shell: "echo load >> {t}" }}
+      - {{ id: page, depends_on: [load], trigger_rule: one_failed, shell: "echo page >> {t}" }}
+      - {{ id: cleanup, depends_on: [load], trigger_rule: all_done, shell: "echo cleanup >> {t}" }}
+"#,
+        t = trace.display()
+    ))
+    .await;
+    let run = h
+        .handle
+        .trigger("t", "etl", BTreeMap::from([("region".into(), "us".into())]))
+        .await
+        .unwrap();
+    h.idle().await;
+    let r = h.store.get_run(run).await.unwrap().unwrap();
+    let states: Vec<(&str, TaskState)> = r.tasks.iter().map(|t| (t.id.as_str(), t.state)).collect();
+    assert_eq!(
+        states,
+        [
+            ("extract", TaskState::Succeeded),
+            ("transform", TaskState::Failed),
+            ("load", TaskState::UpstreamFailed),
+            ("page", TaskState::Succeeded),
+            ("cleanup", TaskState::Succeeded),
+        ]
+    );
+    assert_eq!(r.state, RunState::Failed);
+    let lines = std::fs::read_to_string(&trace).unwrap();
+    let lines: Vec<&str> = lines.lines().collect();
+    assert_eq!(
+        &lines[..2],
+        ["extract", "transform-us"],
+        "order, and trigger params override defaults"
+    );
+    assert_eq!(
+        h.store
+            .read_log(run, "transform", 1)
+            .await
+            .unwrap()
+            .unwrap(),
+        b""
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn forbid_skips_overlapping_fires_and_records_them() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    h.apply(&format!(
+        "namespace: t\njobs:\n  - name: slow\n    schedule: '* * * * * *'\n    concurrency: forbid\n    tasks: [{{ id: a, shell: 'while [ ! -e {} ]; do sleep 0.01; done' }}]\n",
+        gate.display()
+    ))
+    .await;
+    h.clock.advance(SignedDuration::from_secs(1));
+    h.until("first run running", async |s| {
+        s.active_runs().await.unwrap().len() == 1
+    })
+    .await;
+    for _ in 0..3 {
+        h.clock.advance(SignedDuration::from_secs(1));
+    }
+    h.until("4 fires recorded", async |s| {
+        s.list_fires("t", "slow", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+            .await
+            .unwrap()
+            .len()
+            == 4
+    })
+    .await;
+    std::fs::write(&gate, "").unwrap();
+    h.idle().await;
+    let fires = h
+        .store
+        .list_fires("t", "slow", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+        .await
+        .unwrap();
+    let outcomes: Vec<FireOutcome> = fires.iter().map(|f| f.outcome).collect();
+    assert_eq!(
+        outcomes,
+        [
+            FireOutcome::Fired,
+            FireOutcome::SkippedOverlap,
+            FireOutcome::SkippedOverlap,
+            FireOutcome::SkippedOverlap
+        ]
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn queue_runs_one_after_another() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply("namespace: t\njobs:\n  - name: q\n    schedule: '* * * * * *'\n    concurrency: queue\n    tasks: [{ id: a, shell: 'sleep 0.05' }]\n").await;
+    h.clock.advance(SignedDuration::from_secs(5));
+    h.until("5 runs succeeded", async |s| {
+        let runs = s.list_runs("t", "q", 100, None).await.unwrap().items;
+        runs.len() == 5 && runs.iter().all(|r| r.state == RunState::Succeeded)
+    })
+    .await;
+    let runs = h.runs("q").await;
+    for w in runs.windows(2) {
+        assert!(
+            w[1].started_at.unwrap() >= w[0].finished_at.unwrap(),
+            "runs overlapped"
+        );
+    }
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn fires_missed_while_down_follow_the_misfire_policy() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply(concat!(
+        "namespace: t\njobs:\n",
+        "  - { name: all, schedule: '0 * * * * *', misfire: run_all, max_catchup: 3, concurrency: allow, max_active_runs: 10, tasks: [{ id: a, shell: 'true' }] }\n",
+        "  - { name: once, schedule: '0 * * * * *', misfire: run_once, tasks: [{ id: a, shell: 'true' }] }\n",
+        "  - { name: skip, schedule: '0 * * * * *', misfire: skip, tasks: [{ id: a, shell: 'true' }] }\n",
+    ))
+    .await;
+    h.clock.advance(SignedDuration::from_secs(60));
+    h.until("first fires", async |s| {
+        s.last_fires().await.unwrap().len() == 3
+    })
+    .await;
+    h.idle().await;
+    let (dir, clock) = h.stop().await;
+    // Down for five minutes: fires at minutes 2..=6 are missed.
+    clock.advance(SignedDuration::from_secs(5 * 60 + 30));
+    let config = EngineConfig {
+        misfire_grace: Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let h = start(dir, clock, config).await;
+    h.idle().await;
+    let outcomes = async |job: &str| -> Vec<(i64, FireOutcome, Option<Trigger>)> {
+        let fires = h
+            .store
+            .list_fires("t", job, Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        for f in fires {
+            let trigger = match f.run_id {
+                Some(id) => Some(h.store.get_run(id).await.unwrap().unwrap().trigger),
+                None => None,
+            };
+            out.push((
+                (f.scheduled_at.as_second() - 1_767_225_600) / 60,
+                f.outcome,
+                trigger,
+            ));
+        }
+        out
+    };
+    use FireOutcome::*;
+    let caught = Some(Trigger::Catchup);
+    assert_eq!(
+        outcomes("all").await,
+        [
+            (1, Fired, Some(Trigger::Schedule)),
+            (2, MissedSkipped, None),
+            (3, MissedSkipped, None),
+            (4, MissedCaughtUp, caught),
+            (5, MissedCaughtUp, caught),
+            (6, MissedCaughtUp, caught)
+        ]
+    );
+    assert_eq!(
+        outcomes("once").await,
+        [
+            (1, Fired, Some(Trigger::Schedule)),
+            (2, MissedSkipped, None),
+            (3, MissedSkipped, None),
+            (4, MissedSkipped, None),
+            (5, MissedSkipped, None),
+            (6, MissedCaughtUp, caught)
+        ]
+    );
+    assert_eq!(
+        outcomes("skip")
+            .await
+            .iter()
+            .filter(|o| o.1 == MissedSkipped)
+            .count(),
+        5
+    );
+    // And scheduling goes on from there.
+    h.clock.advance(SignedDuration::from_secs(30));
+    h.until("minute 7 fired", async |s| {
+        s.last_fires()
+            .await
+            .unwrap()
+            .iter()
+            .all(|(_, _, t)| *t == ts("2026-01-01T00:07:00Z"))
+    })
+    .await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn an_attempt_running_when_the_engine_died_is_lost_and_retried() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("attempts");
+    h.apply(&format!(
+        "namespace: t\njobs:\n  - name: long\n    retry: {{ max_attempts: 3, backoff: fixed, initial: 1s, max: 1s }}\n    tasks: [{{ id: a, shell: 'echo $DAGCRON_ATTEMPT >> {m}; if [ $DAGCRON_ATTEMPT -eq 1 ]; then sleep 30; fi' }}]\n",
+        m = marker.display()
+    ))
+    .await;
+    let run = h
+        .handle
+        .trigger("t", "long", BTreeMap::new())
+        .await
+        .unwrap();
+    h.until("attempt 1 running", async |_| {
+        std::fs::read_to_string(&marker).is_ok_and(|s| s == "1\n")
+    })
+    .await;
+    // Simulate a crash: the engine task disappears without any cleanup.
+    h.task.abort();
+    let (dir_h, clock) = (h._dir.clone(), h.clock.clone());
+    drop(h);
+    let config = EngineConfig {
+        misfire_grace: Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let h = start(dir_h, clock, config).await;
+    h.clock.advance(SignedDuration::from_secs(1));
+    h.idle().await;
+    let r = h.store.get_run(run).await.unwrap().unwrap();
+    assert_eq!(r.state, RunState::Succeeded);
+    let states: Vec<AttemptState> = r.tasks[0].attempts.iter().map(|a| a.state).collect();
+    assert_eq!(states, [AttemptState::Lost, AttemptState::Succeeded]);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn at_most_once_marks_lost_work_failed() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply("namespace: t\njobs:\n  - name: once\n    delivery: at_most_once\n    retry: { max_attempts: 5 }\n    tasks: [{ id: a, shell: 'sleep 30' }]\n").await;
+    let run = h
+        .handle
+        .trigger("t", "once", BTreeMap::new())
+        .await
+        .unwrap();
+    h.until("attempt running", async |s| {
+        s.get_run(run).await.unwrap().unwrap().tasks[0]
+            .attempts
+            .len()
+            == 1
+    })
+    .await;
+    h.task.abort();
+    let (dir_h, clock) = (h._dir.clone(), h.clock.clone());
+    drop(h);
+    let h = start(dir_h, clock, EngineConfig::default()).await;
+    h.idle().await;
+    let r = h.store.get_run(run).await.unwrap().unwrap();
+    assert_eq!(
+        (r.state, r.tasks[0].state, r.tasks[0].attempts[0].state),
+        (RunState::Failed, TaskState::Failed, AttemptState::Lost)
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_and_deadline_stop_running_work() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply(concat!(
+        "namespace: t\njobs:\n",
+        "  - { name: c, tasks: [{ id: a, shell: 'sleep 30' }, { id: b, depends_on: [a], shell: 'true' }] }\n",
+        "  - { name: d, deadline: 5m, tasks: [{ id: a, shell: 'sleep 30' }] }\n",
+    ))
+    .await;
+    let c = h.handle.trigger("t", "c", BTreeMap::new()).await.unwrap();
+    let d = h.handle.trigger("t", "d", BTreeMap::new()).await.unwrap();
+    h.until("both running", async |s| {
+        s.active_runs()
+            .await
+            .unwrap()
+            .iter()
+            .all(|r| r.tasks[0].attempts.len() == 1)
+            && s.active_runs().await.unwrap().len() == 2
+    })
+    .await;
+    h.handle.cancel(c).await.unwrap();
+    h.clock.advance(SignedDuration::from_secs(5 * 60));
+    h.idle().await;
+    let rc = h.store.get_run(c).await.unwrap().unwrap();
+    assert_eq!(
+        (rc.state, rc.tasks[0].state, rc.tasks[1].state),
+        (
+            RunState::Cancelled,
+            TaskState::Cancelled,
+            TaskState::Cancelled
+        )
+    );
+    assert_eq!(rc.tasks[0].attempts[0].state, AttemptState::Cancelled);
+    let rd = h.store.get_run(d).await.unwrap().unwrap();
+    assert_eq!(rd.state, RunState::Failed, "a run past its deadline fails");
+    assert!(matches!(
+        h.handle.cancel(c).await,
+        Err(dagcron_runtime::EngineError::Conflict(_))
+    ));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn pause_suppresses_and_resume_catches_up() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply("namespace: t\njobs:\n  - { name: p, schedule: '0 * * * * *', misfire: run_once, tasks: [{ id: a, shell: 'true' }] }\n").await;
+    h.clock.advance(SignedDuration::from_secs(60));
+    h.until("first fire", async |s| {
+        s.last_fires().await.unwrap().len() == 1
+    })
+    .await;
+    h.handle.pause("t", "p", true).await.unwrap();
+    h.clock.advance(SignedDuration::from_secs(180));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        h.store
+            .list_fires("t", "p", Timestamp::UNIX_EPOCH, Timestamp::MAX, 10)
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "no fire while paused"
+    );
+    h.handle.pause("t", "p", false).await.unwrap();
+    h.idle().await;
+    let outcomes: Vec<FireOutcome> = h
+        .store
+        .list_fires("t", "p", Timestamp::UNIX_EPOCH, Timestamp::MAX, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|f| f.outcome)
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            FireOutcome::Fired,
+            FireOutcome::MissedSkipped,
+            FireOutcome::MissedSkipped,
+            FireOutcome::MissedCaughtUp
+        ]
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn backfill_creates_one_run_per_missing_fire() {
+    let h = fresh("2026-01-10T00:00:00Z").await;
+    h.apply("namespace: t\njobs:\n  - { name: b, schedule: '0 0 0 * * *', max_active_runs: 2, tasks: [{ id: a, shell: 'true' }] }\n").await;
+    let first = h
+        .handle
+        .backfill(
+            "t",
+            "b",
+            ts("2026-01-01T00:00:00Z"),
+            ts("2026-01-05T00:00:00Z"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 4);
+    let again = h
+        .handle
+        .backfill(
+            "t",
+            "b",
+            ts("2026-01-01T00:00:00Z"),
+            ts("2026-01-06T00:00:00Z"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        again.len(),
+        1,
+        "fires already in the ledger are not run twice"
+    );
+    h.idle().await;
+    let runs = h.runs("b").await;
+    assert_eq!(runs.len(), 5);
+    assert!(
+        runs.iter()
+            .all(|r| r.trigger == Trigger::Backfill && r.state == RunState::Succeeded)
+    );
+    h.stop().await;
+}
