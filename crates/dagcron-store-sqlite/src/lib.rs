@@ -19,7 +19,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{Row, Sqlite, SqliteConnection, Transaction};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -234,7 +234,10 @@ impl SqliteStore {
         }
     }
 
-    async fn load_tasks(&self, ids: &[RunId]) -> Result<BTreeMap<RunId, Vec<TaskRecord>>> {
+    async fn load_tasks(
+        conn: &mut SqliteConnection,
+        ids: &[RunId],
+    ) -> Result<BTreeMap<RunId, Vec<TaskRecord>>> {
         let mut out: BTreeMap<RunId, Vec<TaskRecord>> = BTreeMap::new();
         if ids.is_empty() {
             return Ok(out);
@@ -246,7 +249,7 @@ impl SqliteStore {
             .join(",");
         // The ids are integers we produced, so they are safe to inline.
         let tasks = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT run_id, task_id, state FROM tasks WHERE run_id IN ({list}) ORDER BY run_id, position")))
-            .fetch_all(&self.reader)
+            .fetch_all(&mut *conn)
             .await
             .map_err(unavailable)?;
         for row in tasks {
@@ -259,7 +262,7 @@ impl SqliteStore {
         let attempts = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT run_id, task_id, number, state, started_at, finished_at, exit_code, error FROM attempts WHERE run_id IN ({list}) ORDER BY run_id, task_id, number"
         )))
-        .fetch_all(&self.reader)
+        .fetch_all(&mut *conn)
         .await
         .map_err(unavailable)?;
         for row in attempts {
@@ -283,9 +286,17 @@ impl SqliteStore {
         Ok(out)
     }
 
-    async fn runs_from_rows(&self, rows: Vec<SqliteRow>) -> Result<Vec<RunRecord>> {
+    /// Runs matching `query` (with its binds applied by `bind`), with their
+    /// tasks and attempts, read in one transaction so that they are consistent.
+    async fn load_runs<'q>(
+        &self,
+        query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments>,
+    ) -> Result<Vec<RunRecord>> {
+        let mut tx = self.reader.begin().await.map_err(unavailable)?;
+        let rows = query.fetch_all(&mut *tx).await.map_err(unavailable)?;
         let ids: Vec<RunId> = rows.iter().map(|r| r.get(0)).collect();
-        let mut tasks = self.load_tasks(&ids).await?;
+        let mut tasks = Self::load_tasks(&mut tx, &ids).await?;
+        tx.commit().await.map_err(unavailable)?;
         rows.into_iter()
             .map(|row| {
                 let id: RunId = row.get(0);
@@ -555,24 +566,18 @@ impl Store for SqliteStore {
     }
 
     async fn active_runs(&self) -> Result<Vec<RunRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        self.load_runs(sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {RUN_COLUMNS} FROM runs WHERE state IN ('pending', 'running') ORDER BY id"
-        )))
-        .fetch_all(&self.reader)
+        ))))
         .await
-        .map_err(unavailable)?;
-        self.runs_from_rows(rows).await
     }
 
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+        let query = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {RUN_COLUMNS} FROM runs WHERE id = ?"
         )))
-        .bind(id)
-        .fetch_all(&self.reader)
-        .await
-        .map_err(unavailable)?;
-        Ok(self.runs_from_rows(rows).await?.pop())
+        .bind(id);
+        Ok(self.load_runs(query).await?.pop())
     }
 
     async fn list_runs(
@@ -589,15 +594,14 @@ impl Store for SqliteStore {
                 .and_then(|n| n.parse().ok())
                 .ok_or_else(|| StorageError::Invalid(format!("bad cursor {c:?}")))?,
         };
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT {RUN_COLUMNS} FROM runs WHERE namespace = ? AND job = ? AND id < ? ORDER BY id DESC LIMIT ?")))
-            .bind(namespace)
-            .bind(job)
-            .bind(before)
-            .bind(i64::from(limit) + 1)
-            .fetch_all(&self.reader)
-            .await
-            .map_err(unavailable)?;
-        let mut items = self.runs_from_rows(rows).await?;
+        let query = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = ? AND job = ? AND id < ? ORDER BY id DESC LIMIT ?"
+        )))
+        .bind(namespace.to_string())
+        .bind(job.to_string())
+        .bind(before)
+        .bind(i64::from(limit) + 1);
+        let mut items = self.load_runs(query).await?;
         let next_cursor = (items.len() > limit as usize).then(|| {
             items.truncate(limit as usize);
             format!("run:{}", items.last().expect("non-empty").id)
