@@ -427,6 +427,21 @@ pub fn valid_name(name: &str) -> bool {
 const NAME_RULE: &str =
     "use 1-63 lowercase letters, digits, '-', '_' or '.', starting with a letter or digit";
 
+impl Job {
+    /// Rebuilds a validated job from its canonical form (see [`Job::canonical`]).
+    pub fn from_canonical(namespace: &str, canonical: &str) -> Result<Job, String> {
+        let spec: JobSpec = serde_json::from_str(canonical).map_err(|e| e.to_string())?;
+        let file = JobFile {
+            namespace: namespace.to_string(),
+            jobs: vec![spec],
+        };
+        file.validate()
+            .map_err(|e| e.to_string())?
+            .pop()
+            .ok_or_else(|| "no job".to_string())
+    }
+}
+
 impl JobFile {
     /// Validates every job; reports every problem found.
     pub fn validate(&self) -> Result<Vec<Job>, ValidationErrors> {

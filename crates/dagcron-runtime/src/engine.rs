@@ -15,9 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dagcron_core::policy::{self, FireDecision, FireOutcome};
-use dagcron_core::{
-    AttemptState, Delivery, Failure, Job, JobFile, RetryDecision, RunState, TaskState,
-};
+use dagcron_core::{AttemptState, Delivery, Failure, Job, RetryDecision, RunState, TaskState};
 use dagcron_exec::{AttemptContext, Ending, Limits, Outcome};
 use dagcron_store::{
     ApplyResult, JobUpsert, NewRun, RunId, RunRecord, StorageError, Store, Trigger, Write,
@@ -298,18 +296,6 @@ fn key_of(job: &Job) -> JobKey {
     (job.namespace.clone(), job.spec.name.clone())
 }
 
-fn parse_stored(namespace: &str, spec: &str) -> Result<Job, String> {
-    let spec = serde_json::from_str(spec).map_err(|e| e.to_string())?;
-    let file = JobFile {
-        namespace: namespace.to_string(),
-        jobs: vec![spec],
-    };
-    file.validate()
-        .map_err(|e| e.to_string())?
-        .pop()
-        .ok_or_else(|| "no job".to_string())
-}
-
 impl<S: Store> Engine<S> {
     /// Loads jobs and unfinished runs from the store, records missed fires,
     /// and returns the engine and a handle to it. Call [`Engine::run`] next.
@@ -394,7 +380,7 @@ impl<S: Store> Engine<S> {
             .map(|(n, j, t)| ((n, j), t))
             .collect();
         for stored in self.store.load_jobs().await? {
-            let job = match parse_stored(&stored.namespace, &stored.spec) {
+            let job = match Job::from_canonical(&stored.namespace, &stored.spec) {
                 Ok(job) => Arc::new(job),
                 Err(e) => {
                     tracing::error!(namespace = %stored.namespace, job = %stored.name, "stored job no longer validates, not scheduling it: {e}");

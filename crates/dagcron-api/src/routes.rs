@@ -1,0 +1,351 @@
+//! The handlers, one per route.
+
+use std::collections::BTreeMap;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use dagcron_core::{Job, JobFile, JobSpec};
+use dagcron_store::{RunId, Store, StoredJob};
+use jiff::Timestamp;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::{ApiError, AppState};
+
+pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
+    Router::new()
+        .route(
+            "/healthz",
+            get(|| async { Json(json!({ "status": "ok" })) }),
+        )
+        .route("/api/v1/apply", post(apply::<S>))
+        .route("/api/v1/namespaces/{ns}/jobs", get(list_jobs::<S>))
+        .route(
+            "/api/v1/namespaces/{ns}/jobs/{name}",
+            get(get_job::<S>).put(put_job::<S>).delete(delete_job::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/jobs/{name}/pause",
+            post(pause::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/jobs/{name}/resume",
+            post(resume::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/jobs/{name}/trigger",
+            post(trigger::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/jobs/{name}/backfill",
+            post(backfill::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/jobs/{name}/runs",
+            get(list_runs::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/jobs/{name}/fires",
+            get(list_fires::<S>),
+        )
+        .route("/api/v1/runs/{id}", get(get_run::<S>))
+        .route("/api/v1/runs/{id}/cancel", post(cancel::<S>))
+        .route(
+            "/api/v1/runs/{id}/tasks/{task}/attempts/{n}/log",
+            get(get_log::<S>),
+        )
+        .with_state(state)
+}
+
+/// Parses a body as JSON (by content type) or YAML.
+fn parse_body<T: for<'de> Deserialize<'de>>(
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<T, ApiError> {
+    let is_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("json"));
+    let parsed = if is_json {
+        serde_json::from_slice(body).map_err(|e| e.to_string())
+    } else {
+        std::str::from_utf8(body)
+            .map_err(|e| format!("the body is not UTF-8: {e}"))
+            .and_then(|text| serde_saphyr::from_str(text).map_err(|e| e.to_string()))
+    };
+    parsed.map_err(|message| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_job_file",
+            format!("cannot read the job file: {message}"),
+        )
+    })
+}
+
+fn validate(file: &JobFile) -> Result<Vec<Job>, ApiError> {
+    file.validate().map_err(|errors| {
+        let mut err = ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_job_file",
+            format!("the job file has {} problem(s): {errors}", errors.0.len()),
+        );
+        err.details = json!(errors.0);
+        err
+    })
+}
+
+async fn apply<S: Store>(
+    State(st): State<AppState<S>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let file: JobFile = parse_body(&headers, &body)?;
+    let jobs = validate(&file)?;
+    let results = st.engine.apply(jobs).await?;
+    let items: Vec<Value> = results
+        .into_iter()
+        .map(|(key, r)| json!({ "job": key, "result": r }))
+        .collect();
+    Ok(Json(json!({ "namespace": file.namespace, "jobs": items })))
+}
+
+fn job_json(job: &StoredJob) -> Value {
+    let parsed = Job::from_canonical(&job.namespace, &job.spec);
+    let next_fire = match (&parsed, job.paused) {
+        (Ok(j), false) => j.next_fire_after(Timestamp::now()).map(|t| t.to_string()),
+        _ => None,
+    };
+    json!({
+        "namespace": job.namespace,
+        "name": job.name,
+        "version": job.version,
+        "paused": job.paused,
+        "updated_at": job.updated_at,
+        "next_fire": next_fire,
+        "spec": serde_json::from_str::<Value>(&job.spec).unwrap_or(Value::Null),
+    })
+}
+
+#[derive(Deserialize)]
+struct PageQuery {
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+fn limit(q: Option<u32>) -> Result<u32, ApiError> {
+    match q {
+        None => Ok(50),
+        Some(n) if (1..=1000).contains(&n) => Ok(n),
+        Some(n) => Err(ApiError::bad_request(format!(
+            "limit {n} is out of range: 1 to 1000"
+        ))),
+    }
+}
+
+async fn list_jobs<S: Store>(
+    State(st): State<AppState<S>>,
+    Path(ns): Path<String>,
+    Query(q): Query<PageQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let page = st
+        .store
+        .list_jobs(&ns, limit(q.limit)?, q.cursor.as_deref())
+        .await?;
+    Ok(Json(
+        json!({ "items": page.items.iter().map(job_json).collect::<Vec<_>>(), "next_cursor": page.next_cursor }),
+    ))
+}
+
+async fn stored_job<S: Store>(
+    st: &AppState<S>,
+    ns: &str,
+    name: &str,
+) -> Result<StoredJob, ApiError> {
+    st.store
+        .get_job(ns, name)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no job {ns}/{name}")))
+}
+
+async fn get_job<S: Store>(
+    State(st): State<AppState<S>>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(job_json(&stored_job(&st, &ns, &name).await?)))
+}
+
+async fn put_job<S: Store>(
+    State(st): State<AppState<S>>,
+    Path((ns, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let spec: JobSpec = parse_body(&headers, &body)?;
+    if spec.name != name {
+        return Err(ApiError::bad_request(format!(
+            "the body names job {:?} but the path names {name:?}",
+            spec.name
+        )));
+    }
+    let jobs = validate(&JobFile {
+        namespace: ns.clone(),
+        jobs: vec![spec],
+    })?;
+    st.engine.apply(jobs).await?;
+    Ok(Json(job_json(&stored_job(&st, &ns, &name).await?)))
+}
+
+async fn delete_job<S: Store>(
+    State(st): State<AppState<S>>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    st.engine.delete(&ns, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn pause<S: Store>(
+    State(st): State<AppState<S>>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    st.engine.pause(&ns, &name, true).await?;
+    Ok(Json(job_json(&stored_job(&st, &ns, &name).await?)))
+}
+
+async fn resume<S: Store>(
+    State(st): State<AppState<S>>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    st.engine.pause(&ns, &name, false).await?;
+    Ok(Json(job_json(&stored_job(&st, &ns, &name).await?)))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct TriggerBody {
+    #[serde(default)]
+    params: BTreeMap<String, String>,
+}
+
+async fn run_json<S: Store>(st: &AppState<S>, id: RunId) -> Result<Value, ApiError> {
+    let run = st
+        .store
+        .get_run(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no run {id}")))?;
+    Ok(serde_json::to_value(run).expect("runs serialize"))
+}
+
+async fn trigger<S: Store>(
+    State(st): State<AppState<S>>,
+    Path((ns, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let body: TriggerBody = if body.iter().all(u8::is_ascii_whitespace) {
+        TriggerBody::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("expected {{\"params\": {{...}}}}: {e}")))?
+    };
+    let id = st.engine.trigger(&ns, &name, body.params).await?;
+    Ok((StatusCode::CREATED, Json(run_json(&st, id).await?)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BackfillBody {
+    from: Timestamp,
+    to: Timestamp,
+}
+
+async fn backfill<S: Store>(
+    State(st): State<AppState<S>>,
+    Path((ns, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let body: BackfillBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "expected {{\"from\": RFC 3339, \"to\": RFC 3339}}: {e}"
+        ))
+    })?;
+    let runs = st.engine.backfill(&ns, &name, body.from, body.to).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "runs": runs }))))
+}
+
+async fn list_runs<S: Store>(
+    State(st): State<AppState<S>>,
+    Path((ns, name)): Path<(String, String)>,
+    Query(q): Query<PageQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let page = st
+        .store
+        .list_runs(&ns, &name, limit(q.limit)?, q.cursor.as_deref())
+        .await?;
+    Ok(Json(
+        json!({ "items": page.items, "next_cursor": page.next_cursor }),
+    ))
+}
+
+#[derive(Deserialize)]
+struct FiresQuery {
+    from: Option<Timestamp>,
+    to: Option<Timestamp>,
+    limit: Option<u32>,
+}
+
+async fn list_fires<S: Store>(
+    State(st): State<AppState<S>>,
+    Path((ns, name)): Path<(String, String)>,
+    Query(q): Query<FiresQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = match q.limit {
+        None => 1000,
+        Some(n) if (1..=10_000).contains(&n) => n,
+        Some(n) => {
+            return Err(ApiError::bad_request(format!(
+                "limit {n} is out of range: 1 to 10000"
+            )));
+        }
+    };
+    let fires = st
+        .store
+        .list_fires(
+            &ns,
+            &name,
+            q.from.unwrap_or(Timestamp::UNIX_EPOCH),
+            q.to.unwrap_or(Timestamp::MAX),
+            limit,
+        )
+        .await?;
+    let items: Vec<Value> = fires.iter().map(|f| json!({ "scheduled_at": f.scheduled_at, "outcome": f.outcome.as_str(), "run_id": f.run_id })).collect();
+    Ok(Json(json!({ "items": items })))
+}
+
+async fn get_run<S: Store>(
+    State(st): State<AppState<S>>,
+    Path(id): Path<RunId>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(run_json(&st, id).await?))
+}
+
+async fn cancel<S: Store>(
+    State(st): State<AppState<S>>,
+    Path(id): Path<RunId>,
+) -> Result<Json<Value>, ApiError> {
+    st.engine.cancel(id).await?;
+    Ok(Json(run_json(&st, id).await?))
+}
+
+async fn get_log<S: Store>(
+    State(st): State<AppState<S>>,
+    Path((id, task, n)): Path<(RunId, String, u32)>,
+) -> Result<impl IntoResponse, ApiError> {
+    let log =
+        st.store.read_log(id, &task, n).await?.ok_or_else(|| {
+            ApiError::not_found(format!("no attempt {n} of task {task} in run {id}"))
+        })?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], log))
+}
