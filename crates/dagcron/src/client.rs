@@ -1,0 +1,428 @@
+//! Commands that talk to a running server over its REST API.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+#[derive(Args, Clone)]
+pub(crate) struct Conn {
+    /// The server's URL.
+    #[arg(
+        long,
+        global = true,
+        env = "DAGCRON_SERVER",
+        default_value = "http://127.0.0.1:7700"
+    )]
+    server: String,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum ClientCommand {
+    /// Create or update the jobs of a file (YAML or JSON); applying twice changes nothing.
+    Apply {
+        /// The job file.
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+    },
+    /// Jobs: list, show, pause, resume, trigger, delete.
+    #[command(subcommand)]
+    Jobs(JobsCommand),
+    /// Runs: list, show, cancel.
+    #[command(subcommand)]
+    Runs(RunsCommand),
+    /// Print the output of one attempt of a task (the latest attempt by default).
+    Logs {
+        /// Run id.
+        run: i64,
+        /// Task id.
+        task: String,
+        /// Attempt number (1-based).
+        #[arg(long)]
+        attempt: Option<u32>,
+    },
+    /// Create runs for every fire of a job in a time range.
+    Backfill {
+        /// NAMESPACE/JOB.
+        job: String,
+        /// Start (RFC 3339, inclusive).
+        #[arg(long)]
+        from: String,
+        /// End (RFC 3339, exclusive).
+        #[arg(long)]
+        to: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum JobsCommand {
+    /// The jobs of a namespace.
+    List {
+        /// Namespace.
+        #[arg(default_value = "default")]
+        namespace: String,
+    },
+    /// One job, with its next fire.
+    Show { job: String },
+    /// Stop firing (fires due while paused follow the misfire policy on resume).
+    Pause { job: String },
+    /// Fire again.
+    Resume { job: String },
+    /// Start a run now.
+    Trigger {
+        job: String,
+        /// Parameters, `key=value`, overriding the job's defaults.
+        #[arg(long = "param", value_parser = parse_kv)]
+        params: Vec<(String, String)>,
+    },
+    /// Delete a job (its history stays).
+    Delete { job: String },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum RunsCommand {
+    /// Runs of a job, newest first.
+    List {
+        job: String,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// One run with its tasks and attempts.
+    Show { run: i64 },
+    /// Cancel a run.
+    Cancel { run: i64 },
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected key=value, got {s:?}"))
+}
+
+/// `ns/name`, or `name` in namespace `default`.
+fn job_path(job: &str) -> Result<String> {
+    let (ns, name) = job.split_once('/').unwrap_or(("default", job));
+    if ns.is_empty() || name.is_empty() || name.contains('/') {
+        bail!("expected NAMESPACE/JOB or JOB, got {job:?}");
+    }
+    Ok(format!("/api/v1/namespaces/{ns}/jobs/{name}"))
+}
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    fn new(conn: &Conn) -> Client {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Client {
+            http: reqwest::Client::new(),
+            base: conn.server.trim_end_matches('/').to_string(),
+        }
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+        let resp = req.send().await.with_context(|| {
+            format!(
+                "cannot reach the dagcron server at {} (set --server or DAGCRON_SERVER)",
+                self.base
+            )
+        })?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap_or(Value::Null);
+        let message = body["error"]["message"]
+            .as_str()
+            .unwrap_or("no details")
+            .to_string();
+        let mut text = format!("{status}: {message}");
+        if let Some(details) = body["error"]["details"].as_array() {
+            for d in details {
+                text.push_str(&format!(
+                    "\n  {}: {}",
+                    d["path"].as_str().unwrap_or("?"),
+                    d["message"].as_str().unwrap_or("?")
+                ));
+            }
+        }
+        bail!(text)
+    }
+
+    async fn get(&self, path: &str) -> Result<Value> {
+        Ok(self
+            .send(self.http.get(format!("{}{path}", self.base)))
+            .await?
+            .json()
+            .await?)
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Result<Value> {
+        Ok(self
+            .send(self.http.post(format!("{}{path}", self.base)).json(&body))
+            .await?
+            .json()
+            .await?)
+    }
+}
+
+fn print_json(out: &mut impl Write, v: &Value) -> Result<()> {
+    writeln!(out, "{}", serde_json::to_string_pretty(v)?)?;
+    Ok(())
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn print_run(out: &mut impl Write, run: &Value) -> Result<()> {
+    writeln!(
+        out,
+        "run {}  {}/{}  {}  trigger={}  scheduled={}",
+        s(&run["id"]),
+        s(&run["namespace"]),
+        s(&run["job"]),
+        s(&run["state"]),
+        s(&run["trigger"]),
+        s(&run["scheduled_at"])
+    )?;
+    for t in run["tasks"].as_array().into_iter().flatten() {
+        writeln!(out, "  {:<20} {}", s(&t["id"]), s(&t["state"]))?;
+        for a in t["attempts"].as_array().into_iter().flatten() {
+            writeln!(
+                out,
+                "    attempt {} {:<10} exit={} {} {}",
+                s(&a["number"]),
+                s(&a["state"]),
+                s(&a["exit_code"]),
+                s(&a["started_at"]),
+                a["error"].as_str().unwrap_or("")
+            )?;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) async fn run(cmd: ClientCommand, conn: Conn) -> Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    match cmd {
+        ClientCommand::Apply { file } => {
+            let c = Client::new(&conn);
+            let (_, text) = crate::dag_cmd::read_file(&file)?;
+            let content_type = if file.extension().is_some_and(|e| e == "json") {
+                "application/json"
+            } else {
+                "application/yaml"
+            };
+            let resp: Value = c
+                .send(
+                    c.http
+                        .post(format!("{}/api/v1/apply", c.base))
+                        .header("content-type", content_type)
+                        .body(text),
+                )
+                .await?
+                .json()
+                .await?;
+            if conn.json {
+                print_json(&mut out, &resp)?;
+            } else {
+                for j in resp["jobs"].as_array().into_iter().flatten() {
+                    writeln!(
+                        out,
+                        "{:<40} {} (version {})",
+                        s(&j["job"]),
+                        s(&j["result"]["result"]),
+                        s(&j["result"]["version"])
+                    )?;
+                }
+            }
+        }
+        ClientCommand::Jobs(cmd) => match cmd {
+            JobsCommand::List { namespace } => {
+                let c = Client::new(&conn);
+                let mut cursor: Option<String> = None;
+                let mut all = Vec::new();
+                loop {
+                    let q = cursor
+                        .as_ref()
+                        .map(|c| format!("&cursor={c}"))
+                        .unwrap_or_default();
+                    let page = c
+                        .get(&format!(
+                            "/api/v1/namespaces/{namespace}/jobs?limit=1000{q}"
+                        ))
+                        .await?;
+                    all.extend(page["items"].as_array().cloned().unwrap_or_default());
+                    match page["next_cursor"].as_str() {
+                        Some(next) => cursor = Some(next.to_string()),
+                        None => break,
+                    }
+                }
+                if conn.json {
+                    print_json(&mut out, &Value::Array(all))?;
+                } else {
+                    writeln!(
+                        out,
+                        "{:<30} {:>7} {:<7} {:<30} next fire",
+                        "job", "version", "paused", "schedule"
+                    )?;
+                    for j in &all {
+                        writeln!(
+                            out,
+                            "{:<30} {:>7} {:<7} {:<30} {}",
+                            s(&j["name"]),
+                            s(&j["version"]),
+                            s(&j["paused"]),
+                            s(&j["spec"]["schedule"]),
+                            s(&j["next_fire"])
+                        )?;
+                    }
+                }
+            }
+            JobsCommand::Show { job } => {
+                print_json(&mut out, &Client::new(&conn).get(&job_path(&job)?).await?)?
+            }
+            JobsCommand::Pause { job } => {
+                let v = Client::new(&conn)
+                    .post(&format!("{}/pause", job_path(&job)?), json!({}))
+                    .await?;
+                writeln!(out, "{}/{} paused", s(&v["namespace"]), s(&v["name"]))?;
+            }
+            JobsCommand::Resume { job } => {
+                let v = Client::new(&conn)
+                    .post(&format!("{}/resume", job_path(&job)?), json!({}))
+                    .await?;
+                writeln!(
+                    out,
+                    "{}/{} resumed; next fire {}",
+                    s(&v["namespace"]),
+                    s(&v["name"]),
+                    s(&v["next_fire"])
+                )?;
+            }
+            JobsCommand::Trigger { job, params } => {
+                let params: serde_json::Map<String, Value> = params
+                    .into_iter()
+                    .map(|(k, v)| (k, Value::String(v)))
+                    .collect();
+                let run = Client::new(&conn)
+                    .post(
+                        &format!("{}/trigger", job_path(&job)?),
+                        json!({ "params": params }),
+                    )
+                    .await?;
+                if conn.json {
+                    print_json(&mut out, &run)?
+                } else {
+                    print_run(&mut out, &run)?
+                }
+            }
+            JobsCommand::Delete { job } => {
+                let c = Client::new(&conn);
+                c.send(c.http.delete(format!("{}{}", c.base, job_path(&job)?)))
+                    .await?;
+                writeln!(out, "deleted {job}")?;
+            }
+        },
+        ClientCommand::Runs(cmd) => match cmd {
+            RunsCommand::List { job, limit } => {
+                let page = Client::new(&conn)
+                    .get(&format!("{}/runs?limit={limit}", job_path(&job)?))
+                    .await?;
+                if conn.json {
+                    print_json(&mut out, &page)?;
+                } else {
+                    writeln!(
+                        out,
+                        "{:<18} {:<10} {:<9} {:<22} finished",
+                        "run", "state", "trigger", "scheduled"
+                    )?;
+                    for r in page["items"].as_array().into_iter().flatten() {
+                        writeln!(
+                            out,
+                            "{:<18} {:<10} {:<9} {:<22} {}",
+                            s(&r["id"]),
+                            s(&r["state"]),
+                            s(&r["trigger"]),
+                            s(&r["scheduled_at"]),
+                            s(&r["finished_at"])
+                        )?;
+                    }
+                }
+            }
+            RunsCommand::Show { run } => {
+                let v = Client::new(&conn)
+                    .get(&format!("/api/v1/runs/{run}"))
+                    .await?;
+                if conn.json {
+                    print_json(&mut out, &v)?
+                } else {
+                    print_run(&mut out, &v)?
+                }
+            }
+            RunsCommand::Cancel { run } => {
+                let v = Client::new(&conn)
+                    .post(&format!("/api/v1/runs/{run}/cancel"), json!({}))
+                    .await?;
+                writeln!(out, "run {} cancelling: {}", s(&v["id"]), s(&v["state"]))?;
+            }
+        },
+        ClientCommand::Logs { run, task, attempt } => {
+            let c = Client::new(&conn);
+            let n = match attempt {
+                Some(n) => n,
+                None => {
+                    let r = c.get(&format!("/api/v1/runs/{run}")).await?;
+                    let t = r["tasks"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|t| t["id"] == task.as_str())
+                        .with_context(|| format!("run {run} has no task {task}"))?;
+                    t["attempts"].as_array().map_or(0, |a| a.len()) as u32
+                }
+            };
+            if n == 0 {
+                bail!("task {task} of run {run} has no attempt yet");
+            }
+            let resp = c
+                .send(c.http.get(format!(
+                    "{}/api/v1/runs/{run}/tasks/{task}/attempts/{n}/log",
+                    c.base
+                )))
+                .await?;
+            out.write_all(&resp.bytes().await?)?;
+        }
+        ClientCommand::Backfill { job, from, to } => {
+            let v = Client::new(&conn)
+                .post(
+                    &format!("{}/backfill", job_path(&job)?),
+                    json!({ "from": from, "to": to }),
+                )
+                .await?;
+            if conn.json {
+                print_json(&mut out, &v)?;
+            } else {
+                writeln!(
+                    out,
+                    "created {} run(s)",
+                    v["runs"].as_array().map_or(0, Vec::len)
+                )?;
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

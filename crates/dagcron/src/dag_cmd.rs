@@ -1,0 +1,88 @@
+//! `dagcron dag validate|plan FILE`: offline checks of a job file.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Subcommand;
+use dagcron_core::JobFile;
+
+#[derive(Subcommand)]
+pub(crate) enum DagCommand {
+    /// Check a job file: schedules, DAG, policies. Exit 2 with every problem if invalid.
+    Validate {
+        /// The job file (YAML or JSON).
+        file: PathBuf,
+    },
+    /// Show the order in which each job's tasks would run (waves of tasks that may run together).
+    Plan {
+        /// The job file (YAML or JSON).
+        file: PathBuf,
+    },
+}
+
+/// Reads a job file, YAML or JSON (by extension).
+pub(crate) fn read_file(path: &Path) -> Result<(JobFile, String)> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let file = if path.extension().is_some_and(|e| e == "json") {
+        serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a valid job file", path.display()))?
+    } else {
+        serde_saphyr::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{} is not a valid job file: {e}", path.display()))?
+    };
+    Ok((file, text))
+}
+
+pub(crate) fn run(cmd: DagCommand) -> Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    let (DagCommand::Validate { file } | DagCommand::Plan { file }) = &cmd;
+    let (parsed, _) = read_file(file)?;
+    let jobs = match parsed.validate() {
+        Ok(jobs) => jobs,
+        Err(errors) => {
+            eprintln!("{}: {} problem(s)", file.display(), errors.0.len());
+            for e in &errors.0 {
+                eprintln!("  {}: {}", e.path, e.message);
+            }
+            return Ok(ExitCode::from(2));
+        }
+    };
+    match cmd {
+        DagCommand::Validate { .. } => {
+            writeln!(
+                out,
+                "{}: valid ({} job(s) in namespace {})",
+                file.display(),
+                jobs.len(),
+                parsed.namespace
+            )?;
+        }
+        DagCommand::Plan { .. } => {
+            for job in &jobs {
+                writeln!(out, "{}", job.key())?;
+                for (i, wave) in job.dag.waves().iter().enumerate() {
+                    let names: Vec<String> = wave
+                        .iter()
+                        .map(|&t| {
+                            let task = &job.tasks[t];
+                            let deps: Vec<&str> = job.dag.upstream[t]
+                                .iter()
+                                .map(|&u| job.tasks[u].id.as_str())
+                                .collect();
+                            if deps.is_empty() {
+                                task.id.clone()
+                            } else {
+                                format!("{} (after {})", task.id, deps.join(", "))
+                            }
+                        })
+                        .collect();
+                    writeln!(out, "  {}. {}", i + 1, names.join(", "))?;
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
