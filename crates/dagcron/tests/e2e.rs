@@ -1,0 +1,358 @@
+//! End to end: the real binary, on loopback, killed with SIGKILL mid-run and
+//! restarted; every claim is checked from the API.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Server {
+    fn start(data: &Path, port: u16, extra: &[&str]) -> Server {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(data.with_extension("log"))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+            .args([
+                "serve",
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+            ])
+            .args(extra)
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        let server = Server {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while reqwest::blocking::get(format!("{}/healthz", server.url)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "server did not come up; see {}",
+                data.with_extension("log").display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    fn signal(&mut self, sig: Signal) {
+        kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
+        self.child.wait().unwrap();
+    }
+
+    fn get(&self, path: &str) -> Value {
+        reqwest::blocking::get(format!("{}{path}", self.url))
+            .unwrap()
+            .json()
+            .unwrap()
+    }
+
+    fn post(&self, path: &str, body: &str, content_type: &str) -> (u16, Value) {
+        let resp = reqwest::blocking::Client::new()
+            .post(format!("{}{path}", self.url))
+            .header("content-type", content_type)
+            .body(body.to_string())
+            .send()
+            .unwrap();
+        (resp.status().as_u16(), resp.json().unwrap_or(Value::Null))
+    }
+
+    fn all_runs(&self, job: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut cursor = String::new();
+        loop {
+            let page = self.get(&format!(
+                "/api/v1/namespaces/e2e/jobs/{job}/runs?limit=1000{cursor}"
+            ));
+            out.extend(page["items"].as_array().unwrap().iter().cloned());
+            match page["next_cursor"].as_str() {
+                Some(c) => cursor = format!("&cursor={c}"),
+                None => return out,
+            }
+        }
+    }
+
+    fn wait_idle(&self, jobs: &[&str]) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let busy = jobs
+                .iter()
+                .flat_map(|j| self.all_runs(j))
+                .any(|r| ["pending", "running"].contains(&r["state"].as_str().unwrap()));
+            if !busy {
+                return;
+            }
+            assert!(Instant::now() < deadline, "runs did not finish");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn setup() -> (tempfile::TempDir, PathBuf) {
+    // The HTTP client's TLS uses rustls with the ring provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    (dir, data)
+}
+
+const JOBS: &str = r#"
+namespace: e2e
+jobs:
+  - name: tick
+    schedule: "* * * * * *"
+    misfire: run_all
+    max_catchup: 1000
+    max_active_runs: 50
+    tasks:
+      - { id: a, shell: "true" }
+      - { id: b, depends_on: [a], shell: "true" }
+  - name: long
+    schedule: "*/2 * * * * *"
+    concurrency: allow
+    max_active_runs: 10
+    misfire: skip
+    retry: { max_attempts: 3, backoff: fixed, initial: 1s, max: 1s }
+    tasks:
+      - { id: slow, shell: "sleep 1" }
+"#;
+
+/// SIGKILL in the middle of runs, a restart after downtime: every scheduled
+/// second has exactly one run, none is missing (run_all), nothing stays
+/// running, and killed attempts were retried.
+#[test]
+fn kill_nine_loses_and_doubles_nothing() {
+    let (_dir, data) = setup();
+    let port = free_port();
+    let mut server = Server::start(&data, port, &["--misfire-grace", "0"]);
+    let (status, body) = server.post("/api/v1/apply", JOBS, "application/yaml");
+    assert_eq!(status, 200, "{body}");
+    let applied_at = jiff::Timestamp::now();
+    // Run until some `long` attempts are in flight, then kill without warning.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let running = server
+            .all_runs("long")
+            .iter()
+            .any(|r| r["tasks"][0]["state"] == "running");
+        if running && server.all_runs("tick").len() >= 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.signal(Signal::SIGKILL);
+    std::thread::sleep(Duration::from_secs(3));
+    let mut server = Server::start(&data, port, &["--misfire-grace", "0"]);
+    std::thread::sleep(Duration::from_secs(3));
+    // A second kill, right after start-up, while catch-up runs are in flight.
+    server.signal(Signal::SIGKILL);
+    let mut server = Server::start(&data, port, &["--misfire-grace", "0"]);
+    std::thread::sleep(Duration::from_secs(2));
+    server.signal(Signal::SIGTERM);
+    let server = Server::start(&data, port, &["--misfire-grace", "0"]);
+    // Stop firing, then let everything finish.
+    server.post(
+        "/api/v1/namespaces/e2e/jobs/tick/pause",
+        "",
+        "application/json",
+    );
+    server.post(
+        "/api/v1/namespaces/e2e/jobs/long/pause",
+        "",
+        "application/json",
+    );
+    server.wait_idle(&["tick", "long"]);
+
+    let fires = server.get("/api/v1/namespaces/e2e/jobs/tick/fires?limit=10000")["items"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let seconds: Vec<i64> = fires
+        .iter()
+        .map(|f| {
+            f["scheduled_at"]
+                .as_str()
+                .unwrap()
+                .parse::<jiff::Timestamp>()
+                .unwrap()
+                .as_second()
+        })
+        .collect();
+    assert!(seconds.len() >= 8, "only {} fires", seconds.len());
+    assert!(seconds[0] <= applied_at.as_second() + 2);
+    for w in seconds.windows(2) {
+        assert_eq!(
+            w[1] - w[0],
+            1,
+            "a scheduled second is missing or doubled between {} and {}",
+            w[0],
+            w[1]
+        );
+    }
+    let runs = server.all_runs("tick");
+    let run_ids: BTreeSet<i64> = runs.iter().map(|r| r["id"].as_i64().unwrap()).collect();
+    let fired: BTreeSet<i64> = fires
+        .iter()
+        .map(|f| {
+            f["run_id"]
+                .as_i64()
+                .expect("every tick fire has a run under run_all")
+        })
+        .collect();
+    assert_eq!(run_ids, fired, "runs and fires match one to one");
+    let scheduled: BTreeSet<&str> = runs
+        .iter()
+        .map(|r| r["scheduled_at"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        scheduled.len(),
+        runs.len(),
+        "no scheduled instant has two runs"
+    );
+    for r in runs.iter().chain(server.all_runs("long").iter()) {
+        for t in r["tasks"].as_array().unwrap() {
+            for a in t["attempts"].as_array().unwrap() {
+                assert_ne!(a["state"], "running", "attempt left running: {r}");
+            }
+        }
+        assert!(
+            !["pending", "running"].contains(&r["state"].as_str().unwrap()),
+            "run left active: {r}"
+        );
+    }
+    assert!(
+        runs.iter().all(|r| r["state"] == "succeeded"),
+        "every tick run succeeded"
+    );
+    // Attempts killed with the process were recorded lost and retried.
+    let long = server.all_runs("long");
+    let lost: Vec<&Value> = long
+        .iter()
+        .filter(|r| r["tasks"][0]["attempts"][0]["state"] == "lost")
+        .collect();
+    assert!(!lost.is_empty(), "no attempt was caught by the kill");
+    for r in lost {
+        let attempts = r["tasks"][0]["attempts"].as_array().unwrap();
+        assert_eq!(
+            attempts.last().unwrap()["state"],
+            "succeeded",
+            "lost attempt not retried: {r}"
+        );
+    }
+}
+
+/// A failing task is retried after its configured delay, and a SIGTERM lets
+/// a running attempt finish instead of losing it.
+#[test]
+fn retries_wait_their_delay_and_sigterm_drains() {
+    let (dir, data) = setup();
+    let marker = dir.path().join("attempts");
+    let port = free_port();
+    let mut server = Server::start(&data, port, &[]);
+    let file = format!(
+        r#"
+namespace: e2e
+jobs:
+  - name: flaky
+    retry: {{ max_attempts: 3, backoff: fixed, initial: 2s, max: 2s }}
+    tasks:
+      - {{ id: t, shell: 'echo $DAGCRON_ATTEMPT >> {m}; test $DAGCRON_ATTEMPT -ge 2' }}
+  - name: drain
+    tasks:
+      - {{ id: t, shell: 'sleep 2; echo done' }}
+"#,
+        m = marker.display()
+    );
+    assert_eq!(
+        server.post("/api/v1/apply", &file, "application/yaml").0,
+        200
+    );
+    let (status, run) = server.post(
+        "/api/v1/namespaces/e2e/jobs/flaky/trigger",
+        "",
+        "application/json",
+    );
+    assert_eq!(status, 201);
+    server.wait_idle(&["flaky"]);
+    let run = server.get(&format!("/api/v1/runs/{}", run["id"]));
+    let attempts = run["tasks"][0]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2);
+    let finished: jiff::Timestamp = attempts[0]["finished_at"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let restarted: jiff::Timestamp = attempts[1]["started_at"].as_str().unwrap().parse().unwrap();
+    let gap = restarted.duration_since(finished).as_secs_f64();
+    assert!(gap >= 2.0, "retried after {gap}s, before the configured 2s");
+
+    let (_, run) = server.post(
+        "/api/v1/namespaces/e2e/jobs/drain/trigger",
+        "",
+        "application/json",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    server.signal(Signal::SIGTERM);
+    let server = Server::start(&data, port, &[]);
+    let run = server.get(&format!("/api/v1/runs/{}", run["id"]));
+    assert_eq!(
+        run["state"], "succeeded",
+        "the attempt finished during shutdown: {run}"
+    );
+    assert_eq!(run["tasks"][0]["attempts"].as_array().unwrap().len(), 1);
+}
+
+/// The example job files apply cleanly to a real server, twice.
+#[test]
+fn examples_apply_cleanly_and_idempotently() {
+    let (_dir, data) = setup();
+    let server = Server::start(&data, free_port(), &[]);
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    for entry in std::fs::read_dir(examples).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let (status, first) = server.post("/api/v1/apply", &text, "application/yaml");
+        assert_eq!(status, 200, "{}: {first}", path.display());
+        let (_, second) = server.post("/api/v1/apply", &text, "application/yaml");
+        for j in second["jobs"].as_array().unwrap() {
+            assert_eq!(
+                j["result"]["result"],
+                json!("unchanged"),
+                "{}",
+                path.display()
+            );
+        }
+    }
+}
