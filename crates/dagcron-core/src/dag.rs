@@ -202,6 +202,7 @@ mod tests {
                 retry: None,
                 shell: None,
                 http: None,
+                noop: false,
             })
             .collect()
     }
@@ -322,6 +323,7 @@ mod tests {
                         retry: None,
                         shell: None,
                         http: None,
+                        noop: false,
                     })
                     .collect();
                 (specs, rules, outcomes)

@@ -244,6 +244,9 @@ pub struct TaskSpec {
     pub shell: Option<ShellSpec>,
     /// Call an HTTP endpoint.
     pub http: Option<HttpSpec>,
+    /// Do nothing and succeed: a placeholder that gives a DAG its shape.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub noop: bool,
 }
 
 /// A job as declared.
@@ -312,6 +315,8 @@ pub enum Executor {
     Shell(ShellCommand),
     /// An HTTP request.
     Http(HttpSpec),
+    /// Nothing: succeeds at once.
+    Noop,
 }
 
 /// A validated task.
@@ -592,6 +597,15 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
             );
         }
         let executor = match (&t.shell, &t.http) {
+            (None, None) if t.noop => Some(Executor::Noop),
+            _ if t.noop => {
+                err(
+                    path.clone(),
+                    "a task has exactly one executor: `noop: true` excludes `shell` and `http`"
+                        .into(),
+                );
+                None
+            }
             (Some(ShellSpec::Script(s)), None) => Some(Executor::Shell(ShellCommand {
                 command: s.clone(),
                 args: vec![],
@@ -636,7 +650,7 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
             (None, None) => {
                 err(
                     path.clone(),
-                    "a task needs an executor: `shell: <command>` or `http: { url: ... }`".into(),
+                    "a task needs an executor: `shell: <command>`, `http: { url: ... }` or `noop: true`".into(),
                 );
                 None
             }

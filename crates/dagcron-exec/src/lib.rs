@@ -151,6 +151,12 @@ pub async fn run(
     match executor {
         Executor::Shell(cmd) => shell::run(cmd, ctx, timeout, cancel, limits).await,
         Executor::Http(spec) => http::run(spec, ctx, timeout, cancel, limits).await,
+        Executor::Noop => Outcome {
+            ending: Ending::Succeeded,
+            exit_code: None,
+            error: None,
+            log: vec![],
+        },
     }
 }
 

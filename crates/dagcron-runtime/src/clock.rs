@@ -27,9 +27,21 @@ impl Clock for SystemClock {
     }
 
     fn sleep_until(&self, at: Timestamp) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        let wait = at.duration_since(Timestamp::now());
-        let wait = Duration::try_from(wait).unwrap_or(Duration::ZERO);
-        Box::pin(tokio::time::sleep(wait))
+        Box::pin(async move {
+            // Tokio's timer wheel has a 1 ms granularity and rounds up, so
+            // sleep until just before the instant, then yield until it comes:
+            // fires land within microseconds of their instant, for at most
+            // SPIN of busy waiting per wake-up.
+            const SPIN: Duration = Duration::from_micros(1500);
+            let wait =
+                Duration::try_from(at.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO);
+            if wait > SPIN {
+                tokio::time::sleep(wait - SPIN).await;
+            }
+            while Timestamp::now() < at {
+                tokio::task::yield_now().await;
+            }
+        })
     }
 }
 

@@ -27,6 +27,30 @@ use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
 
+/// Something that happened, for metrics and benchmarks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineEvent {
+    /// A fire was turned into a run (or skipped) at `at`, for `scheduled_at`.
+    Fired {
+        /// The fire's instant.
+        scheduled_at: Timestamp,
+        /// When the engine handled it.
+        at: Timestamp,
+    },
+    /// An attempt's outcome was committed.
+    AttemptFinished,
+}
+
+/// Receives [`EngineEvent`]s; it must be quick (it runs on the engine's task).
+#[derive(Clone)]
+pub struct Observer(pub Arc<dyn Fn(EngineEvent) + Send + Sync>);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
+}
+
 /// Settings of the engine; every one has a safe default.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -40,6 +64,8 @@ pub struct EngineConfig {
     pub max_missed_per_job: usize,
     /// At most this many runs one backfill creates.
     pub max_backfill: usize,
+    /// Told about fires and attempts.
+    pub observer: Option<Observer>,
 }
 
 impl Default for EngineConfig {
@@ -50,6 +76,7 @@ impl Default for EngineConfig {
             max_output: 1 << 20,
             max_missed_per_job: 10_000,
             max_backfill: 10_000,
+            observer: None,
         }
     }
 }
@@ -674,6 +701,23 @@ impl<S: Store> Engine<S> {
             ),
             params: run.params.clone(),
         };
+        if spec.executor == dagcron_core::Executor::Noop {
+            // Nothing to run: report at once, without a task.
+            let outcome = Outcome {
+                ending: Ending::Succeeded,
+                exit_code: None,
+                error: None,
+                log: vec![],
+            };
+            let _ = self.finished_tx.send(Finished {
+                run: run_id,
+                task,
+                number,
+                outcome,
+                at: self.clock.now(),
+            });
+            return;
+        }
         let executor = spec.executor.clone();
         let timeout = spec.timeout.map(|d| d.0);
         let token = run.tokens[task].clone().unwrap_or_default();
@@ -751,6 +795,12 @@ impl<S: Store> Engine<S> {
     /// A fire of `key` at `at`: applies the overlap policy and records it.
     fn fire(&mut self, key: &JobKey, at: Timestamp, trigger: Trigger, outcome: FireOutcome) {
         let now = self.clock.now();
+        if let Some(o) = &self.config.observer {
+            (o.0)(EngineEvent::Fired {
+                scheduled_at: at,
+                at: now,
+            });
+        }
         let entry = &self.jobs[key];
         let job = entry.job.clone();
         let decision = policy::on_fire(
@@ -1025,6 +1075,9 @@ impl<S: Store> Engine<S> {
 
     fn on_finished(&mut self, done: Finished) {
         self.running -= 1;
+        if let Some(o) = &self.config.observer {
+            (o.0)(EngineEvent::AttemptFinished);
+        }
         let Finished {
             run: id,
             task: i,

@@ -5,4 +5,4 @@ pub mod clock;
 pub mod engine;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use engine::{Engine, EngineConfig, EngineError, EngineHandle};
+pub use engine::{Engine, EngineConfig, EngineError, EngineEvent, EngineHandle, Observer};

@@ -97,7 +97,7 @@ jobs:
             "jobs[0].tasks[1].http.url: \"ftp://x\" is not an http:// or https:// URL",
             "jobs[0].tasks[1].http.method: unknown method \"FETCH\": use GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS",
             "jobs[0].tasks[1].http.expect: 700 is not an HTTP status (100-599)",
-            "jobs[0].tasks[3]: a task needs an executor: `shell: <command>` or `http: { url: ... }`",
+            "jobs[0].tasks[3]: a task needs an executor: `shell: <command>`, `http: { url: ... }` or `noop: true`",
             "jobs[0].tasks[0].depends_on: dependency cycle: a -> c -> a",
             "jobs[1].tasks: a job needs at least one task",
         ]

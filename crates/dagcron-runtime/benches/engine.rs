@@ -1,0 +1,308 @@
+//! The engine under load, side by side with tokio-cron-scheduler and
+//! APScheduler 3 on the same fire workload.
+//!
+//! Run with `scripts/bench-engine` (it installs APScheduler for Python), or
+//! `cargo bench -p dagcron-runtime --bench engine` (APScheduler is skipped if
+//! Python cannot import it). `DAGCRON_BENCH_SCALES=1000,100000` limits the
+//! registered-schedule scales (default 1000,100000,1000000).
+//!
+//! dagcron's figures are durable: every fire is a committed run on a real
+//! SQLite file, every attempt a committed row. The peers keep nothing.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dagcron_core::model::RetrySpec;
+use dagcron_core::model::Schedules;
+use dagcron_core::{Concurrency, JobFile, JobSpec, Misfire, TaskSpec, TriggerRule};
+use dagcron_runtime::{Engine, EngineConfig, EngineEvent, EngineHandle, Observer, SystemClock};
+use dagcron_store_sqlite::SqliteStore;
+use tokio_util::sync::CancellationToken;
+
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    kb / 1024.0
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
+}
+
+fn task(id: &str, deps: &[&str]) -> TaskSpec {
+    TaskSpec {
+        id: id.into(),
+        depends_on: deps.iter().map(|d| d.to_string()).collect(),
+        trigger_rule: TriggerRule::AllSuccess,
+        timeout: None,
+        retry: None,
+        shell: None,
+        http: None,
+        noop: true,
+    }
+}
+
+fn job(name: String, schedule: Option<String>, tasks: Vec<TaskSpec>) -> JobSpec {
+    JobSpec {
+        name,
+        schedule: schedule.map(Schedules::One),
+        timezone: "UTC".into(),
+        dst_gap: None,
+        dst_overlap: None,
+        concurrency: Concurrency::Allow,
+        max_active_runs: 1000,
+        misfire: Misfire::Skip,
+        max_catchup: 10,
+        deadline: None,
+        params: BTreeMap::new(),
+        retry: RetrySpec::default(),
+        delivery: Default::default(),
+        paused: false,
+        start_date: None,
+        end_date: None,
+        tasks,
+    }
+}
+
+struct Probe {
+    late_ms: Mutex<Vec<f64>>,
+    fires: AtomicU64,
+    attempts: AtomicU64,
+}
+
+async fn engine(
+    dir: &tempfile::TempDir,
+    pool: usize,
+) -> (EngineHandle, Arc<Probe>, CancellationToken) {
+    let store = Arc::new(
+        SqliteStore::open(&dir.path().join("bench.db"))
+            .await
+            .unwrap(),
+    );
+    let probe = Arc::new(Probe {
+        late_ms: Mutex::new(Vec::new()),
+        fires: AtomicU64::new(0),
+        attempts: AtomicU64::new(0),
+    });
+    let p = probe.clone();
+    let observer = Observer(Arc::new(move |e| match e {
+        EngineEvent::Fired { scheduled_at, at } => {
+            p.fires.fetch_add(1, Ordering::Relaxed);
+            let late = at.duration_since(scheduled_at).as_secs_f64() * 1000.0;
+            p.late_ms.lock().unwrap().push(late);
+        }
+        EngineEvent::AttemptFinished => {
+            p.attempts.fetch_add(1, Ordering::Relaxed);
+        }
+    }));
+    let config = EngineConfig {
+        pool_size: pool,
+        misfire_grace: Duration::from_secs(3600),
+        observer: Some(observer),
+        ..EngineConfig::default()
+    };
+    let (engine, handle) = Engine::start(store, Arc::new(SystemClock), config)
+        .await
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(engine.run(shutdown.clone(), Duration::from_secs(1)));
+    (handle, probe, shutdown)
+}
+
+async fn apply(handle: &EngineHandle, specs: Vec<JobSpec>) {
+    for chunk in specs.chunks(20_000) {
+        let jobs = JobFile {
+            namespace: "bench".into(),
+            jobs: chunk.to_vec(),
+        }
+        .validate()
+        .unwrap();
+        handle.apply(jobs).await.unwrap();
+    }
+}
+
+struct Row {
+    fires: u64,
+    attempts: u64,
+    secs: f64,
+    p50: f64,
+    p99: f64,
+    max: f64,
+}
+
+async fn measure(probe: &Probe, secs: u64) -> Row {
+    // Align to a second boundary, then count a whole window.
+    probe.late_ms.lock().unwrap().clear();
+    let (f0, a0) = (
+        probe.fires.load(Ordering::Relaxed),
+        probe.attempts.load(Ordering::Relaxed),
+    );
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let secs = t0.elapsed().as_secs_f64();
+    let mut late = probe.late_ms.lock().unwrap().clone();
+    late.sort_by(f64::total_cmp);
+    Row {
+        fires: probe.fires.load(Ordering::Relaxed) - f0,
+        attempts: probe.attempts.load(Ordering::Relaxed) - a0,
+        secs,
+        p50: percentile(&late, 0.5),
+        p99: percentile(&late, 0.99),
+        max: late.last().copied().unwrap_or(f64::NAN),
+    }
+}
+
+/// Schedule `i` of `n` fires once an hour; the `n` schedules are spread
+/// evenly over the hour, so that `n`/3600 fire each second.
+fn hourly(i: usize, n: usize) -> String {
+    let second_of_hour = i * 3600 / n;
+    format!("{} {} * * * *", second_of_hour % 60, second_of_hour / 60)
+}
+
+async fn tokio_cron_scheduler(n: usize, every_second: bool, secs: u64) -> (u64, f64, f64, f64) {
+    use tokio_cron_scheduler::{Job, JobScheduler};
+    let late = Arc::new(Mutex::new(Vec::<f64>::new()));
+    let rss0 = rss_mib();
+    let sched = JobScheduler::new().await.unwrap();
+    for i in 0..n {
+        let l = late.clone();
+        let expr = if every_second {
+            "* * * * * *".to_string()
+        } else {
+            hourly(i, n)
+        };
+        let job = Job::new(expr.as_str(), move |_, _| {
+            let now = jiff::Timestamp::now();
+            l.lock()
+                .unwrap()
+                .push(f64::from(now.subsec_nanosecond()) / 1e6);
+        })
+        .unwrap();
+        sched.add(job).await.unwrap();
+    }
+    sched.start().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let rss = rss_mib() - rss0;
+    let mut data = late.lock().unwrap().clone();
+    let mut s = sched;
+    let _ = s.shutdown().await;
+    data.sort_by(f64::total_cmp);
+    (
+        data.len() as u64,
+        percentile(&data, 0.5),
+        percentile(&data, 0.99),
+        rss,
+    )
+}
+
+fn apscheduler(mode: &str, n: usize, secs: u64) -> Option<serde_json::Value> {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../bench/apscheduler_fire.py"
+    );
+    let out = std::process::Command::new("python3")
+        .args([script, mode, &n.to_string(), &secs.to_string()])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        eprintln!(
+            "APScheduler skipped: {}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        );
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("run with `cargo bench -p dagcron-runtime --bench engine`");
+        return;
+    }
+    let scales: Vec<usize> = std::env::var("DAGCRON_BENCH_SCALES")
+        .unwrap_or_else(|_| "1000,100000,1000000".into())
+        .split(',')
+        .map(|s| s.trim().parse().expect("a number"))
+        .collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        println!("## Engine: dagcron vs tokio-cron-scheduler vs APScheduler 3\n");
+        println!("### Registered schedules, each firing once an hour at a distinct second (N/3600 fires/s), one no-op task each\n");
+        println!("| N | scheduler | register (s) | RSS added (MiB) | fires in 10 s | p50 lateness | p99 lateness | max |");
+        println!("|---|---|---|---|---|---|---|---|");
+        for &n in &scales {
+            let dir = tempfile::tempdir().unwrap();
+            let rss0 = rss_mib();
+            let (handle, probe, shutdown) = engine(&dir, 256).await;
+            let t = Instant::now();
+            apply(&handle, (0..n).map(|i| job(format!("j{i}"), Some(hourly(i, n)), vec![task("a", &[])])).collect()).await;
+            let register = t.elapsed().as_secs_f64();
+            let rss = rss_mib() - rss0;
+            let row = measure(&probe, 10).await;
+            println!("| {n} | dagcron (durable) | {register:.1} | {rss:.0} | {} | {:.2} ms | {:.2} ms | {:.2} ms |", row.fires, row.p50, row.p99, row.max);
+            shutdown.cancel();
+            drop(handle);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if n <= 100_000 {
+                let t = Instant::now();
+                let (fires, p50, p99, rss) = tokio_cron_scheduler(n, false, 10).await;
+                let _ = t;
+                println!("| {n} | tokio-cron-scheduler | - | {rss:.0} | {fires} | {p50:.2} ms | {p99:.2} ms | - |");
+                if let Some(v) = apscheduler("hourly", n, 10) {
+                    println!("| {n} | APScheduler 3 | - | {:.0} (max RSS) | {} | {:.2} ms | {:.2} ms | {:.2} ms |", v["rss_mib"].as_f64().unwrap_or(f64::NAN), v["fires"], v["p50_ms"].as_f64().unwrap_or(f64::NAN), v["p99_ms"].as_f64().unwrap_or(f64::NAN), v["max_ms"].as_f64().unwrap_or(f64::NAN));
+                }
+            }
+        }
+
+        println!("\n### 1,000 schedules firing every second, one no-op task each (10 s)\n");
+        println!("| scheduler | fires/s | attempts completed/s | p50 lateness | p99 lateness |");
+        println!("|---|---|---|---|---|");
+        let dir = tempfile::tempdir().unwrap();
+        let (handle, probe, shutdown) = engine(&dir, 256).await;
+        apply(&handle, (0..1000).map(|i| job(format!("s{i}"), Some("* * * * * *".into()), vec![task("a", &[])])).collect()).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let row = measure(&probe, 10).await;
+        println!("| dagcron (durable) | {:.0} | {:.0} | {:.2} ms | {:.2} ms |", row.fires as f64 / row.secs, row.attempts as f64 / row.secs, row.p50, row.p99);
+        shutdown.cancel();
+        let (fires, p50, p99, _) = tokio_cron_scheduler(1000, true, 10).await;
+        println!("| tokio-cron-scheduler | {:.0} | - | {p50:.2} ms | {p99:.2} ms |", fires as f64 / 10.0);
+        if let Some(v) = apscheduler("every-second", 1000, 10) {
+            println!("| APScheduler 3 | {:.0} | - | {:.2} ms | {:.2} ms |", v["fires_per_s"].as_f64().unwrap_or(f64::NAN), v["p50_ms"].as_f64().unwrap_or(f64::NAN), v["p99_ms"].as_f64().unwrap_or(f64::NAN));
+        }
+
+        println!("\n### A burst of manual triggers of a 3-task DAG of no-op tasks (durable on SQLite)\n");
+        let dir = tempfile::tempdir().unwrap();
+        let (handle, probe, shutdown) = engine(&dir, 256).await;
+        apply(&handle, vec![job("dag".into(), None, vec![task("a", &[]), task("b", &["a"]), task("c", &["b"])])]).await;
+        let triggers = 10_000;
+        let t = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..triggers {
+            let h = handle.clone();
+            set.spawn(async move { h.trigger("bench", "dag", BTreeMap::new()).await.unwrap() });
+        }
+        while set.join_next().await.is_some() {}
+        while probe.attempts.load(Ordering::Relaxed) < 3 * triggers {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let secs = t.elapsed().as_secs_f64();
+        println!("{triggers} runs, {} attempts in {secs:.2} s: {:.0} runs/s, {:.0} attempts completed/s", 3 * triggers, triggers as f64 / secs, 3.0 * triggers as f64 / secs);
+        shutdown.cancel();
+    });
+}
