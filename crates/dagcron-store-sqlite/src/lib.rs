@@ -9,9 +9,9 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use dagcron_core::{AttemptState, FireOutcome, RunState, TaskState};
+use dagcron_core::{AttemptState, FireOutcome};
 use dagcron_store::{
-    ApplyResult, AttemptRecord, FireRecord, JobUpsert, NewRun, Page, Result, RunId, RunRecord,
+    ApplyResult, AttemptRecord, FireRecord, JobUpsert, Page, Result, RunId, RunRecord,
     StorageError, Store, StoredJob, TaskRecord, Trigger, Write, WriteResult,
 };
 use jiff::Timestamp;
@@ -19,14 +19,16 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, SqliteConnection, Transaction};
+use sqlx::{Row, Sqlite, SqliteConnection};
+
+mod writer;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// A SQLite-backed [`Store`].
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
-    writer: SqlitePool,
+    writer: writer::Writer,
     reader: SqlitePool,
 }
 
@@ -76,162 +78,9 @@ impl SqliteStore {
             .connect_with(options.read_only(true))
             .await
             .map_err(unavailable)?;
+        writer.close().await;
+        let writer = writer::Writer::open(path)?;
         Ok(SqliteStore { writer, reader })
-    }
-
-    async fn apply_one(tx: &mut Transaction<'_, Sqlite>, w: &Write) -> Result<WriteResult> {
-        let conflict = |what: String| Ok(WriteResult::Conflict(what));
-        match w {
-            Write::Fire {
-                namespace,
-                job,
-                scheduled_at,
-                outcome,
-                run,
-            } => {
-                let inserted = sqlx::query("INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING")
-                    .bind(namespace)
-                    .bind(job)
-                    .bind(micros(*scheduled_at))
-                    .bind(outcome.as_str())
-                    .bind(run.as_ref().map(|r| r.id))
-                    .execute(&mut **tx)
-                    .await
-                    .map_err(unavailable)?
-                    .rows_affected();
-                if inserted == 0 {
-                    return conflict(format!(
-                        "fire {namespace}/{job} at {scheduled_at} is already recorded"
-                    ));
-                }
-                if let Some(run) = run {
-                    insert_run(tx, run).await?;
-                }
-                Ok(WriteResult::Done)
-            }
-            Write::Run(run) => {
-                insert_run(tx, run).await?;
-                Ok(WriteResult::Done)
-            }
-            Write::RunState { run, from, to, at } => {
-                let n = sqlx::query(
-                    "UPDATE runs SET state = ?1,
-                        started_at = CASE WHEN ?1 = 'running' THEN ?2 ELSE started_at END,
-                        finished_at = CASE WHEN ?1 IN ('succeeded', 'failed', 'cancelled', 'skipped') THEN ?2 ELSE finished_at END
-                     WHERE id = ?3 AND state = ?4",
-                )
-                .bind(to.as_str())
-                .bind(micros(*at))
-                .bind(run)
-                .bind(from.as_str())
-                .execute(&mut **tx)
-                .await
-                .map_err(unavailable)?
-                .rows_affected();
-                if n == 1 {
-                    return Ok(WriteResult::Done);
-                }
-                let found: Option<String> =
-                    sqlx::query_scalar("SELECT state FROM runs WHERE id = ?")
-                        .bind(run)
-                        .fetch_optional(&mut **tx)
-                        .await
-                        .map_err(unavailable)?;
-                conflict(match found {
-                    Some(s) => format!("run {run} is {s}, not {from}"),
-                    None => format!("run {run} does not exist"),
-                })
-            }
-            Write::TaskState {
-                run,
-                task,
-                from,
-                to,
-            } => {
-                let n = sqlx::query(
-                    "UPDATE tasks SET state = ? WHERE run_id = ? AND task_id = ? AND state = ?",
-                )
-                .bind(to.as_str())
-                .bind(run)
-                .bind(task)
-                .bind(from.as_str())
-                .execute(&mut **tx)
-                .await
-                .map_err(unavailable)?
-                .rows_affected();
-                if n == 1 {
-                    return Ok(WriteResult::Done);
-                }
-                let found: Option<String> =
-                    sqlx::query_scalar("SELECT state FROM tasks WHERE run_id = ? AND task_id = ?")
-                        .bind(run)
-                        .bind(task)
-                        .fetch_optional(&mut **tx)
-                        .await
-                        .map_err(unavailable)?;
-                conflict(match found {
-                    Some(s) => format!("task {task} of run {run} is {s}, not {from}"),
-                    None => format!("run {run} has no task {task}"),
-                })
-            }
-            Write::AttemptStart {
-                run,
-                task,
-                number,
-                state,
-                at,
-            } => {
-                let n = sqlx::query("INSERT INTO attempts (run_id, task_id, number, state, started_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING")
-                    .bind(run)
-                    .bind(task)
-                    .bind(number)
-                    .bind(state.as_str())
-                    .bind(micros(*at))
-                    .execute(&mut **tx)
-                    .await
-                    .map_err(unavailable)?
-                    .rows_affected();
-                if n == 1 {
-                    Ok(WriteResult::Done)
-                } else {
-                    conflict(format!("attempt {number} of {run}/{task} already exists"))
-                }
-            }
-            Write::AttemptEnd {
-                run,
-                task,
-                number,
-                from,
-                to,
-                at,
-                exit_code,
-                error,
-                log,
-            } => {
-                let n = sqlx::query(
-                    "UPDATE attempts SET state = ?, finished_at = ?, exit_code = ?, error = ?, log = ?
-                     WHERE run_id = ? AND task_id = ? AND number = ? AND state = ?",
-                )
-                .bind(to.as_str())
-                .bind(micros(*at))
-                .bind(exit_code)
-                .bind(error)
-                .bind(log.as_slice())
-                .bind(run)
-                .bind(task)
-                .bind(number)
-                .bind(from.as_str())
-                .execute(&mut **tx)
-                .await
-                .map_err(unavailable)?
-                .rows_affected();
-                if n == 1 {
-                    Ok(WriteResult::Done)
-                } else {
-                    conflict(format!("attempt {number} of {run}/{task} is not {from}"))
-                }
-            }
-        }
     }
 
     async fn load_tasks(
@@ -324,44 +173,6 @@ impl SqliteStore {
 
 const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at";
 
-async fn insert_run(tx: &mut Transaction<'_, Sqlite>, run: &NewRun) -> Result<()> {
-    let started = (run.state == RunState::Running).then_some(micros(run.created_at));
-    let finished = run.state.is_terminal().then_some(micros(run.created_at));
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-    )))
-    .bind(run.id)
-    .bind(&run.namespace)
-    .bind(&run.job)
-    .bind(run.job_version)
-    .bind(run.trigger.as_str())
-    .bind(micros(run.scheduled_at))
-    .bind(run.state.as_str())
-    .bind(serde_json::to_string(&run.params).expect("params serialize"))
-    .bind(micros(run.created_at))
-    .bind(started)
-    .bind(finished)
-    .execute(&mut **tx)
-    .await
-    .map_err(unavailable)?;
-    let task_state = if run.state.is_terminal() {
-        TaskState::Skipped
-    } else {
-        TaskState::Pending
-    };
-    for (position, task) in run.tasks.iter().enumerate() {
-        sqlx::query("INSERT INTO tasks (run_id, task_id, position, state) VALUES (?, ?, ?, ?)")
-            .bind(run.id)
-            .bind(task)
-            .bind(position as i64)
-            .bind(task_state.as_str())
-            .execute(&mut **tx)
-            .await
-            .map_err(unavailable)?;
-    }
-    Ok(())
-}
-
 fn job_from_row(row: &SqliteRow) -> Result<StoredJob> {
     Ok(StoredJob {
         namespace: row.get(0),
@@ -377,68 +188,10 @@ const JOB_COLUMNS: &str = "namespace, name, version, spec, paused, updated_at";
 
 impl Store for SqliteStore {
     async fn apply_jobs(&self, jobs: &[JobUpsert], at: Timestamp) -> Result<Vec<ApplyResult>> {
-        let mut tx = self.writer.begin().await.map_err(unavailable)?;
-        let mut out = Vec::with_capacity(jobs.len());
-        for j in jobs {
-            let current: Option<(i64, String)> =
-                sqlx::query_as("SELECT version, spec FROM jobs WHERE namespace = ? AND name = ?")
-                    .bind(&j.namespace)
-                    .bind(&j.name)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(unavailable)?;
-            let result = match current {
-                Some((v, spec)) if spec == j.spec => ApplyResult::Unchanged(v),
-                Some((v, _)) => {
-                    sqlx::query("UPDATE jobs SET version = ?, spec = ?, updated_at = ? WHERE namespace = ? AND name = ?")
-                        .bind(v + 1)
-                        .bind(&j.spec)
-                        .bind(micros(at))
-                        .bind(&j.namespace)
-                        .bind(&j.name)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(unavailable)?;
-                    ApplyResult::Updated(v + 1)
-                }
-                None => {
-                    // A re-created job continues its version history.
-                    let last: Option<i64> = sqlx::query_scalar(
-                        "SELECT MAX(version) FROM job_versions WHERE namespace = ? AND name = ?",
-                    )
-                    .bind(&j.namespace)
-                    .bind(&j.name)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(unavailable)?;
-                    let v = last.unwrap_or(0) + 1;
-                    sqlx::query("INSERT INTO jobs (namespace, name, version, spec, paused, updated_at) VALUES (?, ?, ?, ?, 0, ?)")
-                        .bind(&j.namespace)
-                        .bind(&j.name)
-                        .bind(v)
-                        .bind(&j.spec)
-                        .bind(micros(at))
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(unavailable)?;
-                    ApplyResult::Created(v)
-                }
-            };
-            if let ApplyResult::Created(v) | ApplyResult::Updated(v) = result {
-                sqlx::query("INSERT OR REPLACE INTO job_versions (namespace, name, version, spec, created_at) VALUES (?, ?, ?, ?, ?)")
-                    .bind(&j.namespace)
-                    .bind(&j.name)
-                    .bind(v)
-                    .bind(&j.spec)
-                    .bind(micros(at))
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(unavailable)?;
-            }
-            out.push(result);
-        }
-        tx.commit().await.map_err(unavailable)?;
-        Ok(out)
+        let jobs = jobs.to_vec();
+        self.writer
+            .transaction(move |tx| writer::apply_jobs(tx, &jobs, at))
+            .await
     }
 
     async fn load_jobs(&self) -> Result<Vec<StoredJob>> {
@@ -494,36 +247,41 @@ impl Store for SqliteStore {
     }
 
     async fn delete_job(&self, namespace: &str, name: &str) -> Result<bool> {
-        let n = sqlx::query("DELETE FROM jobs WHERE namespace = ? AND name = ?")
-            .bind(namespace)
-            .bind(name)
-            .execute(&self.writer)
-            .await
-            .map_err(unavailable)?
-            .rows_affected();
+        let (ns, name) = (namespace.to_string(), name.to_string());
+        let n = self
+            .writer
+            .transaction(move |tx| {
+                tx.execute(
+                    "DELETE FROM jobs WHERE namespace = ?1 AND name = ?2",
+                    rusqlite::params![ns, name],
+                )
+            })
+            .await?;
         Ok(n == 1)
     }
 
     async fn set_paused(&self, namespace: &str, name: &str, paused: bool) -> Result<bool> {
-        let n = sqlx::query("UPDATE jobs SET paused = ? WHERE namespace = ? AND name = ?")
-            .bind(i64::from(paused))
-            .bind(namespace)
-            .bind(name)
-            .execute(&self.writer)
-            .await
-            .map_err(unavailable)?
-            .rows_affected();
+        let (ns, name) = (namespace.to_string(), name.to_string());
+        let n = self
+            .writer
+            .transaction(move |tx| {
+                tx.execute(
+                    "UPDATE jobs SET paused = ?1 WHERE namespace = ?2 AND name = ?3",
+                    rusqlite::params![paused, ns, name],
+                )
+            })
+            .await?;
         Ok(n == 1)
     }
 
     async fn write(&self, batch: &[Write]) -> Result<Vec<WriteResult>> {
-        let mut tx = self.writer.begin().await.map_err(unavailable)?;
-        let mut out = Vec::with_capacity(batch.len());
-        for w in batch {
-            out.push(Self::apply_one(&mut tx, w).await?);
+        if batch.is_empty() {
+            return Ok(vec![]);
         }
-        tx.commit().await.map_err(unavailable)?;
-        Ok(out)
+        let batch = batch.to_vec();
+        self.writer
+            .transaction(move |tx| batch.iter().map(|w| writer::apply(tx, w)).collect())
+            .await
     }
 
     async fn last_fires(&self) -> Result<Vec<(String, String, Timestamp)>> {

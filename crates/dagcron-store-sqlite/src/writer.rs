@@ -1,0 +1,264 @@
+//! The write path: one SQLite connection on its own thread.
+//!
+//! A batch crosses threads once, then runs as cached prepared statements in
+//! one `BEGIN IMMEDIATE` transaction. (Going through the async driver cost
+//! a thread hand-off per statement, which dominated the time of a batch.)
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use dagcron_core::{RunState, TaskState};
+use dagcron_store::{ApplyResult, JobUpsert, NewRun, Result, StorageError, Write, WriteResult};
+use jiff::Timestamp;
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use tokio::sync::oneshot;
+
+type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+
+/// A handle to the writer thread; the thread ends when the last handle is dropped.
+#[derive(Clone, Debug)]
+pub(crate) struct Writer {
+    tx: mpsc::Sender<Job>,
+}
+
+fn failed(e: rusqlite::Error) -> StorageError {
+    StorageError::Unavailable(e.to_string())
+}
+
+impl Writer {
+    pub(crate) fn open(path: &Path) -> Result<Writer> {
+        let conn = Connection::open(path).map_err(failed)?;
+        conn.busy_timeout(Duration::from_secs(10)).map_err(failed)?;
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;",
+        )
+        .map_err(failed)?;
+        conn.set_prepared_statement_cache_capacity(64);
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("dagcron-sqlite-writer".into())
+            .spawn(move || {
+                let mut conn = conn;
+                for job in rx {
+                    job(&mut conn);
+                }
+            })
+            .map_err(|e| StorageError::Unavailable(format!("starting the writer thread: {e}")))?;
+        Ok(Writer { tx })
+    }
+
+    /// Runs `f` in one immediate transaction on the writer thread.
+    pub(crate) async fn transaction<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Transaction<'_>) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let (reply, rx) = oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            let result = (|| {
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let out = f(&tx)?;
+                tx.commit()?;
+                Ok(out)
+            })();
+            let _ = reply.send(result);
+        });
+        self.tx
+            .send(job)
+            .map_err(|_| StorageError::Unavailable("the writer thread has stopped".into()))?;
+        rx.await
+            .map_err(|_| StorageError::Unavailable("the writer thread has stopped".into()))?
+            .map_err(failed)
+    }
+}
+
+pub(crate) fn apply_jobs(
+    tx: &Transaction<'_>,
+    jobs: &[JobUpsert],
+    at: Timestamp,
+) -> rusqlite::Result<Vec<ApplyResult>> {
+    let at = at.as_microsecond();
+    let mut out = Vec::with_capacity(jobs.len());
+    for j in jobs {
+        let current: Option<(i64, String)> = tx
+            .prepare_cached("SELECT version, spec FROM jobs WHERE namespace = ?1 AND name = ?2")?
+            .query_row(params![j.namespace, j.name], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        let result = match current {
+            Some((v, spec)) if spec == j.spec => ApplyResult::Unchanged(v),
+            Some((v, _)) => {
+                tx.prepare_cached("UPDATE jobs SET version = ?1, spec = ?2, updated_at = ?3 WHERE namespace = ?4 AND name = ?5")?
+                    .execute(params![v + 1, j.spec, at, j.namespace, j.name])?;
+                ApplyResult::Updated(v + 1)
+            }
+            None => {
+                // A re-created job continues its version history.
+                let last: Option<i64> = tx
+                    .prepare_cached(
+                        "SELECT MAX(version) FROM job_versions WHERE namespace = ?1 AND name = ?2",
+                    )?
+                    .query_row(params![j.namespace, j.name], |r| r.get(0))?;
+                let v = last.unwrap_or(0) + 1;
+                tx.prepare_cached("INSERT INTO jobs (namespace, name, version, spec, paused, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5)")?
+                    .execute(params![j.namespace, j.name, v, j.spec, at])?;
+                ApplyResult::Created(v)
+            }
+        };
+        if let ApplyResult::Created(v) | ApplyResult::Updated(v) = result {
+            tx.prepare_cached("INSERT OR REPLACE INTO job_versions (namespace, name, version, spec, created_at) VALUES (?1, ?2, ?3, ?4, ?5)")?
+                .execute(params![j.namespace, j.name, v, j.spec, at])?;
+        }
+        out.push(result);
+    }
+    Ok(out)
+}
+
+fn insert_run(tx: &Transaction<'_>, run: &NewRun) -> rusqlite::Result<()> {
+    let created = run.created_at.as_microsecond();
+    let started = (run.state == RunState::Running).then_some(created);
+    let finished = run.state.is_terminal().then_some(created);
+    let params_json = serde_json::to_string(&run.params).expect("params serialize");
+    tx.prepare_cached(
+        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+    )?
+    .execute(params![
+        run.id,
+        run.namespace,
+        run.job,
+        run.job_version,
+        run.trigger.as_str(),
+        run.scheduled_at.as_microsecond(),
+        run.state.as_str(),
+        params_json,
+        created,
+        started,
+        finished
+    ])?;
+    let task_state = if run.state.is_terminal() {
+        TaskState::Skipped
+    } else {
+        TaskState::Pending
+    };
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO tasks (run_id, task_id, position, state) VALUES (?1, ?2, ?3, ?4)",
+    )?;
+    for (position, task) in run.tasks.iter().enumerate() {
+        insert.execute(params![run.id, task, position as i64, task_state.as_str()])?;
+    }
+    Ok(())
+}
+
+/// Applies one write; a refused compare-and-set says what it found.
+pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteResult> {
+    let conflict = |what: String| Ok(WriteResult::Conflict(what));
+    match w {
+        Write::Fire {
+            namespace,
+            job,
+            scheduled_at,
+            outcome,
+            run,
+        } => {
+            let n = tx
+                .prepare_cached("INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING")?
+                .execute(params![namespace, job, scheduled_at.as_microsecond(), outcome.as_str(), run.as_ref().map(|r| r.id)])?;
+            if n == 0 {
+                return conflict(format!(
+                    "fire {namespace}/{job} at {scheduled_at} is already recorded"
+                ));
+            }
+            if let Some(run) = run {
+                insert_run(tx, run)?;
+            }
+            Ok(WriteResult::Done)
+        }
+        Write::Run(run) => {
+            insert_run(tx, run)?;
+            Ok(WriteResult::Done)
+        }
+        Write::RunState { run, from, to, at } => {
+            let n = tx
+                .prepare_cached(
+                    "UPDATE runs SET state = ?1,
+                        started_at = CASE WHEN ?1 = 'running' THEN ?2 ELSE started_at END,
+                        finished_at = CASE WHEN ?1 IN ('succeeded', 'failed', 'cancelled', 'skipped') THEN ?2 ELSE finished_at END
+                     WHERE id = ?3 AND state = ?4",
+                )?
+                .execute(params![to.as_str(), at.as_microsecond(), run, from.as_str()])?;
+            if n == 1 {
+                return Ok(WriteResult::Done);
+            }
+            let found: Option<String> = tx
+                .prepare_cached("SELECT state FROM runs WHERE id = ?1")?
+                .query_row(params![run], |r| r.get(0))
+                .optional()?;
+            conflict(match found {
+                Some(s) => format!("run {run} is {s}, not {from}"),
+                None => format!("run {run} does not exist"),
+            })
+        }
+        Write::TaskState {
+            run,
+            task,
+            from,
+            to,
+        } => {
+            let n = tx
+                .prepare_cached(
+                    "UPDATE tasks SET state = ?1 WHERE run_id = ?2 AND task_id = ?3 AND state = ?4",
+                )?
+                .execute(params![to.as_str(), run, task, from.as_str()])?;
+            if n == 1 {
+                return Ok(WriteResult::Done);
+            }
+            let found: Option<String> = tx
+                .prepare_cached("SELECT state FROM tasks WHERE run_id = ?1 AND task_id = ?2")?
+                .query_row(params![run, task], |r| r.get(0))
+                .optional()?;
+            conflict(match found {
+                Some(s) => format!("task {task} of run {run} is {s}, not {from}"),
+                None => format!("run {run} has no task {task}"),
+            })
+        }
+        Write::AttemptStart {
+            run,
+            task,
+            number,
+            state,
+            at,
+        } => {
+            let n = tx
+                .prepare_cached("INSERT INTO attempts (run_id, task_id, number, state, started_at) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING")?
+                .execute(params![run, task, number, state.as_str(), at.as_microsecond()])?;
+            if n == 1 {
+                Ok(WriteResult::Done)
+            } else {
+                conflict(format!("attempt {number} of {run}/{task} already exists"))
+            }
+        }
+        Write::AttemptEnd {
+            run,
+            task,
+            number,
+            from,
+            to,
+            at,
+            exit_code,
+            error,
+            log,
+        } => {
+            let n = tx
+                .prepare_cached(
+                    "UPDATE attempts SET state = ?1, finished_at = ?2, exit_code = ?3, error = ?4, log = ?5
+                     WHERE run_id = ?6 AND task_id = ?7 AND number = ?8 AND state = ?9",
+                )?
+                .execute(params![to.as_str(), at.as_microsecond(), exit_code, error, log, run, task, number, from.as_str()])?;
+            if n == 1 {
+                Ok(WriteResult::Done)
+            } else {
+                conflict(format!("attempt {number} of {run}/{task} is not {from}"))
+            }
+        }
+    }
+}
