@@ -151,6 +151,40 @@ pub(crate) enum Command {
 
 type JobKey = (String, String);
 
+/// A batch being committed, and what it returns: the writes and their results.
+type Commit = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = (Vec<Write>, Result<Vec<WriteResult>, StorageError>)>
+            + Send,
+    >,
+>;
+
+/// Commits a batch, retrying a few times if the database is unavailable.
+async fn commit_with_retries<S: Store>(
+    store: &S,
+    writes: &[Write],
+) -> Result<Vec<WriteResult>, StorageError> {
+    if writes.is_empty() {
+        return Ok(vec![]);
+    }
+    let mut tries = 0;
+    loop {
+        match store.write(writes).await {
+            Ok(r) => return Ok(r),
+            Err(e) if tries < 5 => {
+                tries += 1;
+                tracing::warn!("commit failed ({e}); retrying");
+                tokio::time::sleep(Duration::from_millis(100 << tries)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn no_such_job(key: &JobKey) -> EngineError {
+    EngineError::NotFound(format!("no job {}/{}", key.0, key.1))
+}
+
 struct JobEntry {
     job: Arc<Job>,
     version: i64,
@@ -600,15 +634,23 @@ impl<S: Store> Engine<S> {
         let mut commands = self.commands.take().expect("run is called once");
         self.dispatch();
         self.flush().await?;
+        // Commits are pipelined: while one batch is being committed, the
+        // loop keeps deciding (timers stay on time) into the next batch; a
+        // batch's effects are carried out only when its commit is done, and
+        // the next batch is committed only after it.
+        let mut commit: Option<Commit> = None;
+        let mut commit_effects = Vec::new();
         loop {
             let next = self.heap.peek().map(|Reverse((at, _))| *at);
             let sleep = match next {
                 Some(at) => self.clock.sleep_until(at),
                 None => Box::pin(std::future::pending()),
             };
+            let mut committed = None;
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
+                done = async { commit.as_mut().expect("guarded").await }, if commit.is_some() => committed = Some(done),
                 Some(done) = self.finished_rx.recv() => {
                     self.on_finished(done);
                     while let Ok(done) = self.finished_rx.try_recv() {
@@ -623,8 +665,24 @@ impl<S: Store> Engine<S> {
                 }
                 () = sleep => self.on_timers(),
             }
+            if let Some((writes, results)) = committed {
+                commit = None;
+                self.committed(&writes, &results?, std::mem::take(&mut commit_effects));
+            }
             self.dispatch();
-            self.flush().await?;
+            if commit.is_none() && !(self.writes.is_empty() && self.effects.is_empty()) {
+                let writes = std::mem::take(&mut self.writes);
+                commit_effects = std::mem::take(&mut self.effects);
+                let store = self.store.clone();
+                commit = Some(Box::pin(async move {
+                    let results = commit_with_retries(&*store, &writes).await;
+                    (writes, results)
+                }));
+            }
+        }
+        if let Some(pending) = commit {
+            let (writes, results) = pending.await;
+            self.committed(&writes, &results?, commit_effects);
         }
         // Graceful shutdown: no new fires or attempts; let running attempts finish.
         let deadline = tokio::time::Instant::now() + drain;
@@ -649,39 +707,32 @@ impl<S: Store> Engine<S> {
 
     /// Commits the batch, then carries out its effects.
     async fn flush(&mut self) -> Result<(), StorageError> {
-        if !self.writes.is_empty() {
-            let mut tries = 0;
-            let results = loop {
-                match self.store.write(&self.writes).await {
-                    Ok(r) => break r,
-                    Err(e) if tries < 5 => {
-                        tries += 1;
-                        tracing::warn!("commit failed ({e}); retrying");
-                        tokio::time::sleep(Duration::from_millis(100 << tries)).await;
-                    }
-                    Err(e) => return Err(e),
-                }
-            };
-            for (w, r) in self.writes.iter().zip(&results) {
-                if let WriteResult::Conflict(why) = r {
-                    // A fire already in the ledger is expected after a crash
-                    // between commit and arming; anything else is a bug.
-                    if matches!(w, Write::Fire { .. }) {
-                        tracing::info!("{why}");
-                    } else {
-                        tracing::error!("refused state change: {why}");
-                    }
+        let writes = std::mem::take(&mut self.writes);
+        let results = commit_with_retries(&*self.store, &writes).await?;
+        let effects = std::mem::take(&mut self.effects);
+        self.committed(&writes, &results, effects);
+        Ok(())
+    }
+
+    /// A batch is committed: report refusals, then carry out its effects.
+    fn committed(&mut self, writes: &[Write], results: &[WriteResult], effects: Vec<Effect>) {
+        for (w, r) in writes.iter().zip(results) {
+            if let WriteResult::Conflict(why) = r {
+                // A fire already in the ledger is expected after a crash
+                // between commit and arming; anything else is a bug.
+                if matches!(w, Write::Fire { .. }) {
+                    tracing::info!("{why}");
+                } else {
+                    tracing::error!("refused state change: {why}");
                 }
             }
-            self.writes.clear();
         }
-        for effect in std::mem::take(&mut self.effects) {
+        for effect in effects {
             match effect {
                 Effect::Spawn { run, task, number } => self.spawn(run, task, number),
                 Effect::Reply(f) => f(),
             }
         }
-        Ok(())
     }
 
     fn spawn(&mut self, run_id: RunId, task: usize, number: u32) {
@@ -1285,7 +1336,7 @@ impl<S: Store> Engine<S> {
                         }
                         Ok(())
                     }
-                    Ok(false) => Err(EngineError::NotFound(format!("no job {}/{}", key.0, key.1))),
+                    Ok(false) => Err(no_such_job(&key)),
                     Err(e) => Err(EngineError::Storage(e)),
                 };
                 self.effects.push(Effect::Reply(Box::new(move || {
@@ -1300,10 +1351,7 @@ impl<S: Store> Engine<S> {
             } => {
                 let key = (namespace, name);
                 let Some(entry) = self.jobs.get(&key) else {
-                    let _ = reply.send(Err(EngineError::NotFound(format!(
-                        "no job {}/{}",
-                        key.0, key.1
-                    ))));
+                    let _ = reply.send(Err(no_such_job(&key)));
                     return;
                 };
                 let job = entry.job.clone();
@@ -1338,10 +1386,7 @@ impl<S: Store> Engine<S> {
             } => {
                 let key = (namespace, name);
                 let Some(entry) = self.jobs.get(&key) else {
-                    let _ = reply.send(Err(EngineError::NotFound(format!(
-                        "no job {}/{}",
-                        key.0, key.1
-                    ))));
+                    let _ = reply.send(Err(no_such_job(&key)));
                     return;
                 };
                 if to <= from {
