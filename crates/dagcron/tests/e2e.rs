@@ -96,6 +96,15 @@ impl Server {
         }
     }
 
+    /// Waits (bounded) until `job` has at least `n` runs.
+    fn wait_runs(&self, job: &str, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.all_runs(job).len() < n {
+            assert!(Instant::now() < deadline, "{job} did not reach {n} runs");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn wait_idle(&self, jobs: &[&str]) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -172,14 +181,18 @@ fn kill_nine_loses_and_doubles_nothing() {
         assert!(Instant::now() < deadline);
         std::thread::sleep(Duration::from_millis(50));
     }
+    let before = server.all_runs("tick").len();
     server.signal(Signal::SIGKILL);
+    // The process is down: the fires of these seconds are missed, and must
+    // be caught up (run_all) when it comes back.
     std::thread::sleep(Duration::from_secs(3));
     let mut server = Server::start(&data, port, &["--misfire-grace", "0"]);
-    std::thread::sleep(Duration::from_secs(3));
-    // A second kill, right after start-up, while catch-up runs are in flight.
+    // Catch-up plus new fires; then a second kill while runs are in flight.
+    server.wait_runs("tick", before + 5);
     server.signal(Signal::SIGKILL);
     let mut server = Server::start(&data, port, &["--misfire-grace", "0"]);
-    std::thread::sleep(Duration::from_secs(2));
+    let before = server.all_runs("tick").len();
+    server.wait_runs("tick", before + 2);
     server.signal(Signal::SIGTERM);
     let server = Server::start(&data, port, &["--misfire-grace", "0"]);
     // Stop firing, then let everything finish.
@@ -323,7 +336,12 @@ jobs:
         "",
         "application/json",
     );
-    std::thread::sleep(Duration::from_millis(300));
+    // SIGTERM once the attempt is running: it must be allowed to finish.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.get(&format!("/api/v1/runs/{}", run["id"]))["tasks"][0]["state"] != "running" {
+        assert!(Instant::now() < deadline, "the attempt did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     server.signal(Signal::SIGTERM);
     let server = Server::start(&data, port, &[]);
     let run = server.get(&format!("/api/v1/runs/{}", run["id"]));
