@@ -18,6 +18,20 @@ fn client() -> &'static reqwest::Client {
     })
 }
 
+/// `RUN_ID` -> `Run-Id`; parameter names may hold anything, so empty
+/// segments are dropped rather than assumed away.
+fn header_name(identity: &str) -> String {
+    identity
+        .split('_')
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            let (first, rest) = w.split_at(1);
+            first.to_string() + &rest.to_ascii_lowercase()
+        })
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
 fn failed(failure: Failure, error: String, code: Option<i32>, log: Vec<u8>) -> Outcome {
     Outcome {
         ending: Ending::Failed(failure),
@@ -48,11 +62,7 @@ pub(crate) async fn run(
     let url = ctx.substitute(&spec.url);
     let mut req = client().request(method, &url);
     for (k, v) in ctx.identity() {
-        let name = k
-            .split('_')
-            .map(|w| w[..1].to_string() + &w[1..].to_ascii_lowercase())
-            .collect::<Vec<_>>()
-            .join("-");
+        let name = header_name(&k);
         req = req.header(format!("X-Dagcron-{name}"), v);
     }
     for (k, v) in &spec.headers {
@@ -93,5 +103,15 @@ pub(crate) async fn run(
         },
         () = sleep => Outcome { ending: Ending::TimedOut, exit_code: None, error: Some(format!("no answer from {url} within {:?}", timeout.unwrap_or_default())), log: vec![] },
         () = cancel.cancelled() => Outcome { ending: Ending::Cancelled, exit_code: None, error: Some("cancelled".into()), log: vec![] },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn header_names() {
+        assert_eq!(super::header_name("RUN_ID"), "Run-Id");
+        assert_eq!(super::header_name("PARAM__DRY__RUN_"), "Param-Dry-Run");
+        assert_eq!(super::header_name("_"), "");
     }
 }

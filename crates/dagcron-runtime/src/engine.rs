@@ -778,7 +778,19 @@ impl<S: Store> Engine<S> {
             max_output: self.config.max_output,
         };
         tokio::spawn(async move {
-            let outcome = dagcron_exec::run(&executor, &ctx, timeout, token, limits).await;
+            // A panic in an executor must not leave the attempt running forever.
+            let work = tokio::spawn(async move {
+                dagcron_exec::run(&executor, &ctx, timeout, token, limits).await
+            });
+            let outcome = work.await.unwrap_or_else(|e| {
+                let error = format!("the executor failed: {e}");
+                Outcome {
+                    ending: Ending::Failed(Failure::Error(error.clone())),
+                    exit_code: None,
+                    error: Some(error),
+                    log: vec![],
+                }
+            });
             let _ = tx.send(Finished {
                 run: run_id,
                 task,
