@@ -128,3 +128,61 @@ fn unknown_fields_are_rejected() {
     .unwrap_err();
     assert!(err.to_string().contains("shedule"), "{err}");
 }
+
+mod props {
+    //! Random job files: validation never panics, and a valid job survives
+    //! the round trip through its canonical form unchanged.
+
+    use dagcron_core::{Job, JobFile};
+    use proptest::prelude::*;
+
+    fn name() -> impl Strategy<Value = String> {
+        prop_oneof![4 => "[a-z][a-z0-9-]{0,8}", 1 => ".{0,12}"]
+    }
+
+    fn task(ids: Vec<String>) -> impl Strategy<Value = String> {
+        let max = ids.len().min(2);
+        let deps = prop::sample::subsequence(ids, 0..=max);
+        (name(), deps, prop_oneof![Just("all_success"), Just("all_done"), Just("one_failed"), Just("always"), Just("bogus")], 0..4u8, prop_oneof![Just("5s"), Just("0s"), Just("x"), Just("1h30m")])
+            .prop_map(|(id, deps, rule, exec, timeout)| {
+                let exec = match exec {
+                    0 => "shell: \"echo hi\"".to_string(),
+                    1 => "http: { url: \"http://127.0.0.1:9/x\", expect: [200] }".to_string(),
+                    2 => "noop: true".to_string(),
+                    _ => "shell: \"\"".to_string(),
+                };
+                format!("      - {{ id: \"{id}\", depends_on: {deps:?}, trigger_rule: {rule}, timeout: \"{timeout}\", {exec} }}\n")
+            })
+    }
+
+    fn job_file() -> impl Strategy<Value = String> {
+        let ids = prop::collection::vec("[a-z]{1,3}", 1..6);
+        (name(), prop_oneof![Just("* * * * *"), Just("0 0 30 2 *"), Just("@daily"), Just("H H * * *"), Just("nonsense")], prop_oneof![Just("UTC"), Just("Europe/Berlin"), Just("Mars/Base")], 0..5u32, ids)
+            .prop_flat_map(|(job, sched, tz, attempts, ids)| {
+                let n = ids.len();
+                prop::collection::vec(task(ids), 1..=n).prop_map(move |tasks| {
+                    format!(
+                        "namespace: ns\njobs:\n  - name: \"{job}\"\n    schedule: \"{sched}\"\n    timezone: {tz}\n    retry: {{ max_attempts: {attempts} }}\n    tasks:\n{}",
+                        tasks.concat()
+                    )
+                })
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn validation_never_panics_and_canonical_forms_round_trip(yaml in job_file()) {
+            let Ok(file) = serde_saphyr::from_str::<JobFile>(&yaml) else { return Ok(()) };
+            match file.validate() {
+                Ok(jobs) => {
+                    for job in jobs {
+                        let again = Job::from_canonical(&job.namespace, &job.canonical()).expect("a valid job's canonical form is valid");
+                        prop_assert_eq!(again.canonical(), job.canonical());
+                        prop_assert_eq!(again.dag, job.dag);
+                    }
+                }
+                Err(errors) => prop_assert!(errors.0.iter().all(|e| !e.path.is_empty() && !e.message.is_empty())),
+            }
+        }
+    }
+}
