@@ -17,26 +17,84 @@ use tokio_util::sync::CancellationToken;
 /// The jobs `--demo` applies.
 const DEMO: &str = include_str!("../../../examples/demo.yaml");
 
+/// Command-line flags (or `DAGCRON_*` environment variables). Every one
+/// overrides the same key of the configuration file, which overrides the
+/// default.
 #[derive(Args)]
 pub(crate) struct ServeArgs {
-    /// Where the SQLite database lives.
-    #[arg(long, env = "DAGCRON_DATA_DIR", default_value = "./dagcron-data")]
-    data_dir: PathBuf,
-    /// Address of the API.
-    #[arg(long, env = "DAGCRON_LISTEN", default_value = "127.0.0.1:7700")]
-    listen: SocketAddr,
+    /// A TOML file with any of: data_dir, listen, pool_size, misfire_grace, shutdown_grace.
+    #[arg(long, env = "DAGCRON_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where the SQLite database lives [default: ./dagcron-data].
+    #[arg(long, env = "DAGCRON_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Address of the API [default: 127.0.0.1:7700].
+    #[arg(long, env = "DAGCRON_LISTEN")]
+    listen: Option<SocketAddr>,
     /// Apply the bundled demo jobs, so that runs appear within seconds.
     #[arg(long)]
     demo: bool,
-    /// Attempts running at once in the in-process worker pool.
-    #[arg(long, env = "DAGCRON_POOL_SIZE", default_value_t = 64)]
+    /// Attempts running at once in the in-process worker pool [default: 64].
+    #[arg(long, env = "DAGCRON_POOL_SIZE")]
+    pool_size: Option<usize>,
+    /// Fires overdue by less than this many seconds at start-up still count as on time [default: 60].
+    #[arg(long, env = "DAGCRON_MISFIRE_GRACE")]
+    misfire_grace: Option<u64>,
+    /// On SIGTERM, the seconds running attempts get to finish before the process exits [default: 10].
+    #[arg(long, env = "DAGCRON_SHUTDOWN_GRACE")]
+    shutdown_grace: Option<u64>,
+}
+
+/// The configuration file. Unknown keys are an error, so that a typo does
+/// not silently leave a default in place.
+#[derive(Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    data_dir: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    pool_size: Option<usize>,
+    misfire_grace: Option<u64>,
+    shutdown_grace: Option<u64>,
+}
+
+/// The settings in force.
+struct Settings {
+    data_dir: PathBuf,
+    listen: SocketAddr,
     pool_size: usize,
-    /// Fires overdue by less than this at start-up still count as on time (seconds).
-    #[arg(long, env = "DAGCRON_MISFIRE_GRACE", default_value_t = 60)]
     misfire_grace: u64,
-    /// On SIGTERM, how long running attempts may finish before the process exits (seconds).
-    #[arg(long, env = "DAGCRON_SHUTDOWN_GRACE", default_value_t = 10)]
     shutdown_grace: u64,
+}
+
+impl ServeArgs {
+    fn settings(&self) -> Result<Settings> {
+        let file = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| {
+                    format!("reading the configuration file {}", path.display())
+                })?;
+                toml::from_str(&text)
+                    .with_context(|| format!("in the configuration file {}", path.display()))?
+            }
+            None => FileConfig::default(),
+        };
+        let settings = Settings {
+            data_dir: self
+                .data_dir
+                .clone()
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from("./dagcron-data")),
+            listen: self
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7700))),
+            pool_size: self.pool_size.or(file.pool_size).unwrap_or(64),
+            misfire_grace: self.misfire_grace.or(file.misfire_grace).unwrap_or(60),
+            shutdown_grace: self.shutdown_grace.or(file.shutdown_grace).unwrap_or(10),
+        };
+        anyhow::ensure!(settings.pool_size > 0, "pool_size must be at least 1");
+        Ok(settings)
+    }
 }
 
 async fn shutdown_signal(token: CancellationToken) {
@@ -51,6 +109,8 @@ async fn shutdown_signal(token: CancellationToken) {
 }
 
 pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
+    let demo = args.demo;
+    let args = args.settings()?;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -76,7 +136,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
     tokio::spawn(shutdown_signal(shutdown.clone()));
     let engine_task =
         tokio::spawn(engine.run(shutdown.clone(), Duration::from_secs(args.shutdown_grace)));
-    if args.demo {
+    if demo {
         let file: JobFile = serde_saphyr::from_str(DEMO)
             .map_err(|e| anyhow::anyhow!("the bundled demo file: {e}"))?;
         let jobs = file

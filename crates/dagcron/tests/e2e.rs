@@ -374,3 +374,51 @@ fn examples_apply_cleanly_and_idempotently() {
         }
     }
 }
+
+/// A configuration file supplies what flags do not; a typo in it is an error.
+#[test]
+fn configuration_file() {
+    let (dir, data) = setup();
+    let port = free_port();
+    let config = dir.path().join("dagcron.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\nlisten = \"127.0.0.1:{port}\"\npool_size = 4\n",
+            data.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while reqwest::blocking::get(format!("http://127.0.0.1:{port}/healthz")).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the server did not listen where the file said"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        data.join("dagcron.db").exists(),
+        "the data directory comes from the file"
+    );
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    child.wait().unwrap();
+
+    std::fs::write(&config, "pool_sise = 3\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+        .args(["serve", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("pool_sise") && stderr.contains("dagcron.toml"),
+        "{stderr}"
+    );
+}
