@@ -440,6 +440,9 @@ impl<S: Store> Engine<S> {
             .into_iter()
             .map(|(n, j, t)| ((n, j), t))
             .collect();
+        // Where each job's catch-up starts: its last recorded fire, or when it
+        // was applied if it never fired.
+        let mut since: HashMap<JobKey, Timestamp> = HashMap::new();
         for stored in self.store.load_jobs().await? {
             let job = match Job::from_canonical(&stored.namespace, &stored.spec) {
                 Ok(job) => Arc::new(job),
@@ -450,6 +453,7 @@ impl<S: Store> Engine<S> {
             };
             let key = key_of(&job);
             let last_fire = last.get(&key).copied();
+            since.insert(key.clone(), last_fire.unwrap_or(stored.updated_at));
             self.jobs.insert(
                 key,
                 JobEntry {
@@ -462,30 +466,16 @@ impl<S: Store> Engine<S> {
                     queued: VecDeque::new(),
                 },
             );
-            let _ = stored.updated_at;
         }
         // Unfinished runs: rebuild them; attempts that were running are lost.
         for record in self.store.active_runs().await? {
             self.recover_run(record, now);
         }
         // Missed fires, per job, by its misfire policy.
-        let keys: Vec<JobKey> = self.jobs.keys().cloned().collect();
-        let stored_jobs: HashMap<JobKey, Timestamp> = self
-            .store
-            .load_jobs()
-            .await?
-            .into_iter()
-            .map(|j| ((j.namespace, j.name), j.updated_at))
-            .collect();
-        for key in keys {
-            let since = self.jobs[&key]
-                .last_fire
-                .or_else(|| stored_jobs.get(&key).copied())
-                .unwrap_or(now);
-            if self.jobs[&key].paused {
-                continue;
+        for (key, since) in since {
+            if !self.jobs[&key].paused {
+                self.catch_up(&key, since, now, self.config.misfire_grace);
             }
-            self.catch_up(&key, since, now);
         }
         self.flush().await?;
         Ok(())
@@ -493,10 +483,9 @@ impl<S: Store> Engine<S> {
 
     /// Records the fires of `key` in `(since, now - grace]` by the misfire
     /// policy, and arms the next fire.
-    fn catch_up(&mut self, key: &JobKey, since: Timestamp, now: Timestamp) {
+    fn catch_up(&mut self, key: &JobKey, since: Timestamp, now: Timestamp, grace: Duration) {
         let job = self.jobs[key].job.clone();
-        let grace =
-            SignedDuration::try_from(self.config.misfire_grace).unwrap_or(SignedDuration::ZERO);
+        let grace = SignedDuration::try_from(grace).unwrap_or(SignedDuration::ZERO);
         let cutoff = now.checked_sub(grace).unwrap_or(now);
         let mut missed = Vec::new();
         let mut t = since;
@@ -733,6 +722,17 @@ impl<S: Store> Engine<S> {
                 Effect::Reply(f) => f(),
             }
         }
+    }
+
+    /// Answers a caller once the current batch is committed.
+    fn reply_after_commit<T: Send + 'static>(
+        &mut self,
+        reply: Reply<T>,
+        result: Result<T, EngineError>,
+    ) {
+        self.effects.push(Effect::Reply(Box::new(move || {
+            let _ = reply.send(result);
+        })));
     }
 
     fn spawn(&mut self, run_id: RunId, task: usize, number: u32) {
@@ -1288,9 +1288,7 @@ impl<S: Store> Engine<S> {
                             let from = entry.last_fire.map_or(now, |l| l.max(now));
                             self.arm_next_fire(&key, from);
                         }
-                        self.effects.push(Effect::Reply(Box::new(move || {
-                            let _ = reply.send(Ok(out));
-                        })));
+                        self.reply_after_commit(reply, Ok(out));
                     }
                     Err(e) => {
                         let _ = reply.send(Err(EngineError::Storage(e)));
@@ -1317,12 +1315,10 @@ impl<S: Store> Engine<S> {
                         }
                         Ok(())
                     }
-                    Ok(false) => Err(EngineError::NotFound(format!("no job {namespace}/{name}"))),
+                    Ok(false) => Err(no_such_job(&(namespace, name))),
                     Err(e) => Err(EngineError::Storage(e)),
                 };
-                self.effects.push(Effect::Reply(Box::new(move || {
-                    let _ = reply.send(result);
-                })));
+                self.reply_after_commit(reply, result);
             }
             Command::Pause {
                 namespace,
@@ -1340,10 +1336,7 @@ impl<S: Store> Engine<S> {
                             if was && !paused {
                                 // Fires that came due while paused follow the misfire policy.
                                 let since = entry.last_fire.unwrap_or(now);
-                                let grace = self.config.misfire_grace;
-                                self.config.misfire_grace = Duration::ZERO;
-                                self.catch_up(&key, since, now);
-                                self.config.misfire_grace = grace;
+                                self.catch_up(&key, since, now, Duration::ZERO);
                             }
                         }
                         Ok(())
@@ -1351,9 +1344,7 @@ impl<S: Store> Engine<S> {
                     Ok(false) => Err(no_such_job(&key)),
                     Err(e) => Err(EngineError::Storage(e)),
                 };
-                self.effects.push(Effect::Reply(Box::new(move || {
-                    let _ = reply.send(result);
-                })));
+                self.reply_after_commit(reply, result);
             }
             Command::Trigger {
                 namespace,
@@ -1385,9 +1376,7 @@ impl<S: Store> Engine<S> {
                 let id = run.id;
                 self.writes.push(Write::Run(run));
                 self.after_new_run(&key, id, decision, now);
-                self.effects.push(Effect::Reply(Box::new(move || {
-                    let _ = reply.send(Ok(id));
-                })));
+                self.reply_after_commit(reply, Ok(id));
             }
             Command::Backfill {
                 namespace,
@@ -1467,9 +1456,7 @@ impl<S: Store> Engine<S> {
                     ids.push(id);
                 }
                 self.start_queued(&key, now);
-                self.effects.push(Effect::Reply(Box::new(move || {
-                    let _ = reply.send(Ok(ids));
-                })));
+                self.reply_after_commit(reply, Ok(ids));
             }
             Command::Cancel { run, reply } => {
                 let result = if self.runs.contains_key(&run) {
@@ -1485,9 +1472,7 @@ impl<S: Store> Engine<S> {
                         Err(e) => Err(EngineError::Storage(e)),
                     }
                 };
-                self.effects.push(Effect::Reply(Box::new(move || {
-                    let _ = reply.send(result);
-                })));
+                self.reply_after_commit(reply, result);
             }
         }
     }
