@@ -292,6 +292,23 @@ impl Store for SqliteStore {
             .collect()
     }
 
+    async fn last_fires_of(&self, jobs: &[(String, String)]) -> Result<Vec<Option<Timestamp>>> {
+        let mut conn = self.reader.acquire().await.map_err(unavailable)?;
+        let mut out = Vec::with_capacity(jobs.len());
+        for (namespace, job) in jobs {
+            let last: Option<i64> = sqlx::query_scalar(
+                "SELECT MAX(scheduled_at) FROM fires WHERE namespace = ? AND job = ?",
+            )
+            .bind(namespace)
+            .bind(job)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(unavailable)?;
+            out.push(opt_ts(last)?);
+        }
+        Ok(out)
+    }
+
     async fn list_fires(
         &self,
         namespace: &str,

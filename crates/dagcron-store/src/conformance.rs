@@ -395,6 +395,11 @@ pub async fn fires_and_recovery_queries<S: Store>(s: &S) {
     .unwrap();
     let last = s.last_fires().await.unwrap();
     assert_eq!(last, [("ns".to_string(), "j".to_string(), t(300))]);
+    let keys = [
+        ("ns".to_string(), "never".to_string()),
+        ("ns".to_string(), "j".to_string()),
+    ];
+    assert_eq!(s.last_fires_of(&keys).await.unwrap(), [None, Some(t(300))]);
     let fires = s.list_fires("ns", "j", t(100), t(300), 10).await.unwrap();
     assert_eq!(
         fires

@@ -9,6 +9,7 @@
 //!
 //! Every backend passes the same [`conformance`] suite.
 
+pub mod cluster;
 pub mod conformance;
 
 use std::collections::BTreeMap;
@@ -299,6 +300,9 @@ pub enum StorageError {
     Corrupt(String),
     /// The caller passed something invalid (a bad cursor).
     Invalid(String),
+    /// This node's lease has ended or its epoch is stale: the write was
+    /// refused, and the node must stop acting on its state.
+    Fenced(String),
 }
 
 impl fmt::Display for StorageError {
@@ -307,6 +311,7 @@ impl fmt::Display for StorageError {
             StorageError::Unavailable(m) => write!(f, "storage unavailable: {m}"),
             StorageError::Corrupt(m) => write!(f, "stored data is corrupt: {m}"),
             StorageError::Invalid(m) => write!(f, "invalid storage request: {m}"),
+            StorageError::Fenced(m) => write!(f, "write refused, this node is fenced: {m}"),
         }
     }
 }
@@ -354,6 +359,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// The latest recorded fire of every job (where recovery resumes from).
     fn last_fires(&self) -> impl Future<Output = Result<Vec<(String, String, Timestamp)>>> + Send;
+    /// The latest recorded fire of each of these jobs (`None` if it never
+    /// fired), in the order asked: where a new owner of a job resumes.
+    fn last_fires_of(
+        &self,
+        jobs: &[(String, String)],
+    ) -> impl Future<Output = Result<Vec<Option<Timestamp>>>> + Send;
     /// Fires of a job in `[from, to)`, oldest first, at most `limit`.
     fn list_fires(
         &self,
@@ -363,7 +374,9 @@ pub trait Store: Send + Sync + 'static {
         to: Timestamp,
         limit: u32,
     ) -> impl Future<Output = Result<Vec<FireRecord>>> + Send;
-    /// Runs that are not finished (at start-up).
+    /// Runs that are not finished and belong to this node (at start-up). A
+    /// store shared by a cluster returns the runs of this node's epoch only;
+    /// runs of dead nodes are taken over through [`cluster::Coordination`].
     fn active_runs(&self) -> impl Future<Output = Result<Vec<RunRecord>>> + Send;
     /// One run.
     fn get_run(&self, id: RunId) -> impl Future<Output = Result<Option<RunRecord>>> + Send;

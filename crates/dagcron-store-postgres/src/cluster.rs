@@ -1,0 +1,285 @@
+//! [`Coordination`] on PostgreSQL: the `nodes` table, run hand-over, and
+//! change announcements with `LISTEN`/`NOTIFY`.
+
+use std::time::Duration;
+
+use dagcron_store::cluster::{
+    Coordination, Heartbeat, NodeRecord, NodeState, OrphanRun, Registration,
+};
+use dagcron_store::{Result, RunId, RunRecord, StorageError};
+use jiff::Timestamp;
+use sqlx::Row;
+use sqlx::postgres::{PgListener, PgRow};
+
+use crate::{CHANNEL, Fence, PgStore, RUN_COLUMNS, notify, parse, transaction, ts, unavailable};
+
+/// Run ids carry the slot of their node; this many nodes can be alive at once.
+pub const MAX_NODES: u8 = 32;
+
+const NODE_COLUMNS: &str = "id, epoch, slot, state, eligible, address, version, \
+    (extract(epoch FROM started_at) * 1000000)::bigint, \
+    (extract(epoch FROM heartbeat_at) * 1000000)::bigint, \
+    (extract(epoch FROM lease_until) * 1000000)::bigint, \
+    lease_until > now(), clock_skew_us, owned_jobs";
+
+fn node_from_row(row: &PgRow) -> Result<NodeRecord> {
+    Ok(NodeRecord {
+        id: row.get(0),
+        epoch: row.get(1),
+        slot: row.get::<i16, _>(2) as u8,
+        state: parse(row.get::<&str, _>(3))?,
+        eligible: row.get(4),
+        address: row.get(5),
+        version: row.get(6),
+        started_at: ts(row.get(7))?,
+        heartbeat_at: ts(row.get(8))?,
+        lease_until: ts(row.get(9))?,
+        lease_valid: row.get(10),
+        clock_skew_us: row.get(11),
+        owned_jobs: row.get(12),
+    })
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl PgStore {
+    fn registered(&self) -> Result<Fence> {
+        self.fence()
+            .ok_or_else(|| StorageError::Invalid("this node has not registered".into()))
+    }
+}
+
+impl Coordination for PgStore {
+    async fn register(
+        &self,
+        id: &str,
+        address: &str,
+        version: &str,
+        ttl: Duration,
+    ) -> Result<Registration> {
+        let ttl = millis(ttl);
+        let (epoch, slot) = transaction!(self, fenced = false, |conn| {
+                    // Registrations take turns, so that two nodes never pick one slot.
+                    sqlx::query("LOCK TABLE nodes IN SHARE ROW EXCLUSIVE MODE")
+                        .execute(&mut *conn)
+                        .await?;
+                    let used: Vec<i16> = sqlx::query_scalar(
+                        "SELECT slot FROM nodes WHERE id <> $1 AND state IN ('alive', 'draining') AND lease_until > now()",
+                    )
+                    .bind(id)
+                    .fetch_all(&mut *conn)
+                    .await?;
+                    let Some(slot) = (0..i16::from(MAX_NODES)).find(|s| !used.contains(s)) else {
+                        return Ok(None);
+                    };
+                    let epoch: i64 = sqlx::query_scalar(
+                        "INSERT INTO nodes (id, epoch, slot, state, eligible, address, version, started_at, heartbeat_at, lease_until)
+                         VALUES ($1, nextval('node_epochs'), $2, 'alive', TRUE, $3, $4, now(), now(), now() + $5 * interval '1 millisecond')
+                         ON CONFLICT (id) DO UPDATE SET epoch = EXCLUDED.epoch, slot = EXCLUDED.slot, state = 'alive',
+                            eligible = TRUE, address = EXCLUDED.address, version = EXCLUDED.version,
+                            started_at = now(), heartbeat_at = now(), lease_until = EXCLUDED.lease_until,
+                            clock_skew_us = 0, owned_jobs = 0
+                         RETURNING epoch",
+                    )
+                    .bind(id)
+                    .bind(slot)
+                    .bind(address)
+                    .bind(version)
+                    .bind(ttl)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                    notify(conn, "nodes").await?;
+                    Ok(Some((epoch, slot)))
+                })?
+            .ok_or_else(|| {
+                StorageError::Invalid(format!(
+                    "the cluster already has {MAX_NODES} live nodes, the most it can hold"
+                ))
+            })?;
+        *self.fence.write().expect("fence lock") = Some(Fence {
+            id: id.to_string(),
+            epoch,
+        });
+        Ok(Registration {
+            id: id.to_string(),
+            epoch,
+            slot: slot as u8,
+        })
+    }
+
+    async fn heartbeat(&self, beat: Heartbeat, ttl: Duration) -> Result<bool> {
+        let fence = self.registered()?;
+        let n = sqlx::query(
+            "UPDATE nodes SET heartbeat_at = now(), lease_until = now() + $3 * interval '1 millisecond',
+                eligible = $4, clock_skew_us = $5, owned_jobs = $6
+             WHERE id = $1 AND epoch = $2 AND state IN ('alive', 'draining') AND lease_until > now()",
+        )
+        .bind(&fence.id)
+        .bind(fence.epoch)
+        .bind(millis(ttl))
+        .bind(beat.eligible)
+        .bind(beat.clock_skew_us)
+        .bind(beat.owned_jobs)
+        .execute(&self.pool)
+        .await
+        .map_err(unavailable)?
+        .rows_affected();
+        Ok(n == 1)
+    }
+
+    async fn set_state(&self, state: NodeState) -> Result<()> {
+        let fence = self.registered()?;
+        let state = state.as_str();
+        transaction!(self, fenced = false, |conn| {
+            sqlx::query(
+                    "UPDATE nodes SET state = $3,
+                        lease_until = CASE WHEN $3 IN ('left', 'dead') THEN LEAST(lease_until, now()) ELSE lease_until END
+                     WHERE id = $1 AND epoch = $2",
+                )
+                .bind(&fence.id)
+                .bind(fence.epoch)
+                .bind(state)
+                .execute(&mut *conn)
+                .await?;
+            notify(conn, "nodes").await
+        })
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeRecord>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {NODE_COLUMNS} FROM nodes ORDER BY id"
+        )))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        rows.iter().map(node_from_row).collect()
+    }
+
+    async fn database_now(&self) -> Result<Timestamp> {
+        let us: i64 =
+            sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
+                .fetch_one(&self.pool)
+                .await
+                .map_err(unavailable)?;
+        ts(us)
+    }
+
+    async fn reap(&self) -> Result<Vec<NodeRecord>> {
+        transaction!(self, fenced = false, |conn| {
+                // The row update waits for the share locks of the dead node's
+                // in-flight batches: they land before, or are refused after.
+                let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE nodes SET state = 'dead' WHERE state IN ('alive', 'draining') AND lease_until <= now() RETURNING {NODE_COLUMNS}"
+                )))
+                .fetch_all(&mut *conn)
+                .await?;
+                if !rows.is_empty() {
+                    notify(conn, "nodes").await?;
+                }
+                Ok(rows)
+            })?
+        .iter()
+        .map(node_from_row)
+        .collect()
+    }
+
+    async fn orphan_runs(&self) -> Result<Vec<OrphanRun>> {
+        let rows: Vec<(RunId, String, String)> = sqlx::query_as(
+            "SELECT id, namespace, job FROM runs
+             WHERE state IN ('pending', 'running')
+               AND (owner_epoch IS NULL OR owner_epoch NOT IN (SELECT epoch FROM nodes WHERE state IN ('alive', 'draining')))
+             ORDER BY id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, namespace, job)| OrphanRun { id, namespace, job })
+            .collect())
+    }
+
+    async fn adopt_runs(&self, ids: &[RunId]) -> Result<Vec<RunRecord>> {
+        let fence = self.registered()?;
+        let adopted: Vec<RunId> = transaction!(self, fenced = true, |conn| {
+            sqlx::query_scalar(
+                        "UPDATE runs SET owner_epoch = $2
+                         WHERE id = ANY($1) AND state IN ('pending', 'running')
+                           AND (owner_epoch IS NULL OR owner_epoch NOT IN (SELECT epoch FROM nodes WHERE state IN ('alive', 'draining')))
+                         RETURNING id",
+                    )
+                    .bind(ids)
+                    .bind(fence.epoch)
+                    .fetch_all(&mut *conn)
+                    .await
+        })?;
+        if adopted.is_empty() {
+            return Ok(vec![]);
+        }
+        self.load_runs(
+            format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ANY($1) ORDER BY id"),
+            move |q| q.bind(adopted),
+        )
+        .await
+    }
+
+    async fn request_cancel(&self, run: RunId) -> Result<bool> {
+        transaction!(self, fenced = false, |conn| {
+            let n = sqlx::query(
+                    "UPDATE runs SET cancel_requested = TRUE WHERE id = $1 AND state IN ('pending', 'running')",
+                )
+                .bind(run)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            if n == 1 {
+                notify(conn, "cancel").await?;
+            }
+            Ok(n == 1)
+        })
+    }
+
+    async fn take_cancel_requests(&self) -> Result<Vec<RunId>> {
+        let fence = self.registered()?;
+        sqlx::query_scalar(
+            "UPDATE runs SET cancel_requested = FALSE WHERE cancel_requested AND owner_epoch = $1 RETURNING id",
+        )
+        .bind(fence.epoch)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)
+    }
+
+    async fn jobs_revision(&self) -> Result<i64> {
+        sqlx::query_scalar("SELECT value FROM revisions WHERE name = 'jobs'")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn wait_for_change(&self, timeout: Duration) -> Result<bool> {
+        let mut guard = self.listener.lock().await;
+        if guard.is_none() {
+            let mut listener = PgListener::connect_with(&self.pool)
+                .await
+                .map_err(unavailable)?;
+            listener.listen(CHANNEL).await.map_err(unavailable)?;
+            *guard = Some(listener);
+        }
+        let listener = guard.as_mut().expect("listening");
+        match tokio::time::timeout(timeout, listener.recv()).await {
+            Err(_) => Ok(false),
+            Ok(Ok(_)) => {
+                // Several announcements may have queued: one wake-up covers them.
+                while let Some(_n) = listener.next_buffered() {}
+                Ok(true)
+            }
+            Ok(Err(e)) => {
+                *guard = None;
+                Err(unavailable(e))
+            }
+        }
+    }
+}

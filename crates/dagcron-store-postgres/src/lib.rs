@@ -1,0 +1,764 @@
+//! The shared storage backend: PostgreSQL.
+//!
+//! Every node of a cluster uses the same database. Write batches run in one
+//! transaction each; once a node has registered (see [`Coordination`]),
+//! every batch first checks the node's row under a share lock and is refused
+//! with [`StorageError::Fenced`] when the node's lease has ended or its epoch
+//! was replaced. Unique keys (the fire ledger's (job, scheduled instant),
+//! attempt numbers) and compare-and-set updates refuse anything doubled.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use dagcron_core::{AttemptState, FireOutcome, RunState, TaskState};
+use dagcron_store::{
+    ApplyResult, AttemptRecord, FireRecord, JobUpsert, NewRun, Page, Result, RunId, RunRecord,
+    StorageError, Store, StoredJob, TaskRecord, Trigger, Write, WriteResult,
+};
+use jiff::Timestamp;
+use sqlx::Row;
+use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
+
+mod cluster;
+pub use cluster::MAX_NODES;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// The channel of change announcements between nodes.
+const CHANNEL: &str = "dagcron";
+
+/// The registration that fences this handle's writes.
+#[derive(Clone, Debug)]
+struct Fence {
+    id: String,
+    epoch: i64,
+}
+
+/// A PostgreSQL-backed [`Store`], and the [`Coordination`] of a cluster.
+#[derive(Clone, Debug)]
+pub struct PgStore {
+    pool: PgPool,
+    fence: Arc<RwLock<Option<Fence>>>,
+    listener: Arc<tokio::sync::Mutex<Option<PgListener>>>,
+}
+
+fn unavailable(e: sqlx::Error) -> StorageError {
+    StorageError::Unavailable(e.to_string())
+}
+
+/// Deadlocks and serialization failures: the batch can simply run again.
+fn is_transient(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if matches!(d.code().as_deref(), Some("40P01" | "40001")))
+}
+
+fn ts(us: i64) -> Result<Timestamp> {
+    Timestamp::from_microsecond(us).map_err(|e| StorageError::Corrupt(format!("instant {us}: {e}")))
+}
+
+fn opt_ts(us: Option<i64>) -> Result<Option<Timestamp>> {
+    us.map(ts).transpose()
+}
+
+fn parse<T: FromStr<Err = String>>(s: &str) -> Result<T> {
+    s.parse().map_err(StorageError::Corrupt)
+}
+
+const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at";
+const JOB_COLUMNS: &str = "namespace, name, version, spec, paused, updated_at";
+
+fn job_from_row(row: &PgRow) -> Result<StoredJob> {
+    Ok(StoredJob {
+        namespace: row.get(0),
+        name: row.get(1),
+        version: row.get(2),
+        spec: row.get(3),
+        paused: row.get(4),
+        updated_at: ts(row.get(5))?,
+    })
+}
+
+impl PgStore {
+    /// Connects to `url` with a pool of up to `max_connections` and migrates
+    /// the schema (concurrent nodes take turns on a lock).
+    pub async fn connect(url: &str, max_connections: u32) -> Result<PgStore> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(url)
+            .await
+            .map_err(|e| StorageError::Unavailable(format!("connecting to PostgreSQL: {e}")))?;
+        MIGRATOR
+            .run(&pool)
+            .await
+            .map_err(|e| StorageError::Unavailable(format!("migrating the database: {e}")))?;
+        Ok(PgStore {
+            pool,
+            fence: Arc::new(RwLock::new(None)),
+            listener: Arc::new(tokio::sync::Mutex::new(None)),
+        })
+    }
+
+    fn fence(&self) -> Option<Fence> {
+        self.fence.read().expect("fence lock").clone()
+    }
+
+    fn epoch(&self) -> Option<i64> {
+        self.fence().map(|f| f.epoch)
+    }
+
+    /// Refuses the transaction unless this handle's registration is current.
+    async fn check_fence(&self, conn: &mut PgConnection) -> Result<()> {
+        let Some(fence) = self.fence() else {
+            return Ok(());
+        };
+        let ok: Option<i32> = sqlx::query_scalar(
+            "SELECT 1 FROM nodes WHERE id = $1 AND epoch = $2 AND state IN ('alive', 'draining') AND lease_until > now() FOR SHARE",
+        )
+        .bind(&fence.id)
+        .bind(fence.epoch)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(unavailable)?;
+        match ok {
+            Some(_) => Ok(()),
+            None => Err(StorageError::Fenced(format!(
+                "node {} (epoch {}) has no current lease",
+                fence.id, fence.epoch
+            ))),
+        }
+    }
+
+    async fn bump_jobs_revision(conn: &mut PgConnection) -> std::result::Result<(), sqlx::Error> {
+        sqlx::query("UPDATE revisions SET value = value + 1 WHERE name = 'jobs'")
+            .execute(&mut *conn)
+            .await?;
+        notify(conn, "jobs").await
+    }
+
+    async fn load_tasks(
+        conn: &mut PgConnection,
+        ids: &[RunId],
+    ) -> Result<BTreeMap<RunId, Vec<TaskRecord>>> {
+        let mut out: BTreeMap<RunId, Vec<TaskRecord>> = BTreeMap::new();
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let tasks = sqlx::query(
+            "SELECT run_id, task_id, state FROM tasks WHERE run_id = ANY($1) ORDER BY run_id, position",
+        )
+        .bind(ids)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(unavailable)?;
+        for row in tasks {
+            out.entry(row.get(0)).or_default().push(TaskRecord {
+                id: row.get(1),
+                state: parse(row.get::<&str, _>(2))?,
+                attempts: vec![],
+            });
+        }
+        let attempts = sqlx::query(
+            "SELECT run_id, task_id, number, state, started_at, finished_at, exit_code, error FROM attempts WHERE run_id = ANY($1) ORDER BY run_id, task_id, number",
+        )
+        .bind(ids)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(unavailable)?;
+        for row in attempts {
+            let run: RunId = row.get(0);
+            let task: String = row.get(1);
+            let record = AttemptRecord {
+                number: row.get::<i32, _>(2) as u32,
+                state: parse::<AttemptState>(row.get::<&str, _>(3))?,
+                started_at: ts(row.get(4))?,
+                finished_at: opt_ts(row.get(5))?,
+                exit_code: row.get(6),
+                error: row.get(7),
+            };
+            if let Some(t) = out
+                .get_mut(&run)
+                .and_then(|ts| ts.iter_mut().find(|t| t.id == task))
+            {
+                t.attempts.push(record);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs selected by `sql` (which returns [`RUN_COLUMNS`]) with one bind,
+    /// with their tasks and attempts, read in one transaction.
+    async fn load_runs<'a, T>(&self, sql: String, binds: T) -> Result<Vec<RunRecord>>
+    where
+        T: FnOnce(
+            sqlx::query::Query<'a, sqlx::Postgres, sqlx::postgres::PgArguments>,
+        ) -> sqlx::query::Query<'a, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    {
+        let mut tx = self.pool.begin().await.map_err(unavailable)?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .execute(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+        let rows = binds(sqlx::query(sqlx::AssertSqlSafe(sql)))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+        let ids: Vec<RunId> = rows.iter().map(|r| r.get(0)).collect();
+        let mut tasks = Self::load_tasks(&mut tx, &ids).await?;
+        tx.commit().await.map_err(unavailable)?;
+        rows.into_iter()
+            .map(|row| {
+                let id: RunId = row.get(0);
+                Ok(RunRecord {
+                    id,
+                    namespace: row.get(1),
+                    job: row.get(2),
+                    job_version: row.get(3),
+                    trigger: Trigger::parse(row.get(4)).ok_or_else(|| {
+                        StorageError::Corrupt(format!("run {id}: unknown trigger"))
+                    })?,
+                    scheduled_at: ts(row.get(5))?,
+                    state: parse(row.get::<&str, _>(6))?,
+                    params: serde_json::from_str(row.get(7))
+                        .map_err(|e| StorageError::Corrupt(format!("run {id} params: {e}")))?,
+                    created_at: ts(row.get(8))?,
+                    started_at: opt_ts(row.get(9))?,
+                    finished_at: opt_ts(row.get(10))?,
+                    tasks: tasks.remove(&id).unwrap_or_default(),
+                })
+            })
+            .collect()
+    }
+
+    /// Begins a transaction, fenced by this node's registration if asked.
+    async fn begin(&self, fenced: bool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+        let mut tx = self.pool.begin().await.map_err(unavailable)?;
+        if fenced {
+            self.check_fence(&mut tx).await?;
+        }
+        Ok(tx)
+    }
+}
+
+/// Runs `$body` (an async block using `$conn: &mut PgConnection`) in a
+/// transaction, again when the database asks for a retry (a deadlock or a
+/// serialization failure).
+macro_rules! transaction {
+    ($store:expr, fenced = $fenced:expr, |$conn:ident| $body:expr) => {{
+        let mut tries = 0u32;
+        loop {
+            let mut tx = $store.begin($fenced).await?;
+            let result: std::result::Result<_, sqlx::Error> = async {
+                let $conn: &mut sqlx::postgres::PgConnection = &mut tx;
+                $body
+            }
+            .await;
+            let result = match result {
+                Ok(v) => tx.commit().await.map(|()| v),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(v) => break Ok(v),
+                Err(e) if $crate::is_transient(&e) && tries < 8 => {
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(5 << tries.min(5))).await;
+                }
+                Err(e) => break Err($crate::unavailable(e)),
+            }
+        }
+    }};
+}
+pub(crate) use transaction;
+
+async fn notify(conn: &mut PgConnection, what: &str) -> std::result::Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(CHANNEL)
+        .bind(what)
+        .execute(&mut *conn)
+        .await
+        .map(|_| ())
+}
+
+async fn insert_run(
+    conn: &mut PgConnection,
+    run: &NewRun,
+    owner: Option<i64>,
+) -> std::result::Result<(), sqlx::Error> {
+    let created = run.created_at.as_microsecond();
+    let started = (run.state == RunState::Running).then_some(created);
+    let finished = run.state.is_terminal().then_some(created);
+    let params_json = serde_json::to_string(&run.params).expect("params serialize");
+    sqlx::query(
+        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, owner_epoch)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+    )
+    .bind(run.id)
+    .bind(&run.namespace)
+    .bind(&run.job)
+    .bind(run.job_version)
+    .bind(run.trigger.as_str())
+    .bind(run.scheduled_at.as_microsecond())
+    .bind(run.state.as_str())
+    .bind(params_json)
+    .bind(created)
+    .bind(started)
+    .bind(finished)
+    .bind(owner)
+    .execute(&mut *conn)
+    .await?;
+    let task_state = if run.state.is_terminal() {
+        TaskState::Skipped
+    } else {
+        TaskState::Pending
+    };
+    sqlx::query(
+        "INSERT INTO tasks (run_id, task_id, position, state)
+         SELECT $1, t, p - 1, $3 FROM unnest($2::text[]) WITH ORDINALITY AS x(t, p)",
+    )
+    .bind(run.id)
+    .bind(&run.tasks)
+    .bind(task_state.as_str())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Applies one write; a refused compare-and-set says what it found.
+async fn apply(
+    conn: &mut PgConnection,
+    w: &Write,
+    epoch: Option<i64>,
+) -> std::result::Result<WriteResult, sqlx::Error> {
+    let conflict = |what: String| Ok(WriteResult::Conflict(what));
+    match w {
+        Write::Fire {
+            namespace,
+            job,
+            scheduled_at,
+            outcome,
+            run,
+        } => {
+            let n = sqlx::query(
+                "INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id, node_epoch) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+            )
+            .bind(namespace)
+            .bind(job)
+            .bind(scheduled_at.as_microsecond())
+            .bind(outcome.as_str())
+            .bind(run.as_ref().map(|r| r.id))
+            .bind(epoch)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            if n == 0 {
+                return conflict(format!(
+                    "fire {namespace}/{job} at {scheduled_at} is already recorded"
+                ));
+            }
+            if let Some(run) = run {
+                insert_run(conn, run, epoch).await?;
+            }
+            Ok(WriteResult::Done)
+        }
+        Write::Run(run) => {
+            insert_run(conn, run, epoch).await?;
+            Ok(WriteResult::Done)
+        }
+        Write::RunState { run, from, to, at } => {
+            let n = sqlx::query(
+                "UPDATE runs SET state = $1,
+                    started_at = CASE WHEN $1 = 'running' THEN $2 ELSE started_at END,
+                    finished_at = CASE WHEN $1 IN ('succeeded', 'failed', 'cancelled', 'skipped') THEN $2 ELSE finished_at END
+                 WHERE id = $3 AND state = $4",
+            )
+            .bind(to.as_str())
+            .bind(at.as_microsecond())
+            .bind(run)
+            .bind(from.as_str())
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            if n == 1 {
+                return Ok(WriteResult::Done);
+            }
+            let found: Option<String> = sqlx::query_scalar("SELECT state FROM runs WHERE id = $1")
+                .bind(run)
+                .fetch_optional(&mut *conn)
+                .await?;
+            conflict(match found {
+                Some(s) => format!("run {run} is {s}, not {from}"),
+                None => format!("run {run} does not exist"),
+            })
+        }
+        Write::TaskState {
+            run,
+            task,
+            from,
+            to,
+        } => {
+            let n = sqlx::query(
+                "UPDATE tasks SET state = $1 WHERE run_id = $2 AND task_id = $3 AND state = $4",
+            )
+            .bind(to.as_str())
+            .bind(run)
+            .bind(task)
+            .bind(from.as_str())
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            if n == 1 {
+                return Ok(WriteResult::Done);
+            }
+            let found: Option<String> =
+                sqlx::query_scalar("SELECT state FROM tasks WHERE run_id = $1 AND task_id = $2")
+                    .bind(run)
+                    .bind(task)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            conflict(match found {
+                Some(s) => format!("task {task} of run {run} is {s}, not {from}"),
+                None => format!("run {run} has no task {task}"),
+            })
+        }
+        Write::AttemptStart {
+            run,
+            task,
+            number,
+            state,
+            at,
+        } => {
+            let n = sqlx::query(
+                "INSERT INTO attempts (run_id, task_id, number, state, started_at, node_epoch) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+            )
+            .bind(run)
+            .bind(task)
+            .bind(*number as i32)
+            .bind(state.as_str())
+            .bind(at.as_microsecond())
+            .bind(epoch)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            if n == 1 {
+                Ok(WriteResult::Done)
+            } else {
+                conflict(format!("attempt {number} of {run}/{task} already exists"))
+            }
+        }
+        Write::AttemptEnd {
+            run,
+            task,
+            number,
+            from,
+            to,
+            at,
+            exit_code,
+            error,
+            log,
+        } => {
+            let n = sqlx::query(
+                "UPDATE attempts SET state = $1, finished_at = $2, exit_code = $3, error = $4, log = $5
+                 WHERE run_id = $6 AND task_id = $7 AND number = $8 AND state = $9",
+            )
+            .bind(to.as_str())
+            .bind(at.as_microsecond())
+            .bind(exit_code)
+            .bind(error)
+            .bind(log)
+            .bind(run)
+            .bind(task)
+            .bind(*number as i32)
+            .bind(from.as_str())
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            if n == 1 {
+                Ok(WriteResult::Done)
+            } else {
+                conflict(format!("attempt {number} of {run}/{task} is not {from}"))
+            }
+        }
+    }
+}
+
+impl Store for PgStore {
+    async fn apply_jobs(&self, jobs: &[JobUpsert], at: Timestamp) -> Result<Vec<ApplyResult>> {
+        let at = at.as_microsecond();
+        transaction!(self, fenced = false, |conn| {
+            let mut out = Vec::with_capacity(jobs.len());
+            for j in jobs {
+                // Concurrent applies of one job (from several nodes) take turns.
+                sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))")
+                    .bind(&j.namespace)
+                    .bind(&j.name)
+                    .execute(&mut *conn)
+                    .await?;
+                let current: Option<(i64, String)> = sqlx::query_as(
+                    "SELECT version, spec FROM jobs WHERE namespace = $1 AND name = $2",
+                )
+                .bind(&j.namespace)
+                .bind(&j.name)
+                .fetch_optional(&mut *conn)
+                .await?;
+                let result = match current {
+                    Some((v, spec)) if spec == j.spec => ApplyResult::Unchanged(v),
+                    Some((v, _)) => {
+                        sqlx::query("UPDATE jobs SET version = $1, spec = $2, updated_at = $3 WHERE namespace = $4 AND name = $5")
+                                .bind(v + 1).bind(&j.spec).bind(at).bind(&j.namespace).bind(&j.name)
+                                .execute(&mut *conn).await?;
+                        ApplyResult::Updated(v + 1)
+                    }
+                    None => {
+                        // A re-created job continues its version history.
+                        let last: Option<i64> = sqlx::query_scalar(
+                                "SELECT MAX(version) FROM job_versions WHERE namespace = $1 AND name = $2",
+                            )
+                            .bind(&j.namespace)
+                            .bind(&j.name)
+                            .fetch_one(&mut *conn)
+                            .await?;
+                        let v = last.unwrap_or(0) + 1;
+                        sqlx::query("INSERT INTO jobs (namespace, name, version, spec, paused, updated_at) VALUES ($1, $2, $3, $4, FALSE, $5)")
+                                .bind(&j.namespace).bind(&j.name).bind(v).bind(&j.spec).bind(at)
+                                .execute(&mut *conn).await?;
+                        ApplyResult::Created(v)
+                    }
+                };
+                if let ApplyResult::Created(v) | ApplyResult::Updated(v) = result {
+                    sqlx::query("INSERT INTO job_versions (namespace, name, version, spec, created_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (namespace, name, version) DO UPDATE SET spec = EXCLUDED.spec, created_at = EXCLUDED.created_at")
+                            .bind(&j.namespace).bind(&j.name).bind(v).bind(&j.spec).bind(at)
+                            .execute(&mut *conn).await?;
+                }
+                out.push(result);
+            }
+            if out.iter().any(|r| !matches!(r, ApplyResult::Unchanged(_))) {
+                PgStore::bump_jobs_revision(conn).await?;
+            }
+            Ok(out)
+        })
+    }
+
+    async fn load_jobs(&self) -> Result<Vec<StoredJob>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {JOB_COLUMNS} FROM jobs ORDER BY namespace COLLATE \"C\", name COLLATE \"C\""
+        )))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<StoredJob>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = $1 AND name = $2"
+        )))
+        .bind(namespace)
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        row.as_ref().map(job_from_row).transpose()
+    }
+
+    async fn list_jobs(
+        &self,
+        namespace: &str,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<Page<StoredJob>> {
+        let after = match cursor {
+            None => String::new(),
+            Some(c) => c
+                .strip_prefix("job:")
+                .ok_or_else(|| StorageError::Invalid(format!("bad cursor {c:?}")))?
+                .to_string(),
+        };
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = $1 AND name COLLATE \"C\" > $2 ORDER BY name COLLATE \"C\" LIMIT $3"
+        )))
+        .bind(namespace)
+        .bind(&after)
+        .bind(i64::from(limit) + 1)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        let mut items = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
+        let next_cursor = (items.len() > limit as usize).then(|| {
+            items.truncate(limit as usize);
+            format!("job:{}", items.last().expect("non-empty").name)
+        });
+        Ok(Page { items, next_cursor })
+    }
+
+    async fn delete_job(&self, namespace: &str, name: &str) -> Result<bool> {
+        transaction!(self, fenced = false, |conn| {
+            let n = sqlx::query("DELETE FROM jobs WHERE namespace = $1 AND name = $2")
+                .bind(namespace)
+                .bind(name)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            if n == 1 {
+                PgStore::bump_jobs_revision(conn).await?;
+            }
+            Ok(n == 1)
+        })
+    }
+
+    async fn set_paused(&self, namespace: &str, name: &str, paused: bool) -> Result<bool> {
+        transaction!(self, fenced = false, |conn| {
+            let n = sqlx::query("UPDATE jobs SET paused = $1 WHERE namespace = $2 AND name = $3")
+                .bind(paused)
+                .bind(namespace)
+                .bind(name)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            if n == 1 {
+                PgStore::bump_jobs_revision(conn).await?;
+            }
+            Ok(n == 1)
+        })
+    }
+
+    async fn write(&self, batch: &[Write]) -> Result<Vec<WriteResult>> {
+        if batch.is_empty() {
+            return Ok(vec![]);
+        }
+        let epoch = self.epoch();
+        transaction!(self, fenced = true, |conn| {
+            let mut out = Vec::with_capacity(batch.len());
+            for w in batch {
+                out.push(apply(conn, w, epoch).await?);
+            }
+            Ok(out)
+        })
+    }
+
+    async fn last_fires(&self) -> Result<Vec<(String, String, Timestamp)>> {
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT namespace, job, MAX(scheduled_at) FROM fires GROUP BY namespace, job ORDER BY namespace, job",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        rows.into_iter()
+            .map(|(n, j, t)| Ok((n, j, ts(t)?)))
+            .collect()
+    }
+
+    async fn last_fires_of(&self, jobs: &[(String, String)]) -> Result<Vec<Option<Timestamp>>> {
+        let (namespaces, names): (Vec<&str>, Vec<&str>) =
+            jobs.iter().map(|(n, j)| (n.as_str(), j.as_str())).unzip();
+        let rows: Vec<Option<i64>> = sqlx::query_scalar(
+            "SELECT (SELECT MAX(scheduled_at) FROM fires f WHERE f.namespace = k.ns AND f.job = k.job)
+             FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(ns, job, i) ORDER BY k.i",
+        )
+        .bind(&namespaces)
+        .bind(&names)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        rows.into_iter().map(opt_ts).collect()
+    }
+
+    async fn list_fires(
+        &self,
+        namespace: &str,
+        job: &str,
+        from: Timestamp,
+        to: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<FireRecord>> {
+        let rows: Vec<(i64, String, Option<i64>)> = sqlx::query_as(
+            "SELECT scheduled_at, outcome, run_id FROM fires WHERE namespace = $1 AND job = $2 AND scheduled_at >= $3 AND scheduled_at < $4 ORDER BY scheduled_at LIMIT $5",
+        )
+        .bind(namespace)
+        .bind(job)
+        .bind(from.as_microsecond())
+        .bind(to.as_microsecond())
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        rows.into_iter()
+            .map(|(t, o, run_id)| {
+                Ok(FireRecord {
+                    scheduled_at: ts(t)?,
+                    outcome: FireOutcome::parse(&o)
+                        .ok_or_else(|| StorageError::Corrupt(format!("fire outcome {o:?}")))?,
+                    run_id,
+                })
+            })
+            .collect()
+    }
+
+    async fn active_runs(&self) -> Result<Vec<RunRecord>> {
+        let epoch = self.epoch();
+        self.load_runs(
+            format!("SELECT {RUN_COLUMNS} FROM runs WHERE state IN ('pending', 'running') AND owner_epoch IS NOT DISTINCT FROM $1 ORDER BY id"),
+            move |q| q.bind(epoch),
+        )
+        .await
+    }
+
+    async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
+        Ok(self
+            .load_runs(
+                format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"),
+                move |q| q.bind(id),
+            )
+            .await?
+            .pop())
+    }
+
+    async fn list_runs(
+        &self,
+        namespace: &str,
+        job: &str,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<Page<RunRecord>> {
+        let before = match cursor {
+            None => i64::MAX,
+            Some(c) => c
+                .strip_prefix("run:")
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| StorageError::Invalid(format!("bad cursor {c:?}")))?,
+        };
+        let (namespace, job) = (namespace.to_string(), job.to_string());
+        let mut items = self
+            .load_runs(
+                format!("SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 AND job = $2 AND id < $3 ORDER BY id DESC LIMIT $4"),
+                move |q| q.bind(namespace).bind(job).bind(before).bind(i64::from(limit) + 1),
+            )
+            .await?;
+        let next_cursor = (items.len() > limit as usize).then(|| {
+            items.truncate(limit as usize);
+            format!("run:{}", items.last().expect("non-empty").id)
+        });
+        Ok(Page { items, next_cursor })
+    }
+
+    async fn max_run_id(&self) -> Result<RunId> {
+        let id: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM runs")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        Ok(id.unwrap_or(0))
+    }
+
+    async fn read_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {
+        let row: Option<(Option<Vec<u8>>,)> = sqlx::query_as(
+            "SELECT log FROM attempts WHERE run_id = $1 AND task_id = $2 AND number = $3",
+        )
+        .bind(run)
+        .bind(task)
+        .bind(number as i32)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(row.map(|(log,)| log.unwrap_or_default()))
+    }
+}

@@ -1,0 +1,225 @@
+//! Membership, leases, fencing and hand-over on a real PostgreSQL server.
+
+use std::time::Duration;
+
+use dagcron_core::{FireOutcome, RunState};
+use dagcron_store::cluster::{Coordination, Heartbeat, NodeState};
+use dagcron_store::conformance::new_run;
+use dagcron_store::{StorageError, Store, Write, WriteResult};
+use dagcron_store_postgres::PgStore;
+use dagcron_test_pg::TestDatabase;
+use jiff::Timestamp;
+use sqlx::Connection;
+
+const TTL: Duration = Duration::from_secs(60);
+
+fn fire(at: i64, run_id: i64) -> Write {
+    Write::Fire {
+        namespace: "ns".into(),
+        job: "j".into(),
+        scheduled_at: Timestamp::from_second(at).unwrap(),
+        outcome: FireOutcome::Fired,
+        run: Some(new_run(run_id, at)),
+    }
+}
+
+async fn node(db: &TestDatabase, id: &str) -> PgStore {
+    let store = PgStore::connect(&db.url, 4).await.unwrap();
+    store
+        .register(id, "127.0.0.1:0", "test", TTL)
+        .await
+        .unwrap();
+    store
+}
+
+/// Ends a node's lease by moving it into the past, as if time had passed.
+async fn expire(db: &TestDatabase, id: &str) {
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("UPDATE nodes SET lease_until = now() - interval '1 second' WHERE id = $1")
+        .bind(id)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn registrations_get_distinct_epochs_and_slots() {
+    let db = TestDatabase::create("registrations").await;
+    let a = PgStore::connect(&db.url, 2).await.unwrap();
+    let b = PgStore::connect(&db.url, 2).await.unwrap();
+    let ra = a.register("a", "x", "v", TTL).await.unwrap();
+    let rb = b.register("b", "y", "v", TTL).await.unwrap();
+    assert_ne!(ra.epoch, rb.epoch);
+    assert_ne!(ra.slot, rb.slot);
+    let again = a.register("a", "x", "v", TTL).await.unwrap();
+    assert!(again.epoch > rb.epoch, "a new registration is a new epoch");
+    let nodes = a.nodes().await.unwrap();
+    assert_eq!(nodes.len(), 2);
+    assert!(
+        nodes
+            .iter()
+            .all(|n| n.state == NodeState::Alive && n.lease_valid)
+    );
+    assert!(
+        a.heartbeat(
+            Heartbeat {
+                eligible: false,
+                clock_skew_us: 1234,
+                owned_jobs: 7
+            },
+            TTL
+        )
+        .await
+        .unwrap()
+    );
+    let n = &a.nodes().await.unwrap()[0];
+    assert_eq!(
+        (n.eligible, n.clock_skew_us, n.owned_jobs),
+        (false, 1234, 7)
+    );
+}
+
+#[tokio::test]
+async fn an_expired_or_replaced_node_cannot_write() {
+    let db = TestDatabase::create("fencing").await;
+    let a = node(&db, "a").await;
+    assert_eq!(a.write(&[fire(1, 1)]).await.unwrap(), [WriteResult::Done]);
+
+    expire(&db, "a").await;
+    match a.write(&[fire(2, 2)]).await {
+        Err(StorageError::Fenced(m)) => assert!(m.contains("node a"), "{m}"),
+        other => panic!("expected a fenced write, got {other:?}"),
+    }
+    assert!(
+        !a.heartbeat(
+            Heartbeat {
+                eligible: true,
+                clock_skew_us: 0,
+                owned_jobs: 0
+            },
+            TTL
+        )
+        .await
+        .unwrap(),
+        "an ended lease is not renewed"
+    );
+    assert!(a.get_run(2).await.unwrap().is_none(), "nothing was written");
+
+    // A second process registering under the same name fences the first.
+    let b = node(&db, "b").await;
+    let a2 = node(&db, "b").await;
+    assert!(matches!(
+        b.write(&[fire(3, 3)]).await,
+        Err(StorageError::Fenced(_))
+    ));
+    assert_eq!(a2.write(&[fire(3, 3)]).await.unwrap(), [WriteResult::Done]);
+}
+
+#[tokio::test]
+async fn runs_of_a_dead_node_are_adopted_once() {
+    let db = TestDatabase::create("adoption").await;
+    let a = node(&db, "a").await;
+    let b = node(&db, "b").await;
+    let c = node(&db, "c").await;
+    a.write(&[fire(1, 1), fire(2, 2)]).await.unwrap();
+    b.write(&[fire(3, 3)]).await.unwrap();
+    assert!(b.orphan_runs().await.unwrap().is_empty(), "a is alive");
+    assert!(b.active_runs().await.unwrap().iter().all(|r| r.id == 3));
+
+    expire(&db, "a").await;
+    let reaped = b.reap().await.unwrap();
+    assert_eq!(reaped.len(), 1);
+    assert_eq!(
+        (reaped[0].id.as_str(), reaped[0].state),
+        ("a", NodeState::Dead)
+    );
+    let orphans: Vec<i64> = b
+        .orphan_runs()
+        .await
+        .unwrap()
+        .iter()
+        .map(|o| o.id)
+        .collect();
+    assert_eq!(orphans, [1, 2]);
+
+    let taken = b.adopt_runs(&[1]).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].state, RunState::Running);
+    assert!(c.adopt_runs(&[1]).await.unwrap().is_empty(), "adopted once");
+    assert_eq!(c.adopt_runs(&[1, 2]).await.unwrap().len(), 1);
+    let mut mine: Vec<i64> = b
+        .active_runs()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    mine.sort();
+    assert_eq!(mine, [1, 3]);
+
+    // Cancellation asked through any node reaches the owner.
+    assert!(a.request_cancel(2).await.unwrap());
+    assert!(b.take_cancel_requests().await.unwrap().is_empty());
+    assert_eq!(c.take_cancel_requests().await.unwrap(), [2]);
+    assert!(c.take_cancel_requests().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn graceful_leave_hands_runs_over_without_waiting_for_the_lease() {
+    let db = TestDatabase::create("leave").await;
+    let a = node(&db, "a").await;
+    let b = node(&db, "b").await;
+    a.write(&[fire(1, 1)]).await.unwrap();
+    a.set_state(NodeState::Draining).await.unwrap();
+    assert!(
+        b.orphan_runs().await.unwrap().is_empty(),
+        "a drains its runs"
+    );
+    a.write(&[Write::RunState {
+        run: 1,
+        from: RunState::Running,
+        to: RunState::Succeeded,
+        at: Timestamp::from_second(5).unwrap(),
+    }])
+    .await
+    .expect("a draining node may still write");
+    a.set_state(NodeState::Left).await.unwrap();
+    assert!(matches!(
+        a.write(&[fire(9, 9)]).await,
+        Err(StorageError::Fenced(_))
+    ));
+    let nodes = b.nodes().await.unwrap();
+    assert!(!nodes[0].lease_valid && nodes[0].state == NodeState::Left);
+}
+
+#[tokio::test]
+async fn job_changes_bump_the_revision_and_wake_listeners() {
+    let db = TestDatabase::create("revision").await;
+    let a = node(&db, "a").await;
+    let b = node(&db, "b").await;
+    let r0 = b.jobs_revision().await.unwrap();
+    assert!(!b.wait_for_change(Duration::from_millis(50)).await.unwrap());
+    let job = dagcron_store::JobUpsert {
+        namespace: "ns".into(),
+        name: "j".into(),
+        spec: "{}".into(),
+    };
+    a.apply_jobs(&[job.clone()], Timestamp::from_second(1).unwrap())
+        .await
+        .unwrap();
+    assert!(b.wait_for_change(Duration::from_secs(10)).await.unwrap());
+    let r1 = b.jobs_revision().await.unwrap();
+    assert!(r1 > r0);
+    a.apply_jobs(&[job], Timestamp::from_second(2).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        b.jobs_revision().await.unwrap(),
+        r1,
+        "unchanged jobs change nothing"
+    );
+    a.set_paused("ns", "j", true).await.unwrap();
+    assert!(b.jobs_revision().await.unwrap() > r1);
+    let now = b.database_now().await.unwrap();
+    assert!((Timestamp::now().as_second() - now.as_second()).abs() < 5);
+}

@@ -1,0 +1,174 @@
+//! What a store shared by several scheduler nodes adds: membership with
+//! leases and fencing epochs, and the hand-over of runs from dead nodes.
+//!
+//! A node registers and receives an epoch, unique for ever. Its lease is
+//! renewed by heartbeats and judged by the database's clock. Every batch the
+//! node writes is checked, in the same transaction, against its lease and
+//! epoch, and refused with [`StorageError::Fenced`](crate::StorageError::Fenced)
+//! when either is stale; a node's expiry is recorded by a row update that
+//! waits for that node's in-flight batches, so that nothing it commits can
+//! land after another node has taken over its runs.
+
+use std::fmt;
+use std::future::Future;
+use std::str::FromStr;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde::Serialize;
+
+use crate::{Result, RunId, RunRecord, Store};
+
+/// Where a node is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeState {
+    /// Owns a share of the jobs and runs work.
+    Alive,
+    /// Shutting down: owns no jobs, finishes what it runs.
+    Draining,
+    /// Left gracefully.
+    Left,
+    /// Its lease expired; its runs went to other nodes.
+    Dead,
+}
+
+impl NodeState {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Alive => "alive",
+            NodeState::Draining => "draining",
+            NodeState::Left => "left",
+            NodeState::Dead => "dead",
+        }
+    }
+}
+
+impl fmt::Display for NodeState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for NodeState {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<NodeState, String> {
+        [
+            NodeState::Alive,
+            NodeState::Draining,
+            NodeState::Left,
+            NodeState::Dead,
+        ]
+        .into_iter()
+        .find(|n| n.as_str() == s)
+        .ok_or_else(|| format!("unknown node state {s:?}"))
+    }
+}
+
+/// A node as registered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NodeRecord {
+    /// Its name, stable across restarts.
+    pub id: String,
+    /// The fencing epoch of its current registration.
+    pub epoch: i64,
+    /// Its slot in run ids (unique among live nodes).
+    pub slot: u8,
+    /// Life state.
+    pub state: NodeState,
+    /// Whether it may own jobs (false while its clock is too far off).
+    pub eligible: bool,
+    /// Its API address, for operators.
+    pub address: String,
+    /// Its version.
+    pub version: String,
+    /// Registration instant (database clock).
+    pub started_at: Timestamp,
+    /// Last heartbeat (database clock).
+    pub heartbeat_at: Timestamp,
+    /// End of its lease (database clock).
+    pub lease_until: Timestamp,
+    /// Whether the lease is still running now (database clock).
+    pub lease_valid: bool,
+    /// Its clock minus the database's, in microseconds, as last measured.
+    pub clock_skew_us: i64,
+    /// How many jobs it owns, as last reported.
+    pub owned_jobs: i64,
+}
+
+/// The identity a registration gives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Registration {
+    /// The node's name.
+    pub id: String,
+    /// Its new fencing epoch.
+    pub epoch: i64,
+    /// Its slot in run ids.
+    pub slot: u8,
+}
+
+/// What a heartbeat reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// Whether the node may own jobs.
+    pub eligible: bool,
+    /// Its clock minus the database's, in microseconds.
+    pub clock_skew_us: i64,
+    /// Jobs it owns.
+    pub owned_jobs: i64,
+}
+
+/// An unfinished run whose node is gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OrphanRun {
+    /// The run.
+    pub id: RunId,
+    /// Its job's namespace.
+    pub namespace: String,
+    /// Its job.
+    pub job: String,
+}
+
+/// Membership, leases and hand-over, for stores shared by a cluster.
+pub trait Coordination: Store + Clone {
+    /// Registers (or re-registers) node `id` with a new epoch and a lease of
+    /// `ttl`; from then on every batch this handle writes is fenced by it.
+    fn register(
+        &self,
+        id: &str,
+        address: &str,
+        version: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Registration>> + Send;
+    /// Renews the lease for `ttl`. `Ok(false)`: the lease had ended or the
+    /// epoch is stale; the node is fenced for good.
+    fn heartbeat(
+        &self,
+        beat: Heartbeat,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool>> + Send;
+    /// Moves this node to `draining` or `left`.
+    fn set_state(&self, state: NodeState) -> impl Future<Output = Result<()>> + Send;
+    /// Every node registered.
+    fn nodes(&self) -> impl Future<Output = Result<Vec<NodeRecord>>> + Send;
+    /// The database's clock now.
+    fn database_now(&self) -> impl Future<Output = Result<Timestamp>> + Send;
+    /// Marks the nodes whose lease ended as dead (waiting for their in-flight
+    /// batches) and returns them.
+    fn reap(&self) -> impl Future<Output = Result<Vec<NodeRecord>>> + Send;
+    /// Unfinished runs whose owner is no longer alive or draining.
+    fn orphan_runs(&self) -> impl Future<Output = Result<Vec<OrphanRun>>> + Send;
+    /// Takes these orphan runs over (those still orphaned) and returns them.
+    fn adopt_runs(&self, ids: &[RunId]) -> impl Future<Output = Result<Vec<RunRecord>>> + Send;
+    /// Asks the node that owns `run` to cancel it.
+    fn request_cancel(&self, run: RunId) -> impl Future<Output = Result<bool>> + Send;
+    /// Runs of this node whose cancellation was asked, clearing the requests.
+    fn take_cancel_requests(&self) -> impl Future<Output = Result<Vec<RunId>>> + Send;
+    /// A number that changes whenever a job is applied, paused or deleted.
+    fn jobs_revision(&self) -> impl Future<Output = Result<i64>> + Send;
+    /// Waits until another node announces a change (jobs, membership,
+    /// cancellations) or `timeout` passes; `Ok(true)` if something was announced.
+    fn wait_for_change(&self, timeout: Duration) -> impl Future<Output = Result<bool>> + Send;
+}
