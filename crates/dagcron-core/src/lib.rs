@@ -10,6 +10,7 @@ pub mod duration;
 pub mod model;
 pub mod policy;
 pub mod retry;
+pub mod ring;
 pub mod state;
 
 pub use dag::Dag;
@@ -20,4 +21,5 @@ pub use model::{
 };
 pub use policy::{FireDecision, FireOutcome};
 pub use retry::{Failure, RetryDecision, RetryPolicy};
+pub use ring::Ring;
 pub use state::{AttemptState, IllegalTransition, RunState, TaskState};

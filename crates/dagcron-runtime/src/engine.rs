@@ -18,8 +18,8 @@ use dagcron_core::policy::{self, FireDecision, FireOutcome};
 use dagcron_core::{AttemptState, Delivery, Failure, Job, RetryDecision, RunState, TaskState};
 use dagcron_exec::{AttemptContext, Ending, Limits, Outcome};
 use dagcron_store::{
-    ApplyResult, JobUpsert, NewRun, RunId, RunRecord, StorageError, Store, Trigger, Write,
-    WriteResult,
+    ApplyResult, JobUpsert, NewRun, RunId, RunRecord, StorageError, Store, StoredJob, Trigger,
+    Write, WriteResult,
 };
 use jiff::{SignedDuration, Timestamp};
 use tokio::sync::{mpsc, oneshot};
@@ -66,6 +66,50 @@ pub struct EngineConfig {
     pub max_backfill: usize,
     /// Told about fires and attempts.
     pub observer: Option<Observer>,
+    /// Set when this engine is one node of a cluster.
+    pub node: Option<NodeIdentity>,
+}
+
+/// What a cluster node's engine needs to know of its registration.
+#[derive(Clone, Debug)]
+pub struct NodeIdentity {
+    /// The node's slot, the low bits of the run ids it creates, so that two
+    /// nodes never create the same id.
+    pub slot: u8,
+    /// The node's lease as this process sees it: past its end, the engine
+    /// stops firing and writing.
+    pub lease: Lease,
+}
+
+/// Bits of a run id that hold the node's slot.
+const SLOT_BITS: u32 = 5;
+
+/// The end of a node's lease, shared between the code that renews it and
+/// the engine that must stop before it ends.
+#[derive(Clone, Debug, Default)]
+pub struct Lease(Arc<std::sync::atomic::AtomicI64>);
+
+impl Lease {
+    /// A lease that has already ended.
+    pub fn new() -> Lease {
+        Lease(Arc::new(std::sync::atomic::AtomicI64::new(i64::MIN)))
+    }
+
+    /// Moves the end of the lease (never backwards).
+    pub fn extend_to(&self, end: Timestamp) {
+        self.0
+            .fetch_max(end.as_microsecond(), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Ends the lease now, for good.
+    pub fn revoke(&self) {
+        self.0.store(i64::MIN, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the lease still runs at `now`.
+    pub fn is_valid_at(&self, now: Timestamp) -> bool {
+        now.as_microsecond() < self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 impl Default for EngineConfig {
@@ -77,6 +121,7 @@ impl Default for EngineConfig {
             max_missed_per_job: 10_000,
             max_backfill: 10_000,
             observer: None,
+            node: None,
         }
     }
 }
@@ -147,7 +192,25 @@ pub(crate) enum Command {
         run: RunId,
         reply: Reply<()>,
     },
+    /// A cluster node's share of the jobs changed.
+    Own {
+        owns: Ownership,
+        reply: Reply<usize>,
+    },
+    /// Jobs changed in the store (applied through another node).
+    Sync {
+        jobs: Vec<StoredJob>,
+        reply: Reply<()>,
+    },
+    /// Runs taken over from a dead node.
+    Adopt {
+        runs: Vec<RunRecord>,
+        reply: Reply<()>,
+    },
 }
+
+/// Which jobs a cluster node owns: `owns(namespace, name)`.
+pub type Ownership = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
 
 type JobKey = (String, String);
 
@@ -171,7 +234,7 @@ async fn commit_with_retries<S: Store>(
     loop {
         match store.write(writes).await {
             Ok(r) => return Ok(r),
-            Err(e) if tries < 5 => {
+            Err(e) if tries < 5 && !matches!(e, StorageError::Fenced(_)) => {
                 tries += 1;
                 tracing::warn!("commit failed ({e}); retrying");
                 tokio::time::sleep(Duration::from_millis(100 << tries)).await;
@@ -197,6 +260,10 @@ struct JobEntry {
     active: Vec<RunId>,
     /// Runs waiting for a slot.
     queued: VecDeque<RunId>,
+    /// Whether this node arms its fires (always, outside a cluster).
+    owned: bool,
+    /// When its spec was last applied (where catch-up starts if it never fired).
+    applied_at: Timestamp,
 }
 
 struct RunEntry {
@@ -232,6 +299,8 @@ enum Effect {
         run: RunId,
         task: usize,
         number: u32,
+        /// The index of its `AttemptStart` in the batch.
+        write: usize,
     },
     Reply(Box<dyn FnOnce() + Send>),
 }
@@ -326,7 +395,23 @@ impl EngineHandle {
         .await
     }
 
+    /// Tells a cluster node's engine which jobs it owns; returns how many.
+    pub async fn set_ownership(&self, owns: Ownership) -> Result<usize, EngineError> {
+        self.ask(|reply| Command::Own { owns, reply }).await
+    }
+
+    /// Brings the engine's jobs in line with the store's.
+    pub async fn sync_jobs(&self, jobs: Vec<StoredJob>) -> Result<(), EngineError> {
+        self.ask(|reply| Command::Sync { jobs, reply }).await
+    }
+
+    /// Hands the engine runs it now owns (after their node died).
+    pub async fn adopt(&self, runs: Vec<RunRecord>) -> Result<(), EngineError> {
+        self.ask(|reply| Command::Adopt { runs, reply }).await
+    }
+
     /// Cancels a run: running attempts are stopped, pending tasks cancelled.
+    /// A run of another cluster node is cancelled by that node.
     pub async fn cancel(&self, run: RunId) -> Result<(), EngineError> {
         self.ask(|reply| Command::Cancel { run, reply }).await
     }
@@ -351,6 +436,8 @@ pub struct Engine<S: Store> {
     finished_tx: mpsc::UnboundedSender<Finished>,
     finished_rx: mpsc::UnboundedReceiver<Finished>,
     commands: Option<mpsc::Receiver<Command>>,
+    /// A cluster node's share of the jobs (`None`: all jobs, or none yet in a cluster).
+    ownership: Option<Ownership>,
 }
 
 fn key_of(job: &Job) -> JobKey {
@@ -386,15 +473,175 @@ impl<S: Store> Engine<S> {
             finished_tx,
             finished_rx,
             commands: Some(rx),
+            ownership: None,
         };
         engine.recover(now).await?;
         Ok((engine, EngineHandle { tx }))
     }
 
     fn run_id(&mut self) -> RunId {
-        // Increasing, and roughly the creation time in microseconds.
-        self.last_run_id = (self.last_run_id + 1).max(self.clock.now().as_microsecond());
+        // Increasing, and roughly the creation time in microseconds; in a
+        // cluster, the low bits are the node's slot.
+        let now = self.clock.now().as_microsecond();
+        match &self.config.node {
+            None => self.last_run_id = (self.last_run_id + 1).max(now),
+            Some(node) => {
+                let counter = ((self.last_run_id >> SLOT_BITS) + 1).max(now);
+                self.last_run_id = (counter << SLOT_BITS) | RunId::from(node.slot);
+            }
+        }
         self.last_run_id
+    }
+
+    /// Whether this node arms the fires of `key`.
+    fn owns(&self, key: &JobKey) -> bool {
+        match (&self.config.node, &self.ownership) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(_), Some(owns)) => owns(&key.0, &key.1),
+        }
+    }
+
+    /// Installs a new or changed spec, stored at `version`, and arms it.
+    fn install_job(&mut self, job: Job, version: i64, applied_at: Timestamp, now: Timestamp) {
+        let key = key_of(&job);
+        let owned = self.owns(&key);
+        let job = Arc::new(job);
+        let entry = self.jobs.entry(key.clone()).or_insert_with(|| JobEntry {
+            job: job.clone(),
+            version,
+            paused: false,
+            generation: 0,
+            last_fire: None,
+            active: vec![],
+            queued: VecDeque::new(),
+            owned,
+            applied_at,
+        });
+        entry.job = job;
+        entry.version = version;
+        entry.generation += 1;
+        entry.owned = owned;
+        entry.applied_at = applied_at;
+        let from = entry.last_fire.map_or(now, |l| l.max(now));
+        self.arm_next_fire(&key, from);
+    }
+
+    /// Forgets a deleted job and cancels its runs.
+    fn remove_job(&mut self, key: &JobKey, now: Timestamp) {
+        if let Some(entry) = self.jobs.remove(key) {
+            for run in entry
+                .queued
+                .iter()
+                .chain(&entry.active)
+                .copied()
+                .collect::<Vec<_>>()
+            {
+                self.stop_run(run, RunState::Cancelled, now);
+            }
+        }
+    }
+
+    /// Pauses or resumes a job in memory (the store has it already).
+    fn set_job_paused(&mut self, key: &JobKey, paused: bool, now: Timestamp) {
+        if let Some(entry) = self.jobs.get_mut(key) {
+            let was = entry.paused;
+            entry.paused = paused;
+            entry.generation += 1;
+            if was && !paused && entry.owned {
+                // Fires that came due while paused follow the misfire policy.
+                let since = entry.last_fire.unwrap_or(now);
+                self.catch_up(key, since, now, Duration::ZERO);
+            }
+        }
+    }
+
+    /// A new share of the jobs: stop arming the jobs lost, and resume the
+    /// jobs gained from their last fire in the ledger.
+    async fn set_ownership(
+        &mut self,
+        owns: Ownership,
+        now: Timestamp,
+    ) -> Result<usize, StorageError> {
+        let mut gained = Vec::new();
+        let mut owned = 0;
+        for (key, entry) in &mut self.jobs {
+            let now_owned = owns(&key.0, &key.1);
+            owned += usize::from(now_owned);
+            if now_owned != entry.owned {
+                entry.owned = now_owned;
+                entry.generation += 1;
+                if now_owned && !entry.paused {
+                    gained.push(key.clone());
+                }
+            }
+        }
+        self.ownership = Some(owns);
+        if gained.is_empty() {
+            return Ok(owned);
+        }
+        let last = self.store.last_fires_of(&gained).await?;
+        for (key, last) in gained.into_iter().zip(last) {
+            let Some(entry) = self.jobs.get_mut(&key) else {
+                continue;
+            };
+            entry.last_fire = last;
+            let since = last.unwrap_or(entry.applied_at);
+            self.catch_up(&key, since, now, self.config.misfire_grace);
+        }
+        Ok(owned)
+    }
+
+    /// Brings jobs in line with the store's list (changes made through other nodes).
+    fn sync_jobs(&mut self, stored: Vec<StoredJob>, now: Timestamp) {
+        let mut seen = std::collections::HashSet::with_capacity(stored.len());
+        for s in stored {
+            let key = (s.namespace.clone(), s.name.clone());
+            seen.insert(key.clone());
+            let (version, paused) = match self.jobs.get(&key) {
+                Some(e) => (Some(e.version), e.paused),
+                None => (None, false),
+            };
+            if version != Some(s.version) {
+                match Job::from_canonical(&s.namespace, &s.spec) {
+                    Ok(job) => {
+                        if version.is_none() {
+                            // Install it paused first if it is, so that it never arms.
+                            self.install_job(job, s.version, s.updated_at, now);
+                            if s.paused {
+                                self.set_job_paused(&key, true, now);
+                            }
+                            continue;
+                        }
+                        self.install_job(job, s.version, s.updated_at, now);
+                    }
+                    Err(e) => {
+                        tracing::error!(namespace = %s.namespace, job = %s.name, "stored job no longer validates, not scheduling it: {e}");
+                        continue;
+                    }
+                }
+            }
+            if paused != s.paused {
+                self.set_job_paused(&key, s.paused, now);
+            }
+        }
+        let gone: Vec<JobKey> = self
+            .jobs
+            .keys()
+            .filter(|k| !seen.contains(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.remove_job(&key, now);
+        }
+    }
+
+    /// Whether this engine may still fire and write.
+    fn lease_valid(&self) -> bool {
+        self.config
+            .node
+            .as_ref()
+            .is_none_or(|n| n.lease.is_valid_at(self.clock.now()))
     }
 
     fn random(&mut self) -> u64 {
@@ -416,7 +663,7 @@ impl<S: Store> Engine<S> {
         let Some(entry) = self.jobs.get(key) else {
             return;
         };
-        if entry.paused {
+        if entry.paused || !entry.owned {
             return;
         }
         if let Some(at) = entry.job.next_fire_after(after) {
@@ -433,13 +680,17 @@ impl<S: Store> Engine<S> {
     }
 
     async fn recover(&mut self, now: Timestamp) -> Result<(), StorageError> {
-        let last: HashMap<JobKey, Timestamp> = self
-            .store
-            .last_fires()
-            .await?
-            .into_iter()
-            .map(|(n, j, t)| ((n, j), t))
-            .collect();
+        // A cluster node learns where each job resumes when it comes to own it.
+        let last: HashMap<JobKey, Timestamp> = if self.config.node.is_some() {
+            HashMap::new()
+        } else {
+            self.store
+                .last_fires()
+                .await?
+                .into_iter()
+                .map(|(n, j, t)| ((n, j), t))
+                .collect()
+        };
         // Where each job's catch-up starts: its last recorded fire, or when it
         // was applied if it never fired.
         let mut since: HashMap<JobKey, Timestamp> = HashMap::new();
@@ -464,6 +715,9 @@ impl<S: Store> Engine<S> {
                     last_fire,
                     active: vec![],
                     queued: VecDeque::new(),
+                    // A cluster node owns nothing until its first ring.
+                    owned: self.config.node.is_none(),
+                    applied_at: stored.updated_at,
                 },
             );
         }
@@ -473,7 +727,7 @@ impl<S: Store> Engine<S> {
         }
         // Missed fires, per job, by its misfire policy.
         for (key, since) in since {
-            if !self.jobs[&key].paused {
+            if !self.jobs[&key].paused && self.jobs[&key].owned {
                 self.catch_up(&key, since, now, self.config.misfire_grace);
             }
         }
@@ -620,6 +874,24 @@ impl<S: Store> Engine<S> {
         shutdown: CancellationToken,
         drain: Duration,
     ) -> Result<(), StorageError> {
+        let result = self.run_loop(shutdown, drain).await;
+        if result.is_err() {
+            // Fenced or the store is gone: nothing this engine started may go
+            // on running, since another node may take its runs over.
+            for run in self.runs.values() {
+                for token in run.tokens.iter().flatten() {
+                    token.cancel();
+                }
+            }
+        }
+        result
+    }
+
+    async fn run_loop(
+        &mut self,
+        shutdown: CancellationToken,
+        drain: Duration,
+    ) -> Result<(), StorageError> {
         let mut commands = self.commands.take().expect("run is called once");
         self.dispatch();
         self.flush().await?;
@@ -656,10 +928,13 @@ impl<S: Store> Engine<S> {
             }
             if let Some((writes, results)) = committed {
                 commit = None;
-                self.committed(&writes, &results?, std::mem::take(&mut commit_effects));
+                let results = results?;
+                self.check_lease()?;
+                self.committed(&writes, &results, std::mem::take(&mut commit_effects));
             }
             self.dispatch();
             if commit.is_none() && !(self.writes.is_empty() && self.effects.is_empty()) {
+                self.check_lease()?;
                 let writes = std::mem::take(&mut self.writes);
                 commit_effects = std::mem::take(&mut self.effects);
                 let store = self.store.clone();
@@ -694,10 +969,23 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
+    /// Refuses to go on once this node's lease has ended.
+    fn check_lease(&self) -> Result<(), StorageError> {
+        if self.lease_valid() {
+            Ok(())
+        } else {
+            Err(StorageError::Fenced(
+                "this node's lease ended before it could renew it".into(),
+            ))
+        }
+    }
+
     /// Commits the batch, then carries out its effects.
     async fn flush(&mut self) -> Result<(), StorageError> {
+        self.check_lease()?;
         let writes = std::mem::take(&mut self.writes);
         let results = commit_with_retries(&*self.store, &writes).await?;
+        self.check_lease()?;
         let effects = std::mem::take(&mut self.effects);
         self.committed(&writes, &results, effects);
         Ok(())
@@ -718,7 +1006,21 @@ impl<S: Store> Engine<S> {
         }
         for effect in effects {
             match effect {
-                Effect::Spawn { run, task, number } => self.spawn(run, task, number),
+                Effect::Spawn {
+                    run,
+                    task,
+                    number,
+                    write,
+                } => {
+                    if results.get(write) == Some(&WriteResult::Done) {
+                        self.spawn(run, task, number);
+                    } else {
+                        // Only a second engine acting on the same run could
+                        // cause this; fencing is meant to make it impossible.
+                        tracing::error!(run, task, number, "attempt not recorded; not starting it");
+                        self.running -= 1;
+                    }
+                }
                 Effect::Reply(f) => f(),
             }
         }
@@ -1120,6 +1422,7 @@ impl<S: Store> Engine<S> {
                 from: TaskState::Dispatching,
                 to: TaskState::Running,
             });
+            let write = self.writes.len();
             self.writes.push(Write::AttemptStart {
                 run: id,
                 task,
@@ -1131,6 +1434,7 @@ impl<S: Store> Engine<S> {
                 run: id,
                 task: i,
                 number,
+                write,
             });
             self.running += 1;
         }
@@ -1266,27 +1570,10 @@ impl<S: Store> Engine<S> {
                     Ok(results) => {
                         let mut out = Vec::new();
                         for (job, result) in jobs.into_iter().zip(results) {
-                            let key = key_of(&job);
                             out.push((job.key(), result));
-                            let version = match result {
-                                ApplyResult::Unchanged(_) => continue,
-                                ApplyResult::Created(v) | ApplyResult::Updated(v) => v,
-                            };
-                            let job = Arc::new(job);
-                            let entry = self.jobs.entry(key.clone()).or_insert_with(|| JobEntry {
-                                job: job.clone(),
-                                version,
-                                paused: false,
-                                generation: 0,
-                                last_fire: None,
-                                active: vec![],
-                                queued: VecDeque::new(),
-                            });
-                            entry.job = job;
-                            entry.version = version;
-                            entry.generation += 1;
-                            let from = entry.last_fire.map_or(now, |l| l.max(now));
-                            self.arm_next_fire(&key, from);
+                            if let ApplyResult::Created(v) | ApplyResult::Updated(v) = result {
+                                self.install_job(job, v, now, now);
+                            }
                         }
                         self.reply_after_commit(reply, Ok(out));
                     }
@@ -1302,17 +1589,7 @@ impl<S: Store> Engine<S> {
             } => {
                 let result = match self.store.delete_job(&namespace, &name).await {
                     Ok(true) => {
-                        if let Some(entry) = self.jobs.remove(&(namespace.clone(), name.clone())) {
-                            for run in entry
-                                .queued
-                                .iter()
-                                .chain(&entry.active)
-                                .copied()
-                                .collect::<Vec<_>>()
-                            {
-                                self.stop_run(run, RunState::Cancelled, now);
-                            }
-                        }
+                        self.remove_job(&(namespace.clone(), name.clone()), now);
                         Ok(())
                     }
                     Ok(false) => Err(no_such_job(&(namespace, name))),
@@ -1329,16 +1606,7 @@ impl<S: Store> Engine<S> {
                 let key = (namespace, name);
                 let result = match self.store.set_paused(&key.0, &key.1, paused).await {
                     Ok(true) => {
-                        if let Some(entry) = self.jobs.get_mut(&key) {
-                            let was = entry.paused;
-                            entry.paused = paused;
-                            entry.generation += 1;
-                            if was && !paused {
-                                // Fires that came due while paused follow the misfire policy.
-                                let since = entry.last_fire.unwrap_or(now);
-                                self.catch_up(&key, since, now, Duration::ZERO);
-                            }
-                        }
+                        self.set_job_paused(&key, paused, now);
                         Ok(())
                     }
                     Ok(false) => Err(no_such_job(&key)),
@@ -1464,6 +1732,16 @@ impl<S: Store> Engine<S> {
                     Ok(())
                 } else {
                     match self.store.get_run(run).await {
+                        Ok(Some(r)) if !r.state.is_terminal() => {
+                            match self.store.request_cancel(run).await {
+                                Ok(true) => Ok(()),
+                                Ok(false) => Err(EngineError::Conflict(format!(
+                                    "run {run} is {} and no node runs it",
+                                    r.state
+                                ))),
+                                Err(e) => Err(EngineError::Storage(e)),
+                            }
+                        }
                         Ok(Some(r)) => Err(EngineError::Conflict(format!(
                             "run {run} is already {}",
                             r.state
@@ -1473,6 +1751,26 @@ impl<S: Store> Engine<S> {
                     }
                 };
                 self.reply_after_commit(reply, result);
+            }
+            Command::Own { owns, reply } => {
+                let result = self
+                    .set_ownership(owns, now)
+                    .await
+                    .map_err(EngineError::Storage);
+                self.reply_after_commit(reply, result);
+            }
+            Command::Sync { jobs, reply } => {
+                self.sync_jobs(jobs, now);
+                self.reply_after_commit(reply, Ok(()));
+            }
+            Command::Adopt { runs, reply } => {
+                for record in runs {
+                    if !self.runs.contains_key(&record.id) {
+                        tracing::info!(run = record.id, job = %format!("{}/{}", record.namespace, record.job), "taking over a run of a node that is gone");
+                        self.recover_run(record, now);
+                    }
+                }
+                self.reply_after_commit(reply, Ok(()));
             }
         }
     }

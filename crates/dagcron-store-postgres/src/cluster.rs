@@ -225,22 +225,6 @@ impl Coordination for PgStore {
         .await
     }
 
-    async fn request_cancel(&self, run: RunId) -> Result<bool> {
-        transaction!(self, fenced = false, |conn| {
-            let n = sqlx::query(
-                    "UPDATE runs SET cancel_requested = TRUE WHERE id = $1 AND state IN ('pending', 'running')",
-                )
-                .bind(run)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected();
-            if n == 1 {
-                notify(conn, "cancel").await?;
-            }
-            Ok(n == 1)
-        })
-    }
-
     async fn take_cancel_requests(&self) -> Result<Vec<RunId>> {
         let fence = self.registered()?;
         sqlx::query_scalar(

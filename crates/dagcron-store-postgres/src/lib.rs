@@ -749,6 +749,22 @@ impl Store for PgStore {
         Ok(id.unwrap_or(0))
     }
 
+    async fn request_cancel(&self, run: RunId) -> Result<bool> {
+        transaction!(self, fenced = false, |conn| {
+            let n = sqlx::query(
+                    "UPDATE runs SET cancel_requested = TRUE WHERE id = $1 AND state IN ('pending', 'running')",
+                )
+                .bind(run)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            if n == 1 {
+                notify(conn, "cancel").await?;
+            }
+            Ok(n == 1)
+        })
+    }
+
     async fn read_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {
         let row: Option<(Option<Vec<u8>>,)> = sqlx::query_as(
             "SELECT log FROM attempts WHERE run_id = $1 AND task_id = $2 AND number = $3",

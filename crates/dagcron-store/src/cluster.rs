@@ -162,8 +162,6 @@ pub trait Coordination: Store + Clone {
     fn orphan_runs(&self) -> impl Future<Output = Result<Vec<OrphanRun>>> + Send;
     /// Takes these orphan runs over (those still orphaned) and returns them.
     fn adopt_runs(&self, ids: &[RunId]) -> impl Future<Output = Result<Vec<RunRecord>>> + Send;
-    /// Asks the node that owns `run` to cancel it.
-    fn request_cancel(&self, run: RunId) -> impl Future<Output = Result<bool>> + Send;
     /// Runs of this node whose cancellation was asked, clearing the requests.
     fn take_cancel_requests(&self) -> impl Future<Output = Result<Vec<RunId>>> + Send;
     /// A number that changes whenever a job is applied, paused or deleted.

@@ -390,6 +390,12 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Page<RunRecord>>> + Send;
     /// The largest run id ever stored (ids keep increasing across restarts).
     fn max_run_id(&self) -> impl Future<Output = Result<RunId>> + Send;
+    /// Asks the node that runs `run` to cancel it; `false` if no other node
+    /// can (a store used by one node, or the run has finished).
+    fn request_cancel(&self, run: RunId) -> impl Future<Output = Result<bool>> + Send {
+        let _ = run;
+        async { Ok(false) }
+    }
     /// An attempt's captured output.
     fn read_log(
         &self,
