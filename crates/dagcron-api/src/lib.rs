@@ -10,7 +10,7 @@ mod routes;
 use std::sync::Arc;
 
 use axum::Router;
-use dagcron_runtime::EngineHandle;
+use dagcron_runtime::{ClusterHandle, EngineHandle};
 use dagcron_store::Store;
 
 pub use error::ApiError;
@@ -21,6 +21,8 @@ pub struct AppState<S: Store> {
     pub store: Arc<S>,
     /// Where changes are sent.
     pub engine: EngineHandle,
+    /// The cluster this node belongs to, if any.
+    pub cluster: Option<ClusterHandle>,
 }
 
 impl<S: Store> Clone for AppState<S> {
@@ -28,6 +30,7 @@ impl<S: Store> Clone for AppState<S> {
         AppState {
             store: self.store.clone(),
             engine: self.engine.clone(),
+            cluster: self.cluster.clone(),
         }
     }
 }

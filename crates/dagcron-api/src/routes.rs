@@ -18,10 +18,8 @@ use crate::{ApiError, AppState};
 
 pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
     Router::new()
-        .route(
-            "/healthz",
-            get(|| async { Json(json!({ "status": "ok" })) }),
-        )
+        .route("/healthz", get(health::<S>))
+        .route("/api/v1/cluster", get(cluster::<S>))
         .route("/api/v1/apply", post(apply::<S>))
         .route("/api/v1/namespaces/{ns}/jobs", get(list_jobs::<S>))
         .route(
@@ -59,6 +57,48 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
             get(get_log::<S>),
         )
         .with_state(state)
+}
+
+/// Liveness and, in a cluster, this node's standing: a node whose clock is
+/// too far from the database's, or whose lease lapsed, answers 503.
+async fn health<S: Store>(State(state): State<AppState<S>>) -> impl IntoResponse {
+    let Some(cluster) = &state.cluster else {
+        return (StatusCode::OK, Json(json!({ "status": "ok" })));
+    };
+    let node = cluster.local();
+    let problem = if !node.clock_ok {
+        Some(format!(
+            "clock differs from the database's by {} ms: owning no jobs",
+            node.clock_skew_us / 1000
+        ))
+    } else if !node.lease_valid {
+        Some("lease not renewed: firing stopped".to_string())
+    } else {
+        node.problem.clone()
+    };
+    let code = if problem.is_some() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    let status = if problem.is_some() { "degraded" } else { "ok" };
+    (
+        code,
+        Json(json!({ "status": status, "problem": problem, "node": node })),
+    )
+}
+
+/// The nodes of the cluster, their leases, epochs, clock skew and jobs.
+async fn cluster<S: Store>(State(state): State<AppState<S>>) -> Result<Json<Value>, ApiError> {
+    let Some(cluster) = &state.cluster else {
+        return Err(ApiError::not_found(
+            "this server runs alone on its embedded database; start it with --database postgres://... to form a cluster",
+        ));
+    };
+    let nodes = cluster.nodes().await?;
+    Ok(Json(
+        json!({ "this_node": cluster.local(), "nodes": nodes }),
+    ))
 }
 
 /// Parses a body as JSON (by content type) or YAML.

@@ -33,6 +33,7 @@ async fn api() -> Api {
     tokio::spawn(engine.run(shutdown.clone(), Duration::from_secs(1)));
     Api {
         app: router(AppState {
+            cluster: None,
             store,
             engine: handle,
         }),

@@ -86,29 +86,58 @@ const SLOT_BITS: u32 = 5;
 
 /// The end of a node's lease, shared between the code that renews it and
 /// the engine that must stop before it ends.
-#[derive(Clone, Debug, Default)]
-pub struct Lease(Arc<std::sync::atomic::AtomicI64>);
+#[derive(Clone, Debug)]
+pub struct Lease(Arc<LeaseInner>);
+
+#[derive(Debug)]
+struct LeaseInner {
+    /// Microseconds since the epoch, by the engine's clock.
+    end: std::sync::atomic::AtomicI64,
+    revoked: CancellationToken,
+}
+
+impl Default for Lease {
+    fn default() -> Lease {
+        Lease::new()
+    }
+}
 
 impl Lease {
     /// A lease that has already ended.
     pub fn new() -> Lease {
-        Lease(Arc::new(std::sync::atomic::AtomicI64::new(i64::MIN)))
+        Lease(Arc::new(LeaseInner {
+            end: std::sync::atomic::AtomicI64::new(i64::MIN),
+            revoked: CancellationToken::new(),
+        }))
     }
 
-    /// Moves the end of the lease (never backwards).
+    /// Moves the end of the lease (never backwards, never after a revocation).
     pub fn extend_to(&self, end: Timestamp) {
-        self.0
-            .fetch_max(end.as_microsecond(), std::sync::atomic::Ordering::SeqCst);
+        if !self.0.revoked.is_cancelled() {
+            self.0
+                .end
+                .fetch_max(end.as_microsecond(), std::sync::atomic::Ordering::SeqCst);
+        }
     }
 
-    /// Ends the lease now, for good.
+    /// Ends the lease now, for good: the engine stops at once.
     pub fn revoke(&self) {
-        self.0.store(i64::MIN, std::sync::atomic::Ordering::SeqCst);
+        self.0.revoked.cancel();
+        self.0
+            .end
+            .store(i64::MIN, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Whether the lease still runs at `now`.
     pub fn is_valid_at(&self, now: Timestamp) -> bool {
-        now.as_microsecond() < self.0.load(std::sync::atomic::Ordering::SeqCst)
+        !self.0.revoked.is_cancelled()
+            && now.as_microsecond() < self.0.end.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The current end of the lease.
+    fn end(&self) -> Timestamp {
+        Timestamp::from_microsecond(self.0.end.load(std::sync::atomic::Ordering::SeqCst))
+            .unwrap_or(Timestamp::MIN)
     }
 }
 
@@ -875,12 +904,24 @@ impl<S: Store> Engine<S> {
         drain: Duration,
     ) -> Result<(), StorageError> {
         let result = self.run_loop(shutdown, drain).await;
-        if result.is_err() {
+        if let Err(e) = &result {
             // Fenced or the store is gone: nothing this engine started may go
-            // on running, since another node may take its runs over.
+            // on running, since another node may take its runs over. Kill
+            // the attempts and wait (briefly) until they are gone.
+            tracing::error!(
+                "the engine stops: {e}; killing {} running attempts",
+                self.running
+            );
             for run in self.runs.values() {
                 for token in run.tokens.iter().flatten() {
                     token.cancel();
+                }
+            }
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while self.running > 0 {
+                match tokio::time::timeout_at(deadline, self.finished_rx.recv()).await {
+                    Ok(Some(_)) => self.running -= 1,
+                    _ => break,
                 }
             }
         }
@@ -908,8 +949,22 @@ impl<S: Store> Engine<S> {
                 None => Box::pin(std::future::pending()),
             };
             let mut committed = None;
+            // A cluster node wakes when its lease would end, to stop in time
+            // if it was not renewed, and at once if it is revoked.
+            let (lease_end, revoked) = match &self.config.node {
+                Some(node) => (
+                    self.clock.sleep_until(node.lease.end()),
+                    node.lease.0.revoked.clone(),
+                ),
+                None => (
+                    Box::pin(std::future::pending())
+                        as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+                    CancellationToken::new(),
+                ),
+            };
             tokio::select! {
                 biased;
+                () = revoked.cancelled() => self.check_lease()?,
                 () = shutdown.cancelled() => break,
                 done = async { commit.as_mut().expect("guarded").await }, if commit.is_some() => committed = Some(done),
                 Some(done) = self.finished_rx.recv() => {
@@ -925,6 +980,7 @@ impl<S: Store> Engine<S> {
                     }
                 }
                 () = sleep => self.on_timers(),
+                () = lease_end => self.check_lease()?,
             }
             if let Some((writes, results)) = committed {
                 commit = None;

@@ -1,8 +1,14 @@
 //! dagcron's runtime: the engine that turns schedules into durable runs and
-//! runs their tasks, and the clock it depends on.
+//! runs their tasks, the clock it depends on, and the coordinator that makes
+//! it one node of a cluster.
 
 pub mod clock;
+pub mod cluster;
 pub mod engine;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use engine::{Engine, EngineConfig, EngineError, EngineEvent, EngineHandle, Observer};
+pub use cluster::{ClusterConfig, ClusterHandle, Coordinator, LocalStatus};
+pub use engine::{
+    Engine, EngineConfig, EngineError, EngineEvent, EngineHandle, Lease, NodeIdentity, Observer,
+    Ownership,
+};

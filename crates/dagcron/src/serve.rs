@@ -1,4 +1,5 @@
-//! `dagcron serve`: the embedded server (SQLite, in-process workers, REST API).
+//! `dagcron serve`: the server. Alone on embedded SQLite by default; with
+//! `--database postgres://...`, one node of a cluster sharing that database.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,7 +11,10 @@ use anyhow::{Context, Result};
 use clap::Args;
 use dagcron_api::{AppState, router};
 use dagcron_core::JobFile;
-use dagcron_runtime::{Engine, EngineConfig, SystemClock};
+use dagcron_runtime::cluster::{self, ClusterConfig, Coordinator};
+use dagcron_runtime::{ClusterHandle, Engine, EngineConfig, EngineHandle, SystemClock};
+use dagcron_store::{StorageError, Store};
+use dagcron_store_postgres::PgStore;
 use dagcron_store_sqlite::SqliteStore;
 use tokio_util::sync::CancellationToken;
 
@@ -22,12 +26,26 @@ const DEMO: &str = include_str!("../../../examples/demo.yaml");
 /// default.
 #[derive(Args)]
 pub(crate) struct ServeArgs {
-    /// A TOML file with any of: data_dir, listen, pool_size, misfire_grace, shutdown_grace.
+    /// A TOML file with any of: data_dir, database, listen, node_id, pool_size,
+    /// misfire_grace, shutdown_grace, lease_ttl_ms, max_clock_skew_ms.
     #[arg(long, env = "DAGCRON_CONFIG")]
     config: Option<PathBuf>,
     /// Where the SQLite database lives [default: ./dagcron-data].
     #[arg(long, env = "DAGCRON_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// A PostgreSQL URL: run as one node of the cluster that shares this
+    /// database, instead of alone on SQLite in the data directory.
+    #[arg(long, env = "DAGCRON_DATABASE_URL")]
+    database: Option<String>,
+    /// This node's name in the cluster, stable across restarts [default: HOST:PORT of --listen].
+    #[arg(long, env = "DAGCRON_NODE_ID")]
+    node_id: Option<String>,
+    /// Milliseconds a node's lease lasts without renewal; a dead node's jobs move after it [default: 5000].
+    #[arg(long, env = "DAGCRON_LEASE_TTL_MS")]
+    lease_ttl_ms: Option<u64>,
+    /// Milliseconds this node's clock may differ from the database's before it stops owning jobs [default: 500].
+    #[arg(long, env = "DAGCRON_MAX_CLOCK_SKEW_MS")]
+    max_clock_skew_ms: Option<u64>,
     /// Address of the API [default: 127.0.0.1:7700].
     #[arg(long, env = "DAGCRON_LISTEN")]
     listen: Option<SocketAddr>,
@@ -51,6 +69,10 @@ pub(crate) struct ServeArgs {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     data_dir: Option<PathBuf>,
+    database: Option<String>,
+    node_id: Option<String>,
+    lease_ttl_ms: Option<u64>,
+    max_clock_skew_ms: Option<u64>,
     listen: Option<SocketAddr>,
     pool_size: Option<usize>,
     misfire_grace: Option<u64>,
@@ -60,6 +82,10 @@ struct FileConfig {
 /// The settings in force.
 struct Settings {
     data_dir: PathBuf,
+    database: Option<String>,
+    node_id: Option<String>,
+    lease_ttl_ms: u64,
+    max_clock_skew_ms: u64,
     listen: SocketAddr,
     pool_size: usize,
     misfire_grace: u64,
@@ -84,6 +110,13 @@ impl ServeArgs {
                 .clone()
                 .or(file.data_dir)
                 .unwrap_or_else(|| PathBuf::from("./dagcron-data")),
+            database: self.database.clone().or(file.database),
+            node_id: self.node_id.clone().or(file.node_id),
+            lease_ttl_ms: self.lease_ttl_ms.or(file.lease_ttl_ms).unwrap_or(5000),
+            max_clock_skew_ms: self
+                .max_clock_skew_ms
+                .or(file.max_clock_skew_ms)
+                .unwrap_or(500),
             listen: self
                 .listen
                 .or(file.listen)
@@ -93,6 +126,10 @@ impl ServeArgs {
             shutdown_grace: self.shutdown_grace.or(file.shutdown_grace).unwrap_or(10),
         };
         anyhow::ensure!(settings.pool_size > 0, "pool_size must be at least 1");
+        anyhow::ensure!(
+            settings.lease_ttl_ms >= 500,
+            "lease_ttl_ms must be at least 500 (heartbeats are a fifth of it)"
+        );
         Ok(settings)
     }
 }
@@ -108,6 +145,10 @@ async fn shutdown_signal(token: CancellationToken) {
     token.cancel();
 }
 
+/// The exit code of a node that was fenced: its lease ended before it could
+/// renew it. Restart it (a supervisor does) and it registers again.
+const EXIT_FENCED: u8 = 75;
+
 pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
     let demo = args.demo;
     let args = args.settings()?;
@@ -116,56 +157,148 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
-    let db = args.data_dir.join("dagcron.db");
-    let store = Arc::new(
-        SqliteStore::open(&db)
-            .await
-            .with_context(|| format!("opening {}", db.display()))?,
-    );
+    let clock = Arc::new(SystemClock);
     let config = EngineConfig {
         pool_size: args.pool_size,
         misfire_grace: Duration::from_secs(args.misfire_grace),
         ..EngineConfig::default()
     };
-    let (engine, handle) = Engine::start(store.clone(), Arc::new(SystemClock), config)
-        .await
-        .context("starting the engine")?;
     let shutdown = CancellationToken::new();
     tokio::spawn(shutdown_signal(shutdown.clone()));
-    let engine_task =
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let address = listener.local_addr()?;
+
+    let Some(url) = &args.database else {
+        std::fs::create_dir_all(&args.data_dir)
+            .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
+        let db = args.data_dir.join("dagcron.db");
+        let store = Arc::new(
+            SqliteStore::open(&db)
+                .await
+                .with_context(|| format!("opening {}", db.display()))?,
+        );
+        let (engine, handle) = Engine::start(store.clone(), clock, config)
+            .await
+            .context("starting the engine")?;
+        let engine_task =
+            tokio::spawn(engine.run(shutdown.clone(), Duration::from_secs(args.shutdown_grace)));
+        tracing::info!(
+            "dagcron listening on http://{address} (data in {})",
+            args.data_dir.display()
+        );
+        let api = serve_api(listener, store, handle, None, demo, shutdown.clone()).await?;
+        let result = engine_task.await.context("engine task")?;
+        let _ = api.await;
+        result.context("engine")?;
+        tracing::info!("stopped");
+        return Ok(ExitCode::SUCCESS);
+    };
+
+    let store = PgStore::connect(url, (args.pool_size as u32).clamp(4, 32))
+        .await
+        .context("opening the PostgreSQL database")?;
+    let cluster_config = ClusterConfig {
+        lease_ttl: Duration::from_millis(args.lease_ttl_ms),
+        max_clock_skew: Duration::from_millis(args.max_clock_skew_ms),
+        ..ClusterConfig::new(
+            args.node_id.clone().unwrap_or_else(|| address.to_string()),
+            address.to_string(),
+        )
+    };
+    let (registration, identity) = cluster::register(&store, &cluster_config, &*clock)
+        .await
+        .context("joining the cluster")?;
+    let config = EngineConfig {
+        node: Some(identity.clone()),
+        ..config
+    };
+    let (engine, handle) = Engine::start(Arc::new(store.clone()), clock.clone(), config)
+        .await
+        .context("starting the engine")?;
+    let coordinator = Coordinator::new(
+        store.clone(),
+        handle.clone(),
+        cluster_config,
+        &registration,
+        &identity,
+        clock,
+    );
+    let cluster = coordinator.handle();
+    let stopped = CancellationToken::new();
+    let mut coordinator_task = tokio::spawn(coordinator.run(shutdown.clone(), stopped.clone()));
+    let mut engine_task =
         tokio::spawn(engine.run(shutdown.clone(), Duration::from_secs(args.shutdown_grace)));
+    tracing::info!(
+        "dagcron node {} listening on http://{address}",
+        registration.id
+    );
+    let api = serve_api(
+        listener,
+        Arc::new(store),
+        handle,
+        Some(cluster),
+        demo,
+        shutdown.clone(),
+    )
+    .await?;
+    let fenced = |e: &StorageError| matches!(e, StorageError::Fenced(_));
+    tokio::select! {
+        ended = &mut engine_task => {
+            match ended.context("engine task")? {
+                Err(e) if fenced(&e) => {
+                    tracing::error!("{e}; exiting so that a restart registers this node again");
+                    return Ok(ExitCode::from(EXIT_FENCED));
+                }
+                other => other.context("engine")?,
+            }
+            // The engine drained: leave the cluster.
+            stopped.cancel();
+            coordinator_task.await.context("cluster task")?.context("leaving the cluster")?;
+        }
+        ended = &mut coordinator_task => {
+            let e = match ended.context("cluster task")? {
+                Ok(()) => anyhow::bail!("the cluster task ended early"),
+                Err(e) => e,
+            };
+            // The lease is revoked: the engine kills its attempts and stops.
+            let _ = engine_task.await;
+            tracing::error!("{e}; exiting so that a restart registers this node again");
+            return Ok(ExitCode::from(EXIT_FENCED));
+        }
+    }
+    let _ = api.await;
+    tracing::info!("stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Applies the demo jobs if asked, then serves the API until `shutdown`.
+async fn serve_api<S: Store>(
+    listener: tokio::net::TcpListener,
+    store: Arc<S>,
+    engine: EngineHandle,
+    cluster: Option<ClusterHandle>,
+    demo: bool,
+    shutdown: CancellationToken,
+) -> Result<tokio::task::JoinHandle<std::io::Result<()>>> {
     if demo {
         let file: JobFile = serde_saphyr::from_str(DEMO)
             .map_err(|e| anyhow::anyhow!("the bundled demo file: {e}"))?;
         let jobs = file
             .validate()
             .map_err(|e| anyhow::anyhow!("the bundled demo file: {e}"))?;
-        handle.apply(jobs).await.context("applying the demo jobs")?;
+        engine.apply(jobs).await.context("applying the demo jobs")?;
         tracing::info!("demo jobs applied in namespace `demo`: try `dagcron jobs list demo`");
     }
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("listening on {}", args.listen))?;
-    tracing::info!(
-        "dagcron listening on http://{} (data in {})",
-        listener.local_addr()?,
-        args.data_dir.display()
-    );
     let app = router(AppState {
+        cluster,
         store,
-        engine: handle,
+        engine,
     });
-    let token = shutdown.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { token.cancelled().await })
-        .await
-        .context("serving the API")?;
-    engine_task
-        .await
-        .context("engine task")?
-        .context("engine")?;
-    tracing::info!("stopped");
-    Ok(ExitCode::SUCCESS)
+    Ok(tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await
+    }))
 }

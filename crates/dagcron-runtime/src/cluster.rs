@@ -1,0 +1,407 @@
+//! A scheduler node of a cluster: registration, heartbeats, clock checks,
+//! the ring of live nodes, and the hand-over of jobs and runs.
+//!
+//! The [`Coordinator`] runs beside the engine. On every tick (a heartbeat
+//! interval, or sooner when another node announces a change) it renews the
+//! node's lease, measures its clock against the database's, marks nodes
+//! whose lease ended as dead, rebuilds the ring from the live nodes and tells
+//! the engine which jobs it owns, brings the engine's jobs in line with the
+//! store, adopts the unfinished runs of dead nodes whose jobs it now owns,
+//! and passes on cancellations asked through other nodes.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dagcron_core::Ring;
+use dagcron_store::StorageError;
+use dagcron_store::cluster::{Coordination, Heartbeat, NodeRecord, NodeState, Registration};
+use jiff::{SignedDuration, Timestamp};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+use crate::engine::{EngineHandle, Lease, NodeIdentity, Ownership};
+
+/// Settings of a cluster node.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// The node's name, stable across restarts.
+    pub node_id: String,
+    /// Its API address, shown to operators.
+    pub address: String,
+    /// How long a lease lasts without renewal.
+    pub lease_ttl: Duration,
+    /// Beyond this difference between its clock and the database's, a node
+    /// owns no jobs.
+    pub max_clock_skew: Duration,
+    /// Points per node on the ring.
+    pub vnodes: u32,
+}
+
+impl ClusterConfig {
+    /// Defaults for node `node_id` at `address`: a 5 s lease, 500 ms of
+    /// tolerated clock skew.
+    pub fn new(node_id: impl Into<String>, address: impl Into<String>) -> ClusterConfig {
+        ClusterConfig {
+            node_id: node_id.into(),
+            address: address.into(),
+            lease_ttl: Duration::from_secs(5),
+            max_clock_skew: Duration::from_millis(500),
+            vnodes: dagcron_core::ring::DEFAULT_VNODES,
+        }
+    }
+
+    /// Time between heartbeats: a fifth of the lease.
+    pub fn heartbeat_every(&self) -> Duration {
+        self.lease_ttl / 5
+    }
+
+    /// How long after sending a successful heartbeat this node trusts its
+    /// lease: three quarters of it, so that it stops before the database
+    /// lets another node take over.
+    fn trusted(&self) -> SignedDuration {
+        SignedDuration::try_from(self.lease_ttl * 3 / 4).unwrap_or(SignedDuration::ZERO)
+    }
+}
+
+/// What this node knows of itself, for the health endpoint.
+#[derive(Clone, Debug, Serialize)]
+pub struct LocalStatus {
+    /// The node's name.
+    pub node_id: String,
+    /// Its fencing epoch.
+    pub epoch: i64,
+    /// Its life state.
+    pub state: NodeState,
+    /// Whether it owns a share of the jobs now.
+    pub owns_jobs: bool,
+    /// Jobs it owns.
+    pub owned_jobs: usize,
+    /// Live nodes on the ring.
+    pub ring_size: usize,
+    /// Its clock minus the database's, in microseconds.
+    pub clock_skew_us: i64,
+    /// Whether the skew is within bounds.
+    pub clock_ok: bool,
+    /// Whether its lease runs now (by its own clock).
+    pub lease_valid: bool,
+    /// What is wrong, if anything.
+    pub problem: Option<String>,
+}
+
+type NodesFuture = Pin<Box<dyn Future<Output = Result<Vec<NodeRecord>, StorageError>> + Send>>;
+
+/// A view of the cluster for the API.
+#[derive(Clone)]
+pub struct ClusterHandle {
+    status: Arc<Mutex<LocalStatus>>,
+    lease: Lease,
+    nodes: Arc<dyn Fn() -> NodesFuture + Send + Sync>,
+}
+
+impl std::fmt::Debug for ClusterHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterHandle")
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterHandle {
+    /// This node's status.
+    pub fn local(&self) -> LocalStatus {
+        let mut status = self.status.lock().expect("status lock").clone();
+        status.lease_valid = self.lease.is_valid_at(Timestamp::now());
+        status
+    }
+
+    /// Every registered node.
+    pub async fn nodes(&self) -> Result<Vec<NodeRecord>, StorageError> {
+        (self.nodes)().await
+    }
+}
+
+/// Registers the node and returns what its engine needs.
+pub async fn register<S: Coordination>(
+    store: &S,
+    config: &ClusterConfig,
+    clock: &dyn Clock,
+) -> Result<(Registration, NodeIdentity), StorageError> {
+    let sent = clock.now();
+    let registration = store
+        .register(
+            &config.node_id,
+            &config.address,
+            env!("CARGO_PKG_VERSION"),
+            config.lease_ttl,
+        )
+        .await?;
+    let lease = Lease::new();
+    lease.extend_to(sent.checked_add(config.trusted()).unwrap_or(sent));
+    tracing::info!(
+        node = %registration.id,
+        epoch = registration.epoch,
+        slot = registration.slot,
+        "registered in the cluster"
+    );
+    let identity = NodeIdentity {
+        slot: registration.slot,
+        lease,
+    };
+    Ok((registration, identity))
+}
+
+/// Keeps a node's membership and share of the work; see the module documentation.
+pub struct Coordinator<S: Coordination> {
+    store: S,
+    engine: EngineHandle,
+    config: ClusterConfig,
+    clock: Arc<dyn Clock>,
+    lease: Lease,
+    status: Arc<Mutex<LocalStatus>>,
+    members: Option<Vec<String>>,
+    ring: Arc<Ring>,
+    jobs_revision: Option<i64>,
+    job_keys: Vec<(String, String)>,
+    draining: bool,
+}
+
+impl<S: Coordination> Coordinator<S> {
+    /// A coordinator for a registered node whose engine is `engine`.
+    pub fn new(
+        store: S,
+        engine: EngineHandle,
+        config: ClusterConfig,
+        registration: &Registration,
+        identity: &NodeIdentity,
+        clock: Arc<dyn Clock>,
+    ) -> Coordinator<S> {
+        let status = LocalStatus {
+            node_id: registration.id.clone(),
+            epoch: registration.epoch,
+            state: NodeState::Alive,
+            owns_jobs: false,
+            owned_jobs: 0,
+            ring_size: 0,
+            clock_skew_us: 0,
+            clock_ok: true,
+            lease_valid: true,
+            problem: None,
+        };
+        Coordinator {
+            store,
+            engine,
+            config,
+            clock,
+            lease: identity.lease.clone(),
+            status: Arc::new(Mutex::new(status)),
+            members: None,
+            ring: Arc::new(Ring::default()),
+            jobs_revision: None,
+            job_keys: vec![],
+            draining: false,
+        }
+    }
+
+    /// A view for the API.
+    pub fn handle(&self) -> ClusterHandle {
+        let store = self.store.clone();
+        ClusterHandle {
+            status: self.status.clone(),
+            lease: self.lease.clone(),
+            nodes: Arc::new(move || {
+                let store = store.clone();
+                Box::pin(async move { store.nodes().await })
+            }),
+        }
+    }
+
+    fn set_problem(&self, problem: Option<String>) {
+        self.status.lock().expect("status lock").problem = problem;
+    }
+
+    /// Runs until `stopped`. When `shutdown` fires first, the node drains:
+    /// it gives up its jobs at once (other nodes take them over) and keeps
+    /// its lease while the engine finishes running attempts; at `stopped`
+    /// it leaves, and any run still unfinished goes to the other nodes.
+    /// Returns an error when the node has been fenced: its process must stop.
+    pub async fn run(
+        mut self,
+        shutdown: CancellationToken,
+        stopped: CancellationToken,
+    ) -> Result<(), StorageError> {
+        loop {
+            if shutdown.is_cancelled() && !self.draining {
+                self.draining = true;
+                self.status.lock().expect("status lock").state = NodeState::Draining;
+                self.store.set_state(NodeState::Draining).await?;
+                tracing::info!("draining: jobs handed over to the other nodes");
+            }
+            if stopped.is_cancelled() {
+                self.store.set_state(NodeState::Left).await?;
+                tracing::info!("left the cluster");
+                return Ok(());
+            }
+            match self.tick().await {
+                Ok(()) => self.set_problem(None),
+                Err(StorageError::Fenced(m)) => {
+                    self.lease.revoke();
+                    return Err(StorageError::Fenced(m));
+                }
+                Err(e) => {
+                    tracing::warn!("cluster upkeep failed: {e}");
+                    self.set_problem(Some(e.to_string()));
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled(), if !self.draining => {}
+                () = stopped.cancelled() => {}
+                woke = self.store.wait_for_change(self.config.heartbeat_every()) => {
+                    if let Err(e) = woke {
+                        // Notifications are a shortcut; polling goes on without them.
+                        tracing::debug!("listening for changes failed: {e}");
+                        tokio::time::sleep(self.config.heartbeat_every()).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn tick(&mut self) -> Result<(), StorageError> {
+        // The clock, against the database's.
+        let before = self.clock.now();
+        let db = self.store.database_now().await?;
+        let after = self.clock.now();
+        let middle_us = (before.as_microsecond() + after.as_microsecond()) / 2;
+        let skew_us = middle_us - db.as_microsecond();
+        let bound = i64::try_from(self.config.max_clock_skew.as_micros()).unwrap_or(i64::MAX);
+        let clock_ok = skew_us.abs() <= bound;
+        let was_ok = {
+            let mut s = self.status.lock().expect("status lock");
+            let was = s.clock_ok;
+            s.clock_skew_us = skew_us;
+            s.clock_ok = clock_ok;
+            was
+        };
+        if clock_ok != was_ok {
+            if clock_ok {
+                tracing::info!(
+                    skew_us,
+                    "clock back within bounds of the database's; owning jobs again"
+                );
+            } else {
+                tracing::error!(
+                    skew_us,
+                    bound_us = bound,
+                    "this node's clock differs from the database's by more than the bound: it owns no jobs until the clock is fixed"
+                );
+            }
+        }
+
+        // The lease.
+        let owned = self.owned_count();
+        let sent = self.clock.now();
+        let beat = Heartbeat {
+            eligible: clock_ok && !self.draining,
+            clock_skew_us: skew_us,
+            owned_jobs: owned as i64,
+        };
+        if !self.store.heartbeat(beat, self.config.lease_ttl).await? {
+            return Err(StorageError::Fenced(format!(
+                "node {} lost its lease (it was paused or cut off longer than {:?})",
+                self.config.node_id, self.config.lease_ttl
+            )));
+        }
+        self.lease
+            .extend_to(sent.checked_add(self.config.trusted()).unwrap_or(sent));
+
+        // Dead nodes, then the ring of live ones.
+        for dead in self.store.reap().await? {
+            tracing::warn!(node = %dead.id, epoch = dead.epoch, "node lease ended; taking over its share");
+        }
+        let mut members: Vec<String> = self
+            .store
+            .nodes()
+            .await?
+            .into_iter()
+            .filter(|n| n.state == NodeState::Alive && n.lease_valid && n.eligible)
+            .map(|n| n.id)
+            .collect();
+        members.sort();
+
+        // Jobs changed through any node.
+        let revision = self.store.jobs_revision().await?;
+        if self.jobs_revision != Some(revision) {
+            let jobs = self.store.load_jobs().await?;
+            self.job_keys = jobs
+                .iter()
+                .map(|j| (j.namespace.clone(), j.name.clone()))
+                .collect();
+            self.engine.sync_jobs(jobs).await.map_err(engine_error)?;
+            self.jobs_revision = Some(revision);
+        }
+
+        if self.members.as_ref() != Some(&members) {
+            self.ring = Arc::new(Ring::new(members.iter().cloned(), self.config.vnodes));
+            let ring = self.ring.clone();
+            let me = self.config.node_id.clone();
+            let owns: Ownership = Arc::new(move |ns, job| ring.owner(ns, job) == Some(me.as_str()));
+            let owned = self
+                .engine
+                .set_ownership(owns)
+                .await
+                .map_err(engine_error)?;
+            tracing::info!(nodes = ?members, owned, "ring changed");
+            self.members = Some(members);
+        }
+        let owned = self.owned_count();
+        {
+            let mut s = self.status.lock().expect("status lock");
+            s.owned_jobs = owned;
+            s.owns_jobs = owned > 0;
+            s.ring_size = self.ring.nodes().len();
+        }
+
+        // Runs of dead nodes whose jobs this node now owns.
+        let me = self.config.node_id.as_str();
+        let mine: Vec<i64> = self
+            .store
+            .orphan_runs()
+            .await?
+            .into_iter()
+            .filter(|o| self.ring.owner(&o.namespace, &o.job) == Some(me))
+            .map(|o| o.id)
+            .collect();
+        if !mine.is_empty() && !self.draining {
+            let runs = self.store.adopt_runs(&mine).await?;
+            if !runs.is_empty() {
+                self.engine.adopt(runs).await.map_err(engine_error)?;
+            }
+        }
+
+        // Cancellations asked through other nodes.
+        for run in self.store.take_cancel_requests().await? {
+            if let Err(e) = self.engine.cancel(run).await {
+                tracing::info!(run, "cancel requested through another node: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    fn owned_count(&self) -> usize {
+        let me = self.config.node_id.as_str();
+        self.job_keys
+            .iter()
+            .filter(|(ns, job)| self.ring.owner(ns, job) == Some(me))
+            .count()
+    }
+}
+
+fn engine_error(e: crate::EngineError) -> StorageError {
+    match e {
+        crate::EngineError::Storage(e) => e,
+        other => StorageError::Unavailable(format!("the engine: {other}")),
+    }
+}
