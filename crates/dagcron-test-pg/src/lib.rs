@@ -85,6 +85,23 @@ impl TestDatabase {
         }
     }
 
+    /// Runs a query returning one integer (a count, say), from a test
+    /// without a runtime.
+    pub fn scalar(&self, sql: &str) -> i64 {
+        let (url, sql) = (self.url.clone(), sql.to_string());
+        std::thread::spawn(move || {
+            runtime().block_on(async {
+                let mut conn = PgConnection::connect(&url).await.expect("connect");
+                sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql.clone()))
+                    .fetch_one(&mut conn)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            })
+        })
+        .join()
+        .expect("query thread")
+    }
+
     /// [`TestDatabase::create`] for tests without a runtime.
     pub fn create_blocking(label: &str) -> TestDatabase {
         runtime().block_on(TestDatabase::create(label))

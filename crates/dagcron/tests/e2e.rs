@@ -1,140 +1,17 @@
 //! End to end: the real binary, on loopback, killed with SIGKILL mid-run and
 //! restarted; every claim is checked from the API.
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{Server, free_port, setup};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
-
-struct Server {
-    child: Child,
-    url: String,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-impl Server {
-    fn start(data: &Path, port: u16, extra: &[&str]) -> Server {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(data.with_extension("log"))
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
-            .args([
-                "serve",
-                "--data-dir",
-                data.to_str().unwrap(),
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-            ])
-            .args(extra)
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
-        let server = Server {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while reqwest::blocking::get(format!("{}/healthz", server.url)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "server did not come up; see {}",
-                data.with_extension("log").display()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        server
-    }
-
-    fn signal(&mut self, sig: Signal) {
-        kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
-        self.child.wait().unwrap();
-    }
-
-    fn get(&self, path: &str) -> Value {
-        reqwest::blocking::get(format!("{}{path}", self.url))
-            .unwrap()
-            .json()
-            .unwrap()
-    }
-
-    fn post(&self, path: &str, body: &str, content_type: &str) -> (u16, Value) {
-        let resp = reqwest::blocking::Client::new()
-            .post(format!("{}{path}", self.url))
-            .header("content-type", content_type)
-            .body(body.to_string())
-            .send()
-            .unwrap();
-        (resp.status().as_u16(), resp.json().unwrap_or(Value::Null))
-    }
-
-    fn all_runs(&self, job: &str) -> Vec<Value> {
-        let mut out = Vec::new();
-        let mut cursor = String::new();
-        loop {
-            let page = self.get(&format!(
-                "/api/v1/namespaces/e2e/jobs/{job}/runs?limit=1000{cursor}"
-            ));
-            out.extend(page["items"].as_array().unwrap().iter().cloned());
-            match page["next_cursor"].as_str() {
-                Some(c) => cursor = format!("&cursor={c}"),
-                None => return out,
-            }
-        }
-    }
-
-    /// Waits (bounded) until `job` has at least `n` runs.
-    fn wait_runs(&self, job: &str, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.all_runs(job).len() < n {
-            assert!(Instant::now() < deadline, "{job} did not reach {n} runs");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn wait_idle(&self, jobs: &[&str]) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let busy = jobs
-                .iter()
-                .flat_map(|j| self.all_runs(j))
-                .any(|r| ["pending", "running"].contains(&r["state"].as_str().unwrap()));
-            if !busy {
-                return;
-            }
-            assert!(Instant::now() < deadline, "runs did not finish");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn setup() -> (tempfile::TempDir, PathBuf) {
-    // The HTTP client's TLS uses rustls with the ring provider.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    (dir, data)
-}
 
 const JOBS: &str = r#"
 namespace: e2e

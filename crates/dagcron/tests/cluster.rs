@@ -1,0 +1,385 @@
+//! The cluster with real processes: several `dagcron serve` nodes on
+//! loopback sharing one PostgreSQL database (a fresh one per test), killed
+//! with SIGKILL, paused with SIGSTOP, stopped with SIGTERM. Every claim is
+//! checked from the API or from the database itself.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::{Server, free_port, setup};
+use dagcron_test_pg::TestDatabase;
+use jiff::Timestamp;
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+/// The tests of this file each start several nodes: one at a time, so that
+/// they do not starve each other of the machine's cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+struct Cluster {
+    db: TestDatabase,
+    dir: tempfile::TempDir,
+    ports: Vec<u16>,
+    nodes: Vec<Option<Server>>,
+    ttl_ms: u64,
+}
+
+impl Cluster {
+    fn new(label: &str, size: usize, ttl_ms: u64) -> Cluster {
+        let (dir, _) = setup();
+        let db = TestDatabase::create_blocking(label);
+        let mut cluster = Cluster {
+            db,
+            dir,
+            ports: (0..size).map(|_| free_port()).collect(),
+            nodes: (0..size).map(|_| None).collect(),
+            ttl_ms,
+        };
+        for i in 0..size {
+            cluster.start(i);
+        }
+        cluster
+    }
+
+    fn start(&mut self, i: usize) {
+        let ttl = self.ttl_ms.to_string();
+        let id = format!("n{i}");
+        let log = self.dir.path().join(format!("{id}.log"));
+        let mut server = Server::spawn(
+            &[
+                "--database",
+                &self.db.url,
+                "--node-id",
+                &id,
+                "--lease-ttl-ms",
+                &ttl,
+                "--misfire-grace",
+                "0",
+            ],
+            self.ports[i],
+            &log,
+        );
+        server.namespace = "c".into();
+        self.nodes[i] = Some(server);
+    }
+
+    fn node(&self, i: usize) -> &Server {
+        self.nodes[i].as_ref().expect("node is running")
+    }
+
+    fn node_mut(&mut self, i: usize) -> &mut Server {
+        self.nodes[i].as_mut().expect("node is running")
+    }
+
+    /// Any running node.
+    fn any(&self) -> &Server {
+        self.nodes.iter().flatten().next().expect("a running node")
+    }
+
+    fn epoch_of(&self, i: usize) -> i64 {
+        self.node(i).get("/healthz")["node"]["epoch"]
+            .as_i64()
+            .unwrap()
+    }
+
+    /// Waits (bounded) until the running nodes agree on a ring of all of
+    /// them, and their owned jobs add up to `jobs`.
+    fn wait_converged(&self, jobs: i64) -> Vec<i64> {
+        let live = self.nodes.iter().flatten().count();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let views: Vec<Value> = self
+                .nodes
+                .iter()
+                .flatten()
+                .map(|n| n.get("/api/v1/cluster"))
+                .collect();
+            let agreed = views.iter().all(|v| v["this_node"]["ring_size"] == live);
+            let alive = views[0]["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|n| n["state"] == "alive" && n["lease_valid"] == true)
+                .count();
+            // Each node's own count is current; the ones in heartbeats lag a beat.
+            let owned: Vec<i64> = views
+                .iter()
+                .map(|v| v["this_node"]["owned_jobs"].as_i64().unwrap())
+                .collect();
+            if agreed && alive == live && owned.iter().sum::<i64>() == jobs {
+                return owned;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not converge: {views:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn apply(&self, yaml: &str) {
+        let (status, body) = self.any().post("/api/v1/apply", yaml, "application/yaml");
+        assert_eq!(status, 200, "{body}");
+    }
+
+    /// The database's count for `sql`.
+    fn count(&self, sql: &str) -> i64 {
+        self.db.scalar(sql)
+    }
+}
+
+/// `n` jobs firing every second, each run one no-op task.
+fn every_second(n: usize, prefix: &str) -> (String, Vec<String>) {
+    let names: Vec<String> = (0..n).map(|i| format!("{prefix}{i:04}")).collect();
+    let mut yaml = String::from("namespace: c\njobs:\n");
+    for name in &names {
+        yaml.push_str(&format!(
+            "  - {{ name: {name}, schedule: '* * * * * *', misfire: run_all, max_catchup: 1000, concurrency: allow, max_active_runs: 1000, tasks: [{{ id: t, noop: true }}] }}\n"
+        ));
+    }
+    (yaml, names)
+}
+
+fn us(t: Timestamp) -> i64 {
+    t.as_microsecond()
+}
+
+/// Every second of `[from, to]` has exactly one run of every job; returns
+/// the number of (job, second) pairs checked.
+fn assert_exactly_once(server: &Server, jobs: &[String], from: Timestamp, to: Timestamp) -> usize {
+    let (from, to) = (from.as_second(), to.as_second());
+    let mut checked = 0;
+    for job in jobs {
+        let runs = server.all_runs(job);
+        let seconds: Vec<i64> = runs
+            .iter()
+            .map(|r| {
+                r["scheduled_at"]
+                    .as_str()
+                    .unwrap()
+                    .parse::<Timestamp>()
+                    .unwrap()
+                    .as_second()
+            })
+            .collect();
+        let unique: BTreeSet<i64> = seconds.iter().copied().collect();
+        assert_eq!(
+            unique.len(),
+            seconds.len(),
+            "{job} has a second with two runs"
+        );
+        for s in from..=to {
+            assert!(unique.contains(&s), "{job} has no run for second {s}");
+            checked += 1;
+        }
+    }
+    checked
+}
+
+/// How long after `kill` the first fire written by another node came, for
+/// the jobs whose fires `epoch` was writing just before.
+fn failover_ms(cluster: &Cluster, epoch: i64, kill: Timestamp) -> i64 {
+    let k = us(kill);
+    let first: i64 = cluster.count(&format!(
+        "SELECT (extract(epoch FROM max(first_after)) * 1000000)::bigint FROM (
+            SELECT f.job, min(f.recorded_at) AS first_after FROM fires f
+            WHERE f.job IN (SELECT job FROM fires WHERE node_epoch = {epoch} AND recorded_at > to_timestamp({k} / 1e6) - interval '3 seconds')
+              AND f.recorded_at > to_timestamp({k} / 1e6) AND f.node_epoch <> {epoch}
+            GROUP BY f.job) x"
+    ));
+    (first - k) / 1000
+}
+
+/// Runs and attempts that are still unfinished although they began more
+/// than a few seconds before `at` (no-op tasks finish at once).
+fn stuck(cluster: &Cluster, at: Timestamp) -> (i64, i64) {
+    let old = us(at) - 5_000_000;
+    (
+        cluster.count(&format!(
+            "SELECT count(*) FROM runs WHERE state IN ('pending', 'running') AND created_at < {old}"
+        )),
+        cluster.count(&format!(
+            "SELECT count(*) FROM attempts WHERE state IN ('dispatching', 'running') AND started_at < {old}"
+        )),
+    )
+}
+
+/// Three nodes, 150 jobs firing every second; SIGKILL one node, later a
+/// second, then restart both: every second of the whole window has exactly
+/// one run of every job, nothing stays running, ownership converges.
+#[test]
+fn nodes_killed_and_restarted_lose_and_double_no_fire() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cluster = Cluster::new("kill", 3, 2000);
+    let (yaml, jobs) = every_second(150, "j");
+    cluster.apply(&yaml);
+    let owned = cluster.wait_converged(150);
+    assert!(owned.iter().all(|n| *n > 0), "{owned:?}");
+    // Let every job fire; the window starts after the first fires.
+    std::thread::sleep(Duration::from_secs(2));
+    let from = Timestamp::now();
+
+    let epoch0 = cluster.epoch_of(0);
+    let kill0 = Timestamp::now();
+    cluster.node_mut(0).signal(Signal::SIGKILL);
+    cluster.nodes[0] = None;
+    cluster.wait_converged(150);
+    std::thread::sleep(Duration::from_secs(3));
+
+    let epoch1 = cluster.epoch_of(1);
+    let kill1 = Timestamp::now();
+    cluster.node_mut(1).signal(Signal::SIGKILL);
+    cluster.nodes[1] = None;
+    cluster.wait_converged(150);
+    std::thread::sleep(Duration::from_secs(3));
+
+    cluster.start(0);
+    cluster.start(1);
+    let owned = cluster.wait_converged(150);
+    assert!(owned.iter().all(|n| *n > 0), "{owned:?}");
+    std::thread::sleep(Duration::from_secs(3));
+    let to = Timestamp::now() - jiff::SignedDuration::from_secs(2);
+
+    let checked = assert_exactly_once(cluster.any(), &jobs, from, to);
+    let doubled = cluster.count(
+        "SELECT count(*) FROM (SELECT 1 FROM runs GROUP BY namespace, job, scheduled_at HAVING count(*) > 1) d",
+    );
+    assert_eq!(doubled, 0);
+    let end = Timestamp::now();
+    assert_eq!(
+        stuck(&cluster, end),
+        (0, 0),
+        "runs or attempts stayed unfinished"
+    );
+    eprintln!(
+        "checked {checked} (job, second) pairs: no fire lost or doubled; failover after SIGKILL: {} ms and {} ms (lease {} ms)",
+        failover_ms(&cluster, epoch0, kill0),
+        failover_ms(&cluster, epoch1, kill1),
+        cluster.ttl_ms
+    );
+}
+
+/// A node paused past its lease (SIGSTOP, then SIGCONT) writes nothing after
+/// it wakes: it finds itself fenced and exits, its jobs fired meanwhile by
+/// the other node exactly once.
+#[test]
+fn a_paused_node_does_not_fire_or_write_after_it_wakes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cluster = Cluster::new("pause", 2, 1500);
+    let (yaml, jobs) = every_second(60, "p");
+    cluster.apply(&yaml);
+    cluster.wait_converged(60);
+    std::thread::sleep(Duration::from_secs(2));
+    let from = Timestamp::now();
+    let epoch = cluster.epoch_of(0);
+
+    cluster.node(0).send(Signal::SIGSTOP);
+    // Paused for longer than its lease: the other node takes over.
+    std::thread::sleep(Duration::from_millis(cluster.ttl_ms + 2500));
+    let woke = Timestamp::now();
+    cluster.node(0).send(Signal::SIGCONT);
+    let status = cluster.node_mut(0).child.wait().unwrap();
+    cluster.nodes[0] = None;
+    assert_eq!(status.code(), Some(75), "a fenced node exits with 75");
+
+    let w = us(woke);
+    assert_eq!(
+        cluster.count(&format!(
+            "SELECT count(*) FROM fires WHERE node_epoch = {epoch} AND recorded_at >= to_timestamp({w} / 1e6)"
+        )),
+        0,
+        "fires written after waking"
+    );
+    assert_eq!(
+        cluster.count(&format!(
+            "SELECT count(*) FROM attempts WHERE node_epoch = {epoch} AND started_at >= {w}"
+        )),
+        0,
+        "attempts started after waking"
+    );
+    assert_eq!(
+        cluster.count(&format!(
+            "SELECT count(*) FROM runs WHERE owner_epoch = {epoch} AND created_at >= {w}"
+        )),
+        0,
+        "runs created after waking"
+    );
+    let to = Timestamp::now() - jiff::SignedDuration::from_secs(2);
+    let checked = assert_exactly_once(cluster.any(), &jobs, from, to);
+
+    // It comes back with a new epoch and a share of the jobs.
+    cluster.start(0);
+    let owned = cluster.wait_converged(60);
+    assert!(owned.iter().all(|n| *n > 0), "{owned:?}");
+    assert!(cluster.epoch_of(0) > epoch);
+    eprintln!("paused node fenced; {checked} (job, second) pairs checked");
+}
+
+/// SIGTERM: the node hands its jobs over at once (long before its lease
+/// would end), finishes its running attempts, and leaves; nothing is lost.
+#[test]
+fn graceful_shutdown_hands_over_at_once_and_loses_nothing() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // A lease far longer than the test: a hand-over that waited for it would fail.
+    let mut cluster = Cluster::new("leave", 2, 60_000);
+    let (mut yaml, jobs) = every_second(40, "g");
+    yaml.push_str(
+        "  - { name: slow, schedule: '* * * * * *', concurrency: allow, max_active_runs: 100, tasks: [{ id: s, shell: 'sleep 1.5' }] }\n",
+    );
+    cluster.apply(&yaml);
+    cluster.wait_converged(41);
+    std::thread::sleep(Duration::from_secs(3));
+    let from = Timestamp::now();
+    let epoch = cluster.epoch_of(0);
+    let term = Timestamp::now();
+    let status = cluster.node_mut(0).signal(Signal::SIGTERM);
+    cluster.nodes[0] = None;
+    assert!(status.success(), "{status}");
+    cluster.wait_converged(41);
+    std::thread::sleep(Duration::from_secs(3));
+    let to = Timestamp::now() - jiff::SignedDuration::from_secs(2);
+    let checked = assert_exactly_once(cluster.any(), &jobs, from, to);
+    let handover = failover_ms(&cluster, epoch, term);
+    assert!(
+        handover < 60_000,
+        "the hand-over waited for the lease ({handover} ms)"
+    );
+    // The attempts it was running when told to stop were finished, not lost.
+    assert_eq!(
+        cluster.count(&format!(
+            "SELECT count(*) FROM attempts WHERE node_epoch = {epoch} AND state <> 'succeeded'"
+        )),
+        0
+    );
+    cluster.any().post(
+        "/api/v1/namespaces/c/jobs/slow/pause",
+        "",
+        "application/json",
+    );
+    cluster.node(1).wait_idle(&["slow"]);
+    eprintln!("graceful hand-over after {handover} ms; {checked} (job, second) pairs checked");
+}
+
+/// With three nodes and 10,000 jobs, each node owns within ±10% of a third.
+#[test]
+fn ten_thousand_jobs_are_shared_evenly_by_three_nodes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::new("balance", 3, 5000);
+    for chunk in 0..5 {
+        let mut yaml = String::from("namespace: c\njobs:\n");
+        for i in 0..2000 {
+            yaml.push_str(&format!(
+                "  - {{ name: b{chunk}-{i:04}, schedule: '0 0 0 1 1 *', tasks: [{{ id: t, noop: true }}] }}\n"
+            ));
+        }
+        cluster.apply(&yaml);
+    }
+    let owned = cluster.wait_converged(10_000);
+    for n in &owned {
+        assert!((3_000..=3_667).contains(n), "uneven shares: {owned:?}");
+    }
+    eprintln!("10,000 jobs over 3 nodes: {owned:?}");
+}

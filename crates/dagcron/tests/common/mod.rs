@@ -1,0 +1,158 @@
+//! Shared by the tests that start the real binary: a server process on
+//! loopback, its API, and signals.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+    /// The namespace `all_runs` reads.
+    pub namespace: String,
+    pub log: PathBuf,
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Server {
+    /// `dagcron serve` with its SQLite data in `data`.
+    pub fn start(data: &Path, port: u16, extra: &[&str]) -> Server {
+        let mut args = vec!["--data-dir", data.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        Server::spawn(&args, port, &data.with_extension("log"))
+    }
+
+    /// `dagcron serve --listen 127.0.0.1:PORT ARGS...`, output appended to
+    /// `log`; returns once the API answers.
+    pub fn spawn(args: &[&str], port: u16, log: &Path) -> Server {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(args)
+            .stdout(Stdio::from(file.try_clone().unwrap()))
+            .stderr(Stdio::from(file))
+            .spawn()
+            .unwrap();
+        let mut server = Server {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            namespace: "e2e".into(),
+            log: log.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while reqwest::blocking::get(format!("{}/healthz", server.url)).is_err() {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("server exited with {status}; see {}", log.display());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server did not come up; see {}",
+                log.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    /// Sends `sig` and waits for the process to exit.
+    pub fn signal(&mut self, sig: Signal) -> ExitStatus {
+        self.send(sig);
+        self.child.wait().unwrap()
+    }
+
+    /// Sends `sig` without waiting.
+    pub fn send(&self, sig: Signal) {
+        kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+
+    pub fn get(&self, path: &str) -> Value {
+        reqwest::blocking::get(format!("{}{path}", self.url))
+            .unwrap()
+            .json()
+            .unwrap()
+    }
+
+    pub fn post(&self, path: &str, body: &str, content_type: &str) -> (u16, Value) {
+        let resp = reqwest::blocking::Client::new()
+            .post(format!("{}{path}", self.url))
+            .header("content-type", content_type)
+            .body(body.to_string())
+            .send()
+            .unwrap();
+        (resp.status().as_u16(), resp.json().unwrap_or(Value::Null))
+    }
+
+    pub fn all_runs(&self, job: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut cursor = String::new();
+        loop {
+            let page = self.get(&format!(
+                "/api/v1/namespaces/{}/jobs/{job}/runs?limit=1000{cursor}",
+                self.namespace
+            ));
+            out.extend(page["items"].as_array().unwrap().iter().cloned());
+            match page["next_cursor"].as_str() {
+                Some(c) => cursor = format!("&cursor={c}"),
+                None => return out,
+            }
+        }
+    }
+
+    /// Waits (bounded) until `job` has at least `n` runs.
+    pub fn wait_runs(&self, job: &str, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.all_runs(job).len() < n {
+            assert!(Instant::now() < deadline, "{job} did not reach {n} runs");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn wait_idle(&self, jobs: &[&str]) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let busy = jobs
+                .iter()
+                .flat_map(|j| self.all_runs(j))
+                .any(|r| ["pending", "running"].contains(&r["state"].as_str().unwrap()));
+            if !busy {
+                return;
+            }
+            assert!(Instant::now() < deadline, "runs did not finish");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A temporary directory and a data path inside it; installs the HTTP
+/// client's TLS provider.
+pub fn setup() -> (tempfile::TempDir, PathBuf) {
+    // The HTTP client's TLS uses rustls with the ring provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    (dir, data)
+}
