@@ -47,6 +47,9 @@ pub(crate) enum ClientCommand {
         #[arg(long)]
         attempt: Option<u32>,
     },
+    /// The cluster: its nodes, their leases, epochs, clock skew and jobs.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Create runs for every fire of a job in a time range.
     Backfill {
         /// NAMESPACE/JOB.
@@ -58,6 +61,12 @@ pub(crate) enum ClientCommand {
         #[arg(long)]
         to: String,
     },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum ClusterCommand {
+    /// Every node, and this server's view of itself.
+    Status,
 }
 
 #[derive(Subcommand)]
@@ -211,6 +220,48 @@ fn print_run(out: &mut impl Write, run: &Value) -> Result<()> {
                 a["error"].as_str().unwrap_or("")
             )?;
         }
+    }
+    Ok(())
+}
+
+fn print_cluster(out: &mut impl Write, v: &Value) -> Result<()> {
+    let me = &v["this_node"];
+    writeln!(
+        out,
+        "this node: {} (epoch {}), {} jobs owned, ring of {}, clock {} ms off the database's{}",
+        s(&me["node_id"]),
+        s(&me["epoch"]),
+        s(&me["owned_jobs"]),
+        s(&me["ring_size"]),
+        me["clock_skew_us"].as_i64().unwrap_or(0) as f64 / 1000.0,
+        if me["clock_ok"] == true {
+            ""
+        } else {
+            " (TOO FAR: owning no jobs)"
+        }
+    )?;
+    writeln!(
+        out,
+        "{:<20} {:>6} {:<9} {:<6} {:>6} {:>10} {:<27} {}",
+        "NODE", "EPOCH", "STATE", "LEASE", "JOBS", "SKEW_MS", "LEASE_UNTIL", "ADDRESS"
+    )?;
+    for n in v["nodes"].as_array().into_iter().flatten() {
+        writeln!(
+            out,
+            "{:<20} {:>6} {:<9} {:<6} {:>6} {:>10.1} {:<27} {}",
+            s(&n["id"]),
+            s(&n["epoch"]),
+            s(&n["state"]),
+            if n["lease_valid"] == true {
+                "valid"
+            } else {
+                "ended"
+            },
+            s(&n["owned_jobs"]),
+            n["clock_skew_us"].as_i64().unwrap_or(0) as f64 / 1000.0,
+            s(&n["lease_until"]),
+            s(&n["address"]),
+        )?;
     }
     Ok(())
 }
@@ -405,6 +456,14 @@ pub(crate) async fn run(cmd: ClientCommand, conn: Conn) -> Result<ExitCode> {
                 )))
                 .await?;
             out.write_all(&resp.bytes().await?)?;
+        }
+        ClientCommand::Cluster(ClusterCommand::Status) => {
+            let v = Client::new(&conn).get("/api/v1/cluster").await?;
+            if conn.json {
+                print_json(&mut out, &v)?;
+            } else {
+                print_cluster(&mut out, &v)?;
+            }
         }
         ClientCommand::Backfill { job, from, to } => {
             let v = Client::new(&conn)

@@ -381,5 +381,20 @@ fn ten_thousand_jobs_are_shared_evenly_by_three_nodes() {
     for n in &owned {
         assert!((3_000..=3_667).contains(n), "uneven shares: {owned:?}");
     }
+    // The same view from the command line.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dagcron"))
+        .args(["--server", &cluster.node(1).url, "cluster", "status"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("this node: n1 "), "{text}");
+    for id in ["n0", "n1", "n2"] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(id) && l.contains("alive") && l.contains("valid")),
+            "{text}"
+        );
+    }
     eprintln!("10,000 jobs over 3 nodes: {owned:?}");
 }
