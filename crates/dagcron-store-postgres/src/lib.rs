@@ -21,6 +21,7 @@ use jiff::Timestamp;
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 
+mod batch;
 mod cluster;
 pub use cluster::MAX_NODES;
 
@@ -628,6 +629,9 @@ impl Store for PgStore {
         }
         let epoch = self.epoch();
         transaction!(self, fenced = true, |conn| {
+            if let Some(results) = batch::apply(conn, batch, epoch).await? {
+                return Ok(results);
+            }
             let mut out = Vec::with_capacity(batch.len());
             for w in batch {
                 out.push(apply(conn, w, epoch).await?);

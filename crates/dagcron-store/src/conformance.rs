@@ -21,6 +21,7 @@ macro_rules! conformance_tests {
             a_fire_is_recorded_once,
             concurrent_fires_create_one_run,
             state_changes_are_compare_and_set,
+            changes_of_one_row_in_a_batch_apply_in_order,
             attempts_and_logs,
             runs_are_paginated_newest_first,
             fires_and_recovery_queries,
@@ -279,6 +280,74 @@ pub async fn state_changes_are_compare_and_set<S: Store>(s: &S) {
     assert_eq!(
         (run.state, run.finished_at),
         (RunState::Succeeded, Some(t(150)))
+    );
+}
+
+/// Successive changes of one row in a batch apply in order: a chain
+/// succeeds, a change from a state the row has already left is refused.
+pub async fn changes_of_one_row_in_a_batch_apply_in_order<S: Store>(s: &S) {
+    s.write(&[fire(100, Some(new_run(1, 100)))]).await.unwrap();
+    let task = |name: &str, from, to| Write::TaskState {
+        run: 1,
+        task: name.into(),
+        from,
+        to,
+    };
+    let r = s
+        .write(&[
+            task("a", TaskState::Pending, TaskState::Ready),
+            task("b", TaskState::Pending, TaskState::Ready),
+            task("a", TaskState::Ready, TaskState::Dispatching),
+            task("a", TaskState::Dispatching, TaskState::Running),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(r, vec![WriteResult::Done; 4]);
+    let r = s
+        .write(&[
+            task("b", TaskState::Ready, TaskState::Cancelled),
+            task("b", TaskState::Ready, TaskState::Dispatching),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(r[0], WriteResult::Done);
+    assert!(
+        matches!(r[1], WriteResult::Conflict(_)),
+        "b was cancelled: {r:?}"
+    );
+    let r = s
+        .write(&[
+            Write::RunState {
+                run: 1,
+                from: RunState::Running,
+                to: RunState::Failed,
+                at: t(130),
+            },
+            Write::RunState {
+                run: 1,
+                from: RunState::Running,
+                to: RunState::Succeeded,
+                at: t(140),
+            },
+        ])
+        .await
+        .unwrap();
+    assert_eq!(r[0], WriteResult::Done);
+    assert!(matches!(r[1], WriteResult::Conflict(_)));
+    let run = s.get_run(1).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            run.state,
+            run.finished_at,
+            run.tasks[0].state,
+            run.tasks[1].state
+        ),
+        (
+            RunState::Failed,
+            Some(t(130)),
+            TaskState::Running,
+            TaskState::Cancelled
+        )
     );
 }
 

@@ -1,0 +1,505 @@
+//! A write batch in a handful of statements.
+//!
+//! Applied one by one, a batch costs a round trip per write; at thousands
+//! of attempts per second that is the limit. Here the batch is grouped by
+//! kind: the inserts (fires, then runs and their tasks, then attempts) and
+//! then the compare-and-set updates (runs, tasks, attempts), each kind as
+//! one statement over arrays, `RETURNING` the rows it changed. Successive
+//! changes of one row in the batch (`pending → ready → running`) are merged
+//! into one compare-and-set from the first state to the last, so that the
+//! chain succeeds or is refused as a whole. A batch whose changes of one row
+//! do not chain (which the engine never produces) is applied one write at
+//! a time instead, with the same results.
+
+use std::collections::{HashMap, HashSet};
+
+use dagcron_core::{RunState, TaskState};
+use dagcron_store::{NewRun, Write, WriteResult};
+use sqlx::postgres::PgConnection;
+
+/// Merged changes of one row: the writes they came from, the first
+/// expected state, the final state, and when each transition happened.
+struct Chain<'a, S> {
+    writes: Vec<usize>,
+    from: S,
+    to: S,
+    /// For runs: when it entered `running`, and when it finished.
+    started: Option<i64>,
+    finished: Option<i64>,
+    /// For attempts: the last write's result fields.
+    end: Option<&'a Write>,
+}
+
+/// Groups successive changes per row key; `None` if some change does not
+/// start from the state the previous one left.
+fn chains<'a, K, S>(
+    items: impl Iterator<Item = (usize, K, S, S, Option<i64>, &'a Write)>,
+) -> Option<Vec<(K, Chain<'a, S>)>>
+where
+    K: std::hash::Hash + Eq + Clone,
+    S: Copy + PartialEq + AsStateName,
+{
+    let mut order: Vec<(K, Chain<'a, S>)> = Vec::new();
+    let mut index: HashMap<K, usize> = HashMap::new();
+    for (i, key, from, to, at, write) in items {
+        match index.get(&key) {
+            Some(&k) => {
+                let chain = &mut order[k].1;
+                if chain.to != from {
+                    return None;
+                }
+                chain.writes.push(i);
+                chain.to = to;
+                chain.end = Some(write);
+                note_times(chain, to, at);
+            }
+            None => {
+                index.insert(key.clone(), order.len());
+                let mut chain = Chain {
+                    writes: vec![i],
+                    from,
+                    to,
+                    started: None,
+                    finished: None,
+                    end: Some(write),
+                };
+                note_times(&mut chain, to, at);
+                order.push((key, chain));
+            }
+        }
+    }
+    Some(order)
+}
+
+/// State names, and which of them start or end a run.
+trait AsStateName: Sized {
+    fn name(self) -> &'static str;
+    fn starts(self) -> bool {
+        false
+    }
+    fn ends(self) -> bool {
+        false
+    }
+}
+
+impl AsStateName for RunState {
+    fn name(self) -> &'static str {
+        self.as_str()
+    }
+    fn starts(self) -> bool {
+        self == RunState::Running
+    }
+    fn ends(self) -> bool {
+        self.is_terminal()
+    }
+}
+
+impl AsStateName for TaskState {
+    fn name(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+impl AsStateName for dagcron_core::AttemptState {
+    fn name(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+fn note_times<S: AsStateName + Copy>(chain: &mut Chain<'_, S>, to: S, at: Option<i64>) {
+    if to.starts() {
+        chain.started = at;
+    }
+    if to.ends() {
+        chain.finished = at;
+    }
+}
+
+/// Applies a batch; `None` when it must be applied one write at a time.
+pub(crate) async fn apply(
+    conn: &mut PgConnection,
+    batch: &[Write],
+    epoch: Option<i64>,
+) -> Result<Option<Vec<WriteResult>>, sqlx::Error> {
+    // Plan first: nothing is sent for a batch that cannot be grouped.
+    let Some(run_chains) = chains(batch.iter().enumerate().filter_map(|(i, w)| match w {
+        Write::RunState { run, from, to, at } => {
+            Some((i, *run, *from, *to, Some(at.as_microsecond()), w))
+        }
+        _ => None,
+    })) else {
+        return Ok(None);
+    };
+    let Some(task_chains) = chains(batch.iter().enumerate().filter_map(|(i, w)| match w {
+        Write::TaskState {
+            run,
+            task,
+            from,
+            to,
+        } => Some((i, (*run, task.as_str()), *from, *to, None, w)),
+        _ => None,
+    })) else {
+        return Ok(None);
+    };
+    let Some(end_chains) = chains(batch.iter().enumerate().filter_map(|(i, w)| match w {
+        Write::AttemptEnd {
+            run,
+            task,
+            number,
+            from,
+            to,
+            ..
+        } => Some((i, (*run, task.as_str(), *number), *from, *to, None, w)),
+        _ => None,
+    })) else {
+        return Ok(None);
+    };
+    if end_chains.iter().any(|(_, c)| c.writes.len() > 1) {
+        return Ok(None);
+    }
+    let mut fire_keys = HashSet::new();
+    let mut start_keys = HashSet::new();
+    for w in batch {
+        let fresh = match w {
+            Write::Fire {
+                namespace,
+                job,
+                scheduled_at,
+                ..
+            } => fire_keys.insert((
+                namespace.as_str(),
+                job.as_str(),
+                scheduled_at.as_microsecond(),
+            )),
+            Write::AttemptStart {
+                run, task, number, ..
+            } => start_keys.insert((*run, task.as_str(), *number)),
+            _ => true,
+        };
+        if !fresh {
+            return Ok(None);
+        }
+    }
+
+    let mut results: Vec<Option<WriteResult>> = vec![None; batch.len()];
+
+    // Fires: the ledger's key refuses the ones already recorded.
+    let fires: Vec<(usize, &str, &str, i64, &str, Option<i64>)> = batch
+        .iter()
+        .enumerate()
+        .filter_map(|(i, w)| match w {
+            Write::Fire {
+                namespace,
+                job,
+                scheduled_at,
+                outcome,
+                run,
+            } => Some((
+                i,
+                namespace.as_str(),
+                job.as_str(),
+                scheduled_at.as_microsecond(),
+                outcome.as_str(),
+                run.as_ref().map(|r| r.id),
+            )),
+            _ => None,
+        })
+        .collect();
+    let mut runs: Vec<&NewRun> = Vec::new();
+    if !fires.is_empty() {
+        let inserted: Vec<(String, String, i64)> = sqlx::query_as(
+            "INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id, node_epoch)
+             SELECT n, j, a, o, r, $6 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[]) AS v(n, j, a, o, r)
+             ON CONFLICT DO NOTHING RETURNING namespace, job, scheduled_at",
+        )
+        .bind(fires.iter().map(|f| f.1).collect::<Vec<_>>())
+        .bind(fires.iter().map(|f| f.2).collect::<Vec<_>>())
+        .bind(fires.iter().map(|f| f.3).collect::<Vec<_>>())
+        .bind(fires.iter().map(|f| f.4).collect::<Vec<_>>())
+        .bind(fires.iter().map(|f| f.5).collect::<Vec<_>>())
+        .bind(epoch)
+        .fetch_all(&mut *conn)
+        .await?;
+        let inserted: HashSet<(&str, &str, i64)> = inserted
+            .iter()
+            .map(|(n, j, a)| (n.as_str(), j.as_str(), *a))
+            .collect();
+        for (i, ns, job, at, _, _) in &fires {
+            if inserted.contains(&(*ns, *job, *at)) {
+                results[*i] = Some(WriteResult::Done);
+                if let Write::Fire { run: Some(run), .. } = &batch[*i] {
+                    runs.push(run);
+                }
+            } else {
+                results[*i] = Some(WriteResult::Conflict(format!(
+                    "fire {ns}/{job} at {} is already recorded",
+                    jiff::Timestamp::from_microsecond(*at)
+                        .map_or_else(|_| at.to_string(), |t| t.to_string())
+                )));
+            }
+        }
+    }
+    for (i, w) in batch.iter().enumerate() {
+        if let Write::Run(run) = w {
+            runs.push(run);
+            results[i] = Some(WriteResult::Done);
+        }
+    }
+    if !runs.is_empty() {
+        insert_runs(conn, &runs, epoch).await?;
+    }
+
+    // Attempts started.
+    let starts: Vec<(usize, i64, &str, i32, &str, i64)> = batch
+        .iter()
+        .enumerate()
+        .filter_map(|(i, w)| match w {
+            Write::AttemptStart {
+                run,
+                task,
+                number,
+                state,
+                at,
+            } => Some((
+                i,
+                *run,
+                task.as_str(),
+                *number as i32,
+                state.as_str(),
+                at.as_microsecond(),
+            )),
+            _ => None,
+        })
+        .collect();
+    if !starts.is_empty() {
+        let inserted: Vec<(i64, String, i32)> = sqlx::query_as(
+            "INSERT INTO attempts (run_id, task_id, number, state, started_at, node_epoch)
+             SELECT r, t, n, s, a, $6 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::bigint[]) AS v(r, t, n, s, a)
+             ON CONFLICT DO NOTHING RETURNING run_id, task_id, number",
+        )
+        .bind(starts.iter().map(|s| s.1).collect::<Vec<_>>())
+        .bind(starts.iter().map(|s| s.2).collect::<Vec<_>>())
+        .bind(starts.iter().map(|s| s.3).collect::<Vec<_>>())
+        .bind(starts.iter().map(|s| s.4).collect::<Vec<_>>())
+        .bind(starts.iter().map(|s| s.5).collect::<Vec<_>>())
+        .bind(epoch)
+        .fetch_all(&mut *conn)
+        .await?;
+        let inserted: HashSet<(i64, &str, i32)> = inserted
+            .iter()
+            .map(|(r, t, n)| (*r, t.as_str(), *n))
+            .collect();
+        for (i, run, task, number, _, _) in &starts {
+            results[*i] = Some(if inserted.contains(&(*run, *task, *number)) {
+                WriteResult::Done
+            } else {
+                WriteResult::Conflict(format!("attempt {number} of {run}/{task} already exists"))
+            });
+        }
+    }
+
+    // Runs.
+    if !run_chains.is_empty() {
+        let changed: Vec<i64> = sqlx::query_scalar(
+            "UPDATE runs r SET state = v.t, started_at = COALESCE(v.s, r.started_at), finished_at = COALESCE(v.f, r.finished_at)
+             FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS v(id, fr, t, s, f)
+             WHERE r.id = v.id AND r.state = v.fr RETURNING r.id",
+        )
+        .bind(run_chains.iter().map(|(k, _)| *k).collect::<Vec<_>>())
+        .bind(run_chains.iter().map(|(_, c)| c.from.name()).collect::<Vec<_>>())
+        .bind(run_chains.iter().map(|(_, c)| c.to.name()).collect::<Vec<_>>())
+        .bind(run_chains.iter().map(|(_, c)| c.started).collect::<Vec<_>>())
+        .bind(run_chains.iter().map(|(_, c)| c.finished).collect::<Vec<_>>())
+        .fetch_all(&mut *conn)
+        .await?;
+        let changed: HashSet<i64> = changed.into_iter().collect();
+        for (run, chain) in &run_chains {
+            let result = if changed.contains(run) {
+                WriteResult::Done
+            } else {
+                let found: Option<String> =
+                    sqlx::query_scalar("SELECT state FROM runs WHERE id = $1")
+                        .bind(run)
+                        .fetch_optional(&mut *conn)
+                        .await?;
+                WriteResult::Conflict(match found {
+                    Some(s) => format!("run {run} is {s}, not {}", chain.from.name()),
+                    None => format!("run {run} does not exist"),
+                })
+            };
+            for i in &chain.writes {
+                results[*i] = Some(result.clone());
+            }
+        }
+    }
+
+    // Tasks.
+    if !task_chains.is_empty() {
+        let changed: Vec<(i64, String)> = sqlx::query_as(
+            "UPDATE tasks t SET state = v.s
+             FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[]) AS v(r, k, fr, s)
+             WHERE t.run_id = v.r AND t.task_id = v.k AND t.state = v.fr RETURNING t.run_id, t.task_id",
+        )
+        .bind(task_chains.iter().map(|((r, _), _)| *r).collect::<Vec<_>>())
+        .bind(task_chains.iter().map(|((_, t), _)| *t).collect::<Vec<_>>())
+        .bind(task_chains.iter().map(|(_, c)| c.from.name()).collect::<Vec<_>>())
+        .bind(task_chains.iter().map(|(_, c)| c.to.name()).collect::<Vec<_>>())
+        .fetch_all(&mut *conn)
+        .await?;
+        let changed: HashSet<(i64, &str)> = changed.iter().map(|(r, t)| (*r, t.as_str())).collect();
+        for ((run, task), chain) in &task_chains {
+            let result = if changed.contains(&(*run, *task)) {
+                WriteResult::Done
+            } else {
+                let found: Option<String> = sqlx::query_scalar(
+                    "SELECT state FROM tasks WHERE run_id = $1 AND task_id = $2",
+                )
+                .bind(run)
+                .bind(task)
+                .fetch_optional(&mut *conn)
+                .await?;
+                WriteResult::Conflict(match found {
+                    Some(s) => {
+                        format!("task {task} of run {run} is {s}, not {}", chain.from.name())
+                    }
+                    None => format!("run {run} has no task {task}"),
+                })
+            };
+            for i in &chain.writes {
+                results[*i] = Some(result.clone());
+            }
+        }
+    }
+
+    // Attempts ended.
+    if !end_chains.is_empty() {
+        let mut at = Vec::new();
+        let mut exit = Vec::new();
+        let mut error = Vec::new();
+        let mut log: Vec<&[u8]> = Vec::new();
+        for (_, chain) in &end_chains {
+            if let Some(Write::AttemptEnd {
+                at: a,
+                exit_code,
+                error: e,
+                log: l,
+                ..
+            }) = chain.end
+            {
+                at.push(a.as_microsecond());
+                exit.push(*exit_code);
+                error.push(e.as_deref());
+                log.push(l.as_slice());
+            }
+        }
+        let changed: Vec<(i64, String, i32)> = sqlx::query_as(
+            "UPDATE attempts a SET state = v.s, finished_at = v.at, exit_code = v.x, error = v.e, log = v.l
+             FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::text[], $6::bigint[], $7::int[], $8::text[], $9::bytea[])
+                AS v(r, k, n, fr, s, at, x, e, l)
+             WHERE a.run_id = v.r AND a.task_id = v.k AND a.number = v.n AND a.state = v.fr
+             RETURNING a.run_id, a.task_id, a.number",
+        )
+        .bind(end_chains.iter().map(|((r, _, _), _)| *r).collect::<Vec<_>>())
+        .bind(end_chains.iter().map(|((_, t, _), _)| *t).collect::<Vec<_>>())
+        .bind(end_chains.iter().map(|((_, _, n), _)| *n as i32).collect::<Vec<_>>())
+        .bind(end_chains.iter().map(|(_, c)| c.from.name()).collect::<Vec<_>>())
+        .bind(end_chains.iter().map(|(_, c)| c.to.name()).collect::<Vec<_>>())
+        .bind(at)
+        .bind(exit)
+        .bind(error)
+        .bind(log)
+        .fetch_all(&mut *conn)
+        .await?;
+        let changed: HashSet<(i64, &str, i32)> = changed
+            .iter()
+            .map(|(r, t, n)| (*r, t.as_str(), *n))
+            .collect();
+        for ((run, task, number), chain) in &end_chains {
+            results[chain.writes[0]] = Some(if changed.contains(&(*run, *task, *number as i32)) {
+                WriteResult::Done
+            } else {
+                WriteResult::Conflict(format!(
+                    "attempt {number} of {run}/{task} is not {}",
+                    chain.from.name()
+                ))
+            });
+        }
+    }
+
+    Ok(Some(
+        results
+            .into_iter()
+            .map(|r| r.expect("every write has a result"))
+            .collect(),
+    ))
+}
+
+/// Inserts runs and their tasks, two statements whatever their number.
+async fn insert_runs(
+    conn: &mut PgConnection,
+    runs: &[&NewRun],
+    epoch: Option<i64>,
+) -> Result<(), sqlx::Error> {
+    let params: Vec<String> = runs
+        .iter()
+        .map(|r| serde_json::to_string(&r.params).expect("params serialize"))
+        .collect();
+    sqlx::query(
+        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, owner_epoch)
+         SELECT id, n, j, v, t, s, st, p, c, sa, fa, $12
+         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[])
+            AS x(id, n, j, v, t, s, st, p, c, sa, fa)",
+    )
+    .bind(runs.iter().map(|r| r.id).collect::<Vec<_>>())
+    .bind(runs.iter().map(|r| r.namespace.as_str()).collect::<Vec<_>>())
+    .bind(runs.iter().map(|r| r.job.as_str()).collect::<Vec<_>>())
+    .bind(runs.iter().map(|r| r.job_version).collect::<Vec<_>>())
+    .bind(runs.iter().map(|r| r.trigger.as_str()).collect::<Vec<_>>())
+    .bind(runs.iter().map(|r| r.scheduled_at.as_microsecond()).collect::<Vec<_>>())
+    .bind(runs.iter().map(|r| r.state.as_str()).collect::<Vec<_>>())
+    .bind(&params)
+    .bind(runs.iter().map(|r| r.created_at.as_microsecond()).collect::<Vec<_>>())
+    .bind(
+        runs.iter()
+            .map(|r| (r.state == RunState::Running).then_some(r.created_at.as_microsecond()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        runs.iter()
+            .map(|r| r.state.is_terminal().then_some(r.created_at.as_microsecond()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(epoch)
+    .execute(&mut *conn)
+    .await?;
+    let mut run_ids = Vec::new();
+    let mut task_ids = Vec::new();
+    let mut positions = Vec::new();
+    let mut states = Vec::new();
+    for r in runs {
+        let state = if r.state.is_terminal() {
+            TaskState::Skipped
+        } else {
+            TaskState::Pending
+        };
+        for (p, t) in r.tasks.iter().enumerate() {
+            run_ids.push(r.id);
+            task_ids.push(t.as_str());
+            positions.push(p as i32);
+            states.push(state.as_str());
+        }
+    }
+    if !run_ids.is_empty() {
+        sqlx::query(
+            "INSERT INTO tasks (run_id, task_id, position, state)
+             SELECT * FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[])",
+        )
+        .bind(run_ids)
+        .bind(task_ids)
+        .bind(positions)
+        .bind(states)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
