@@ -120,6 +120,12 @@ def trigger_stream(nodes, stop, counts, i):
     counts[i] = n
 
 
+def write_stats(nodes):
+    """Statements and batches of every node's write path so far."""
+    views = [n.status()["this_node"]["writes"] for n in nodes]
+    return sum(v["statements"] for v in views), sum(v["batches"] for v in views), sum(v["writes"] for v in views)
+
+
 def db_stats(url, name):
     row = psql(url, f"SELECT xact_commit, tup_inserted + tup_updated FROM pg_stat_database WHERE datname = '{name}'")
     return [int(x) for x in row.split("|")]
@@ -169,9 +175,11 @@ def run(n_nodes, logdir):
         time.sleep(2)
         start = time.time()
         tx0, rows0 = db_stats(ADMIN, name)
+        st0, b0, w0 = write_stats(nodes)
         time.sleep(SECONDS)
         end = time.time()
         tx1, rows1 = db_stats(ADMIN, name)
+        st1, b1, w1 = write_stats(nodes)
         stop.set()
         for t in threads:
             t.join()
@@ -193,6 +201,9 @@ def run(n_nodes, logdir):
             "transactions_per_s": (tx1 - tx0) / (end - start),
             "rows_written_per_attempt": (rows1 - rows0) / max(attempts, 1),
             "transactions_per_attempt": (tx1 - tx0) / max(attempts, 1),
+            "statements_per_attempt": (st1 - st0) / max(attempts, 1),
+            "writes_per_batch": (w1 - w0) / max(b1 - b0, 1),
+            "statements_per_batch": (st1 - st0) / max(b1 - b0, 1),
             "missing": missing,
             "doubled": doubled,
             "checked": checked,
@@ -236,12 +247,13 @@ def main():
         results.append(r)
         print(json.dumps(r), flush=True)
     print()
-    print("| nodes | fires/s | p99 fire lateness | attempts/s | manual DAG runs/s | DB transactions/s (vs pgbench) | transactions per attempt | rows written per attempt | lost / doubled (checked) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| nodes | fires/s | p99 fire lateness | attempts/s | manual DAG runs/s | DB transactions/s (vs pgbench) | statements per attempt | writes (statements) per batch | rows written per attempt | lost / doubled (checked) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['nodes']} | {r['fires_per_s']:,.0f} | {r['p99_lateness_ms']:.1f} ms | {r['attempts_per_s']:,.0f} | "
               f"{r['manual_runs_per_s']:,.0f} | {r['transactions_per_s']:,.0f} ({r['transactions_per_s'] / tps:.2f}x) | "
-              f"{r['transactions_per_attempt']:.3f} | {r['rows_written_per_attempt']:.2f} | {r['missing']} / {r['doubled']} ({r['checked']:,}) |")
+              f"{r['statements_per_attempt']:.2f} | {r['writes_per_batch']:.0f} ({r['statements_per_batch']:.1f}) | "
+              f"{r['rows_written_per_attempt']:.2f} | {r['missing']} / {r['doubled']} ({r['checked']:,}) |")
     for r in results:
         if "failover_ms" in r:
             print(f"\nSIGKILL of 1 of 3 nodes: its jobs fired again after {r['failover_ms']:,.0f} ms "

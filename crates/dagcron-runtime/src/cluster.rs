@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use dagcron_core::Ring;
 use dagcron_store::StorageError;
-use dagcron_store::cluster::{Coordination, Heartbeat, NodeRecord, NodeState, Registration};
+use dagcron_store::cluster::{
+    Coordination, Heartbeat, NodeRecord, NodeState, Registration, WriteStatistics,
+};
 use jiff::{SignedDuration, Timestamp};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -89,6 +91,8 @@ pub struct LocalStatus {
     pub lease_valid: bool,
     /// What is wrong, if anything.
     pub problem: Option<String>,
+    /// The cost of its writes to the database so far.
+    pub writes: WriteStatistics,
 }
 
 type NodesFuture = Pin<Box<dyn Future<Output = Result<Vec<NodeRecord>, StorageError>> + Send>>;
@@ -97,6 +101,7 @@ type NodesFuture = Pin<Box<dyn Future<Output = Result<Vec<NodeRecord>, StorageEr
 #[derive(Clone)]
 pub struct ClusterHandle {
     status: Arc<Mutex<LocalStatus>>,
+    writes: Arc<dyn Fn() -> WriteStatistics + Send + Sync>,
     lease: Lease,
     nodes: Arc<dyn Fn() -> NodesFuture + Send + Sync>,
 }
@@ -114,6 +119,7 @@ impl ClusterHandle {
     pub fn local(&self) -> LocalStatus {
         let mut status = self.status.lock().expect("status lock").clone();
         status.lease_valid = self.lease.is_valid_at(Timestamp::now());
+        status.writes = (self.writes)();
         status
     }
 
@@ -189,6 +195,7 @@ impl<S: Coordination> Coordinator<S> {
             clock_ok: true,
             lease_valid: true,
             problem: None,
+            writes: WriteStatistics::default(),
         };
         Coordinator {
             store,
@@ -208,8 +215,10 @@ impl<S: Coordination> Coordinator<S> {
     /// A view for the API.
     pub fn handle(&self) -> ClusterHandle {
         let store = self.store.clone();
+        let stats = self.store.clone();
         ClusterHandle {
             status: self.status.clone(),
+            writes: Arc::new(move || stats.write_statistics()),
             lease: self.lease.clone(),
             nodes: Arc::new(move || {
                 let store = store.clone();

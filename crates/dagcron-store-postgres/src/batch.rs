@@ -116,10 +116,12 @@ fn note_times<S: AsStateName + Copy>(chain: &mut Chain<'_, S>, to: S, at: Option
 }
 
 /// Applies a batch; `None` when it must be applied one write at a time.
+/// `sent` counts the statements sent.
 pub(crate) async fn apply(
     conn: &mut PgConnection,
     batch: &[Write],
     epoch: Option<i64>,
+    sent: &mut u64,
 ) -> Result<Option<Vec<WriteResult>>, sqlx::Error> {
     // Plan first: nothing is sent for a batch that cannot be grouped.
     let Some(run_chains) = chains(batch.iter().enumerate().filter_map(|(i, w)| match w {
@@ -207,6 +209,7 @@ pub(crate) async fn apply(
         .collect();
     let mut runs: Vec<&NewRun> = Vec::new();
     if !fires.is_empty() {
+        *sent += 1;
         let inserted: Vec<(String, String, i64)> = sqlx::query_as(
             "INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id, node_epoch)
              SELECT n, j, a, o, r, $6 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[]) AS v(n, j, a, o, r)
@@ -246,7 +249,7 @@ pub(crate) async fn apply(
         }
     }
     if !runs.is_empty() {
-        insert_runs(conn, &runs, epoch).await?;
+        insert_runs(conn, &runs, epoch, sent).await?;
     }
 
     // Attempts started.
@@ -272,6 +275,7 @@ pub(crate) async fn apply(
         })
         .collect();
     if !starts.is_empty() {
+        *sent += 1;
         let inserted: Vec<(i64, String, i32)> = sqlx::query_as(
             "INSERT INTO attempts (run_id, task_id, number, state, started_at, node_epoch)
              SELECT r, t, n, s, a, $6 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::bigint[]) AS v(r, t, n, s, a)
@@ -300,6 +304,7 @@ pub(crate) async fn apply(
 
     // Runs.
     if !run_chains.is_empty() {
+        *sent += 1;
         let changed: Vec<i64> = sqlx::query_scalar(
             "UPDATE runs r SET state = v.t, started_at = COALESCE(v.s, r.started_at), finished_at = COALESCE(v.f, r.finished_at)
              FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::bigint[]) AS v(id, fr, t, s, f)
@@ -317,6 +322,7 @@ pub(crate) async fn apply(
             let result = if changed.contains(run) {
                 WriteResult::Done
             } else {
+                *sent += 1;
                 let found: Option<String> =
                     sqlx::query_scalar("SELECT state FROM runs WHERE id = $1")
                         .bind(run)
@@ -335,6 +341,7 @@ pub(crate) async fn apply(
 
     // Tasks.
     if !task_chains.is_empty() {
+        *sent += 1;
         let changed: Vec<(i64, String)> = sqlx::query_as(
             "UPDATE tasks t SET state = v.s
              FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[]) AS v(r, k, fr, s)
@@ -351,6 +358,7 @@ pub(crate) async fn apply(
             let result = if changed.contains(&(*run, *task)) {
                 WriteResult::Done
             } else {
+                *sent += 1;
                 let found: Option<String> = sqlx::query_scalar(
                     "SELECT state FROM tasks WHERE run_id = $1 AND task_id = $2",
                 )
@@ -392,6 +400,7 @@ pub(crate) async fn apply(
                 log.push(l.as_slice());
             }
         }
+        *sent += 1;
         let changed: Vec<(i64, String, i32)> = sqlx::query_as(
             "UPDATE attempts a SET state = v.s, finished_at = v.at, exit_code = v.x, error = v.e, log = v.l
              FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::text[], $6::bigint[], $7::int[], $8::text[], $9::bytea[])
@@ -439,11 +448,13 @@ async fn insert_runs(
     conn: &mut PgConnection,
     runs: &[&NewRun],
     epoch: Option<i64>,
+    sent: &mut u64,
 ) -> Result<(), sqlx::Error> {
     let params: Vec<String> = runs
         .iter()
         .map(|r| serde_json::to_string(&r.params).expect("params serialize"))
         .collect();
+    *sent += 1;
     sqlx::query(
         "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, owner_epoch)
          SELECT id, n, j, v, t, s, st, p, c, sa, fa, $12
@@ -490,6 +501,7 @@ async fn insert_runs(
         }
     }
     if !run_ids.is_empty() {
+        *sent += 1;
         sqlx::query(
             "INSERT INTO tasks (run_id, task_id, position, state)
              SELECT * FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[])",

@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
+use std::sync::atomic::Ordering;
+
 use dagcron_store::cluster::{
-    Coordination, Heartbeat, NodeRecord, NodeState, OrphanRun, Registration,
+    Coordination, Heartbeat, NodeRecord, NodeState, OrphanRun, Registration, WriteStatistics,
 };
 use dagcron_store::{Result, RunId, RunRecord, StorageError};
 use jiff::Timestamp;
@@ -52,6 +54,14 @@ impl PgStore {
 }
 
 impl Coordination for PgStore {
+    fn write_statistics(&self) -> WriteStatistics {
+        WriteStatistics {
+            batches: self.stats.batches.load(Ordering::Relaxed),
+            writes: self.stats.writes.load(Ordering::Relaxed),
+            statements: self.stats.statements.load(Ordering::Relaxed),
+        }
+    }
+
     async fn register(
         &self,
         id: &str,

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -41,8 +42,17 @@ struct Fence {
 #[derive(Clone, Debug)]
 pub struct PgStore {
     pool: PgPool,
+    stats: Arc<Counters>,
     fence: Arc<RwLock<Option<Fence>>>,
     listener: Arc<tokio::sync::Mutex<Option<PgListener>>>,
+}
+
+/// Counts of the write path since the store was opened.
+#[derive(Debug, Default)]
+struct Counters {
+    batches: AtomicU64,
+    writes: AtomicU64,
+    statements: AtomicU64,
 }
 
 fn unavailable(e: sqlx::Error) -> StorageError {
@@ -96,6 +106,7 @@ impl PgStore {
             .map_err(|e| StorageError::Unavailable(format!("migrating the database: {e}")))?;
         Ok(PgStore {
             pool,
+            stats: Arc::new(Counters::default()),
             fence: Arc::new(RwLock::new(None)),
             listener: Arc::new(tokio::sync::Mutex::new(None)),
         })
@@ -628,16 +639,26 @@ impl Store for PgStore {
             return Ok(vec![]);
         }
         let epoch = self.epoch();
-        transaction!(self, fenced = true, |conn| {
-            if let Some(results) = batch::apply(conn, batch, epoch).await? {
+        let mut sent = 0;
+        let results = transaction!(self, fenced = true, |conn| {
+            // BEGIN, the fence check and COMMIT.
+            sent += 3;
+            if let Some(results) = batch::apply(conn, batch, epoch, &mut sent).await? {
                 return Ok(results);
             }
             let mut out = Vec::with_capacity(batch.len());
             for w in batch {
+                sent += 1;
                 out.push(apply(conn, w, epoch).await?);
             }
             Ok(out)
-        })
+        })?;
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .writes
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        self.stats.statements.fetch_add(sent, Ordering::Relaxed);
+        Ok(results)
     }
 
     async fn last_fires(&self) -> Result<Vec<(String, String, Timestamp)>> {

@@ -131,8 +131,23 @@ pub struct OrphanRun {
     pub job: String,
 }
 
+/// What the write path has cost so far: how many write batches were
+/// committed, how many writes they held, and how many statements (each one
+/// round trip, transaction control included) they took.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct WriteStatistics {
+    /// Batches committed.
+    pub batches: u64,
+    /// Writes in them.
+    pub writes: u64,
+    /// Statements sent for them.
+    pub statements: u64,
+}
+
 /// Membership, leases and hand-over, for stores shared by a cluster.
 pub trait Coordination: Store + Clone {
+    /// The cost of this handle's write path so far.
+    fn write_statistics(&self) -> WriteStatistics;
     /// Registers (or re-registers) node `id` with a new epoch and a lease of
     /// `ttl`; from then on every batch this handle writes is fenced by it.
     fn register(
