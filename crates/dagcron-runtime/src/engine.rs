@@ -458,6 +458,9 @@ pub struct Engine<S: Store> {
     next_timer: u64,
     ready: VecDeque<(RunId, usize)>,
     running: usize,
+    /// Attempt tasks started and not yet reported (`running` also counts
+    /// the ones decided but not yet committed).
+    started: usize,
     last_run_id: RunId,
     rng: u64,
     writes: Vec<Write>,
@@ -495,6 +498,7 @@ impl<S: Store> Engine<S> {
             next_timer: 0,
             ready: VecDeque::new(),
             running: 0,
+            started: 0,
             last_run_id: store.max_run_id().await?,
             rng: (now.as_nanosecond() as u64) | 1,
             writes: Vec::new(),
@@ -910,7 +914,7 @@ impl<S: Store> Engine<S> {
             // the attempts and wait (briefly) until they are gone.
             tracing::error!(
                 "the engine stops: {e}; killing {} running attempts",
-                self.running
+                self.started
             );
             for run in self.runs.values() {
                 for token in run.tokens.iter().flatten() {
@@ -918,9 +922,9 @@ impl<S: Store> Engine<S> {
                 }
             }
             let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-            while self.running > 0 {
+            while self.started > 0 {
                 match tokio::time::timeout_at(deadline, self.finished_rx.recv()).await {
-                    Ok(Some(_)) => self.running -= 1,
+                    Ok(Some(_)) => self.started -= 1,
                     _ => break,
                 }
             }
@@ -1098,6 +1102,7 @@ impl<S: Store> Engine<S> {
             return;
         };
         let spec = &run.job.tasks[task];
+        self.started += 1;
         let ctx = AttemptContext {
             namespace: run.key.0.clone(),
             job: run.key.1.clone(),
@@ -1498,6 +1503,7 @@ impl<S: Store> Engine<S> {
 
     fn on_finished(&mut self, done: Finished) {
         self.running -= 1;
+        self.started -= 1;
         if let Some(o) = &self.config.observer {
             (o.0)(EngineEvent::AttemptFinished);
         }

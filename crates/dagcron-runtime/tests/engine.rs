@@ -609,3 +609,79 @@ async fn backfill_creates_one_run_per_missing_fire() {
     );
     h.stop().await;
 }
+
+/// A cluster node's engine arms only the jobs it owns; a job it gains
+/// resumes from the ledger (its missed fires caught up); its run ids carry
+/// its slot; and once its lease ends it commits nothing more and stops.
+#[tokio::test]
+async fn a_cluster_node_fires_what_it_owns_and_stops_when_its_lease_ends() {
+    use dagcron_runtime::{Lease, NodeIdentity, Ownership};
+    use dagcron_store::StorageError;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        SqliteStore::open(&dir.path().join("db.sqlite"))
+            .await
+            .unwrap(),
+    );
+    let clock = ManualClock::new(ts("2026-01-01T00:00:30Z"));
+    let lease = Lease::new();
+    lease.extend_to(ts("2026-01-01T01:00:30Z"));
+    let config = EngineConfig {
+        misfire_grace: Duration::ZERO,
+        node: Some(NodeIdentity {
+            slot: 3,
+            lease: lease.clone(),
+        }),
+        ..EngineConfig::default()
+    };
+    let (engine, handle) = Engine::start(store.clone(), Arc::new(clock.clone()), config)
+        .await
+        .unwrap();
+    let task = tokio::spawn(engine.run(CancellationToken::new(), Duration::from_secs(5)));
+    let file: JobFile = serde_saphyr::from_str(
+        "namespace: t\njobs:\n  - { name: a, schedule: '0 * * * * *', misfire: run_all, max_catchup: 100, tasks: [{ id: x, noop: true }] }\n  - { name: b, schedule: '0 * * * * *', misfire: run_all, max_catchup: 100, tasks: [{ id: x, noop: true }] }\n",
+    )
+    .unwrap();
+    handle.apply(file.validate().unwrap()).await.unwrap();
+    let runs = async |job: &str| store.list_runs("t", job, 100, None).await.unwrap().items;
+    let until = async |what: &str, check: &dyn Fn(usize, usize) -> bool| {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let (a, b) = (runs("a").await, runs("b").await);
+            let settled = a.iter().chain(&b).all(|r| r.state == RunState::Succeeded);
+            if settled && check(a.len(), b.len()) {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+
+    let only =
+        |name: &'static str| -> Ownership { Arc::new(move |_: &str, job: &str| job == name) };
+    assert_eq!(handle.set_ownership(only("a")).await.unwrap(), 1);
+    clock.set(ts("2026-01-01T00:03:30Z"));
+    until("a fires three times, b never", &|a, b| a == 3 && b == 0).await;
+
+    // b moves here: its three missed fires are caught up from the ledger; a stops.
+    assert_eq!(handle.set_ownership(only("b")).await.unwrap(), 1);
+    clock.set(ts("2026-01-01T00:05:30Z"));
+    until("b catches up and goes on", &|a, b| a == 3 && b == 5).await;
+    let b = runs("b").await;
+    let catchup = b.iter().filter(|r| r.trigger == Trigger::Catchup).count();
+    assert_eq!(catchup, 3);
+    for r in runs("a").await.iter().chain(&b) {
+        assert_eq!(r.id & 31, 3, "run {} lacks the node's slot", r.id);
+    }
+
+    // Past the end of the lease, nothing more is committed.
+    clock.set(ts("2026-01-01T02:00:00Z"));
+    let result = tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .expect("the engine stops")
+        .unwrap();
+    assert!(matches!(result, Err(StorageError::Fenced(_))), "{result:?}");
+    assert_eq!(runs("b").await.len(), 5);
+    assert!(handle.set_ownership(only("a")).await.is_err(), "stopped");
+}
