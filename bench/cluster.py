@@ -25,9 +25,9 @@ BIN = os.environ.get("DAGCRON_BIN", "target/release/dagcron")
 JOBS = int(os.environ.get("BENCH_JOBS", "1000"))
 SECONDS = int(os.environ.get("BENCH_SECONDS", "15"))
 NODES = [int(n) for n in os.environ.get("BENCH_NODES", "1,2,3").split(",")]
-CLIENTS = int(os.environ.get("BENCH_CLIENTS", "8"))
+CLIENTS = int(os.environ.get("BENCH_CLIENTS", "16"))
 TTL_MS = 2000
-DAG_TASKS = 10
+DAG_TASKS = int(os.environ.get("BENCH_DAG_TASKS", "20"))
 
 
 def db_url(name):
@@ -109,13 +109,20 @@ def job_file():
 
 
 def trigger_stream(nodes, stop, counts, i):
+    """Triggers DAG runs as fast as one kept-alive connection per node allows."""
+    import http.client
+
+    conns = [http.client.HTTPConnection("127.0.0.1", n.port, timeout=30) for n in nodes]
     n = 0
     while not stop.is_set():
-        node = nodes[(i + n) % len(nodes)]
+        conn = conns[(i + n) % len(conns)]
         try:
-            http("POST", f"{node.api}/api/v1/namespaces/b/jobs/dag/trigger", "{}")
+            conn.request("POST", "/api/v1/namespaces/b/jobs/dag/trigger", body=b"{}",
+                         headers={"content-type": "application/json"})
+            conn.getresponse().read()
             n += 1
         except Exception:
+            conn.close()
             time.sleep(0.01)
     counts[i] = n
 
