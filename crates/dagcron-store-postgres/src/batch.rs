@@ -115,6 +115,20 @@ fn note_times<S: AsStateName + Copy>(chain: &mut Chain<'_, S>, to: S, at: Option
     }
 }
 
+/// The writes of one kind as columns, bound as arrays.
+#[derive(Default)]
+struct Columns<'a> {
+    /// Positions in the batch.
+    index: Vec<usize>,
+    text1: Vec<&'a str>,
+    text2: Vec<&'a str>,
+    text3: Vec<&'a str>,
+    int1: Vec<i64>,
+    int2: Vec<i64>,
+    int3: Vec<i64>,
+    opt: Vec<Option<i64>>,
+}
+
 /// Applies a batch; `None` when it must be applied one write at a time.
 /// `sent` counts the statements sent.
 pub(crate) async fn apply(
@@ -186,40 +200,37 @@ pub(crate) async fn apply(
     let mut results: Vec<Option<WriteResult>> = vec![None; batch.len()];
 
     // Fires: the ledger's key refuses the ones already recorded.
-    let fires: Vec<(usize, &str, &str, i64, &str, Option<i64>)> = batch
-        .iter()
-        .enumerate()
-        .filter_map(|(i, w)| match w {
-            Write::Fire {
-                namespace,
-                job,
-                scheduled_at,
-                outcome,
-                run,
-            } => Some((
-                i,
-                namespace.as_str(),
-                job.as_str(),
-                scheduled_at.as_microsecond(),
-                outcome.as_str(),
-                run.as_ref().map(|r| r.id),
-            )),
-            _ => None,
-        })
-        .collect();
+    let mut fires = Columns::default();
+    for (i, w) in batch.iter().enumerate() {
+        if let Write::Fire {
+            namespace,
+            job,
+            scheduled_at,
+            outcome,
+            run,
+        } = w
+        {
+            fires.index.push(i);
+            fires.text1.push(namespace.as_str());
+            fires.text2.push(job.as_str());
+            fires.int1.push(scheduled_at.as_microsecond());
+            fires.text3.push(outcome.as_str());
+            fires.opt.push(run.as_ref().map(|r| r.id));
+        }
+    }
     let mut runs: Vec<&NewRun> = Vec::new();
-    if !fires.is_empty() {
+    if !fires.index.is_empty() {
         *sent += 1;
         let inserted: Vec<(String, String, i64)> = sqlx::query_as(
             "INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id, node_epoch)
              SELECT n, j, a, o, r, $6 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[]) AS v(n, j, a, o, r)
              ON CONFLICT DO NOTHING RETURNING namespace, job, scheduled_at",
         )
-        .bind(fires.iter().map(|f| f.1).collect::<Vec<_>>())
-        .bind(fires.iter().map(|f| f.2).collect::<Vec<_>>())
-        .bind(fires.iter().map(|f| f.3).collect::<Vec<_>>())
-        .bind(fires.iter().map(|f| f.4).collect::<Vec<_>>())
-        .bind(fires.iter().map(|f| f.5).collect::<Vec<_>>())
+        .bind(&fires.text1)
+        .bind(&fires.text2)
+        .bind(&fires.int1)
+        .bind(&fires.text3)
+        .bind(&fires.opt)
         .bind(epoch)
         .fetch_all(&mut *conn)
         .await?;
@@ -227,16 +238,17 @@ pub(crate) async fn apply(
             .iter()
             .map(|(n, j, a)| (n.as_str(), j.as_str(), *a))
             .collect();
-        for (i, ns, job, at, _, _) in &fires {
-            if inserted.contains(&(*ns, *job, *at)) {
-                results[*i] = Some(WriteResult::Done);
-                if let Write::Fire { run: Some(run), .. } = &batch[*i] {
+        for (k, &i) in fires.index.iter().enumerate() {
+            let (ns, job, at) = (fires.text1[k], fires.text2[k], fires.int1[k]);
+            if inserted.contains(&(ns, job, at)) {
+                results[i] = Some(WriteResult::Done);
+                if let Write::Fire { run: Some(run), .. } = &batch[i] {
                     runs.push(run);
                 }
             } else {
-                results[*i] = Some(WriteResult::Conflict(format!(
+                results[i] = Some(WriteResult::Conflict(format!(
                     "fire {ns}/{job} at {} is already recorded",
-                    jiff::Timestamp::from_microsecond(*at)
+                    jiff::Timestamp::from_microsecond(at)
                         .map_or_else(|_| at.to_string(), |t| t.to_string())
                 )));
             }
@@ -253,48 +265,46 @@ pub(crate) async fn apply(
     }
 
     // Attempts started.
-    let starts: Vec<(usize, i64, &str, i32, &str, i64)> = batch
-        .iter()
-        .enumerate()
-        .filter_map(|(i, w)| match w {
-            Write::AttemptStart {
-                run,
-                task,
-                number,
-                state,
-                at,
-            } => Some((
-                i,
-                *run,
-                task.as_str(),
-                *number as i32,
-                state.as_str(),
-                at.as_microsecond(),
-            )),
-            _ => None,
-        })
-        .collect();
-    if !starts.is_empty() {
+    let mut starts = Columns::default();
+    for (i, w) in batch.iter().enumerate() {
+        if let Write::AttemptStart {
+            run,
+            task,
+            number,
+            state,
+            at,
+        } = w
+        {
+            starts.index.push(i);
+            starts.int1.push(*run);
+            starts.text1.push(task.as_str());
+            starts.int2.push(i64::from(*number));
+            starts.text2.push(state.as_str());
+            starts.int3.push(at.as_microsecond());
+        }
+    }
+    if !starts.index.is_empty() {
         *sent += 1;
         let inserted: Vec<(i64, String, i32)> = sqlx::query_as(
             "INSERT INTO attempts (run_id, task_id, number, state, started_at, node_epoch)
-             SELECT r, t, n, s, a, $6 FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::bigint[]) AS v(r, t, n, s, a)
+             SELECT r, t, n, s, a, $6 FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::bigint[]) AS v(r, t, n, s, a)
              ON CONFLICT DO NOTHING RETURNING run_id, task_id, number",
         )
-        .bind(starts.iter().map(|s| s.1).collect::<Vec<_>>())
-        .bind(starts.iter().map(|s| s.2).collect::<Vec<_>>())
-        .bind(starts.iter().map(|s| s.3).collect::<Vec<_>>())
-        .bind(starts.iter().map(|s| s.4).collect::<Vec<_>>())
-        .bind(starts.iter().map(|s| s.5).collect::<Vec<_>>())
+        .bind(&starts.int1)
+        .bind(&starts.text1)
+        .bind(&starts.int2)
+        .bind(&starts.text2)
+        .bind(&starts.int3)
         .bind(epoch)
         .fetch_all(&mut *conn)
         .await?;
-        let inserted: HashSet<(i64, &str, i32)> = inserted
+        let inserted: HashSet<(i64, &str, i64)> = inserted
             .iter()
-            .map(|(r, t, n)| (*r, t.as_str(), *n))
+            .map(|(r, t, n)| (*r, t.as_str(), i64::from(*n)))
             .collect();
-        for (i, run, task, number, _, _) in &starts {
-            results[*i] = Some(if inserted.contains(&(*run, *task, *number)) {
+        for (k, &i) in starts.index.iter().enumerate() {
+            let (run, task, number) = (starts.int1[k], starts.text1[k], starts.int2[k]);
+            results[i] = Some(if inserted.contains(&(run, task, number)) {
                 WriteResult::Done
             } else {
                 WriteResult::Conflict(format!("attempt {number} of {run}/{task} already exists"))
@@ -328,10 +338,7 @@ pub(crate) async fn apply(
                         .bind(run)
                         .fetch_optional(&mut *conn)
                         .await?;
-                WriteResult::Conflict(match found {
-                    Some(s) => format!("run {run} is {s}, not {}", chain.from.name()),
-                    None => format!("run {run} does not exist"),
-                })
+                WriteResult::run_conflict(*run, found.as_deref(), chain.from)
             };
             for i in &chain.writes {
                 results[*i] = Some(result.clone());
@@ -366,12 +373,7 @@ pub(crate) async fn apply(
                 .bind(task)
                 .fetch_optional(&mut *conn)
                 .await?;
-                WriteResult::Conflict(match found {
-                    Some(s) => {
-                        format!("task {task} of run {run} is {s}, not {}", chain.from.name())
-                    }
-                    None => format!("run {run} has no task {task}"),
-                })
+                WriteResult::task_conflict(*run, task, found.as_deref(), chain.from)
             };
             for i in &chain.writes {
                 results[*i] = Some(result.clone());

@@ -398,10 +398,7 @@ async fn apply(
                 .bind(run)
                 .fetch_optional(&mut *conn)
                 .await?;
-            conflict(match found {
-                Some(s) => format!("run {run} is {s}, not {from}"),
-                None => format!("run {run} does not exist"),
-            })
+            Ok(WriteResult::run_conflict(*run, found.as_deref(), *from))
         }
         Write::TaskState {
             run,
@@ -428,10 +425,12 @@ async fn apply(
                     .bind(task)
                     .fetch_optional(&mut *conn)
                     .await?;
-            conflict(match found {
-                Some(s) => format!("task {task} of run {run} is {s}, not {from}"),
-                None => format!("run {run} has no task {task}"),
-            })
+            Ok(WriteResult::task_conflict(
+                *run,
+                task,
+                found.as_deref(),
+                *from,
+            ))
         }
         Write::AttemptStart {
             run,
@@ -579,13 +578,7 @@ impl Store for PgStore {
         limit: u32,
         cursor: Option<&str>,
     ) -> Result<Page<StoredJob>> {
-        let after = match cursor {
-            None => String::new(),
-            Some(c) => c
-                .strip_prefix("job:")
-                .ok_or_else(|| StorageError::Invalid(format!("bad cursor {c:?}")))?
-                .to_string(),
-        };
+        let after = dagcron_store::jobs_after(cursor)?;
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = $1 AND name COLLATE \"C\" > $2 ORDER BY name COLLATE \"C\" LIMIT $3"
         )))
@@ -595,12 +588,12 @@ impl Store for PgStore {
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
-        let mut items = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
-        let next_cursor = (items.len() > limit as usize).then(|| {
-            items.truncate(limit as usize);
-            format!("job:{}", items.last().expect("non-empty").name)
-        });
-        Ok(Page { items, next_cursor })
+        let items = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
+        Ok(Page::from_overfetch(
+            items,
+            limit,
+            dagcron_store::job_cursor,
+        ))
     }
 
     async fn delete_job(&self, namespace: &str, name: &str) -> Result<bool> {
@@ -745,25 +738,19 @@ impl Store for PgStore {
         limit: u32,
         cursor: Option<&str>,
     ) -> Result<Page<RunRecord>> {
-        let before = match cursor {
-            None => i64::MAX,
-            Some(c) => c
-                .strip_prefix("run:")
-                .and_then(|n| n.parse().ok())
-                .ok_or_else(|| StorageError::Invalid(format!("bad cursor {c:?}")))?,
-        };
+        let before = dagcron_store::runs_before(cursor)?;
         let (namespace, job) = (namespace.to_string(), job.to_string());
-        let mut items = self
+        let items = self
             .load_runs(
                 format!("SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 AND job = $2 AND id < $3 ORDER BY id DESC LIMIT $4"),
                 move |q| q.bind(namespace).bind(job).bind(before).bind(i64::from(limit) + 1),
             )
             .await?;
-        let next_cursor = (items.len() > limit as usize).then(|| {
-            items.truncate(limit as usize);
-            format!("run:{}", items.last().expect("non-empty").id)
-        });
-        Ok(Page { items, next_cursor })
+        Ok(Page::from_overfetch(
+            items,
+            limit,
+            dagcron_store::run_cursor,
+        ))
     }
 
     async fn max_run_id(&self) -> Result<RunId> {

@@ -204,9 +204,12 @@ async fn job_changes_bump_the_revision_and_wake_listeners() {
         name: "j".into(),
         spec: "{}".into(),
     };
-    a.apply_jobs(&[job.clone()], Timestamp::from_second(1).unwrap())
-        .await
-        .unwrap();
+    a.apply_jobs(
+        std::slice::from_ref(&job),
+        Timestamp::from_second(1).unwrap(),
+    )
+    .await
+    .unwrap();
     assert!(b.wait_for_change(Duration::from_secs(10)).await.unwrap());
     let r1 = b.jobs_revision().await.unwrap();
     assert!(r1 > r0);

@@ -222,13 +222,7 @@ impl Store for SqliteStore {
         limit: u32,
         cursor: Option<&str>,
     ) -> Result<Page<StoredJob>> {
-        let after = match cursor {
-            None => String::new(),
-            Some(c) => c
-                .strip_prefix("job:")
-                .ok_or_else(|| StorageError::Invalid(format!("bad cursor {c:?}")))?
-                .to_string(),
-        };
+        let after = dagcron_store::jobs_after(cursor)?;
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = ? AND name > ? ORDER BY name LIMIT ?"
         )))
@@ -238,12 +232,12 @@ impl Store for SqliteStore {
         .fetch_all(&self.reader)
         .await
         .map_err(unavailable)?;
-        let mut items = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
-        let next_cursor = (items.len() > limit as usize).then(|| {
-            items.truncate(limit as usize);
-            format!("job:{}", items.last().expect("non-empty").name)
-        });
-        Ok(Page { items, next_cursor })
+        let items = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
+        Ok(Page::from_overfetch(
+            items,
+            limit,
+            dagcron_store::job_cursor,
+        ))
     }
 
     async fn delete_job(&self, namespace: &str, name: &str) -> Result<bool> {
@@ -362,13 +356,7 @@ impl Store for SqliteStore {
         limit: u32,
         cursor: Option<&str>,
     ) -> Result<Page<RunRecord>> {
-        let before = match cursor {
-            None => i64::MAX,
-            Some(c) => c
-                .strip_prefix("run:")
-                .and_then(|n| n.parse().ok())
-                .ok_or_else(|| StorageError::Invalid(format!("bad cursor {c:?}")))?,
-        };
+        let before = dagcron_store::runs_before(cursor)?;
         let query = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = ? AND job = ? AND id < ? ORDER BY id DESC LIMIT ?"
         )))
@@ -376,12 +364,12 @@ impl Store for SqliteStore {
         .bind(job.to_string())
         .bind(before)
         .bind(i64::from(limit) + 1);
-        let mut items = self.load_runs(query).await?;
-        let next_cursor = (items.len() > limit as usize).then(|| {
-            items.truncate(limit as usize);
-            format!("run:{}", items.last().expect("non-empty").id)
-        });
-        Ok(Page { items, next_cursor })
+        let items = self.load_runs(query).await?;
+        Ok(Page::from_overfetch(
+            items,
+            limit,
+            dagcron_store::run_cursor,
+        ))
     }
 
     async fn max_run_id(&self) -> Result<RunId> {

@@ -193,10 +193,7 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
                 .prepare_cached("SELECT state FROM runs WHERE id = ?1")?
                 .query_row(params![run], |r| r.get(0))
                 .optional()?;
-            conflict(match found {
-                Some(s) => format!("run {run} is {s}, not {from}"),
-                None => format!("run {run} does not exist"),
-            })
+            Ok(WriteResult::run_conflict(*run, found.as_deref(), *from))
         }
         Write::TaskState {
             run,
@@ -216,10 +213,12 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
                 .prepare_cached("SELECT state FROM tasks WHERE run_id = ?1 AND task_id = ?2")?
                 .query_row(params![run, task], |r| r.get(0))
                 .optional()?;
-            conflict(match found {
-                Some(s) => format!("task {task} of run {run} is {s}, not {from}"),
-                None => format!("run {run} has no task {task}"),
-            })
+            Ok(WriteResult::task_conflict(
+                *run,
+                task,
+                found.as_deref(),
+                *from,
+            ))
         }
         Write::AttemptStart {
             run,

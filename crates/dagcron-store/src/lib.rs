@@ -290,6 +290,78 @@ pub struct Page<T> {
     pub next_cursor: Option<String>,
 }
 
+impl<T> Page<T> {
+    /// A page from a query that fetched up to `limit + 1` items: an extra
+    /// item means there is a next page, whose cursor `cursor_of` makes from
+    /// the last item kept.
+    pub fn from_overfetch(
+        mut items: Vec<T>,
+        limit: u32,
+        cursor_of: impl Fn(&T) -> String,
+    ) -> Page<T> {
+        let next_cursor = (items.len() > limit as usize).then(|| {
+            items.truncate(limit as usize);
+            cursor_of(items.last().expect("limit is at least 1"))
+        });
+        Page { items, next_cursor }
+    }
+}
+
+/// The cursor of the page of jobs after `job`.
+pub fn job_cursor(job: &StoredJob) -> String {
+    format!("job:{}", job.name)
+}
+
+/// The job name a page of jobs starts after ("" for the first page).
+pub fn jobs_after(cursor: Option<&str>) -> Result<String> {
+    match cursor {
+        None => Ok(String::new()),
+        Some(c) => c
+            .strip_prefix("job:")
+            .map(str::to_string)
+            .ok_or_else(|| StorageError::Invalid(format!("bad cursor {c:?}"))),
+    }
+}
+
+/// The cursor of the page of runs after `run` (older ones).
+pub fn run_cursor(run: &RunRecord) -> String {
+    format!("run:{}", run.id)
+}
+
+/// The run id a page of runs starts before.
+pub fn runs_before(cursor: Option<&str>) -> Result<RunId> {
+    match cursor {
+        None => Ok(RunId::MAX),
+        Some(c) => c
+            .strip_prefix("run:")
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| StorageError::Invalid(format!("bad cursor {c:?}"))),
+    }
+}
+
+impl WriteResult {
+    /// A refused run change, saying what was found (`None`: no such run).
+    pub fn run_conflict(run: RunId, found: Option<&str>, from: RunState) -> WriteResult {
+        WriteResult::Conflict(match found {
+            Some(s) => format!("run {run} is {s}, not {from}"),
+            None => format!("run {run} does not exist"),
+        })
+    }
+
+    /// A refused task change, saying what was found (`None`: no such task).
+    pub fn task_conflict(
+        run: RunId,
+        task: &str,
+        found: Option<&str>,
+        from: TaskState,
+    ) -> WriteResult {
+        WriteResult::Conflict(match found {
+            Some(s) => format!("task {task} of run {run} is {s}, not {from}"),
+            None => format!("run {run} has no task {task}"),
+        })
+    }
+}
+
 /// Why a storage operation failed.
 #[derive(Debug)]
 #[non_exhaustive]

@@ -242,8 +242,8 @@ fn print_cluster(out: &mut impl Write, v: &Value) -> Result<()> {
     )?;
     writeln!(
         out,
-        "{:<20} {:>6} {:<9} {:<6} {:>6} {:>10} {:<27} {}",
-        "NODE", "EPOCH", "STATE", "LEASE", "JOBS", "SKEW_MS", "LEASE_UNTIL", "ADDRESS"
+        "{:<20} {:>6} {:<9} {:<6} {:>6} {:>10} {:<27} ADDRESS",
+        "NODE", "EPOCH", "STATE", "LEASE", "JOBS", "SKEW_MS", "LEASE_UNTIL"
     )?;
     for n in v["nodes"].as_array().into_iter().flatten() {
         writeln!(
