@@ -19,7 +19,7 @@ use dagcron_store::StorageError;
 use dagcron_store::cluster::{
     Coordination, Heartbeat, NodeRecord, NodeState, Registration, WriteStatistics,
 };
-use jiff::{SignedDuration, Timestamp};
+use jiff::SignedDuration;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -101,6 +101,7 @@ type NodesFuture = Pin<Box<dyn Future<Output = Result<Vec<NodeRecord>, StorageEr
 #[derive(Clone)]
 pub struct ClusterHandle {
     status: Arc<Mutex<LocalStatus>>,
+    clock: Arc<dyn Clock>,
     writes: Arc<dyn Fn() -> WriteStatistics + Send + Sync>,
     lease: Lease,
     nodes: Arc<dyn Fn() -> NodesFuture + Send + Sync>,
@@ -118,7 +119,7 @@ impl ClusterHandle {
     /// This node's status.
     pub fn local(&self) -> LocalStatus {
         let mut status = self.status.lock().expect("status lock").clone();
-        status.lease_valid = self.lease.is_valid_at(Timestamp::now());
+        status.lease_valid = self.lease.is_valid_at(self.clock.now());
         status.writes = (self.writes)();
         status
     }
@@ -218,6 +219,7 @@ impl<S: Coordination> Coordinator<S> {
         let stats = self.store.clone();
         ClusterHandle {
             status: self.status.clone(),
+            clock: self.clock.clone(),
             writes: Arc::new(move || stats.write_statistics()),
             lease: self.lease.clone(),
             nodes: Arc::new(move || {
@@ -319,7 +321,7 @@ impl<S: Coordination> Coordinator<S> {
         };
         if !self.store.heartbeat(beat, self.config.lease_ttl).await? {
             return Err(StorageError::Fenced(format!(
-                "node {} lost its lease (it was paused or cut off longer than {:?})",
+                "node {} lost its lease: it was paused or cut off from the database for longer than {:?}, or another process registered with the same node id",
                 self.config.node_id, self.config.lease_ttl
             )));
         }

@@ -37,7 +37,7 @@ pub(crate) struct ServeArgs {
     /// database, instead of alone on SQLite in the data directory.
     #[arg(long, env = "DAGCRON_DATABASE_URL")]
     database: Option<String>,
-    /// This node's name in the cluster, stable across restarts [default: HOST:PORT of --listen].
+    /// This node's name in the cluster, unique and stable across restarts [default: HOSTNAME:PORT].
     #[arg(long, env = "DAGCRON_NODE_ID")]
     node_id: Option<String>,
     /// Milliseconds a node's lease lasts without renewal; a dead node's jobs move after it [default: 5000].
@@ -203,7 +203,9 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         lease_ttl: Duration::from_millis(args.lease_ttl_ms),
         max_clock_skew: Duration::from_millis(args.max_clock_skew_ms),
         ..ClusterConfig::new(
-            args.node_id.clone().unwrap_or_else(|| address.to_string()),
+            args.node_id
+                .clone()
+                .unwrap_or_else(|| default_node_id(address)),
             address.to_string(),
         )
     };
@@ -271,6 +273,17 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
     let _ = api.await;
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The machine's host name and the API's port: unique among the nodes of a
+/// cluster as long as one machine runs one node per port.
+fn default_node_id(address: SocketAddr) -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| address.ip().to_string());
+    format!("{host}:{}", address.port())
 }
 
 /// Applies the demo jobs if asked, then serves the API until `shutdown`.

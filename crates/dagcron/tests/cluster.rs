@@ -318,8 +318,9 @@ fn a_paused_node_does_not_fire_or_write_after_it_wakes() {
     eprintln!("paused node fenced; {checked} (job, second) pairs checked");
 }
 
-/// SIGTERM: the node hands its jobs over at once (long before its lease
-/// would end), finishes its running attempts, and leaves; nothing is lost.
+/// A run cancelled through another node stops. SIGTERM: the node hands its
+/// jobs over at once (long before its lease would end), finishes its
+/// running attempts, and leaves; nothing is lost.
 #[test]
 fn graceful_shutdown_hands_over_at_once_and_loses_nothing() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -329,8 +330,31 @@ fn graceful_shutdown_hands_over_at_once_and_loses_nothing() {
     yaml.push_str(
         "  - { name: slow, schedule: '* * * * * *', concurrency: allow, max_active_runs: 100, tasks: [{ id: s, shell: 'sleep 1.5' }] }\n",
     );
+    yaml.push_str(
+        "  - { name: manual, schedule: '0 0 0 1 1 *', tasks: [{ id: s, shell: 'sleep 60' }] }\n",
+    );
     cluster.apply(&yaml);
-    cluster.wait_converged(41);
+    cluster.wait_converged(42);
+
+    // A run of one node cancelled through the other.
+    let (status, run) = cluster.node(1).post(
+        "/api/v1/namespaces/c/jobs/manual/trigger",
+        "{}",
+        "application/json",
+    );
+    assert_eq!(status, 201, "{run}");
+    let id = run["id"].as_i64().unwrap();
+    let (status, body) =
+        cluster
+            .node(0)
+            .post(&format!("/api/v1/runs/{id}/cancel"), "", "application/json");
+    assert!(status < 300, "{status} {body}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.node(0).get(&format!("/api/v1/runs/{id}"))["state"] != "cancelled" {
+        assert!(Instant::now() < deadline, "the run was not cancelled");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
     std::thread::sleep(Duration::from_secs(3));
     let from = Timestamp::now();
     let epoch = cluster.epoch_of(0);
@@ -338,7 +362,7 @@ fn graceful_shutdown_hands_over_at_once_and_loses_nothing() {
     let status = cluster.node_mut(0).signal(Signal::SIGTERM);
     cluster.nodes[0] = None;
     assert!(status.success(), "{status}");
-    cluster.wait_converged(41);
+    cluster.wait_converged(42);
     std::thread::sleep(Duration::from_secs(3));
     let to = Timestamp::now() - jiff::SignedDuration::from_secs(2);
     let checked = assert_exactly_once(cluster.any(), &jobs, from, to);

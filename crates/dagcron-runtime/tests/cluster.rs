@@ -1,0 +1,78 @@
+//! Coordinators on a real PostgreSQL database (one per test): a node whose
+//! clock is too far from the database's owns no jobs and says why.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dagcron_core::JobFile;
+use dagcron_runtime::cluster::{self, ClusterConfig, Coordinator};
+use dagcron_runtime::{
+    Clock, ClusterHandle, Engine, EngineConfig, EngineHandle, ManualClock, SystemClock,
+};
+use dagcron_store::cluster::Coordination;
+use dagcron_store_postgres::PgStore;
+use dagcron_test_pg::TestDatabase;
+use jiff::{SignedDuration, Timestamp};
+use tokio_util::sync::CancellationToken;
+
+async fn node(db: &TestDatabase, id: &str, clock: Arc<dyn Clock>) -> (EngineHandle, ClusterHandle) {
+    let store = PgStore::connect(&db.url, 4).await.unwrap();
+    let config = ClusterConfig {
+        lease_ttl: Duration::from_secs(5),
+        ..ClusterConfig::new(id, "127.0.0.1:0")
+    };
+    let (registration, identity) = cluster::register(&store, &config, &*clock).await.unwrap();
+    let engine_config = EngineConfig {
+        node: Some(identity.clone()),
+        ..EngineConfig::default()
+    };
+    let (engine, handle) = Engine::start(Arc::new(store.clone()), clock.clone(), engine_config)
+        .await
+        .unwrap();
+    tokio::spawn(engine.run(CancellationToken::new(), Duration::ZERO));
+    let coordinator = Coordinator::new(
+        store,
+        handle.clone(),
+        config,
+        &registration,
+        &identity,
+        clock,
+    );
+    let view = coordinator.handle();
+    tokio::spawn(coordinator.run(CancellationToken::new(), CancellationToken::new()));
+    (handle, view)
+}
+
+#[tokio::test]
+async fn a_node_with_a_skewed_clock_owns_nothing_and_says_so() {
+    let db = TestDatabase::create("skew").await;
+    let (engine, good) = node(&db, "good", Arc::new(SystemClock)).await;
+    let late = ManualClock::new(Timestamp::now() + SignedDuration::from_secs(10));
+    let (_, skewed) = node(&db, "skewed", Arc::new(late)).await;
+
+    let mut yaml = String::from("namespace: s\njobs:\n");
+    for i in 0..20 {
+        yaml.push_str(&format!(
+            "  - {{ name: j{i}, schedule: '0 0 0 1 1 *', tasks: [{{ id: t, noop: true }}] }}\n"
+        ));
+    }
+    let file: JobFile = serde_saphyr::from_str(&yaml).unwrap();
+    engine.apply(file.validate().unwrap()).await.unwrap();
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (g, s) = (good.local(), skewed.local());
+        if g.owned_jobs == 20 && !s.clock_ok && s.owned_jobs == 0 && g.ring_size == 1 {
+            assert!(s.clock_skew_us > 9_000_000, "{}", s.clock_skew_us);
+            assert!(g.clock_ok && g.clock_skew_us.abs() < 500_000);
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{g:?} {s:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let nodes = good.nodes().await.unwrap();
+    let row = nodes.iter().find(|n| n.id == "skewed").unwrap();
+    assert!(!row.eligible && row.lease_valid, "{row:?}");
+    let store = PgStore::connect(&db.url, 1).await.unwrap();
+    assert_eq!(store.nodes().await.unwrap().len(), 2);
+}
