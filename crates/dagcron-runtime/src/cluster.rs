@@ -9,6 +9,7 @@
 //! store, adopts the unfinished runs of dead nodes whose jobs it now owns,
 //! and passes on cancellations asked through other nodes.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -243,6 +244,10 @@ impl<S: Coordination> Coordinator<S> {
         shutdown: CancellationToken,
         stopped: CancellationToken,
     ) -> Result<(), StorageError> {
+        // Upkeep (lease, membership, jobs) runs every heartbeat and when
+        // nodes or jobs change; shared work runs at every wake-up.
+        let mut upkeep_due = true;
+        let mut last_upkeep = tokio::time::Instant::now();
         loop {
             if shutdown.is_cancelled() && !self.draining {
                 self.draining = true;
@@ -255,28 +260,47 @@ impl<S: Coordination> Coordinator<S> {
                 tracing::info!("left the cluster");
                 return Ok(());
             }
-            match self.tick().await {
-                Ok(()) => self.set_problem(None),
-                Err(StorageError::Fenced(m)) => {
-                    self.lease.revoke();
-                    return Err(StorageError::Fenced(m));
-                }
-                Err(e) => {
-                    tracing::warn!("cluster upkeep failed: {e}");
-                    self.set_problem(Some(e.to_string()));
-                }
-            }
-            tokio::select! {
-                () = shutdown.cancelled(), if !self.draining => {}
-                () = stopped.cancelled() => {}
-                woke = self.store.wait_for_change(self.config.heartbeat_every()) => {
-                    if let Err(e) = woke {
-                        // Notifications are a shortcut; polling goes on without them.
-                        tracing::debug!("listening for changes failed: {e}");
-                        tokio::time::sleep(self.config.heartbeat_every()).await;
+            if upkeep_due || last_upkeep.elapsed() >= self.config.heartbeat_every() {
+                last_upkeep = tokio::time::Instant::now();
+                match self.tick().await {
+                    Ok(()) => self.set_problem(None),
+                    Err(StorageError::Fenced(m)) => {
+                        self.lease.revoke();
+                        return Err(StorageError::Fenced(m));
+                    }
+                    Err(e) => {
+                        tracing::warn!("cluster upkeep failed: {e}");
+                        self.set_problem(Some(e.to_string()));
                     }
                 }
             }
+            if !self.draining {
+                match self.engine.share_work().await {
+                    Err(crate::EngineError::Storage(StorageError::Fenced(m))) => {
+                        self.lease.revoke();
+                        return Err(StorageError::Fenced(m));
+                    }
+                    Err(e) => tracing::warn!("shared work failed: {e}"),
+                    Ok(()) => {}
+                }
+            }
+            let wait = self
+                .config
+                .heartbeat_every()
+                .saturating_sub(last_upkeep.elapsed());
+            upkeep_due = tokio::select! {
+                () = shutdown.cancelled(), if !self.draining => true,
+                () = stopped.cancelled() => true,
+                woke = self.store.wait_for_change(wait) => match woke {
+                    Ok(what) => what.is_empty() || what.iter().any(|w| matches!(w.as_str(), "jobs" | "nodes" | "cancel")),
+                    Err(e) => {
+                        // Notifications are a shortcut; polling goes on without them.
+                        tracing::debug!("listening for changes failed: {e}");
+                        tokio::time::sleep(wait).await;
+                        true
+                    }
+                },
+            };
         }
     }
 
@@ -332,10 +356,13 @@ impl<S: Coordination> Coordinator<S> {
         for dead in self.store.reap().await? {
             tracing::warn!(node = %dead.id, epoch = dead.epoch, "node lease ended; taking over its share");
         }
-        let mut members: Vec<String> = self
-            .store
-            .nodes()
-            .await?
+        let nodes = self.store.nodes().await?;
+        let alive: HashSet<i64> = nodes
+            .iter()
+            .filter(|n| matches!(n.state, NodeState::Alive | NodeState::Draining))
+            .map(|n| n.epoch)
+            .collect();
+        let mut members: Vec<String> = nodes
             .into_iter()
             .filter(|n| n.state == NodeState::Alive && n.lease_valid && n.eligible)
             .map(|n| n.id)
@@ -388,7 +415,7 @@ impl<S: Coordination> Coordinator<S> {
         if !mine.is_empty() && !self.draining {
             let runs = self.store.adopt_runs(&mine).await?;
             if !runs.is_empty() {
-                self.engine.adopt(runs).await.map_err(engine_error)?;
+                self.engine.adopt(runs, alive).await.map_err(engine_error)?;
             }
         }
 

@@ -10,7 +10,7 @@
 //! attempts that were running as `lost`).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,8 +18,8 @@ use dagcron_core::policy::{self, FireDecision, FireOutcome};
 use dagcron_core::{AttemptState, Delivery, Failure, Job, RetryDecision, RunState, TaskState};
 use dagcron_exec::{AttemptContext, Ending, Limits, Outcome};
 use dagcron_store::{
-    ApplyResult, JobUpsert, NewRun, RunId, RunRecord, StorageError, Store, StoredJob, Trigger,
-    Write, WriteResult,
+    ApplyResult, AttemptKey, ClaimedAttempt, JobUpsert, NewRun, RemoteAttempt, RunId, RunRecord,
+    StorageError, Store, StoredJob, Trigger, Write, WriteResult,
 };
 use jiff::{SignedDuration, Timestamp};
 use tokio::sync::{mpsc, oneshot};
@@ -231,9 +231,16 @@ pub(crate) enum Command {
         jobs: Vec<StoredJob>,
         reply: Reply<()>,
     },
-    /// Runs taken over from a dead node.
+    /// Runs taken over from a dead node; `alive` are the epochs of the
+    /// nodes still alive (their attempts go on).
     Adopt {
         runs: Vec<RunRecord>,
+        alive: HashSet<i64>,
+        reply: Reply<()>,
+    },
+    /// Work shared across the cluster: claim attempts, learn the outcome of
+    /// attempts others claimed, stop attempts withdrawn by their owners.
+    Work {
         reply: Reply<()>,
     },
 }
@@ -343,6 +350,15 @@ struct Finished {
     at: Timestamp,
 }
 
+fn attempt_state_of(ending: &Ending) -> AttemptState {
+    match ending {
+        Ending::Succeeded => AttemptState::Succeeded,
+        Ending::Failed(_) => AttemptState::Failed,
+        Ending::TimedOut => AttemptState::TimedOut,
+        Ending::Cancelled => AttemptState::Cancelled,
+    }
+}
+
 /// A handle to a running engine, for the API.
 #[derive(Clone)]
 pub struct EngineHandle {
@@ -434,9 +450,23 @@ impl EngineHandle {
         self.ask(|reply| Command::Sync { jobs, reply }).await
     }
 
-    /// Hands the engine runs it now owns (after their node died).
-    pub async fn adopt(&self, runs: Vec<RunRecord>) -> Result<(), EngineError> {
-        self.ask(|reply| Command::Adopt { runs, reply }).await
+    /// Hands the engine runs it now owns (after their node died); `alive`
+    /// are the epochs of the nodes alive now.
+    pub async fn adopt(
+        &self,
+        runs: Vec<RunRecord>,
+        alive: HashSet<i64>,
+    ) -> Result<(), EngineError> {
+        self.ask(|reply| Command::Adopt { runs, alive, reply })
+            .await
+    }
+
+    /// Does the cluster's shared work: claims attempts other nodes handed
+    /// over (as many as the pool has room for), takes in the outcomes of
+    /// this node's attempts that others ran, and stops the attempts it runs
+    /// for others that their owners withdrew.
+    pub async fn share_work(&self) -> Result<(), EngineError> {
+        self.ask(|reply| Command::Work { reply }).await
     }
 
     /// Cancels a run: running attempts are stopped, pending tasks cancelled.
@@ -470,6 +500,18 @@ pub struct Engine<S: Store> {
     commands: Option<mpsc::Receiver<Command>>,
     /// A cluster node's share of the jobs (`None`: all jobs, or none yet in a cluster).
     ownership: Option<Ownership>,
+    /// Attempts of this node's runs handed to the cluster when its pool was
+    /// full, by (run, task): their number.
+    shared: HashMap<(RunId, usize), u32>,
+    /// Attempts this node claimed and runs for other nodes, by (run, task).
+    foreign: HashMap<(RunId, usize), Foreign>,
+}
+
+/// An attempt run for another node.
+struct Foreign {
+    task: String,
+    number: u32,
+    token: CancellationToken,
 }
 
 fn key_of(job: &Job) -> JobKey {
@@ -507,6 +549,8 @@ impl<S: Store> Engine<S> {
             finished_rx,
             commands: Some(rx),
             ownership: None,
+            shared: HashMap::new(),
+            foreign: HashMap::new(),
         };
         engine.recover(now).await?;
         Ok((engine, EngineHandle { tx }))
@@ -756,7 +800,7 @@ impl<S: Store> Engine<S> {
         }
         // Unfinished runs: rebuild them; attempts that were running are lost.
         for record in self.store.active_runs().await? {
-            self.recover_run(record, now);
+            self.recover_run(record, &HashSet::new(), now);
         }
         // Missed fires, per job, by its misfire policy.
         for (key, since) in since {
@@ -806,7 +850,10 @@ impl<S: Store> Engine<S> {
         self.arm_next_fire(key, t.max(since));
     }
 
-    fn recover_run(&mut self, record: RunRecord, now: Timestamp) {
+    /// Rebuilds an unfinished run. Its attempts left running are lost,
+    /// except, in a cluster, the ones waiting to be claimed or running on a
+    /// node in `alive`: those go on.
+    fn recover_run(&mut self, record: RunRecord, alive: &HashSet<i64>, now: Timestamp) {
         let key = (record.namespace.clone(), record.job.clone());
         let Some(entry) = self.jobs.get(&key) else {
             tracing::warn!(
@@ -831,12 +878,29 @@ impl<S: Store> Engine<S> {
         let mut tasks = vec![TaskState::Pending; job.tasks.len()];
         let mut attempts = vec![0u32; job.tasks.len()];
         let mut lost = Vec::new();
+        let mut tokens = vec![None; job.tasks.len()];
         for t in &record.tasks {
             let Some(&i) = index.get(t.id.as_str()) else {
                 continue;
             };
             tasks[i] = t.state;
             attempts[i] = t.attempts.iter().map(|a| a.number).max().unwrap_or(0);
+            let goes_on = t.attempts.iter().find(|a| {
+                !a.state.is_terminal()
+                    && match a.node_epoch {
+                        None => a.state == AttemptState::Dispatching,
+                        Some(e) => alive.contains(&e),
+                    }
+            });
+            if let Some(a) = goes_on {
+                if let Some(foreign) = self.foreign.remove(&(record.id, i)) {
+                    // This node already runs it for the dead owner: it is its own now.
+                    tokens[i] = Some(foreign.token);
+                } else {
+                    self.shared.insert((record.id, i), a.number);
+                }
+                continue;
+            }
             for a in &t.attempts {
                 if !a.state.is_terminal() {
                     self.writes.push(Write::AttemptEnd {
@@ -864,7 +928,7 @@ impl<S: Store> Engine<S> {
             state: record.state,
             tasks,
             attempts,
-            tokens: vec![None; job.tasks.len()],
+            tokens,
             closing: None,
         };
         let id = record.id;
@@ -920,6 +984,9 @@ impl<S: Store> Engine<S> {
                 for token in run.tokens.iter().flatten() {
                     token.cancel();
                 }
+            }
+            for foreign in self.foreign.values() {
+                foreign.token.cancel();
             }
             let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
             while self.started > 0 {
@@ -1101,20 +1168,32 @@ impl<S: Store> Engine<S> {
         let Some(run) = self.runs.get(&run_id) else {
             return;
         };
-        let spec = &run.job.tasks[task];
-        self.started += 1;
         let ctx = AttemptContext {
             namespace: run.key.0.clone(),
             job: run.key.1.clone(),
             run_id,
-            task_id: spec.id.clone(),
+            task_id: run.job.tasks[task].id.clone(),
             attempt: number,
             scheduled_at: run.scheduled_at,
             idempotency_key: AttemptContext::idempotency_key_for(
-                &run.key.0, &run.key.1, run_id, &spec.id,
+                &run.key.0,
+                &run.key.1,
+                run_id,
+                &run.job.tasks[task].id,
             ),
             params: run.params.clone(),
         };
+        let token = run.tokens[task].clone().unwrap_or_default();
+        let job = run.job.clone();
+        self.launch(&job, task, ctx, token);
+    }
+
+    /// Runs attempt `ctx` of task `task` of `job` in the pool; its outcome
+    /// comes back as a [`Finished`].
+    fn launch(&mut self, job: &Job, task: usize, ctx: AttemptContext, token: CancellationToken) {
+        let spec = &job.tasks[task];
+        let (run_id, number) = (ctx.run_id, ctx.attempt);
+        self.started += 1;
         if spec.executor == dagcron_core::Executor::Noop {
             // Nothing to run: report at once, without a task.
             let outcome = Outcome {
@@ -1134,7 +1213,6 @@ impl<S: Store> Engine<S> {
         }
         let executor = spec.executor.clone();
         let timeout = spec.timeout.map(|d| d.0);
-        let token = run.tokens[task].clone().unwrap_or_default();
         let tx = self.finished_tx.clone();
         let clock = self.clock.clone();
         let limits = Limits {
@@ -1443,7 +1521,34 @@ impl<S: Store> Engine<S> {
                     });
                 }
                 TaskState::Running | TaskState::Dispatching => {
-                    if let Some(t) = &run.tokens[i] {
+                    if let Some(number) = self.shared.remove(&(id, i)) {
+                        // Handed to the cluster: withdraw it, claimed or not
+                        // (one of each pair of changes applies); the node
+                        // running it sees that and stops it.
+                        let task = run.job.tasks[i].id.clone();
+                        for from in [AttemptState::Dispatching, AttemptState::Running] {
+                            self.writes.push(Write::AttemptEnd {
+                                run: id,
+                                task: task.clone(),
+                                number,
+                                from,
+                                to: AttemptState::Cancelled,
+                                at: now,
+                                exit_code: None,
+                                error: Some("the run was stopped".into()),
+                                log: vec![],
+                            });
+                        }
+                        for from in [TaskState::Dispatching, TaskState::Running] {
+                            self.writes.push(Write::TaskState {
+                                run: id,
+                                task: task.clone(),
+                                from,
+                                to: TaskState::Cancelled,
+                            });
+                        }
+                        run.tasks[i] = TaskState::Cancelled;
+                    } else if let Some(t) = &run.tokens[i] {
                         t.cancel();
                     }
                 }
@@ -1456,7 +1561,15 @@ impl<S: Store> Engine<S> {
     /// Hands ready tasks to the pool while it has room.
     fn dispatch(&mut self) {
         let now = self.clock.now();
-        while self.running < self.config.pool_size {
+        loop {
+            let local = self.running < self.config.pool_size;
+            // A cluster node whose pool is full hands ready tasks to the
+            // cluster (a bounded number), for any node with room to claim.
+            let share =
+                !local && self.config.node.is_some() && self.shared.len() < self.config.pool_size;
+            if !local && !share {
+                break;
+            }
             let Some((id, i)) = self.ready.pop_front() else {
                 break;
             };
@@ -1469,6 +1582,24 @@ impl<S: Store> Engine<S> {
             let number = run.attempts[i] + 1;
             let task = run.job.tasks[i].id.clone();
             run.attempts[i] = number;
+            if !local {
+                run.tasks[i] = TaskState::Dispatching;
+                self.writes.push(Write::TaskState {
+                    run: id,
+                    task: task.clone(),
+                    from: TaskState::Ready,
+                    to: TaskState::Dispatching,
+                });
+                self.writes.push(Write::AttemptStart {
+                    run: id,
+                    task,
+                    number,
+                    state: AttemptState::Dispatching,
+                    at: now,
+                });
+                self.shared.insert((id, i), number);
+                continue;
+            }
             run.tasks[i] = TaskState::Running;
             run.tokens[i] = Some(CancellationToken::new());
             self.writes.push(Write::TaskState {
@@ -1514,17 +1645,28 @@ impl<S: Store> Engine<S> {
             outcome,
             at,
         } = done;
+        if let Some(foreign) = self.foreign.remove(&(id, i)) {
+            // Run for another node: record the result; the run's owner
+            // decides what follows. A stale result is refused by the store.
+            self.writes.push(Write::AttemptEnd {
+                run: id,
+                task: foreign.task,
+                number: foreign.number,
+                from: AttemptState::Running,
+                to: attempt_state_of(&outcome.ending),
+                at,
+                exit_code: outcome.exit_code,
+                error: outcome.error,
+                log: outcome.log,
+            });
+            return;
+        }
         let Some(run) = self.runs.get_mut(&id) else {
             return;
         };
         run.tokens[i] = None;
         let task = run.job.tasks[i].id.clone();
-        let to = match outcome.ending {
-            Ending::Succeeded => AttemptState::Succeeded,
-            Ending::Failed(_) => AttemptState::Failed,
-            Ending::TimedOut => AttemptState::TimedOut,
-            Ending::Cancelled => AttemptState::Cancelled,
-        };
+        let to = attempt_state_of(&outcome.ending);
         self.writes.push(Write::AttemptEnd {
             run: id,
             task: task.clone(),
@@ -1536,7 +1678,17 @@ impl<S: Store> Engine<S> {
             error: outcome.error.clone(),
             log: outcome.log,
         });
-        match outcome.ending {
+        self.task_ended(id, i, number, outcome.ending, at);
+    }
+
+    /// Task `i`'s attempt `number` ended (its attempt row is written): move
+    /// the task on by the outcome, then the run.
+    fn task_ended(&mut self, id: RunId, i: usize, number: u32, ending: Ending, at: Timestamp) {
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
+        let task = run.job.tasks[i].id.clone();
+        match ending {
             Ending::Succeeded => {
                 run.tasks[i] = TaskState::Succeeded;
                 self.writes.push(Write::TaskState {
@@ -1825,14 +1977,176 @@ impl<S: Store> Engine<S> {
                 self.sync_jobs(jobs, now);
                 self.reply_after_commit(reply, Ok(()));
             }
-            Command::Adopt { runs, reply } => {
+            Command::Adopt { runs, alive, reply } => {
                 for record in runs {
                     if !self.runs.contains_key(&record.id) {
                         tracing::info!(run = record.id, job = %format!("{}/{}", record.namespace, record.job), "taking over a run of a node that is gone");
-                        self.recover_run(record, now);
+                        self.recover_run(record, &alive, now);
                     }
                 }
                 self.reply_after_commit(reply, Ok(()));
+            }
+            Command::Work { reply } => {
+                let result = self.share_work(now).await.map_err(EngineError::Storage);
+                self.reply_after_commit(reply, result);
+            }
+        }
+    }
+
+    /// See [`EngineHandle::share_work`].
+    async fn share_work(&mut self, now: Timestamp) -> Result<(), StorageError> {
+        if self.config.node.is_none() {
+            return Ok(());
+        }
+        let room = self.config.pool_size.saturating_sub(self.running);
+        if room > 0 && self.lease_valid() {
+            for claim in self.store.claim_attempts(room, now).await? {
+                self.take_claim(claim, now);
+            }
+        }
+        if !self.shared.is_empty() {
+            for remote in self.store.remote_attempts().await? {
+                self.remote_progress(remote, now);
+            }
+        }
+        if !self.foreign.is_empty() {
+            let keys: Vec<AttemptKey> = self
+                .foreign
+                .iter()
+                .map(|((run, _), f)| (*run, f.task.clone(), f.number))
+                .collect();
+            let withdrawn: HashSet<AttemptKey> = self
+                .store
+                .withdrawn_attempts(&keys)
+                .await?
+                .into_iter()
+                .collect();
+            for ((run, _), f) in &self.foreign {
+                if withdrawn.contains(&(*run, f.task.clone(), f.number)) {
+                    tracing::info!(run, task = %f.task, number = f.number, "attempt withdrawn by its run's owner; stopping it");
+                    f.token.cancel();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts an attempt claimed from the cluster: one of this node's own
+    /// (its pool has room again), or one run for another node.
+    fn take_claim(&mut self, claim: ClaimedAttempt, now: Timestamp) {
+        let key = (claim.namespace.clone(), claim.job.clone());
+        let found = self.jobs.get(&key).and_then(|e| {
+            let i = e.job.tasks.iter().position(|t| t.id == claim.task)?;
+            Some((e.job.clone(), i))
+        });
+        let Some((job, i)) = found else {
+            self.writes.push(Write::AttemptEnd {
+                run: claim.run,
+                task: claim.task.clone(),
+                number: claim.number,
+                from: AttemptState::Running,
+                to: AttemptState::Failed,
+                at: now,
+                exit_code: None,
+                error: Some(format!(
+                    "job {}/{} or its task {} no longer exists",
+                    claim.namespace, claim.job, claim.task
+                )),
+                log: vec![],
+            });
+            return;
+        };
+        let token = CancellationToken::new();
+        self.running += 1;
+        if let Some(run) = self.runs.get_mut(&claim.run) {
+            // Handed over earlier, taken back now.
+            self.shared.remove(&(claim.run, i));
+            run.tasks[i] = TaskState::Running;
+            run.tokens[i] = Some(token);
+            self.spawn(claim.run, i, claim.number);
+            return;
+        }
+        let ctx = AttemptContext {
+            idempotency_key: AttemptContext::idempotency_key_for(
+                &claim.namespace,
+                &claim.job,
+                claim.run,
+                &claim.task,
+            ),
+            namespace: claim.namespace,
+            job: claim.job,
+            run_id: claim.run,
+            task_id: claim.task.clone(),
+            attempt: claim.number,
+            scheduled_at: claim.scheduled_at,
+            params: claim.params,
+        };
+        self.foreign.insert(
+            (claim.run, i),
+            Foreign {
+                task: claim.task,
+                number: claim.number,
+                token: token.clone(),
+            },
+        );
+        self.launch(&job, i, ctx, token);
+    }
+
+    /// News of an attempt of this node's that another node claimed.
+    fn remote_progress(&mut self, remote: RemoteAttempt, now: Timestamp) {
+        let Some(run) = self.runs.get_mut(&remote.run) else {
+            return;
+        };
+        let Some(i) = run.job.tasks.iter().position(|t| t.id == remote.task) else {
+            return;
+        };
+        if self.shared.get(&(remote.run, i)) != Some(&remote.number) {
+            return;
+        }
+        let id = remote.run;
+        let ending = match remote.state {
+            AttemptState::Dispatching => return,
+            AttemptState::Running if remote.executor_alive => {
+                run.tasks[i] = TaskState::Running;
+                return;
+            }
+            AttemptState::Running => {
+                // Its node died: the attempt is lost.
+                self.writes.push(Write::AttemptEnd {
+                    run: id,
+                    task: remote.task.clone(),
+                    number: remote.number,
+                    from: AttemptState::Running,
+                    to: AttemptState::Lost,
+                    at: now,
+                    exit_code: None,
+                    error: Some("the node running this attempt stopped".into()),
+                    log: vec![],
+                });
+                None
+            }
+            AttemptState::Lost => None,
+            AttemptState::Succeeded => Some(Ending::Succeeded),
+            AttemptState::Cancelled => Some(Ending::Cancelled),
+            AttemptState::TimedOut => Some(Ending::TimedOut),
+            AttemptState::Failed => {
+                let failure = match (&run.job.tasks[i].executor, remote.exit_code) {
+                    (dagcron_core::Executor::Http(_), Some(code)) => {
+                        Failure::HttpStatus(u16::try_from(code).unwrap_or(0))
+                    }
+                    (_, Some(code)) => Failure::Exit(Some(code)),
+                    (_, None) => Failure::Error(remote.error.clone().unwrap_or_default()),
+                };
+                Some(Ending::Failed(failure))
+            }
+        };
+        self.shared.remove(&(id, i));
+        run.tasks[i] = TaskState::Running;
+        match ending {
+            Some(ending) => self.task_ended(id, i, remote.number, ending, now),
+            None => {
+                self.attempt_failed(id, i, remote.number, TaskState::Running, Failure::Lost, now);
+                self.advance(id, now);
             }
         }
     }

@@ -281,13 +281,17 @@ pub(crate) async fn apply(
             starts.int2.push(i64::from(*number));
             starts.text2.push(state.as_str());
             starts.int3.push(at.as_microsecond());
+            // An attempt handed to the cluster has no node until one claims it.
+            starts
+                .opt
+                .push(epoch.filter(|_| *state != dagcron_core::AttemptState::Dispatching));
         }
     }
     if !starts.index.is_empty() {
         *sent += 1;
         let inserted: Vec<(i64, String, i32)> = sqlx::query_as(
             "INSERT INTO attempts (run_id, task_id, number, state, started_at, node_epoch)
-             SELECT r, t, n, s, a, $6 FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::bigint[]) AS v(r, t, n, s, a)
+             SELECT r, t, n, s, a, e FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[]) AS v(r, t, n, s, a, e)
              ON CONFLICT DO NOTHING RETURNING run_id, task_id, number",
         )
         .bind(&starts.int1)
@@ -295,13 +299,18 @@ pub(crate) async fn apply(
         .bind(&starts.int2)
         .bind(&starts.text2)
         .bind(&starts.int3)
-        .bind(epoch)
+        .bind(&starts.opt)
         .fetch_all(&mut *conn)
         .await?;
         let inserted: HashSet<(i64, &str, i64)> = inserted
             .iter()
             .map(|(r, t, n)| (*r, t.as_str(), i64::from(*n)))
             .collect();
+        if starts.opt.iter().any(Option::is_none) {
+            // Nodes with free capacity come and claim them.
+            *sent += 1;
+            crate::notify(conn, "work").await?;
+        }
         for (k, &i) in starts.index.iter().enumerate() {
             let (run, task, number) = (starts.int1[k], starts.text1[k], starts.int2[k]);
             results[i] = Some(if inserted.contains(&(run, task, number)) {
@@ -403,12 +412,12 @@ pub(crate) async fn apply(
             }
         }
         *sent += 1;
-        let changed: Vec<(i64, String, i32)> = sqlx::query_as(
+        let changed: Vec<(i64, String, i32, Option<i64>)> = sqlx::query_as(
             "UPDATE attempts a SET state = v.s, finished_at = v.at, exit_code = v.x, error = v.e, log = v.l
              FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::text[], $6::bigint[], $7::int[], $8::text[], $9::bytea[])
                 AS v(r, k, n, fr, s, at, x, e, l)
              WHERE a.run_id = v.r AND a.task_id = v.k AND a.number = v.n AND a.state = v.fr
-             RETURNING a.run_id, a.task_id, a.number",
+             RETURNING a.run_id, a.task_id, a.number, (SELECT owner_epoch FROM runs WHERE id = a.run_id)",
         )
         .bind(end_chains.iter().map(|((r, _, _), _)| *r).collect::<Vec<_>>())
         .bind(end_chains.iter().map(|((_, t, _), _)| *t).collect::<Vec<_>>())
@@ -421,9 +430,14 @@ pub(crate) async fn apply(
         .bind(log)
         .fetch_all(&mut *conn)
         .await?;
+        if changed.iter().any(|c| c.3.is_some() && c.3 != epoch) {
+            // Attempts run for other nodes ended: their owners take it from here.
+            *sent += 1;
+            crate::notify(conn, "attempts").await?;
+        }
         let changed: HashSet<(i64, &str, i32)> = changed
             .iter()
-            .map(|(r, t, n)| (*r, t.as_str(), *n))
+            .map(|(r, t, n, _)| (*r, t.as_str(), *n))
             .collect();
         for ((run, task, number), chain) in &end_chains {
             results[chain.writes[0]] = Some(if changed.contains(&(*run, *task, *number as i32)) {

@@ -253,7 +253,7 @@ impl Coordination for PgStore {
             .map_err(unavailable)
     }
 
-    async fn wait_for_change(&self, timeout: Duration) -> Result<bool> {
+    async fn wait_for_change(&self, timeout: Duration) -> Result<Vec<String>> {
         let mut guard = self.listener.lock().await;
         if guard.is_none() {
             let mut listener = PgListener::connect_with(&self.pool)
@@ -264,11 +264,16 @@ impl Coordination for PgStore {
         }
         let listener = guard.as_mut().expect("listening");
         match tokio::time::timeout(timeout, listener.recv()).await {
-            Err(_) => Ok(false),
-            Ok(Ok(_)) => {
+            Err(_) => Ok(vec![]),
+            Ok(Ok(first)) => {
                 // Several announcements may have queued: one wake-up covers them.
-                while let Some(_n) = listener.next_buffered() {}
-                Ok(true)
+                let mut what = vec![first.payload().to_string()];
+                while let Some(n) = listener.next_buffered() {
+                    if !what.iter().any(|w| w == n.payload()) {
+                        what.push(n.payload().to_string());
+                    }
+                }
+                Ok(what)
             }
             Ok(Err(e)) => {
                 *guard = None;

@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use dagcron_core::{AttemptState, FireOutcome, RunState, TaskState};
 use dagcron_store::{
-    ApplyResult, AttemptRecord, FireRecord, JobUpsert, NewRun, Page, Result, RunId, RunRecord,
-    StorageError, Store, StoredJob, TaskRecord, Trigger, Write, WriteResult,
+    ApplyResult, AttemptKey, AttemptRecord, ClaimedAttempt, FireRecord, JobUpsert, NewRun, Page,
+    RemoteAttempt, Result, RunId, RunRecord, StorageError, Store, StoredJob, TaskRecord, Trigger,
+    Write, WriteResult,
 };
 use jiff::Timestamp;
 use sqlx::Row;
@@ -172,7 +173,7 @@ impl PgStore {
             });
         }
         let attempts = sqlx::query(
-            "SELECT run_id, task_id, number, state, started_at, finished_at, exit_code, error FROM attempts WHERE run_id = ANY($1) ORDER BY run_id, task_id, number",
+            "SELECT run_id, task_id, number, state, started_at, finished_at, exit_code, error, node_epoch FROM attempts WHERE run_id = ANY($1) ORDER BY run_id, task_id, number",
         )
         .bind(ids)
         .fetch_all(&mut *conn)
@@ -188,6 +189,7 @@ impl PgStore {
                 finished_at: opt_ts(row.get(5))?,
                 exit_code: row.get(6),
                 error: row.get(7),
+                node_epoch: row.get(8),
             };
             if let Some(t) = out
                 .get_mut(&run)
@@ -447,7 +449,7 @@ async fn apply(
             .bind(*number as i32)
             .bind(state.as_str())
             .bind(at.as_microsecond())
-            .bind(epoch)
+            .bind(epoch.filter(|_| *state != AttemptState::Dispatching))
             .execute(&mut *conn)
             .await?
             .rows_affected();
@@ -775,6 +777,114 @@ impl Store for PgStore {
             }
             Ok(n == 1)
         })
+    }
+
+    async fn claim_attempts(&self, limit: usize, at: Timestamp) -> Result<Vec<ClaimedAttempt>> {
+        let Some(epoch) = self.epoch() else {
+            return Ok(vec![]);
+        };
+        if limit == 0 {
+            return Ok(vec![]);
+        }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows: Vec<(RunId, String, String, String, i32, i64, String)> = transaction!(
+            self,
+            fenced = true,
+            |conn| {
+                sqlx::query_as(
+                    "WITH c AS (
+                        SELECT run_id, task_id, number FROM attempts
+                        WHERE state = 'dispatching' AND node_epoch IS NULL
+                        ORDER BY started_at LIMIT $1 FOR UPDATE SKIP LOCKED
+                    ), a AS (
+                        UPDATE attempts a SET state = 'running', node_epoch = $2, started_at = $3
+                        FROM c WHERE a.run_id = c.run_id AND a.task_id = c.task_id AND a.number = c.number
+                        RETURNING a.run_id, a.task_id, a.number
+                    ), t AS (
+                        UPDATE tasks t SET state = 'running' FROM a
+                        WHERE t.run_id = a.run_id AND t.task_id = a.task_id AND t.state = 'dispatching'
+                        RETURNING t.run_id
+                    )
+                    SELECT a.run_id, r.namespace, r.job, a.task_id, a.number, r.scheduled_at, r.params
+                    FROM a JOIN runs r ON r.id = a.run_id ORDER BY a.run_id",
+                )
+                .bind(limit)
+                .bind(epoch)
+                .bind(at.as_microsecond())
+                .fetch_all(&mut *conn)
+                .await
+            }
+        )?;
+        rows.into_iter()
+            .map(
+                |(run, namespace, job, task, number, scheduled_at, params)| {
+                    Ok(ClaimedAttempt {
+                        run,
+                        namespace,
+                        job,
+                        task,
+                        number: number as u32,
+                        scheduled_at: ts(scheduled_at)?,
+                        params: serde_json::from_str(&params)
+                            .map_err(|e| StorageError::Corrupt(format!("run {run} params: {e}")))?,
+                    })
+                },
+            )
+            .collect()
+    }
+
+    async fn remote_attempts(&self) -> Result<Vec<RemoteAttempt>> {
+        let Some(epoch) = self.epoch() else {
+            return Ok(vec![]);
+        };
+        // A node counts as gone once it is marked dead, not merely when its
+        // lease ends: marking waits for its in-flight batches.
+        let rows: Vec<(RunId, String, i32, String, Option<i32>, Option<String>, bool)> =
+            sqlx::query_as(
+                "SELECT a.run_id, a.task_id, a.number, a.state, a.exit_code, a.error,
+                        EXISTS (SELECT 1 FROM nodes n WHERE n.epoch = a.node_epoch AND n.state IN ('alive', 'draining'))
+                 FROM runs r JOIN attempts a ON a.run_id = r.id
+                 WHERE r.owner_epoch = $1 AND r.state = 'running'
+                   AND a.node_epoch IS NOT NULL AND a.node_epoch <> $1 AND a.state <> 'dispatching'",
+            )
+            .bind(epoch)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        rows.into_iter()
+            .map(
+                |(run, task, number, state, exit_code, error, executor_alive)| {
+                    Ok(RemoteAttempt {
+                        run,
+                        task,
+                        number: number as u32,
+                        state: parse(&state)?,
+                        exit_code,
+                        error,
+                        executor_alive,
+                    })
+                },
+            )
+            .collect()
+    }
+
+    async fn withdrawn_attempts(&self, attempts: &[AttemptKey]) -> Result<Vec<AttemptKey>> {
+        if attempts.is_empty() {
+            return Ok(vec![]);
+        }
+        let rows: Vec<(RunId, String, i32)> = sqlx::query_as(
+            "SELECT a.run_id, a.task_id, a.number FROM attempts a
+             JOIN unnest($1::bigint[], $2::text[], $3::int[]) AS k(r, t, n)
+               ON a.run_id = k.r AND a.task_id = k.t AND a.number = k.n
+             WHERE a.state <> 'running'",
+        )
+        .bind(attempts.iter().map(|a| a.0).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.1.as_str()).collect::<Vec<_>>())
+        .bind(attempts.iter().map(|a| a.2 as i32).collect::<Vec<_>>())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(rows.into_iter().map(|(r, t, n)| (r, t, n as u32)).collect())
     }
 
     async fn read_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {

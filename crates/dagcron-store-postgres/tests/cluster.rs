@@ -198,7 +198,12 @@ async fn job_changes_bump_the_revision_and_wake_listeners() {
     let a = node(&db, "a").await;
     let b = node(&db, "b").await;
     let r0 = b.jobs_revision().await.unwrap();
-    assert!(!b.wait_for_change(Duration::from_millis(50)).await.unwrap());
+    assert!(
+        b.wait_for_change(Duration::from_millis(50))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     let job = dagcron_store::JobUpsert {
         namespace: "ns".into(),
         name: "j".into(),
@@ -210,7 +215,10 @@ async fn job_changes_bump_the_revision_and_wake_listeners() {
     )
     .await
     .unwrap();
-    assert!(b.wait_for_change(Duration::from_secs(10)).await.unwrap());
+    assert_eq!(
+        b.wait_for_change(Duration::from_secs(10)).await.unwrap(),
+        ["jobs"]
+    );
     let r1 = b.jobs_revision().await.unwrap();
     assert!(r1 > r0);
     a.apply_jobs(&[job], Timestamp::from_second(2).unwrap())

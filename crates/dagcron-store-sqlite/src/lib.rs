@@ -124,6 +124,7 @@ impl SqliteStore {
                 finished_at: opt_ts(row.get(5))?,
                 exit_code: row.get(6),
                 error: row.get(7),
+                node_epoch: None,
             };
             if let Some(t) = out
                 .get_mut(&run)

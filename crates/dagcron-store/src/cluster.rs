@@ -181,7 +181,11 @@ pub trait Coordination: Store + Clone {
     fn take_cancel_requests(&self) -> impl Future<Output = Result<Vec<RunId>>> + Send;
     /// A number that changes whenever a job is applied, paused or deleted.
     fn jobs_revision(&self) -> impl Future<Output = Result<i64>> + Send;
-    /// Waits until another node announces a change (jobs, membership,
-    /// cancellations) or `timeout` passes; `Ok(true)` if something was announced.
-    fn wait_for_change(&self, timeout: Duration) -> impl Future<Output = Result<bool>> + Send;
+    /// Waits until a node announces a change or `timeout` passes; returns
+    /// what was announced (`jobs`, `nodes`, `cancel`, `work`, `attempts`),
+    /// nothing on a timeout.
+    fn wait_for_change(
+        &self,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Vec<String>>> + Send;
 }

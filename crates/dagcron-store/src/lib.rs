@@ -228,7 +228,52 @@ pub struct AttemptRecord {
     pub exit_code: Option<i32>,
     /// Error.
     pub error: Option<String>,
+    /// The epoch of the cluster node that ran it (none outside a cluster,
+    /// or while it waits to be claimed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_epoch: Option<i64>,
 }
+
+/// An attempt handed to the cluster and claimed by this node to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimedAttempt {
+    /// The run.
+    pub run: RunId,
+    /// Its job's namespace.
+    pub namespace: String,
+    /// Its job.
+    pub job: String,
+    /// The task.
+    pub task: String,
+    /// 1-based.
+    pub number: u32,
+    /// The run's fire instant.
+    pub scheduled_at: Timestamp,
+    /// The run's parameters.
+    pub params: BTreeMap<String, String>,
+}
+
+/// An attempt of one of this node's runs that another node claimed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteAttempt {
+    /// The run.
+    pub run: RunId,
+    /// The task.
+    pub task: String,
+    /// 1-based.
+    pub number: u32,
+    /// Its state now.
+    pub state: AttemptState,
+    /// Exit code or HTTP status.
+    pub exit_code: Option<i32>,
+    /// What went wrong.
+    pub error: Option<String>,
+    /// Whether the node running it still holds its lease.
+    pub executor_alive: bool,
+}
+
+/// An attempt's identity: run, task, number.
+pub type AttemptKey = (RunId, String, u32);
 
 /// A task of a run, as stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -467,6 +512,31 @@ pub trait Store: Send + Sync + 'static {
     fn request_cancel(&self, run: RunId) -> impl Future<Output = Result<bool>> + Send {
         let _ = run;
         async { Ok(false) }
+    }
+    /// Claims up to `limit` attempts that other nodes handed to the cluster
+    /// (`dispatching`, unclaimed): they become `running` on this node. A
+    /// store used by one node has none.
+    fn claim_attempts(
+        &self,
+        limit: usize,
+        at: Timestamp,
+    ) -> impl Future<Output = Result<Vec<ClaimedAttempt>>> + Send {
+        let _ = (limit, at);
+        async { Ok(vec![]) }
+    }
+    /// Attempts of this node's unfinished runs that other nodes claimed.
+    fn remote_attempts(&self) -> impl Future<Output = Result<Vec<RemoteAttempt>>> + Send {
+        async { Ok(vec![]) }
+    }
+    /// Of these attempts this node runs for others, the ones that are no
+    /// longer `running` in the store (cancelled or declared lost by their
+    /// run's owner): their processes must stop.
+    fn withdrawn_attempts(
+        &self,
+        attempts: &[AttemptKey],
+    ) -> impl Future<Output = Result<Vec<AttemptKey>>> + Send {
+        let _ = attempts;
+        async { Ok(vec![]) }
     }
     /// An attempt's captured output.
     fn read_log(
