@@ -25,10 +25,16 @@ struct Cluster {
     ports: Vec<u16>,
     nodes: Vec<Option<Server>>,
     ttl_ms: u64,
+    /// More flags for every node.
+    extra: Vec<String>,
 }
 
 impl Cluster {
     fn new(label: &str, size: usize, ttl_ms: u64) -> Cluster {
+        Cluster::with_flags(label, size, ttl_ms, &[])
+    }
+
+    fn with_flags(label: &str, size: usize, ttl_ms: u64, extra: &[&str]) -> Cluster {
         let (dir, _) = setup();
         let db = TestDatabase::create_blocking(label);
         let mut cluster = Cluster {
@@ -37,6 +43,7 @@ impl Cluster {
             ports: (0..size).map(|_| free_port()).collect(),
             nodes: (0..size).map(|_| None).collect(),
             ttl_ms,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         for i in 0..size {
             cluster.start(i);
@@ -48,20 +55,18 @@ impl Cluster {
         let ttl = self.ttl_ms.to_string();
         let id = format!("n{i}");
         let log = self.dir.path().join(format!("{id}.log"));
-        let mut server = Server::spawn(
-            &[
-                "--database",
-                &self.db.url,
-                "--node-id",
-                &id,
-                "--lease-ttl-ms",
-                &ttl,
-                "--misfire-grace",
-                "0",
-            ],
-            self.ports[i],
-            &log,
-        );
+        let mut args = vec![
+            "--database",
+            &self.db.url,
+            "--node-id",
+            &id,
+            "--lease-ttl-ms",
+            &ttl,
+            "--misfire-grace",
+            "0",
+        ];
+        args.extend(self.extra.iter().map(String::as_str));
+        let mut server = Server::spawn(&args, self.ports[i], &log);
         server.namespace = "c".into();
         self.nodes[i] = Some(server);
     }
@@ -421,4 +426,141 @@ fn ten_thousand_jobs_are_shared_evenly_by_three_nodes() {
         );
     }
     eprintln!("10,000 jobs over 3 nodes: {owned:?}");
+}
+
+/// Waits (bounded) until `check` holds.
+fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Nodes with one slot each: a run's parallel tasks overflow to the other
+/// node, which claims and runs them; when that node is killed mid-task, its
+/// attempt is declared lost once its lease ends and is retried.
+#[test]
+fn attempts_overflow_to_a_node_with_room_and_survive_its_death() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cluster = Cluster::with_flags("share", 2, 2000, &["--pool-size", "1"]);
+    let e0 = cluster.epoch_of(0);
+    let e1 = cluster.epoch_of(1);
+    cluster.apply(
+        "namespace: c\njobs:\n  - { name: fan, schedule: '0 0 0 1 1 *', tasks: [{ id: t0, shell: 'sleep 1' }, { id: t1, shell: 'sleep 1' }, { id: t2, shell: 'sleep 1' }, { id: t3, shell: 'sleep 1' }, { id: t4, shell: 'sleep 1' }, { id: t5, shell: 'sleep 1' }] }\n  - { name: long, schedule: '0 0 0 1 1 *', retry: { max_attempts: 3, backoff: fixed, initial: 1s }, tasks: [{ id: a, shell: 'sleep 6' }, { id: b, shell: 'sleep 6' }] }\n",
+    );
+    cluster.wait_converged(2);
+
+    let (status, run) = cluster.node(0).post(
+        "/api/v1/namespaces/c/jobs/fan/trigger",
+        "{}",
+        "application/json",
+    );
+    assert_eq!(status, 201, "{run}");
+    let id = run["id"].as_i64().unwrap();
+    wait_until("the fan-out run succeeds", || {
+        cluster.node(0).get(&format!("/api/v1/runs/{id}"))["state"] == "succeeded"
+    });
+    let per_node = |epoch: i64| {
+        cluster.count(&format!(
+            "SELECT count(*) FROM attempts WHERE run_id = {id} AND node_epoch = {epoch} AND state = 'succeeded'"
+        ))
+    };
+    let (on0, on1) = (per_node(e0), per_node(e1));
+    assert_eq!(on0 + on1, 6, "one attempt per task");
+    assert!(on0 > 0 && on1 > 0, "both nodes ran tasks: {on0} and {on1}");
+
+    let (status, run) = cluster.node(0).post(
+        "/api/v1/namespaces/c/jobs/long/trigger",
+        "{}",
+        "application/json",
+    );
+    assert_eq!(status, 201, "{run}");
+    let id = run["id"].as_i64().unwrap();
+    wait_until("node 1 runs one of the run's tasks", || {
+        cluster.count(&format!(
+            "SELECT count(*) FROM attempts WHERE run_id = {id} AND node_epoch = {e1} AND state = 'running'"
+        )) == 1
+    });
+    let kill = Timestamp::now();
+    cluster.node_mut(1).signal(Signal::SIGKILL);
+    cluster.nodes[1] = None;
+    wait_until("the run succeeds", || {
+        cluster.node(0).get(&format!("/api/v1/runs/{id}"))["state"] == "succeeded"
+    });
+    let lost_after_ms = (cluster.count(&format!(
+        "SELECT finished_at FROM attempts WHERE run_id = {id} AND node_epoch = {e1} AND state = 'lost'"
+    )) - us(kill))
+        / 1000;
+    let run = cluster.node(0).get(&format!("/api/v1/runs/{id}"));
+    let states: Vec<Vec<String>> = run["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            t["attempts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a["state"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .collect();
+    assert!(
+        states.contains(&vec!["lost".to_string(), "succeeded".to_string()]),
+        "{states:?}"
+    );
+    assert!(
+        states.contains(&vec!["succeeded".to_string()]),
+        "{states:?}"
+    );
+
+    // Node 1 back; a run cancelled while node 1 runs one of its tasks: the
+    // owner withdraws the attempt and node 1 kills its process.
+    cluster.start(1);
+    cluster.wait_converged(2);
+    let e1 = cluster.epoch_of(1);
+    let marks = cluster.dir.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    cluster.apply(&format!(
+        "namespace: c\njobs:\n  - {{ name: stop, schedule: '0 0 0 1 1 *', tasks: [{{ id: a, shell: 'sleep 3; touch {0}/a' }}, {{ id: b, shell: 'sleep 3; touch {0}/b' }}] }}\n",
+        marks.display()
+    ));
+    cluster.wait_converged(3);
+    let (status, run) = cluster.node(0).post(
+        "/api/v1/namespaces/c/jobs/stop/trigger",
+        "{}",
+        "application/json",
+    );
+    assert_eq!(status, 201, "{run}");
+    let id = run["id"].as_i64().unwrap();
+    wait_until("node 1 runs one of the run's tasks", || {
+        cluster.count(&format!(
+            "SELECT count(*) FROM attempts WHERE run_id = {id} AND node_epoch = {e1} AND state = 'running'"
+        )) == 1
+    });
+    let (status, body) =
+        cluster
+            .node(1)
+            .post(&format!("/api/v1/runs/{id}/cancel"), "", "application/json");
+    assert!(status < 300, "{status} {body}");
+    wait_until("the run is cancelled", || {
+        cluster.node(0).get(&format!("/api/v1/runs/{id}"))["state"] == "cancelled"
+    });
+    // Past the time the tasks would have taken: neither left its mark.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        std::fs::read_dir(&marks).unwrap().next().is_none(),
+        "a cancelled task ran to its end"
+    );
+    assert_eq!(
+        cluster.count(&format!(
+            "SELECT count(*) FROM attempts WHERE run_id = {id} AND state <> 'cancelled'"
+        )),
+        0
+    );
+    eprintln!(
+        "fan-out: {on0} tasks on node 0, {on1} on node 1; attempt of the killed node declared lost {lost_after_ms} ms after SIGKILL (lease {} ms)",
+        cluster.ttl_ms
+    );
 }
