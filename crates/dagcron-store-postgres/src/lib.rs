@@ -839,32 +839,29 @@ impl Store for PgStore {
         };
         // A node counts as gone once it is marked dead, not merely when its
         // lease ends: marking waits for its in-flight batches.
-        let rows: Vec<(RunId, String, i32, String, Option<i32>, Option<String>, bool)> =
-            sqlx::query_as(
-                "SELECT a.run_id, a.task_id, a.number, a.state, a.exit_code, a.error,
-                        EXISTS (SELECT 1 FROM nodes n WHERE n.epoch = a.node_epoch AND n.state IN ('alive', 'draining'))
-                 FROM runs r JOIN attempts a ON a.run_id = r.id
-                 WHERE r.owner_epoch = $1 AND r.state = 'running'
-                   AND a.node_epoch IS NOT NULL AND a.node_epoch <> $1 AND a.state <> 'dispatching'",
-            )
-            .bind(epoch)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(unavailable)?;
-        rows.into_iter()
-            .map(
-                |(run, task, number, state, exit_code, error, executor_alive)| {
-                    Ok(RemoteAttempt {
-                        run,
-                        task,
-                        number: number as u32,
-                        state: parse(&state)?,
-                        exit_code,
-                        error,
-                        executor_alive,
-                    })
-                },
-            )
+        let rows = sqlx::query(
+            "SELECT a.run_id, a.task_id, a.number, a.state, a.exit_code, a.error,
+                    EXISTS (SELECT 1 FROM nodes n WHERE n.epoch = a.node_epoch AND n.state IN ('alive', 'draining'))
+             FROM runs r JOIN attempts a ON a.run_id = r.id
+             WHERE r.owner_epoch = $1 AND r.state = 'running'
+               AND a.node_epoch IS NOT NULL AND a.node_epoch <> $1 AND a.state <> 'dispatching'",
+        )
+        .bind(epoch)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        rows.iter()
+            .map(|row| {
+                Ok(RemoteAttempt {
+                    run: row.get(0),
+                    task: row.get(1),
+                    number: row.get::<i32, _>(2) as u32,
+                    state: parse(row.get::<&str, _>(3))?,
+                    exit_code: row.get(4),
+                    error: row.get(5),
+                    executor_alive: row.get(6),
+                })
+            })
             .collect()
     }
 
