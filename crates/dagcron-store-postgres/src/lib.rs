@@ -46,6 +46,7 @@ pub struct PgStore {
     stats: Arc<Counters>,
     fence: Arc<RwLock<Option<Fence>>>,
     listener: Arc<tokio::sync::Mutex<Option<PgListener>>>,
+    grouped: bool,
 }
 
 /// Counts of the write path since the store was opened.
@@ -110,7 +111,16 @@ impl PgStore {
             stats: Arc::new(Counters::default()),
             fence: Arc::new(RwLock::new(None)),
             listener: Arc::new(tokio::sync::Mutex::new(None)),
+            grouped: true,
         })
+    }
+
+    /// Whether a write batch is sent grouped, about 8 statements whatever
+    /// its size (the default), or one write at a time: slower, and kept as
+    /// the reference the grouped path is tested against.
+    pub fn with_grouped_writes(mut self, grouped: bool) -> PgStore {
+        self.grouped = grouped;
+        self
     }
 
     fn fence(&self) -> Option<Fence> {
@@ -638,8 +648,10 @@ impl Store for PgStore {
         let results = transaction!(self, fenced = true, |conn| {
             // BEGIN, the fence check and COMMIT.
             sent += 3;
-            if let Some(results) = batch::apply(conn, batch, epoch, &mut sent).await? {
-                return Ok(results);
+            if self.grouped {
+                if let Some(results) = batch::apply(conn, batch, epoch, &mut sent).await? {
+                    return Ok(results);
+                }
             }
             let mut out = Vec::with_capacity(batch.len());
             for w in batch {
