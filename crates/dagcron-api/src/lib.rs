@@ -23,6 +23,8 @@ pub struct AppState<S: Store> {
     pub engine: EngineHandle,
     /// The cluster this node belongs to, if any.
     pub cluster: Option<ClusterHandle>,
+    /// The remote worker agents connected to this server.
+    pub workers: Option<dagcron_agents::AgentPool>,
 }
 
 impl<S: Store> Clone for AppState<S> {
@@ -31,6 +33,7 @@ impl<S: Store> Clone for AppState<S> {
             store: self.store.clone(),
             engine: self.engine.clone(),
             cluster: self.cluster.clone(),
+            workers: self.workers.clone(),
         }
     }
 }

@@ -20,6 +20,7 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
     Router::new()
         .route("/healthz", get(health::<S>))
         .route("/api/v1/cluster", get(cluster::<S>))
+        .route("/api/v1/workers", get(workers::<S>))
         .route("/api/v1/apply", post(apply::<S>))
         .route("/api/v1/namespaces/{ns}/jobs", get(list_jobs::<S>))
         .route(
@@ -86,6 +87,17 @@ async fn health<S: Store>(State(state): State<AppState<S>>) -> impl IntoResponse
         code,
         Json(json!({ "status": status, "problem": problem, "node": node })),
     )
+}
+
+/// The remote worker agents of this server: labels, capacity, running,
+/// last heartbeat, clock offset, version.
+async fn workers<S: Store>(State(state): State<AppState<S>>) -> Json<Value> {
+    let items = state
+        .workers
+        .as_ref()
+        .map(|p| p.workers())
+        .unwrap_or_default();
+    Json(json!({ "items": items }))
 }
 
 /// The nodes of the cluster, their leases, epochs, clock skew and jobs.

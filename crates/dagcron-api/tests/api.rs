@@ -34,6 +34,7 @@ async fn api() -> Api {
     Api {
         app: router(AppState {
             cluster: None,
+            workers: None,
             store,
             engine: handle,
         }),

@@ -203,6 +203,7 @@ mod tests {
                 shell: None,
                 http: None,
                 noop: false,
+                run_on: None,
             })
             .collect()
     }
@@ -324,6 +325,7 @@ mod tests {
                         shell: None,
                         http: None,
                         noop: false,
+                        run_on: None,
                     })
                     .collect();
                 (specs, rules, outcomes)

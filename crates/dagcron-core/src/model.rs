@@ -247,6 +247,19 @@ pub struct TaskSpec {
     /// Do nothing and succeed: a placeholder that gives a DAG its shape.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub noop: bool,
+    /// Run on a remote worker agent whose labels match, instead of in the
+    /// server's own pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_on: Option<RunOn>,
+}
+
+/// Which remote worker agents may run a task.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunOn {
+    /// Labels the agent must have, with these values (none: any agent).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// A job as declared.
@@ -332,6 +345,8 @@ pub struct Task {
     pub retry: RetryPolicy,
     /// What it runs.
     pub executor: Executor,
+    /// Where: a remote agent matching these labels, or (none) the server's pool.
+    pub run_on: Option<RunOn>,
 }
 
 /// A validated job, ready to schedule.
@@ -662,6 +677,22 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
                 err(format!("{path}.shell"), "the command is empty".into());
             }
         }
+        if let Some(run_on) = &t.run_on {
+            if t.noop {
+                err(
+                    format!("{path}.run_on"),
+                    "a no-op task runs nowhere: drop `run_on`".into(),
+                );
+            }
+            for (k, v) in &run_on.labels {
+                if k.is_empty() || k.len() > 63 || v.len() > 255 {
+                    err(
+                        format!("{path}.run_on.labels.{k}"),
+                        "a label key is 1 to 63 characters, its value at most 255".into(),
+                    );
+                }
+            }
+        }
         if t.timeout.is_some_and(|d| d.0.is_zero()) {
             err(format!("{path}.timeout"), "must be longer than 0s".into());
         }
@@ -678,6 +709,7 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
                 timeout: t.timeout,
                 retry: RetryPolicy::from_spec(&merged),
                 executor,
+                run_on: t.run_on.clone(),
             });
         }
     }

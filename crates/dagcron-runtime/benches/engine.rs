@@ -49,6 +49,7 @@ fn task(id: &str, deps: &[&str]) -> TaskSpec {
         shell: None,
         http: None,
         noop: true,
+        run_on: None,
     }
 }
 

@@ -68,6 +68,42 @@ pub struct EngineConfig {
     pub observer: Option<Observer>,
     /// Set when this engine is one node of a cluster.
     pub node: Option<NodeIdentity>,
+    /// Where tasks with `run_on` go.
+    pub remote: Option<RemoteWorkers>,
+}
+
+/// An attempt for a remote worker agent.
+pub struct RemoteTask {
+    /// Its identity, environment and parameters.
+    pub ctx: AttemptContext,
+    /// What to run.
+    pub executor: dagcron_core::Executor,
+    /// Time limit.
+    pub timeout: Option<Duration>,
+    /// Labels the agent must have.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Output kept.
+    pub max_output: usize,
+    /// Cancelled when the attempt must stop.
+    pub cancel: CancellationToken,
+    /// Called once, with the outcome.
+    pub report: Box<dyn FnOnce(Outcome) + Send>,
+}
+
+/// Remote worker agents: they take attempts and report their outcomes.
+pub trait Remote: Send + Sync + 'static {
+    /// Hands over an attempt; its `report` is called exactly once.
+    fn submit(&self, task: RemoteTask);
+}
+
+/// The engine's link to remote worker agents.
+#[derive(Clone)]
+pub struct RemoteWorkers(pub Arc<dyn Remote>);
+
+impl std::fmt::Debug for RemoteWorkers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RemoteWorkers")
+    }
 }
 
 /// What a cluster node's engine needs to know of its registration.
@@ -151,6 +187,7 @@ impl Default for EngineConfig {
             max_backfill: 10_000,
             observer: None,
             node: None,
+            remote: None,
         }
     }
 }
@@ -353,6 +390,7 @@ struct Finished {
 fn attempt_state_of(ending: &Ending) -> AttemptState {
     match ending {
         Ending::Succeeded => AttemptState::Succeeded,
+        Ending::Failed(Failure::Lost) => AttemptState::Lost,
         Ending::Failed(_) => AttemptState::Failed,
         Ending::TimedOut => AttemptState::TimedOut,
         Ending::Cancelled => AttemptState::Cancelled,
@@ -1218,6 +1256,35 @@ impl<S: Store> Engine<S> {
         let limits = Limits {
             max_output: self.config.max_output,
         };
+        if let Some(run_on) = &spec.run_on {
+            let report = move |outcome| {
+                let _ = tx.send(Finished {
+                    run: run_id,
+                    task,
+                    number,
+                    outcome,
+                    at: clock.now(),
+                });
+            };
+            match &self.config.remote {
+                Some(remote) => remote.0.submit(RemoteTask {
+                    ctx,
+                    executor,
+                    timeout,
+                    labels: run_on.labels.clone(),
+                    max_output: limits.max_output,
+                    cancel: token,
+                    report: Box::new(report),
+                }),
+                None => report(Outcome {
+                    ending: Ending::Failed(Failure::Error("no remote agents here".into())),
+                    exit_code: None,
+                    error: Some("this server takes no remote agents".into()),
+                    log: vec![],
+                }),
+            }
+            return;
+        }
         tokio::spawn(async move {
             // A panic in an executor must not leave the attempt running forever.
             let work = tokio::spawn(async move {

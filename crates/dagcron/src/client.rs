@@ -50,6 +50,9 @@ pub(crate) enum ClientCommand {
     /// The cluster: its nodes, their leases, epochs, clock skew and jobs.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Remote worker agents connected to the server.
+    #[command(subcommand)]
+    Workers(WorkersCommand),
     /// Create runs for every fire of a job in a time range.
     Backfill {
         /// NAMESPACE/JOB.
@@ -61,6 +64,12 @@ pub(crate) enum ClientCommand {
         #[arg(long)]
         to: String,
     },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum WorkersCommand {
+    /// Every agent: labels, capacity, running attempts, last heartbeat, clock offset, version.
+    List,
 }
 
 #[derive(Subcommand)]
@@ -108,7 +117,7 @@ pub(crate) enum RunsCommand {
     Cancel { run: i64 },
 }
 
-fn parse_kv(s: &str) -> Result<(String, String), String> {
+pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .ok_or_else(|| format!("expected key=value, got {s:?}"))
@@ -456,6 +465,44 @@ pub(crate) async fn run(cmd: ClientCommand, conn: Conn) -> Result<ExitCode> {
                 )))
                 .await?;
             out.write_all(&resp.bytes().await?)?;
+        }
+        ClientCommand::Workers(WorkersCommand::List) => {
+            let v = Client::new(&conn).get("/api/v1/workers").await?;
+            if conn.json {
+                print_json(&mut out, &v)?;
+            } else {
+                writeln!(
+                    out,
+                    "{:<20} {:>8} {:<8} {:<27} {:>10} {:<8} LABELS",
+                    "AGENT", "RUNNING", "STATE", "LAST_HEARTBEAT", "OFFSET_MS", "VERSION"
+                )?;
+                for w in v["items"].as_array().into_iter().flatten() {
+                    let labels: Vec<String> = w["labels"]
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .map(|(k, v)| format!("{k}={}", s(v)))
+                        .collect();
+                    let state = if w["connected"] != true {
+                        "gone"
+                    } else if w["draining"] == true {
+                        "draining"
+                    } else {
+                        "ready"
+                    };
+                    writeln!(
+                        out,
+                        "{:<20} {:>8} {:<8} {:<27} {:>10.3} {:<8} {}",
+                        s(&w["id"]),
+                        format!("{}/{}", s(&w["running"]), s(&w["capacity"])),
+                        state,
+                        s(&w["last_heartbeat"]),
+                        w["clock_offset_us"].as_i64().unwrap_or(0) as f64 / 1000.0,
+                        s(&w["version"]),
+                        labels.join(",")
+                    )?;
+                }
+            }
         }
         ClientCommand::Cluster(ClusterCommand::Status) => {
             let v = Client::new(&conn).get("/api/v1/cluster").await?;

@@ -4,6 +4,7 @@ mod client;
 mod cron_cmd;
 mod dag_cmd;
 mod serve;
+mod worker;
 
 use std::process::ExitCode;
 
@@ -26,6 +27,8 @@ enum Command {
     /// Work with cron expressions: preview fires, explain, check.
     #[command(subcommand)]
     Cron(cron_cmd::CronCommand),
+    /// Run a remote worker agent: it runs the tasks with `run_on` that match its labels.
+    Worker(worker::WorkerArgs),
     /// Check a job file or show the order its tasks run in (offline).
     #[command(subcommand)]
     Dag(dag_cmd::DagCommand),
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
         Command::Cron(cmd) => cron_cmd::run(cmd),
         Command::Dag(cmd) => dag_cmd::run(cmd),
         Command::Serve(args) => runtime().and_then(|rt| rt.block_on(serve::run(args))),
+        Command::Worker(args) => runtime().and_then(|rt| rt.block_on(worker::run(args))),
         Command::Client(cmd) => runtime().and_then(|rt| rt.block_on(client::run(cmd, cli.conn))),
     };
     match result {

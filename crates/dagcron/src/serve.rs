@@ -9,10 +9,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use dagcron_agents::{AgentPool, PoolConfig};
 use dagcron_api::{AppState, router};
 use dagcron_core::JobFile;
 use dagcron_runtime::cluster::{self, ClusterConfig, Coordinator};
-use dagcron_runtime::{ClusterHandle, Engine, EngineConfig, EngineHandle, SystemClock};
+use dagcron_runtime::{
+    ClusterHandle, Engine, EngineConfig, EngineHandle, RemoteWorkers, SystemClock,
+};
 use dagcron_store::{StorageError, Store};
 use dagcron_store_postgres::PgStore;
 use dagcron_store_sqlite::SqliteStore;
@@ -46,6 +49,12 @@ pub(crate) struct ServeArgs {
     /// Milliseconds this node's clock may differ from the database's before it stops owning jobs [default: 500].
     #[arg(long, env = "DAGCRON_MAX_CLOCK_SKEW_MS")]
     max_clock_skew_ms: Option<u64>,
+    /// Milliseconds a remote agent keeps its attempts without a heartbeat [default: 10000].
+    #[arg(long, env = "DAGCRON_AGENT_LEASE_TTL_MS")]
+    agent_lease_ttl_ms: Option<u64>,
+    /// A secret remote agents must present (`dagcron worker --token`).
+    #[arg(long, env = "DAGCRON_AGENT_TOKEN", hide_env_values = true)]
+    agent_token: Option<String>,
     /// Address of the API [default: 127.0.0.1:7700].
     #[arg(long, env = "DAGCRON_LISTEN")]
     listen: Option<SocketAddr>,
@@ -69,6 +78,8 @@ pub(crate) struct ServeArgs {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     data_dir: Option<PathBuf>,
+    agent_lease_ttl_ms: Option<u64>,
+    agent_token: Option<String>,
     database: Option<String>,
     node_id: Option<String>,
     lease_ttl_ms: Option<u64>,
@@ -82,6 +93,8 @@ struct FileConfig {
 /// The settings in force.
 struct Settings {
     data_dir: PathBuf,
+    agent_lease_ttl_ms: u64,
+    agent_token: Option<String>,
     database: Option<String>,
     node_id: Option<String>,
     lease_ttl_ms: u64,
@@ -111,6 +124,11 @@ impl ServeArgs {
                 .or(file.data_dir)
                 .unwrap_or_else(|| PathBuf::from("./dagcron-data")),
             database: self.database.clone().or(file.database),
+            agent_lease_ttl_ms: self
+                .agent_lease_ttl_ms
+                .or(file.agent_lease_ttl_ms)
+                .unwrap_or(10_000),
+            agent_token: self.agent_token.clone().or(file.agent_token),
             node_id: self.node_id.clone().or(file.node_id),
             lease_ttl_ms: self.lease_ttl_ms.or(file.lease_ttl_ms).unwrap_or(5000),
             max_clock_skew_ms: self
@@ -134,7 +152,7 @@ impl ServeArgs {
     }
 }
 
-async fn shutdown_signal(token: CancellationToken) {
+pub(crate) async fn shutdown_signal(token: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
@@ -158,13 +176,20 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         )
         .init();
     let clock = Arc::new(SystemClock);
+    let shutdown = CancellationToken::new();
+    tokio::spawn(shutdown_signal(shutdown.clone()));
+    let agents = AgentPool::new(PoolConfig {
+        lease_ttl: Duration::from_millis(args.agent_lease_ttl_ms),
+        token: args.agent_token.clone(),
+        ..PoolConfig::default()
+    });
+    agents.start(shutdown.clone());
     let config = EngineConfig {
         pool_size: args.pool_size,
         misfire_grace: Duration::from_secs(args.misfire_grace),
+        remote: Some(RemoteWorkers(Arc::new(agents.clone()))),
         ..EngineConfig::default()
     };
-    let shutdown = CancellationToken::new();
-    tokio::spawn(shutdown_signal(shutdown.clone()));
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
@@ -188,7 +213,16 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
             "dagcron listening on http://{address} (data in {})",
             args.data_dir.display()
         );
-        let api = serve_api(listener, store, handle, None, demo, shutdown.clone()).await?;
+        let api = serve_api(
+            listener,
+            store,
+            handle,
+            None,
+            agents,
+            demo,
+            shutdown.clone(),
+        )
+        .await?;
         let result = engine_task.await.context("engine task")?;
         let _ = api.await;
         result.context("engine")?;
@@ -241,6 +275,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         Arc::new(store),
         handle,
         Some(cluster),
+        agents,
         demo,
         shutdown.clone(),
     )
@@ -292,6 +327,7 @@ async fn serve_api<S: Store>(
     store: Arc<S>,
     engine: EngineHandle,
     cluster: Option<ClusterHandle>,
+    agents: AgentPool,
     demo: bool,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<std::io::Result<()>>> {
@@ -304,11 +340,15 @@ async fn serve_api<S: Store>(
         engine.apply(jobs).await.context("applying the demo jobs")?;
         tracing::info!("demo jobs applied in namespace `demo`: try `dagcron jobs list demo`");
     }
+    // Remote agents speak gRPC on the API's port.
+    let grpc = tonic::service::Routes::new(agents.service()).into_axum_router();
     let app = router(AppState {
         cluster,
+        workers: Some(agents),
         store,
         engine,
-    });
+    })
+    .merge(grpc);
     Ok(tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async move { shutdown.cancelled().await })

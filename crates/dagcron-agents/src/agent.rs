@@ -1,0 +1,310 @@
+//! The agent: `dagcron worker --server URL`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use dagcron_exec::{AttemptContext, Limits};
+use dagcron_proto::v1::agents_client::AgentsClient;
+use dagcron_proto::v1::{self, agent_message, server_message};
+use dagcron_proto::{ClockEstimate, ClockSample, PROTOCOL_VERSION};
+use jiff::Timestamp;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::convert;
+
+/// Settings of an agent.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// The server's URL (`http://host:port`).
+    pub server: String,
+    /// The agent's name, stable across restarts.
+    pub agent_id: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Attempts at once.
+    pub capacity: u32,
+    /// The shared secret the server expects, if any.
+    pub token: Option<String>,
+}
+
+/// Why the agent stopped.
+#[derive(Debug)]
+pub enum AgentError {
+    /// The server refused it (wrong protocol version or token): retrying will not help.
+    Refused(String),
+}
+
+impl std::fmt::Display for AgentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AgentError::Refused(why) => write!(f, "the server refused this agent: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for AgentError {}
+
+fn now_us() -> i64 {
+    Timestamp::now().as_microsecond()
+}
+
+fn send(body: agent_message::Body) -> v1::AgentMessage {
+    v1::AgentMessage {
+        sent_at_us: now_us(),
+        body: Some(body),
+    }
+}
+
+/// What the agent keeps across connections.
+struct Local {
+    /// Running attempts by fencing token.
+    running: HashMap<i64, (v1::AttemptRef, CancellationToken)>,
+    /// Results not yet delivered.
+    unreported: Vec<v1::Result>,
+    clock: ClockEstimate,
+    draining: bool,
+}
+
+/// Runs the agent until `shutdown`, then drains: it takes nothing new and
+/// finishes (and reports) what it runs.
+pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> Result<(), AgentError> {
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<v1::Result>();
+    let mut local = Local {
+        running: HashMap::new(),
+        unreported: vec![],
+        clock: ClockEstimate::default(),
+        draining: false,
+    };
+    let mut failures: u32 = 0;
+    loop {
+        if local.draining && local.running.is_empty() && local.unreported.is_empty() {
+            return Ok(());
+        }
+        match session(&config, &mut local, &done_tx, &mut done_rx, &shutdown).await {
+            Ok(()) => return Ok(()),
+            Err(Some(refused)) => return Err(refused),
+            Err(None) => {}
+        }
+        // Reconnect with exponential backoff and full jitter, capped at 5 s.
+        failures = (failures + 1).min(6);
+        let cap = Duration::from_millis(100 << failures).min(Duration::from_secs(5));
+        let jitter = (now_us().unsigned_abs() % 1000) as u32;
+        let wait = cap * jitter / 1000;
+        tracing::info!("reconnecting in {wait:?}");
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            Some(result) = done_rx.recv() => {
+                local.running.remove(&result.attempt.as_ref().map_or(0, |a| a.fencing_token));
+                local.unreported.push(result);
+            }
+            () = shutdown.cancelled(), if !local.draining => local.draining = true,
+        }
+    }
+}
+
+/// One connection. `Ok`: drained and done; `Err(Some)`: refused; `Err(None)`: reconnect.
+async fn session(
+    config: &AgentConfig,
+    local: &mut Local,
+    done_tx: &mpsc::UnboundedSender<v1::Result>,
+    done_rx: &mut mpsc::UnboundedReceiver<v1::Result>,
+    shutdown: &CancellationToken,
+) -> Result<(), Option<AgentError>> {
+    let mut client = match AgentsClient::connect(config.server.clone()).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!("cannot reach {}: {e}", config.server);
+            return Err(None);
+        }
+    };
+    let (out, rx) = mpsc::channel::<v1::AgentMessage>(1024);
+    let hello = v1::Hello {
+        agent_id: config.agent_id.clone(),
+        labels: config
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        capacity: config.capacity,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        protocol_version: PROTOCOL_VERSION,
+        token: config.token.clone().unwrap_or_default(),
+        unreported: std::mem::take(&mut local.unreported),
+    };
+    let reported = hello.unreported.clone();
+    let _ = out.send(send(agent_message::Body::Hello(hello))).await;
+    let mut inbound = match client.attach(ReceiverStream::new(rx)).await {
+        Ok(r) => r.into_inner(),
+        Err(e) => {
+            tracing::warn!("attaching failed: {e}");
+            local.unreported = reported;
+            return Err(None);
+        }
+    };
+    let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            msg = inbound.message() => {
+                let msg = match msg {
+                    Ok(Some(m)) => m,
+                    Ok(None) | Err(_) => {
+                        tracing::warn!("lost the connection to the server");
+                        return Err(None);
+                    }
+                };
+                match msg.body {
+                    Some(server_message::Body::Welcome(w)) => {
+                        tracing::info!(session = %w.session_id, "connected to {}", config.server);
+                        heartbeat = tokio::time::interval(Duration::from_millis(u64::from(w.heartbeat_interval_ms.max(50))));
+                    }
+                    Some(server_message::Body::Refusal(r)) => {
+                        return Err(Some(AgentError::Refused(r.reason)));
+                    }
+                    Some(server_message::Body::HeartbeatAck(ack)) => {
+                        local.clock.add(ClockSample {
+                            t0: ack.agent_sent_at_us,
+                            t1: ack.received_at_us,
+                            t2: msg.sent_at_us,
+                            t3: now_us(),
+                        });
+                    }
+                    Some(server_message::Body::Assignment(a)) => start(a, local, &out, done_tx).await,
+                    Some(server_message::Body::Cancel(c)) => {
+                        let token = c.attempt.map_or(0, |a| a.fencing_token);
+                        if let Some((_, cancel)) = local.running.get(&token) {
+                            tracing::info!(token, "cancelled by the server: {}", c.reason);
+                            cancel.cancel();
+                        }
+                    }
+                    None => {}
+                }
+            }
+            Some(result) = done_rx.recv() => {
+                local.running.remove(&result.attempt.as_ref().map_or(0, |a| a.fencing_token));
+                if out.send(send(agent_message::Body::Result(result.clone()))).await.is_err() {
+                    local.unreported.push(result);
+                    return Err(None);
+                }
+                if local.draining && local.running.is_empty() {
+                    return Ok(());
+                }
+            }
+            _ = heartbeat.tick() => {
+                let best = local.clock.best();
+                let beat = v1::Heartbeat {
+                    running: local.running.values().map(|(r, _)| r.clone()).collect(),
+                    load: load_average(),
+                    clock_offset_us: local.clock.offset_us(),
+                    round_trip_us: best.map_or(0, |s| s.round_trip_us()),
+                    draining: local.draining,
+                };
+                if out.send(send(agent_message::Body::Heartbeat(beat))).await.is_err() {
+                    return Err(None);
+                }
+            }
+            () = shutdown.cancelled(), if !local.draining => {
+                tracing::info!("draining: finishing {} attempts, taking no new ones", local.running.len());
+                local.draining = true;
+                heartbeat.reset_immediately();
+                if local.running.is_empty() {
+                    // Say so, then go.
+                    let beat = v1::Heartbeat { draining: true, ..Default::default() };
+                    let _ = out.send(send(agent_message::Body::Heartbeat(beat))).await;
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Accepts an assignment and runs it.
+async fn start(
+    a: v1::Assignment,
+    local: &mut Local,
+    out: &mpsc::Sender<v1::AgentMessage>,
+    done_tx: &mpsc::UnboundedSender<v1::Result>,
+) {
+    let Some(attempt) = a.attempt.clone() else {
+        return;
+    };
+    let token = attempt.fencing_token;
+    let cancel = CancellationToken::new();
+    local
+        .running
+        .insert(token, (attempt.clone(), cancel.clone()));
+    // Started at the instant asked, in this agent's clock.
+    let start_at = (a.start_at_us != 0).then(|| local.clock.to_agent_clock(a.start_at_us));
+    let _ = out
+        .send(send(agent_message::Body::Accepted(v1::Accepted {
+            attempt: Some(attempt.clone()),
+            start_at_us: start_at.unwrap_or_else(now_us),
+        })))
+        .await;
+    let done = done_tx.clone();
+    tokio::spawn(async move {
+        let outcome = match prepare(&a) {
+            Err(e) => dagcron_exec::Outcome {
+                ending: dagcron_exec::Ending::Failed(dagcron_core::Failure::Error(e.clone())),
+                exit_code: None,
+                error: Some(e),
+                log: vec![],
+            },
+            Ok((executor, ctx)) => {
+                if let Some(at) = start_at {
+                    let wait = at - now_us();
+                    if wait > 0 {
+                        tokio::time::sleep(Duration::from_micros(wait.unsigned_abs())).await;
+                    }
+                }
+                let timeout =
+                    (a.timeout_ms > 0).then(|| Duration::from_millis(u64::from(a.timeout_ms)));
+                let limits = Limits {
+                    max_output: a.max_output_bytes as usize,
+                };
+                let started = now_us();
+                let outcome = dagcron_exec::run(&executor, &ctx, timeout, cancel, limits).await;
+                let mut result = convert::outcome_to_result(attempt.clone(), &outcome);
+                result.started_at_us = started;
+                result.finished_at_us = now_us();
+                result.start_error_us = start_at.map_or(0, |at| started - at);
+                let _ = done.send(result);
+                return;
+            }
+        };
+        let _ = done.send(convert::outcome_to_result(attempt, &outcome));
+    });
+}
+
+fn prepare(a: &v1::Assignment) -> Result<(dagcron_core::Executor, AttemptContext), String> {
+    let executor = convert::executor_from_proto(a.executor.as_ref().ok_or("no executor")?)?;
+    let attempt = a.attempt.as_ref().ok_or("no attempt")?;
+    let scheduled_at: Timestamp = a
+        .scheduled_at
+        .parse()
+        .map_err(|e| format!("scheduled_at {:?}: {e}", a.scheduled_at))?;
+    let ctx = AttemptContext {
+        namespace: a.namespace.clone(),
+        job: a.job.clone(),
+        run_id: attempt.run_id,
+        task_id: attempt.task_id.clone(),
+        attempt: attempt.attempt,
+        scheduled_at,
+        idempotency_key: a.idempotency_key.clone(),
+        params: a
+            .params
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    };
+    Ok((executor, ctx))
+}
+
+/// The one-minute load average (0 where it cannot be read).
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}

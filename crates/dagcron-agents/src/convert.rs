@@ -1,0 +1,111 @@
+//! Between the domain's executors and outcomes and the protocol's messages.
+
+use std::collections::HashMap;
+
+use dagcron_core::model::{HttpSpec, ShellCommand};
+use dagcron_core::{Executor, Failure};
+use dagcron_exec::{Ending, Outcome};
+use dagcron_proto::v1;
+
+pub(crate) fn executor_to_proto(e: &Executor) -> v1::Executor {
+    let kind = match e {
+        Executor::Shell(s) => v1::executor::Kind::Shell(v1::Shell {
+            command: s.command.clone(),
+            args: s.args.clone(),
+            env: s.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            cwd: s.cwd.clone().unwrap_or_default(),
+        }),
+        Executor::Http(h) => v1::executor::Kind::Http(v1::Http {
+            method: h.method.clone(),
+            url: h.url.clone(),
+            headers: h
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            body: h.body.clone(),
+            expect: h.expect.iter().map(|s| u32::from(*s)).collect(),
+        }),
+        Executor::Noop => v1::executor::Kind::Noop(v1::Noop {}),
+    };
+    v1::Executor { kind: Some(kind) }
+}
+
+pub(crate) fn executor_from_proto(e: &v1::Executor) -> Result<Executor, String> {
+    let sorted =
+        |m: &HashMap<String, String>| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    match &e.kind {
+        Some(v1::executor::Kind::Shell(s)) => Ok(Executor::Shell(ShellCommand {
+            command: s.command.clone(),
+            args: s.args.clone(),
+            env: sorted(&s.env),
+            cwd: (!s.cwd.is_empty()).then(|| s.cwd.clone()),
+        })),
+        Some(v1::executor::Kind::Http(h)) => Ok(Executor::Http(HttpSpec {
+            method: h.method.clone(),
+            url: h.url.clone(),
+            headers: sorted(&h.headers),
+            body: h.body.clone(),
+            expect: h
+                .expect
+                .iter()
+                .map(|s| u16::try_from(*s).map_err(|_| format!("{s} is not an HTTP status")))
+                .collect::<Result<_, _>>()?,
+        })),
+        Some(v1::executor::Kind::Noop(_)) => Ok(Executor::Noop),
+        None => Err("the assignment names no executor".into()),
+    }
+}
+
+pub(crate) fn outcome_to_result(attempt: v1::AttemptRef, o: &Outcome) -> v1::Result {
+    use v1::result::Ending as E;
+    let ending = match &o.ending {
+        Ending::Succeeded => E::Succeeded,
+        Ending::Failed(_) => E::Failed,
+        Ending::TimedOut => E::TimedOut,
+        Ending::Cancelled => E::Cancelled,
+    };
+    v1::Result {
+        attempt: Some(attempt),
+        ending: ending as i32,
+        exit_code: o.exit_code,
+        error: o.error.clone().unwrap_or_default(),
+        started_at_us: 0,
+        finished_at_us: 0,
+        start_error_us: 0,
+        output: o.log.clone(),
+    }
+}
+
+/// The outcome a result reports, for the engine (`is_http` tells how to read
+/// a failure's code).
+pub(crate) fn outcome_from_result(r: &v1::Result, is_http: bool) -> Outcome {
+    use v1::result::Ending as E;
+    let error = (!r.error.is_empty()).then(|| r.error.clone());
+    let ending = match E::try_from(r.ending).unwrap_or(E::Unspecified) {
+        E::Succeeded => Ending::Succeeded,
+        E::TimedOut => Ending::TimedOut,
+        E::Cancelled => Ending::Cancelled,
+        E::Failed | E::Unspecified => Ending::Failed(match (is_http, r.exit_code) {
+            (true, Some(code)) => Failure::HttpStatus(u16::try_from(code).unwrap_or(0)),
+            (false, code @ Some(_)) => Failure::Exit(code),
+            (_, None) => Failure::Error(error.clone().unwrap_or_else(|| "failed".into())),
+        }),
+    };
+    Outcome {
+        ending,
+        exit_code: r.exit_code,
+        error,
+        log: r.output.clone(),
+    }
+}
+
+/// The outcome of an attempt whose agent vanished.
+pub(crate) fn lost(why: &str) -> Outcome {
+    Outcome {
+        ending: Ending::Failed(Failure::Lost),
+        exit_code: None,
+        error: Some(why.to_string()),
+        log: vec![],
+    }
+}

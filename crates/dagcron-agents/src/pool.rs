@@ -1,0 +1,519 @@
+//! The server's side: connected agents, attempts waiting for one, and the
+//! `Agents` gRPC service.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dagcron_core::Executor;
+use dagcron_proto::v1::agents_server::{Agents, AgentsServer};
+use dagcron_proto::v1::{self, agent_message, server_message};
+use dagcron_proto::{PROTOCOL_VERSION, SUPPORTED_VERSIONS, check_version};
+use dagcron_runtime::{Remote, RemoteTask};
+use jiff::Timestamp;
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::convert;
+
+/// Settings of the pool.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// How long an agent keeps its attempts without a heartbeat.
+    pub lease_ttl: Duration,
+    /// How long an assignment may wait for the agent's acceptance before it
+    /// goes to another agent.
+    pub accept_timeout: Duration,
+    /// The shared secret agents must present, if any.
+    pub token: Option<String>,
+}
+
+impl Default for PoolConfig {
+    fn default() -> PoolConfig {
+        PoolConfig {
+            lease_ttl: Duration::from_secs(10),
+            accept_timeout: Duration::from_secs(5),
+            token: None,
+        }
+    }
+}
+
+/// An agent as the API shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkerInfo {
+    /// Its name.
+    pub id: String,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// Attempts it runs at once.
+    pub capacity: u32,
+    /// Attempts it runs now.
+    pub running: u32,
+    /// Whether its stream is open.
+    pub connected: bool,
+    /// Shutting down.
+    pub draining: bool,
+    /// Its last heartbeat.
+    pub last_heartbeat: Timestamp,
+    /// Its clock minus the server's, microseconds (its own estimate).
+    pub clock_offset_us: i64,
+    /// Its load average.
+    pub load: f64,
+    /// Its software version.
+    pub version: String,
+    /// When it connected.
+    pub connected_at: Timestamp,
+}
+
+struct Agent {
+    id: String,
+    labels: BTreeMap<String, String>,
+    capacity: u32,
+    running: u32,
+    version: String,
+    tx: Option<mpsc::UnboundedSender<Result<v1::ServerMessage, Status>>>,
+    last_seen: Instant,
+    last_heartbeat: Timestamp,
+    connected_at: Timestamp,
+    clock_offset_us: i64,
+    load: f64,
+    draining: bool,
+}
+
+impl Agent {
+    fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        labels.iter().all(|(k, v)| self.labels.get(k) == Some(v))
+    }
+
+    fn has_room(&self) -> bool {
+        self.tx.is_some() && !self.draining && self.running < self.capacity
+    }
+}
+
+/// An attempt handed to an agent.
+struct Inflight {
+    session: u64,
+    task: RemoteTask,
+    accepted: bool,
+    sent: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    agents: HashMap<u64, Agent>,
+    waiting: VecDeque<(u64, RemoteTask)>,
+    /// By fencing token.
+    inflight: HashMap<i64, Inflight>,
+    next_session: u64,
+    next_id: u64,
+    next_token: i64,
+    /// Results refused because their token was stale.
+    stale_results: u64,
+}
+
+/// Connected agents and the attempts they run; see the crate documentation.
+#[derive(Clone)]
+pub struct AgentPool {
+    state: Arc<Mutex<State>>,
+    config: PoolConfig,
+}
+
+fn now_us() -> i64 {
+    Timestamp::now().as_microsecond()
+}
+
+fn message(body: server_message::Body) -> v1::ServerMessage {
+    v1::ServerMessage {
+        sent_at_us: now_us(),
+        body: Some(body),
+    }
+}
+
+fn attempt_ref(task: &RemoteTask, token: i64) -> v1::AttemptRef {
+    v1::AttemptRef {
+        run_id: task.ctx.run_id,
+        task_id: task.ctx.task_id.clone(),
+        attempt: task.ctx.attempt,
+        fencing_token: token,
+    }
+}
+
+impl AgentPool {
+    /// A pool; call [`AgentPool::start`] to run its upkeep.
+    pub fn new(config: PoolConfig) -> AgentPool {
+        AgentPool {
+            state: Arc::new(Mutex::new(State::default())),
+            config,
+        }
+    }
+
+    /// Runs the pool's upkeep (expired agents, unaccepted assignments)
+    /// until `shutdown`.
+    pub fn start(&self, shutdown: CancellationToken) {
+        let pool = self.clone();
+        let every = (self.config.lease_ttl / 8).max(Duration::from_millis(50));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    _ = tick.tick() => pool.upkeep(),
+                }
+            }
+        });
+    }
+
+    /// The gRPC service, to serve beside the REST API.
+    pub fn service(&self) -> AgentsServer<AgentPool> {
+        AgentsServer::new(self.clone())
+    }
+
+    /// The agents, for the API.
+    pub fn workers(&self) -> Vec<WorkerInfo> {
+        let state = self.state.lock().expect("pool lock");
+        let mut out: Vec<WorkerInfo> = state
+            .agents
+            .values()
+            .map(|a| WorkerInfo {
+                id: a.id.clone(),
+                labels: a.labels.clone(),
+                capacity: a.capacity,
+                running: a.running,
+                connected: a.tx.is_some(),
+                draining: a.draining,
+                last_heartbeat: a.last_heartbeat,
+                clock_offset_us: a.clock_offset_us,
+                load: a.load,
+                version: a.version.clone(),
+                connected_at: a.connected_at,
+            })
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// Results refused so far because their fencing token was stale.
+    pub fn stale_results(&self) -> u64 {
+        self.state.lock().expect("pool lock").stale_results
+    }
+
+    /// Assigns waiting attempts to agents with room, oldest first; an
+    /// attempt no agent can take now keeps its place.
+    fn assign(state: &mut State) {
+        let mut kept = VecDeque::new();
+        while let Some((id, task)) = state.waiting.pop_front() {
+            if task.cancel.is_cancelled() {
+                (task.report)(cancelled_outcome());
+                continue;
+            }
+            let best = state
+                .agents
+                .iter()
+                .filter(|(_, a)| a.has_room() && a.matches(&task.labels))
+                .min_by(|(_, a), (_, b)| {
+                    // The least loaded, relative to its capacity.
+                    (u64::from(a.running) * u64::from(b.capacity))
+                        .cmp(&(u64::from(b.running) * u64::from(a.capacity)))
+                })
+                .map(|(s, _)| *s);
+            let Some(session) = best else {
+                kept.push_back((id, task));
+                continue;
+            };
+            state.next_token += 1;
+            let token = state.next_token;
+            let agent = state.agents.get_mut(&session).expect("agent");
+            let assignment = v1::Assignment {
+                attempt: Some(attempt_ref(&task, token)),
+                namespace: task.ctx.namespace.clone(),
+                job: task.ctx.job.clone(),
+                scheduled_at: task.ctx.scheduled_at.to_string(),
+                idempotency_key: task.ctx.idempotency_key.clone(),
+                params: task
+                    .ctx
+                    .params
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                executor: Some(convert::executor_to_proto(&task.executor)),
+                timeout_ms: task
+                    .timeout
+                    .map_or(0, |d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX)),
+                start_at_us: 0,
+                max_output_bytes: u32::try_from(task.max_output).unwrap_or(u32::MAX),
+            };
+            let sent = agent.tx.as_ref().is_some_and(|tx| {
+                tx.send(Ok(message(server_message::Body::Assignment(assignment))))
+                    .is_ok()
+            });
+            if !sent {
+                agent.tx = None;
+                kept.push_back((id, task));
+                continue;
+            }
+            agent.running += 1;
+            state.inflight.insert(
+                token,
+                Inflight {
+                    session,
+                    task,
+                    accepted: false,
+                    sent: Instant::now(),
+                },
+            );
+        }
+        state.waiting = kept;
+    }
+
+    /// Ends agents whose lease passed (their attempts are lost), sends
+    /// unaccepted assignments elsewhere, and stops cancelled attempts.
+    fn upkeep(&self) {
+        let mut state = self.state.lock().expect("pool lock");
+        let ttl = self.config.lease_ttl;
+        let expired: Vec<u64> = state
+            .agents
+            .iter()
+            .filter(|(_, a)| a.last_seen.elapsed() > ttl)
+            .map(|(s, _)| *s)
+            .collect();
+        for session in &expired {
+            if let Some(agent) = state.agents.remove(session) {
+                tracing::warn!(agent = %agent.id, "agent lease ended; its attempts are lost");
+            }
+        }
+        let tokens: Vec<i64> = state.inflight.keys().copied().collect();
+        for token in tokens {
+            let inflight = &state.inflight[&token];
+            let gone = !state.agents.contains_key(&inflight.session);
+            let late = !inflight.accepted && inflight.sent.elapsed() > self.config.accept_timeout;
+            let cancelled = inflight.task.cancel.is_cancelled();
+            if !(gone || late || cancelled) {
+                continue;
+            }
+            let inflight = state.inflight.remove(&token).expect("inflight");
+            if let Some(agent) = state.agents.get_mut(&inflight.session) {
+                agent.running = agent.running.saturating_sub(1);
+                if late || cancelled {
+                    if let Some(tx) = &agent.tx {
+                        let _ = tx.send(Ok(message(server_message::Body::Cancel(v1::Cancel {
+                            attempt: Some(attempt_ref(&inflight.task, token)),
+                            reason: if late {
+                                "not accepted in time".into()
+                            } else {
+                                "cancelled".into()
+                            },
+                        }))));
+                    }
+                }
+            }
+            if gone {
+                (inflight.task.report)(convert::lost("the agent running this attempt stopped"));
+            } else if cancelled {
+                (inflight.task.report)(cancelled_outcome());
+            } else {
+                tracing::info!(run = inflight.task.ctx.run_id, task = %inflight.task.ctx.task_id, "assignment not accepted in time; trying another agent");
+                let id = state.next_id;
+                state.next_id += 1;
+                state.waiting.push_front((id, inflight.task));
+            }
+        }
+        Self::assign(&mut state);
+    }
+
+    fn on_result(state: &mut State, session: u64, result: &v1::Result) {
+        let token = result.attempt.as_ref().map_or(0, |a| a.fencing_token);
+        let Some(inflight) = state.inflight.remove(&token) else {
+            state.stale_results += 1;
+            tracing::warn!(token, "result with a stale fencing token refused");
+            return;
+        };
+        for s in [inflight.session, session] {
+            if let Some(agent) = state.agents.get_mut(&s) {
+                if s == inflight.session {
+                    agent.running = agent.running.saturating_sub(1);
+                }
+            }
+        }
+        let is_http = matches!(inflight.task.executor, Executor::Http(_));
+        (inflight.task.report)(convert::outcome_from_result(result, is_http));
+    }
+
+    fn on_message(&self, session: u64, msg: v1::AgentMessage, received_at: i64) {
+        let mut state = self.state.lock().expect("pool lock");
+        let Some(agent) = state.agents.get_mut(&session) else {
+            return;
+        };
+        agent.last_seen = Instant::now();
+        match msg.body {
+            Some(agent_message::Body::Heartbeat(h)) => {
+                agent.last_heartbeat = Timestamp::now();
+                agent.clock_offset_us = h.clock_offset_us;
+                agent.load = h.load;
+                agent.draining = h.draining;
+                if let Some(tx) = &agent.tx {
+                    let _ = tx.send(Ok(message(server_message::Body::HeartbeatAck(
+                        v1::HeartbeatAck {
+                            agent_sent_at_us: msg.sent_at_us,
+                            received_at_us: received_at,
+                        },
+                    ))));
+                }
+                // After a reconnection, the attempts it still runs are this session's.
+                for r in &h.running {
+                    if let Some(inflight) = state.inflight.get_mut(&r.fencing_token) {
+                        if inflight.session != session {
+                            let old = inflight.session;
+                            inflight.session = session;
+                            inflight.accepted = true;
+                            if let Some(a) = state.agents.get_mut(&old) {
+                                a.running = a.running.saturating_sub(1);
+                            }
+                            if let Some(a) = state.agents.get_mut(&session) {
+                                a.running += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            Some(agent_message::Body::Accepted(a)) => {
+                let token = a.attempt.map_or(0, |a| a.fencing_token);
+                if let Some(inflight) = state.inflight.get_mut(&token) {
+                    inflight.accepted = true;
+                }
+            }
+            Some(agent_message::Body::Result(r)) => Self::on_result(&mut state, session, &r),
+            Some(agent_message::Body::Log(_)) | Some(agent_message::Body::Hello(_)) | None => {}
+        }
+        Self::assign(&mut state);
+    }
+
+    fn disconnected(&self, session: u64) {
+        let mut state = self.state.lock().expect("pool lock");
+        if let Some(agent) = state.agents.get_mut(&session) {
+            // Its attempts stay its own until the lease ends: it may come back.
+            agent.tx = None;
+            tracing::info!(agent = %agent.id, "agent disconnected");
+        }
+    }
+}
+
+fn cancelled_outcome() -> dagcron_exec::Outcome {
+    dagcron_exec::Outcome {
+        ending: dagcron_exec::Ending::Cancelled,
+        exit_code: None,
+        error: Some("cancelled before an agent took it".into()),
+        log: vec![],
+    }
+}
+
+impl Remote for AgentPool {
+    fn submit(&self, task: RemoteTask) {
+        let mut state = self.state.lock().expect("pool lock");
+        let id = state.next_id;
+        state.next_id += 1;
+        state.waiting.push_back((id, task));
+        Self::assign(&mut state);
+        drop(state);
+    }
+}
+
+type ServerStream = Pin<Box<dyn Stream<Item = Result<v1::ServerMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Agents for AgentPool {
+    type AttachStream = ServerStream;
+
+    async fn attach(
+        &self,
+        request: Request<Streaming<v1::AgentMessage>>,
+    ) -> Result<Response<ServerStream>, Status> {
+        let mut inbound = request.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("the stream ended before Hello"))?;
+        let Some(agent_message::Body::Hello(hello)) = first.body else {
+            return Err(Status::invalid_argument("the first message must be Hello"));
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let refusal = |reason: String| -> Result<Response<ServerStream>, Status> {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let _ = tx.send(Ok(message(server_message::Body::Refusal(v1::Refusal {
+                reason,
+                supported_versions: SUPPORTED_VERSIONS.to_vec(),
+            }))));
+            Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+        };
+        if let Err(e) = check_version(hello.protocol_version) {
+            tracing::warn!(agent = %hello.agent_id, "agent refused: {e}");
+            return refusal(e.to_string());
+        }
+        if let Some(token) = &self.config.token {
+            if &hello.token != token {
+                tracing::warn!(agent = %hello.agent_id, "agent refused: wrong token");
+                return refusal("the agent's token is not the one this server expects".into());
+            }
+        }
+        if hello.agent_id.is_empty() || hello.capacity == 0 {
+            return refusal("an agent needs an id and a capacity of at least 1".into());
+        }
+        let session = {
+            let mut state = self.state.lock().expect("pool lock");
+            state.next_session += 1;
+            let session = state.next_session;
+            // A reconnection replaces the agent's previous session, whose
+            // attempts move over when the agent's heartbeat lists them.
+            state.agents.insert(
+                session,
+                Agent {
+                    id: hello.agent_id.clone(),
+                    labels: hello
+                        .labels
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
+                    capacity: hello.capacity,
+                    running: 0,
+                    version: hello.version.clone(),
+                    tx: Some(tx.clone()),
+                    last_seen: Instant::now(),
+                    last_heartbeat: Timestamp::now(),
+                    connected_at: Timestamp::now(),
+                    clock_offset_us: 0,
+                    load: 0.0,
+                    draining: false,
+                },
+            );
+            // Results of attempts that finished while it was cut off.
+            for r in &hello.unreported {
+                Self::on_result(&mut state, session, r);
+            }
+            let _ = tx.send(Ok(message(server_message::Body::Welcome(v1::Welcome {
+                session_id: session.to_string(),
+                heartbeat_interval_ms: u32::try_from((self.config.lease_ttl / 4).as_millis())
+                    .unwrap_or(u32::MAX),
+                lease_ttl_ms: u32::try_from(self.config.lease_ttl.as_millis()).unwrap_or(u32::MAX),
+                protocol_version: PROTOCOL_VERSION,
+            }))));
+            Self::assign(&mut state);
+            session
+        };
+        tracing::info!(agent = %hello.agent_id, labels = ?hello.labels, capacity = hello.capacity, "agent connected");
+        let pool = self.clone();
+        tokio::spawn(async move {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(msg)) => pool.on_message(session, msg, now_us()),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            pool.disconnected(session);
+        });
+        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+    }
+}

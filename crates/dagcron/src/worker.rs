@@ -1,0 +1,57 @@
+//! `dagcron worker`: a remote worker agent.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use dagcron_agents::agent::{self, AgentConfig};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Args)]
+pub(crate) struct WorkerArgs {
+    /// The server's URL.
+    #[arg(long, env = "DAGCRON_SERVER", default_value = "http://127.0.0.1:7700")]
+    server: String,
+    /// Labels tasks select agents by: `k=v,k2=v2`.
+    #[arg(long, value_delimiter = ',', value_parser = crate::client::parse_kv)]
+    labels: Vec<(String, String)>,
+    /// Attempts it runs at once.
+    #[arg(long, default_value_t = 4)]
+    capacity: u32,
+    /// The secret the server expects (its `--agent-token`).
+    #[arg(long, env = "DAGCRON_AGENT_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// The agent's name, stable across restarts [default: the host name].
+    #[arg(long, env = "DAGCRON_AGENT_ID")]
+    id: Option<String>,
+}
+
+pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    anyhow::ensure!(args.capacity > 0, "--capacity must be at least 1");
+    let agent_id = match args.id {
+        Some(id) => id,
+        None => nix::unistd::gethostname()
+            .context("reading the host name (or pass --id)")?
+            .into_string()
+            .map_err(|_| anyhow::anyhow!("the host name is not UTF-8; pass --id"))?,
+    };
+    let labels: BTreeMap<String, String> = args.labels.into_iter().collect();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(crate::serve::shutdown_signal(shutdown.clone()));
+    let config = AgentConfig {
+        server: args.server,
+        agent_id,
+        labels,
+        capacity: args.capacity,
+        token: args.token,
+    };
+    agent::run(config, shutdown).await?;
+    tracing::info!("stopped");
+    Ok(ExitCode::SUCCESS)
+}
