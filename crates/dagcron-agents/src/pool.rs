@@ -121,6 +121,8 @@ struct State {
 pub struct AgentPool {
     state: Arc<Mutex<State>>,
     config: PoolConfig,
+    /// Cancelled when the pool stops: every agent stream ends.
+    closing: CancellationToken,
 }
 
 fn now_us() -> i64 {
@@ -149,21 +151,28 @@ impl AgentPool {
         AgentPool {
             state: Arc::new(Mutex::new(State::default())),
             config,
+            closing: CancellationToken::new(),
         }
     }
 
     /// Runs the pool's upkeep (expired agents, unaccepted assignments)
-    /// until `shutdown`.
-    pub fn start(&self, shutdown: CancellationToken) {
+    /// until `stop`; then ends every agent's stream (the server can close
+    /// its connections; the agents reconnect to whoever comes next).
+    pub fn start(&self, stop: CancellationToken) {
         let pool = self.clone();
         let every = (self.config.lease_ttl / 8).max(Duration::from_millis(50));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
                 tokio::select! {
-                    () = shutdown.cancelled() => return,
+                    () = stop.cancelled() => break,
                     _ = tick.tick() => pool.upkeep(),
                 }
+            }
+            pool.closing.cancel();
+            let mut state = pool.state.lock().expect("pool lock");
+            for agent in state.agents.values_mut() {
+                agent.tx = None;
             }
         });
     }
@@ -507,9 +516,12 @@ impl Agents for AgentPool {
         let pool = self.clone();
         tokio::spawn(async move {
             loop {
-                match inbound.message().await {
-                    Ok(Some(msg)) => pool.on_message(session, msg, now_us()),
-                    Ok(None) | Err(_) => break,
+                tokio::select! {
+                    () = pool.closing.cancelled() => break,
+                    msg = inbound.message() => match msg {
+                        Ok(Some(msg)) => pool.on_message(session, msg, now_us()),
+                        Ok(None) | Err(_) => break,
+                    },
                 }
             }
             pool.disconnected(session);

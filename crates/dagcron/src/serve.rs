@@ -183,7 +183,10 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         token: args.agent_token.clone(),
         ..PoolConfig::default()
     });
-    agents.start(shutdown.clone());
+    // The API and the agents' streams stay up while the engine drains, so
+    // that remote attempts can report; they stop when the engine is done.
+    let api_stop = CancellationToken::new();
+    agents.start(api_stop.clone());
     let config = EngineConfig {
         pool_size: args.pool_size,
         misfire_grace: Duration::from_secs(args.misfire_grace),
@@ -220,10 +223,11 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
             None,
             agents,
             demo,
-            shutdown.clone(),
+            api_stop.clone(),
         )
         .await?;
         let result = engine_task.await.context("engine task")?;
+        api_stop.cancel();
         let _ = api.await;
         result.context("engine")?;
         tracing::info!("stopped");
@@ -277,7 +281,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         Some(cluster),
         agents,
         demo,
-        shutdown.clone(),
+        api_stop.clone(),
     )
     .await?;
     let fenced = |e: &StorageError| matches!(e, StorageError::Fenced(_));
@@ -293,6 +297,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
             // The engine drained: leave the cluster.
             stopped.cancel();
             coordinator_task.await.context("cluster task")?.context("leaving the cluster")?;
+            api_stop.cancel();
         }
         ended = &mut coordinator_task => {
             let e = match ended.context("cluster task")? {

@@ -1,0 +1,246 @@
+//! Remote worker agents with real processes on loopback: a server and two
+//! agents with different labels, each agent in a directory of its own so
+//! that a task's `pwd` says where it ran.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Server, free_port, setup};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+struct Agent {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Agent {
+    fn start(server: &Server, root: &Path, id: &str, labels: &str, capacity: u32) -> Agent {
+        let dir = root.join(id);
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = std::fs::File::create(root.join(format!("{id}.log"))).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+            .args([
+                "worker",
+                "--server",
+                &server.url,
+                "--id",
+                id,
+                "--labels",
+                labels,
+            ])
+            .args(["--capacity", &capacity.to_string()])
+            .current_dir(&dir)
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        let agent = Agent { child, dir };
+        wait_until(&format!("agent {id} is connected"), || {
+            server.get("/api/v1/workers")["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|w| w["id"] == id && w["connected"] == true)
+        });
+        agent
+    }
+
+    fn signal(&mut self, sig: Signal) -> std::process::ExitStatus {
+        kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn trigger(server: &Server, job: &str) -> i64 {
+    let (status, run) = server.post(
+        &format!("/api/v1/namespaces/a/jobs/{job}/trigger"),
+        "{}",
+        "application/json",
+    );
+    assert_eq!(status, 201, "{run}");
+    run["id"].as_i64().unwrap()
+}
+
+fn wait_run(server: &Server, id: i64, state: &str) -> serde_json::Value {
+    let mut last = serde_json::Value::Null;
+    wait_until(&format!("run {id} is {state}"), || {
+        last = server.get(&format!("/api/v1/runs/{id}"));
+        last["state"] == state
+    });
+    last
+}
+
+fn log(server: &Server, id: i64, task: &str, attempt: u32) -> String {
+    reqwest::blocking::get(format!(
+        "{}/api/v1/runs/{id}/tasks/{task}/attempts/{attempt}/log",
+        server.url
+    ))
+    .unwrap()
+    .text()
+    .unwrap()
+}
+
+#[test]
+fn tasks_go_to_agents_by_label_and_survive_an_agent_killed_mid_task() {
+    let (dir, data) = setup();
+    let mut server = Server::start(&data, free_port(), &["--agent-lease-ttl-ms", "2000"]);
+    server.namespace = "a".into();
+    let root = dir.path().join("agents");
+    let mut eu = Agent::start(&server, &root, "eu-1", "zone=eu,pool=x", 2);
+    let mut us = Agent::start(&server, &root, "us-1", "zone=us,pool=x", 2);
+    let jobs = r#"
+namespace: a
+jobs:
+  - name: routed
+    tasks:
+      - { id: eu, shell: 'pwd', run_on: { labels: { zone: eu } } }
+      - { id: us, shell: 'pwd', run_on: { labels: { zone: us } } }
+      - { id: here, shell: 'echo in the server', depends_on: [eu, us] }
+  - name: long
+    retry: { max_attempts: 3, backoff: fixed, initial: 1s }
+    tasks:
+      - { id: t, shell: 'touch started-$DAGCRON_ATTEMPT; sleep 3; pwd', run_on: { labels: { pool: x } } }
+  - name: stop
+    tasks:
+      - { id: t, shell: 'sleep 3; touch finished', run_on: { labels: { zone: us } } }
+"#;
+    let (status, body) = server.post("/api/v1/apply", jobs, "application/yaml");
+    assert_eq!(status, 200, "{body}");
+
+    // Routing by label.
+    let id = trigger(&server, "routed");
+    wait_run(&server, id, "succeeded");
+    assert!(log(&server, id, "eu", 1).trim().ends_with("eu-1"));
+    assert!(log(&server, id, "us", 1).trim().ends_with("us-1"));
+    assert_eq!(log(&server, id, "here", 1).trim(), "in the server");
+
+    // SIGKILL of the agent running an attempt: lost, then retried on the other.
+    let id = trigger(&server, "long");
+    let mut first = None;
+    wait_until("an agent starts the attempt", || {
+        first = [&eu, &us]
+            .into_iter()
+            .position(|a| a.dir.join("started-1").exists());
+        first.is_some()
+    });
+    let killed_at = Instant::now();
+    let survivor = if first == Some(0) {
+        eu.signal(Signal::SIGKILL);
+        &us
+    } else {
+        us.signal(Signal::SIGKILL);
+        &eu
+    };
+    let run = wait_run(&server, id, "succeeded");
+    let attempts = run["tasks"][0]["attempts"].as_array().unwrap();
+    assert_eq!(attempts[0]["state"], "lost", "{run}");
+    assert_eq!(attempts.last().unwrap()["state"], "succeeded", "{run}");
+    assert!(
+        survivor
+            .dir
+            .join(format!("started-{}", attempts.len()))
+            .exists()
+    );
+    eprintln!(
+        "killed agent's attempt retried and done {} ms after SIGKILL (agent lease 2000 ms)",
+        killed_at.elapsed().as_millis()
+    );
+
+    // Cancelling a run stops its remote attempt on the agent.
+    let us_agent = if first == Some(0) {
+        us
+    } else {
+        // The us agent was the one killed: start it again.
+        drop(us);
+        Agent::start(&server, &root, "us-1", "zone=us,pool=x", 2)
+    };
+    let id = trigger(&server, "stop");
+    wait_until("the attempt runs", || {
+        server.get(&format!("/api/v1/runs/{id}"))["tasks"][0]["state"] == "running"
+    });
+    let (status, body) = server.post(&format!("/api/v1/runs/{id}/cancel"), "", "application/json");
+    assert!(status < 300, "{status} {body}");
+    let run = wait_run(&server, id, "cancelled");
+    assert_eq!(
+        run["tasks"][0]["attempts"][0]["state"], "cancelled",
+        "{run}"
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        !us_agent.dir.join("finished").exists(),
+        "the cancelled task ran to its end"
+    );
+    server.signal(Signal::SIGTERM);
+}
+
+/// Many short tasks over two agents: each runs exactly once, counted by the
+/// files the tasks write.
+#[test]
+fn a_flood_of_short_tasks_runs_each_exactly_once() {
+    let (dir, data) = setup();
+    let mut server = Server::start(&data, free_port(), &[]);
+    server.namespace = "a".into();
+    let root = dir.path().join("agents");
+    let marks = dir.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let _one = Agent::start(&server, &root, "one", "pool=flood", 4);
+    let _two = Agent::start(&server, &root, "two", "pool=flood", 4);
+    let mut yaml = String::from(
+        "namespace: a\njobs:\n  - name: flood\n    concurrency: allow\n    max_active_runs: 100\n    tasks:\n",
+    );
+    for i in 0..20 {
+        yaml.push_str(&format!(
+            "      - {{ id: t{i}, shell: 'touch {}/$DAGCRON_RUN_ID-$DAGCRON_TASK_ID-$DAGCRON_ATTEMPT-$(basename $(pwd))', run_on: {{ labels: {{ pool: flood }} }} }}\n",
+            marks.display()
+        ));
+    }
+    let (status, body) = server.post("/api/v1/apply", &yaml, "application/yaml");
+    assert_eq!(status, 200, "{body}");
+    let ids: Vec<i64> = (0..10).map(|_| trigger(&server, "flood")).collect();
+    for id in &ids {
+        wait_run(&server, *id, "succeeded");
+    }
+    let files: Vec<String> = std::fs::read_dir(&marks)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(files.len(), 200, "every task ran once");
+    let mut tasks: Vec<String> = files
+        .iter()
+        .map(|f| f.rsplitn(3, '-').nth(2).unwrap().to_string())
+        .collect();
+    tasks.sort();
+    tasks.dedup();
+    assert_eq!(tasks.len(), 200, "no task ran twice");
+    let on = |agent: &str| files.iter().filter(|f| f.ends_with(agent)).count();
+    assert!(
+        on("-one") > 0 && on("-two") > 0,
+        "both agents worked: {} and {}",
+        on("-one"),
+        on("-two")
+    );
+    eprintln!(
+        "200 attempts: {} on one agent, {} on the other",
+        on("-one"),
+        on("-two")
+    );
+}
