@@ -1,0 +1,192 @@
+//! The pool and an agent in one process, over real gRPC on loopback.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use dagcron_agents::agent::{self, AgentConfig};
+use dagcron_agents::{AgentPool, PoolConfig};
+use dagcron_core::Executor;
+use dagcron_core::model::ShellCommand;
+use dagcron_exec::{AttemptContext, Ending, Outcome};
+use dagcron_proto::v1::agents_client::AgentsClient;
+use dagcron_proto::v1::{self, agent_message, server_message};
+use dagcron_runtime::{Remote, RemoteTask};
+use tokio::sync::oneshot;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+/// Serves the pool on `addr` until `stop`.
+async fn serve(
+    pool: &AgentPool,
+    addr: SocketAddr,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let listener = loop {
+        // The port may take a moment to be free again after a previous server.
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => break l,
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    let service = pool.service();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                stop.cancelled_owned(),
+            )
+            .await
+            .unwrap();
+    })
+}
+
+fn free_addr() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn task(script: &str, report: oneshot::Sender<Outcome>) -> RemoteTask {
+    RemoteTask {
+        ctx: AttemptContext {
+            namespace: "ns".into(),
+            job: "j".into(),
+            run_id: 1,
+            task_id: "t".into(),
+            attempt: 1,
+            scheduled_at: jiff::Timestamp::now(),
+            idempotency_key: "k".into(),
+            params: BTreeMap::new(),
+        },
+        executor: Executor::Shell(ShellCommand {
+            command: script.into(),
+            args: vec![],
+            env: BTreeMap::new(),
+            cwd: None,
+        }),
+        timeout: None,
+        labels: BTreeMap::new(),
+        max_output: 1 << 16,
+        cancel: CancellationToken::new(),
+        report: Box::new(move |o| {
+            let _ = report.send(o);
+        }),
+    }
+}
+
+#[tokio::test]
+async fn a_newer_protocol_revision_is_refused_with_a_reason() {
+    let pool = AgentPool::new(PoolConfig::default());
+    let addr = free_addr();
+    let stop = CancellationToken::new();
+    serve(&pool, addr, stop.clone()).await;
+    let mut client = loop {
+        match AgentsClient::connect(format!("http://{addr}")).await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(v1::AgentMessage {
+        sent_at_us: 0,
+        body: Some(agent_message::Body::Hello(v1::Hello {
+            agent_id: "future".into(),
+            capacity: 1,
+            protocol_version: 99,
+            ..Default::default()
+        })),
+    })
+    .await
+    .unwrap();
+    let mut inbound = client
+        .attach(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = inbound.message().await.unwrap().unwrap();
+    match first.body {
+        Some(server_message::Body::Refusal(r)) => {
+            assert!(r.reason.contains("revision 99"), "{}", r.reason);
+            assert!(
+                r.reason.contains("newer than this server's"),
+                "{}",
+                r.reason
+            );
+            assert_eq!(r.supported_versions, [1]);
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(
+        inbound.message().await.unwrap().is_none(),
+        "the stream ends"
+    );
+    assert!(pool.workers().is_empty());
+    stop.cancel();
+}
+
+/// The server goes away while the agent runs an attempt; the attempt
+/// finishes meanwhile; when a server is back on the same address (same
+/// pool, within the lease), the agent reconnects and reports it.
+#[tokio::test]
+async fn a_result_made_while_cut_off_is_reported_after_reconnecting() {
+    let pool = AgentPool::new(PoolConfig {
+        lease_ttl: Duration::from_secs(30),
+        ..PoolConfig::default()
+    });
+    let addr = free_addr();
+    let first = CancellationToken::new();
+    let server = serve(&pool, addr, first.clone()).await;
+    let agent_stop = CancellationToken::new();
+    let agent = tokio::spawn(agent::run(
+        AgentConfig {
+            server: format!("http://{addr}"),
+            agent_id: "a".into(),
+            labels: BTreeMap::new(),
+            capacity: 1,
+            token: None,
+        },
+        agent_stop.clone(),
+    ));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while pool.workers().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the agent did not connect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (tx, outcome) = oneshot::channel();
+    pool.submit(task("sleep 1; echo done", tx));
+    while pool.workers()[0].running == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "not assigned");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Cut: the server goes away while the attempt runs (the pool ends its
+    // streams, the server stops).
+    let closing = CancellationToken::new();
+    pool.start(closing.clone());
+    closing.cancel();
+    first.cancel();
+    let _ = server.await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Back, with the same pool.
+    let second = CancellationToken::new();
+    serve(&pool, addr, second.clone()).await;
+    let outcome = tokio::time::timeout(Duration::from_secs(20), outcome)
+        .await
+        .expect("the result arrives")
+        .unwrap();
+    assert_eq!(outcome.ending, Ending::Succeeded, "{outcome:?}");
+    assert_eq!(String::from_utf8_lossy(&outcome.log).trim(), "done");
+    assert_eq!(pool.stale_results(), 0);
+    agent_stop.cancel();
+    tokio::time::timeout(Duration::from_secs(20), agent)
+        .await
+        .expect("the agent drains and stops")
+        .unwrap()
+        .unwrap();
+    second.cancel();
+}
