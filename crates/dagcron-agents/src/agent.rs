@@ -112,8 +112,17 @@ async fn session(
     done_rx: &mut mpsc::UnboundedReceiver<v1::Result>,
     shutdown: &CancellationToken,
 ) -> Result<(), Option<AgentError>> {
-    let mut client = match AgentsClient::connect(config.server.clone()).await {
-        Ok(c) => c,
+    let endpoint = match tonic::transport::Endpoint::from_shared(config.server.clone()) {
+        Ok(e) => e.tcp_nodelay(true).connect_timeout(Duration::from_secs(5)),
+        Err(e) => {
+            return Err(Some(AgentError::Refused(format!(
+                "bad server URL {:?}: {e}",
+                config.server
+            ))));
+        }
+    };
+    let mut client = match endpoint.connect().await {
+        Ok(channel) => AgentsClient::new(channel),
         Err(e) => {
             tracing::warn!("cannot reach {}: {e}", config.server);
             return Err(None);

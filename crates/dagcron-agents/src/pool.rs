@@ -215,7 +215,11 @@ impl AgentPool {
     /// attempt no agent can take now keeps its place.
     fn assign(state: &mut State) {
         let mut kept = VecDeque::new();
-        while let Some((id, task)) = state.waiting.pop_front() {
+        // Stop as soon as no agent has room: the queue may be long.
+        while state.agents.values().any(Agent::has_room) {
+            let Some((id, task)) = state.waiting.pop_front() else {
+                break;
+            };
             if task.cancel.is_cancelled() {
                 (task.report)(cancelled_outcome());
                 continue;
@@ -276,6 +280,7 @@ impl AgentPool {
                 },
             );
         }
+        kept.extend(state.waiting.drain(..));
         state.waiting = kept;
     }
 
