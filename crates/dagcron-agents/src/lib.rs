@@ -16,6 +16,7 @@
 
 pub mod agent;
 mod convert;
+mod fair;
 mod pool;
 
 pub use pool::{AgentPool, PoolConfig, WorkerInfo};

@@ -1,7 +1,7 @@
 //! The server's side: connected agents, attempts waiting for one, and the
 //! `Agents` gRPC service.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::convert;
+use crate::fair::FairQueue;
 
 /// Settings of the pool.
 #[derive(Clone, Debug)]
@@ -106,11 +107,10 @@ struct Inflight {
 #[derive(Default)]
 struct State {
     agents: HashMap<u64, Agent>,
-    waiting: VecDeque<(u64, RemoteTask)>,
+    waiting: FairQueue<RemoteTask>,
     /// By fencing token.
     inflight: HashMap<i64, Inflight>,
     next_session: u64,
-    next_id: u64,
     next_token: i64,
     /// Results refused because their token was stale.
     stale_results: u64,
@@ -206,18 +206,28 @@ impl AgentPool {
         out
     }
 
+    /// Attempts waiting for an agent.
+    pub fn waiting(&self) -> usize {
+        self.state.lock().expect("pool lock").waiting.len()
+    }
+
     /// Results refused so far because their fencing token was stale.
     pub fn stale_results(&self) -> u64 {
         self.state.lock().expect("pool lock").stale_results
     }
 
-    /// Assigns waiting attempts to agents with room, oldest first; an
-    /// attempt no agent can take now keeps its place.
+    /// Assigns waiting attempts to agents with room, in turn across
+    /// namespaces and jobs; an attempt no agent can take now keeps its place.
     fn assign(state: &mut State) {
-        let mut kept = VecDeque::new();
         // Stop as soon as no agent has room: the queue may be long.
         while state.agents.values().any(Agent::has_room) {
-            let Some((id, task)) = state.waiting.pop_front() else {
+            let agents = &state.agents;
+            let Some(task) = state.waiting.take(|t| {
+                t.cancel.is_cancelled()
+                    || agents
+                        .values()
+                        .any(|a| a.has_room() && a.matches(&t.labels))
+            }) else {
                 break;
             };
             if task.cancel.is_cancelled() {
@@ -235,8 +245,10 @@ impl AgentPool {
                 })
                 .map(|(s, _)| *s);
             let Some(session) = best else {
-                kept.push_back((id, task));
-                continue;
+                // `take` saw an agent for it: cannot happen; keep it anyway.
+                let (ns, job) = (task.ctx.namespace.clone(), task.ctx.job.clone());
+                state.waiting.push_front(&ns, &job, task);
+                break;
             };
             state.next_token += 1;
             let token = state.next_token;
@@ -266,7 +278,8 @@ impl AgentPool {
             });
             if !sent {
                 agent.tx = None;
-                kept.push_back((id, task));
+                let (ns, job) = (task.ctx.namespace.clone(), task.ctx.job.clone());
+                state.waiting.push_front(&ns, &job, task);
                 continue;
             }
             agent.running += 1;
@@ -280,8 +293,6 @@ impl AgentPool {
                 },
             );
         }
-        kept.extend(state.waiting.drain(..));
-        state.waiting = kept;
     }
 
     /// Ends agents whose lease passed (their attempts are lost), sends
@@ -331,9 +342,11 @@ impl AgentPool {
                 (inflight.task.report)(cancelled_outcome());
             } else {
                 tracing::info!(run = inflight.task.ctx.run_id, task = %inflight.task.ctx.task_id, "assignment not accepted in time; trying another agent");
-                let id = state.next_id;
-                state.next_id += 1;
-                state.waiting.push_front((id, inflight.task));
+                let (ns, job) = (
+                    inflight.task.ctx.namespace.clone(),
+                    inflight.task.ctx.job.clone(),
+                );
+                state.waiting.push_front(&ns, &job, inflight.task);
             }
         }
         Self::assign(&mut state);
@@ -428,9 +441,8 @@ fn cancelled_outcome() -> dagcron_exec::Outcome {
 impl Remote for AgentPool {
     fn submit(&self, task: RemoteTask) {
         let mut state = self.state.lock().expect("pool lock");
-        let id = state.next_id;
-        state.next_id += 1;
-        state.waiting.push_back((id, task));
+        let (ns, job) = (task.ctx.namespace.clone(), task.ctx.job.clone());
+        state.waiting.push_back(&ns, &job, task);
         Self::assign(&mut state);
         drop(state);
     }

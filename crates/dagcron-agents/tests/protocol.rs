@@ -190,3 +190,63 @@ async fn a_result_made_while_cut_off_is_reported_after_reconnecting() {
         .unwrap();
     second.cancel();
 }
+
+/// One agent with one slot; a busy job queued first does not starve a job
+/// queued after it: they take turns.
+#[tokio::test]
+async fn jobs_take_turns_for_a_busy_agent() {
+    let pool = AgentPool::new(PoolConfig::default());
+    let addr = free_addr();
+    let stop = CancellationToken::new();
+    serve(&pool, addr, stop.clone()).await;
+    tokio::spawn(agent::run(
+        AgentConfig {
+            server: format!("http://{addr}"),
+            agent_id: "solo".into(),
+            labels: BTreeMap::new(),
+            capacity: 1,
+            token: None,
+        },
+        stop.clone(),
+    ));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while pool.workers().is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "no agent");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let submit = |job: &'static str, n: u32| {
+        let (once, done) = oneshot::channel();
+        let mut t = task("true", once);
+        t.ctx.job = job.into();
+        t.ctx.attempt = n;
+        t.executor = Executor::Noop;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let _ = done.await;
+            let _ = tx.send(job);
+        });
+        pool.submit(t);
+    };
+    for n in 1..=6 {
+        submit("busy", n);
+    }
+    for n in 1..=2 {
+        submit("quiet", n);
+    }
+    let mut order = Vec::new();
+    while order.len() < 8 {
+        order.push(
+            tokio::time::timeout(Duration::from_secs(20), rx.recv())
+                .await
+                .expect("all attempts finish")
+                .unwrap(),
+        );
+    }
+    let last_quiet = order.iter().rposition(|j| *j == "quiet").unwrap();
+    assert!(
+        last_quiet < 5,
+        "the quiet job waited behind the busy one: {order:?}"
+    );
+    stop.cancel();
+}
