@@ -391,13 +391,83 @@ async fn cancel<S: Store>(
     Ok(Json(run_json(&st, id).await?))
 }
 
+#[derive(Deserialize)]
+struct LogQuery {
+    #[serde(default)]
+    follow: bool,
+}
+
+/// An attempt's output. With `?follow=true`, the body streams the output of
+/// a running attempt as it comes and ends when the attempt does.
 async fn get_log<S: Store>(
     State(st): State<AppState<S>>,
     Path((id, task, n)): Path<(RunId, String, u32)>,
-) -> Result<impl IntoResponse, ApiError> {
+    Query(q): Query<LogQuery>,
+) -> Result<axum::response::Response, ApiError> {
+    let text = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
     let log =
         st.store.read_log(id, &task, n).await?.ok_or_else(|| {
             ApiError::not_found(format!("no attempt {n} of task {task} in run {id}"))
         })?;
-    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], log))
+    if !q.follow {
+        return Ok((text, log).into_response());
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::convert::Infallible>>(16);
+    tokio::spawn(follow(st, id, task, n, tx));
+    let body = axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    Ok((text, body).into_response())
+}
+
+/// Feeds a follower until the attempt has ended (or the follower left).
+async fn follow<S: Store>(
+    st: AppState<S>,
+    id: RunId,
+    task: String,
+    n: u32,
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::convert::Infallible>>,
+) {
+    let mut offset = 0;
+    loop {
+        if let Some(live) = st.engine.live_log(id, &task, n) {
+            loop {
+                let (bytes, done) = live.read_from(offset);
+                if !bytes.is_empty() {
+                    offset += bytes.len();
+                    if tx.send(Ok(Bytes::from(bytes))).await.is_err() {
+                        return;
+                    }
+                }
+                if done {
+                    return;
+                }
+                live.wait(std::time::Duration::from_millis(500)).await;
+                if tx.is_closed() {
+                    return;
+                }
+            }
+        }
+        // Not running here (not started yet, on an agent or another node,
+        // or just finished): the stored record decides.
+        let ended = match st.store.get_run(id).await {
+            Ok(Some(run)) => run
+                .tasks
+                .iter()
+                .find(|t| t.id == task)
+                .and_then(|t| t.attempts.iter().find(|a| a.number == n))
+                .is_none_or(|a| a.state.is_terminal()),
+            _ => true,
+        };
+        if ended {
+            if let Ok(Some(log)) = st.store.read_log(id, &task, n).await {
+                if log.len() > offset {
+                    let _ = tx.send(Ok(Bytes::from(log[offset..].to_vec()))).await;
+                }
+            }
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        if tx.is_closed() {
+            return;
+        }
+    }
 }

@@ -11,6 +11,7 @@ mod http;
 mod shell;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use dagcron_core::{Executor, Failure};
@@ -148,15 +149,94 @@ pub async fn run(
     cancel: CancellationToken,
     limits: Limits,
 ) -> Outcome {
-    match executor {
-        Executor::Shell(cmd) => shell::run(cmd, ctx, timeout, cancel, limits).await,
-        Executor::Http(spec) => http::run(spec, ctx, timeout, cancel, limits).await,
+    run_live(executor, ctx, timeout, cancel, limits, None).await
+}
+
+/// [`run`], with the output also copied to `live` as it comes (for readers
+/// who follow a running attempt); `live` is finished when the attempt ends.
+pub async fn run_live(
+    executor: &Executor,
+    ctx: &AttemptContext,
+    timeout: Option<Duration>,
+    cancel: CancellationToken,
+    limits: Limits,
+    live: Option<&LiveLog>,
+) -> Outcome {
+    let outcome = match executor {
+        Executor::Shell(cmd) => shell::run(cmd, ctx, timeout, cancel, limits, live).await,
+        Executor::Http(spec) => {
+            let outcome = http::run(spec, ctx, timeout, cancel, limits).await;
+            if let Some(live) = live {
+                live.push(&outcome.log);
+            }
+            outcome
+        }
         Executor::Noop => Outcome {
             ending: Ending::Succeeded,
             exit_code: None,
             error: None,
             log: vec![],
         },
+    };
+    if let Some(live) = live {
+        live.finish();
+    }
+    outcome
+}
+
+/// The output of a running attempt, readable while it grows.
+#[derive(Clone, Debug)]
+pub struct LiveLog(Arc<LiveInner>);
+
+#[derive(Debug)]
+struct LiveInner {
+    buf: std::sync::Mutex<Vec<u8>>,
+    cap: usize,
+    done: std::sync::atomic::AtomicBool,
+    changed: tokio::sync::Notify,
+}
+
+impl LiveLog {
+    /// An empty log keeping at most `cap` bytes.
+    pub fn new(cap: usize) -> LiveLog {
+        LiveLog(Arc::new(LiveInner {
+            buf: std::sync::Mutex::new(Vec::new()),
+            cap,
+            done: std::sync::atomic::AtomicBool::new(false),
+            changed: tokio::sync::Notify::new(),
+        }))
+    }
+
+    /// Appends output (beyond the cap, it is dropped).
+    pub fn push(&self, bytes: &[u8]) {
+        {
+            let mut buf = self.0.buf.lock().expect("live log lock");
+            let room = self.0.cap.saturating_sub(buf.len());
+            buf.extend_from_slice(&bytes[..room.min(bytes.len())]);
+        }
+        self.0.changed.notify_waiters();
+    }
+
+    /// The attempt ended: no more output.
+    pub fn finish(&self) {
+        self.0.done.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
+
+    /// The output from byte `offset` on, and whether the attempt has ended.
+    pub fn read_from(&self, offset: usize) -> (Vec<u8>, bool) {
+        // Read `done` first: output pushed before it was set is then included.
+        let done = self.0.done.load(std::sync::atomic::Ordering::SeqCst);
+        let buf = self.0.buf.lock().expect("live log lock");
+        (
+            buf.get(offset..).map(<[u8]>::to_vec).unwrap_or_default(),
+            done,
+        )
+    }
+
+    /// Waits until there is more output or the attempt ends, or `timeout`.
+    pub async fn wait(&self, timeout: Duration) {
+        let _ = tokio::time::timeout(timeout, self.0.changed.notified()).await;
     }
 }
 

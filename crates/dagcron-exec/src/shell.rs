@@ -13,15 +13,18 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use crate::{AttemptContext, CappedLog, Ending, Limits, Outcome};
+use crate::{AttemptContext, CappedLog, Ending, Limits, LiveLog, Outcome};
 
-async fn pump(mut from: impl AsyncRead + Unpin, log: Arc<Mutex<CappedLog>>) {
+async fn pump(mut from: impl AsyncRead + Unpin, log: Arc<Mutex<CappedLog>>, live: Option<LiveLog>) {
     let mut buf = [0u8; 8192];
     while let Ok(n) = from.read(&mut buf).await {
         if n == 0 {
             break;
         }
         log.lock().expect("log lock").push(&buf[..n]);
+        if let Some(live) = &live {
+            live.push(&buf[..n]);
+        }
     }
 }
 
@@ -31,6 +34,7 @@ pub(crate) async fn run(
     timeout: Option<Duration>,
     cancel: CancellationToken,
     limits: Limits,
+    live: Option<&LiveLog>,
 ) -> Outcome {
     let mut command = if cmd.args.is_empty() {
         let mut c = Command::new("/bin/sh");
@@ -70,8 +74,16 @@ pub(crate) async fn run(
     };
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));
     let log = Arc::new(Mutex::new(CappedLog::new(limits.max_output)));
-    let out = tokio::spawn(pump(child.stdout.take().expect("piped"), log.clone()));
-    let err = tokio::spawn(pump(child.stderr.take().expect("piped"), log.clone()));
+    let out = tokio::spawn(pump(
+        child.stdout.take().expect("piped"),
+        log.clone(),
+        live.cloned(),
+    ));
+    let err = tokio::spawn(pump(
+        child.stderr.take().expect("piped"),
+        log.clone(),
+        live.cloned(),
+    ));
     let sleep = async {
         match timeout {
             Some(d) => tokio::time::sleep(d).await,

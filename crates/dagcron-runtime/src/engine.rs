@@ -401,7 +401,11 @@ fn attempt_state_of(ending: &Ending) -> AttemptState {
 #[derive(Clone)]
 pub struct EngineHandle {
     tx: mpsc::Sender<Command>,
+    live: LiveLogs,
 }
+
+/// The output of attempts running in this process, by (run, task, attempt).
+type LiveLogs = Arc<std::sync::Mutex<HashMap<(RunId, String, u32), dagcron_exec::LiveLog>>>;
 
 impl EngineHandle {
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, EngineError> {
@@ -478,6 +482,15 @@ impl EngineHandle {
         .await
     }
 
+    /// The output so far of an attempt running in this process, to follow it.
+    pub fn live_log(&self, run: RunId, task: &str, number: u32) -> Option<dagcron_exec::LiveLog> {
+        self.live
+            .lock()
+            .expect("live logs lock")
+            .get(&(run, task.to_string(), number))
+            .cloned()
+    }
+
     /// Tells a cluster node's engine which jobs it owns; returns how many.
     pub async fn set_ownership(&self, owns: Ownership) -> Result<usize, EngineError> {
         self.ask(|reply| Command::Own { owns, reply }).await
@@ -541,6 +554,8 @@ pub struct Engine<S: Store> {
     /// Attempts of this node's runs handed to the cluster when its pool was
     /// full, by (run, task): their number.
     shared: HashMap<(RunId, usize), u32>,
+    /// Output of the attempts running here, for followers.
+    live: LiveLogs,
     /// Attempts this node claimed and runs for other nodes, by (run, task).
     foreign: HashMap<(RunId, usize), Foreign>,
 }
@@ -589,9 +604,11 @@ impl<S: Store> Engine<S> {
             ownership: None,
             shared: HashMap::new(),
             foreign: HashMap::new(),
+            live: LiveLogs::default(),
         };
         engine.recover(now).await?;
-        Ok((engine, EngineHandle { tx }))
+        let live = engine.live.clone();
+        Ok((engine, EngineHandle { tx, live }))
     }
 
     fn run_id(&mut self) -> RunId {
@@ -1285,10 +1302,17 @@ impl<S: Store> Engine<S> {
             }
             return;
         }
+        let live = dagcron_exec::LiveLog::new(limits.max_output);
+        let key = (ctx.run_id, ctx.task_id.clone(), ctx.attempt);
+        self.live
+            .lock()
+            .expect("live logs lock")
+            .insert(key.clone(), live.clone());
+        let lives = self.live.clone();
         tokio::spawn(async move {
             // A panic in an executor must not leave the attempt running forever.
             let work = tokio::spawn(async move {
-                dagcron_exec::run(&executor, &ctx, timeout, token, limits).await
+                dagcron_exec::run_live(&executor, &ctx, timeout, token, limits, Some(&live)).await
             });
             let outcome = work.await.unwrap_or_else(|e| {
                 let error = format!("the executor failed: {e}");
@@ -1299,6 +1323,7 @@ impl<S: Store> Engine<S> {
                     log: vec![],
                 }
             });
+            lives.lock().expect("live logs lock").remove(&key);
             let _ = tx.send(Finished {
                 run: run_id,
                 task,

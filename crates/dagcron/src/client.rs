@@ -46,6 +46,9 @@ pub(crate) enum ClientCommand {
         /// Attempt number (1-based).
         #[arg(long)]
         attempt: Option<u32>,
+        /// Keep printing the output of a running attempt until it ends.
+        #[arg(short = 'f', long)]
+        follow: bool,
     },
     /// The cluster: its nodes, their leases, epochs, clock skew and jobs.
     #[command(subcommand)]
@@ -440,7 +443,12 @@ pub(crate) async fn run(cmd: ClientCommand, conn: Conn) -> Result<ExitCode> {
                 writeln!(out, "run {} cancelling: {}", s(&v["id"]), s(&v["state"]))?;
             }
         },
-        ClientCommand::Logs { run, task, attempt } => {
+        ClientCommand::Logs {
+            run,
+            task,
+            attempt,
+            follow,
+        } => {
             let c = Client::new(&conn);
             let n = match attempt {
                 Some(n) => n,
@@ -458,13 +466,17 @@ pub(crate) async fn run(cmd: ClientCommand, conn: Conn) -> Result<ExitCode> {
             if n == 0 {
                 bail!("task {task} of run {run} has no attempt yet");
             }
-            let resp = c
+            let mut resp = c
                 .send(c.http.get(format!(
-                    "{}/api/v1/runs/{run}/tasks/{task}/attempts/{n}/log",
-                    c.base
+                    "{}/api/v1/runs/{run}/tasks/{task}/attempts/{n}/log{}",
+                    c.base,
+                    if follow { "?follow=true" } else { "" }
                 )))
                 .await?;
-            out.write_all(&resp.bytes().await?)?;
+            while let Some(chunk) = resp.chunk().await? {
+                out.write_all(&chunk)?;
+                out.flush()?;
+            }
         }
         ClientCommand::Workers(WorkersCommand::List) => {
             let v = Client::new(&conn).get("/api/v1/workers").await?;

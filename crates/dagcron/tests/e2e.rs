@@ -299,3 +299,58 @@ fn configuration_file() {
         "{stderr}"
     );
 }
+
+/// Following a running attempt streams its output as it comes, and ends
+/// when the attempt does; `dagcron logs -f` prints the same.
+#[test]
+fn following_a_running_attempt_streams_its_output() {
+    use std::io::Read;
+
+    let (_dir, data) = setup();
+    let server = Server::start(&data, free_port(), &[]);
+    let (status, body) = server.post(
+        "/api/v1/apply",
+        "namespace: e2e\njobs:\n  - { name: talk, tasks: [{ id: t, shell: 'echo first; sleep 2; echo second' }] }\n",
+        "application/yaml",
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, run) = server.post(
+        "/api/v1/namespaces/e2e/jobs/talk/trigger",
+        "{}",
+        "application/json",
+    );
+    assert_eq!(status, 201, "{run}");
+    let id = run["id"].as_i64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.get(&format!("/api/v1/runs/{id}"))["tasks"][0]["attempts"][0]["state"] != "running"
+    {
+        assert!(Instant::now() < deadline, "the attempt did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut resp = reqwest::blocking::get(format!(
+        "{}/api/v1/runs/{id}/tasks/t/attempts/1/log?follow=true",
+        server.url
+    ))
+    .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&seen).contains("first") {
+        let n = resp.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before the first line");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(
+        server.get(&format!("/api/v1/runs/{id}"))["state"],
+        "running",
+        "the first line arrived while the attempt ran"
+    );
+    resp.read_to_end(&mut seen).unwrap();
+    assert_eq!(String::from_utf8_lossy(&seen), "first\nsecond\n");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+        .args(["--server", &server.url, "logs", &id.to_string(), "t", "-f"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "first\nsecond\n");
+}
