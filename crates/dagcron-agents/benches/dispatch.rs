@@ -35,6 +35,7 @@ fn attempt(n: u64, report: mpsc::UnboundedSender<(u64, Instant)>) -> RemoteTask 
         labels: BTreeMap::new(),
         max_output: 1024,
         cancel: CancellationToken::new(),
+        live: None,
         report: Box::new(move |_| {
             let _ = report.send((n, Instant::now()));
         }),

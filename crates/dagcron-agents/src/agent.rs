@@ -252,6 +252,37 @@ async fn start(
         })))
         .await;
     let done = done_tx.clone();
+    let live = dagcron_exec::LiveLog::new(a.max_output_bytes as usize);
+    // Output goes to the server as it comes, for whoever follows the attempt.
+    let forward = {
+        let (live, out, attempt) = (live.clone(), out.clone(), attempt.clone());
+        async move {
+            let mut offset = 0;
+            loop {
+                live.wait(Duration::from_millis(200)).await;
+                let (bytes, ended) = live.read_from(offset);
+                if !bytes.is_empty() {
+                    let chunk = v1::LogChunk {
+                        attempt: Some(attempt.clone()),
+                        offset: offset as u64,
+                        data: bytes,
+                    };
+                    offset += chunk.data.len();
+                    if out
+                        .send(send(agent_message::Body::Log(chunk)))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                if ended {
+                    return;
+                }
+            }
+        }
+    };
+    tokio::spawn(forward);
     tokio::spawn(async move {
         let outcome = match prepare(&a) {
             Err(e) => dagcron_exec::Outcome {
@@ -273,7 +304,9 @@ async fn start(
                     max_output: a.max_output_bytes as usize,
                 };
                 let started = now_us();
-                let outcome = dagcron_exec::run(&executor, &ctx, timeout, cancel, limits).await;
+                let outcome =
+                    dagcron_exec::run_live(&executor, &ctx, timeout, cancel, limits, Some(&live))
+                        .await;
                 let mut result = convert::outcome_to_result(attempt.clone(), &outcome);
                 result.started_at_us = started;
                 result.finished_at_us = now_us();
@@ -282,6 +315,7 @@ async fn start(
                 return;
             }
         };
+        live.finish();
         let _ = done.send(convert::outcome_to_result(attempt, &outcome));
     });
 }

@@ -414,7 +414,17 @@ impl AgentPool {
                 }
             }
             Some(agent_message::Body::Result(r)) => Self::on_result(&mut state, session, &r),
-            Some(agent_message::Body::Log(_)) | Some(agent_message::Body::Hello(_)) | None => {}
+            Some(agent_message::Body::Log(chunk)) => {
+                let token = chunk.attempt.as_ref().map_or(0, |a| a.fencing_token);
+                if let Some(live) = state
+                    .inflight
+                    .get(&token)
+                    .and_then(|i| i.task.live.as_ref())
+                {
+                    live.push(&chunk.data);
+                }
+            }
+            Some(agent_message::Body::Hello(_)) | None => {}
         }
         Self::assign(&mut state);
     }

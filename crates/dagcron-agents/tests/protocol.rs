@@ -71,6 +71,7 @@ fn task(script: &str, report: oneshot::Sender<Outcome>) -> RemoteTask {
         labels: BTreeMap::new(),
         max_output: 1 << 16,
         cancel: CancellationToken::new(),
+        live: None,
         report: Box::new(move |o| {
             let _ = report.send(o);
         }),

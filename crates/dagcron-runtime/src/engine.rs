@@ -86,6 +86,8 @@ pub struct RemoteTask {
     pub max_output: usize,
     /// Cancelled when the attempt must stop.
     pub cancel: CancellationToken,
+    /// Where the agent's output goes while it runs, for followers.
+    pub live: Option<dagcron_exec::LiveLog>,
     /// Called once, with the outcome.
     pub report: Box<dyn FnOnce(Outcome) + Send>,
 }
@@ -1273,8 +1275,18 @@ impl<S: Store> Engine<S> {
         let limits = Limits {
             max_output: self.config.max_output,
         };
+        let live = dagcron_exec::LiveLog::new(limits.max_output);
+        let key = (ctx.run_id, ctx.task_id.clone(), ctx.attempt);
+        self.live
+            .lock()
+            .expect("live logs lock")
+            .insert(key.clone(), live.clone());
+        let lives = self.live.clone();
         if let Some(run_on) = &spec.run_on {
+            let followed = live.clone();
             let report = move |outcome| {
+                followed.finish();
+                lives.lock().expect("live logs lock").remove(&key);
                 let _ = tx.send(Finished {
                     run: run_id,
                     task,
@@ -1291,6 +1303,7 @@ impl<S: Store> Engine<S> {
                     labels: run_on.labels.clone(),
                     max_output: limits.max_output,
                     cancel: token,
+                    live: Some(live),
                     report: Box::new(report),
                 }),
                 None => report(Outcome {
@@ -1302,13 +1315,6 @@ impl<S: Store> Engine<S> {
             }
             return;
         }
-        let live = dagcron_exec::LiveLog::new(limits.max_output);
-        let key = (ctx.run_id, ctx.task_id.clone(), ctx.attempt);
-        self.live
-            .lock()
-            .expect("live logs lock")
-            .insert(key.clone(), live.clone());
-        let lives = self.live.clone();
         tokio::spawn(async move {
             // A panic in an executor must not leave the attempt running forever.
             let work = tokio::spawn(async move {

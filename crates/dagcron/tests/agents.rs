@@ -119,6 +119,9 @@ jobs:
     retry: { max_attempts: 3, backoff: fixed, initial: 1s }
     tasks:
       - { id: t, shell: 'touch started-$DAGCRON_ATTEMPT; sleep 3; pwd', run_on: { labels: { pool: x } } }
+  - name: chatty
+    tasks:
+      - { id: t, shell: 'echo one; sleep 2; echo two', run_on: { labels: { zone: eu } } }
   - name: stop
     tasks:
       - { id: t, shell: 'sleep 3; touch finished', run_on: { labels: { zone: us } } }
@@ -132,6 +135,32 @@ jobs:
     assert!(log(&server, id, "eu", 1).trim().ends_with("eu-1"));
     assert!(log(&server, id, "us", 1).trim().ends_with("us-1"));
     assert_eq!(log(&server, id, "here", 1).trim(), "in the server");
+
+    // The output of a remote attempt can be followed while it runs.
+    let id = trigger(&server, "chatty");
+    wait_until("the remote attempt runs", || {
+        server.get(&format!("/api/v1/runs/{id}"))["tasks"][0]["state"] == "running"
+    });
+    let mut resp = reqwest::blocking::get(format!(
+        "{}/api/v1/runs/{id}/tasks/t/attempts/1/log?follow=true",
+        server.url
+    ))
+    .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 256];
+    while !String::from_utf8_lossy(&seen).contains("one") {
+        use std::io::Read;
+        let n = resp.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before the first line");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(
+        server.get(&format!("/api/v1/runs/{id}"))["state"],
+        "running",
+        "the first line arrived while the remote attempt ran"
+    );
+    wait_run(&server, id, "succeeded");
+    assert_eq!(log(&server, id, "t", 1), "one\ntwo\n");
 
     // SIGKILL of the agent running an attempt: lost, then retried on the other.
     let id = trigger(&server, "long");
