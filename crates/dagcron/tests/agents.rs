@@ -70,25 +70,6 @@ fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
-fn trigger(server: &Server, job: &str) -> i64 {
-    let (status, run) = server.post(
-        &format!("/api/v1/namespaces/a/jobs/{job}/trigger"),
-        "{}",
-        "application/json",
-    );
-    assert_eq!(status, 201, "{run}");
-    run["id"].as_i64().unwrap()
-}
-
-fn wait_run(server: &Server, id: i64, state: &str) -> serde_json::Value {
-    let mut last = serde_json::Value::Null;
-    wait_until(&format!("run {id} is {state}"), || {
-        last = server.get(&format!("/api/v1/runs/{id}"));
-        last["state"] == state
-    });
-    last
-}
-
 fn log(server: &Server, id: i64, task: &str, attempt: u32) -> String {
     reqwest::blocking::get(format!(
         "{}/api/v1/runs/{id}/tasks/{task}/attempts/{attempt}/log",
@@ -130,14 +111,14 @@ jobs:
     assert_eq!(status, 200, "{body}");
 
     // Routing by label.
-    let id = trigger(&server, "routed");
-    wait_run(&server, id, "succeeded");
+    let id = server.trigger("routed");
+    server.wait_run(id, "succeeded");
     assert!(log(&server, id, "eu", 1).trim().ends_with("eu-1"));
     assert!(log(&server, id, "us", 1).trim().ends_with("us-1"));
     assert_eq!(log(&server, id, "here", 1).trim(), "in the server");
 
     // The output of a remote attempt can be followed while it runs.
-    let id = trigger(&server, "chatty");
+    let id = server.trigger("chatty");
     wait_until("the remote attempt runs", || {
         server.get(&format!("/api/v1/runs/{id}"))["tasks"][0]["state"] == "running"
     });
@@ -159,11 +140,11 @@ jobs:
         "running",
         "the first line arrived while the remote attempt ran"
     );
-    wait_run(&server, id, "succeeded");
+    server.wait_run(id, "succeeded");
     assert_eq!(log(&server, id, "t", 1), "one\ntwo\n");
 
     // SIGKILL of the agent running an attempt: lost, then retried on the other.
-    let id = trigger(&server, "long");
+    let id = server.trigger("long");
     let mut first = None;
     wait_until("an agent starts the attempt", || {
         first = [&eu, &us]
@@ -179,7 +160,7 @@ jobs:
         us.signal(Signal::SIGKILL);
         &eu
     };
-    let run = wait_run(&server, id, "succeeded");
+    let run = server.wait_run(id, "succeeded");
     let attempts = run["tasks"][0]["attempts"].as_array().unwrap();
     assert_eq!(attempts[0]["state"], "lost", "{run}");
     assert_eq!(attempts.last().unwrap()["state"], "succeeded", "{run}");
@@ -202,13 +183,13 @@ jobs:
         drop(us);
         Agent::start(&server, &root, "us-1", "zone=us,pool=x", 2)
     };
-    let id = trigger(&server, "stop");
+    let id = server.trigger("stop");
     wait_until("the attempt runs", || {
         server.get(&format!("/api/v1/runs/{id}"))["tasks"][0]["state"] == "running"
     });
     let (status, body) = server.post(&format!("/api/v1/runs/{id}/cancel"), "", "application/json");
     assert!(status < 300, "{status} {body}");
-    let run = wait_run(&server, id, "cancelled");
+    let run = server.wait_run(id, "cancelled");
     assert_eq!(
         run["tasks"][0]["attempts"][0]["state"], "cancelled",
         "{run}"
@@ -244,9 +225,9 @@ fn a_flood_of_short_tasks_runs_each_exactly_once() {
     }
     let (status, body) = server.post("/api/v1/apply", &yaml, "application/yaml");
     assert_eq!(status, 200, "{body}");
-    let ids: Vec<i64> = (0..10).map(|_| trigger(&server, "flood")).collect();
+    let ids: Vec<i64> = (0..10).map(|_| server.trigger("flood")).collect();
     for id in &ids {
-        wait_run(&server, *id, "succeeded");
+        server.wait_run(*id, "succeeded");
     }
     let files: Vec<String> = std::fs::read_dir(&marks)
         .unwrap()

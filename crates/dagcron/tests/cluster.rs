@@ -342,13 +342,7 @@ fn graceful_shutdown_hands_over_at_once_and_loses_nothing() {
     cluster.wait_converged(42);
 
     // A run of one node cancelled through the other.
-    let (status, run) = cluster.node(1).post(
-        "/api/v1/namespaces/c/jobs/manual/trigger",
-        "{}",
-        "application/json",
-    );
-    assert_eq!(status, 201, "{run}");
-    let id = run["id"].as_i64().unwrap();
+    let id = cluster.node(1).trigger("manual");
     let (status, body) =
         cluster
             .node(0)
@@ -451,16 +445,8 @@ fn attempts_overflow_to_a_node_with_room_and_survive_its_death() {
     );
     cluster.wait_converged(2);
 
-    let (status, run) = cluster.node(0).post(
-        "/api/v1/namespaces/c/jobs/fan/trigger",
-        "{}",
-        "application/json",
-    );
-    assert_eq!(status, 201, "{run}");
-    let id = run["id"].as_i64().unwrap();
-    wait_until("the fan-out run succeeds", || {
-        cluster.node(0).get(&format!("/api/v1/runs/{id}"))["state"] == "succeeded"
-    });
+    let id = cluster.node(0).trigger("fan");
+    cluster.node(0).wait_run(id, "succeeded");
     let per_node = |epoch: i64| {
         cluster.count(&format!(
             "SELECT count(*) FROM attempts WHERE run_id = {id} AND node_epoch = {epoch} AND state = 'succeeded'"
@@ -470,13 +456,7 @@ fn attempts_overflow_to_a_node_with_room_and_survive_its_death() {
     assert_eq!(on0 + on1, 6, "one attempt per task");
     assert!(on0 > 0 && on1 > 0, "both nodes ran tasks: {on0} and {on1}");
 
-    let (status, run) = cluster.node(0).post(
-        "/api/v1/namespaces/c/jobs/long/trigger",
-        "{}",
-        "application/json",
-    );
-    assert_eq!(status, 201, "{run}");
-    let id = run["id"].as_i64().unwrap();
+    let id = cluster.node(0).trigger("long");
     wait_until("node 1 runs one of the run's tasks", || {
         cluster.count(&format!(
             "SELECT count(*) FROM attempts WHERE run_id = {id} AND node_epoch = {e1} AND state = 'running'"
@@ -485,9 +465,7 @@ fn attempts_overflow_to_a_node_with_room_and_survive_its_death() {
     let kill = Timestamp::now();
     cluster.node_mut(1).signal(Signal::SIGKILL);
     cluster.nodes[1] = None;
-    wait_until("the run succeeds", || {
-        cluster.node(0).get(&format!("/api/v1/runs/{id}"))["state"] == "succeeded"
-    });
+    cluster.node(0).wait_run(id, "succeeded");
     let lost_after_ms = (cluster.count(&format!(
         "SELECT finished_at FROM attempts WHERE run_id = {id} AND node_epoch = {e1} AND state = 'lost'"
     )) - us(kill))
@@ -527,13 +505,7 @@ fn attempts_overflow_to_a_node_with_room_and_survive_its_death() {
         marks.display()
     ));
     cluster.wait_converged(3);
-    let (status, run) = cluster.node(0).post(
-        "/api/v1/namespaces/c/jobs/stop/trigger",
-        "{}",
-        "application/json",
-    );
-    assert_eq!(status, 201, "{run}");
-    let id = run["id"].as_i64().unwrap();
+    let id = cluster.node(0).trigger("stop");
     wait_until("node 1 runs one of the run's tasks", || {
         cluster.count(&format!(
             "SELECT count(*) FROM attempts WHERE run_id = {id} AND node_epoch = {e1} AND state = 'running'"
@@ -544,9 +516,7 @@ fn attempts_overflow_to_a_node_with_room_and_survive_its_death() {
             .node(1)
             .post(&format!("/api/v1/runs/{id}/cancel"), "", "application/json");
     assert!(status < 300, "{status} {body}");
-    wait_until("the run is cancelled", || {
-        cluster.node(0).get(&format!("/api/v1/runs/{id}"))["state"] == "cancelled"
-    });
+    cluster.node(0).wait_run(id, "cancelled");
     // Past the time the tasks would have taken: neither left its mark.
     std::thread::sleep(Duration::from_secs(4));
     assert!(

@@ -99,6 +99,33 @@ impl Server {
         (resp.status().as_u16(), resp.json().unwrap_or(Value::Null))
     }
 
+    /// Triggers `job` of this server's namespace; returns the run's id.
+    pub fn trigger(&self, job: &str) -> i64 {
+        let (status, run) = self.post(
+            &format!("/api/v1/namespaces/{}/jobs/{job}/trigger", self.namespace),
+            "{}",
+            "application/json",
+        );
+        assert_eq!(status, 201, "{run}");
+        run["id"].as_i64().unwrap()
+    }
+
+    /// Waits (bounded) until run `id` is in `state`; returns the run.
+    pub fn wait_run(&self, id: i64, state: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let run = self.get(&format!("/api/v1/runs/{id}"));
+            if run["state"] == state {
+                return run;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "run {id} did not become {state}: {run}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn all_runs(&self, job: &str) -> Vec<Value> {
         let mut out = Vec::new();
         let mut cursor = String::new();
