@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use dagcron_cron::{DstGap, DstOverlap, Options, Schedule, seed_from_key};
+use dagcron_cron::{DstGap, DstOverlap, Options, Schedule, Timetable, seed_from_key};
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -378,21 +378,71 @@ impl Job {
     /// The first fire of any of the job's schedules strictly after `t`, within
     /// its start and end dates.
     pub fn next_fire_after(&self, t: Timestamp) -> Option<Timestamp> {
-        let from = match self.spec.start_date {
-            Some(start) if start > t => start
-                .checked_sub(jiff::SignedDuration::from_nanos(1))
-                .unwrap_or(start),
-            _ => t,
-        };
-        let next = self
-            .schedules
-            .iter()
-            .filter_map(|s| s.next_after(from))
-            .min()?;
-        match self.spec.end_date {
-            Some(end) if next > end => None,
-            _ => Some(next),
+        next_fire(
+            self.schedules.iter().map(|s| s.timetable()),
+            self.spec.start_date,
+            self.spec.end_date,
+            t,
+        )
+    }
+
+    /// What the scheduler needs to know when the job fires, and to decide
+    /// what to do when it does not, without the rest of the job.
+    pub fn timing(&self) -> Timing {
+        Timing {
+            timetables: self
+                .schedules
+                .iter()
+                .map(|s| s.timetable().clone())
+                .collect(),
+            start_date: self.spec.start_date,
+            end_date: self.spec.end_date,
+            misfire: self.spec.misfire,
+            max_catchup: self.spec.max_catchup,
         }
+    }
+}
+
+/// A job's schedules in compiled form with its dates and misfire policy:
+/// what a scheduler keeps in memory for every job, a few hundred bytes,
+/// while the whole [`Job`] stays in the store until a fire needs it.
+#[derive(Clone, Debug)]
+pub struct Timing {
+    /// One per schedule (none for a job that runs only when triggered).
+    pub timetables: Box<[Timetable]>,
+    /// No fire before this instant.
+    pub start_date: Option<Timestamp>,
+    /// No fire after this instant.
+    pub end_date: Option<Timestamp>,
+    /// Missed-fire policy.
+    pub misfire: Misfire,
+    /// The most missed fires caught up under `run_all`.
+    pub max_catchup: u32,
+}
+
+impl Timing {
+    /// The same as [`Job::next_fire_after`].
+    pub fn next_fire_after(&self, t: Timestamp) -> Option<Timestamp> {
+        next_fire(self.timetables.iter(), self.start_date, self.end_date, t)
+    }
+}
+
+fn next_fire<'a>(
+    timetables: impl Iterator<Item = &'a Timetable>,
+    start_date: Option<Timestamp>,
+    end_date: Option<Timestamp>,
+    t: Timestamp,
+) -> Option<Timestamp> {
+    let from = match start_date {
+        Some(start) if start > t => start
+            .checked_sub(jiff::SignedDuration::from_nanos(1))
+            .unwrap_or(start),
+        _ => t,
+    };
+    let next = timetables.filter_map(|s| s.next_after(from)).min()?;
+    match end_date {
+        Some(end) if next > end => None,
+        _ => Some(next),
     }
 }
 

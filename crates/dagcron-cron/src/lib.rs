@@ -36,7 +36,7 @@ mod zone;
 pub use ast::{Ast, Descriptor, Field, FieldKind, Item, ItemKind, StepBase};
 pub use error::{ErrorKind, ParseError, Span};
 pub use hash::seed_from_key;
-pub use schedule::{Fire, Fires, Options, Schedule};
+pub use schedule::{Fire, Fires, Options, Schedule, Timetable};
 pub use zone::{DstGap, DstNote, DstOverlap};
 
 /// The version of the cron semantics. Stored with every schedule so that an

@@ -1,5 +1,5 @@
-//! [`Schedule`]: a parsed, compiled expression in a time zone, and the
-//! queries on it (next, previous, iterate, matches).
+//! [`Schedule`]: a parsed, compiled expression in a time zone; its
+//! [`Timetable`] answers the queries (next, previous, iterate, matches).
 
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
@@ -64,12 +64,31 @@ enum Kind {
 #[derive(Clone, Debug)]
 pub struct Schedule {
     ast: Ast,
+    table: Timetable,
+}
+
+/// What a [`Schedule`] compiles to, without its syntax tree: everything the
+/// queries need and nothing else, about a hundred bytes. A scheduler holding
+/// a million schedules keeps these and drops the rest.
+///
+/// A `Schedule` dereferences to its timetable, so the queries are called on
+/// either.
+#[derive(Clone, Debug)]
+pub struct Timetable {
     kind: Kind,
     tz: TimeZone,
     /// The zone's offset when it has no transitions, to skip transition lookups.
     fixed: Option<i64>,
     wall_clock: bool,
     policy: Policy,
+}
+
+impl std::ops::Deref for Schedule {
+    type Target = Timetable;
+
+    fn deref(&self) -> &Timetable {
+        &self.table
+    }
 }
 
 impl Schedule {
@@ -125,11 +144,13 @@ impl Schedule {
         };
         Ok(Schedule {
             ast,
-            kind,
-            tz,
-            fixed,
-            wall_clock,
-            policy,
+            table: Timetable {
+                kind,
+                tz,
+                fixed,
+                wall_clock,
+                policy,
+            },
         })
     }
 
@@ -138,6 +159,13 @@ impl Schedule {
         &self.ast
     }
 
+    /// The compiled form alone (see [`Timetable`]).
+    pub fn timetable(&self) -> &Timetable {
+        &self.table
+    }
+}
+
+impl Timetable {
     /// The zone the schedule is evaluated in.
     pub fn time_zone(&self) -> &TimeZone {
         &self.tz
@@ -250,9 +278,9 @@ enum State<'a> {
     Every,
 }
 
-/// An iterator over fires, forward or backward; see [`Schedule::fires_after`].
+/// An iterator over fires, forward or backward; see [`Timetable::fires_after`].
 pub struct Fires<'a> {
-    schedule: &'a Schedule,
+    schedule: &'a Timetable,
     /// The instant (whole seconds) the next search starts from, inclusive.
     next: Option<i64>,
     forward: bool,
@@ -302,5 +330,29 @@ impl Iterator for Fires<'_> {
             at.checked_sub(1)
         };
         Some(Fire { at: ts, dst })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timetable_is_small_and_answers_without_its_syntax() {
+        // What a scheduler keeps per schedule: the bit sets, the zone and the
+        // policy, inline.
+        assert!(
+            std::mem::size_of::<Timetable>() <= 128,
+            "{}",
+            std::mem::size_of::<Timetable>()
+        );
+        let s = Schedule::parse("0 30 2 LW * * 2026-2030").unwrap();
+        let t: Timestamp = "2026-11-29T00:00:00Z".parse().unwrap();
+        let table = s.timetable().clone();
+        drop(s);
+        assert_eq!(
+            table.next_after(t).unwrap().to_string(),
+            "2026-11-30T02:30:00Z"
+        );
     }
 }

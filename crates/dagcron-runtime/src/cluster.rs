@@ -372,7 +372,8 @@ impl<S: Coordination> Coordinator<S> {
         // Jobs changed through any node.
         let revision = self.store.jobs_revision().await?;
         if self.jobs_revision != Some(revision) {
-            let jobs = self.store.load_jobs().await?;
+            let mut jobs = Vec::new();
+            dagcron_store::load_all_jobs(&self.store, |j| jobs.push(j)).await?;
             self.job_keys = jobs
                 .iter()
                 .map(|j| (j.namespace.clone(), j.name.clone()))

@@ -15,7 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dagcron_core::policy::{self, FireDecision, FireOutcome};
-use dagcron_core::{AttemptState, Delivery, Failure, Job, RetryDecision, RunState, TaskState};
+use dagcron_core::{
+    AttemptState, Delivery, Failure, Job, RetryDecision, RunState, TaskState, Timing,
+};
 use dagcron_exec::{AttemptContext, Ending, Limits, Outcome};
 use dagcron_store::{
     ApplyResult, AttemptKey, ClaimedAttempt, JobUpsert, NewRun, RemoteAttempt, RunId, RunRecord,
@@ -289,6 +291,43 @@ pub type Ownership = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
 
 type JobKey = (String, String);
 
+/// A job whose next fire is this close keeps its whole definition in
+/// memory; others keep only their [`Timing`] and are read from the store
+/// [`PREPARE_AHEAD`] before they fire. A million hourly jobs cost a few
+/// hundred bytes each this way, and a job firing every second is not read
+/// every second.
+const KEEP_JOB: SignedDuration = SignedDuration::from_secs(5);
+/// Half a second: cron fires fall on whole seconds, so reading never
+/// competes with the fires of the same instant.
+const PREPARE_AHEAD: SignedDuration = SignedDuration::from_millis(500);
+
+/// A timer in the heap, ordered by instant, then by arming order.
+struct Armed {
+    at: Timestamp,
+    seq: u64,
+    timer: Timer,
+}
+
+impl PartialEq for Armed {
+    fn eq(&self, other: &Armed) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+
+impl Eq for Armed {}
+
+impl PartialOrd for Armed {
+    fn partial_cmp(&self, other: &Armed) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Armed {
+    fn cmp(&self, other: &Armed) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
 /// A batch being committed, and what it returns: the writes and their results.
 type Commit = std::pin::Pin<
     Box<
@@ -324,7 +363,11 @@ fn no_such_job(key: &JobKey) -> EngineError {
 }
 
 struct JobEntry {
-    job: Arc<Job>,
+    /// When it fires and what to do with missed fires: always in memory.
+    timing: Timing,
+    /// The whole job, kept only while a fire is near (see [`KEEP_JOB`]);
+    /// otherwise it is read from the store when needed.
+    job: Option<Arc<Job>>,
     version: i64,
     paused: bool,
     /// Bumped on every change, so that timers armed for an older version are ignored.
@@ -341,8 +384,31 @@ struct JobEntry {
     applied_at: Timestamp,
 }
 
+impl JobEntry {
+    fn new(
+        timing: Timing,
+        version: i64,
+        paused: bool,
+        owned: bool,
+        applied_at: Timestamp,
+    ) -> Box<JobEntry> {
+        Box::new(JobEntry {
+            timing,
+            job: None,
+            version,
+            paused,
+            generation: 0,
+            last_fire: None,
+            active: vec![],
+            queued: VecDeque::new(),
+            owned,
+            applied_at,
+        })
+    }
+}
+
 struct RunEntry {
-    key: JobKey,
+    key: Arc<JobKey>,
     job: Arc<Job>,
     scheduled_at: Timestamp,
     params: std::collections::BTreeMap<String, String>,
@@ -355,8 +421,14 @@ struct RunEntry {
 }
 
 enum Timer {
+    /// Loads the job of a fire a little ahead of it, then arms the fire.
+    Prepare {
+        key: Arc<JobKey>,
+        generation: u64,
+        at: Timestamp,
+    },
     Fire {
-        key: JobKey,
+        key: Arc<JobKey>,
         generation: u64,
         at: Timestamp,
     },
@@ -534,10 +606,11 @@ pub struct Engine<S: Store> {
     store: Arc<S>,
     clock: Arc<dyn Clock>,
     config: EngineConfig,
-    jobs: HashMap<JobKey, JobEntry>,
+    /// Boxed: a map's table is sized in powers of two, so empty slots
+    /// cost a pointer rather than a whole entry.
+    jobs: HashMap<Arc<JobKey>, Box<JobEntry>>,
     runs: HashMap<RunId, RunEntry>,
-    heap: BinaryHeap<Reverse<(Timestamp, u64)>>,
-    timers: HashMap<u64, Timer>,
+    heap: BinaryHeap<Reverse<Armed>>,
     next_timer: u64,
     ready: VecDeque<(RunId, usize)>,
     running: usize,
@@ -591,7 +664,6 @@ impl<S: Store> Engine<S> {
             jobs: HashMap::new(),
             runs: HashMap::new(),
             heap: BinaryHeap::new(),
-            timers: HashMap::new(),
             next_timer: 0,
             ready: VecDeque::new(),
             running: 0,
@@ -640,19 +712,14 @@ impl<S: Store> Engine<S> {
     fn install_job(&mut self, job: Job, version: i64, applied_at: Timestamp, now: Timestamp) {
         let key = key_of(&job);
         let owned = self.owns(&key);
+        let timing = job.timing();
         let job = Arc::new(job);
-        let entry = self.jobs.entry(key.clone()).or_insert_with(|| JobEntry {
-            job: job.clone(),
-            version,
-            paused: false,
-            generation: 0,
-            last_fire: None,
-            active: vec![],
-            queued: VecDeque::new(),
-            owned,
-            applied_at,
-        });
-        entry.job = job;
+        let entry = self
+            .jobs
+            .entry(Arc::new(key.clone()))
+            .or_insert_with(|| JobEntry::new(timing.clone(), version, false, owned, applied_at));
+        entry.timing = timing;
+        entry.job = Some(job);
         entry.version = version;
         entry.generation += 1;
         entry.owned = owned;
@@ -677,17 +744,27 @@ impl<S: Store> Engine<S> {
     }
 
     /// Pauses or resumes a job in memory (the store has it already).
-    fn set_job_paused(&mut self, key: &JobKey, paused: bool, now: Timestamp) {
-        if let Some(entry) = self.jobs.get_mut(key) {
-            let was = entry.paused;
-            entry.paused = paused;
-            entry.generation += 1;
-            if was && !paused && entry.owned {
-                // Fires that came due while paused follow the misfire policy.
-                let since = entry.last_fire.unwrap_or(now);
-                self.catch_up(key, since, now, Duration::ZERO);
-            }
+    async fn set_job_paused(
+        &mut self,
+        key: &JobKey,
+        paused: bool,
+        now: Timestamp,
+    ) -> Result<(), StorageError> {
+        let Some(entry) = self.jobs.get_mut(key) else {
+            return Ok(());
+        };
+        let was = entry.paused;
+        entry.paused = paused;
+        entry.generation += 1;
+        if paused {
+            entry.job = None;
         }
+        if was && !paused && entry.owned {
+            // Fires that came due while paused follow the misfire policy.
+            let since = entry.last_fire.unwrap_or(now);
+            self.catch_up(key, since, now, Duration::ZERO).await?;
+        }
+        Ok(())
     }
 
     /// A new share of the jobs: stop arming the jobs lost, and resume the
@@ -705,8 +782,10 @@ impl<S: Store> Engine<S> {
             if now_owned != entry.owned {
                 entry.owned = now_owned;
                 entry.generation += 1;
-                if now_owned && !entry.paused {
-                    gained.push(key.clone());
+                if !now_owned {
+                    entry.job = None;
+                } else if !entry.paused {
+                    gained.push((**key).clone());
                 }
             }
         }
@@ -721,13 +800,18 @@ impl<S: Store> Engine<S> {
             };
             entry.last_fire = last;
             let since = last.unwrap_or(entry.applied_at);
-            self.catch_up(&key, since, now, self.config.misfire_grace);
+            self.catch_up(&key, since, now, self.config.misfire_grace)
+                .await?;
         }
         Ok(owned)
     }
 
     /// Brings jobs in line with the store's list (changes made through other nodes).
-    fn sync_jobs(&mut self, stored: Vec<StoredJob>, now: Timestamp) {
+    async fn sync_jobs(
+        &mut self,
+        stored: Vec<StoredJob>,
+        now: Timestamp,
+    ) -> Result<(), StorageError> {
         let mut seen = std::collections::HashSet::with_capacity(stored.len());
         for s in stored {
             let key = (s.namespace.clone(), s.name.clone());
@@ -743,7 +827,7 @@ impl<S: Store> Engine<S> {
                             // Install it paused first if it is, so that it never arms.
                             self.install_job(job, s.version, s.updated_at, now);
                             if s.paused {
-                                self.set_job_paused(&key, true, now);
+                                self.set_job_paused(&key, true, now).await?;
                             }
                             continue;
                         }
@@ -756,18 +840,19 @@ impl<S: Store> Engine<S> {
                 }
             }
             if paused != s.paused {
-                self.set_job_paused(&key, s.paused, now);
+                self.set_job_paused(&key, s.paused, now).await?;
             }
         }
-        let gone: Vec<JobKey> = self
+        let gone: Vec<Arc<JobKey>> = self
             .jobs
             .keys()
-            .filter(|k| !seen.contains(*k))
+            .filter(|k| !seen.contains(&***k))
             .cloned()
             .collect();
         for key in gone {
             self.remove_job(&key, now);
         }
+        Ok(())
     }
 
     /// Whether this engine may still fire and write.
@@ -787,25 +872,48 @@ impl<S: Store> Engine<S> {
     }
 
     fn arm(&mut self, at: Timestamp, timer: Timer) {
-        let id = self.next_timer;
+        let seq = self.next_timer;
         self.next_timer += 1;
-        self.timers.insert(id, timer);
-        self.heap.push(Reverse((at, id)));
+        self.heap.push(Reverse(Armed { at, seq, timer }));
     }
 
+    /// Arms the next fire of `key` after `after`: directly if the job is in
+    /// memory and the fire is near, otherwise a [`Timer::Prepare`] ahead of it
+    /// (and the whole job is let go until then).
     fn arm_next_fire(&mut self, key: &JobKey, after: Timestamp) {
-        let Some(entry) = self.jobs.get(key) else {
+        let now = self.clock.now();
+        let Some(key) = self.jobs.get_key_value(key).map(|(k, _)| k.clone()) else {
             return;
         };
-        if entry.paused || !entry.owned {
-            return;
+        let entry = self.jobs.get_mut(&*key).expect("job");
+        let next = (!entry.paused && entry.owned)
+            .then(|| entry.timing.next_fire_after(after))
+            .flatten();
+        // A job in memory stays if its next fire is near; any other is read
+        // ahead of its fire (at once if that is already due).
+        let keep = entry.job.is_some() && next.is_some_and(|at| at.duration_since(now) <= KEEP_JOB);
+        if !keep {
+            entry.job = None;
         }
-        if let Some(at) = entry.job.next_fire_after(after) {
-            let generation = entry.generation;
+        let Some(at) = next else {
+            return;
+        };
+        let generation = entry.generation;
+        if keep {
             self.arm(
                 at,
                 Timer::Fire {
-                    key: key.clone(),
+                    key,
+                    generation,
+                    at,
+                },
+            );
+        } else {
+            let early = at.checked_sub(PREPARE_AHEAD).unwrap_or(at);
+            self.arm(
+                early,
+                Timer::Prepare {
+                    key,
                     generation,
                     at,
                 },
@@ -813,57 +921,81 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// The whole job of `key`: from memory if a fire is near, otherwise
+    /// from the store (`None` if it is gone or no longer validates).
+    ///
+    /// The future does not borrow the engine (which is not `Sync`).
+    fn job_of(
+        &self,
+        key: &JobKey,
+    ) -> impl Future<Output = Result<Option<Arc<Job>>, StorageError>> + Send + 'static {
+        let cached = self.jobs.get(key).and_then(|e| e.job.clone());
+        let store = self.store.clone();
+        let key = key.clone();
+        async move {
+            if let Some(job) = cached {
+                return Ok(Some(job));
+            }
+            let Some(stored) = store.get_job(&key.0, &key.1).await? else {
+                return Ok(None);
+            };
+            match Job::from_canonical(&stored.namespace, &stored.spec) {
+                Ok(job) => Ok(Some(Arc::new(job))),
+                Err(e) => {
+                    tracing::error!(namespace = %key.0, job = %key.1, "stored job no longer validates: {e}");
+                    Ok(None)
+                }
+            }
+        }
+    }
+
     async fn recover(&mut self, now: Timestamp) -> Result<(), StorageError> {
-        // A cluster node learns where each job resumes when it comes to own it.
-        let last: HashMap<JobKey, Timestamp> = if self.config.node.is_some() {
-            HashMap::new()
-        } else {
-            self.store
-                .last_fires()
-                .await?
-                .into_iter()
-                .map(|(n, j, t)| ((n, j), t))
-                .collect()
-        };
-        // Where each job's catch-up starts: its last recorded fire, or when it
-        // was applied if it never fired.
-        let mut since: HashMap<JobKey, Timestamp> = HashMap::new();
-        for stored in self.store.load_jobs().await? {
+        // A cluster node owns nothing until its first ring.
+        let owned = self.config.node.is_none();
+        dagcron_store::load_all_jobs(&*self.store.clone(), |stored| {
             let job = match Job::from_canonical(&stored.namespace, &stored.spec) {
-                Ok(job) => Arc::new(job),
+                Ok(job) => job,
                 Err(e) => {
                     tracing::error!(namespace = %stored.namespace, job = %stored.name, "stored job no longer validates, not scheduling it: {e}");
-                    continue;
+                    return;
                 }
             };
-            let key = key_of(&job);
-            let last_fire = last.get(&key).copied();
-            since.insert(key.clone(), last_fire.unwrap_or(stored.updated_at));
-            self.jobs.insert(
-                key,
-                JobEntry {
-                    job,
-                    version: stored.version,
-                    paused: stored.paused,
-                    generation: 0,
-                    last_fire,
-                    active: vec![],
-                    queued: VecDeque::new(),
-                    // A cluster node owns nothing until its first ring.
-                    owned: self.config.node.is_none(),
-                    applied_at: stored.updated_at,
-                },
+            let entry = JobEntry::new(
+                job.timing(),
+                stored.version,
+                stored.paused,
+                owned,
+                stored.updated_at,
             );
+            self.jobs.insert(Arc::new(key_of(&job)), entry);
+        })
+        .await?;
+        // Where each job resumes: its last recorded fire. (A cluster node
+        // learns it when it comes to own the job.)
+        if self.config.node.is_none() {
+            for (namespace, name, at) in self.store.last_fires().await? {
+                if let Some(entry) = self.jobs.get_mut(&(namespace, name)) {
+                    entry.last_fire = Some(at);
+                }
+            }
         }
         // Unfinished runs: rebuild them; attempts that were running are lost.
         for record in self.store.active_runs().await? {
-            self.recover_run(record, &HashSet::new(), now);
+            self.recover_run(record, &HashSet::new(), now).await?;
         }
-        // Missed fires, per job, by its misfire policy.
-        for (key, since) in since {
-            if !self.jobs[&key].paused && self.jobs[&key].owned {
-                self.catch_up(&key, since, now, self.config.misfire_grace);
-            }
+        // Missed fires, per job, by its misfire policy, from its last
+        // recorded fire, or from when it was applied if it never fired.
+        let armed: Vec<Arc<JobKey>> = self
+            .jobs
+            .iter()
+            .filter(|(_, e)| !e.paused && e.owned)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in armed {
+            let entry = &self.jobs[&key];
+            let since = entry.last_fire.unwrap_or(entry.applied_at);
+            self.catch_up(&key, since, now, self.config.misfire_grace)
+                .await?;
         }
         self.flush().await?;
         Ok(())
@@ -871,13 +1003,19 @@ impl<S: Store> Engine<S> {
 
     /// Records the fires of `key` in `(since, now - grace]` by the misfire
     /// policy, and arms the next fire.
-    fn catch_up(&mut self, key: &JobKey, since: Timestamp, now: Timestamp, grace: Duration) {
-        let job = self.jobs[key].job.clone();
+    async fn catch_up(
+        &mut self,
+        key: &JobKey,
+        since: Timestamp,
+        now: Timestamp,
+        grace: Duration,
+    ) -> Result<(), StorageError> {
+        let timing = &self.jobs[key].timing;
         let grace = SignedDuration::try_from(grace).unwrap_or(SignedDuration::ZERO);
         let cutoff = now.checked_sub(grace).unwrap_or(now);
         let mut missed = Vec::new();
         let mut t = since;
-        while let Some(next) = job.next_fire_after(t) {
+        while let Some(next) = timing.next_fire_after(t) {
             if next > cutoff || missed.len() >= self.config.max_missed_per_job {
                 break;
             }
@@ -887,12 +1025,23 @@ impl<S: Store> Engine<S> {
         if missed.len() >= self.config.max_missed_per_job {
             tracing::warn!(job = %format!("{}/{}", key.0, key.1), "more than {} missed fires; recording the first ones only", self.config.max_missed_per_job);
         }
-        for (at, outcome) in policy::catch_up(&missed, job.spec.misfire, job.spec.max_catchup) {
-            match outcome {
-                FireOutcome::MissedCaughtUp => {
-                    self.fire(key, at, Trigger::Catchup, FireOutcome::MissedCaughtUp)
+        let outcomes = policy::catch_up(&missed, timing.misfire, timing.max_catchup);
+        let job = if outcomes
+            .iter()
+            .any(|(_, o)| *o == FireOutcome::MissedCaughtUp)
+        {
+            self.job_of(key).await?
+        } else {
+            None
+        };
+        for (at, outcome) in outcomes {
+            match (outcome, &job) {
+                (FireOutcome::MissedCaughtUp, Some(job)) => {
+                    self.fire(key, job, at, Trigger::Catchup, FireOutcome::MissedCaughtUp)
                 }
-                other => self.writes.push(Write::Fire {
+                // Deleted meanwhile (through another node).
+                (FireOutcome::MissedCaughtUp, None) => {}
+                (other, _) => self.writes.push(Write::Fire {
                     namespace: key.0.clone(),
                     job: key.1.clone(),
                     scheduled_at: at,
@@ -905,14 +1054,27 @@ impl<S: Store> Engine<S> {
             self.jobs.get_mut(key).expect("job").last_fire = Some(*last);
         }
         self.arm_next_fire(key, t.max(since));
+        Ok(())
     }
 
     /// Rebuilds an unfinished run. Its attempts left running are lost,
     /// except, in a cluster, the ones waiting to be claimed or running on a
     /// node in `alive`: those go on.
-    fn recover_run(&mut self, record: RunRecord, alive: &HashSet<i64>, now: Timestamp) {
+    async fn recover_run(
+        &mut self,
+        record: RunRecord,
+        alive: &HashSet<i64>,
+        now: Timestamp,
+    ) -> Result<(), StorageError> {
         let key = (record.namespace.clone(), record.job.clone());
-        let Some(entry) = self.jobs.get(&key) else {
+        let found = match self.jobs.get_key_value(&key) {
+            Some((key, _)) => {
+                let key = key.clone();
+                self.job_of(&key).await?.map(|job| (key, job))
+            }
+            None => None,
+        };
+        let Some((key, job)) = found else {
             tracing::warn!(
                 run = record.id,
                 "run of a deleted job left unfinished; cancelling it"
@@ -923,9 +1085,8 @@ impl<S: Store> Engine<S> {
                 to: RunState::Cancelled,
                 at: now,
             });
-            return;
+            return Ok(());
         };
-        let job = entry.job.clone();
         let index: HashMap<&str, usize> = job
             .tasks
             .iter()
@@ -996,7 +1157,7 @@ impl<S: Store> Engine<S> {
             _ => entry.active.push(id),
         }
         if record.state != RunState::Running {
-            return;
+            return Ok(());
         }
         for (i, from) in lost {
             let number = self.runs[&id].attempts[i];
@@ -1018,6 +1179,7 @@ impl<S: Store> Engine<S> {
             self.arm(at, Timer::Deadline { run: id });
         }
         self.advance(id, now);
+        Ok(())
     }
 
     /// Runs the engine until `shutdown` is cancelled, then waits up to
@@ -1071,7 +1233,7 @@ impl<S: Store> Engine<S> {
         let mut commit: Option<Commit> = None;
         let mut commit_effects = Vec::new();
         loop {
-            let next = self.heap.peek().map(|Reverse((at, _))| *at);
+            let next = self.heap.peek().map(|Reverse(a)| a.at);
             let sleep = match next {
                 Some(at) => self.clock.sleep_until(at),
                 None => Box::pin(std::future::pending()),
@@ -1107,7 +1269,7 @@ impl<S: Store> Engine<S> {
                         self.on_command(cmd).await;
                     }
                 }
-                () = sleep => self.on_timers(),
+                () = sleep => self.on_timers().await,
                 () = lease_end => self.check_lease()?,
             }
             if let Some((writes, results)) = committed {
@@ -1340,62 +1502,125 @@ impl<S: Store> Engine<S> {
         });
     }
 
-    fn on_timers(&mut self) {
+    /// The whole job of `key`, for a command: not found unless this engine
+    /// schedules it.
+    async fn known_job(&mut self, key: &JobKey) -> Result<Arc<Job>, EngineError> {
+        if !self.jobs.contains_key(key) {
+            return Err(no_such_job(key));
+        }
+        self.job_of(key)
+            .await
+            .map_err(EngineError::Storage)?
+            .ok_or_else(|| no_such_job(key))
+    }
+
+    /// Whether a fire timer armed at `generation` still stands.
+    fn current(&self, key: &JobKey, generation: u64) -> bool {
+        self.jobs
+            .get(key)
+            .is_some_and(|e| e.generation == generation && !e.paused)
+    }
+
+    async fn on_timers(&mut self) {
         let now = self.clock.now();
-        while let Some(Reverse((at, id))) = self.heap.peek().copied() {
-            if at > now {
-                break;
-            }
-            self.heap.pop();
-            let Some(timer) = self.timers.remove(&id) else {
-                continue;
-            };
-            match timer {
-                Timer::Fire {
-                    key,
-                    generation,
-                    at,
-                } => {
-                    let Some(entry) = self.jobs.get(&key) else {
-                        continue;
-                    };
-                    if entry.generation != generation || entry.paused {
-                        continue;
+        loop {
+            // Fires whose job must be read first: those prepared ahead, and
+            // any due without its job in memory.
+            let mut to_read = Vec::new();
+            while self.heap.peek().is_some_and(|Reverse(a)| a.at <= now) {
+                let Some(Reverse(Armed { timer, .. })) = self.heap.pop() else {
+                    break;
+                };
+                match timer {
+                    Timer::Prepare {
+                        key,
+                        generation,
+                        at,
+                    } => {
+                        if self.current(&key, generation) {
+                            to_read.push((key, generation, at));
+                        }
                     }
-                    self.fire(&key, at, Trigger::Schedule, FireOutcome::Fired);
-                    self.jobs.get_mut(&key).expect("job").last_fire = Some(at);
-                    self.arm_next_fire(&key, at);
-                }
-                Timer::Retry { run, task } => {
-                    if let Some(r) = self.runs.get_mut(&run) {
-                        if r.tasks[task] == TaskState::Retrying && r.closing.is_none() {
-                            r.tasks[task] = TaskState::Ready;
-                            self.writes.push(Write::TaskState {
-                                run,
-                                task: r.job.tasks[task].id.clone(),
-                                from: TaskState::Retrying,
-                                to: TaskState::Ready,
-                            });
-                            self.ready.push_back((run, task));
+                    Timer::Fire {
+                        key,
+                        generation,
+                        at,
+                    } => {
+                        if !self.current(&key, generation) {
+                            continue;
+                        }
+                        let Some(job) = self.jobs[&*key].job.clone() else {
+                            to_read.push((key, generation, at));
+                            continue;
+                        };
+                        self.fire(&key, &job, at, Trigger::Schedule, FireOutcome::Fired);
+                        self.jobs.get_mut(&*key).expect("job").last_fire = Some(at);
+                        self.arm_next_fire(&key, at);
+                    }
+                    Timer::Retry { run, task } => {
+                        if let Some(r) = self.runs.get_mut(&run) {
+                            if r.tasks[task] == TaskState::Retrying && r.closing.is_none() {
+                                r.tasks[task] = TaskState::Ready;
+                                self.writes.push(Write::TaskState {
+                                    run,
+                                    task: r.job.tasks[task].id.clone(),
+                                    from: TaskState::Retrying,
+                                    to: TaskState::Ready,
+                                });
+                                self.ready.push_back((run, task));
+                            }
+                        }
+                    }
+                    Timer::Deadline { run } => {
+                        if self
+                            .runs
+                            .get(&run)
+                            .is_some_and(|r| r.state == RunState::Running)
+                        {
+                            tracing::info!(run, "run deadline passed; stopping it");
+                            self.stop_run(run, RunState::Failed, now);
                         }
                     }
                 }
-                Timer::Deadline { run } => {
-                    if self
-                        .runs
-                        .get(&run)
-                        .is_some_and(|r| r.state == RunState::Running)
-                    {
-                        tracing::info!(run, "run deadline passed; stopping it");
-                        self.stop_run(run, RunState::Failed, now);
+            }
+            if to_read.is_empty() {
+                return;
+            }
+            // Read after the due fires are handled, so that reading never delays them.
+            for (key, generation, at) in to_read {
+                let at_or_retry = match self.job_of(&key).await {
+                    Ok(Some(job)) => {
+                        if let Some(entry) = self.jobs.get_mut(&*key) {
+                            entry.job = Some(job);
+                        }
+                        at
                     }
-                }
+                    // Deleted through another node: the next sync forgets it.
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::warn!(job = %format!("{}/{}", key.0, key.1), "cannot read the job of a fire; trying again: {e}");
+                        at.max(now.checked_add(SignedDuration::from_secs(1)).unwrap_or(now))
+                    }
+                };
+                let fire = Timer::Fire {
+                    key,
+                    generation,
+                    at,
+                };
+                self.arm(at_or_retry, fire);
             }
         }
     }
 
     /// A fire of `key` at `at`: applies the overlap policy and records it.
-    fn fire(&mut self, key: &JobKey, at: Timestamp, trigger: Trigger, outcome: FireOutcome) {
+    fn fire(
+        &mut self,
+        key: &JobKey,
+        job: &Arc<Job>,
+        at: Timestamp,
+        trigger: Trigger,
+        outcome: FireOutcome,
+    ) {
         let now = self.clock.now();
         if let Some(o) = &self.config.observer {
             (o.0)(EngineEvent::Fired {
@@ -1403,12 +1628,10 @@ impl<S: Store> Engine<S> {
                 at: now,
             });
         }
-        let entry = &self.jobs[key];
-        let job = entry.job.clone();
         let decision = policy::on_fire(
             job.spec.concurrency,
             job.spec.max_active_runs,
-            entry.active.len() as u32,
+            self.jobs[key].active.len() as u32,
         );
         if decision == FireDecision::Skip {
             self.writes.push(Write::Fire {
@@ -1420,7 +1643,15 @@ impl<S: Store> Engine<S> {
             });
             return;
         }
-        let run = self.new_run(key, trigger, at, job.spec.params.clone(), decision, now);
+        let run = self.new_run(
+            key,
+            job,
+            trigger,
+            at,
+            job.spec.params.clone(),
+            decision,
+            now,
+        );
         let id = run.id;
         self.writes.push(Write::Fire {
             namespace: key.0.clone(),
@@ -1432,9 +1663,11 @@ impl<S: Store> Engine<S> {
         self.after_new_run(key, id, decision, now);
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn new_run(
         &mut self,
         key: &JobKey,
+        job: &Arc<Job>,
         trigger: Trigger,
         at: Timestamp,
         params: std::collections::BTreeMap<String, String>,
@@ -1442,7 +1675,8 @@ impl<S: Store> Engine<S> {
         now: Timestamp,
     ) -> NewRun {
         let id = self.run_id();
-        let job = self.jobs[key].job.clone();
+        let (key, entry) = self.jobs.get_key_value(key).expect("job");
+        let (key, version) = (key.clone(), entry.version);
         let state = if decision == FireDecision::Queue {
             RunState::Pending
         } else {
@@ -1466,7 +1700,7 @@ impl<S: Store> Engine<S> {
             id,
             namespace: key.0.clone(),
             job: key.1.clone(),
-            job_version: self.jobs[key].version,
+            job_version: version,
             trigger,
             scheduled_at: at,
             params,
@@ -1566,12 +1800,14 @@ impl<S: Store> Engine<S> {
             let Some(entry) = self.jobs.get_mut(key) else {
                 return;
             };
-            if entry.active.len() as u32 >= entry.job.spec.max_active_runs {
-                return;
-            }
-            let Some(next) = entry.queued.pop_front() else {
+            let Some(&next) = entry.queued.front() else {
                 return;
             };
+            // The limit of the job's version the run was made with.
+            if entry.active.len() as u32 >= self.runs[&next].job.spec.max_active_runs {
+                return;
+            }
+            entry.queued.pop_front();
             self.writes.push(Write::RunState {
                 run: next,
                 from: RunState::Pending,
@@ -1917,10 +2153,10 @@ impl<S: Store> Engine<S> {
             } => {
                 let key = (namespace, name);
                 let result = match self.store.set_paused(&key.0, &key.1, paused).await {
-                    Ok(true) => {
-                        self.set_job_paused(&key, paused, now);
-                        Ok(())
-                    }
+                    Ok(true) => self
+                        .set_job_paused(&key, paused, now)
+                        .await
+                        .map_err(EngineError::Storage),
                     Ok(false) => Err(no_such_job(&key)),
                     Err(e) => Err(EngineError::Storage(e)),
                 };
@@ -1933,15 +2169,17 @@ impl<S: Store> Engine<S> {
                 reply,
             } => {
                 let key = (namespace, name);
-                let Some(entry) = self.jobs.get(&key) else {
-                    let _ = reply.send(Err(no_such_job(&key)));
-                    return;
+                let job = match self.known_job(&key).await {
+                    Ok(job) => job,
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
                 };
-                let job = entry.job.clone();
                 let decision = policy::on_fire(
                     job.spec.concurrency,
                     job.spec.max_active_runs,
-                    entry.active.len() as u32,
+                    self.jobs[&key].active.len() as u32,
                 );
                 if decision == FireDecision::Skip {
                     let _ = reply.send(Err(EngineError::Conflict(format!(
@@ -1952,7 +2190,7 @@ impl<S: Store> Engine<S> {
                 }
                 let mut merged = job.spec.params.clone();
                 merged.extend(params);
-                let run = self.new_run(&key, Trigger::Manual, now, merged, decision, now);
+                let run = self.new_run(&key, &job, Trigger::Manual, now, merged, decision, now);
                 let id = run.id;
                 self.writes.push(Write::Run(run));
                 self.after_new_run(&key, id, decision, now);
@@ -1966,9 +2204,12 @@ impl<S: Store> Engine<S> {
                 reply,
             } => {
                 let key = (namespace, name);
-                let Some(entry) = self.jobs.get(&key) else {
-                    let _ = reply.send(Err(no_such_job(&key)));
-                    return;
+                let job = match self.known_job(&key).await {
+                    Ok(job) => job,
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
                 };
                 if to <= from {
                     let _ = reply.send(Err(EngineError::Invalid(format!(
@@ -1976,7 +2217,6 @@ impl<S: Store> Engine<S> {
                     ))));
                     return;
                 }
-                let job = entry.job.clone();
                 let mut instants = Vec::new();
                 let mut t = from
                     .checked_sub(SignedDuration::from_nanos(1))
@@ -2018,6 +2258,7 @@ impl<S: Store> Engine<S> {
                 for at in instants.into_iter().filter(|at| !recorded.contains(at)) {
                     let run = self.new_run(
                         &key,
+                        &job,
                         Trigger::Backfill,
                         at,
                         job.spec.params.clone(),
@@ -2072,17 +2313,24 @@ impl<S: Store> Engine<S> {
                 self.reply_after_commit(reply, result);
             }
             Command::Sync { jobs, reply } => {
-                self.sync_jobs(jobs, now);
-                self.reply_after_commit(reply, Ok(()));
+                let result = self
+                    .sync_jobs(jobs, now)
+                    .await
+                    .map_err(EngineError::Storage);
+                self.reply_after_commit(reply, result);
             }
             Command::Adopt { runs, alive, reply } => {
+                let mut result = Ok(());
                 for record in runs {
                     if !self.runs.contains_key(&record.id) {
                         tracing::info!(run = record.id, job = %format!("{}/{}", record.namespace, record.job), "taking over a run of a node that is gone");
-                        self.recover_run(record, &alive, now);
+                        if let Err(e) = self.recover_run(record, &alive, now).await {
+                            result = Err(EngineError::Storage(e));
+                            break;
+                        }
                     }
                 }
-                self.reply_after_commit(reply, Ok(()));
+                self.reply_after_commit(reply, result);
             }
             Command::Work { reply } => {
                 let result = self.share_work(now).await.map_err(EngineError::Storage);
@@ -2099,7 +2347,12 @@ impl<S: Store> Engine<S> {
         let room = self.config.pool_size.saturating_sub(self.running);
         if room > 0 && self.lease_valid() {
             for claim in self.store.claim_attempts(room, now).await? {
-                self.take_claim(claim, now);
+                let key = (claim.namespace.clone(), claim.job.clone());
+                let job = match self.runs.get(&claim.run) {
+                    Some(run) => Some(run.job.clone()),
+                    None => self.job_of(&key).await?,
+                };
+                self.take_claim(claim, job, now);
             }
         }
         if !self.shared.is_empty() {
@@ -2131,11 +2384,10 @@ impl<S: Store> Engine<S> {
 
     /// Starts an attempt claimed from the cluster: one of this node's own
     /// (its pool has room again), or one run for another node.
-    fn take_claim(&mut self, claim: ClaimedAttempt, now: Timestamp) {
-        let key = (claim.namespace.clone(), claim.job.clone());
-        let found = self.jobs.get(&key).and_then(|e| {
-            let i = e.job.tasks.iter().position(|t| t.id == claim.task)?;
-            Some((e.job.clone(), i))
+    fn take_claim(&mut self, claim: ClaimedAttempt, job: Option<Arc<Job>>, now: Timestamp) {
+        let found = job.and_then(|job| {
+            let i = job.tasks.iter().position(|t| t.id == claim.task)?;
+            Some((job, i))
         });
         let Some((job, i)) = found else {
             self.writes.push(Write::AttemptEnd {

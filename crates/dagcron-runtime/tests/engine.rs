@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dagcron_core::{AttemptState, FireOutcome, JobFile, RunState, TaskState};
-use dagcron_runtime::{Engine, EngineConfig, EngineHandle, ManualClock};
-use dagcron_store::{RunRecord, Store, Trigger};
+use dagcron_runtime::{Clock, Engine, EngineConfig, EngineHandle, ManualClock};
+use dagcron_store::{JobUpsert, RunRecord, Store, Trigger};
 use dagcron_store_sqlite::SqliteStore;
 use jiff::{SignedDuration, Timestamp};
 use tokio_util::sync::CancellationToken;
@@ -684,4 +684,53 @@ async fn a_cluster_node_fires_what_it_owns_and_stops_when_its_lease_ends() {
     assert!(matches!(result, Err(StorageError::Fenced(_))), "{result:?}");
     assert_eq!(runs("b").await.len(), 5);
     assert!(handle.set_ownership(only("a")).await.is_err(), "stopped");
+}
+
+/// A job whose next fire is far keeps only its timing in memory and is read
+/// from the store just ahead of its fire; a job firing every second keeps
+/// its whole definition. Shown by changing both in the store behind the
+/// engine's back: the far one's next run has the stored tasks, the near
+/// one's runs keep the tasks the engine was given.
+#[tokio::test]
+async fn a_job_far_from_its_next_fire_is_read_from_the_store_ahead_of_it() {
+    let h = fresh("2026-01-01T00:00:30Z").await;
+    let file = |task: &str| {
+        format!(
+            "namespace: t\njobs:\n  - {{ name: hourly, schedule: '0 0 * * * *', tasks: [{{ id: {task}, noop: true }}] }}\n  - {{ name: busy, schedule: '* * * * * *', tasks: [{{ id: {task}, noop: true }}] }}\n"
+        )
+    };
+    h.apply(&file("a")).await;
+    let edited: JobFile = serde_saphyr::from_str(&file("b")).unwrap();
+    let upserts: Vec<JobUpsert> = edited
+        .validate()
+        .unwrap()
+        .iter()
+        .map(|j| JobUpsert {
+            namespace: j.namespace.clone(),
+            name: j.spec.name.clone(),
+            spec: j.canonical(),
+        })
+        .collect();
+    h.store.apply_jobs(&upserts, h.clock.now()).await.unwrap();
+    // One second at a time up to the hour, so that the busy job fires every second.
+    for _ in 0..3570 {
+        h.clock.advance(SignedDuration::from_secs(1));
+        tokio::task::yield_now().await;
+    }
+    h.until("the hourly fire", async |s| {
+        s.last_fires()
+            .await
+            .unwrap()
+            .iter()
+            .any(|(_, job, _)| job == "hourly")
+    })
+    .await;
+    h.idle().await;
+    let hourly = h.runs("hourly").await;
+    assert_eq!(hourly.len(), 1);
+    assert_eq!(hourly[0].tasks[0].id, "b", "read from the store");
+    let busy = h.runs("busy").await;
+    assert!(busy.len() > 3000, "{}", busy.len());
+    assert!(busy.iter().all(|r| r.tasks[0].id == "a"), "kept in memory");
+    h.stop().await;
 }

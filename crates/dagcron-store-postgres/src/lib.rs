@@ -562,10 +562,20 @@ impl Store for PgStore {
         })
     }
 
-    async fn load_jobs(&self) -> Result<Vec<StoredJob>> {
+    async fn load_jobs(
+        &self,
+        after: Option<&(String, String)>,
+        limit: u32,
+    ) -> Result<Vec<StoredJob>> {
+        let (ns, name) = after.cloned().unwrap_or_default();
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {JOB_COLUMNS} FROM jobs ORDER BY namespace COLLATE \"C\", name COLLATE \"C\""
+            "SELECT {JOB_COLUMNS} FROM jobs \
+             WHERE namespace COLLATE \"C\" > $1 OR (namespace = $1 AND name COLLATE \"C\" > $2) \
+             ORDER BY namespace COLLATE \"C\", name COLLATE \"C\" LIMIT $3"
         )))
+        .bind(&ns)
+        .bind(&name)
+        .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;

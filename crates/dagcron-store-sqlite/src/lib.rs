@@ -195,10 +195,19 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn load_jobs(&self) -> Result<Vec<StoredJob>> {
+    async fn load_jobs(
+        &self,
+        after: Option<&(String, String)>,
+        limit: u32,
+    ) -> Result<Vec<StoredJob>> {
+        let (ns, name) = after.cloned().unwrap_or_default();
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {JOB_COLUMNS} FROM jobs ORDER BY namespace, name"
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace > ? OR (namespace = ? AND name > ?) ORDER BY namespace, name LIMIT ?"
         )))
+        .bind(&ns)
+        .bind(&ns)
+        .bind(&name)
+        .bind(i64::from(limit))
         .fetch_all(&self.reader)
         .await
         .map_err(unavailable)?;

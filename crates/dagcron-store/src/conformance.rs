@@ -133,7 +133,30 @@ pub async fn pause_delete_and_list_jobs<S: Store>(s: &S) {
     let names: Vec<&str> = p2.items.iter().map(|j| j.name.as_str()).collect();
     assert_eq!(names, ["job-3"]);
     assert_eq!(p2.next_cursor, None);
-    assert_eq!(s.load_jobs().await.unwrap().len(), 5);
+    // Every job, in (namespace, name) order, a page at a time across namespaces.
+    let mut pages = Vec::new();
+    let mut after = None;
+    loop {
+        let page = s.load_jobs(after.as_ref(), 2).await.unwrap();
+        let Some(last) = page.last() else { break };
+        after = Some((last.namespace.clone(), last.name.clone()));
+        pages.push(
+            page.iter()
+                .map(|j| format!("{}/{}", j.namespace, j.name))
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(
+        pages,
+        [
+            vec!["ns/job-0", "ns/job-1"],
+            vec!["ns/job-2", "ns/job-3"],
+            vec!["other/x"]
+        ]
+    );
+    let mut all = 0;
+    crate::load_all_jobs(s, |_| all += 1).await.unwrap();
+    assert_eq!(all, 5);
 }
 
 /// The ledger's unique key refuses a second record of the same fire, and the

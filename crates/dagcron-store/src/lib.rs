@@ -357,6 +357,25 @@ pub fn job_cursor(job: &StoredJob) -> String {
     format!("job:{}", job.name)
 }
 
+/// Every job, read a page at a time and handed to `each` (so that a million
+/// jobs are never in memory at once as stored specs).
+pub async fn load_all_jobs<S: Store + ?Sized>(
+    store: &S,
+    mut each: impl FnMut(StoredJob),
+) -> Result<()> {
+    const PAGE: u32 = 5_000;
+    let mut after = None;
+    loop {
+        let page = store.load_jobs(after.as_ref(), PAGE).await?;
+        let full = page.len() as u32 == PAGE;
+        after = page.last().map(|j| (j.namespace.clone(), j.name.clone()));
+        page.into_iter().for_each(&mut each);
+        if !full {
+            return Ok(());
+        }
+    }
+}
+
 /// The job name a page of jobs starts after ("" for the first page).
 pub fn jobs_after(cursor: Option<&str>) -> Result<String> {
     match cursor {
@@ -446,8 +465,13 @@ pub trait Store: Send + Sync + 'static {
         jobs: &[JobUpsert],
         at: Timestamp,
     ) -> impl Future<Output = Result<Vec<ApplyResult>>> + Send;
-    /// Every job (at start-up).
-    fn load_jobs(&self) -> impl Future<Output = Result<Vec<StoredJob>>> + Send;
+    /// Every job, `limit` at a time, in (namespace, name) order, from the
+    /// first after `after` (at start-up: see [`load_all_jobs`]).
+    fn load_jobs(
+        &self,
+        after: Option<&(String, String)>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<StoredJob>>> + Send;
     /// One job.
     fn get_job(
         &self,
