@@ -1,7 +1,9 @@
 //! Dispatch to remote agents over real gRPC on loopback: throughput (a burst
 //! of no-op attempts) and latency (assignment sent to result received, at a
-//! steady 1,000 attempts/s) with 1, 2 and 4 agents. The pool, the server and
-//! the agents share one process and this machine's cores.
+//! steady 1,000 attempts/s) with 1, 2 and 4 agents, and the start error of
+//! timed instructions (sent 100 ms ahead of their instant, 200 a second; the
+//! agent reports how far from the instant it started them). The pool, the
+//! server and the agents share one process and this machine's cores.
 //!
 //! Run: `cargo bench -p dagcron-agents --bench dispatch`
 //! (`DAGCRON_BENCH_AGENT_CAPACITY` sets each agent's capacity, default 256).
@@ -18,7 +20,9 @@ use dagcron_runtime::{Remote, RemoteTask};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-fn attempt(n: u64, report: mpsc::UnboundedSender<(u64, Instant)>) -> RemoteTask {
+type Report = mpsc::UnboundedSender<(u64, Instant, Option<i64>)>;
+
+fn attempt(n: u64, report: Report, start_at: Option<jiff::Timestamp>) -> RemoteTask {
     RemoteTask {
         ctx: AttemptContext {
             namespace: "bench".into(),
@@ -32,12 +36,13 @@ fn attempt(n: u64, report: mpsc::UnboundedSender<(u64, Instant)>) -> RemoteTask 
         },
         executor: Executor::Noop,
         timeout: None,
+        start_at,
         labels: BTreeMap::new(),
         max_output: 1024,
         cancel: CancellationToken::new(),
         live: None,
-        report: Box::new(move |_| {
-            let _ = report.send((n, Instant::now()));
+        report: Box::new(move |o| {
+            let _ = report.send((n, Instant::now(), o.start_error_us));
         }),
     }
 }
@@ -58,7 +63,15 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-async fn run(agents: usize) -> (f64, f64, f64, f64) {
+struct Figures {
+    throughput: f64,
+    /// Dispatch latency at 1,000/s, ms: p50, p99, max.
+    latency: [f64; 3],
+    /// Start error of timed instructions, µs (absolute): p50, p99, max.
+    start_error: [f64; 3],
+}
+
+async fn run(agents: usize) -> Figures {
     let pool = AgentPool::new(PoolConfig::default());
     let stop = CancellationToken::new();
     pool.start(stop.clone());
@@ -99,7 +112,7 @@ async fn run(agents: usize) -> (f64, f64, f64, f64) {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let start = Instant::now();
     for n in 0..burst {
-        pool.submit(attempt(n, tx.clone()));
+        pool.submit(attempt(n, tx.clone(), None));
     }
     for _ in 0..burst {
         rx.recv().await.unwrap();
@@ -117,7 +130,7 @@ async fn run(agents: usize) -> (f64, f64, f64, f64) {
         let due = begin + Duration::from_micros(next * 1000);
         if next < total && Instant::now() >= due {
             sent_at[next as usize] = Instant::now();
-            pool.submit(attempt(next, tx.clone()));
+            pool.submit(attempt(next, tx.clone(), None));
             next += 1;
             continue;
         }
@@ -126,18 +139,37 @@ async fn run(agents: usize) -> (f64, f64, f64, f64) {
         } else {
             Duration::from_secs(5)
         };
-        if let Ok(Some((n, at))) = tokio::time::timeout(wait, rx.recv()).await {
+        if let Ok(Some((n, at, _))) = tokio::time::timeout(wait, rx.recv()).await {
             latencies.push((at - sent_at[n as usize]).as_secs_f64() * 1000.0);
         }
     }
     latencies.sort_by(f64::total_cmp);
+
+    // Timed instructions: 1,000, each sent 100 ms ahead of its instant, 200 a second.
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let timed = 1_000u64;
+    for n in 0..timed {
+        let at = jiff::Timestamp::now() + jiff::SignedDuration::from_millis(100);
+        pool.submit(attempt(n, tx.clone(), Some(at)));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut errors = Vec::with_capacity(timed as usize);
+    for _ in 0..timed {
+        let (_, _, error) = rx.recv().await.unwrap();
+        errors.push(
+            error
+                .expect("a timed attempt reports its start error")
+                .abs() as f64,
+        );
+    }
+    errors.sort_by(f64::total_cmp);
     stop.cancel();
-    (
+    let spread = |v: &[f64]| [percentile(v, 0.5), percentile(v, 0.99), *v.last().unwrap()];
+    Figures {
         throughput,
-        percentile(&latencies, 0.5),
-        percentile(&latencies, 0.99),
-        *latencies.last().unwrap(),
-    )
+        latency: spread(&latencies),
+        start_error: spread(&errors),
+    }
 }
 
 fn main() {
@@ -146,11 +178,16 @@ fn main() {
         .build()
         .unwrap();
     println!(
-        "| agents | burst of 20,000 no-op attempts (attempts/s) | latency at 1,000/s: p50 | p99 | max |"
+        "| agents | burst of 20,000 no-op attempts (attempts/s) | latency at 1,000/s: p50 | p99 | max | start error of timed instructions: p50 | p99 | max |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for agents in [1, 2, 4] {
-        let (throughput, p50, p99, max) = rt.block_on(run(agents));
-        println!("| {agents} | {throughput:.0} | {p50:.2} ms | {p99:.2} ms | {max:.2} ms |");
+        let f = rt.block_on(run(agents));
+        let [p50, p99, max] = f.latency;
+        let [e50, e99, emax] = f.start_error;
+        println!(
+            "| {agents} | {:.0} | {p50:.2} ms | {p99:.2} ms | {max:.2} ms | {e50:.0} µs | {e99:.0} µs | {emax:.0} µs |",
+            f.throughput
+        );
     }
 }

@@ -50,6 +50,20 @@ fn now_us() -> i64 {
     Timestamp::now().as_microsecond()
 }
 
+/// Waits until `at` (this agent's clock, in microseconds) to within a few
+/// microseconds: the runtime's timer, whose granularity is a millisecond,
+/// for all but the last 2 ms, then yielding until the instant.
+async fn wait_until_us(at: i64) {
+    const SPIN_US: i64 = 2_000;
+    let wait = at - now_us() - SPIN_US;
+    if wait > 0 {
+        tokio::time::sleep(Duration::from_micros(wait.unsigned_abs())).await;
+    }
+    while now_us() < at {
+        tokio::task::yield_now().await;
+    }
+}
+
 fn send(body: agent_message::Body) -> v1::AgentMessage {
     v1::AgentMessage {
         sent_at_us: now_us(),
@@ -290,13 +304,11 @@ async fn start(
                 exit_code: None,
                 error: Some(e),
                 log: vec![],
+                start_error_us: None,
             },
             Ok((executor, ctx)) => {
                 if let Some(at) = start_at {
-                    let wait = at - now_us();
-                    if wait > 0 {
-                        tokio::time::sleep(Duration::from_micros(wait.unsigned_abs())).await;
-                    }
+                    wait_until_us(at).await;
                 }
                 let timeout =
                     (a.timeout_ms > 0).then(|| Duration::from_millis(u64::from(a.timeout_ms)));

@@ -97,6 +97,7 @@ pub(crate) fn outcome_from_result(r: &v1::Result, is_http: bool) -> Outcome {
         exit_code: r.exit_code,
         error,
         log: r.output.clone(),
+        start_error_us: None,
     }
 }
 
@@ -107,5 +108,6 @@ pub(crate) fn lost(why: &str) -> Outcome {
         exit_code: None,
         error: Some(why.to_string()),
         log: vec![],
+        start_error_us: None,
     }
 }

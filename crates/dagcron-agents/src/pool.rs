@@ -269,7 +269,7 @@ impl AgentPool {
                 timeout_ms: task
                     .timeout
                     .map_or(0, |d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX)),
-                start_at_us: 0,
+                start_at_us: task.start_at.map_or(0, |t| t.as_microsecond()),
                 max_output_bytes: u32::try_from(task.max_output).unwrap_or(u32::MAX),
             };
             let sent = agent.tx.as_ref().is_some_and(|tx| {
@@ -367,7 +367,11 @@ impl AgentPool {
             }
         }
         let is_http = matches!(inflight.task.executor, Executor::Http(_));
-        (inflight.task.report)(convert::outcome_from_result(result, is_http));
+        let mut outcome = convert::outcome_from_result(result, is_http);
+        if inflight.task.start_at.is_some() {
+            outcome.start_error_us = Some(result.start_error_us);
+        }
+        (inflight.task.report)(outcome);
     }
 
     fn on_message(&self, session: u64, msg: v1::AgentMessage, received_at: i64) {
@@ -445,6 +449,7 @@ fn cancelled_outcome() -> dagcron_exec::Outcome {
         exit_code: None,
         error: Some("cancelled before an agent took it".into()),
         log: vec![],
+        start_error_us: None,
     }
 }
 

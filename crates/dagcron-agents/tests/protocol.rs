@@ -68,6 +68,7 @@ fn task(script: &str, report: oneshot::Sender<Outcome>) -> RemoteTask {
             cwd: None,
         }),
         timeout: None,
+        start_at: None,
         labels: BTreeMap::new(),
         max_output: 1 << 16,
         cancel: CancellationToken::new(),

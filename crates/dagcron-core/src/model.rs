@@ -291,6 +291,12 @@ pub struct JobSpec {
     pub max_catchup: u32,
     /// Time limit of a whole run.
     pub deadline: Option<Dur>,
+    /// Make each scheduled run this long before its instant and send its
+    /// first tasks ahead, to start at the instant itself (timed
+    /// instructions; a remote agent corrects the instant by its measured
+    /// clock offset). Nothing of such a run starts before its instant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_ahead: Option<Dur>,
     /// Default parameters, overridable per trigger.
     #[serde(default)]
     pub params: BTreeMap<String, String>,
@@ -399,6 +405,12 @@ impl Job {
             end_date: self.spec.end_date,
             misfire: self.spec.misfire,
             max_catchup: self.spec.max_catchup,
+            send_ahead: self
+                .spec
+                .send_ahead
+                .map_or(jiff::SignedDuration::ZERO, |d| {
+                    jiff::SignedDuration::try_from(d.0).unwrap_or(jiff::SignedDuration::ZERO)
+                }),
         }
     }
 }
@@ -418,6 +430,8 @@ pub struct Timing {
     pub misfire: Misfire,
     /// The most missed fires caught up under `run_all`.
     pub max_catchup: u32,
+    /// How long before its instant a run is made (zero: at the instant).
+    pub send_ahead: jiff::SignedDuration,
 }
 
 impl Timing {
@@ -553,6 +567,10 @@ impl JobFile {
     }
 }
 
+/// The longest `send_ahead`: a run made earlier than this is more likely
+/// to outlive a change of its job than to gain precision.
+const MAX_SEND_AHEAD: std::time::Duration = std::time::Duration::from_secs(3600);
+
 fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<ValidationError>> {
     let mut errors = Vec::new();
     let mut err = |path: String, message: String| {
@@ -601,6 +619,20 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
     if let Some(d) = spec.deadline {
         if d.0.is_zero() {
             err(format!("{at}.deadline"), "must be longer than 0s".into());
+        }
+    }
+    if let Some(d) = spec.send_ahead {
+        if d.0.is_zero() || d.0 > MAX_SEND_AHEAD {
+            err(
+                format!("{at}.send_ahead"),
+                format!("must be between 1ms and {}", Dur(MAX_SEND_AHEAD)),
+            );
+        }
+        if spec.schedule.is_none() {
+            err(
+                format!("{at}.send_ahead"),
+                "only a scheduled job has instants to send ahead of; add a `schedule`".into(),
+            );
         }
     }
     let mut schedules = Vec::new();

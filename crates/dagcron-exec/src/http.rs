@@ -38,6 +38,7 @@ fn failed(failure: Failure, error: String, code: Option<i32>, log: Vec<u8>) -> O
         exit_code: code,
         error: Some(error),
         log,
+        start_error_us: None,
     }
 }
 
@@ -93,7 +94,7 @@ pub(crate) async fn run(
             Ok((status, log)) => {
                 let ok = if spec.expect.is_empty() { (200..300).contains(&status) } else { spec.expect.contains(&status) };
                 if ok {
-                    Outcome { ending: Ending::Succeeded, exit_code: Some(i32::from(status)), error: None, log }
+                    Outcome { ending: Ending::Succeeded, exit_code: Some(i32::from(status)), error: None, log, start_error_us: None }
                 } else {
                     let expected = if spec.expect.is_empty() { "2xx".to_string() } else { format!("{:?}", spec.expect) };
                     failed(Failure::HttpStatus(status), format!("{} {url} answered {status}, expected {expected}", spec.method), Some(i32::from(status)), log)
@@ -101,8 +102,8 @@ pub(crate) async fn run(
             }
             Err(e) => failed(Failure::Error(e.to_string()), format!("{} {url}: {e}", spec.method), None, vec![]),
         },
-        () = sleep => Outcome { ending: Ending::TimedOut, exit_code: None, error: Some(format!("no answer from {url} within {:?}", timeout.unwrap_or_default())), log: vec![] },
-        () = cancel.cancelled() => Outcome { ending: Ending::Cancelled, exit_code: None, error: Some("cancelled".into()), log: vec![] },
+        () = sleep => Outcome { ending: Ending::TimedOut, exit_code: None, error: Some(format!("no answer from {url} within {:?}", timeout.unwrap_or_default())), log: vec![], start_error_us: None },
+        () = cancel.cancelled() => Outcome { ending: Ending::Cancelled, exit_code: None, error: Some("cancelled".into()), log: vec![], start_error_us: None },
     }
 }
 

@@ -139,6 +139,9 @@ pub struct Outcome {
     pub error: Option<String>,
     /// Captured output (stdout and stderr interleaved, or the response body), capped.
     pub log: Vec<u8>,
+    /// For an attempt asked to start at an instant: how far from it it
+    /// started, in microseconds (positive: late).
+    pub start_error_us: Option<i64>,
 }
 
 /// Runs one attempt of `executor`.
@@ -176,6 +179,7 @@ pub async fn run_live(
             exit_code: None,
             error: None,
             log: vec![],
+            start_error_us: None,
         },
     };
     if let Some(live) = live {

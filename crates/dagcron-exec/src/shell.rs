@@ -69,6 +69,7 @@ pub(crate) async fn run(
                 exit_code: None,
                 error: Some(error),
                 log: vec![],
+                start_error_us: None,
             };
         }
     };
@@ -140,5 +141,6 @@ pub(crate) async fn run(
         exit_code,
         error,
         log,
+        start_error_us: None,
     }
 }

@@ -70,6 +70,7 @@ fn job(name: String, schedule: Option<String>, tasks: Vec<TaskSpec>) -> JobSpec 
         misfire: Misfire::Skip,
         max_catchup: 10,
         deadline: None,
+        send_ahead: None,
         params: BTreeMap::new(),
         retry: RetrySpec::default(),
         delivery: Default::default(),

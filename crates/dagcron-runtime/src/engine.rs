@@ -90,6 +90,9 @@ pub struct RemoteTask {
     pub cancel: CancellationToken,
     /// Where the agent's output goes while it runs, for followers.
     pub live: Option<dagcron_exec::LiveLog>,
+    /// The instant to start at, sent ahead of it (a job's `send_ahead`);
+    /// none: at once.
+    pub start_at: Option<Timestamp>,
     /// Called once, with the outcome.
     pub report: Box<dyn FnOnce(Outcome) + Send>,
 }
@@ -418,6 +421,9 @@ struct RunEntry {
     tokens: Vec<Option<CancellationToken>>,
     /// Set when the run is being stopped (cancel, replace, deadline): its final state.
     closing: Option<RunState>,
+    /// For a run made ahead of its instant (`send_ahead`): nothing of it
+    /// starts before this.
+    start_at: Option<Timestamp>,
 }
 
 enum Timer {
@@ -889,19 +895,22 @@ impl<S: Store> Engine<S> {
         let next = (!entry.paused && entry.owned)
             .then(|| entry.timing.next_fire_after(after))
             .flatten();
+        // A run is made `send_ahead` before its instant (usually at it).
+        let fire_at = next.map(|at| at.checked_sub(entry.timing.send_ahead).unwrap_or(at));
         // A job in memory stays if its next fire is near; any other is read
         // ahead of its fire (at once if that is already due).
-        let keep = entry.job.is_some() && next.is_some_and(|at| at.duration_since(now) <= KEEP_JOB);
+        let keep =
+            entry.job.is_some() && fire_at.is_some_and(|t| t.duration_since(now) <= KEEP_JOB);
         if !keep {
             entry.job = None;
         }
-        let Some(at) = next else {
+        let (Some(at), Some(fire_at)) = (next, fire_at) else {
             return;
         };
         let generation = entry.generation;
         if keep {
             self.arm(
-                at,
+                fire_at,
                 Timer::Fire {
                     key,
                     generation,
@@ -909,7 +918,7 @@ impl<S: Store> Engine<S> {
                 },
             );
         } else {
-            let early = at.checked_sub(PREPARE_AHEAD).unwrap_or(at);
+            let early = fire_at.checked_sub(PREPARE_AHEAD).unwrap_or(fire_at);
             self.arm(
                 early,
                 Timer::Prepare {
@@ -1131,6 +1140,7 @@ impl<S: Store> Engine<S> {
                         exit_code: None,
                         error: Some("the process running this attempt stopped".into()),
                         log: vec![],
+                        start_error_us: None,
                     });
                 }
             }
@@ -1148,6 +1158,7 @@ impl<S: Store> Engine<S> {
             attempts,
             tokens,
             closing: None,
+            start_at: None,
         };
         let id = record.id;
         self.runs.insert(id, run);
@@ -1404,22 +1415,32 @@ impl<S: Store> Engine<S> {
         };
         let token = run.tokens[task].clone().unwrap_or_default();
         let job = run.job.clone();
-        self.launch(&job, task, ctx, token);
+        let start_at = run.start_at.filter(|at| *at > self.clock.now());
+        self.launch(&job, task, ctx, token, start_at);
     }
 
-    /// Runs attempt `ctx` of task `task` of `job` in the pool; its outcome
-    /// comes back as a [`Finished`].
-    fn launch(&mut self, job: &Job, task: usize, ctx: AttemptContext, token: CancellationToken) {
+    /// Runs attempt `ctx` of task `task` of `job` in the pool, or on a
+    /// remote agent; its outcome comes back as a [`Finished`]. With
+    /// `start_at`, it starts at that instant (a remote agent is sent it ahead).
+    fn launch(
+        &mut self,
+        job: &Job,
+        task: usize,
+        ctx: AttemptContext,
+        token: CancellationToken,
+        start_at: Option<Timestamp>,
+    ) {
         let spec = &job.tasks[task];
         let (run_id, number) = (ctx.run_id, ctx.attempt);
         self.started += 1;
-        if spec.executor == dagcron_core::Executor::Noop {
+        if spec.executor == dagcron_core::Executor::Noop && start_at.is_none() {
             // Nothing to run: report at once, without a task.
             let outcome = Outcome {
                 ending: Ending::Succeeded,
                 exit_code: None,
                 error: None,
                 log: vec![],
+                start_error_us: None,
             };
             let _ = self.finished_tx.send(Finished {
                 run: run_id,
@@ -1462,6 +1483,7 @@ impl<S: Store> Engine<S> {
                     ctx,
                     executor,
                     timeout,
+                    start_at,
                     labels: run_on.labels.clone(),
                     max_output: limits.max_output,
                     cancel: token,
@@ -1473,14 +1495,33 @@ impl<S: Store> Engine<S> {
                     exit_code: None,
                     error: Some("this server takes no remote agents".into()),
                     log: vec![],
+                    start_error_us: None,
                 }),
             }
             return;
         }
+        let attempt_clock = clock.clone();
         tokio::spawn(async move {
             // A panic in an executor must not leave the attempt running forever.
             let work = tokio::spawn(async move {
-                dagcron_exec::run_live(&executor, &ctx, timeout, token, limits, Some(&live)).await
+                let Some(at) = start_at else {
+                    return dagcron_exec::run_live(
+                        &executor,
+                        &ctx,
+                        timeout,
+                        token,
+                        limits,
+                        Some(&live),
+                    )
+                    .await;
+                };
+                attempt_clock.sleep_until(at).await;
+                let error = attempt_clock.now().duration_since(at).as_micros() as i64;
+                let mut outcome =
+                    dagcron_exec::run_live(&executor, &ctx, timeout, token, limits, Some(&live))
+                        .await;
+                outcome.start_error_us = Some(error);
+                outcome
             });
             let outcome = work.await.unwrap_or_else(|e| {
                 let error = format!("the executor failed: {e}");
@@ -1489,6 +1530,7 @@ impl<S: Store> Engine<S> {
                     exit_code: None,
                     error: Some(error),
                     log: vec![],
+                    start_error_us: None,
                 }
             });
             lives.lock().expect("live logs lock").remove(&key);
@@ -1504,14 +1546,20 @@ impl<S: Store> Engine<S> {
 
     /// The whole job of `key`, for a command: not found unless this engine
     /// schedules it.
+    /// The job stays in memory while its runs go on (see [`Engine::let_go_if_idle`]).
     async fn known_job(&mut self, key: &JobKey) -> Result<Arc<Job>, EngineError> {
         if !self.jobs.contains_key(key) {
             return Err(no_such_job(key));
         }
-        self.job_of(key)
+        let job = self
+            .job_of(key)
             .await
             .map_err(EngineError::Storage)?
-            .ok_or_else(|| no_such_job(key))
+            .ok_or_else(|| no_such_job(key))?;
+        if let Some(entry) = self.jobs.get_mut(key) {
+            entry.job = Some(job.clone());
+        }
+        Ok(job)
     }
 
     /// Whether a fire timer armed at `generation` still stands.
@@ -1588,18 +1636,22 @@ impl<S: Store> Engine<S> {
             }
             // Read after the due fires are handled, so that reading never delays them.
             for (key, generation, at) in to_read {
+                let Some(entry) = self.jobs.get(&*key) else {
+                    continue;
+                };
+                let fire_at = at.checked_sub(entry.timing.send_ahead).unwrap_or(at);
                 let at_or_retry = match self.job_of(&key).await {
                     Ok(Some(job)) => {
                         if let Some(entry) = self.jobs.get_mut(&*key) {
                             entry.job = Some(job);
                         }
-                        at
+                        fire_at
                     }
                     // Deleted through another node: the next sync forgets it.
                     Ok(None) => continue,
                     Err(e) => {
                         tracing::warn!(job = %format!("{}/{}", key.0, key.1), "cannot read the job of a fire; trying again: {e}");
-                        at.max(now.checked_add(SignedDuration::from_secs(1)).unwrap_or(now))
+                        fire_at.max(now.checked_add(SignedDuration::from_secs(1)).unwrap_or(now))
                     }
                 };
                 let fire = Timer::Fire {
@@ -1653,6 +1705,10 @@ impl<S: Store> Engine<S> {
             now,
         );
         let id = run.id;
+        if at > now {
+            // Made ahead of its instant (`send_ahead`).
+            self.runs.get_mut(&id).expect("run").start_at = Some(at);
+        }
         self.writes.push(Write::Fire {
             namespace: key.0.clone(),
             job: key.1.clone(),
@@ -1694,6 +1750,7 @@ impl<S: Store> Engine<S> {
                 attempts: vec![0; job.tasks.len()],
                 tokens: vec![None; job.tasks.len()],
                 closing: None,
+                start_at: None,
             },
         );
         NewRun {
@@ -1792,6 +1849,25 @@ impl<S: Store> Engine<S> {
                 entry.active.retain(|r| *r != id);
                 self.start_queued(&key, now);
             }
+            self.let_go_if_idle(&key, now);
+        }
+    }
+
+    /// Drops the whole job of `key` from memory once it has no run and no
+    /// fire near (a job triggered by hand stays while its runs go on).
+    fn let_go_if_idle(&mut self, key: &JobKey, now: Timestamp) {
+        let Some(entry) = self.jobs.get_mut(key) else {
+            return;
+        };
+        if entry.job.is_none() || !entry.active.is_empty() || !entry.queued.is_empty() {
+            return;
+        }
+        let near = entry
+            .timing
+            .next_fire_after(now)
+            .is_some_and(|at| at.duration_since(now) <= KEEP_JOB);
+        if !near || entry.paused || !entry.owned {
+            entry.job = None;
         }
     }
 
@@ -1871,6 +1947,7 @@ impl<S: Store> Engine<S> {
                                 exit_code: None,
                                 error: Some("the run was stopped".into()),
                                 log: vec![],
+                                start_error_us: None,
                             });
                         }
                         for from in [TaskState::Dispatching, TaskState::Running] {
@@ -1992,6 +2069,7 @@ impl<S: Store> Engine<S> {
                 exit_code: outcome.exit_code,
                 error: outcome.error,
                 log: outcome.log,
+                start_error_us: outcome.start_error_us,
             });
             return;
         }
@@ -2011,6 +2089,7 @@ impl<S: Store> Engine<S> {
             exit_code: outcome.exit_code,
             error: outcome.error.clone(),
             log: outcome.log,
+            start_error_us: outcome.start_error_us,
         });
         self.task_ended(id, i, number, outcome.ending, at);
     }
@@ -2277,6 +2356,7 @@ impl<S: Store> Engine<S> {
                     ids.push(id);
                 }
                 self.start_queued(&key, now);
+                self.let_go_if_idle(&key, now);
                 self.reply_after_commit(reply, Ok(ids));
             }
             Command::Cancel { run, reply } => {
@@ -2403,6 +2483,7 @@ impl<S: Store> Engine<S> {
                     claim.namespace, claim.job, claim.task
                 )),
                 log: vec![],
+                start_error_us: None,
             });
             return;
         };
@@ -2439,7 +2520,7 @@ impl<S: Store> Engine<S> {
                 token: token.clone(),
             },
         );
-        self.launch(&job, i, ctx, token);
+        self.launch(&job, i, ctx, token, None);
     }
 
     /// News of an attempt of this node's that another node claimed.
@@ -2472,6 +2553,7 @@ impl<S: Store> Engine<S> {
                     exit_code: None,
                     error: Some("the node running this attempt stopped".into()),
                     log: vec![],
+                    start_error_us: None,
                 });
                 None
             }

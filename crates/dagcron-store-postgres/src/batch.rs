@@ -396,12 +396,14 @@ pub(crate) async fn apply(
         let mut exit = Vec::new();
         let mut error = Vec::new();
         let mut log: Vec<&[u8]> = Vec::new();
+        let mut start_error = Vec::new();
         for (_, chain) in &end_chains {
             if let Some(Write::AttemptEnd {
                 at: a,
                 exit_code,
                 error: e,
                 log: l,
+                start_error_us,
                 ..
             }) = chain.end
             {
@@ -409,13 +411,14 @@ pub(crate) async fn apply(
                 exit.push(*exit_code);
                 error.push(e.as_deref());
                 log.push(l.as_slice());
+                start_error.push(*start_error_us);
             }
         }
         *sent += 1;
         let changed: Vec<(i64, String, i32, Option<i64>)> = sqlx::query_as(
-            "UPDATE attempts a SET state = v.s, finished_at = v.at, exit_code = v.x, error = v.e, log = v.l
-             FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::text[], $6::bigint[], $7::int[], $8::text[], $9::bytea[])
-                AS v(r, k, n, fr, s, at, x, e, l)
+            "UPDATE attempts a SET state = v.s, finished_at = v.at, exit_code = v.x, error = v.e, log = v.l, start_error_us = v.se
+             FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::text[], $6::bigint[], $7::int[], $8::text[], $9::bytea[], $10::bigint[])
+                AS v(r, k, n, fr, s, at, x, e, l, se)
              WHERE a.run_id = v.r AND a.task_id = v.k AND a.number = v.n AND a.state = v.fr
              RETURNING a.run_id, a.task_id, a.number, (SELECT owner_epoch FROM runs WHERE id = a.run_id)",
         )
@@ -428,6 +431,7 @@ pub(crate) async fn apply(
         .bind(exit)
         .bind(error)
         .bind(log)
+        .bind(start_error)
         .fetch_all(&mut *conn)
         .await?;
         if changed.iter().any(|c| c.3.is_some() && c.3 != epoch) {

@@ -183,7 +183,7 @@ impl PgStore {
             });
         }
         let attempts = sqlx::query(
-            "SELECT run_id, task_id, number, state, started_at, finished_at, exit_code, error, node_epoch FROM attempts WHERE run_id = ANY($1) ORDER BY run_id, task_id, number",
+            "SELECT run_id, task_id, number, state, started_at, finished_at, exit_code, error, node_epoch, start_error_us FROM attempts WHERE run_id = ANY($1) ORDER BY run_id, task_id, number",
         )
         .bind(ids)
         .fetch_all(&mut *conn)
@@ -200,6 +200,7 @@ impl PgStore {
                 exit_code: row.get(6),
                 error: row.get(7),
                 node_epoch: row.get(8),
+                start_error_us: row.get(9),
             };
             if let Some(t) = out
                 .get_mut(&run)
@@ -479,9 +480,10 @@ async fn apply(
             exit_code,
             error,
             log,
+            start_error_us,
         } => {
             let n = sqlx::query(
-                "UPDATE attempts SET state = $1, finished_at = $2, exit_code = $3, error = $4, log = $5
+                "UPDATE attempts SET state = $1, finished_at = $2, exit_code = $3, error = $4, log = $5, start_error_us = $10
                  WHERE run_id = $6 AND task_id = $7 AND number = $8 AND state = $9",
             )
             .bind(to.as_str())
@@ -493,6 +495,7 @@ async fn apply(
             .bind(task)
             .bind(*number as i32)
             .bind(from.as_str())
+            .bind(start_error_us)
             .execute(&mut *conn)
             .await?
             .rows_affected();

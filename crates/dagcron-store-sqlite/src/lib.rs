@@ -109,7 +109,7 @@ impl SqliteStore {
             });
         }
         let attempts = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT run_id, task_id, number, state, started_at, finished_at, exit_code, error FROM attempts WHERE run_id IN ({list}) ORDER BY run_id, task_id, number"
+            "SELECT run_id, task_id, number, state, started_at, finished_at, exit_code, error, start_error_us FROM attempts WHERE run_id IN ({list}) ORDER BY run_id, task_id, number"
         )))
         .fetch_all(&mut *conn)
         .await
@@ -125,6 +125,7 @@ impl SqliteStore {
                 exit_code: row.get(6),
                 error: row.get(7),
                 node_epoch: None,
+                start_error_us: row.get(8),
             };
             if let Some(t) = out
                 .get_mut(&run)

@@ -200,6 +200,8 @@ pub enum Write {
         error: Option<String>,
         /// Captured output (already capped by the executor).
         log: Vec<u8>,
+        /// How far from its asked instant it started (see [`AttemptRecord::start_error_us`]).
+        start_error_us: Option<i64>,
     },
 }
 
@@ -232,6 +234,10 @@ pub struct AttemptRecord {
     /// or while it waits to be claimed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_epoch: Option<i64>,
+    /// For an attempt asked to start at an instant (a job's `send_ahead`):
+    /// how far from it it started, in microseconds (positive: late).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_error_us: Option<i64>,
 }
 
 /// An attempt handed to the cluster and claimed by this node to run.
