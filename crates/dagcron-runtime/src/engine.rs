@@ -1993,6 +1993,8 @@ impl<S: Store> Engine<S> {
             let number = run.attempts[i] + 1;
             let task = run.job.tasks[i].id.clone();
             run.attempts[i] = number;
+            // An attempt of a run made ahead starts at the run's instant.
+            let starts = run.start_at.filter(|t| *t > now).unwrap_or(now);
             if !local {
                 run.tasks[i] = TaskState::Dispatching;
                 self.writes.push(Write::TaskState {
@@ -2031,7 +2033,7 @@ impl<S: Store> Engine<S> {
                 task,
                 number,
                 state: AttemptState::Running,
-                at: now,
+                at: starts,
             });
             self.effects.push(Effect::Spawn {
                 run: id,
@@ -2497,6 +2499,7 @@ impl<S: Store> Engine<S> {
             self.spawn(claim.run, i, claim.number);
             return;
         }
+        let scheduled_at = claim.scheduled_at;
         let ctx = AttemptContext {
             idempotency_key: AttemptContext::idempotency_key_for(
                 &claim.namespace,
@@ -2520,7 +2523,9 @@ impl<S: Store> Engine<S> {
                 token: token.clone(),
             },
         );
-        self.launch(&job, i, ctx, token, None);
+        // An attempt of a run made ahead of its instant waits for it.
+        let start_at = Some(scheduled_at).filter(|t| *t > now);
+        self.launch(&job, i, ctx, token, start_at);
     }
 
     /// News of an attempt of this node's that another node claimed.

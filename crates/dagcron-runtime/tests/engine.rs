@@ -734,3 +734,45 @@ async fn a_job_far_from_its_next_fire_is_read_from_the_store_ahead_of_it() {
     assert!(busy.iter().all(|r| r.tasks[0].id == "a"), "kept in memory");
     h.stop().await;
 }
+
+/// With `send_ahead`, a scheduled run is made that long before its instant,
+/// and its first task starts at the instant, not before; the attempt records
+/// the instant as its start and how far from it it started.
+#[tokio::test]
+async fn a_run_sent_ahead_is_made_early_and_starts_at_its_instant() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply("namespace: t\njobs:\n  - { name: timed, schedule: '0 * * * * *', send_ahead: 2s, tasks: [{ id: a, shell: 'true' }, { id: b, shell: 'true', depends_on: [a] }] }\n").await;
+    h.clock.set(ts("2026-01-01T00:00:58.500Z"));
+    h.until("the run made ahead", async |s| {
+        s.list_runs("t", "timed", 10, None)
+            .await
+            .unwrap()
+            .items
+            .len()
+            == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let run = &h.runs("timed").await[0];
+    assert_eq!(run.scheduled_at, ts("2026-01-01T00:01:00Z"));
+    assert_eq!(run.created_at, ts("2026-01-01T00:00:58.500Z"));
+    assert_eq!(run.tasks[0].attempts.len(), 1);
+    assert_eq!(
+        run.tasks[0].attempts[0].state,
+        AttemptState::Running,
+        "waiting for its instant"
+    );
+    assert_eq!(run.tasks[0].attempts[0].started_at, run.scheduled_at);
+    assert!(run.tasks[1].attempts.is_empty());
+    h.clock.set(ts("2026-01-01T00:01:00Z"));
+    h.idle().await;
+    let run = &h.runs("timed").await[0];
+    assert_eq!(run.state, RunState::Succeeded);
+    let first = &run.tasks[0].attempts[0];
+    assert_eq!(first.start_error_us, Some(0), "the manual clock is exact");
+    assert_eq!(
+        run.tasks[1].attempts[0].start_error_us, None,
+        "only what would start before the instant waits for it"
+    );
+    h.stop().await;
+}

@@ -254,3 +254,44 @@ fn a_flood_of_short_tasks_runs_each_exactly_once() {
         on("-two")
     );
 }
+
+/// A timed instruction: the job's runs are made a second before their
+/// instant, the agent receives the task ahead and starts it at the instant,
+/// and each attempt records how far from the instant it started.
+#[test]
+fn timed_instructions_are_sent_ahead_and_started_at_their_instant() {
+    let (dir, data) = setup();
+    let mut server = Server::start(&data, free_port(), &[]);
+    server.namespace = "a".into();
+    let _agent = Agent::start(
+        &server,
+        &dir.path().join("agents"),
+        "clock",
+        "role=timed",
+        4,
+    );
+    let yaml = "namespace: a\njobs:\n  - name: timed\n    schedule: '*/2 * * * * *'\n    send_ahead: 1s\n    concurrency: allow\n    max_active_runs: 4\n    tasks:\n      - { id: go, shell: 'true', run_on: { labels: { role: timed } } }\n";
+    let (status, body) = server.post("/api/v1/apply", yaml, "application/yaml");
+    assert_eq!(status, 200, "{body}");
+    server.wait_runs("timed", 3);
+    server.post(
+        "/api/v1/namespaces/a/jobs/timed/pause",
+        "",
+        "application/json",
+    );
+    server.wait_idle(&["timed"]);
+    let runs = server.all_runs("timed");
+    for run in &runs {
+        assert_eq!(run["state"], "succeeded", "{run}");
+        let scheduled: jiff::Timestamp = run["scheduled_at"].as_str().unwrap().parse().unwrap();
+        let created: jiff::Timestamp = run["created_at"].as_str().unwrap().parse().unwrap();
+        assert!(created < scheduled, "made ahead: {run}");
+        let attempt = &run["tasks"][0]["attempts"][0];
+        assert_eq!(attempt["started_at"], run["scheduled_at"], "{run}");
+        let error = attempt["start_error_us"].as_i64().expect("a start error");
+        // Correctness, not speed: an agent that ignored the instant, or got
+        // its clock offset backwards, would be off by about the second sent ahead.
+        assert!(error.abs() < 500_000, "started {error} µs from the instant");
+        eprintln!("start error {error} µs");
+    }
+}
