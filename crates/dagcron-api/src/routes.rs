@@ -92,12 +92,12 @@ async fn health<S: Store>(State(state): State<AppState<S>>) -> impl IntoResponse
 /// The remote worker agents of this server: labels, capacity, running,
 /// last heartbeat, clock offset, version.
 async fn workers<S: Store>(State(state): State<AppState<S>>) -> Json<Value> {
-    let items = state
-        .workers
-        .as_ref()
-        .map(|p| p.workers())
-        .unwrap_or_default();
-    Json(json!({ "items": items }))
+    let pool = state.workers.as_ref();
+    let items = pool.map(|p| p.workers()).unwrap_or_default();
+    // Results that came back after their attempt had been given up on (a
+    // stale fencing token): refused, and counted here.
+    let stale = pool.map_or(0, |p| p.stale_results());
+    Json(json!({ "items": items, "stale_results_refused": stale }))
 }
 
 /// The nodes of the cluster, their leases, epochs, clock skew and jobs.

@@ -244,12 +244,12 @@ fn apscheduler(mode: &str, n: usize, secs: u64) -> Option<serde_json::Value> {
     serde_json::from_slice(&out.stdout).ok()
 }
 
-/// The same schedules after a restart, in a fresh process: the engine reads
-/// the jobs back from the database. Prints its row of the table.
-fn restarted(dir: &std::path::Path, n: usize) {
+/// Runs one dagcron measurement in a child process (`mode` is the variable
+/// that selects it: [`fresh_child`] or [`restart_child`]); prints its row.
+fn in_child(mode: &str, dir: &std::path::Path, n: usize) {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .arg("--bench")
-        .env("DAGCRON_BENCH_RESTART", dir)
+        .env(mode, dir)
         .env("DAGCRON_BENCH_N", n.to_string())
         .output()
         .unwrap();
@@ -259,8 +259,34 @@ fn restarted(dir: &std::path::Path, n: usize) {
     }
 }
 
-/// The child side of [`restarted`].
-async fn restart_child(dir: std::path::PathBuf, n: &str) {
+/// Registers `n` schedules spread over an hour, then measures their fires.
+async fn fresh_child(dir: std::path::PathBuf, n: usize) {
+    let rss0 = rss_mib();
+    let (handle, probe, shutdown) = engine_at(&dir, 256).await;
+    let t = Instant::now();
+    apply(
+        &handle,
+        (0..n).map(|i| job(format!("j{i}"), Some(hourly(i, n)), vec![task("a", &[])])),
+    )
+    .await;
+    let register = t.elapsed().as_secs_f64();
+    let rss = rss_mib() - rss0;
+    // Let the database settle (the WAL checkpoint after a large apply).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let row = measure(&probe, 10).await;
+    println!(
+        "| {n} | dagcron (durable) | {register:.1} | {rss:.0} | {} | {:.2} ms | {:.2} ms | {:.2} ms |",
+        row.fires, row.p50, row.p99, row.max
+    );
+    shutdown.cancel();
+    drop(handle);
+    // Let the engine stop before the process ends.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// The same schedules after a restart: the engine reads the jobs back from
+/// the database.
+async fn restart_child(dir: std::path::PathBuf, n: String) {
     let rss0 = rss_mib();
     let t = Instant::now();
     let (handle, probe, shutdown) = engine_at(&dir, 256).await;
@@ -282,14 +308,22 @@ fn main() {
         println!("run with `cargo bench -p dagcron-runtime --bench engine`");
         return;
     }
-    if let Ok(dir) = std::env::var("DAGCRON_BENCH_RESTART") {
-        let n = std::env::var("DAGCRON_BENCH_N").unwrap_or_default();
-        let rt = tokio::runtime::Builder::new_multi_thread()
+    let n = std::env::var("DAGCRON_BENCH_N").unwrap_or_default();
+    let child = |future| {
+        tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
-            .unwrap();
-        rt.block_on(restart_child(dir.into(), &n));
-        return;
+            .unwrap()
+            .block_on(future)
+    };
+    if let Ok(dir) = std::env::var("DAGCRON_BENCH_FRESH") {
+        let n = n.parse().expect("a number");
+        return child(
+            Box::pin(fresh_child(dir.into(), n)) as std::pin::Pin<Box<dyn Future<Output = ()>>>
+        );
+    }
+    if let Ok(dir) = std::env::var("DAGCRON_BENCH_RESTART") {
+        return child(Box::pin(restart_child(dir.into(), n)));
     }
     let scales: Vec<usize> = std::env::var("DAGCRON_BENCH_SCALES")
         .unwrap_or_else(|_| "1000,100000,1000000".into())
@@ -309,22 +343,12 @@ fn main() {
         println!("| N | scheduler | register (s) | RSS added (MiB) | fires in 10 s | p50 lateness | p99 lateness | max |");
         println!("|---|---|---|---|---|---|---|---|");
         for &n in &scales {
+            // dagcron in processes of its own (the peers' leftovers must not
+            // disturb it): one registers the schedules, a second restarts on
+            // the same database.
             let dir = tempfile::tempdir().unwrap();
-            let dir_path = dir.path().to_path_buf();
-            let rss0 = rss_mib();
-            let (handle, probe, shutdown) = engine(&dir, 256).await;
-            let t = Instant::now();
-            apply(&handle, (0..n).map(|i| job(format!("j{i}"), Some(hourly(i, n)), vec![task("a", &[])]))).await;
-            let register = t.elapsed().as_secs_f64();
-            let rss = rss_mib() - rss0;
-            // Let the database settle (the WAL checkpoint after a large apply).
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            let row = measure(&probe, 10).await;
-            println!("| {n} | dagcron (durable) | {register:.1} | {rss:.0} | {} | {:.2} ms | {:.2} ms | {:.2} ms |", row.fires, row.p50, row.p99, row.max);
-            shutdown.cancel();
-            drop(handle);
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            restarted(&dir_path, n);
+            in_child("DAGCRON_BENCH_FRESH", dir.path(), n);
+            in_child("DAGCRON_BENCH_RESTART", dir.path(), n);
             if n <= 100_000 {
                 let t = Instant::now();
                 let (fires, p50, p99, rss) = tokio_cron_scheduler(n, false, 10).await;

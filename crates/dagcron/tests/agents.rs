@@ -4,8 +4,11 @@
 
 mod common;
 
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Server, free_port, setup};
@@ -19,19 +22,23 @@ struct Agent {
 
 impl Agent {
     fn start(server: &Server, root: &Path, id: &str, labels: &str, capacity: u32) -> Agent {
+        Agent::start_via(server, &server.url, root, id, labels, capacity)
+    }
+
+    /// An agent that reaches `server` at `url` (through a proxy, say).
+    fn start_via(
+        server: &Server,
+        url: &str,
+        root: &Path,
+        id: &str,
+        labels: &str,
+        capacity: u32,
+    ) -> Agent {
         let dir = root.join(id);
         std::fs::create_dir_all(&dir).unwrap();
         let log = std::fs::File::create(root.join(format!("{id}.log"))).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
-            .args([
-                "worker",
-                "--server",
-                &server.url,
-                "--id",
-                id,
-                "--labels",
-                labels,
-            ])
+            .args(["worker", "--server", url, "--id", id, "--labels", labels])
             .args(["--capacity", &capacity.to_string()])
             .current_dir(&dir)
             .stdout(Stdio::from(log.try_clone().unwrap()))
@@ -294,4 +301,151 @@ fn timed_instructions_are_sent_ahead_and_started_at_their_instant() {
         assert!(error.abs() < 500_000, "started {error} µs from the instant");
         eprintln!("start error {error} µs");
     }
+}
+
+/// A TCP proxy between an agent and the server whose connections can be
+/// cut (both directions closed, new ones refused) and restored: a network
+/// failure between real processes.
+struct Proxy {
+    port: u16,
+    cut: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    open: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Proxy {
+    fn start(upstream: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let proxy = Proxy {
+            port,
+            cut: Arc::default(),
+            stop: Arc::default(),
+            open: Arc::default(),
+        };
+        let (cut, stop, open) = (proxy.cut.clone(), proxy.stop.clone(), proxy.open.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let Ok((client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                if cut.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                client.set_nonblocking(false).unwrap();
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let mut open = open.lock().unwrap();
+                for (from, to) in [(&client, &server), (&server, &client)] {
+                    let (mut from, mut to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(Shutdown::Both);
+                    });
+                }
+                open.extend([client, server]);
+            }
+        });
+        proxy
+    }
+
+    /// Closes every connection and refuses new ones.
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    fn restore(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.cut();
+    }
+}
+
+/// The agent's network is cut while it runs a task, then restored: within
+/// the agent lease the result reported on reconnection is taken and the
+/// attempt counts once; past the lease the attempt is lost and retried, and
+/// the late result is refused as stale.
+#[test]
+fn an_agent_cut_off_reports_on_reconnection_and_a_late_result_is_refused() {
+    let (dir, data) = setup();
+    let mut server = Server::start(&data, free_port(), &["--agent-lease-ttl-ms", "8000"]);
+    server.namespace = "a".into();
+    let port: u16 = server.url.rsplit(':').next().unwrap().parse().unwrap();
+    let proxy = Proxy::start(port);
+    let via = format!("http://127.0.0.1:{}", proxy.port);
+    let agent = Agent::start_via(
+        &server,
+        &via,
+        &dir.path().join("agents"),
+        "far",
+        "site=far",
+        2,
+    );
+    let yaml = "namespace: a\njobs:\n  - name: cut\n    retry: { max_attempts: 2, backoff: fixed, initial: 1s }\n    tasks:\n      - { id: t, shell: 'touch started-$DAGCRON_ATTEMPT; sleep 2; touch done-$DAGCRON_ATTEMPT; echo done', run_on: { labels: { site: far } } }\n";
+    let (status, body) = server.post("/api/v1/apply", yaml, "application/yaml");
+    assert_eq!(status, 200, "{body}");
+    let stale = |s: &Server| {
+        s.get("/api/v1/workers")["stale_results_refused"]
+            .as_i64()
+            .unwrap()
+    };
+
+    // A short cut: the task ends while the agent is unreachable; its result
+    // comes with the next hello.
+    let id = server.trigger("cut");
+    wait_until("the task starts", || agent.dir.join("started-1").exists());
+    proxy.cut();
+    wait_until("the server sees the agent gone", || {
+        server.get("/api/v1/workers")["items"][0]["connected"] == false
+    });
+    wait_until("the task ends, unreported", || {
+        agent.dir.join("done-1").exists()
+    });
+    assert_eq!(
+        server.get(&format!("/api/v1/runs/{id}"))["state"],
+        "running"
+    );
+    proxy.restore();
+    let run = server.wait_run(id, "succeeded");
+    let attempts = run["tasks"][0]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "taken once, not retried: {run}");
+    assert_eq!(log(&server, id, "t", 1), "done\n");
+    assert_eq!(stale(&server), 0);
+    std::fs::remove_file(agent.dir.join("done-1")).unwrap();
+    std::fs::remove_file(agent.dir.join("started-1")).unwrap();
+
+    // A cut longer than the agent lease: the attempt is lost and retried
+    // (on the same agent once it is back); the first result, reported on
+    // reconnection, carries a stale token and is refused.
+    let id = server.trigger("cut");
+    wait_until("the task starts", || agent.dir.join("started-1").exists());
+    proxy.cut();
+    wait_until("the attempt is declared lost", || {
+        server.get(&format!("/api/v1/runs/{id}"))["tasks"][0]["attempts"][0]["state"] == "lost"
+    });
+    wait_until("the first attempt ends, unreported", || {
+        agent.dir.join("done-1").exists()
+    });
+    proxy.restore();
+    let run = server.wait_run(id, "succeeded");
+    let attempts = run["tasks"][0]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{run}");
+    assert_eq!(attempts[0]["state"], "lost", "{run}");
+    assert_eq!(attempts[1]["state"], "succeeded", "{run}");
+    assert_eq!(stale(&server), 1, "the late result was refused");
+    server.signal(Signal::SIGTERM);
 }
