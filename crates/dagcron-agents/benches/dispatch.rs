@@ -92,7 +92,7 @@ async fn run(agents: usize) -> Figures {
     for i in 0..agents {
         tokio::spawn(agent::run(
             AgentConfig {
-                server: format!("http://{addr}"),
+                servers: vec![format!("http://{addr}")],
                 agent_id: format!("a{i}"),
                 labels: BTreeMap::new(),
                 capacity: std::env::var("DAGCRON_BENCH_AGENT_CAPACITY")

@@ -17,8 +17,10 @@ use crate::convert;
 /// Settings of an agent.
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
-    /// The server's URL (`http://host:port`).
-    pub server: String,
+    /// The server's URL (`http://host:port`); several for the nodes of a
+    /// cluster: the agent stays with one while it answers and moves to the
+    /// next when it does not.
+    pub servers: Vec<String>,
     /// The agent's name, stable across restarts.
     pub agent_id: String,
     /// Its labels.
@@ -91,15 +93,30 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> Result<(),
         clock: ClockEstimate::default(),
         draining: false,
     };
+    if config.servers.is_empty() {
+        return Err(AgentError::Refused("no server URL given".into()));
+    }
     let mut failures: u32 = 0;
+    let mut next = 0;
     loop {
         if local.draining && local.running.is_empty() && local.unreported.is_empty() {
             return Ok(());
         }
-        match session(&config, &mut local, &done_tx, &mut done_rx, &shutdown).await {
+        let server = &config.servers[next % config.servers.len()];
+        match session(
+            &config,
+            server,
+            &mut local,
+            &done_tx,
+            &mut done_rx,
+            &shutdown,
+        )
+        .await
+        {
             Ok(()) => return Ok(()),
             Err(Some(refused)) => return Err(refused),
-            Err(None) => {}
+            // The next server in the list, if there are several.
+            Err(None) => next += 1,
         }
         // Reconnect with exponential backoff and full jitter, capped at 5 s.
         failures = (failures + 1).min(6);
@@ -121,24 +138,24 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> Result<(),
 /// One connection. `Ok`: drained and done; `Err(Some)`: refused; `Err(None)`: reconnect.
 async fn session(
     config: &AgentConfig,
+    server: &str,
     local: &mut Local,
     done_tx: &mpsc::UnboundedSender<v1::Result>,
     done_rx: &mut mpsc::UnboundedReceiver<v1::Result>,
     shutdown: &CancellationToken,
 ) -> Result<(), Option<AgentError>> {
-    let endpoint = match tonic::transport::Endpoint::from_shared(config.server.clone()) {
+    let endpoint = match tonic::transport::Endpoint::from_shared(server.to_string()) {
         Ok(e) => e.tcp_nodelay(true).connect_timeout(Duration::from_secs(5)),
         Err(e) => {
             return Err(Some(AgentError::Refused(format!(
-                "bad server URL {:?}: {e}",
-                config.server
+                "bad server URL {server:?}: {e}"
             ))));
         }
     };
     let mut client = match endpoint.connect().await {
         Ok(channel) => AgentsClient::new(channel),
         Err(e) => {
-            tracing::warn!("cannot reach {}: {e}", config.server);
+            tracing::warn!("cannot reach {server}: {e}");
             return Err(None);
         }
     };
@@ -179,7 +196,7 @@ async fn session(
                 };
                 match msg.body {
                     Some(server_message::Body::Welcome(w)) => {
-                        tracing::info!(session = %w.session_id, "connected to {}", config.server);
+                        tracing::info!(session = %w.session_id, "connected to {server}");
                         heartbeat = tokio::time::interval(Duration::from_millis(u64::from(w.heartbeat_interval_ms.max(50))));
                     }
                     Some(server_message::Body::Refusal(r)) => {

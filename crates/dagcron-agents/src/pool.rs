@@ -148,8 +148,12 @@ fn attempt_ref(task: &RemoteTask, token: i64) -> v1::AttemptRef {
 impl AgentPool {
     /// A pool; call [`AgentPool::start`] to run its upkeep.
     pub fn new(config: PoolConfig) -> AgentPool {
+        let state = State {
+            next_token: now_us().saturating_mul(1024),
+            ..State::default()
+        };
         AgentPool {
-            state: Arc::new(Mutex::new(State::default())),
+            state: Arc::new(Mutex::new(state)),
             config,
             closing: CancellationToken::new(),
         }
@@ -214,6 +218,14 @@ impl AgentPool {
     /// Results refused so far because their fencing token was stale.
     pub fn stale_results(&self) -> u64 {
         self.state.lock().expect("pool lock").stale_results
+    }
+
+    /// Where this pool's fencing tokens start. Tokens must never repeat
+    /// across servers an agent may talk to: by default they start from the
+    /// pool's creation time (in microseconds, times 1,024); a cluster node
+    /// sets its epoch here (times 2^40), unique across the cluster.
+    pub fn set_token_base(&self, base: i64) {
+        self.state.lock().expect("pool lock").next_token = base;
     }
 
     /// Assigns waiting attempts to agents with room, in turn across
@@ -394,19 +406,34 @@ impl AgentPool {
                         },
                     ))));
                 }
-                // After a reconnection, the attempts it still runs are this session's.
+                // After a reconnection, the attempts it still runs are this
+                // session's; attempts this pool never gave (a server that is
+                // gone gave them, and they were lost with it) are stopped.
+                let agent_id = agent.id.clone();
+                let tx = agent.tx.clone();
                 for r in &h.running {
-                    if let Some(inflight) = state.inflight.get_mut(&r.fencing_token) {
-                        if inflight.session != session {
-                            let old = inflight.session;
-                            inflight.session = session;
-                            inflight.accepted = true;
-                            if let Some(a) = state.agents.get_mut(&old) {
-                                a.running = a.running.saturating_sub(1);
-                            }
-                            if let Some(a) = state.agents.get_mut(&session) {
-                                a.running += 1;
-                            }
+                    let Some(inflight) = state.inflight.get_mut(&r.fencing_token) else {
+                        tracing::info!(agent = %agent_id, run = r.run_id, task = %r.task_id, "the agent runs an attempt this server did not give it; stopping it");
+                        if let Some(tx) = &tx {
+                            let _ =
+                                tx.send(Ok(message(server_message::Body::Cancel(v1::Cancel {
+                                    attempt: Some(r.clone()),
+                                    reason:
+                                        "no longer this agent's: the server that gave it is gone"
+                                            .into(),
+                                }))));
+                        }
+                        continue;
+                    };
+                    if inflight.session != session {
+                        let old = inflight.session;
+                        inflight.session = session;
+                        inflight.accepted = true;
+                        if let Some(a) = state.agents.get_mut(&old) {
+                            a.running = a.running.saturating_sub(1);
+                        }
+                        if let Some(a) = state.agents.get_mut(&session) {
+                            a.running += 1;
                         }
                     }
                 }
@@ -460,6 +487,28 @@ impl Remote for AgentPool {
         state.waiting.push_back(&ns, &job, task);
         Self::assign(&mut state);
         drop(state);
+    }
+
+    fn serves(&self, labels: &BTreeMap<String, String>) -> bool {
+        let state = self.state.lock().expect("pool lock");
+        state
+            .agents
+            .values()
+            .any(|a| a.tx.is_some() && !a.draining && a.matches(labels))
+    }
+
+    fn rooms(&self) -> Vec<(BTreeMap<String, String>, usize)> {
+        let state = self.state.lock().expect("pool lock");
+        // Attempts already waiting here come first.
+        if state.waiting.len() > 0 {
+            return vec![];
+        }
+        state
+            .agents
+            .values()
+            .filter(|a| a.has_room())
+            .map(|a| (a.labels.clone(), (a.capacity - a.running) as usize))
+            .collect()
     }
 }
 

@@ -144,7 +144,7 @@ async fn a_result_made_while_cut_off_is_reported_after_reconnecting() {
     let agent_stop = CancellationToken::new();
     let agent = tokio::spawn(agent::run(
         AgentConfig {
-            server: format!("http://{addr}"),
+            servers: vec![format!("http://{addr}")],
             agent_id: "a".into(),
             labels: BTreeMap::new(),
             capacity: 1,
@@ -203,7 +203,7 @@ async fn jobs_take_turns_for_a_busy_agent() {
     serve(&pool, addr, stop.clone()).await;
     tokio::spawn(agent::run(
         AgentConfig {
-            server: format!("http://{addr}"),
+            servers: vec![format!("http://{addr}")],
             agent_id: "solo".into(),
             labels: BTreeMap::new(),
             capacity: 1,

@@ -101,6 +101,19 @@ pub struct RemoteTask {
 pub trait Remote: Send + Sync + 'static {
     /// Hands over an attempt; its `report` is called exactly once.
     fn submit(&self, task: RemoteTask);
+
+    /// Whether an agent connected here could run a task needing `labels`
+    /// (in a cluster, other attempts go to the node that has one).
+    fn serves(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        let _ = labels;
+        true
+    }
+
+    /// The connected agents with room: their labels and free slots, for
+    /// claiming attempts other nodes could not place.
+    fn rooms(&self) -> Vec<(std::collections::BTreeMap<String, String>, usize)> {
+        vec![]
+    }
 }
 
 /// The engine's link to remote worker agents.
@@ -1995,7 +2008,17 @@ impl<S: Store> Engine<S> {
             run.attempts[i] = number;
             // An attempt of a run made ahead starts at the run's instant.
             let starts = run.start_at.filter(|t| *t > now).unwrap_or(now);
-            if !local {
+            // A task for a remote agent goes to the cluster when no agent
+            // here could run it (an agent may be connected to any node);
+            // the node that claims it must have an agent with its labels.
+            let needs = run.job.tasks[i].run_on.as_ref().map(|r| &r.labels);
+            let elsewhere = self.config.node.is_some()
+                && match (needs, &self.config.remote) {
+                    (Some(labels), Some(remote)) => !remote.0.serves(labels),
+                    _ => false,
+                };
+            if !local || elsewhere {
+                let run_on = needs.cloned();
                 run.tasks[i] = TaskState::Dispatching;
                 self.writes.push(Write::TaskState {
                     run: id,
@@ -2009,6 +2032,7 @@ impl<S: Store> Engine<S> {
                     number,
                     state: AttemptState::Dispatching,
                     at: now,
+                    run_on,
                 });
                 self.shared.insert((id, i), number);
                 continue;
@@ -2034,6 +2058,7 @@ impl<S: Store> Engine<S> {
                 number,
                 state: AttemptState::Running,
                 at: starts,
+                run_on: None,
             });
             self.effects.push(Effect::Spawn {
                 run: id,
@@ -2427,8 +2452,12 @@ impl<S: Store> Engine<S> {
             return Ok(());
         }
         let room = self.config.pool_size.saturating_sub(self.running);
+        let agents = match &self.config.remote {
+            Some(remote) if room > 0 => remote.0.rooms(),
+            _ => vec![],
+        };
         if room > 0 && self.lease_valid() {
-            for claim in self.store.claim_attempts(room, now).await? {
+            for claim in self.store.claim_attempts(room, &agents, now).await? {
                 let key = (claim.namespace.clone(), claim.job.clone());
                 let job = match self.runs.get(&claim.run) {
                     Some(run) => Some(run.job.clone()),

@@ -266,6 +266,7 @@ pub(crate) async fn apply(
 
     // Attempts started.
     let mut starts = Columns::default();
+    let mut run_on: Vec<Option<String>> = Vec::new();
     for (i, w) in batch.iter().enumerate() {
         if let Write::AttemptStart {
             run,
@@ -273,8 +274,10 @@ pub(crate) async fn apply(
             number,
             state,
             at,
+            run_on: labels,
         } = w
         {
+            run_on.push(labels.as_ref().map(crate::labels_json));
             starts.index.push(i);
             starts.int1.push(*run);
             starts.text1.push(task.as_str());
@@ -290,8 +293,8 @@ pub(crate) async fn apply(
     if !starts.index.is_empty() {
         *sent += 1;
         let inserted: Vec<(i64, String, i32)> = sqlx::query_as(
-            "INSERT INTO attempts (run_id, task_id, number, state, started_at, node_epoch)
-             SELECT r, t, n, s, a, e FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[]) AS v(r, t, n, s, a, e)
+            "INSERT INTO attempts (run_id, task_id, number, state, started_at, node_epoch, run_on)
+             SELECT r, t, n, s, a, e, o::jsonb FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $6::bigint[], $7::text[]) AS v(r, t, n, s, a, e, o)
              ON CONFLICT DO NOTHING RETURNING run_id, task_id, number",
         )
         .bind(&starts.int1)
@@ -300,6 +303,7 @@ pub(crate) async fn apply(
         .bind(&starts.text2)
         .bind(&starts.int3)
         .bind(&starts.opt)
+        .bind(&run_on)
         .fetch_all(&mut *conn)
         .await?;
         let inserted: HashSet<(i64, &str, i64)> = inserted

@@ -296,6 +296,47 @@ macro_rules! transaction {
 }
 pub(crate) use transaction;
 
+/// Claims up to `limit` attempts waiting in `dispatching` with no node: for
+/// the node's own pool (`labels` none: attempts that need no agent), or for
+/// one of its agents (attempts whose labels the agent's contain).
+async fn claim_some(
+    conn: &mut PgConnection,
+    labels: Option<&str>,
+    limit: i64,
+    epoch: i64,
+    at: Timestamp,
+) -> std::result::Result<Vec<(RunId, String, String, String, i32, i64, String)>, sqlx::Error> {
+    sqlx::query_as(
+        "WITH c AS (
+                        SELECT run_id, task_id, number FROM attempts
+                        WHERE state = 'dispatching' AND node_epoch IS NULL
+                  AND (CASE WHEN $4::jsonb IS NULL THEN run_on IS NULL ELSE run_on <@ $4::jsonb END)
+                        ORDER BY started_at LIMIT $1 FOR UPDATE SKIP LOCKED
+                    ), a AS (
+                        UPDATE attempts a SET state = 'running', node_epoch = $2, started_at = $3
+                        FROM c WHERE a.run_id = c.run_id AND a.task_id = c.task_id AND a.number = c.number
+                        RETURNING a.run_id, a.task_id, a.number
+                    ), t AS (
+                        UPDATE tasks t SET state = 'running' FROM a
+                        WHERE t.run_id = a.run_id AND t.task_id = a.task_id AND t.state = 'dispatching'
+                        RETURNING t.run_id
+                    )
+                    SELECT a.run_id, r.namespace, r.job, a.task_id, a.number, r.scheduled_at, r.params
+                    FROM a JOIN runs r ON r.id = a.run_id ORDER BY a.run_id",
+    )
+    .bind(limit)
+    .bind(epoch)
+    .bind(at.as_microsecond())
+    .bind(labels)
+    .fetch_all(conn)
+    .await
+}
+
+/// Labels as a JSON object, for the `run_on` column.
+pub(crate) fn labels_json(labels: &BTreeMap<String, String>) -> String {
+    serde_json::to_string(labels).expect("labels serialize")
+}
+
 async fn notify(conn: &mut PgConnection, what: &str) -> std::result::Result<(), sqlx::Error> {
     sqlx::query("SELECT pg_notify($1, $2)")
         .bind(CHANNEL)
@@ -451,9 +492,10 @@ async fn apply(
             number,
             state,
             at,
+            run_on,
         } => {
             let n = sqlx::query(
-                "INSERT INTO attempts (run_id, task_id, number, state, started_at, node_epoch) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+                "INSERT INTO attempts (run_id, task_id, number, state, started_at, node_epoch, run_on) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb) ON CONFLICT DO NOTHING",
             )
             .bind(run)
             .bind(task)
@@ -461,6 +503,7 @@ async fn apply(
             .bind(state.as_str())
             .bind(at.as_microsecond())
             .bind(epoch.filter(|_| *state != AttemptState::Dispatching))
+            .bind(run_on.as_ref().map(labels_json))
             .execute(&mut *conn)
             .await?
             .rows_affected();
@@ -671,6 +714,20 @@ impl Store for PgStore {
                 sent += 1;
                 out.push(apply(conn, w, epoch).await?);
             }
+            let handed_over = batch.iter().any(|w| {
+                matches!(
+                    w,
+                    Write::AttemptStart {
+                        state: AttemptState::Dispatching,
+                        ..
+                    }
+                )
+            });
+            if handed_over {
+                // Nodes with free capacity come and claim them.
+                sent += 1;
+                notify(conn, "work").await?;
+            }
             Ok(out)
         })?;
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
@@ -804,42 +861,40 @@ impl Store for PgStore {
         })
     }
 
-    async fn claim_attempts(&self, limit: usize, at: Timestamp) -> Result<Vec<ClaimedAttempt>> {
+    async fn claim_attempts(
+        &self,
+        limit: usize,
+        agents: &[(BTreeMap<String, String>, usize)],
+        at: Timestamp,
+    ) -> Result<Vec<ClaimedAttempt>> {
         let Some(epoch) = self.epoch() else {
             return Ok(vec![]);
         };
-        if limit == 0 {
+        // For the node's own pool: attempts that need no agent; for each
+        // agent with room: attempts whose labels it has.
+        let mut wanted: Vec<(Option<String>, i64)> = Vec::new();
+        if limit > 0 {
+            wanted.push((None, i64::try_from(limit).unwrap_or(i64::MAX)));
+        }
+        for (labels, free) in agents.iter().filter(|(_, free)| *free > 0) {
+            wanted.push((
+                Some(labels_json(labels)),
+                i64::try_from(*free).unwrap_or(i64::MAX),
+            ));
+        }
+        if wanted.is_empty() {
             return Ok(vec![]);
         }
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows: Vec<(RunId, String, String, String, i32, i64, String)> = transaction!(
-            self,
-            fenced = true,
-            |conn| {
-                sqlx::query_as(
-                    "WITH c AS (
-                        SELECT run_id, task_id, number FROM attempts
-                        WHERE state = 'dispatching' AND node_epoch IS NULL
-                        ORDER BY started_at LIMIT $1 FOR UPDATE SKIP LOCKED
-                    ), a AS (
-                        UPDATE attempts a SET state = 'running', node_epoch = $2, started_at = $3
-                        FROM c WHERE a.run_id = c.run_id AND a.task_id = c.task_id AND a.number = c.number
-                        RETURNING a.run_id, a.task_id, a.number
-                    ), t AS (
-                        UPDATE tasks t SET state = 'running' FROM a
-                        WHERE t.run_id = a.run_id AND t.task_id = a.task_id AND t.state = 'dispatching'
-                        RETURNING t.run_id
-                    )
-                    SELECT a.run_id, r.namespace, r.job, a.task_id, a.number, r.scheduled_at, r.params
-                    FROM a JOIN runs r ON r.id = a.run_id ORDER BY a.run_id",
-                )
-                .bind(limit)
-                .bind(epoch)
-                .bind(at.as_microsecond())
-                .fetch_all(&mut *conn)
-                .await
-            }
-        )?;
+        let rows: Vec<(RunId, String, String, String, i32, i64, String)> =
+            transaction!(self, fenced = true, |conn| {
+                let mut rows = Vec::new();
+                for (labels, limit) in &wanted {
+                    rows.extend(
+                        claim_some(&mut *conn, labels.as_deref(), *limit, epoch, at).await?,
+                    );
+                }
+                Ok::<_, sqlx::Error>(rows)
+            })?;
         rows.into_iter()
             .map(
                 |(run, namespace, job, task, number, scheduled_at, params)| {

@@ -65,6 +65,7 @@ fn write() -> impl Strategy<Value = Write> {
                 number,
                 state: ATTEMPTS[s],
                 at: t(1),
+                run_on: None,
             }
         }),
         (run, task, 1..=2u32, 0..2usize, 2..5usize, any::<bool>()).prop_map(

@@ -226,6 +226,7 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
             number,
             state,
             at,
+            ..
         } => {
             let n = tx
                 .prepare_cached("INSERT INTO attempts (run_id, task_id, number, state, started_at) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING")?

@@ -383,6 +383,7 @@ pub async fn attempts_and_logs<S: Store>(s: &S) {
         number: n,
         state: AttemptState::Running,
         at: t(100 + i64::from(n)),
+        run_on: None,
     };
     let end = |n, to, code| Write::AttemptEnd {
         run: 1,

@@ -179,6 +179,9 @@ pub enum Write {
         state: AttemptState,
         /// When.
         at: Timestamp,
+        /// For an attempt handed to the cluster (`dispatching`) that needs a
+        /// remote agent: the labels the agent must have.
+        run_on: Option<BTreeMap<String, String>>,
     },
     /// Change an attempt's state if it is still `from`, with its result.
     AttemptEnd {
@@ -546,12 +549,17 @@ pub trait Store: Send + Sync + 'static {
     /// Claims up to `limit` attempts that other nodes handed to the cluster
     /// (`dispatching`, unclaimed): they become `running` on this node. A
     /// store used by one node has none.
+    ///
+    /// `limit` attempts for the node's own pool (attempts that need no
+    /// agent), and for each of its agents with room (its labels, its free
+    /// slots), attempts that need an agent with those labels.
     fn claim_attempts(
         &self,
         limit: usize,
+        agents: &[(BTreeMap<String, String>, usize)],
         at: Timestamp,
     ) -> impl Future<Output = Result<Vec<ClaimedAttempt>>> + Send {
-        let _ = (limit, at);
+        let _ = (limit, agents, at);
         async { Ok(vec![]) }
     }
     /// Attempts of this node's unfinished runs that other nodes claimed.

@@ -250,6 +250,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
     let (registration, identity) = cluster::register(&store, &cluster_config, &*clock)
         .await
         .context("joining the cluster")?;
+    // An agent may move between nodes: fencing tokens must not repeat across them.
+    agents.set_token_base(registration.epoch << 40);
     let config = EngineConfig {
         node: Some(identity.clone()),
         ..config

@@ -10,9 +10,15 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Args)]
 pub(crate) struct WorkerArgs {
-    /// The server's URL.
-    #[arg(long, env = "DAGCRON_SERVER", default_value = "http://127.0.0.1:7700")]
-    server: String,
+    /// The server's URL; for a cluster, the URLs of several nodes,
+    /// comma-separated: the agent moves to the next when one does not answer.
+    #[arg(
+        long,
+        env = "DAGCRON_SERVER",
+        default_value = "http://127.0.0.1:7700",
+        value_delimiter = ','
+    )]
+    server: Vec<String>,
     /// Labels tasks select agents by: `k=v,k2=v2`.
     #[arg(long, value_delimiter = ',', value_parser = crate::client::parse_kv)]
     labels: Vec<(String, String)>,
@@ -45,7 +51,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
     let shutdown = CancellationToken::new();
     tokio::spawn(crate::serve::shutdown_signal(shutdown.clone()));
     let config = AgentConfig {
-        server: args.server,
+        servers: args.server,
         agent_id,
         labels,
         capacity: args.capacity,

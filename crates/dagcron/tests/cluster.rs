@@ -534,3 +534,112 @@ fn attempts_overflow_to_a_node_with_room_and_survive_its_death() {
         cluster.ttl_ms
     );
 }
+
+/// A worker agent process, killed when dropped.
+struct AgentProcess(std::process::Child);
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// An agent connected to one node of two runs the remote tasks of every
+/// run, whichever node made it; when its node is killed mid-task, the agent
+/// moves to the other node, which stops the orphaned process, declares the
+/// attempt lost (its node is gone) and has the agent retry it.
+#[test]
+fn an_agent_on_one_node_serves_the_cluster_and_outlives_its_node() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cluster = Cluster::new("agents", 2, 2000);
+    let (e0, e1) = (cluster.epoch_of(0), cluster.epoch_of(1));
+    let edge = cluster.dir.path().join("edge");
+    std::fs::create_dir_all(&edge).unwrap();
+    let log = std::fs::File::create(cluster.dir.path().join("edge.log")).unwrap();
+    // Node 1 first, node 0 when node 1 does not answer.
+    let servers = format!("{},{}", cluster.node(1).url, cluster.node(0).url);
+    let _agent = AgentProcess(
+        std::process::Command::new(env!("CARGO_BIN_EXE_dagcron"))
+            .args([
+                "worker",
+                "--server",
+                &servers,
+                "--id",
+                "edge",
+                "--labels",
+                "site=edge",
+            ])
+            .current_dir(&edge)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let connected = |node: &Server| {
+        node.get("/api/v1/workers")["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["connected"] == true)
+    };
+    wait_until("the agent is connected to node 1", || {
+        connected(cluster.node(1))
+    });
+    cluster.apply(
+        "namespace: c\njobs:\n  - { name: remote, schedule: '0 0 0 1 1 *', tasks: [{ id: t, shell: 'echo on the edge', run_on: { labels: { site: edge } } }] }\n  - { name: long, schedule: '0 0 0 1 1 *', retry: { max_attempts: 3, backoff: fixed, initial: 1s }, tasks: [{ id: t, shell: 'touch started-$DAGCRON_ATTEMPT; sleep 4; touch done-$DAGCRON_ATTEMPT', run_on: { labels: { site: edge } } }] }\n",
+    );
+    cluster.wait_converged(2);
+
+    // Runs made by either node: their remote tasks all reach the agent
+    // through node 1; node 0's through the cluster's shared attempts.
+    let ids: Vec<(i64, i64)> = (0..3)
+        .flat_map(|_| {
+            [
+                (cluster.node(0).trigger("remote"), e0),
+                (cluster.node(1).trigger("remote"), e1),
+            ]
+        })
+        .collect();
+    for (id, _) in &ids {
+        let run = cluster.node(0).wait_run(*id, "succeeded");
+        let attempts = run["tasks"][0]["attempts"].as_array().unwrap();
+        assert_eq!(attempts.len(), 1, "{run}");
+    }
+    for (id, _) in &ids {
+        assert_eq!(
+            cluster.count(&format!(
+                "SELECT count(*) FROM attempts WHERE run_id = {id} AND node_epoch = {e1}"
+            )),
+            1,
+            "run {id}: run through node 1, which has the agent"
+        );
+    }
+
+    // Node 1 killed while the agent runs a task of node 0's run.
+    let id = cluster.node(0).trigger("long");
+    wait_until("the agent starts the task", || {
+        edge.join("started-1").exists()
+    });
+    let kill = Instant::now();
+    cluster.node_mut(1).signal(Signal::SIGKILL);
+    cluster.nodes[1] = None;
+    wait_until("the agent moves to node 0", || connected(cluster.node(0)));
+    let run = cluster.node(0).wait_run(id, "succeeded");
+    let states: Vec<&str> = run["tasks"][0]["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["lost", "succeeded"], "{run}");
+    assert!(edge.join("done-2").exists());
+    assert!(
+        !edge.join("done-1").exists(),
+        "the first attempt's process, orphaned by its node, was stopped"
+    );
+    eprintln!(
+        "agent's node killed: attempt lost and retried through the other node, done {} ms after SIGKILL",
+        kill.elapsed().as_millis()
+    );
+}
