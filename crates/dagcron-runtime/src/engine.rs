@@ -1529,7 +1529,8 @@ impl<S: Store> Engine<S> {
                     .await;
                 };
                 attempt_clock.sleep_until(at).await;
-                let error = attempt_clock.now().duration_since(at).as_micros() as i64;
+                let error = i64::try_from(attempt_clock.now().duration_since(at).as_micros())
+                    .unwrap_or(i64::MAX);
                 let mut outcome =
                     dagcron_exec::run_live(&executor, &ctx, timeout, token, limits, Some(&live))
                         .await;
