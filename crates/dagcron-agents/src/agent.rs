@@ -210,6 +210,11 @@ async fn session(
                             t3: now_us(),
                         });
                     }
+                    // A draining agent takes nothing new: left unaccepted, the
+                    // assignment goes to another agent.
+                    Some(server_message::Body::Assignment(_)) if local.draining => {
+                        tracing::info!("draining: an assignment is left for another agent");
+                    }
                     Some(server_message::Body::Assignment(a)) => start(a, local, &out, done_tx).await,
                     Some(server_message::Body::Cancel(c)) => {
                         let token = c.attempt.map_or(0, |a| a.fencing_token);
@@ -228,6 +233,7 @@ async fn session(
                     return Err(None);
                 }
                 if local.draining && local.running.is_empty() {
+                    close(out, inbound).await;
                     return Ok(());
                 }
             }
@@ -252,11 +258,26 @@ async fn session(
                     // Say so, then go.
                     let beat = v1::Heartbeat { draining: true, ..Default::default() };
                     let _ = out.send(send(agent_message::Body::Heartbeat(beat))).await;
+                    close(out, inbound).await;
                     return Ok(());
                 }
             }
         }
     }
+}
+
+/// Ends a session cleanly: closes this side of the stream and waits
+/// (briefly) for the server to close its side, which it does after taking
+/// every message sent, so that the last results are not lost on exit.
+async fn close(
+    out: mpsc::Sender<v1::AgentMessage>,
+    mut inbound: tonic::Streaming<v1::ServerMessage>,
+) {
+    drop(out);
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(Some(_)) = inbound.message().await {}
+    })
+    .await;
 }
 
 /// Accepts an assignment and runs it.

@@ -449,3 +449,48 @@ fn an_agent_cut_off_reports_on_reconnection_and_a_late_result_is_refused() {
     assert_eq!(stale(&server), 1, "the late result was refused");
     server.signal(Signal::SIGTERM);
 }
+
+/// SIGTERM to an agent: it finishes the attempt it runs, takes no new one,
+/// and exits; the task that came meanwhile waits for another agent.
+#[test]
+fn an_agent_drains_on_sigterm() {
+    let (dir, data) = setup();
+    let mut server = Server::start(&data, free_port(), &[]);
+    server.namespace = "a".into();
+    let root = dir.path().join("agents");
+    let mut first = Agent::start(&server, &root, "first", "role=drain", 2);
+    let yaml = "namespace: a\njobs:\n  - name: drain\n    concurrency: allow\n    max_active_runs: 2\n    tasks:\n      - { id: t, shell: 'touch started-$DAGCRON_RUN_ID; sleep 2; touch finished-$DAGCRON_RUN_ID', run_on: { labels: { role: drain } } }\n";
+    let (status, body) = server.post("/api/v1/apply", yaml, "application/yaml");
+    assert_eq!(status, 200, "{body}");
+    let running = server.trigger("drain");
+    wait_until("the agent runs the task", || {
+        first.dir.join(format!("started-{running}")).exists()
+    });
+    kill(Pid::from_raw(first.child.id() as i32), Signal::SIGTERM).unwrap();
+    wait_until("the server knows the agent drains", || {
+        server.get("/api/v1/workers")["items"][0]["draining"] == true
+    });
+    let waiting = server.trigger("drain");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = first.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the agent did not exit");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+    assert!(first.dir.join(format!("finished-{running}")).exists());
+    server.wait_run(running, "succeeded");
+    assert!(
+        !first.dir.join(format!("started-{waiting}")).exists(),
+        "a draining agent took a new task"
+    );
+    assert_eq!(
+        server.get(&format!("/api/v1/runs/{waiting}"))["state"],
+        "running"
+    );
+    let second = Agent::start(&server, &root, "second", "role=drain", 2);
+    server.wait_run(waiting, "succeeded");
+    assert!(second.dir.join(format!("finished-{waiting}")).exists());
+}
