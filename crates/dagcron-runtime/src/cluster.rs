@@ -171,13 +171,18 @@ pub struct Coordinator<S: Coordination> {
     status: Arc<Mutex<LocalStatus>>,
     members: Option<Vec<String>>,
     ring: Arc<Ring>,
-    jobs_revision: Option<i64>,
-    job_keys: Vec<(String, String)>,
+    /// The jobs revision the engine is up to date with.
+    jobs_revision: i64,
+    /// Jobs this node owns, as the engine last counted them.
+    owned: usize,
     draining: bool,
 }
 
 impl<S: Coordination> Coordinator<S> {
-    /// A coordinator for a registered node whose engine is `engine`.
+    /// A coordinator for a registered node whose engine is `engine`, and
+    /// was started after the store's jobs revision was `jobs_revision` (the
+    /// coordinator brings it changes made after that; with `None`, all jobs
+    /// once).
     pub fn new(
         store: S,
         engine: EngineHandle,
@@ -185,6 +190,7 @@ impl<S: Coordination> Coordinator<S> {
         registration: &Registration,
         identity: &NodeIdentity,
         clock: Arc<dyn Clock>,
+        jobs_revision: Option<i64>,
     ) -> Coordinator<S> {
         let status = LocalStatus {
             node_id: registration.id.clone(),
@@ -208,8 +214,8 @@ impl<S: Coordination> Coordinator<S> {
             status: Arc::new(Mutex::new(status)),
             members: None,
             ring: Arc::new(Ring::default()),
-            jobs_revision: None,
-            job_keys: vec![],
+            jobs_revision: jobs_revision.unwrap_or(-1),
+            owned: 0,
             draining: false,
         }
     }
@@ -336,7 +342,7 @@ impl<S: Coordination> Coordinator<S> {
         }
 
         // The lease.
-        let owned = self.owned_count();
+        let owned = self.owned;
         let sent = self.clock.now();
         let beat = Heartbeat {
             eligible: clock_ok && !self.draining,
@@ -370,16 +376,14 @@ impl<S: Coordination> Coordinator<S> {
         members.sort();
 
         // Jobs changed through any node.
-        let revision = self.store.jobs_revision().await?;
-        if self.jobs_revision != Some(revision) {
-            let mut jobs = Vec::new();
-            dagcron_store::load_all_jobs(&self.store, |j| jobs.push(j)).await?;
-            self.job_keys = jobs
-                .iter()
-                .map(|j| (j.namespace.clone(), j.name.clone()))
-                .collect();
-            self.engine.sync_jobs(jobs).await.map_err(engine_error)?;
-            self.jobs_revision = Some(revision);
+        if self.store.jobs_revision().await? != self.jobs_revision {
+            let changes = self.store.jobs_changed_since(self.jobs_revision).await?;
+            self.owned = self
+                .engine
+                .sync_jobs(changes.changed, changes.deleted)
+                .await
+                .map_err(engine_error)?;
+            self.jobs_revision = changes.revision;
         }
 
         if self.members.as_ref() != Some(&members) {
@@ -392,10 +396,11 @@ impl<S: Coordination> Coordinator<S> {
                 .set_ownership(owns)
                 .await
                 .map_err(engine_error)?;
+            self.owned = owned;
             tracing::info!(nodes = ?members, owned, "ring changed");
             self.members = Some(members);
         }
-        let owned = self.owned_count();
+        let owned = self.owned;
         {
             let mut s = self.status.lock().expect("status lock");
             s.owned_jobs = owned;
@@ -427,14 +432,6 @@ impl<S: Coordination> Coordinator<S> {
             }
         }
         Ok(())
-    }
-
-    fn owned_count(&self) -> usize {
-        let me = self.config.node_id.as_str();
-        self.job_keys
-            .iter()
-            .filter(|(ns, job)| self.ring.owner(ns, job) == Some(me))
-            .count()
     }
 }
 

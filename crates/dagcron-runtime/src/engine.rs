@@ -285,8 +285,9 @@ pub(crate) enum Command {
     },
     /// Jobs changed in the store (applied through another node).
     Sync {
-        jobs: Vec<StoredJob>,
-        reply: Reply<()>,
+        changed: Vec<StoredJob>,
+        deleted: Vec<(String, String)>,
+        reply: Reply<usize>,
     },
     /// Runs taken over from a dead node; `alive` are the epochs of the
     /// nodes still alive (their attempts go on).
@@ -589,9 +590,19 @@ impl EngineHandle {
         self.ask(|reply| Command::Own { owns, reply }).await
     }
 
-    /// Brings the engine's jobs in line with the store's.
-    pub async fn sync_jobs(&self, jobs: Vec<StoredJob>) -> Result<(), EngineError> {
-        self.ask(|reply| Command::Sync { jobs, reply }).await
+    /// Takes in jobs changed and deleted through other nodes; returns how
+    /// many jobs this node now owns.
+    pub async fn sync_jobs(
+        &self,
+        changed: Vec<StoredJob>,
+        deleted: Vec<(String, String)>,
+    ) -> Result<usize, EngineError> {
+        self.ask(|reply| Command::Sync {
+            changed,
+            deleted,
+            reply,
+        })
+        .await
     }
 
     /// Hands the engine runs it now owns (after their node died); `alive`
@@ -825,16 +836,19 @@ impl<S: Store> Engine<S> {
         Ok(owned)
     }
 
-    /// Brings jobs in line with the store's list (changes made through other nodes).
+    /// Takes in jobs changed and deleted through other nodes (a change
+    /// already known is ignored); returns how many jobs this node owns.
     async fn sync_jobs(
         &mut self,
-        stored: Vec<StoredJob>,
+        changed: Vec<StoredJob>,
+        deleted: Vec<(String, String)>,
         now: Timestamp,
-    ) -> Result<(), StorageError> {
-        let mut seen = std::collections::HashSet::with_capacity(stored.len());
-        for s in stored {
+    ) -> Result<usize, StorageError> {
+        for key in deleted {
+            self.remove_job(&key, now);
+        }
+        for s in changed {
             let key = (s.namespace.clone(), s.name.clone());
-            seen.insert(key.clone());
             let (version, paused) = match self.jobs.get(&key) {
                 Some(e) => (Some(e.version), e.paused),
                 None => (None, false),
@@ -862,16 +876,7 @@ impl<S: Store> Engine<S> {
                 self.set_job_paused(&key, s.paused, now).await?;
             }
         }
-        let gone: Vec<Arc<JobKey>> = self
-            .jobs
-            .keys()
-            .filter(|k| !seen.contains(&***k))
-            .cloned()
-            .collect();
-        for key in gone {
-            self.remove_job(&key, now);
-        }
-        Ok(())
+        Ok(self.jobs.values().filter(|e| e.owned).count())
     }
 
     /// Whether this engine may still fire and write.
@@ -2420,9 +2425,13 @@ impl<S: Store> Engine<S> {
                     .map_err(EngineError::Storage);
                 self.reply_after_commit(reply, result);
             }
-            Command::Sync { jobs, reply } => {
+            Command::Sync {
+                changed,
+                deleted,
+                reply,
+            } => {
                 let result = self
-                    .sync_jobs(jobs, now)
+                    .sync_jobs(changed, deleted, now)
                     .await
                     .map_err(EngineError::Storage);
                 self.reply_after_commit(reply, result);

@@ -37,6 +37,7 @@ async fn node(db: &TestDatabase, id: &str, clock: Arc<dyn Clock>) -> (EngineHand
         &registration,
         &identity,
         clock,
+        None,
     );
     let view = coordinator.handle();
     tokio::spawn(coordinator.run(CancellationToken::new(), CancellationToken::new()));

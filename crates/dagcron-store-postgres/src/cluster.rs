@@ -6,14 +6,18 @@ use std::time::Duration;
 use std::sync::atomic::Ordering;
 
 use dagcron_store::cluster::{
-    Coordination, Heartbeat, NodeRecord, NodeState, OrphanRun, Registration, WriteStatistics,
+    Coordination, Heartbeat, JobChanges, NodeRecord, NodeState, OrphanRun, Registration,
+    WriteStatistics,
 };
 use dagcron_store::{Result, RunId, RunRecord, StorageError};
 use jiff::Timestamp;
 use sqlx::Row;
 use sqlx::postgres::{PgListener, PgRow};
 
-use crate::{CHANNEL, Fence, PgStore, RUN_COLUMNS, notify, parse, transaction, ts, unavailable};
+use crate::{
+    CHANNEL, Fence, JOB_COLUMNS, PgStore, RUN_COLUMNS, job_from_row, notify, parse, transaction,
+    ts, unavailable,
+};
 
 /// Run ids carry the slot of their node; this many nodes can be alive at once.
 pub const MAX_NODES: u8 = 32;
@@ -251,6 +255,32 @@ impl Coordination for PgStore {
             .fetch_one(&self.pool)
             .await
             .map_err(unavailable)
+    }
+
+    async fn jobs_changed_since(&self, since: i64) -> Result<JobChanges> {
+        // The revision first: changes up to it are committed (they commit
+        // in revision order); later ones that show up are read again next
+        // time, which changes nothing.
+        let revision = self.jobs_revision().await?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE revision > $1"
+        )))
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        let changed = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
+        let deleted =
+            sqlx::query_as("SELECT namespace, name FROM deleted_jobs WHERE revision > $1")
+                .bind(since)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(unavailable)?;
+        Ok(JobChanges {
+            revision,
+            changed,
+            deleted,
+        })
     }
 
     async fn wait_for_change(&self, timeout: Duration) -> Result<Vec<String>> {

@@ -79,9 +79,9 @@ fn parse<T: FromStr<Err = String>>(s: &str) -> Result<T> {
 }
 
 const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at";
-const JOB_COLUMNS: &str = "namespace, name, version, spec, paused, updated_at";
+pub(crate) const JOB_COLUMNS: &str = "namespace, name, version, spec, paused, updated_at";
 
-fn job_from_row(row: &PgRow) -> Result<StoredJob> {
+pub(crate) fn job_from_row(row: &PgRow) -> Result<StoredJob> {
     Ok(StoredJob {
         namespace: row.get(0),
         name: row.get(1),
@@ -153,10 +153,40 @@ impl PgStore {
         }
     }
 
-    async fn bump_jobs_revision(conn: &mut PgConnection) -> std::result::Result<(), sqlx::Error> {
-        sqlx::query("UPDATE revisions SET value = value + 1 WHERE name = 'jobs'")
-            .execute(&mut *conn)
-            .await?;
+    /// Bumps the jobs revision and stamps the jobs changed (or deleted:
+    /// tombstones) with it. The revision row stays locked until commit, so
+    /// changes commit in revision order.
+    async fn job_changes(
+        conn: &mut PgConnection,
+        changed: &[(&str, &str)],
+        deleted: &[(&str, &str)],
+    ) -> std::result::Result<(), sqlx::Error> {
+        let revision: i64 = sqlx::query_scalar(
+            "UPDATE revisions SET value = value + 1 WHERE name = 'jobs' RETURNING value",
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        for (keys, tombstone) in [(changed, false), (deleted, true)] {
+            if keys.is_empty() {
+                continue;
+            }
+            let (namespaces, names): (Vec<&str>, Vec<&str>) = keys.iter().copied().unzip();
+            let sql = if tombstone {
+                "INSERT INTO deleted_jobs (namespace, name, revision)
+                 SELECT ns, n, $3 FROM unnest($1::text[], $2::text[]) AS k(ns, n)
+                 ON CONFLICT (namespace, name) DO UPDATE SET revision = EXCLUDED.revision"
+            } else {
+                "WITH k AS (SELECT * FROM unnest($1::text[], $2::text[]) AS k(ns, n)),
+                 gone AS (DELETE FROM deleted_jobs d USING k WHERE d.namespace = k.ns AND d.name = k.n)
+                 UPDATE jobs j SET revision = $3 FROM k WHERE j.namespace = k.ns AND j.name = k.n"
+            };
+            sqlx::query(sql)
+                .bind(&namespaces)
+                .bind(&names)
+                .bind(revision)
+                .execute(&mut *conn)
+                .await?;
+        }
         notify(conn, "jobs").await
     }
 
@@ -601,8 +631,14 @@ impl Store for PgStore {
                 }
                 out.push(result);
             }
-            if out.iter().any(|r| !matches!(r, ApplyResult::Unchanged(_))) {
-                PgStore::bump_jobs_revision(conn).await?;
+            let changed: Vec<(&str, &str)> = jobs
+                .iter()
+                .zip(&out)
+                .filter(|(_, r)| !matches!(r, ApplyResult::Unchanged(_)))
+                .map(|(j, _)| (j.namespace.as_str(), j.name.as_str()))
+                .collect();
+            if !changed.is_empty() {
+                PgStore::job_changes(conn, &changed, &[]).await?;
             }
             Ok(out)
         })
@@ -673,7 +709,7 @@ impl Store for PgStore {
                 .await?
                 .rows_affected();
             if n == 1 {
-                PgStore::bump_jobs_revision(conn).await?;
+                PgStore::job_changes(conn, &[], &[(namespace, name)]).await?;
             }
             Ok(n == 1)
         })
@@ -689,7 +725,7 @@ impl Store for PgStore {
                 .await?
                 .rows_affected();
             if n == 1 {
-                PgStore::bump_jobs_revision(conn).await?;
+                PgStore::job_changes(conn, &[(namespace, name)], &[]).await?;
             }
             Ok(n == 1)
         })

@@ -5,7 +5,7 @@ use std::time::Duration;
 use dagcron_core::{FireOutcome, RunState};
 use dagcron_store::cluster::{Coordination, Heartbeat, NodeState};
 use dagcron_store::conformance::new_run;
-use dagcron_store::{StorageError, Store, Write, WriteResult};
+use dagcron_store::{JobUpsert, StorageError, Store, Write, WriteResult};
 use dagcron_store_postgres::PgStore;
 use dagcron_test_pg::TestDatabase;
 use jiff::Timestamp;
@@ -233,4 +233,69 @@ async fn job_changes_bump_the_revision_and_wake_listeners() {
     assert!(b.jobs_revision().await.unwrap() > r1);
     let now = b.database_now().await.unwrap();
     assert!((Timestamp::now().as_second() - now.as_second()).abs() < 5);
+}
+
+/// A node catches up on jobs by reading only what changed after the jobs
+/// revision it has seen: applies, pauses, deletions (as tombstones, gone
+/// again when the job comes back).
+#[tokio::test]
+async fn a_node_reads_only_the_jobs_changed_since_its_revision() {
+    let db = TestDatabase::create("changes").await;
+    let store = PgStore::connect(&db.url, 4).await.unwrap();
+    let upsert = |name: &str, spec: &str| JobUpsert {
+        namespace: "ns".into(),
+        name: name.into(),
+        spec: spec.into(),
+    };
+    let at = Timestamp::from_second(1).unwrap();
+    let since = async |revision: i64| {
+        let c = store.jobs_changed_since(revision).await.unwrap();
+        let mut changed: Vec<String> = c
+            .changed
+            .iter()
+            .map(|j| format!("{}:{}:{}", j.name, j.version, j.paused))
+            .collect();
+        changed.sort();
+        let deleted: Vec<String> = c.deleted.iter().map(|(_, n)| n.clone()).collect();
+        (c.revision, changed, deleted)
+    };
+    let r0 = store.jobs_revision().await.unwrap();
+    store
+        .apply_jobs(&[upsert("a", "{1}"), upsert("b", "{1}")], at)
+        .await
+        .unwrap();
+    let (r1, changed, deleted) = since(r0).await;
+    assert_eq!(
+        (changed, deleted),
+        (vec!["a:1:false".to_string(), "b:1:false".into()], vec![])
+    );
+    assert!(r1 > r0);
+    assert_eq!(since(r1).await.1.len(), 0, "nothing new");
+
+    store
+        .apply_jobs(&[upsert("a", "{1}"), upsert("b", "{2}")], at)
+        .await
+        .unwrap();
+    let (r2, changed, _) = since(r1).await;
+    assert_eq!(changed, ["b:2:false"], "the unchanged job is not read");
+    assert!(store.set_paused("ns", "a", true).await.unwrap());
+    let (r3, changed, _) = since(r2).await;
+    assert_eq!(changed, ["a:1:true"]);
+    assert!(store.delete_job("ns", "b").await.unwrap());
+    let (r4, changed, deleted) = since(r3).await;
+    assert_eq!((changed.len(), deleted), (0, vec!["b".to_string()]));
+    store.apply_jobs(&[upsert("b", "{3}")], at).await.unwrap();
+    let (_, changed, deleted) = since(r4).await;
+    assert_eq!(
+        (changed, deleted.len()),
+        (vec!["b:3:false".to_string()], 0),
+        "the tombstone is gone"
+    );
+    let (_, changed, deleted) = since(-1).await;
+    assert_eq!(
+        changed,
+        ["a:1:true", "b:3:false"],
+        "everything, for a node that saw nothing"
+    );
+    assert!(deleted.is_empty());
 }

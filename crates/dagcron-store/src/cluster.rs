@@ -109,6 +109,17 @@ pub struct Registration {
     pub slot: u8,
 }
 
+/// Jobs changed since a revision; see [`Coordination::jobs_changed_since`].
+#[derive(Clone, Debug, Default)]
+pub struct JobChanges {
+    /// The revision read before the changes: everything up to it is here.
+    pub revision: i64,
+    /// Jobs created, updated, paused or resumed.
+    pub changed: Vec<crate::StoredJob>,
+    /// Jobs deleted: (namespace, name).
+    pub deleted: Vec<(String, String)>,
+}
+
 /// What a heartbeat reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Heartbeat {
@@ -179,8 +190,11 @@ pub trait Coordination: Store + Clone {
     fn adopt_runs(&self, ids: &[RunId]) -> impl Future<Output = Result<Vec<RunRecord>>> + Send;
     /// Runs of this node whose cancellation was asked, clearing the requests.
     fn take_cancel_requests(&self) -> impl Future<Output = Result<Vec<RunId>>> + Send;
-    /// A number that changes whenever a job is applied, paused or deleted.
+    /// A number that grows whenever a job is applied, paused or deleted.
     fn jobs_revision(&self) -> impl Future<Output = Result<i64>> + Send;
+    /// The jobs changed and deleted after revision `since` (all of them
+    /// for a negative `since`), and the revision they bring a reader to.
+    fn jobs_changed_since(&self, since: i64) -> impl Future<Output = Result<JobChanges>> + Send;
     /// Waits until a node announces a change or `timeout` passes; returns
     /// what was announced (`jobs`, `nodes`, `cancel`, `work`, `attempts`),
     /// nothing on a timeout.

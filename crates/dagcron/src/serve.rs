@@ -16,6 +16,7 @@ use dagcron_runtime::cluster::{self, ClusterConfig, Coordinator};
 use dagcron_runtime::{
     ClusterHandle, Engine, EngineConfig, EngineHandle, RemoteWorkers, SystemClock,
 };
+use dagcron_store::cluster::Coordination;
 use dagcron_store::{StorageError, Store};
 use dagcron_store_postgres::PgStore;
 use dagcron_store_sqlite::SqliteStore;
@@ -256,6 +257,12 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         node: Some(identity.clone()),
         ..config
     };
+    // Read before the engine reads the jobs: the coordinator brings it the
+    // changes made after this.
+    let jobs_revision = store
+        .jobs_revision()
+        .await
+        .context("reading the jobs revision")?;
     let (engine, handle) = Engine::start(Arc::new(store.clone()), clock.clone(), config)
         .await
         .context("starting the engine")?;
@@ -266,6 +273,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         &registration,
         &identity,
         clock,
+        Some(jobs_revision),
     );
     let cluster = coordinator.handle();
     let stopped = CancellationToken::new();

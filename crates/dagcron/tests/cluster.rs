@@ -420,6 +420,18 @@ fn ten_thousand_jobs_are_shared_evenly_by_three_nodes() {
         );
     }
     eprintln!("10,000 jobs over 3 nodes: {owned:?}");
+    // Deletions through one node reach every node (the owners count one less).
+    for name in ["b0-0000", "b1-0001", "b2-0002"] {
+        let resp = reqwest::blocking::Client::new()
+            .delete(format!(
+                "{}/api/v1/namespaces/c/jobs/{name}",
+                cluster.node(2).url
+            ))
+            .send()
+            .unwrap();
+        assert!(resp.status().is_success(), "{}", resp.status());
+    }
+    cluster.wait_converged(9_997);
 }
 
 /// Waits (bounded) until `check` holds.
