@@ -651,9 +651,10 @@ impl Store for PgStore {
     ) -> Result<Vec<StoredJob>> {
         let (ns, name) = after.cloned().unwrap_or_default();
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {JOB_COLUMNS} FROM jobs \
-             WHERE namespace COLLATE \"C\" > $1 OR (namespace = $1 AND name COLLATE \"C\" > $2) \
-             ORDER BY namespace COLLATE \"C\", name COLLATE \"C\" LIMIT $3"
+            // A row value in the primary key's own order, so that each page
+            // is a range of the key.
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE (namespace, name) > ($1, $2) \
+             ORDER BY namespace, name LIMIT $3"
         )))
         .bind(&ns)
         .bind(&name)

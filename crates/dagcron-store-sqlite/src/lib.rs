@@ -203,9 +203,9 @@ impl Store for SqliteStore {
     ) -> Result<Vec<StoredJob>> {
         let (ns, name) = after.cloned().unwrap_or_default();
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace > ? OR (namespace = ? AND name > ?) ORDER BY namespace, name LIMIT ?"
+            // A row value, so that each page is a range of the primary key.
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE (namespace, name) > (?, ?) ORDER BY namespace, name LIMIT ?"
         )))
-        .bind(&ns)
         .bind(&ns)
         .bind(&name)
         .bind(i64::from(limit))
