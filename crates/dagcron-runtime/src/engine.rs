@@ -468,6 +468,8 @@ enum Effect {
         number: u32,
         /// The index of its `AttemptStart` in the batch.
         write: usize,
+        /// For a remote agent.
+        remote: bool,
     },
     Reply(Box<dyn FnOnce() + Send>),
 }
@@ -479,6 +481,26 @@ struct Finished {
     number: u32,
     outcome: Outcome,
     at: Timestamp,
+    /// Run by a remote agent (not in this process's pool).
+    remote: bool,
+}
+
+/// Tasks ready to start: for this process's pool, and for remote agents
+/// (which the pool's size does not bound).
+#[derive(Default)]
+struct ReadyQueues {
+    local: VecDeque<(RunId, usize)>,
+    remote: VecDeque<(RunId, usize)>,
+}
+
+impl ReadyQueues {
+    fn push(&mut self, job: &Job, run: RunId, task: usize) {
+        if job.tasks[task].run_on.is_some() {
+            self.remote.push_back((run, task));
+        } else {
+            self.local.push_back((run, task));
+        }
+    }
 }
 
 fn attempt_state_of(ending: &Ending) -> AttemptState {
@@ -642,8 +664,11 @@ pub struct Engine<S: Store> {
     runs: HashMap<RunId, RunEntry>,
     heap: BinaryHeap<Reverse<Armed>>,
     next_timer: u64,
-    ready: VecDeque<(RunId, usize)>,
+    ready: ReadyQueues,
+    /// Attempts in this process's pool (at most `pool_size`).
     running: usize,
+    /// Attempts handed to remote agents (their capacity bounds them).
+    remote_running: usize,
     /// Attempt tasks started and not yet reported (`running` also counts
     /// the ones decided but not yet committed).
     started: usize,
@@ -695,8 +720,9 @@ impl<S: Store> Engine<S> {
             runs: HashMap::new(),
             heap: BinaryHeap::new(),
             next_timer: 0,
-            ready: VecDeque::new(),
+            ready: ReadyQueues::default(),
             running: 0,
+            remote_running: 0,
             started: 0,
             last_run_id: store.max_run_id().await?,
             rng: (now.as_nanosecond() as u64) | 1,
@@ -1194,7 +1220,7 @@ impl<S: Store> Engine<S> {
         }
         for i in 0..job.tasks.len() {
             match self.runs[&id].tasks[i] {
-                TaskState::Ready => self.ready.push_back((id, i)),
+                TaskState::Ready => self.ready.push(&job, id, i),
                 TaskState::Retrying => self.arm(now, Timer::Retry { run: id, task: i }),
                 _ => {}
             }
@@ -1325,20 +1351,20 @@ impl<S: Store> Engine<S> {
         }
         // Graceful shutdown: no new fires or attempts; let running attempts finish.
         let deadline = tokio::time::Instant::now() + drain;
-        while self.running > 0 {
+        while self.running + self.remote_running > 0 {
             match tokio::time::timeout_at(deadline, self.finished_rx.recv()).await {
                 Ok(Some(done)) => {
                     self.on_finished(done);
-                    self.ready.clear();
+                    self.ready = ReadyQueues::default();
                     self.flush().await?;
                 }
                 _ => break,
             }
         }
-        if self.running > 0 {
+        if self.running + self.remote_running > 0 {
             tracing::warn!(
                 "{} attempts still running at shutdown; they will be recovered as lost",
-                self.running
+                self.running + self.remote_running
             );
         }
         Ok(())
@@ -1386,6 +1412,7 @@ impl<S: Store> Engine<S> {
                     task,
                     number,
                     write,
+                    remote,
                 } => {
                     if results.get(write) == Some(&WriteResult::Done) {
                         self.spawn(run, task, number);
@@ -1393,7 +1420,7 @@ impl<S: Store> Engine<S> {
                         // Only a second engine acting on the same run could
                         // cause this; fencing is meant to make it impossible.
                         tracing::error!(run, task, number, "attempt not recorded; not starting it");
-                        self.running -= 1;
+                        *self.lane(remote) -= 1;
                     }
                 }
                 Effect::Reply(f) => f(),
@@ -1451,6 +1478,8 @@ impl<S: Store> Engine<S> {
         let spec = &job.tasks[task];
         let (run_id, number) = (ctx.run_id, ctx.attempt);
         self.started += 1;
+        // Counted against the agents, not this process's pool (see `dispatch`).
+        let remote = spec.run_on.is_some();
         if spec.executor == dagcron_core::Executor::Noop && start_at.is_none() {
             // Nothing to run: report at once, without a task.
             let outcome = Outcome {
@@ -1466,6 +1495,7 @@ impl<S: Store> Engine<S> {
                 number,
                 outcome,
                 at: self.clock.now(),
+                remote,
             });
             return;
         }
@@ -1494,6 +1524,7 @@ impl<S: Store> Engine<S> {
                     number,
                     outcome,
                     at: clock.now(),
+                    remote,
                 });
             };
             match &self.config.remote {
@@ -1559,6 +1590,7 @@ impl<S: Store> Engine<S> {
                 number,
                 outcome,
                 at: clock.now(),
+                remote,
             });
         });
     }
@@ -1634,7 +1666,7 @@ impl<S: Store> Engine<S> {
                                     from: TaskState::Retrying,
                                     to: TaskState::Ready,
                                 });
-                                self.ready.push_back((run, task));
+                                self.ready.push(&r.job, run, task);
                             }
                         }
                     }
@@ -1840,7 +1872,7 @@ impl<S: Store> Engine<S> {
                     });
                     run.tasks[i] = to;
                     if to == TaskState::Ready {
-                        self.ready.push_back((id, i));
+                        self.ready.push(&run.job, id, i);
                     }
                 }
             }
@@ -1988,96 +2020,117 @@ impl<S: Store> Engine<S> {
         self.advance(id, now);
     }
 
-    /// Hands ready tasks to the pool while it has room.
+    /// The count of attempts running in this process's pool, or on agents.
+    fn lane(&mut self, remote: bool) -> &mut usize {
+        if remote {
+            &mut self.remote_running
+        } else {
+            &mut self.running
+        }
+    }
+
+    /// Starts ready tasks: every one for a remote agent (the agent pool
+    /// queues them fairly until an agent has room), and local ones while
+    /// the pool has room. A cluster node whose pool is full hands local
+    /// tasks to the cluster (a bounded number), for any node with room.
     fn dispatch(&mut self) {
-        let now = self.clock.now();
+        while let Some((id, i)) = self.ready.remote.pop_front() {
+            self.dispatch_task(id, i, true);
+        }
         loop {
-            let local = self.running < self.config.pool_size;
-            // A cluster node whose pool is full hands ready tasks to the
-            // cluster (a bounded number), for any node with room to claim.
+            let here = self.running < self.config.pool_size;
             let share =
-                !local && self.config.node.is_some() && self.shared.len() < self.config.pool_size;
-            if !local && !share {
+                !here && self.config.node.is_some() && self.shared.len() < self.config.pool_size;
+            if !here && !share {
                 break;
             }
-            let Some((id, i)) = self.ready.pop_front() else {
+            let Some((id, i)) = self.ready.local.pop_front() else {
                 break;
             };
-            let Some(run) = self.runs.get_mut(&id) else {
-                continue;
+            self.dispatch_task(id, i, here);
+        }
+    }
+
+    /// Starts an attempt of ready task `i` of run `id`: here if `here`,
+    /// otherwise by handing it to the cluster.
+    fn dispatch_task(&mut self, id: RunId, i: usize, here: bool) {
+        let now = self.clock.now();
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
+        if run.tasks[i] != TaskState::Ready || run.closing.is_some() {
+            return;
+        }
+        let number = run.attempts[i] + 1;
+        let task = run.job.tasks[i].id.clone();
+        run.attempts[i] = number;
+        // An attempt of a run made ahead starts at the run's instant.
+        let starts = run.start_at.filter(|t| *t > now).unwrap_or(now);
+        // A task for a remote agent goes to the cluster when no agent here
+        // could run it (an agent may be connected to any node); the node
+        // that claims it must have an agent with its labels.
+        let needs = run.job.tasks[i].run_on.as_ref().map(|r| &r.labels);
+        let elsewhere = self.config.node.is_some()
+            && match (needs, &self.config.remote) {
+                (Some(labels), Some(remote)) => !remote.0.serves(labels),
+                _ => false,
             };
-            if run.tasks[i] != TaskState::Ready || run.closing.is_some() {
-                continue;
-            }
-            let number = run.attempts[i] + 1;
-            let task = run.job.tasks[i].id.clone();
-            run.attempts[i] = number;
-            // An attempt of a run made ahead starts at the run's instant.
-            let starts = run.start_at.filter(|t| *t > now).unwrap_or(now);
-            // A task for a remote agent goes to the cluster when no agent
-            // here could run it (an agent may be connected to any node);
-            // the node that claims it must have an agent with its labels.
-            let needs = run.job.tasks[i].run_on.as_ref().map(|r| &r.labels);
-            let elsewhere = self.config.node.is_some()
-                && match (needs, &self.config.remote) {
-                    (Some(labels), Some(remote)) => !remote.0.serves(labels),
-                    _ => false,
-                };
-            if !local || elsewhere {
-                let run_on = needs.cloned();
-                run.tasks[i] = TaskState::Dispatching;
-                self.writes.push(Write::TaskState {
-                    run: id,
-                    task: task.clone(),
-                    from: TaskState::Ready,
-                    to: TaskState::Dispatching,
-                });
-                self.writes.push(Write::AttemptStart {
-                    run: id,
-                    task,
-                    number,
-                    state: AttemptState::Dispatching,
-                    at: now,
-                    run_on,
-                });
-                self.shared.insert((id, i), number);
-                continue;
-            }
-            run.tasks[i] = TaskState::Running;
-            run.tokens[i] = Some(CancellationToken::new());
+        if !here || elsewhere {
+            let run_on = needs.cloned();
+            run.tasks[i] = TaskState::Dispatching;
             self.writes.push(Write::TaskState {
                 run: id,
                 task: task.clone(),
                 from: TaskState::Ready,
                 to: TaskState::Dispatching,
             });
-            self.writes.push(Write::TaskState {
-                run: id,
-                task: task.clone(),
-                from: TaskState::Dispatching,
-                to: TaskState::Running,
-            });
-            let write = self.writes.len();
             self.writes.push(Write::AttemptStart {
                 run: id,
                 task,
                 number,
-                state: AttemptState::Running,
-                at: starts,
-                run_on: None,
+                state: AttemptState::Dispatching,
+                at: now,
+                run_on,
             });
-            self.effects.push(Effect::Spawn {
-                run: id,
-                task: i,
-                number,
-                write,
-            });
-            self.running += 1;
+            self.shared.insert((id, i), number);
+            return;
         }
+        let remote = needs.is_some();
+        run.tasks[i] = TaskState::Running;
+        run.tokens[i] = Some(CancellationToken::new());
+        self.writes.push(Write::TaskState {
+            run: id,
+            task: task.clone(),
+            from: TaskState::Ready,
+            to: TaskState::Dispatching,
+        });
+        self.writes.push(Write::TaskState {
+            run: id,
+            task: task.clone(),
+            from: TaskState::Dispatching,
+            to: TaskState::Running,
+        });
+        let write = self.writes.len();
+        self.writes.push(Write::AttemptStart {
+            run: id,
+            task,
+            number,
+            state: AttemptState::Running,
+            at: starts,
+            run_on: None,
+        });
+        self.effects.push(Effect::Spawn {
+            run: id,
+            task: i,
+            number,
+            write,
+            remote,
+        });
+        *self.lane(remote) += 1;
     }
 
     fn on_finished(&mut self, done: Finished) {
-        self.running -= 1;
+        *self.lane(done.remote) -= 1;
         self.started -= 1;
         if let Some(o) = &self.config.observer {
             (o.0)(EngineEvent::AttemptFinished);
@@ -2088,6 +2141,7 @@ impl<S: Store> Engine<S> {
             number,
             outcome,
             at,
+            ..
         } = done;
         if let Some(foreign) = self.foreign.remove(&(id, i)) {
             // Run for another node: record the result; the run's owner
@@ -2529,7 +2583,7 @@ impl<S: Store> Engine<S> {
             return;
         };
         let token = CancellationToken::new();
-        self.running += 1;
+        *self.lane(job.tasks[i].run_on.is_some()) += 1;
         if let Some(run) = self.runs.get_mut(&claim.run) {
             // Handed over earlier, taken back now.
             self.shared.remove(&(claim.run, i));

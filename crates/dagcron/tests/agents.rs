@@ -494,3 +494,31 @@ fn an_agent_drains_on_sigterm() {
     server.wait_run(waiting, "succeeded");
     assert!(second.dir.join(format!("finished-{waiting}")).exists());
 }
+
+/// Remote attempts are bounded by the agents' capacity, not by the
+/// server's own pool: with a pool of one, an agent with four slots runs a
+/// run's four parallel remote tasks at once.
+#[test]
+fn remote_tasks_are_not_bounded_by_the_servers_pool() {
+    let (dir, data) = setup();
+    let mut server = Server::start(&data, free_port(), &["--pool-size", "1"]);
+    server.namespace = "a".into();
+    let agent = Agent::start(&server, &dir.path().join("agents"), "wide", "role=wide", 4);
+    let mut yaml = String::from("namespace: a\njobs:\n  - name: wide\n    tasks:\n");
+    for t in 0..4 {
+        yaml.push_str(&format!(
+            "      - {{ id: t{t}, shell: 'touch started-{t}; sleep 2; touch done-{t}', run_on: {{ labels: {{ role: wide }} }} }}\n"
+        ));
+    }
+    let (status, body) = server.post("/api/v1/apply", &yaml, "application/yaml");
+    assert_eq!(status, 200, "{body}");
+    let id = server.trigger("wide");
+    wait_until("the four tasks start", || {
+        (0..4).all(|t| agent.dir.join(format!("started-{t}")).exists())
+    });
+    assert!(
+        (0..4).all(|t| !agent.dir.join(format!("done-{t}")).exists()),
+        "the tasks ran one after another"
+    );
+    server.wait_run(id, "succeeded");
+}
