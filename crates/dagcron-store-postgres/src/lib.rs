@@ -338,21 +338,21 @@ async fn claim_some(
 ) -> std::result::Result<Vec<(RunId, String, String, String, i32, i64, String)>, sqlx::Error> {
     sqlx::query_as(
         "WITH c AS (
-                        SELECT run_id, task_id, number FROM attempts
-                        WHERE state = 'dispatching' AND node_epoch IS NULL
-                  AND (CASE WHEN $4::jsonb IS NULL THEN run_on IS NULL ELSE run_on <@ $4::jsonb END)
-                        ORDER BY started_at LIMIT $1 FOR UPDATE SKIP LOCKED
-                    ), a AS (
-                        UPDATE attempts a SET state = 'running', node_epoch = $2, started_at = $3
-                        FROM c WHERE a.run_id = c.run_id AND a.task_id = c.task_id AND a.number = c.number
-                        RETURNING a.run_id, a.task_id, a.number
-                    ), t AS (
-                        UPDATE tasks t SET state = 'running' FROM a
-                        WHERE t.run_id = a.run_id AND t.task_id = a.task_id AND t.state = 'dispatching'
-                        RETURNING t.run_id
-                    )
-                    SELECT a.run_id, r.namespace, r.job, a.task_id, a.number, r.scheduled_at, r.params
-                    FROM a JOIN runs r ON r.id = a.run_id ORDER BY a.run_id",
+            SELECT run_id, task_id, number FROM attempts
+            WHERE state = 'dispatching' AND node_epoch IS NULL
+              AND (CASE WHEN $4::jsonb IS NULL THEN run_on IS NULL ELSE run_on <@ $4::jsonb END)
+            ORDER BY started_at LIMIT $1 FOR UPDATE SKIP LOCKED
+         ), a AS (
+            UPDATE attempts a SET state = 'running', node_epoch = $2, started_at = $3
+            FROM c WHERE a.run_id = c.run_id AND a.task_id = c.task_id AND a.number = c.number
+            RETURNING a.run_id, a.task_id, a.number
+         ), t AS (
+            UPDATE tasks t SET state = 'running' FROM a
+            WHERE t.run_id = a.run_id AND t.task_id = a.task_id AND t.state = 'dispatching'
+            RETURNING t.run_id
+         )
+         SELECT a.run_id, r.namespace, r.job, a.task_id, a.number, r.scheduled_at, r.params
+         FROM a JOIN runs r ON r.id = a.run_id ORDER BY a.run_id",
     )
     .bind(limit)
     .bind(epoch)
