@@ -1513,19 +1513,23 @@ impl<S: Store> Engine<S> {
             .expect("live logs lock")
             .insert(key.clone(), live.clone());
         let lives = self.live.clone();
+        // The outcome goes back to the engine; the live log is done.
+        let finish = move |outcome| {
+            lives.lock().expect("live logs lock").remove(&key);
+            let _ = tx.send(Finished {
+                run: run_id,
+                task,
+                number,
+                outcome,
+                at: clock.now(),
+                remote,
+            });
+        };
         if let Some(run_on) = &spec.run_on {
             let followed = live.clone();
             let report = move |outcome| {
                 followed.finish();
-                lives.lock().expect("live logs lock").remove(&key);
-                let _ = tx.send(Finished {
-                    run: run_id,
-                    task,
-                    number,
-                    outcome,
-                    at: clock.now(),
-                    remote,
-                });
+                finish(outcome);
             };
             match &self.config.remote {
                 Some(remote) => remote.0.submit(RemoteTask {
@@ -1549,28 +1553,20 @@ impl<S: Store> Engine<S> {
             }
             return;
         }
-        let attempt_clock = clock.clone();
+        let attempt_clock = self.clock.clone();
         tokio::spawn(async move {
             // A panic in an executor must not leave the attempt running forever.
             let work = tokio::spawn(async move {
-                let Some(at) = start_at else {
-                    return dagcron_exec::run_live(
-                        &executor,
-                        &ctx,
-                        timeout,
-                        token,
-                        limits,
-                        Some(&live),
-                    )
-                    .await;
-                };
-                attempt_clock.sleep_until(at).await;
-                let error = i64::try_from(attempt_clock.now().duration_since(at).as_micros())
-                    .unwrap_or(i64::MAX);
+                let mut start_error_us = None;
+                if let Some(at) = start_at {
+                    attempt_clock.sleep_until(at).await;
+                    let late = attempt_clock.now().duration_since(at).as_micros();
+                    start_error_us = Some(i64::try_from(late).unwrap_or(i64::MAX));
+                }
                 let mut outcome =
                     dagcron_exec::run_live(&executor, &ctx, timeout, token, limits, Some(&live))
                         .await;
-                outcome.start_error_us = Some(error);
+                outcome.start_error_us = start_error_us;
                 outcome
             });
             let outcome = work.await.unwrap_or_else(|e| {
@@ -1583,20 +1579,13 @@ impl<S: Store> Engine<S> {
                     start_error_us: None,
                 }
             });
-            lives.lock().expect("live logs lock").remove(&key);
-            let _ = tx.send(Finished {
-                run: run_id,
-                task,
-                number,
-                outcome,
-                at: clock.now(),
-                remote,
-            });
+            finish(outcome);
         });
     }
 
     /// The whole job of `key`, for a command: not found unless this engine
     /// schedules it.
+    ///
     /// The job stays in memory while its runs go on (see [`Engine::let_go_if_idle`]).
     async fn known_job(&mut self, key: &JobKey) -> Result<Arc<Job>, EngineError> {
         if !self.jobs.contains_key(key) {
@@ -2271,14 +2260,7 @@ impl<S: Store> Engine<S> {
         let now = self.clock.now();
         match cmd {
             Command::Apply { jobs, reply } => {
-                let upserts: Vec<JobUpsert> = jobs
-                    .iter()
-                    .map(|j| JobUpsert {
-                        namespace: j.namespace.clone(),
-                        name: j.spec.name.clone(),
-                        spec: j.canonical(),
-                    })
-                    .collect();
+                let upserts: Vec<JobUpsert> = jobs.iter().map(JobUpsert::of).collect();
                 // Applying is committed on its own, before the engine changes its timers.
                 match self.store.apply_jobs(&upserts, now).await {
                     Ok(results) => {

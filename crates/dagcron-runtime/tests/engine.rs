@@ -705,11 +705,7 @@ async fn a_job_far_from_its_next_fire_is_read_from_the_store_ahead_of_it() {
         .validate()
         .unwrap()
         .iter()
-        .map(|j| JobUpsert {
-            namespace: j.namespace.clone(),
-            name: j.spec.name.clone(),
-            spec: j.canonical(),
-        })
+        .map(JobUpsert::of)
         .collect();
     h.store.apply_jobs(&upserts, h.clock.now()).await.unwrap();
     // One second at a time up to the hour, so that the busy job fires every second.

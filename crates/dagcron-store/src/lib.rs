@@ -89,6 +89,17 @@ pub struct JobUpsert {
     pub spec: String,
 }
 
+impl JobUpsert {
+    /// The upsert of a validated job, in its canonical form.
+    pub fn of(job: &dagcron_core::Job) -> JobUpsert {
+        JobUpsert {
+            namespace: job.namespace.clone(),
+            name: job.spec.name.clone(),
+            spec: job.canonical(),
+        }
+    }
+}
+
 /// What applying a job did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "result", content = "version")]
