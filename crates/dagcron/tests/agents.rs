@@ -129,19 +129,7 @@ jobs:
     wait_until("the remote attempt runs", || {
         server.get(&format!("/api/v1/runs/{id}"))["tasks"][0]["state"] == "running"
     });
-    let mut resp = reqwest::blocking::get(format!(
-        "{}/api/v1/runs/{id}/tasks/t/attempts/1/log?follow=true",
-        server.url
-    ))
-    .unwrap();
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 256];
-    while !String::from_utf8_lossy(&seen).contains("one") {
-        use std::io::Read;
-        let n = resp.read(&mut buf).unwrap();
-        assert!(n > 0, "the stream ended before the first line");
-        seen.extend_from_slice(&buf[..n]);
-    }
+    let _follow = server.follow_log_until(id, "t", "one");
     assert_eq!(
         server.get(&format!("/api/v1/runs/{id}"))["state"],
         "running",

@@ -327,18 +327,7 @@ fn following_a_running_attempt_streams_its_output() {
         assert!(Instant::now() < deadline, "the attempt did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let mut resp = reqwest::blocking::get(format!(
-        "{}/api/v1/runs/{id}/tasks/t/attempts/1/log?follow=true",
-        server.url
-    ))
-    .unwrap();
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 256];
-    while !String::from_utf8_lossy(&seen).contains("first") {
-        let n = resp.read(&mut buf).unwrap();
-        assert!(n > 0, "the stream ended before the first line");
-        seen.extend_from_slice(&buf[..n]);
-    }
+    let (mut resp, mut seen) = server.follow_log_until(id, "t", "first");
     assert_eq!(
         server.get(&format!("/api/v1/runs/{id}"))["state"],
         "running",

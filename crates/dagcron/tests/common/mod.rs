@@ -142,6 +142,30 @@ impl Server {
         }
     }
 
+    /// Follows the log of attempt 1 of `task` in run `id` until its output
+    /// holds `text`; returns the stream (still open) and what was read.
+    pub fn follow_log_until(
+        &self,
+        id: i64,
+        task: &str,
+        text: &str,
+    ) -> (reqwest::blocking::Response, Vec<u8>) {
+        use std::io::Read;
+        let mut resp = reqwest::blocking::get(format!(
+            "{}/api/v1/runs/{id}/tasks/{task}/attempts/1/log?follow=true",
+            self.url
+        ))
+        .unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 256];
+        while !String::from_utf8_lossy(&seen).contains(text) {
+            let n = resp.read(&mut buf).unwrap();
+            assert!(n > 0, "the stream ended before {text:?}");
+            seen.extend_from_slice(&buf[..n]);
+        }
+        (resp, seen)
+    }
+
     /// Waits (bounded) until `job` has at least `n` runs.
     pub fn wait_runs(&self, job: &str, n: usize) {
         let deadline = Instant::now() + Duration::from_secs(30);
