@@ -161,7 +161,12 @@ async fn a_result_made_while_cut_off_is_reported_after_reconnecting() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (tx, outcome) = oneshot::channel();
-    pool.submit(task("sleep 1; echo done", tx));
+    let marks = tempfile::tempdir().unwrap();
+    let ended = marks.path().join("ended");
+    pool.submit(task(
+        &format!("sleep 1; touch {}; echo done", ended.display()),
+        tx,
+    ));
     while pool.workers()[0].running == 0 {
         assert!(tokio::time::Instant::now() < deadline, "not assigned");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -173,7 +178,14 @@ async fn a_result_made_while_cut_off_is_reported_after_reconnecting() {
     closing.cancel();
     first.cancel();
     let _ = server.await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The attempt ends while no server is there.
+    while !ended.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the attempt did not end"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Back, with the same pool.
     let second = CancellationToken::new();
     serve(&pool, addr, second.clone()).await;

@@ -739,16 +739,18 @@ async fn a_run_sent_ahead_is_made_early_and_starts_at_its_instant() {
     let h = fresh("2026-01-01T00:00:00Z").await;
     h.apply("namespace: t\njobs:\n  - { name: timed, schedule: '0 * * * * *', send_ahead: 2s, tasks: [{ id: a, shell: 'true' }, { id: b, shell: 'true', depends_on: [a] }] }\n").await;
     h.clock.set(ts("2026-01-01T00:00:58.500Z"));
-    h.until("the run made ahead", async |s| {
-        s.list_runs("t", "timed", 10, None)
-            .await
-            .unwrap()
-            .items
-            .len()
-            == 1
-    })
+    h.until(
+        "the run made ahead, its first attempt recorded",
+        async |s| {
+            s.list_runs("t", "timed", 10, None)
+                .await
+                .unwrap()
+                .items
+                .first()
+                .is_some_and(|r| !r.tasks[0].attempts.is_empty())
+        },
+    )
     .await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
     let run = &h.runs("timed").await[0];
     assert_eq!(run.scheduled_at, ts("2026-01-01T00:01:00Z"));
     assert_eq!(run.created_at, ts("2026-01-01T00:00:58.500Z"));

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Server, free_port, setup};
+use common::{Server, free_port, setup, wait_process_gone};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -112,7 +112,7 @@ jobs:
       - { id: t, shell: 'echo one; sleep 2; echo two', run_on: { labels: { zone: eu } } }
   - name: stop
     tasks:
-      - { id: t, shell: 'sleep 3; touch finished', run_on: { labels: { zone: us } } }
+      - { id: t, shell: 'echo $$ > pid; sleep 3; touch finished', run_on: { labels: { zone: us } } }
 "#;
     let (status, body) = server.post("/api/v1/apply", jobs, "application/yaml");
     assert_eq!(status, 200, "{body}");
@@ -189,7 +189,7 @@ jobs:
         run["tasks"][0]["attempts"][0]["state"], "cancelled",
         "{run}"
     );
-    std::thread::sleep(Duration::from_secs(4));
+    wait_process_gone(&us_agent.dir.join("pid"));
     assert!(
         !us_agent.dir.join("finished").exists(),
         "the cancelled task ran to its end"

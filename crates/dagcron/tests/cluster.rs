@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{Server, free_port, setup};
+use common::{Server, free_port, setup, wait_process_gone};
 use dagcron_test_pg::TestDatabase;
 use jiff::Timestamp;
 use nix::sys::signal::Signal;
@@ -134,6 +134,22 @@ impl Cluster {
     fn count(&self, sql: &str) -> i64 {
         self.db.scalar(sql)
     }
+
+    /// Waits (bounded) until every job of `jobs` has fired at `t` or later.
+    fn wait_fired_through(&self, jobs: &[String], t: Timestamp) {
+        let names = jobs
+            .iter()
+            .map(|j| format!("'{j}'"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let sql = format!(
+            "SELECT count(DISTINCT job) FROM fires WHERE namespace = 'c' AND job IN ({names}) AND scheduled_at >= {}",
+            us(t)
+        );
+        wait_until(&format!("every job fired through {t}"), || {
+            self.count(&sql) == jobs.len() as i64
+        });
+    }
 }
 
 /// `n` jobs firing every second, each run one no-op task.
@@ -223,30 +239,32 @@ fn nodes_killed_and_restarted_lose_and_double_no_fire() {
     cluster.apply(&yaml);
     let owned = cluster.wait_converged(150);
     assert!(owned.iter().all(|n| *n > 0), "{owned:?}");
-    // Let every job fire; the window starts after the first fires.
-    std::thread::sleep(Duration::from_secs(2));
-    let from = Timestamp::now();
+    // The window starts once every job fires.
+    let from = Timestamp::now() + jiff::SignedDuration::from_secs(1);
+    cluster.wait_fired_through(&jobs, from);
 
     let epoch0 = cluster.epoch_of(0);
     let kill0 = Timestamp::now();
     cluster.node_mut(0).signal(Signal::SIGKILL);
     cluster.nodes[0] = None;
     cluster.wait_converged(150);
-    std::thread::sleep(Duration::from_secs(3));
+    // The survivors carry every job on for a while.
+    cluster.wait_fired_through(&jobs, Timestamp::now() + jiff::SignedDuration::from_secs(2));
 
     let epoch1 = cluster.epoch_of(1);
     let kill1 = Timestamp::now();
     cluster.node_mut(1).signal(Signal::SIGKILL);
     cluster.nodes[1] = None;
     cluster.wait_converged(150);
-    std::thread::sleep(Duration::from_secs(3));
+    cluster.wait_fired_through(&jobs, Timestamp::now() + jiff::SignedDuration::from_secs(2));
 
     cluster.start(0);
     cluster.start(1);
     let owned = cluster.wait_converged(150);
     assert!(owned.iter().all(|n| *n > 0), "{owned:?}");
-    std::thread::sleep(Duration::from_secs(3));
-    let to = Timestamp::now() - jiff::SignedDuration::from_secs(2);
+    // The window ends once every job fired past it.
+    let to = Timestamp::now() + jiff::SignedDuration::from_secs(1);
+    cluster.wait_fired_through(&jobs, to + jiff::SignedDuration::from_secs(1));
 
     let checked = assert_exactly_once(cluster.any(), &jobs, from, to);
     let doubled = cluster.count(
@@ -277,13 +295,17 @@ fn a_paused_node_does_not_fire_or_write_after_it_wakes() {
     let (yaml, jobs) = every_second(60, "p");
     cluster.apply(&yaml);
     cluster.wait_converged(60);
-    std::thread::sleep(Duration::from_secs(2));
-    let from = Timestamp::now();
+    let from = Timestamp::now() + jiff::SignedDuration::from_secs(1);
+    cluster.wait_fired_through(&jobs, from);
     let epoch = cluster.epoch_of(0);
 
     cluster.node(0).send(Signal::SIGSTOP);
-    // Paused for longer than its lease: the other node takes over.
-    std::thread::sleep(Duration::from_millis(cluster.ttl_ms + 2500));
+    // Paused for longer than its lease: the other node takes every job
+    // over and fires them.
+    wait_until("node 1 owns every job", || {
+        cluster.node(1).get("/api/v1/cluster")["this_node"]["owned_jobs"] == 60
+    });
+    cluster.wait_fired_through(&jobs, Timestamp::now() + jiff::SignedDuration::from_secs(1));
     let woke = Timestamp::now();
     cluster.node(0).send(Signal::SIGCONT);
     let status = cluster.node_mut(0).child.wait().unwrap();
@@ -312,7 +334,8 @@ fn a_paused_node_does_not_fire_or_write_after_it_wakes() {
         0,
         "runs created after waking"
     );
-    let to = Timestamp::now() - jiff::SignedDuration::from_secs(2);
+    let to = Timestamp::now() + jiff::SignedDuration::from_secs(1);
+    cluster.wait_fired_through(&jobs, to + jiff::SignedDuration::from_secs(1));
     let checked = assert_exactly_once(cluster.any(), &jobs, from, to);
 
     // It comes back with a new epoch and a share of the jobs.
@@ -354,16 +377,16 @@ fn graceful_shutdown_hands_over_at_once_and_loses_nothing() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    std::thread::sleep(Duration::from_secs(3));
-    let from = Timestamp::now();
+    let from = Timestamp::now() + jiff::SignedDuration::from_secs(1);
+    cluster.wait_fired_through(&jobs, from);
     let epoch = cluster.epoch_of(0);
     let term = Timestamp::now();
     let status = cluster.node_mut(0).signal(Signal::SIGTERM);
     cluster.nodes[0] = None;
     assert!(status.success(), "{status}");
     cluster.wait_converged(42);
-    std::thread::sleep(Duration::from_secs(3));
-    let to = Timestamp::now() - jiff::SignedDuration::from_secs(2);
+    let to = Timestamp::now() + jiff::SignedDuration::from_secs(1);
+    cluster.wait_fired_through(&jobs, to + jiff::SignedDuration::from_secs(1));
     let checked = assert_exactly_once(cluster.any(), &jobs, from, to);
     let handover = failover_ms(&cluster, epoch, term);
     assert!(
@@ -511,10 +534,13 @@ fn attempts_overflow_to_a_node_with_room_and_survive_its_death() {
     cluster.wait_converged(2);
     let e1 = cluster.epoch_of(1);
     let marks = cluster.dir.path().join("marks");
+    let pids = cluster.dir.path().join("pids");
     std::fs::create_dir_all(&marks).unwrap();
+    std::fs::create_dir_all(&pids).unwrap();
     cluster.apply(&format!(
-        "namespace: c\njobs:\n  - {{ name: stop, schedule: '0 0 0 1 1 *', tasks: [{{ id: a, shell: 'sleep 3; touch {0}/a' }}, {{ id: b, shell: 'sleep 3; touch {0}/b' }}] }}\n",
-        marks.display()
+        "namespace: c\njobs:\n  - {{ name: stop, schedule: '0 0 0 1 1 *', tasks: [{{ id: a, shell: 'echo $$ > {1}/a; sleep 3; touch {0}/a' }}, {{ id: b, shell: 'echo $$ > {1}/b; sleep 3; touch {0}/b' }}] }}\n",
+        marks.display(),
+        pids.display()
     ));
     cluster.wait_converged(3);
     let id = cluster.node(0).trigger("stop");
@@ -529,8 +555,10 @@ fn attempts_overflow_to_a_node_with_room_and_survive_its_death() {
             .post(&format!("/api/v1/runs/{id}/cancel"), "", "application/json");
     assert!(status < 300, "{status} {body}");
     cluster.node(0).wait_run(id, "cancelled");
-    // Past the time the tasks would have taken: neither left its mark.
-    std::thread::sleep(Duration::from_secs(4));
+    // Their processes are gone, and neither left its mark.
+    for task in ["a", "b"] {
+        wait_process_gone(&pids.join(task));
+    }
     assert!(
         std::fs::read_dir(&marks).unwrap().next().is_none(),
         "a cancelled task ran to its end"

@@ -207,3 +207,29 @@ pub fn setup() -> (tempfile::TempDir, PathBuf) {
     let data = dir.path().join("data");
     (dir, data)
 }
+
+/// Waits (bounded) until the process whose id a task wrote to `pid_file`
+/// has ended (nothing to wait for if the task never started): a cancelled
+/// task's shell is gone, so nothing it would have done later can happen.
+pub fn wait_process_gone(pid_file: &Path) {
+    let Some(pid) = std::fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|text| text.trim().parse::<u32>().ok())
+    else {
+        return;
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // Gone, or a zombie its parent has not reaped yet.
+    while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+    }) {
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} of {} still runs",
+            pid_file.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
