@@ -27,6 +27,8 @@ impl Span {
 pub enum ErrorKind {
     /// The expression is empty.
     Empty,
+    /// The expression is longer than [`MAX_EXPRESSION_LEN`](crate::MAX_EXPRESSION_LEN) bytes.
+    TooLong,
     /// A character that is not printable ASCII.
     NonAscii,
     /// A character that has no meaning at this position.

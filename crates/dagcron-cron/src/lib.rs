@@ -36,6 +36,7 @@ mod zone;
 pub use ast::{Ast, Descriptor, Field, FieldKind, Item, ItemKind, StepBase};
 pub use error::{ErrorKind, ParseError, Span};
 pub use hash::seed_from_key;
+pub use parse::MAX_EXPRESSION_LEN;
 pub use schedule::{Fire, Fires, Options, Schedule, Timetable};
 pub use zone::{DstGap, DstNote, DstOverlap};
 

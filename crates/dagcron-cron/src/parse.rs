@@ -25,8 +25,24 @@ const DESCRIPTORS: [&str; 9] = [
 const FIELD_COUNTS: &str = "5 fields (minute hour day-of-month month day-of-week), 6 fields \
     (second first) or 7 fields (second first, year last)";
 
+/// The longest expression accepted, in bytes. The longest useful one
+/// (every field a full list of its values) is well under it; the bound keeps
+/// every list within what the syntax tree can index and parsing cheap.
+pub const MAX_EXPRESSION_LEN: usize = 1024;
+
 /// Parses `src`. `seed` resolves `H`.
 pub(crate) fn parse(src: &str, seed: u64) -> Result<Ast, ParseError> {
+    if src.len() > MAX_EXPRESSION_LEN {
+        return Err(ParseError::new(
+            ErrorKind::TooLong,
+            Span::new(MAX_EXPRESSION_LEN, src.len()),
+            format!(
+                "the expression is {} bytes long; at most {MAX_EXPRESSION_LEN} are accepted",
+                src.len()
+            ),
+        )
+        .help("use ranges and steps (`0-30/5`) instead of long lists"));
+    }
     check_ascii(src)?;
     let bytes = src.as_bytes();
     let is_ws = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');

@@ -9,6 +9,9 @@
 
 mod http;
 mod shell;
+pub mod tree;
+
+pub use shell::PIPE_GRACE;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -75,6 +78,21 @@ impl AttemptContext {
 
     /// Replaces `{{params.name}}` with the parameter's value (unknown names stay as written).
     pub fn substitute(&self, text: &str) -> String {
+        self.substitute_with(text, |v, out| out.push_str(v))
+    }
+
+    /// [`AttemptContext::substitute`] for a string run by `/bin/sh -c`:
+    /// each value becomes one single-quoted word, so that it is always data
+    /// (`x; touch pwned` is the word `'x; touch pwned'`, never a command).
+    pub fn substitute_shell(&self, text: &str) -> String {
+        self.substitute_with(text, |v, out| {
+            out.push('\'');
+            out.push_str(&v.replace('\'', r"'\''"));
+            out.push('\'');
+        })
+    }
+
+    fn substitute_with(&self, text: &str, put: impl Fn(&str, &mut String)) -> String {
         let mut out = String::with_capacity(text.len());
         let mut rest = text;
         while let Some(start) = rest.find("{{") {
@@ -84,7 +102,7 @@ impl AttemptContext {
                 Some(end) => {
                     let key = after[..end].trim();
                     match key.strip_prefix("params.").and_then(|k| self.params.get(k)) {
-                        Some(v) => out.push_str(v),
+                        Some(v) => put(v, &mut out),
                         None => out.push_str(&rest[start..start + 2 + end + 2]),
                     }
                     rest = &after[end + 2..];
@@ -311,6 +329,17 @@ mod tests {
         assert_eq!(
             c.substitute("{{params.missing}} {{other}} {{unclosed"),
             "{{params.missing}} {{other}} {{unclosed"
+        );
+    }
+
+    #[test]
+    fn shell_substitution_quotes_each_value_as_one_word() {
+        let mut c = ctx();
+        c.params
+            .insert("who".into(), "x; touch pwned 'quoted' $(id)".into());
+        assert_eq!(
+            c.substitute_shell("echo hello {{params.who}}"),
+            r"echo hello 'x; touch pwned '\''quoted'\'' $(id)'"
         );
     }
 

@@ -1,5 +1,8 @@
 //! Shell tasks: a child process in its own process group, output captured
-//! with a cap, the whole group killed on timeout or cancellation.
+//! with a cap. When the attempt ends (its process exits, or it is stopped on
+//! timeout or cancellation) every process it started is killed, descendants
+//! that left the group included (see [`crate::tree`]); output is read for at
+//! most [`PIPE_GRACE`] after that.
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -13,7 +16,25 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
+use crate::tree::{self, MARK_VAR};
 use crate::{AttemptContext, CappedLog, Ending, Limits, LiveLog, Outcome};
+
+/// How long output is still read once an attempt's processes were killed: a
+/// process that escaped the kill (it cleared its environment and left the
+/// process group) may hold the pipes open, and must not keep the attempt
+/// running.
+pub const PIPE_GRACE: Duration = Duration::from_secs(2);
+
+/// Removes a spawned child from [`tree::SPAWNED`] once it has been waited for.
+struct Spawned(u32);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if let Some(s) = tree::SPAWNED.lock().expect("spawned lock").as_mut() {
+            s.remove(&self.0);
+        }
+    }
+}
 
 async fn pump(mut from: impl AsyncRead + Unpin, log: Arc<Mutex<CappedLog>>, live: Option<LiveLog>) {
     let mut buf = [0u8; 8192];
@@ -38,7 +59,8 @@ pub(crate) async fn run(
 ) -> Outcome {
     let mut command = if cmd.args.is_empty() {
         let mut c = Command::new("/bin/sh");
-        c.arg("-c").arg(ctx.substitute(&cmd.command));
+        // Parameters are data, never shell code: each is one quoted word.
+        c.arg("-c").arg(ctx.substitute_shell(&cmd.command));
         c
     } else {
         let mut c = Command::new(ctx.substitute(&cmd.command));
@@ -51,19 +73,36 @@ pub(crate) async fn run(
     for (k, v) in &cmd.env {
         command.env(k, ctx.substitute(v));
     }
-    if let Some(dir) = &cmd.cwd {
-        command.current_dir(ctx.substitute(dir));
+    let cwd = cmd.cwd.as_ref().map(|dir| ctx.substitute(dir));
+    if let Some(dir) = &cwd {
+        command.current_dir(dir);
     }
+    let mark = tree::new_mark();
     command
+        .env(MARK_VAR, &mark)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = match command.spawn() {
+    let spawned = {
+        let mut listed = tree::SPAWNED.lock().expect("spawned lock");
+        command.spawn().map(|child| {
+            let id = child.id().unwrap_or(0);
+            listed.get_or_insert_with(Default::default).insert(id);
+            (child, Spawned(id))
+        })
+    };
+    let (mut child, _listed) = match spawned {
         Ok(c) => c,
         Err(e) => {
-            let error = format!("could not start {:?}: {e}", cmd.command);
+            let error = match &cwd {
+                Some(dir) if !std::path::Path::new(dir).is_dir() => format!(
+                    "could not start {:?}: its working directory {dir:?} does not exist or is not a directory",
+                    cmd.command
+                ),
+                _ => format!("could not start {:?}: {e}", cmd.command),
+            };
             return Outcome {
                 ending: Ending::Failed(Failure::Error(error.clone())),
                 exit_code: None,
@@ -75,12 +114,12 @@ pub(crate) async fn run(
     };
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));
     let log = Arc::new(Mutex::new(CappedLog::new(limits.max_output)));
-    let out = tokio::spawn(pump(
+    let mut out = tokio::spawn(pump(
         child.stdout.take().expect("piped"),
         log.clone(),
         live.cloned(),
     ));
-    let err = tokio::spawn(pump(
+    let mut err = tokio::spawn(pump(
         child.stderr.take().expect("piped"),
         log.clone(),
         live.cloned(),
@@ -102,13 +141,21 @@ pub(crate) async fn run(
         () = sleep => { kill_group(); (Some(Ending::TimedOut), child.wait().await.ok()) }
         () = cancel.cancelled() => { kill_group(); (Some(Ending::Cancelled), child.wait().await.ok()) }
     };
-    // The group's other processes may hold the pipes open: end them too, then drain.
+    // The attempt's other processes, in its group or not, may hold the pipes
+    // open: end them all, then read what is left for a bounded time.
     kill_group();
-    let _ = out.await;
-    let _ = err.await;
-    let log = Arc::try_unwrap(log)
-        .map(|m| m.into_inner().expect("log lock").finish())
-        .unwrap_or_default();
+    let _ = tokio::task::spawn_blocking(move || tree::kill_marked(&mark)).await;
+    let pumps = async {
+        let _ = (&mut out).await;
+        let _ = (&mut err).await;
+    };
+    if tokio::time::timeout(PIPE_GRACE, pumps).await.is_err() {
+        out.abort();
+        err.abort();
+    }
+    tree::sweep_adopted();
+    // Aborted readers may still hold the buffer for a moment: take its contents.
+    let log = std::mem::replace(&mut *log.lock().expect("log lock"), CappedLog::new(0)).finish();
     let exit_code = status.and_then(|s| s.code());
     let (ending, error) = match ending {
         Some(Ending::TimedOut) => (

@@ -149,6 +149,120 @@ async fn timeout_kills_the_whole_process_group() {
     }
 }
 
+/// Waits (bounded) until process `pid` is gone or a zombie.
+async fn until_gone(pid: i32, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(pid)
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true)
+    {
+        assert!(Instant::now() < deadline, "{what} {pid} survived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A descendant that left the process group (`setsid`) kept the output
+/// pipes open: the attempt stayed running for the descendant's whole life,
+/// and the descendant survived the timeout.
+#[tokio::test]
+async fn regression_a_detached_descendant_is_killed_and_does_not_hold_the_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("detached.pid");
+    let script = format!(
+        "setsid sh -c 'echo $$ > {}; exec sleep 40' & echo started; sleep 300",
+        pidfile.display()
+    );
+    let start = Instant::now();
+    let out = run(
+        &sh(&script),
+        &ctx(),
+        Some(Duration::from_millis(500)),
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await;
+    assert_eq!(out.ending, Ending::TimedOut);
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "the attempt ended within the grace, not with its descendant ({:?})",
+        start.elapsed()
+    );
+    assert!(String::from_utf8_lossy(&out.log).contains("started"));
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    until_gone(pid, "detached descendant").await;
+}
+
+/// The same when the task's own process exits at once: what it left
+/// behind is killed too, and the attempt ends without waiting for it.
+#[tokio::test]
+async fn a_detached_descendant_dies_with_a_finished_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("detached.pid");
+    let script = format!(
+        "setsid sh -c 'echo $$ > {}; exec sleep 40' & sleep 0.2; echo done",
+        pidfile.display()
+    );
+    let out = run(
+        &sh(&script),
+        &ctx(),
+        None,
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await;
+    assert_eq!(out.ending, Ending::Succeeded, "{out:?}");
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    until_gone(pid, "detached descendant").await;
+}
+
+/// `{{params.who}}` with `x; touch pwned` ran the second command.
+#[tokio::test]
+async fn regression_parameters_in_a_shell_string_are_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = ctx();
+    c.params.insert("who".into(), "x; touch pwned".into());
+    let cmd = Executor::Shell(ShellCommand {
+        command: "echo hello {{params.who}}".into(),
+        args: vec![],
+        env: BTreeMap::new(),
+        cwd: Some(dir.path().to_string_lossy().into()),
+    });
+    let out = run(&cmd, &c, None, CancellationToken::new(), Limits::default()).await;
+    assert_eq!(out.ending, Ending::Succeeded);
+    assert_eq!(String::from_utf8_lossy(&out.log), "hello x; touch pwned\n");
+    assert!(!dir.path().join("pwned").exists());
+}
+
+/// A missing working directory was reported as the command not existing.
+#[tokio::test]
+async fn regression_a_missing_working_directory_is_named() {
+    let cmd = Executor::Shell(ShellCommand {
+        command: "echo hi".into(),
+        args: vec![],
+        env: BTreeMap::new(),
+        cwd: Some("/no/such/dir".into()),
+    });
+    let out = run(
+        &cmd,
+        &ctx(),
+        None,
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await;
+    expect_test::expect![[r#"Some("could not start \"echo hi\": its working directory \"/no/such/dir\" does not exist or is not a directory")"#]]
+        .assert_eq(&format!("{:?}", out.error));
+}
+
 #[tokio::test]
 async fn cancellation_stops_a_running_task() {
     let cancel = CancellationToken::new();

@@ -551,3 +551,21 @@ fn every_error_points_inside_the_expression() {
         assert!(!err.message.is_empty());
     }
 }
+
+/// A list of more than 65,535 items used to wrap the field positions and
+/// panic while compiling (through the API, the request got no answer).
+#[test]
+fn regression_a_huge_list_is_refused_not_a_panic() {
+    let list = (0..70_000)
+        .map(|i| (i % 60).to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let err = Schedule::parse(&format!("{list} * * * *")).unwrap_err();
+    assert_eq!(err.kind, ErrorKind::TooLong);
+    assert!(err.message.contains("at most 1024"), "{}", err.message);
+    // The longest useful expression, every value of every field listed, fits.
+    let all = |n: u32| (0..n).map(|v| v.to_string()).collect::<Vec<_>>().join(",");
+    let widest = format!("{} {} {} * * *", all(60), all(60), all(24));
+    assert!(widest.len() <= dagcron_cron::MAX_EXPRESSION_LEN);
+    Schedule::parse(&widest).unwrap();
+}
