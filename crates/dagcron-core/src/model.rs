@@ -280,9 +280,10 @@ pub struct JobSpec {
     /// Overlap policy.
     #[serde(default)]
     pub concurrency: Concurrency,
-    /// Runs active at once.
-    #[serde(default = "one")]
-    pub max_active_runs: u32,
+    /// Runs active at once; by default 16 under `allow`, 1 otherwise (see
+    /// [`JobSpec::max_active`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_active_runs: Option<u32>,
     /// Missed-fire policy.
     #[serde(default)]
     pub misfire: Misfire,
@@ -320,11 +321,96 @@ pub struct JobSpec {
 fn default_tz() -> String {
     "UTC".into()
 }
-fn one() -> u32 {
-    1
-}
 fn default_catchup() -> u32 {
     10
+}
+
+/// Active runs at once under `concurrency: allow` when the job does not say.
+pub const DEFAULT_MAX_ACTIVE_RUNS: u32 = 16;
+
+impl JobSpec {
+    /// Runs active at once: under `allow` and `queue`, `max_active_runs`
+    /// if set, otherwise [`DEFAULT_MAX_ACTIVE_RUNS`] under `allow` and 1
+    /// under `queue`; always 1 under `forbid` and `replace`, which are about
+    /// one run at a time.
+    pub fn max_active(&self) -> u32 {
+        match self.concurrency {
+            Concurrency::Allow => self.max_active_runs.unwrap_or(DEFAULT_MAX_ACTIVE_RUNS),
+            Concurrency::Queue => self.max_active_runs.unwrap_or(1),
+            Concurrency::Forbid | Concurrency::Replace => 1,
+        }
+    }
+}
+
+/// The most schedules one job may have: each fire searches all of them, so
+/// a job with thousands would slow every fire, backfill and catch-up.
+pub const MAX_SCHEDULES_PER_JOB: usize = 64;
+
+/// The most tasks one job may have.
+pub const MAX_TASKS_PER_JOB: usize = 1000;
+
+/// The most parameters of a run (the job's defaults and a trigger's).
+pub const MAX_PARAMS: usize = 64;
+
+/// The longest parameter name, in bytes.
+pub const MAX_PARAM_NAME: usize = 64;
+
+/// The largest parameter value, in bytes.
+pub const MAX_PARAM_VALUE: usize = 16 * 1024;
+
+/// Checks run parameters (a job's defaults or a trigger's): names are
+/// letters, digits and `_`, not starting with a digit (each becomes the
+/// environment variable `DAGCRON_PARAM_<NAME>`), values have no NUL byte
+/// (no environment can hold one) and both are bounded in size. Each problem
+/// is reported with `at.<name>` as its path.
+pub fn check_params(params: &BTreeMap<String, String>, at: &str) -> Vec<ValidationError> {
+    let mut errors = Vec::new();
+    let mut err = |path: String, message: String| {
+        errors.push(ValidationError {
+            path,
+            message,
+            span: None,
+        })
+    };
+    if params.len() > MAX_PARAMS {
+        err(
+            at.to_string(),
+            format!(
+                "{} parameters; at most {MAX_PARAMS} are accepted",
+                params.len()
+            ),
+        );
+    }
+    for (name, value) in params {
+        let path = format!("{at}.{}", name.escape_debug());
+        let valid = name.len() <= MAX_PARAM_NAME
+            && name.bytes().next().is_some_and(|b| !b.is_ascii_digit())
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !valid {
+            err(
+                path.clone(),
+                format!(
+                    "invalid parameter name {name:?}: use 1 to {MAX_PARAM_NAME} letters, digits and `_`, not starting with a digit"
+                ),
+            );
+        }
+        if value.len() > MAX_PARAM_VALUE {
+            err(
+                path.clone(),
+                format!(
+                    "the value is {} bytes; at most {MAX_PARAM_VALUE} are accepted",
+                    value.len()
+                ),
+            );
+        }
+        if value.contains('\0') {
+            err(
+                path,
+                "the value holds a NUL byte, which no environment variable can".into(),
+            );
+        }
+    }
+    errors
 }
 
 /// What a task runs.
@@ -438,6 +524,23 @@ impl Timing {
     /// The same as [`Job::next_fire_after`].
     pub fn next_fire_after(&self, t: Timestamp) -> Option<Timestamp> {
         next_fire(self.timetables.iter(), self.start_date, self.end_date, t)
+    }
+
+    /// The fires in `[from, to)`, by the same rule as the scheduler's (start
+    /// and end dates included); `None` if there are more than `limit`.
+    pub fn fires_in(&self, from: Timestamp, to: Timestamp, limit: usize) -> Option<Vec<Timestamp>> {
+        let mut out = Vec::new();
+        let mut t = from
+            .checked_sub(jiff::SignedDuration::from_nanos(1))
+            .unwrap_or(from);
+        while let Some(next) = self.next_fire_after(t).filter(|n| *n < to) {
+            if out.len() == limit {
+                return None;
+            }
+            out.push(next);
+            t = next;
+        }
+        Some(out)
     }
 }
 
@@ -599,8 +702,17 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
             None
         }
     };
-    if spec.max_active_runs == 0 {
+    if spec.max_active_runs == Some(0) {
         err(format!("{at}.max_active_runs"), "must be at least 1".into());
+    }
+    if spec.tasks.len() > MAX_TASKS_PER_JOB {
+        err(
+            format!("{at}.tasks"),
+            format!(
+                "{} tasks; a job has at most {MAX_TASKS_PER_JOB}",
+                spec.tasks.len()
+            ),
+        );
     }
     if let (Some(s), Some(e)) = (spec.start_date, spec.end_date) {
         if e <= s {
@@ -640,6 +752,15 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
         if list.as_slice().is_empty() {
             err(format!("{at}.schedule"), "an empty list of schedules; omit `schedule` for a job that runs only when triggered".into());
         }
+        if list.as_slice().len() > MAX_SCHEDULES_PER_JOB {
+            err(
+                format!("{at}.schedule"),
+                format!(
+                    "{} schedules; a job has at most {MAX_SCHEDULES_PER_JOB} (a cron expression's lists and ranges can say more in one)",
+                    list.as_slice().len()
+                ),
+            );
+        }
         let options = Options {
             time_zone: tz.clone(),
             hash_seed: seed_from_key(&format!("{namespace}/{}", spec.name)),
@@ -654,7 +775,8 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
                 OverlapPolicy::Both => DstOverlap::Both,
             }),
         };
-        for (k, expr) in list.as_slice().iter().enumerate() {
+        let within = list.as_slice().len() <= MAX_SCHEDULES_PER_JOB;
+        for (k, expr) in list.as_slice().iter().enumerate().filter(|_| within) {
             let path = match list {
                 Schedules::One(_) => format!("{at}.schedule"),
                 Schedules::Many(_) => format!("{at}.schedule[{k}]"),
@@ -675,6 +797,7 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
             }
         }
     }
+    errors.extend(check_params(&spec.params, &format!("{at}.params")));
     let retry_errors = crate::retry::check_spec(&spec.retry, &format!("{at}.retry"));
     errors.extend(retry_errors);
     let mut tasks = Vec::new();

@@ -30,6 +30,21 @@ pub fn on_fire(policy: Concurrency, max_active_runs: u32, active: u32) -> FireDe
     }
 }
 
+/// Whether a job is paused after an apply, given its state before (`None`
+/// for a new job: whether it is paused, and the `paused` of the file last
+/// applied) and the `paused` of the file applied now.
+///
+/// The file decides when it is new or when its `paused` changed; otherwise
+/// the job keeps its state, so that a pause or resume made through the API
+/// survives re-applying the same file, or a file changed elsewhere.
+pub fn paused_after_apply(before: Option<(bool, bool)>, file_paused: bool) -> bool {
+    match before {
+        None => file_paused,
+        Some((_, previous_file)) if previous_file != file_paused => file_paused,
+        Some((paused, _)) => paused,
+    }
+}
+
 /// The outcome of an expected fire, as the fire ledger records it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FireOutcome {
@@ -121,6 +136,20 @@ pub fn run_outcome(tasks: &[TaskState]) -> Option<RunState> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_file_decides_pause_only_when_new_or_when_its_paused_changed() {
+        // New job: as the file says.
+        assert!(paused_after_apply(None, true));
+        assert!(!paused_after_apply(None, false));
+        // Paused through the API, the same file applied again: stays paused.
+        assert!(paused_after_apply(Some((true, false)), false));
+        // Resumed through the API, a file still saying `paused: true`: stays resumed.
+        assert!(!paused_after_apply(Some((false, true)), true));
+        // The file's `paused` changed: it wins.
+        assert!(paused_after_apply(Some((false, false)), true));
+        assert!(!paused_after_apply(Some((true, true)), false));
+    }
 
     #[test]
     fn overlap_decisions() {

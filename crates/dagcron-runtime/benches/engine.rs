@@ -66,7 +66,7 @@ fn job(name: String, schedule: Option<String>, tasks: Vec<TaskSpec>) -> JobSpec 
         dst_gap: None,
         dst_overlap: None,
         concurrency: Concurrency::Allow,
-        max_active_runs: 1000,
+        max_active_runs: Some(1000),
         misfire: Misfire::Skip,
         max_catchup: 10,
         deadline: None,

@@ -274,6 +274,14 @@ pub(crate) enum Command {
         to: Timestamp,
         reply: Reply<Vec<RunId>>,
     },
+    /// The fires of a backfill, listed beside the loop: those of the range
+    /// not yet in the ledger.
+    Backfilled {
+        key: JobKey,
+        job: Arc<Job>,
+        fires: Result<Vec<Timestamp>, EngineError>,
+        reply: Reply<Vec<RunId>>,
+    },
     Cancel {
         run: RunId,
         reply: Reply<()>,
@@ -375,6 +383,38 @@ async fn commit_with_retries<S: Store>(
     }
 }
 
+/// The fires of `job` in `[from, to)` that the ledger does not have yet,
+/// by the scheduler's own rule (start and end dates included).
+async fn backfill_fires<S: Store>(
+    store: &S,
+    key: &JobKey,
+    job: &Arc<Job>,
+    from: Timestamp,
+    to: Timestamp,
+    max: usize,
+) -> Result<Vec<Timestamp>, EngineError> {
+    let timing = job.timing();
+    let listed = tokio::task::spawn_blocking(move || timing.fires_in(from, to, max))
+        .await
+        .map_err(|e| EngineError::Invalid(format!("listing the fires failed: {e}")))?;
+    let Some(instants) = listed else {
+        return Err(EngineError::Invalid(format!(
+            "the range holds more than {max} fires; backfill a shorter range"
+        )));
+    };
+    let recorded: HashSet<Timestamp> = store
+        .list_fires(&key.0, &key.1, from, to, max as u32 + 1)
+        .await
+        .map_err(EngineError::Storage)?
+        .into_iter()
+        .map(|f| f.scheduled_at)
+        .collect();
+    Ok(instants
+        .into_iter()
+        .filter(|at| !recorded.contains(at))
+        .collect())
+}
+
 fn no_such_job(key: &JobKey) -> EngineError {
     EngineError::NotFound(format!("no job {}/{}", key.0, key.1))
 }
@@ -387,6 +427,8 @@ struct JobEntry {
     job: Option<Arc<Job>>,
     version: i64,
     paused: bool,
+    /// The `paused` of the file last applied (see [`policy::paused_after_apply`]).
+    file_paused: bool,
     /// Bumped on every change, so that timers armed for an older version are ignored.
     generation: u64,
     /// The latest fire recorded in the ledger (where the next search starts).
@@ -414,6 +456,7 @@ impl JobEntry {
             job: None,
             version,
             paused,
+            file_paused: paused,
             generation: 0,
             last_fire: None,
             active: vec![],
@@ -679,6 +722,10 @@ pub struct Engine<S: Store> {
     finished_tx: mpsc::UnboundedSender<Finished>,
     finished_rx: mpsc::UnboundedReceiver<Finished>,
     commands: Option<mpsc::Receiver<Command>>,
+    /// For work done beside the loop to report back as a command.
+    commands_back: mpsc::WeakSender<Command>,
+    /// The latest time a timer wake-up saw, to notice a clock stepping back.
+    last_wake: Timestamp,
     /// A cluster node's share of the jobs (`None`: all jobs, or none yet in a cluster).
     ownership: Option<Ownership>,
     /// Attempts of this node's runs handed to the cluster when its pool was
@@ -731,6 +778,8 @@ impl<S: Store> Engine<S> {
             finished_tx,
             finished_rx,
             commands: Some(rx),
+            commands_back: tx.downgrade(),
+            last_wake: now,
             ownership: None,
             shared: HashMap::new(),
             foreign: HashMap::new(),
@@ -764,16 +813,27 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// Installs a new or changed spec, stored at `version`, and arms it.
-    fn install_job(&mut self, job: Job, version: i64, applied_at: Timestamp, now: Timestamp) {
+    /// Installs a new or changed spec, stored at `version`, and arms it
+    /// (unless it is paused: a new job takes `paused`, a known one keeps
+    /// its state).
+    fn install_job(
+        &mut self,
+        job: Job,
+        version: i64,
+        applied_at: Timestamp,
+        now: Timestamp,
+        paused: bool,
+    ) {
         let key = key_of(&job);
         let owned = self.owns(&key);
         let timing = job.timing();
+        let file_paused = job.spec.paused;
         let job = Arc::new(job);
         let entry = self
             .jobs
             .entry(Arc::new(key.clone()))
-            .or_insert_with(|| JobEntry::new(timing.clone(), version, false, owned, applied_at));
+            .or_insert_with(|| JobEntry::new(timing.clone(), version, paused, owned, applied_at));
+        entry.file_paused = file_paused;
         entry.timing = timing;
         entry.job = Some(job);
         entry.version = version;
@@ -799,6 +859,19 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// Sets a job's paused state in memory; returns what it was. Its armed
+    /// timers no longer stand.
+    fn pause_in_memory(&mut self, key: &JobKey, paused: bool) -> Option<bool> {
+        let entry = self.jobs.get_mut(key)?;
+        let was = entry.paused;
+        entry.paused = paused;
+        entry.generation += 1;
+        if paused {
+            entry.job = None;
+        }
+        Some(was)
+    }
+
     /// Pauses or resumes a job in memory (the store has it already).
     async fn set_job_paused(
         &mut self,
@@ -806,18 +879,15 @@ impl<S: Store> Engine<S> {
         paused: bool,
         now: Timestamp,
     ) -> Result<(), StorageError> {
-        let Some(entry) = self.jobs.get_mut(key) else {
+        let Some(was) = self.pause_in_memory(key, paused) else {
             return Ok(());
         };
-        let was = entry.paused;
-        entry.paused = paused;
-        entry.generation += 1;
-        if paused {
-            entry.job = None;
-        }
+        let entry = &self.jobs[key];
         if was && !paused && entry.owned {
-            // Fires that came due while paused follow the misfire policy.
-            let since = entry.last_fire.unwrap_or(now);
+            // Fires that came due while paused follow the misfire policy:
+            // from the last fire, or (a job that never fired) from when it
+            // was applied, since none was due between then and the pause.
+            let since = entry.last_fire.unwrap_or(entry.applied_at);
             self.catch_up(key, since, now, Duration::ZERO).await?;
         }
         Ok(())
@@ -883,14 +953,11 @@ impl<S: Store> Engine<S> {
                 match Job::from_canonical(&s.namespace, &s.spec) {
                     Ok(job) => {
                         if version.is_none() {
-                            // Install it paused first if it is, so that it never arms.
-                            self.install_job(job, s.version, s.updated_at, now);
-                            if s.paused {
-                                self.set_job_paused(&key, true, now).await?;
-                            }
+                            // Installed paused if it is, so that it never arms.
+                            self.install_job(job, s.version, s.updated_at, now, s.paused);
                             continue;
                         }
-                        self.install_job(job, s.version, s.updated_at, now);
+                        self.install_job(job, s.version, s.updated_at, now, paused);
                     }
                     Err(e) => {
                         tracing::error!(namespace = %s.namespace, job = %s.name, "stored job no longer validates, not scheduling it: {e}");
@@ -1013,13 +1080,14 @@ impl<S: Store> Engine<S> {
                     return;
                 }
             };
-            let entry = JobEntry::new(
+            let mut entry = JobEntry::new(
                 job.timing(),
                 stored.version,
                 stored.paused,
                 owned,
                 stored.updated_at,
             );
+            entry.file_paused = job.spec.paused;
             self.jobs.insert(Arc::new(key_of(&job)), entry);
         })
         .await?;
@@ -1588,6 +1656,21 @@ impl<S: Store> Engine<S> {
     ///
     /// The job stays in memory while its runs go on (see [`Engine::let_go_if_idle`]).
     async fn known_job(&mut self, key: &JobKey) -> Result<Arc<Job>, EngineError> {
+        if !self.jobs.contains_key(key) && self.config.node.is_some() {
+            // Applied through another node, and not announced here yet: once
+            // an apply has returned, every node accepts calls about the job.
+            let stored = self
+                .store
+                .get_job(&key.0, &key.1)
+                .await
+                .map_err(EngineError::Storage)?;
+            if let Some(stored) = stored {
+                let now = self.clock.now();
+                self.sync_jobs(vec![stored], vec![], now)
+                    .await
+                    .map_err(EngineError::Storage)?;
+            }
+        }
         if !self.jobs.contains_key(key) {
             return Err(no_such_job(key));
         }
@@ -1611,6 +1694,13 @@ impl<S: Store> Engine<S> {
 
     async fn on_timers(&mut self) {
         let now = self.clock.now();
+        if now.duration_since(self.last_wake) < SignedDuration::from_secs(-1) {
+            tracing::warn!(
+                "the clock stepped back by {:.1}s; no instant fires twice: fires wait until the clock is past the last one",
+                self.last_wake.duration_since(now).as_secs_f64()
+            );
+        }
+        self.last_wake = self.last_wake.max(now);
         loop {
             // Fires whose job must be read first: those prepared ahead, and
             // any due without its job in memory.
@@ -1635,6 +1725,37 @@ impl<S: Store> Engine<S> {
                         at,
                     } => {
                         if !self.current(&key, generation) {
+                            continue;
+                        }
+                        let grace = self.config.misfire_grace;
+                        if now.duration_since(at)
+                            > SignedDuration::try_from(grace).unwrap_or(SignedDuration::MAX)
+                        {
+                            // The process was suspended or the wall clock
+                            // stepped forward: as after downtime, the fires
+                            // overdue by more than the grace follow the
+                            // misfire policy instead of firing in a burst.
+                            tracing::warn!(
+                                job = %format!("{}/{}", key.0, key.1),
+                                "fire of {at} is {:.1}s overdue (was the process suspended, or did the clock step forward?); handling the missed fires by the misfire policy",
+                                now.duration_since(at).as_secs_f64()
+                            );
+                            let since = at.checked_sub(SignedDuration::from_nanos(1)).unwrap_or(at);
+                            if let Err(e) = self.catch_up(&key, since, now, grace).await {
+                                tracing::warn!(
+                                    "cannot read the job of missed fires; trying again: {e}"
+                                );
+                                let again =
+                                    now.checked_add(SignedDuration::from_secs(1)).unwrap_or(now);
+                                self.arm(
+                                    again,
+                                    Timer::Fire {
+                                        key,
+                                        generation,
+                                        at,
+                                    },
+                                );
+                            }
                             continue;
                         }
                         let Some(job) = self.jobs[&*key].job.clone() else {
@@ -1722,7 +1843,7 @@ impl<S: Store> Engine<S> {
         }
         let decision = policy::on_fire(
             job.spec.concurrency,
-            job.spec.max_active_runs,
+            job.spec.max_active(),
             self.jobs[key].active.len() as u32,
         );
         if decision == FireDecision::Skip {
@@ -1773,7 +1894,7 @@ impl<S: Store> Engine<S> {
         let id = self.run_id();
         let (key, entry) = self.jobs.get_key_value(key).expect("job");
         let (key, version) = (key.clone(), entry.version);
-        let state = if decision == FireDecision::Queue {
+        let state = if matches!(decision, FireDecision::Queue | FireDecision::Replace) {
             RunState::Pending
         } else {
             RunState::Running
@@ -1808,16 +1929,23 @@ impl<S: Store> Engine<S> {
     }
 
     fn after_new_run(&mut self, key: &JobKey, id: RunId, decision: FireDecision, now: Timestamp) {
-        if decision == FireDecision::Replace {
-            let active = self.jobs[key].active.clone();
-            for run in active {
-                self.stop_run(run, RunState::Cancelled, now);
+        match decision {
+            FireDecision::Replace => {
+                // The new run waits until the runs it replaces have ended
+                // (their attempts killed and recorded), then starts.
+                let entry = &self.jobs[key];
+                let replaced: Vec<RunId> =
+                    entry.queued.iter().chain(&entry.active).copied().collect();
+                for run in replaced {
+                    self.stop_run(run, RunState::Cancelled, now);
+                }
+                self.jobs.get_mut(key).expect("job").queued.push_back(id);
+                self.start_queued(key, now);
             }
-        }
-        if decision == FireDecision::Queue {
-            self.jobs.get_mut(key).expect("job").queued.push_back(id);
-        } else {
-            self.begin(id, now);
+            FireDecision::Queue => {
+                self.jobs.get_mut(key).expect("job").queued.push_back(id);
+            }
+            FireDecision::Start | FireDecision::Skip => self.begin(id, now),
         }
     }
 
@@ -1920,7 +2048,7 @@ impl<S: Store> Engine<S> {
                 return;
             };
             // The limit of the job's version the run was made with.
-            if entry.active.len() as u32 >= self.runs[&next].job.spec.max_active_runs {
+            if entry.active.len() as u32 >= self.runs[&next].job.spec.max_active() {
                 return;
             }
             entry.queued.pop_front();
@@ -2265,13 +2393,35 @@ impl<S: Store> Engine<S> {
                 match self.store.apply_jobs(&upserts, now).await {
                     Ok(results) => {
                         let mut out = Vec::new();
+                        let mut resumed = Vec::new();
                         for (job, result) in jobs.into_iter().zip(results) {
                             out.push((job.key(), result));
                             if let ApplyResult::Created(v) | ApplyResult::Updated(v) = result {
-                                self.install_job(job, v, now, now);
+                                // The store applied the same rule to its row.
+                                let key = key_of(&job);
+                                let before = self.jobs.get(&key).map(|e| (e.paused, e.file_paused));
+                                let paused = policy::paused_after_apply(before, job.spec.paused);
+                                match before {
+                                    Some((true, _)) if !paused => {
+                                        // Resumed by the file: as a resume through the API.
+                                        self.install_job(job, v, now, now, true);
+                                        resumed.push(key);
+                                    }
+                                    Some((false, _)) if paused => {
+                                        self.install_job(job, v, now, now, false);
+                                        self.pause_in_memory(&key, true);
+                                    }
+                                    _ => self.install_job(job, v, now, now, paused),
+                                }
                             }
                         }
-                        self.reply_after_commit(reply, Ok(out));
+                        let mut result = Ok(out);
+                        for key in resumed {
+                            if let Err(e) = self.set_job_paused(&key, false, now).await {
+                                result = Err(EngineError::Storage(e));
+                            }
+                        }
+                        self.reply_after_commit(reply, result);
                     }
                     Err(e) => {
                         let _ = reply.send(Err(EngineError::Storage(e)));
@@ -2326,7 +2476,7 @@ impl<S: Store> Engine<S> {
                 };
                 let decision = policy::on_fire(
                     job.spec.concurrency,
-                    job.spec.max_active_runs,
+                    job.spec.max_active(),
                     self.jobs[&key].active.len() as u32,
                 );
                 if decision == FireDecision::Skip {
@@ -2352,6 +2502,12 @@ impl<S: Store> Engine<S> {
                 reply,
             } => {
                 let key = (namespace, name);
+                if to <= from {
+                    let _ = reply.send(Err(EngineError::Invalid(format!(
+                        "`to` ({to}) must be after `from` ({from})"
+                    ))));
+                    return;
+                }
                 let job = match self.known_job(&key).await {
                     Ok(job) => job,
                     Err(e) => {
@@ -2359,51 +2515,44 @@ impl<S: Store> Engine<S> {
                         return;
                     }
                 };
-                if to <= from {
-                    let _ = reply.send(Err(EngineError::Invalid(format!(
-                        "`to` ({to}) must be after `from` ({from})"
-                    ))));
+                let Some(back) = self.commands_back.upgrade() else {
                     return;
-                }
-                let mut instants = Vec::new();
-                let mut t = from
-                    .checked_sub(SignedDuration::from_nanos(1))
-                    .unwrap_or(from);
-                while let Some(next) = job.schedules.iter().filter_map(|s| s.next_after(t)).min() {
-                    if next >= to {
-                        break;
-                    }
-                    if instants.len() >= self.config.max_backfill {
-                        let _ = reply.send(Err(EngineError::Invalid(format!(
-                            "the range holds more than {} fires; backfill a shorter range",
-                            self.config.max_backfill
-                        ))));
-                        return;
-                    }
-                    instants.push(next);
-                    t = next;
-                }
-                // Fires already in the ledger are left alone: the store refuses
-                // them, and the runs made for them are dropped below.
-                let recorded: std::collections::HashSet<Timestamp> = match self
-                    .store
-                    .list_fires(
-                        &key.0,
-                        &key.1,
-                        from,
-                        to,
-                        self.config.max_backfill as u32 + 1,
-                    )
-                    .await
-                {
-                    Ok(f) => f.into_iter().map(|f| f.scheduled_at).collect(),
+                };
+                // Listing the fires of a long range over many schedules takes
+                // a while: it is done beside the loop, so no fire waits for it.
+                let store = self.store.clone();
+                let max = self.config.max_backfill;
+                tokio::spawn(async move {
+                    let fires = backfill_fires(&*store, &key, &job, from, to, max).await;
+                    let _ = back
+                        .send(Command::Backfilled {
+                            key,
+                            job,
+                            fires,
+                            reply,
+                        })
+                        .await;
+                });
+            }
+            Command::Backfilled {
+                key,
+                job,
+                fires,
+                reply,
+            } => {
+                let fires = match fires {
+                    Ok(_) if !self.jobs.contains_key(&key) => Err(no_such_job(&key)),
+                    other => other,
+                };
+                let instants = match fires {
+                    Ok(instants) => instants,
                     Err(e) => {
-                        let _ = reply.send(Err(EngineError::Storage(e)));
+                        let _ = reply.send(Err(e));
                         return;
                     }
                 };
                 let mut ids = Vec::new();
-                for at in instants.into_iter().filter(|at| !recorded.contains(at)) {
+                for at in instants {
                     let run = self.new_run(
                         &key,
                         &job,
@@ -2414,6 +2563,8 @@ impl<S: Store> Engine<S> {
                         now,
                     );
                     let id = run.id;
+                    // A fire recorded meanwhile is refused by the store, and
+                    // its run is not created.
                     self.writes.push(Write::Fire {
                         namespace: key.0.clone(),
                         job: key.1.clone(),

@@ -49,8 +49,18 @@ async fn start(dir: Arc<tempfile::TempDir>, clock: ManualClock, config: EngineCo
 }
 
 async fn fresh(at: &str) -> Harness {
+    fresh_with_grace(at, Duration::ZERO).await
+}
+
+/// A year in one jump of the manual clock is, to the engine, a clock step
+/// forward: fires overdue by more than the misfire grace follow the misfire
+/// policy. Tests that jump far and mean "time went by" give a grace that
+/// covers the jump.
+const LONG_GRACE: Duration = Duration::from_secs(400 * 86_400);
+
+async fn fresh_with_grace(at: &str, misfire_grace: Duration) -> Harness {
     let config = EngineConfig {
-        misfire_grace: Duration::ZERO,
+        misfire_grace,
         ..EngineConfig::default()
     };
     start(
@@ -106,7 +116,7 @@ impl Harness {
 
 #[tokio::test]
 async fn a_year_of_daily_fires_across_dst_in_one_jump() {
-    let h = fresh("2026-01-01T00:00:00Z").await;
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;
     h.apply("namespace: t\njobs:\n  - name: daily\n    schedule: '0 30 2 * * *'\n    timezone: Europe/Berlin\n    tasks: [{ id: a, shell: 'true' }]\n").await;
     h.clock.set(ts("2027-01-01T00:00:00Z"));
     h.until("365 runs finished", async |s| {
@@ -265,7 +275,7 @@ jobs:
 
 #[tokio::test]
 async fn forbid_skips_overlapping_fires_and_records_them() {
-    let h = fresh("2026-01-01T00:00:00Z").await;
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;
     let dir = tempfile::tempdir().unwrap();
     let gate = dir.path().join("gate");
     h.apply(&format!(
@@ -311,7 +321,7 @@ async fn forbid_skips_overlapping_fires_and_records_them() {
 
 #[tokio::test]
 async fn queue_runs_one_after_another() {
-    let h = fresh("2026-01-01T00:00:00Z").await;
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;
     h.apply("namespace: t\njobs:\n  - name: q\n    schedule: '* * * * * *'\n    concurrency: queue\n    tasks: [{ id: a, shell: 'sleep 0.05' }]\n").await;
     h.clock.advance(SignedDuration::from_secs(5));
     h.until("5 runs succeeded", async |s| {
@@ -666,8 +676,12 @@ async fn a_cluster_node_fires_what_it_owns_and_stops_when_its_lease_ends() {
 
     // b moves here: its three missed fires are caught up from the ledger; a stops.
     assert_eq!(handle.set_ownership(only("b")).await.unwrap(), 1);
-    clock.set(ts("2026-01-01T00:05:30Z"));
-    until("b catches up and goes on", &|a, b| a == 3 && b == 5).await;
+    until("b catches up", &|a, b| a == 3 && b == 3).await;
+    // On time (a jump past a fire would be a clock step, handled as a misfire).
+    clock.set(ts("2026-01-01T00:04:00Z"));
+    until("b goes on", &|a, b| a == 3 && b == 4).await;
+    clock.set(ts("2026-01-01T00:05:00Z"));
+    until("b goes on", &|a, b| a == 3 && b == 5).await;
     let b = runs("b").await;
     let catchup = b.iter().filter(|r| r.trigger == Trigger::Catchup).count();
     assert_eq!(catchup, 3);
@@ -773,4 +787,257 @@ async fn a_run_sent_ahead_is_made_early_and_starts_at_its_instant() {
         "only what would start before the instant waits for it"
     );
     h.stop().await;
+}
+
+fn outcomes_of(fires: &[dagcron_store::FireRecord]) -> Vec<FireOutcome> {
+    fires.iter().map(|f| f.outcome).collect()
+}
+
+impl Harness {
+    async fn fires(&self, job: &str) -> Vec<dagcron_store::FireRecord> {
+        self.store
+            .list_fires("t", job, Timestamp::UNIX_EPOCH, Timestamp::MAX, 10_000)
+            .await
+            .unwrap()
+    }
+
+    /// Kills the engine (as `kill -9` would) and starts it again on the same file.
+    async fn restart(self, config: EngineConfig) -> Harness {
+        self.task.abort();
+        let (dir, clock) = (self._dir.clone(), self.clock.clone());
+        drop(self);
+        start(dir, clock, config).await
+    }
+}
+
+/// `paused: true` in a job file was stored but ignored: the job fired, also
+/// after a restart.
+#[tokio::test]
+async fn regression_a_job_applied_paused_does_not_fire() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    let paused = "namespace: t\njobs:\n  - { name: p, schedule: '* * * * * *', paused: true, tasks: [{ id: a, noop: true }] }\n";
+    h.apply(paused).await;
+    h.clock.advance(SignedDuration::from_secs(3));
+    // A job firing every second that fired would have a fire by now; the
+    // other job shows the engine is firing.
+    h.apply("namespace: t\njobs:\n  - { name: witness, schedule: '* * * * * *', tasks: [{ id: a, noop: true }] }\n").await;
+    h.clock.advance(SignedDuration::from_secs(1));
+    h.until("the witness fired", async |s| {
+        !s.list_fires("t", "witness", Timestamp::UNIX_EPOCH, Timestamp::MAX, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    })
+    .await;
+    assert!(h.fires("p").await.is_empty(), "a paused job fired");
+    let h = h.restart(EngineConfig::default()).await;
+    h.clock.advance(SignedDuration::from_secs(2));
+    h.until("the witness fired after the restart", async |s| {
+        s.list_fires("t", "witness", Timestamp::UNIX_EPOCH, Timestamp::MAX, 10)
+            .await
+            .unwrap()
+            .len()
+            >= 3
+    })
+    .await;
+    assert!(
+        h.fires("p").await.is_empty(),
+        "a paused job fired after a restart"
+    );
+    // Resumed through the API, the same file applied again keeps it resumed.
+    h.handle.pause("t", "p", false).await.unwrap();
+    h.apply(paused).await;
+    assert!(!h.store.get_job("t", "p").await.unwrap().unwrap().paused);
+    h.clock.advance(SignedDuration::from_secs(1));
+    h.until("the resumed job fires", async |s| {
+        s.list_fires("t", "p", Timestamp::UNIX_EPOCH, Timestamp::MAX, 10)
+            .await
+            .unwrap()
+            .iter()
+            .any(|f| f.outcome == FireOutcome::Fired)
+    })
+    .await;
+    h.stop().await;
+}
+
+/// Paused before its first fire, a job resumed from "now": the fires due
+/// while it was paused were neither recorded nor caught up.
+#[tokio::test]
+async fn regression_fires_due_while_paused_before_the_first_fire_are_recorded() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply("namespace: t\njobs:\n  - { name: p, schedule: '0 * * * * *', misfire: run_once, tasks: [{ id: a, noop: true }] }\n").await;
+    h.handle.pause("t", "p", true).await.unwrap();
+    h.clock.advance(SignedDuration::from_secs(180));
+    h.handle.pause("t", "p", false).await.unwrap();
+    h.idle().await;
+    assert_eq!(
+        outcomes_of(&h.fires("p").await),
+        [
+            FireOutcome::MissedSkipped,
+            FireOutcome::MissedSkipped,
+            FireOutcome::MissedCaughtUp
+        ]
+    );
+    h.stop().await;
+}
+
+/// Backfill had its own next-fire search and ignored `start_date` and
+/// `end_date`: 12 runs instead of 4.
+#[tokio::test]
+async fn regression_backfill_keeps_to_the_start_and_end_dates() {
+    let h = fresh("2026-01-10T00:00:00Z").await;
+    h.apply("namespace: t\njobs:\n  - { name: b, schedule: '0 0 * * * *', start_date: '2026-01-01T05:00:00Z', end_date: '2026-01-01T08:00:00Z', concurrency: allow, tasks: [{ id: a, noop: true }] }\n").await;
+    let runs = h
+        .handle
+        .backfill(
+            "t",
+            "b",
+            ts("2026-01-01T00:00:00Z"),
+            ts("2026-01-01T12:00:00Z"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(runs.len(), 4);
+    h.idle().await;
+    let at: Vec<String> = h
+        .fires("b")
+        .await
+        .iter()
+        .map(|f| f.scheduled_at.to_string())
+        .collect();
+    assert_eq!(
+        at,
+        [
+            "2026-01-01T05:00:00Z",
+            "2026-01-01T06:00:00Z",
+            "2026-01-01T07:00:00Z",
+            "2026-01-01T08:00:00Z"
+        ]
+    );
+    h.stop().await;
+}
+
+/// `allow` behaved as `queue`: `max_active_runs` defaulted to 1.
+#[tokio::test]
+async fn regression_allow_runs_up_to_16_at_once_by_default() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    h.apply(&format!(
+        "namespace: t\njobs:\n  - {{ name: a, tasks: [{{ id: a, shell: 'while [ ! -e {} ]; do sleep 0.01; done' }}] }}\n",
+        gate.display()
+    ))
+    .await;
+    for _ in 0..20 {
+        h.handle.trigger("t", "a", BTreeMap::new()).await.unwrap();
+    }
+    let runs = h.runs("a").await;
+    let running = runs.iter().filter(|r| r.state == RunState::Running).count();
+    let pending = runs.iter().filter(|r| r.state == RunState::Pending).count();
+    assert_eq!((running, pending), (16, 4));
+    std::fs::write(&gate, "").unwrap();
+    h.idle().await;
+    h.stop().await;
+}
+
+/// A suspended process (SIGSTOP), or a wall clock stepped forward, fired
+/// every missed instant in a burst: 47 runs after 40 s stopped, none
+/// recorded as missed.
+#[tokio::test]
+async fn regression_a_clock_step_forward_follows_the_misfire_policy() {
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", Duration::from_secs(10)).await;
+    h.apply("namespace: t\njobs:\n  - { name: s, schedule: '* * * * * *', misfire: run_once, concurrency: allow, max_active_runs: 100, tasks: [{ id: a, noop: true }] }\n").await;
+    h.clock.advance(SignedDuration::from_secs(1));
+    h.until("the first fire", async |s| {
+        s.last_fires().await.unwrap().len() == 1
+    })
+    .await;
+    // The process "wakes up" 40 s later.
+    h.clock.advance(SignedDuration::from_secs(40));
+    h.until("41 fires recorded", async |s| {
+        s.list_fires("t", "s", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+            .await
+            .unwrap()
+            .len()
+            == 41
+    })
+    .await;
+    h.idle().await;
+    let fires = h.fires("s").await;
+    let count = |o: FireOutcome| fires.iter().filter(|f| f.outcome == o).count();
+    // 00:00:02 .. 00:00:31 are overdue by more than the grace: one caught
+    // up (run_once), the others recorded as missed; the last 10 s on time.
+    assert_eq!(
+        (
+            count(FireOutcome::Fired),
+            count(FireOutcome::MissedSkipped),
+            count(FireOutcome::MissedCaughtUp)
+        ),
+        (11, 29, 1)
+    );
+    assert_eq!(h.runs("s").await.len(), 12);
+    h.stop().await;
+}
+
+/// `replace` started the new run's first attempt 1-3 ms before the
+/// replaced run's attempt was recorded as ended.
+#[tokio::test]
+async fn regression_replace_starts_the_new_run_once_the_old_one_has_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        SqliteStore::open(&dir.path().join("db.sqlite"))
+            .await
+            .unwrap(),
+    );
+    let (engine, handle) = Engine::start(
+        store.clone(),
+        Arc::new(dagcron_runtime::SystemClock),
+        EngineConfig::default(),
+    )
+    .await
+    .unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(engine.run(shutdown.clone(), Duration::from_secs(5)));
+    let file: JobFile = serde_saphyr::from_str(
+        "namespace: t\njobs:\n  - { name: r, concurrency: replace, tasks: [{ id: a, shell: 'if [ \"$DAGCRON_PARAM_N\" = 1 ]; then sleep 30; fi' }] }\n",
+    )
+    .unwrap();
+    handle.apply(file.validate().unwrap()).await.unwrap();
+    let param = |n: &str| BTreeMap::from([("n".to_string(), n.to_string())]);
+    let old = handle.trigger("t", "r", param("1")).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while store.get_run(old).await.unwrap().unwrap().tasks[0]
+        .attempts
+        .is_empty()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the first attempt never started"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let new = handle.trigger("t", "r", param("2")).await.unwrap();
+    loop {
+        let r = store.get_run(new).await.unwrap().unwrap();
+        if r.state.is_terminal() {
+            assert_eq!(r.state, RunState::Succeeded);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the new run never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let old = store.get_run(old).await.unwrap().unwrap();
+    let new = store.get_run(new).await.unwrap().unwrap();
+    assert_eq!(old.state, RunState::Cancelled);
+    let ended = old.tasks[0].attempts[0].finished_at.unwrap();
+    let started = new.tasks[0].attempts[0].started_at;
+    assert!(
+        started >= ended,
+        "the new attempt started at {started}, before the replaced one ended at {ended}"
+    );
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
 }

@@ -593,18 +593,19 @@ impl Store for PgStore {
                     .bind(&j.name)
                     .execute(&mut *conn)
                     .await?;
-                let current: Option<(i64, String)> = sqlx::query_as(
-                    "SELECT version, spec FROM jobs WHERE namespace = $1 AND name = $2",
+                let current: Option<(i64, String, bool)> = sqlx::query_as(
+                    "SELECT version, spec, paused FROM jobs WHERE namespace = $1 AND name = $2",
                 )
                 .bind(&j.namespace)
                 .bind(&j.name)
                 .fetch_optional(&mut *conn)
                 .await?;
                 let result = match current {
-                    Some((v, spec)) if spec == j.spec => ApplyResult::Unchanged(v),
-                    Some((v, _)) => {
-                        sqlx::query("UPDATE jobs SET version = $1, spec = $2, updated_at = $3 WHERE namespace = $4 AND name = $5")
-                                .bind(v + 1).bind(&j.spec).bind(at).bind(&j.namespace).bind(&j.name)
+                    Some((v, spec, _)) if spec == j.spec => ApplyResult::Unchanged(v),
+                    Some((v, spec, paused)) => {
+                        let paused = j.paused_over(Some((paused, &spec)));
+                        sqlx::query("UPDATE jobs SET version = $1, spec = $2, updated_at = $3, paused = $4 WHERE namespace = $5 AND name = $6")
+                                .bind(v + 1).bind(&j.spec).bind(at).bind(paused).bind(&j.namespace).bind(&j.name)
                                 .execute(&mut *conn).await?;
                         ApplyResult::Updated(v + 1)
                     }
@@ -618,8 +619,8 @@ impl Store for PgStore {
                             .fetch_one(&mut *conn)
                             .await?;
                         let v = last.unwrap_or(0) + 1;
-                        sqlx::query("INSERT INTO jobs (namespace, name, version, spec, paused, updated_at) VALUES ($1, $2, $3, $4, FALSE, $5)")
-                                .bind(&j.namespace).bind(&j.name).bind(v).bind(&j.spec).bind(at)
+                        sqlx::query("INSERT INTO jobs (namespace, name, version, spec, paused, updated_at) VALUES ($1, $2, $3, $4, $5, $6)")
+                                .bind(&j.namespace).bind(&j.name).bind(v).bind(&j.spec).bind(j.paused_over(None)).bind(at)
                                 .execute(&mut *conn).await?;
                         ApplyResult::Created(v)
                     }

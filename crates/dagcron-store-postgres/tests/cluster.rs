@@ -208,6 +208,7 @@ async fn job_changes_bump_the_revision_and_wake_listeners() {
         namespace: "ns".into(),
         name: "j".into(),
         spec: "{}".into(),
+        paused: false,
     };
     a.apply_jobs(
         std::slice::from_ref(&job),
@@ -246,6 +247,7 @@ async fn a_node_reads_only_the_jobs_changed_since_its_revision() {
         namespace: "ns".into(),
         name: name.into(),
         spec: spec.into(),
+        paused: false,
     };
     let at = Timestamp::from_second(1).unwrap();
     let since = async |revision: i64| {

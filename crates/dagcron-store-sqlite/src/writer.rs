@@ -80,15 +80,20 @@ pub(crate) fn apply_jobs(
     let at = at.as_microsecond();
     let mut out = Vec::with_capacity(jobs.len());
     for j in jobs {
-        let current: Option<(i64, String)> = tx
-            .prepare_cached("SELECT version, spec FROM jobs WHERE namespace = ?1 AND name = ?2")?
-            .query_row(params![j.namespace, j.name], |r| Ok((r.get(0)?, r.get(1)?)))
+        let current: Option<(i64, String, bool)> = tx
+            .prepare_cached(
+                "SELECT version, spec, paused FROM jobs WHERE namespace = ?1 AND name = ?2",
+            )?
+            .query_row(params![j.namespace, j.name], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
             .optional()?;
         let result = match current {
-            Some((v, spec)) if spec == j.spec => ApplyResult::Unchanged(v),
-            Some((v, _)) => {
-                tx.prepare_cached("UPDATE jobs SET version = ?1, spec = ?2, updated_at = ?3 WHERE namespace = ?4 AND name = ?5")?
-                    .execute(params![v + 1, j.spec, at, j.namespace, j.name])?;
+            Some((v, spec, _)) if spec == j.spec => ApplyResult::Unchanged(v),
+            Some((v, spec, paused)) => {
+                let paused = j.paused_over(Some((paused, &spec)));
+                tx.prepare_cached("UPDATE jobs SET version = ?1, spec = ?2, updated_at = ?3, paused = ?4 WHERE namespace = ?5 AND name = ?6")?
+                    .execute(params![v + 1, j.spec, at, paused, j.namespace, j.name])?;
                 ApplyResult::Updated(v + 1)
             }
             None => {
@@ -99,8 +104,8 @@ pub(crate) fn apply_jobs(
                     )?
                     .query_row(params![j.namespace, j.name], |r| r.get(0))?;
                 let v = last.unwrap_or(0) + 1;
-                tx.prepare_cached("INSERT INTO jobs (namespace, name, version, spec, paused, updated_at) VALUES (?1, ?2, ?3, ?4, 0, ?5)")?
-                    .execute(params![j.namespace, j.name, v, j.spec, at])?;
+                tx.prepare_cached("INSERT INTO jobs (namespace, name, version, spec, paused, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?
+                    .execute(params![j.namespace, j.name, v, j.spec, j.paused_over(None), at])?;
                 ApplyResult::Created(v)
             }
         };

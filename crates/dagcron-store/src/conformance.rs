@@ -18,6 +18,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@cases $make;
             apply_is_idempotent_and_versioned,
             pause_delete_and_list_jobs,
+            paused_in_a_file_and_through_the_api,
             a_fire_is_recorded_once,
             concurrent_fires_create_one_run,
             state_changes_are_compare_and_set,
@@ -47,6 +48,7 @@ fn job(ns: &str, name: &str, spec: &str) -> JobUpsert {
         namespace: ns.into(),
         name: name.into(),
         spec: spec.into(),
+        paused: false,
     }
 }
 
@@ -157,6 +159,51 @@ pub async fn pause_delete_and_list_jobs<S: Store>(s: &S) {
     let mut all = 0;
     crate::load_all_jobs(s, |_| all += 1).await.unwrap();
     assert_eq!(all, 5);
+}
+
+/// A job file's `paused` decides when the job is new or when the file's
+/// `paused` changed; otherwise a pause or resume through the API stands.
+pub async fn paused_in_a_file_and_through_the_api<S: Store>(s: &S) {
+    let file = |spec: &str, paused: bool| JobUpsert {
+        paused,
+        ..job("ns", "j", spec)
+    };
+    let paused = async || s.get_job("ns", "j").await.unwrap().unwrap().paused;
+    s.apply_jobs(&[file(r#"{"paused":true}"#, true)], t(1))
+        .await
+        .unwrap();
+    assert!(paused().await, "a new job applied paused is stored paused");
+    // Resumed through the API; the same file again changes nothing.
+    assert!(s.set_paused("ns", "j", false).await.unwrap());
+    s.apply_jobs(&[file(r#"{"paused":true}"#, true)], t(2))
+        .await
+        .unwrap();
+    assert!(!paused().await);
+    // Another change that keeps the file's `paused`: the API's resume stands.
+    s.apply_jobs(&[file(r#"{"paused":true,"x":1}"#, true)], t(3))
+        .await
+        .unwrap();
+    assert!(!paused().await);
+    // The file's `paused` changes: the file wins, both ways.
+    s.apply_jobs(&[file(r#"{"paused":false}"#, false)], t(4))
+        .await
+        .unwrap();
+    assert!(!paused().await);
+    assert!(s.set_paused("ns", "j", true).await.unwrap());
+    s.apply_jobs(&[file(r#"{"paused":false,"x":2}"#, false)], t(5))
+        .await
+        .unwrap();
+    assert!(
+        paused().await,
+        "an API pause survives an edit that keeps `paused`"
+    );
+    s.apply_jobs(&[file(r#"{"paused":true}"#, true)], t(6))
+        .await
+        .unwrap();
+    s.apply_jobs(&[file(r#"{"paused":false,"y":3}"#, false)], t(7))
+        .await
+        .unwrap();
+    assert!(!paused().await);
 }
 
 /// The ledger's unique key refuses a second record of the same fire, and the

@@ -87,6 +87,8 @@ pub struct JobUpsert {
     pub name: String,
     /// Canonical JSON of the spec; equal means unchanged.
     pub spec: String,
+    /// The file's `paused`.
+    pub paused: bool,
 }
 
 impl JobUpsert {
@@ -96,7 +98,22 @@ impl JobUpsert {
             namespace: job.namespace.clone(),
             name: job.spec.name.clone(),
             spec: job.canonical(),
+            paused: job.spec.paused,
         }
+    }
+
+    /// Whether the job is paused once this upsert is applied over a stored
+    /// job that is `paused` with canonical spec `spec`; `None`: a new job
+    /// (see [`dagcron_core::policy::paused_after_apply`]).
+    pub fn paused_over(&self, stored: Option<(bool, &str)>) -> bool {
+        let before = stored.map(|(paused, spec)| {
+            let file = serde_json::from_str::<serde_json::Value>(spec)
+                .ok()
+                .and_then(|v| v.get("paused")?.as_bool())
+                .unwrap_or(false);
+            (paused, file)
+        });
+        dagcron_core::policy::paused_after_apply(before, self.paused)
     }
 }
 
