@@ -43,6 +43,50 @@ impl ApiError {
     }
 }
 
+/// Turns an error answer that is not already the JSON error shape (axum's
+/// own rejections: plain-text `400`, `404`, `405`, `413`, `415`) into it,
+/// with a stable code per status and axum's text as the message.
+pub(crate) async fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let allow = resp.headers().get(axum::http::header::ALLOW).cloned();
+    let text = axum::body::to_bytes(resp.into_body(), 64 << 10)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let (code, fallback) = match status {
+        StatusCode::NOT_FOUND => ("not_found", "no such path"),
+        StatusCode::METHOD_NOT_ALLOWED => {
+            ("method_not_allowed", "this path does not take this method")
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => ("payload_too_large", "the request body is too large"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            ("unsupported_media_type", "unsupported content type")
+        }
+        s if s.is_server_error() => ("internal", "internal error"),
+        _ => ("bad_request", "bad request"),
+    };
+    let message = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            format!("{fallback}: the server's `max_body_bytes` setting bounds it")
+        }
+        _ if text.is_empty() => fallback.to_string(),
+        _ => text,
+    };
+    let mut out = ApiError::new(status, code, message).into_response();
+    if let Some(allow) = allow {
+        out.headers_mut().insert(axum::http::header::ALLOW, allow);
+    }
+    out
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({ "error": { "code": self.code, "message": self.message, "details": self.details } });

@@ -25,7 +25,13 @@ pub struct AppState<S: Store> {
     pub cluster: Option<ClusterHandle>,
     /// The remote worker agents connected to this server.
     pub workers: Option<dagcron_agents::AgentPool>,
+    /// The largest request body accepted, in bytes (larger: `413`).
+    pub max_body_bytes: usize,
 }
+
+/// The default of [`AppState::max_body_bytes`]: 2 MiB, room for a job file
+/// of a few thousand jobs.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 2 << 20;
 
 impl<S: Store> Clone for AppState<S> {
     fn clone(&self) -> Self {
@@ -34,11 +40,30 @@ impl<S: Store> Clone for AppState<S> {
             engine: self.engine.clone(),
             cluster: self.cluster.clone(),
             workers: self.workers.clone(),
+            max_body_bytes: self.max_body_bytes,
         }
     }
 }
 
-/// The API's routes.
+/// The API's routes. Every error answer, including those of axum itself
+/// (an unknown path, a wrong method, a body too large, a path or query that
+/// does not parse), is the JSON error shape.
 pub fn router<S: Store>(state: AppState<S>) -> Router {
     routes::router(state)
+}
+
+/// The API and the agents' gRPC service on one port: a request whose
+/// content type is gRPC goes to `grpc`, any other to `api` (so an unknown
+/// REST path is a JSON `404`, not an empty gRPC answer).
+pub fn with_grpc(api: Router, grpc: Router) -> Router {
+    use tower::ServiceExt;
+    Router::new().fallback_service(tower::service_fn(move |req: axum::extract::Request| {
+        let is_grpc = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/grpc"));
+        let target = if is_grpc { grpc.clone() } else { api.clone() };
+        target.oneshot(req)
+    }))
 }

@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use crate::{ApiError, AppState};
 
 pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
+    let max_body = state.max_body_bytes;
     Router::new()
         .route("/healthz", get(health::<S>))
         .route("/api/v1/cluster", get(cluster::<S>))
@@ -57,7 +58,14 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
             "/api/v1/runs/{id}/tasks/{task}/attempts/{n}/log",
             get(get_log::<S>),
         )
+        .fallback(unknown_path)
         .with_state(state)
+        .layer(axum::extract::DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::map_response(crate::error::json_errors))
+}
+
+async fn unknown_path(uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("no such path: {}", uri.path()))
 }
 
 /// Liveness and, in a cluster, this node's standing: a node whose clock is
@@ -302,6 +310,20 @@ async fn trigger<S: Store>(
         serde_json::from_slice(&body)
             .map_err(|e| ApiError::bad_request(format!("expected {{\"params\": {{...}}}}: {e}")))?
     };
+    let problems = dagcron_core::model::check_params(&body.params, "params");
+    if !problems.is_empty() {
+        let mut err = ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_params",
+            format!(
+                "{} problem(s) with the parameters: {}",
+                problems.len(),
+                dagcron_core::ValidationErrors(problems.clone())
+            ),
+        );
+        err.details = json!(problems);
+        return Err(err);
+    }
     let id = st.engine.trigger(&ns, &name, body.params).await?;
     Ok((StatusCode::CREATED, Json(run_json(&st, id).await?)))
 }

@@ -37,6 +37,7 @@ async fn api() -> Api {
             workers: None,
             store,
             engine: handle,
+            max_body_bytes: 64 << 10,
         }),
         _dir: dir,
         _shutdown: shutdown.drop_guard(),
@@ -303,4 +304,142 @@ async fn put_a_single_job() {
         )
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+}
+
+/// Every error answer is the JSON error shape with a stable code: axum's
+/// own rejections were plain text (`413`, path and query parse errors) or
+/// empty (`405`), and an unknown path looked like success.
+#[tokio::test]
+async fn regression_every_error_is_the_json_error_shape() {
+    let api = api().await;
+    let cases: Vec<(Method, &str, String, StatusCode, &str)> = vec![
+        (
+            Method::GET,
+            "/api/v1/nope",
+            String::new(),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            Method::GET,
+            "/nope",
+            String::new(),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            Method::DELETE,
+            "/api/v1/apply",
+            String::new(),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            Method::GET,
+            "/api/v1/runs/abc",
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            Method::GET,
+            "/api/v1/namespaces/a/jobs?limit=x",
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            Method::GET,
+            "/api/v1/runs/1/tasks/a/attempts/-1/log",
+            String::new(),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            Method::POST,
+            "/api/v1/apply",
+            "x".repeat(100 << 10),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+        ),
+    ];
+    for (method, uri, body, status, code) in cases {
+        let (got, value) = api
+            .call(method.clone(), uri, "application/json", &body)
+            .await;
+        assert_eq!(got, status, "{method} {uri}: {value}");
+        assert_eq!(value["error"]["code"], code, "{method} {uri}: {value}");
+        assert!(
+            value["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{method} {uri}: {value}"
+        );
+    }
+}
+
+/// Trigger parameters were accepted with 201 whatever they held (empty
+/// names, `../../x`, NUL bytes, 200 KB values) and failed at start.
+#[tokio::test]
+async fn regression_trigger_parameters_are_validated() {
+    let api = api().await;
+    let (status, _) = api
+        .call(
+            Method::POST,
+            "/api/v1/apply",
+            "application/yaml",
+            "namespace: p\njobs:\n  - { name: j, tasks: [{ id: a, noop: true }] }\n",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let big = "v".repeat(20_000);
+    for params in [
+        json!({ "": "x" }),
+        json!({ "../../x": "x" }),
+        json!({ "1st": "x" }),
+        json!({ "ok": "a\u{0}b" }),
+        json!({ "ok": big }),
+    ] {
+        let body = json!({ "params": params }).to_string();
+        let (status, value) = api.post("/api/v1/namespaces/p/jobs/j/trigger", &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{value}");
+        assert_eq!(value["error"]["code"], "invalid_params", "{value}");
+    }
+    let (_, runs) = api.get("/api/v1/namespaces/p/jobs/j/runs").await;
+    assert_eq!(runs["items"], json!([]), "a refused trigger made no run");
+    let (status, _) = api
+        .post(
+            "/api/v1/namespaces/p/jobs/j/trigger",
+            r#"{"params": {"region_2": "eu"}}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+}
+
+/// The agents' gRPC service was the fallback of every path: a typo in a
+/// REST path answered `200` with `content-type: application/grpc`.
+#[tokio::test]
+async fn regression_only_grpc_requests_reach_the_grpc_service() {
+    let api = api().await;
+    let grpc = axum::Router::new().fallback(|| async { "grpc" });
+    let app = dagcron_api::with_grpc(api.app.clone(), grpc);
+    let send = async |content_type: &str| {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri("/dagcron.agent.v1.Agents/Session")
+            .header("content-type", content_type)
+            .body(Body::empty())
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).to_string())
+    };
+    assert_eq!(
+        send("application/grpc").await,
+        (StatusCode::OK, "grpc".into())
+    );
+    let (status, body) = send("application/json").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(body.contains(r#""code":"not_found""#), "{body}");
 }

@@ -71,6 +71,9 @@ pub(crate) struct ServeArgs {
     /// On SIGTERM, the seconds running attempts get to finish before the process exits [default: 10].
     #[arg(long, env = "DAGCRON_SHUTDOWN_GRACE")]
     shutdown_grace: Option<u64>,
+    /// The largest API request body, in bytes; larger ones get 413 [default: 2097152].
+    #[arg(long, env = "DAGCRON_MAX_BODY_BYTES")]
+    max_body_bytes: Option<usize>,
 }
 
 /// The configuration file. Unknown keys are an error, so that a typo does
@@ -89,6 +92,7 @@ struct FileConfig {
     pool_size: Option<usize>,
     misfire_grace: Option<u64>,
     shutdown_grace: Option<u64>,
+    max_body_bytes: Option<usize>,
 }
 
 /// The settings in force.
@@ -104,6 +108,7 @@ struct Settings {
     pool_size: usize,
     misfire_grace: u64,
     shutdown_grace: u64,
+    max_body_bytes: usize,
 }
 
 impl ServeArgs {
@@ -143,6 +148,10 @@ impl ServeArgs {
             pool_size: self.pool_size.or(file.pool_size).unwrap_or(64),
             misfire_grace: self.misfire_grace.or(file.misfire_grace).unwrap_or(60),
             shutdown_grace: self.shutdown_grace.or(file.shutdown_grace).unwrap_or(10),
+            max_body_bytes: self
+                .max_body_bytes
+                .or(file.max_body_bytes)
+                .unwrap_or(dagcron_api::DEFAULT_MAX_BODY_BYTES),
         };
         anyhow::ensure!(settings.pool_size > 0, "pool_size must be at least 1");
         anyhow::ensure!(
@@ -176,6 +185,11 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
+    // Descendants of attempts whose parent died are adopted by this
+    // process, which kills them with their attempt.
+    if !dagcron_exec::tree::become_subreaper() {
+        tracing::warn!("cannot become the child subreaper of task processes");
+    }
     let clock = Arc::new(SystemClock);
     let shutdown = CancellationToken::new();
     tokio::spawn(shutdown_signal(shutdown.clone()));
@@ -224,6 +238,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
             None,
             agents,
             demo,
+            args.max_body_bytes,
             api_stop.clone(),
         )
         .await?;
@@ -344,6 +359,7 @@ async fn serve_api<S: Store>(
     cluster: Option<ClusterHandle>,
     agents: AgentPool,
     demo: bool,
+    max_body_bytes: usize,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<std::io::Result<()>>> {
     if demo {
@@ -357,13 +373,14 @@ async fn serve_api<S: Store>(
     }
     // Remote agents speak gRPC on the API's port.
     let grpc = tonic::service::Routes::new(agents.service()).into_axum_router();
-    let app = router(AppState {
+    let api = router(AppState {
         cluster,
         workers: Some(agents),
         store,
         engine,
-    })
-    .merge(grpc);
+        max_body_bytes,
+    });
+    let app = dagcron_api::with_grpc(api, grpc);
     Ok(tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async move { shutdown.cancelled().await })

@@ -40,6 +40,9 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         )
         .init();
     anyhow::ensure!(args.capacity > 0, "--capacity must be at least 1");
+    if !dagcron_exec::tree::become_subreaper() {
+        tracing::warn!("cannot become the child subreaper of task processes");
+    }
     let agent_id = match args.id {
         Some(id) => id,
         None => nix::unistd::gethostname()
