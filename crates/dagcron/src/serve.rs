@@ -306,6 +306,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         Some(cluster),
         agents,
         demo,
+        args.max_body_bytes,
         api_stop.clone(),
     )
     .await?;
