@@ -135,6 +135,47 @@ pub(crate) fn kill_marked(mark: &str) -> usize {
     killed
 }
 
+/// Kills every process of the attempts in `attempts` (run, task, number),
+/// known by the identity in their environment: processes left running by a
+/// server that was killed, found by the next one before it retries them.
+/// Returns how many it killed.
+pub fn kill_attempts(attempts: &HashSet<(i64, String, u32)>) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let me = std::process::id() as i32;
+    let mut killed = 0;
+    for pid in dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()) {
+        if pid == me {
+            continue;
+        }
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let var = |name: &str| {
+            env.split(|b| *b == 0)
+                .find_map(|kv| kv.strip_prefix(name.as_bytes())?.strip_prefix(b"="))
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        };
+        if var(MARK_VAR).is_none() {
+            continue;
+        }
+        let key = (|| {
+            Some((
+                var("DAGCRON_RUN_ID")?.parse().ok()?,
+                var("DAGCRON_TASK_ID")?,
+                var("DAGCRON_ATTEMPT")?.parse().ok()?,
+            ))
+        })();
+        if key.is_some_and(|k| attempts.contains(&k))
+            && kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok()
+        {
+            killed += 1;
+        }
+    }
+    killed
+}
+
 /// Reaps adopted descendants that ended on their own (they stay zombies
 /// otherwise), never a process this executor waits for itself.
 fn reap_adopted() {

@@ -726,6 +726,9 @@ pub struct Engine<S: Store> {
     commands_back: mpsc::WeakSender<Command>,
     /// The latest time a timer wake-up saw, to notice a clock stepping back.
     last_wake: Timestamp,
+    /// Set once shutdown kills the attempts still running: their ends are
+    /// recorded as lost, and nothing follows from them.
+    killing: bool,
     /// A cluster node's share of the jobs (`None`: all jobs, or none yet in a cluster).
     ownership: Option<Ownership>,
     /// Attempts of this node's runs handed to the cluster when its pool was
@@ -780,6 +783,7 @@ impl<S: Store> Engine<S> {
             commands: Some(rx),
             commands_back: tx.downgrade(),
             last_wake: now,
+            killing: false,
             ownership: None,
             shared: HashMap::new(),
             foreign: HashMap::new(),
@@ -1101,7 +1105,35 @@ impl<S: Store> Engine<S> {
             }
         }
         // Unfinished runs: rebuild them; attempts that were running are lost.
-        for record in self.store.active_runs().await? {
+        let active = self.store.active_runs().await?;
+        if self.config.node.is_none() && !active.is_empty() {
+            // A process of such an attempt that outlived the server (it was
+            // killed with SIGKILL) would run beside its retry: kill it first.
+            let running: HashSet<(RunId, String, u32)> = active
+                .iter()
+                .flat_map(|r| {
+                    r.tasks.iter().flat_map(move |t| {
+                        t.attempts
+                            .iter()
+                            .filter(|a| !a.state.is_terminal())
+                            .map(move |a| (r.id, t.id.clone(), a.number))
+                    })
+                })
+                .collect();
+            if !running.is_empty() {
+                let killed = tokio::task::spawn_blocking(move || {
+                    dagcron_exec::tree::kill_attempts(&running)
+                })
+                .await
+                .unwrap_or(0);
+                if killed > 0 {
+                    tracing::warn!(
+                        "killed {killed} processes of attempts left running by the previous server"
+                    );
+                }
+            }
+        }
+        for record in active {
             self.recover_run(record, &HashSet::new(), now).await?;
         }
         // Missed fires, per job, by its misfire policy, from its last
@@ -1322,14 +1354,7 @@ impl<S: Store> Engine<S> {
                 "the engine stops: {e}; killing {} running attempts",
                 self.started
             );
-            for run in self.runs.values() {
-                for token in run.tokens.iter().flatten() {
-                    token.cancel();
-                }
-            }
-            for foreign in self.foreign.values() {
-                foreign.token.cancel();
-            }
+            self.cancel_all();
             let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
             while self.started > 0 {
                 match tokio::time::timeout_at(deadline, self.finished_rx.recv()).await {
@@ -1430,12 +1455,45 @@ impl<S: Store> Engine<S> {
             }
         }
         if self.running + self.remote_running > 0 {
+            // Nothing may outlive the server: a task left running would run
+            // again beside its retry after the restart. Kill every attempt,
+            // wait for it to be gone, and record it as lost (the delivery
+            // policy decides after the restart).
             tracing::warn!(
-                "{} attempts still running at shutdown; they will be recovered as lost",
+                "{} attempts still running at the end of the shutdown grace; killing them",
                 self.running + self.remote_running
             );
+            self.killing = true;
+            self.cancel_all();
+            let deadline =
+                tokio::time::Instant::now() + dagcron_exec::PIPE_GRACE + Duration::from_secs(3);
+            while self.running + self.remote_running > 0 {
+                match tokio::time::timeout_at(deadline, self.finished_rx.recv()).await {
+                    Ok(Some(done)) => self.on_finished(done),
+                    _ => break,
+                }
+            }
+            self.flush().await?;
+            if self.running + self.remote_running > 0 {
+                tracing::error!(
+                    "{} attempts did not report after being killed; they will be recovered as lost",
+                    self.running + self.remote_running
+                );
+            }
         }
         Ok(())
+    }
+
+    /// Tells every attempt this engine runs (for itself or for other nodes) to stop.
+    fn cancel_all(&self) {
+        for run in self.runs.values() {
+            for token in run.tokens.iter().flatten() {
+                token.cancel();
+            }
+        }
+        for foreign in self.foreign.values() {
+            foreign.token.cancel();
+        }
     }
 
     /// Refuses to go on once this node's lease has ended.
@@ -2282,6 +2340,23 @@ impl<S: Store> Engine<S> {
         };
         run.tokens[i] = None;
         let task = run.job.tasks[i].id.clone();
+        if self.killing {
+            // Killed at shutdown: lost, and its task left for the recovery
+            // after the restart (retried or failed by the delivery policy).
+            self.writes.push(Write::AttemptEnd {
+                run: id,
+                task,
+                number,
+                from: AttemptState::Running,
+                to: AttemptState::Lost,
+                at,
+                exit_code: None,
+                error: Some("the server shut down before the attempt ended; it was killed".into()),
+                log: outcome.log,
+                start_error_us: outcome.start_error_us,
+            });
+            return;
+        }
         let to = attempt_state_of(&outcome.ending);
         self.writes.push(Write::AttemptEnd {
             run: id,

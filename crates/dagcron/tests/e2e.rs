@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Server, free_port, setup};
+use common::{Server, free_port, setup, wait_process_gone};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -342,4 +342,80 @@ fn following_a_running_attempt_streams_its_output() {
         .unwrap();
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "first\nsecond\n");
+}
+
+/// Reads the pid a task wrote to `file`, waiting (bounded) for it.
+fn read_pid(file: &std::path::Path) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(pid) = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+        {
+            return pid;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} was not written",
+            file.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn attempt_states(server: &Server, run: i64) -> Vec<String> {
+    server.get(&format!("/api/v1/runs/{run}"))["tasks"][0]["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["state"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// With `--shutdown-grace 1`, a task still running at the end of the grace
+/// was left running (its parent became 1); after the restart its attempt was
+/// lost and retried, and both copies ran. And after a SIGKILL of the server,
+/// the task's process lived on beside its retry.
+#[test]
+fn regression_no_task_outlives_its_server() {
+    let (dir, data) = setup();
+    let port = free_port();
+    let mut server = Server::start(&data, port, &["--shutdown-grace", "1"]);
+    let file = format!(
+        "namespace: e2e\njobs:\n  - name: long\n    retry: {{ max_attempts: 5, backoff: fixed, initial: 100ms, max: 100ms }}\n    tasks:\n      - {{ id: t, shell: 'echo $$ > {}/pid-$DAGCRON_ATTEMPT; sleep 300' }}\n",
+        dir.path().display()
+    );
+    assert_eq!(
+        server.post("/api/v1/apply", &file, "application/yaml").0,
+        200
+    );
+    let run = server.trigger("long");
+    let first = dir.path().join("pid-1");
+    read_pid(&first);
+    // SIGTERM: the attempt gets its second of grace, then is killed and
+    // recorded before the server exits.
+    let started = Instant::now();
+    assert!(server.signal(Signal::SIGTERM).success());
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the server took {:?} to stop",
+        started.elapsed()
+    );
+    wait_process_gone(&first);
+    let mut server = Server::start(&data, port, &["--shutdown-grace", "1"]);
+    let second = dir.path().join("pid-2");
+    let pid = read_pid(&second);
+    assert_eq!(attempt_states(&server, run), ["lost", "running"]);
+    // SIGKILL: nothing is killed, the task's process lives on...
+    server.signal(Signal::SIGKILL);
+    assert!(
+        kill(Pid::from_raw(pid), None).is_ok(),
+        "the task's process is expected to outlive a SIGKILL of its server"
+    );
+    // ...until the next server, which kills it before it retries.
+    let server = Server::start(&data, port, &["--shutdown-grace", "1"]);
+    wait_process_gone(&second);
+    read_pid(&dir.path().join("pid-3"));
+    assert_eq!(attempt_states(&server, run), ["lost", "lost", "running"]);
+    drop(server);
 }
