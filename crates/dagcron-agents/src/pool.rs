@@ -102,6 +102,9 @@ struct Inflight {
     task: RemoteTask,
     accepted: bool,
     sent: Instant,
+    /// When the agent was told to stop it (the run was cancelled): its
+    /// result, once the process is gone, ends the attempt.
+    cancel_sent: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -302,6 +305,7 @@ impl AgentPool {
                     task,
                     accepted: false,
                     sent: Instant::now(),
+                    cancel_sent: None,
                 },
             );
         }
@@ -329,21 +333,39 @@ impl AgentPool {
             let gone = !state.agents.contains_key(&inflight.session);
             let late = !inflight.accepted && inflight.sent.elapsed() > self.config.accept_timeout;
             let cancelled = inflight.task.cancel.is_cancelled();
+            if cancelled && !gone && !late {
+                // Tell the agent once, then wait for its result (the process
+                // is gone then); an agent that does not answer within the
+                // accept timeout is not waited for any longer.
+                let inflight = state.inflight.get_mut(&token).expect("inflight");
+                match inflight.cancel_sent {
+                    None => {
+                        inflight.cancel_sent = Some(Instant::now());
+                        let cancel = v1::Cancel {
+                            attempt: Some(attempt_ref(&inflight.task, token)),
+                            reason: "cancelled".into(),
+                        };
+                        let session = inflight.session;
+                        if let Some(tx) = state.agents.get(&session).and_then(|a| a.tx.as_ref()) {
+                            let _ = tx.send(Ok(message(server_message::Body::Cancel(cancel))));
+                        }
+                        continue;
+                    }
+                    Some(at) if at.elapsed() <= self.config.accept_timeout => continue,
+                    Some(_) => {}
+                }
+            }
             if !(gone || late || cancelled) {
                 continue;
             }
             let inflight = state.inflight.remove(&token).expect("inflight");
             if let Some(agent) = state.agents.get_mut(&inflight.session) {
                 agent.running = agent.running.saturating_sub(1);
-                if late || cancelled {
+                if late {
                     if let Some(tx) = &agent.tx {
                         let _ = tx.send(Ok(message(server_message::Body::Cancel(v1::Cancel {
                             attempt: Some(attempt_ref(&inflight.task, token)),
-                            reason: if late {
-                                "not accepted in time".into()
-                            } else {
-                                "cancelled".into()
-                            },
+                            reason: "not accepted in time".into(),
                         }))));
                     }
                 }
@@ -351,7 +373,13 @@ impl AgentPool {
             if gone {
                 (inflight.task.report)(convert::lost("the agent running this attempt stopped"));
             } else if cancelled {
-                (inflight.task.report)(cancelled_outcome());
+                (inflight.task.report)(dagcron_exec::Outcome {
+                    error: Some(
+                        "cancelled; the agent running it did not confirm in time that it stopped"
+                            .into(),
+                    ),
+                    ..cancelled_outcome()
+                });
             } else {
                 tracing::info!(run = inflight.task.ctx.run_id, task = %inflight.task.ctx.task_id, "assignment not accepted in time; trying another agent");
                 let (ns, job) = (

@@ -326,6 +326,12 @@ const KEEP_JOB: SignedDuration = SignedDuration::from_secs(5);
 /// competes with the fires of the same instant.
 const PREPARE_AHEAD: SignedDuration = SignedDuration::from_millis(500);
 
+/// While the engine runs, a fire counts as missed (a suspended process, a
+/// clock step) only if it is overdue by more than the misfire grace and at
+/// least this: a grace of zero makes start-up strict, not every fire that
+/// the loop handles a millisecond late a miss.
+const RUNNING_GRACE_FLOOR: Duration = Duration::from_secs(2);
+
 /// A timer in the heap, ordered by instant, then by arming order.
 struct Armed {
     at: Timestamp,
@@ -1301,7 +1307,7 @@ impl<S: Store> Engine<S> {
             tasks,
             attempts,
             tokens,
-            closing: None,
+            closing: record.closing,
             start_at: None,
         };
         let id = record.id;
@@ -1317,6 +1323,12 @@ impl<S: Store> Engine<S> {
         for (i, from) in lost {
             let number = self.runs[&id].attempts[i];
             self.attempt_failed(id, i, number, from, Failure::Lost, now);
+        }
+        if let Some(closing) = record.closing {
+            // It was being stopped: finish stopping it.
+            self.runs.get_mut(&id).expect("run").closing = None;
+            self.stop_run(id, closing, now);
+            return Ok(());
         }
         for i in 0..job.tasks.len() {
             match self.runs[&id].tasks[i] {
@@ -1785,7 +1797,9 @@ impl<S: Store> Engine<S> {
                         if !self.current(&key, generation) {
                             continue;
                         }
-                        let grace = self.config.misfire_grace;
+                        // Ordinary delays (a busy loop, a slow commit) never
+                        // count: at least RUNNING_GRACE_FLOOR.
+                        let grace = self.config.misfire_grace.max(RUNNING_GRACE_FLOOR);
                         if now.duration_since(at)
                             > SignedDuration::try_from(grace).unwrap_or(SignedDuration::MAX)
                         {
@@ -2142,6 +2156,14 @@ impl<S: Store> Engine<S> {
             }
             RunState::Running => {}
             _ => return,
+        }
+        if run.closing.is_none() {
+            // Durable before it is acknowledged: after a crash, the run's
+            // lost attempts are not retried.
+            self.writes.push(Write::RunClosing {
+                run: id,
+                to: final_state,
+            });
         }
         run.closing = Some(final_state);
         for i in 0..run.tasks.len() {

@@ -1041,3 +1041,53 @@ async fn regression_replace_starts_the_new_run_once_the_old_one_has_ended() {
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// The mark that a run is being cancelled lived only in memory: after a
+/// crash, the cancelled run's lost attempt was retried.
+#[tokio::test]
+async fn regression_an_acknowledged_cancel_survives_a_crash() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply("namespace: t\njobs:\n  - name: c\n    retry: { max_attempts: 5, backoff: fixed, initial: 1s, max: 1s }\n    tasks: [{ id: a, shell: 'sleep 30' }]\n").await;
+    // A cancel is recorded before it is acknowledged.
+    let cancelled = h.handle.trigger("t", "c", BTreeMap::new()).await.unwrap();
+    h.until("attempt running", async |s| {
+        !s.get_run(cancelled).await.unwrap().unwrap().tasks[0]
+            .attempts
+            .is_empty()
+    })
+    .await;
+    h.handle.cancel(cancelled).await.unwrap();
+    let r = h.store.get_run(cancelled).await.unwrap().unwrap();
+    assert_eq!(r.closing, Some(RunState::Cancelled));
+    // The crash comes between the acknowledged cancel and the end of the
+    // attempt: the store then holds what a second run shows here.
+    let run = h.handle.trigger("t", "c", BTreeMap::new()).await.unwrap();
+    h.until("attempt running", async |s| {
+        !s.get_run(run).await.unwrap().unwrap().tasks[0]
+            .attempts
+            .is_empty()
+    })
+    .await;
+    h.task.abort();
+    h.store
+        .write(&[dagcron_store::Write::RunClosing {
+            run,
+            to: RunState::Cancelled,
+        }])
+        .await
+        .unwrap();
+    let (dir, clock) = (h._dir.clone(), h.clock.clone());
+    drop(h);
+    let h = start(dir, clock, EngineConfig::default()).await;
+    h.clock.advance(SignedDuration::from_secs(5));
+    h.idle().await;
+    let r = h.store.get_run(run).await.unwrap().unwrap();
+    let states: Vec<AttemptState> = r.tasks[0].attempts.iter().map(|a| a.state).collect();
+    assert_eq!(r.state, RunState::Cancelled);
+    assert_eq!(
+        states,
+        [AttemptState::Lost],
+        "the cancelled run was retried"
+    );
+    h.stop().await;
+}

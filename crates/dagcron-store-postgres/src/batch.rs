@@ -459,6 +459,15 @@ pub(crate) async fn apply(
         }
     }
 
+    // Runs asked to stop: rare (a cancel, a replace, a deadline), one
+    // statement each.
+    for (i, w) in batch.iter().enumerate() {
+        if let Write::RunClosing { run, to } = w {
+            *sent += 1;
+            results[i] = Some(crate::mark_closing(conn, *run, *to).await?);
+        }
+    }
+
     Ok(Some(
         results
             .into_iter()

@@ -78,7 +78,7 @@ fn parse<T: FromStr<Err = String>>(s: &str) -> Result<T> {
     s.parse().map_err(StorageError::Corrupt)
 }
 
-const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at";
+const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing";
 pub(crate) const JOB_COLUMNS: &str = "namespace, name, version, spec, paused, updated_at";
 
 pub(crate) fn job_from_row(row: &PgRow) -> Result<StoredJob> {
@@ -280,6 +280,7 @@ impl PgStore {
                     created_at: ts(row.get(8))?,
                     started_at: opt_ts(row.get(9))?,
                     finished_at: opt_ts(row.get(10))?,
+                    closing: row.get::<Option<&str>, _>(11).map(parse).transpose()?,
                     tasks: tasks.remove(&id).unwrap_or_default(),
                 })
             })
@@ -420,6 +421,25 @@ async fn insert_run(
     Ok(())
 }
 
+/// Marks run `run` as stopping towards `to` (see [`Write::RunClosing`]).
+pub(crate) async fn mark_closing(
+    conn: &mut PgConnection,
+    run: RunId,
+    to: dagcron_core::RunState,
+) -> std::result::Result<WriteResult, sqlx::Error> {
+    let n = sqlx::query("UPDATE runs SET closing = $1 WHERE id = $2")
+        .bind(to.as_str())
+        .bind(run)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    Ok(if n == 1 {
+        WriteResult::Done
+    } else {
+        WriteResult::Conflict(format!("no run {run}"))
+    })
+}
+
 /// Applies one write; a refused compare-and-set says what it found.
 async fn apply(
     conn: &mut PgConnection,
@@ -461,6 +481,7 @@ async fn apply(
             insert_run(conn, run, epoch).await?;
             Ok(WriteResult::Done)
         }
+        Write::RunClosing { run, to } => mark_closing(conn, *run, *to).await,
         Write::RunState { run, from, to, at } => {
             let n = sqlx::query(
                 "UPDATE runs SET state = $1,

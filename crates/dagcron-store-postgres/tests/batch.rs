@@ -50,6 +50,7 @@ fn write() -> impl Strategy<Value = Write> {
                 to: TASKS[to],
             }
         }),
+        (run.clone(), 0..4usize).prop_map(|(run, to)| Write::RunClosing { run, to: RUNS[to] }),
         (run.clone(), 0..4usize, 0..4usize, 0..100i64).prop_map(|(run, f, to, at)| {
             Write::RunState {
                 run,
@@ -90,6 +91,7 @@ fn row(w: &Write) -> String {
     match w {
         Write::TaskState { run, task, .. } => format!("task {run}/{task}"),
         Write::RunState { run, .. } => format!("run {run}"),
+        Write::RunClosing { run, .. } => format!("closing {run}"),
         Write::AttemptStart {
             run, task, number, ..
         }

@@ -166,6 +166,7 @@ impl SqliteStore {
                     created_at: ts(row.get(8))?,
                     started_at: opt_ts(row.get(9))?,
                     finished_at: opt_ts(row.get(10))?,
+                    closing: row.get::<Option<&str>, _>(11).map(parse).transpose()?,
                     tasks: tasks.remove(&id).unwrap_or_default(),
                 })
             })
@@ -173,7 +174,7 @@ impl SqliteStore {
     }
 }
 
-const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at";
+const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing";
 
 fn job_from_row(row: &SqliteRow) -> Result<StoredJob> {
     Ok(StoredJob {

@@ -182,6 +182,16 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
             insert_run(tx, run)?;
             Ok(WriteResult::Done)
         }
+        Write::RunClosing { run, to } => {
+            let n = tx
+                .prepare_cached("UPDATE runs SET closing = ?1 WHERE id = ?2")?
+                .execute(params![to.as_str(), run])?;
+            if n == 1 {
+                Ok(WriteResult::Done)
+            } else {
+                conflict(format!("no run {run}"))
+            }
+        }
         Write::RunState { run, from, to, at } => {
             let n = tx
                 .prepare_cached(

@@ -22,6 +22,7 @@ macro_rules! conformance_tests {
             a_fire_is_recorded_once,
             concurrent_fires_create_one_run,
             state_changes_are_compare_and_set,
+            a_stop_is_recorded_with_its_final_state,
             changes_of_one_row_in_a_batch_apply_in_order,
             attempts_and_logs,
             runs_are_paginated_newest_first,
@@ -290,6 +291,58 @@ async fn futures_join<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
     .await;
     set.extend(outputs.into_iter().map(|o| o.expect("ready")));
     set
+}
+
+/// A run asked to stop keeps the state it will end in, also when the mark
+/// comes in a batch with other changes of the run.
+pub async fn a_stop_is_recorded_with_its_final_state<S: Store>(s: &S) {
+    s.write(&[
+        fire(100, Some(new_run(1, 100))),
+        fire(101, Some(new_run(2, 101))),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(s.get_run(1).await.unwrap().unwrap().closing, None);
+    let r = s
+        .write(&[
+            Write::RunClosing {
+                run: 1,
+                to: RunState::Cancelled,
+            },
+            Write::TaskState {
+                run: 2,
+                task: "a".into(),
+                from: TaskState::Pending,
+                to: TaskState::Ready,
+            },
+            Write::RunClosing {
+                run: 2,
+                to: RunState::Failed,
+            },
+            Write::RunClosing {
+                run: 99,
+                to: RunState::Failed,
+            },
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        r[..3],
+        [WriteResult::Done, WriteResult::Done, WriteResult::Done]
+    );
+    assert!(matches!(r[3], WriteResult::Conflict(_)), "{r:?}");
+    assert_eq!(
+        s.get_run(1).await.unwrap().unwrap().closing,
+        Some(RunState::Cancelled)
+    );
+    assert_eq!(
+        s.get_run(2).await.unwrap().unwrap().closing,
+        Some(RunState::Failed)
+    );
+    assert_eq!(
+        s.active_runs().await.unwrap()[0].closing,
+        Some(RunState::Cancelled)
+    );
 }
 
 /// A transition from a state the row is not in is refused and changes nothing.

@@ -184,6 +184,16 @@ pub enum Write {
         /// When.
         at: Timestamp,
     },
+    /// Mark a run as being stopped, with the state it will end in once its
+    /// running attempts have ended (a cancel, a replace, a deadline): an
+    /// acknowledged stop is durable, so that after a crash the run's lost
+    /// attempts are not retried.
+    RunClosing {
+        /// The run.
+        run: RunId,
+        /// Its final state.
+        to: RunState,
+    },
     /// Change a task's state if it is still `from`.
     TaskState {
         /// The run.
@@ -348,6 +358,9 @@ pub struct RunRecord {
     pub started_at: Option<Timestamp>,
     /// Finished.
     pub finished_at: Option<Timestamp>,
+    /// Set once the run was asked to stop: the state it ends in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub closing: Option<RunState>,
     /// Tasks in declaration order.
     pub tasks: Vec<TaskRecord>,
 }

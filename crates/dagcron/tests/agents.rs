@@ -194,6 +194,18 @@ jobs:
         !us_agent.dir.join("finished").exists(),
         "the cancelled task ran to its end"
     );
+    // The attempt ends with the agent's own result, once its process is
+    // gone: it said "cancelled before an agent took it", and the agent's
+    // result was then refused as stale.
+    let error = run["tasks"][0]["attempts"][0]["error"]
+        .as_str()
+        .unwrap_or("");
+    assert!(!error.contains("before an agent took it"), "{run}");
+    assert_eq!(
+        server.get("/api/v1/workers")["stale_results_refused"],
+        0,
+        "the agent's result of a cancelled attempt was counted stale"
+    );
     server.signal(Signal::SIGTERM);
 }
 

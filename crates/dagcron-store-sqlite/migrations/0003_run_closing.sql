@@ -1,0 +1,4 @@
+-- The state a running run ends in once it has been asked to stop (cancel,
+-- replace, deadline): kept so that a restart finishes stopping it instead
+-- of retrying its lost attempts.
+ALTER TABLE runs ADD COLUMN closing TEXT;
