@@ -13,9 +13,7 @@ use dagcron_agents::{AgentPool, PoolConfig};
 use dagcron_api::{AppState, router};
 use dagcron_core::JobFile;
 use dagcron_runtime::cluster::{self, ClusterConfig, Coordinator};
-use dagcron_runtime::{
-    ClusterHandle, Engine, EngineConfig, EngineHandle, RemoteWorkers, SystemClock,
-};
+use dagcron_runtime::{Engine, EngineConfig, RemoteWorkers, SystemClock};
 use dagcron_store::cluster::Coordination;
 use dagcron_store::{StorageError, Store};
 use dagcron_store_postgres::PgStore;
@@ -231,17 +229,14 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
             "dagcron listening on http://{address} (data in {})",
             args.data_dir.display()
         );
-        let api = serve_api(
-            listener,
+        let state = AppState {
             store,
-            handle,
-            None,
-            agents,
-            demo,
-            args.max_body_bytes,
-            api_stop.clone(),
-        )
-        .await?;
+            engine: handle,
+            cluster: None,
+            workers: Some(agents),
+            max_body_bytes: args.max_body_bytes,
+        };
+        let api = serve_api(listener, state, demo, api_stop.clone()).await?;
         let result = engine_task.await.context("engine task")?;
         api_stop.cancel();
         let _ = api.await;
@@ -299,17 +294,14 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         "dagcron node {} listening on http://{address}",
         registration.id
     );
-    let api = serve_api(
-        listener,
-        Arc::new(store),
-        handle,
-        Some(cluster),
-        agents,
-        demo,
-        args.max_body_bytes,
-        api_stop.clone(),
-    )
-    .await?;
+    let state = AppState {
+        store: Arc::new(store),
+        engine: handle,
+        cluster: Some(cluster),
+        workers: Some(agents),
+        max_body_bytes: args.max_body_bytes,
+    };
+    let api = serve_api(listener, state, demo, api_stop.clone()).await?;
     let fenced = |e: &StorageError| matches!(e, StorageError::Fenced(_));
     tokio::select! {
         ended = &mut engine_task => {
@@ -355,12 +347,8 @@ fn default_node_id(address: SocketAddr) -> String {
 /// Applies the demo jobs if asked, then serves the API until `shutdown`.
 async fn serve_api<S: Store>(
     listener: tokio::net::TcpListener,
-    store: Arc<S>,
-    engine: EngineHandle,
-    cluster: Option<ClusterHandle>,
-    agents: AgentPool,
+    state: AppState<S>,
     demo: bool,
-    max_body_bytes: usize,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<std::io::Result<()>>> {
     if demo {
@@ -369,19 +357,17 @@ async fn serve_api<S: Store>(
         let jobs = file
             .validate()
             .map_err(|e| anyhow::anyhow!("the bundled demo file: {e}"))?;
-        engine.apply(jobs).await.context("applying the demo jobs")?;
+        state
+            .engine
+            .apply(jobs)
+            .await
+            .context("applying the demo jobs")?;
         tracing::info!("demo jobs applied in namespace `demo`: try `dagcron jobs list demo`");
     }
     // Remote agents speak gRPC on the API's port.
+    let agents = state.workers.clone().expect("the server has an agent pool");
     let grpc = tonic::service::Routes::new(agents.service()).into_axum_router();
-    let api = router(AppState {
-        cluster,
-        workers: Some(agents),
-        store,
-        engine,
-        max_body_bytes,
-    });
-    let app = dagcron_api::with_grpc(api, grpc);
+    let app = dagcron_api::with_grpc(router(state), grpc);
     Ok(tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async move { shutdown.cancelled().await })
