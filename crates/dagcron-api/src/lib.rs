@@ -6,6 +6,7 @@
 
 mod error;
 mod routes;
+pub mod wire;
 
 use std::sync::Arc;
 
@@ -43,6 +44,11 @@ impl<S: Store> Clone for AppState<S> {
             max_body_bytes: self.max_body_bytes,
         }
     }
+}
+
+/// The OpenAPI 3.1 document of the API (also served at `/api/v1/openapi.json`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    <routes::ApiDoc as utoipa::OpenApi>::openapi()
 }
 
 /// The API's routes. Every error answer, including those of axum itself

@@ -1,7 +1,5 @@
 //! The handlers, one per route.
 
-use std::collections::BTreeMap;
-
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -14,12 +12,33 @@ use jiff::Timestamp;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::wire::{
+    ApplyAnswer, ApplyItem, BackfillAnswer, BackfillBody, ClusterAnswer, ErrorBody, Errors,
+    FireAnswer, FirePage, HealthAnswer, JobAnswer, JobPage, RunAnswer, RunPage, TriggerBody,
+    WorkersAnswer,
+};
 use crate::{ApiError, AppState};
+
+/// The OpenAPI document of every route below.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "dagcron",
+        description = "The REST API of dagcron, a distributed job scheduler. Every error answer is `{\"error\": {\"code\", \"message\", \"details\"}}`."
+    ),
+    paths(
+        health, openapi, cluster, workers, apply, list_jobs, get_job, put_job, delete_job, pause,
+        resume, trigger, backfill, list_runs, list_fires, get_run, cancel, get_log
+    ),
+    components(schemas(ErrorBody))
+)]
+pub(crate) struct ApiDoc;
 
 pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
     let max_body = state.max_body_bytes;
     Router::new()
         .route("/healthz", get(health::<S>))
+        .route("/api/v1/openapi.json", get(openapi))
         .route("/api/v1/cluster", get(cluster::<S>))
         .route("/api/v1/workers", get(workers::<S>))
         .route("/api/v1/apply", post(apply::<S>))
@@ -68,11 +87,25 @@ async fn unknown_path(uri: axum::http::Uri) -> ApiError {
     ApiError::not_found(format!("no such path: {}", uri.path()))
 }
 
+/// The OpenAPI 3.1 document of this API.
+#[utoipa::path(get, path = "/api/v1/openapi.json", tag = "meta",
+    responses((status = 200, description = "The document", body = Object), Errors))]
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(<ApiDoc as utoipa::OpenApi>::openapi())
+}
+
 /// Liveness and, in a cluster, this node's standing: a node whose clock is
 /// too far from the database's, or whose lease lapsed, answers 503.
+#[utoipa::path(get, path = "/healthz", tag = "meta",
+    responses((status = 200, body = HealthAnswer), (status = 503, description = "Degraded", body = HealthAnswer), Errors))]
 async fn health<S: Store>(State(state): State<AppState<S>>) -> impl IntoResponse {
     let Some(cluster) = &state.cluster else {
-        return (StatusCode::OK, Json(json!({ "status": "ok" })));
+        let ok = HealthAnswer {
+            status: "ok".into(),
+            problem: None,
+            node: None,
+        };
+        return (StatusCode::OK, Json(ok));
     };
     let node = cluster.local();
     let problem = if !node.clock_ok {
@@ -91,34 +124,54 @@ async fn health<S: Store>(State(state): State<AppState<S>>) -> impl IntoResponse
         StatusCode::OK
     };
     let status = if problem.is_some() { "degraded" } else { "ok" };
-    (
-        code,
-        Json(json!({ "status": status, "problem": problem, "node": node })),
-    )
+    let answer = HealthAnswer {
+        status: status.into(),
+        problem,
+        node: serde_json::to_value(node).ok(),
+    };
+    (code, Json(answer))
 }
 
 /// The remote worker agents of this server: labels, capacity, running,
 /// last heartbeat, clock offset, version.
-async fn workers<S: Store>(State(state): State<AppState<S>>) -> Json<Value> {
+#[utoipa::path(get, path = "/api/v1/workers", tag = "cluster",
+    responses((status = 200, body = WorkersAnswer), Errors))]
+async fn workers<S: Store>(State(state): State<AppState<S>>) -> Json<WorkersAnswer> {
     let pool = state.workers.as_ref();
-    let items = pool.map(|p| p.workers()).unwrap_or_default();
+    let items = pool
+        .map(|p| p.workers())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|w| serde_json::to_value(w).ok())
+        .collect();
     // Results that came back after their attempt had been given up on (a
     // stale fencing token): refused, and counted here.
     let stale = pool.map_or(0, |p| p.stale_results());
-    Json(json!({ "items": items, "stale_results_refused": stale }))
+    Json(WorkersAnswer {
+        items,
+        stale_results_refused: stale,
+    })
 }
 
 /// The nodes of the cluster, their leases, epochs, clock skew and jobs.
-async fn cluster<S: Store>(State(state): State<AppState<S>>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/api/v1/cluster", tag = "cluster",
+    responses((status = 200, body = ClusterAnswer), Errors))]
+async fn cluster<S: Store>(
+    State(state): State<AppState<S>>,
+) -> Result<Json<ClusterAnswer>, ApiError> {
     let Some(cluster) = &state.cluster else {
         return Err(ApiError::not_found(
             "this server runs alone on its embedded database; start it with --database postgres://... to form a cluster",
         ));
     };
     let nodes = cluster.nodes().await?;
-    Ok(Json(
-        json!({ "this_node": cluster.local(), "nodes": nodes }),
-    ))
+    Ok(Json(ClusterAnswer {
+        this_node: serde_json::to_value(cluster.local()).unwrap_or(Value::Null),
+        nodes: nodes
+            .iter()
+            .filter_map(|n| serde_json::to_value(n).ok())
+            .collect(),
+    }))
 }
 
 /// Parses a body as JSON (by content type) or YAML.
@@ -158,41 +211,45 @@ fn validate(file: &JobFile) -> Result<Vec<Job>, ApiError> {
     })
 }
 
+/// Applies a job file (YAML, or JSON with a JSON content type):
+/// idempotent, every job created, updated or left unchanged.
+#[utoipa::path(post, path = "/api/v1/apply", tag = "jobs",
+    request_body(description = "A job file: `namespace` and `jobs`", content(
+        (Object = "application/json"), (Object = "application/yaml"))),
+    responses((status = 200, body = ApplyAnswer), Errors))]
 async fn apply<S: Store>(
     State(st): State<AppState<S>>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ApplyAnswer>, ApiError> {
     let file: JobFile = parse_body(&headers, &body)?;
     let jobs = validate(&file)?;
     let results = st.engine.apply(jobs).await?;
-    let items: Vec<Value> = results
+    let jobs = results
         .into_iter()
-        .map(|(key, r)| json!({ "job": key, "result": r }))
+        .map(|(job, r)| ApplyItem {
+            job,
+            result: r.into(),
+        })
         .collect();
-    Ok(Json(json!({ "namespace": file.namespace, "jobs": items })))
+    Ok(Json(ApplyAnswer {
+        namespace: file.namespace,
+        jobs,
+    }))
 }
 
-fn job_json(job: &StoredJob) -> Value {
-    let parsed = Job::from_canonical(&job.namespace, &job.spec);
-    let next_fire = match (&parsed, job.paused) {
-        (Ok(j), false) => j.next_fire_after(Timestamp::now()).map(|t| t.to_string()),
-        _ => None,
-    };
-    json!({
-        "namespace": job.namespace,
-        "name": job.name,
-        "version": job.version,
-        "paused": job.paused,
-        "updated_at": job.updated_at,
-        "next_fire": next_fire,
-        "spec": serde_json::from_str::<Value>(&job.spec).unwrap_or(Value::Null),
-    })
+fn job_json(job: &StoredJob) -> JobAnswer {
+    JobAnswer::of(job, Timestamp::now())
 }
 
-#[derive(Deserialize)]
+/// A page of a listing.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct PageQuery {
+    /// At most this many items (1 to 1000, default 50).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
+    /// Where the previous page ended (its `next_cursor`).
     cursor: Option<String>,
 }
 
@@ -206,18 +263,23 @@ fn limit(q: Option<u32>) -> Result<u32, ApiError> {
     }
 }
 
+/// The jobs of a namespace, by name.
+#[utoipa::path(get, path = "/api/v1/namespaces/{ns}/jobs", tag = "jobs",
+    params(("ns" = String, Path, description = "Namespace"), PageQuery),
+    responses((status = 200, body = JobPage), Errors))]
 async fn list_jobs<S: Store>(
     State(st): State<AppState<S>>,
     Path(ns): Path<String>,
     Query(q): Query<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<JobPage>, ApiError> {
     let page = st
         .store
         .list_jobs(&ns, limit(q.limit)?, q.cursor.as_deref())
         .await?;
-    Ok(Json(
-        json!({ "items": page.items.iter().map(job_json).collect::<Vec<_>>(), "next_cursor": page.next_cursor }),
-    ))
+    Ok(Json(JobPage {
+        items: page.items.iter().map(job_json).collect(),
+        next_cursor: page.next_cursor,
+    }))
 }
 
 async fn stored_job<S: Store>(
@@ -231,19 +293,30 @@ async fn stored_job<S: Store>(
         .ok_or_else(|| ApiError::not_found(format!("no job {ns}/{name}")))
 }
 
+/// One job.
+#[utoipa::path(get, path = "/api/v1/namespaces/{ns}/jobs/{name}", tag = "jobs",
+    params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Job")),
+    responses((status = 200, body = JobAnswer), Errors))]
 async fn get_job<S: Store>(
     State(st): State<AppState<S>>,
     Path((ns, name)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<JobAnswer>, ApiError> {
     Ok(Json(job_json(&stored_job(&st, &ns, &name).await?)))
 }
 
+/// Creates or updates one job from its declaration (the body names the
+/// same job as the path).
+#[utoipa::path(put, path = "/api/v1/namespaces/{ns}/jobs/{name}", tag = "jobs",
+    params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Job")),
+    request_body(description = "One job's declaration, as in a job file", content(
+        (Object = "application/json"), (Object = "application/yaml"))),
+    responses((status = 200, body = JobAnswer), Errors))]
 async fn put_job<S: Store>(
     State(st): State<AppState<S>>,
     Path((ns, name)): Path<(String, String)>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<JobAnswer>, ApiError> {
     let spec: JobSpec = parse_body(&headers, &body)?;
     if spec.name != name {
         return Err(ApiError::bad_request(format!(
@@ -259,6 +332,10 @@ async fn put_job<S: Store>(
     Ok(Json(job_json(&stored_job(&st, &ns, &name).await?)))
 }
 
+/// Deletes a job (its history stays); its runs are cancelled.
+#[utoipa::path(delete, path = "/api/v1/namespaces/{ns}/jobs/{name}", tag = "jobs",
+    params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Job")),
+    responses((status = 204, description = "Deleted"), Errors))]
 async fn delete_job<S: Store>(
     State(st): State<AppState<S>>,
     Path((ns, name)): Path<(String, String)>,
@@ -267,38 +344,45 @@ async fn delete_job<S: Store>(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Pauses a job: it does not fire until resumed.
+#[utoipa::path(post, path = "/api/v1/namespaces/{ns}/jobs/{name}/pause", tag = "jobs",
+    params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Job")),
+    responses((status = 200, body = JobAnswer), Errors))]
 async fn pause<S: Store>(
     State(st): State<AppState<S>>,
     Path((ns, name)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<JobAnswer>, ApiError> {
     st.engine.pause(&ns, &name, true).await?;
     Ok(Json(job_json(&stored_job(&st, &ns, &name).await?)))
 }
 
+/// Resumes a job; fires due while it was paused follow its misfire policy.
+#[utoipa::path(post, path = "/api/v1/namespaces/{ns}/jobs/{name}/resume", tag = "jobs",
+    params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Job")),
+    responses((status = 200, body = JobAnswer), Errors))]
 async fn resume<S: Store>(
     State(st): State<AppState<S>>,
     Path((ns, name)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<JobAnswer>, ApiError> {
     st.engine.pause(&ns, &name, false).await?;
     Ok(Json(job_json(&stored_job(&st, &ns, &name).await?)))
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct TriggerBody {
-    #[serde(default)]
-    params: BTreeMap<String, String>,
-}
-
-async fn run_json<S: Store>(st: &AppState<S>, id: RunId) -> Result<Value, ApiError> {
+async fn run_json<S: Store>(st: &AppState<S>, id: RunId) -> Result<RunAnswer, ApiError> {
     let run = st
         .store
         .get_run(id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no run {id}")))?;
-    Ok(serde_json::to_value(run).expect("runs serialize"))
+    Ok(RunAnswer::from(&run))
 }
 
+/// Starts a run now, with parameters over the job's defaults (an empty
+/// body: none).
+#[utoipa::path(post, path = "/api/v1/namespaces/{ns}/jobs/{name}/trigger", tag = "runs",
+    params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Job")),
+    request_body(content = Option<TriggerBody>, content_type = "application/json"),
+    responses((status = 201, body = RunAnswer), Errors))]
 async fn trigger<S: Store>(
     State(st): State<AppState<S>>,
     Path((ns, name)): Path<(String, String)>,
@@ -328,13 +412,11 @@ async fn trigger<S: Store>(
     Ok((StatusCode::CREATED, Json(run_json(&st, id).await?)))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BackfillBody {
-    from: Timestamp,
-    to: Timestamp,
-}
-
+/// Creates a run for every fire of `[from, to)` not in the ledger yet.
+#[utoipa::path(post, path = "/api/v1/namespaces/{ns}/jobs/{name}/backfill", tag = "runs",
+    params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Job")),
+    request_body(content = BackfillBody, content_type = "application/json"),
+    responses((status = 201, body = BackfillAnswer), Errors))]
 async fn backfill<S: Store>(
     State(st): State<AppState<S>>,
     Path((ns, name)): Path<(String, String)>,
@@ -346,35 +428,52 @@ async fn backfill<S: Store>(
         ))
     })?;
     let runs = st.engine.backfill(&ns, &name, body.from, body.to).await?;
-    Ok((StatusCode::CREATED, Json(json!({ "runs": runs }))))
+    Ok((StatusCode::CREATED, Json(BackfillAnswer { runs })))
 }
 
+/// A job's runs, newest first.
+#[utoipa::path(get, path = "/api/v1/namespaces/{ns}/jobs/{name}/runs", tag = "runs",
+    params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Job"), PageQuery),
+    responses((status = 200, body = RunPage), Errors))]
 async fn list_runs<S: Store>(
     State(st): State<AppState<S>>,
     Path((ns, name)): Path<(String, String)>,
     Query(q): Query<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunPage>, ApiError> {
     let page = st
         .store
         .list_runs(&ns, &name, limit(q.limit)?, q.cursor.as_deref())
         .await?;
-    Ok(Json(
-        json!({ "items": page.items, "next_cursor": page.next_cursor }),
-    ))
+    Ok(Json(RunPage {
+        items: page.items.iter().map(RunAnswer::from).collect(),
+        next_cursor: page.next_cursor,
+    }))
 }
 
-#[derive(Deserialize)]
+/// A range of the fire ledger.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct FiresQuery {
+    /// From this instant (RFC 3339), included.
+    #[param(value_type = Option<String>, format = DateTime)]
     from: Option<Timestamp>,
+    /// Up to this instant, excluded.
+    #[param(value_type = Option<String>, format = DateTime)]
     to: Option<Timestamp>,
+    /// At most this many fires (1 to 10000, default 1000).
+    #[param(minimum = 1, maximum = 10000)]
     limit: Option<u32>,
 }
 
+/// A job's fire ledger: every expected fire and what happened to it.
+#[utoipa::path(get, path = "/api/v1/namespaces/{ns}/jobs/{name}/fires", tag = "runs",
+    params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Job"), FiresQuery),
+    responses((status = 200, body = FirePage), Errors))]
 async fn list_fires<S: Store>(
     State(st): State<AppState<S>>,
     Path((ns, name)): Path<(String, String)>,
     Query(q): Query<FiresQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<FirePage>, ApiError> {
     let limit = match q.limit {
         None => 1000,
         Some(n) if (1..=10_000).contains(&n) => n,
@@ -394,33 +493,49 @@ async fn list_fires<S: Store>(
             limit,
         )
         .await?;
-    let items: Vec<Value> = fires.iter().map(|f| json!({ "scheduled_at": f.scheduled_at, "outcome": f.outcome.as_str(), "run_id": f.run_id })).collect();
-    Ok(Json(json!({ "items": items })))
+    Ok(Json(FirePage {
+        items: fires.iter().map(FireAnswer::from).collect(),
+    }))
 }
 
+/// A run, its tasks and their attempts.
+#[utoipa::path(get, path = "/api/v1/runs/{id}", tag = "runs",
+    params(("id" = i64, Path, description = "Run id")),
+    responses((status = 200, body = RunAnswer), Errors))]
 async fn get_run<S: Store>(
     State(st): State<AppState<S>>,
     Path(id): Path<RunId>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunAnswer>, ApiError> {
     Ok(Json(run_json(&st, id).await?))
 }
 
+/// Cancels a run: its running attempts are stopped, the rest cancelled.
+#[utoipa::path(post, path = "/api/v1/runs/{id}/cancel", tag = "runs",
+    params(("id" = i64, Path, description = "Run id")),
+    responses((status = 200, body = RunAnswer), Errors))]
 async fn cancel<S: Store>(
     State(st): State<AppState<S>>,
     Path(id): Path<RunId>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunAnswer>, ApiError> {
     st.engine.cancel(id).await?;
     Ok(Json(run_json(&st, id).await?))
 }
 
-#[derive(Deserialize)]
+/// How to read a log.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct LogQuery {
+    /// Stream the output of a running attempt until it ends.
     #[serde(default)]
     follow: bool,
 }
 
 /// An attempt's output. With `?follow=true`, the body streams the output of
 /// a running attempt as it comes and ends when the attempt does.
+#[utoipa::path(get, path = "/api/v1/runs/{id}/tasks/{task}/attempts/{n}/log", tag = "runs",
+    params(("id" = i64, Path, description = "Run id"), ("task" = String, Path, description = "Task id"),
+        ("n" = u32, Path, description = "Attempt number, from 1"), LogQuery),
+    responses((status = 200, description = "The output, stdout and stderr interleaved", body = String, content_type = "text/plain"), Errors))]
 async fn get_log<S: Store>(
     State(st): State<AppState<S>>,
     Path((id, task, n)): Path<(RunId, String, u32)>,

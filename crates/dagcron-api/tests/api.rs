@@ -443,3 +443,74 @@ async fn regression_only_grpc_requests_reach_the_grpc_service() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(body.contains(r#""code":"not_found""#), "{body}");
 }
+
+/// The routes the router declares, read from its source: (method, path).
+fn declared_routes() -> std::collections::BTreeSet<(String, String)> {
+    let source = include_str!("../src/routes.rs");
+    let mut out = std::collections::BTreeSet::new();
+    for chunk in source.split(".route(").skip(1) {
+        let chunk = chunk.split(".fallback(").next().unwrap();
+        let path = chunk.split('"').nth(1).unwrap().to_string();
+        for method in ["get", "post", "put", "delete", "patch"] {
+            if chunk.contains(&format!("{method}(")) {
+                out.insert((method.to_string(), path.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// Every route is in the OpenAPI document with its methods, and every
+/// operation of the document reaches a handler.
+#[tokio::test]
+async fn the_openapi_document_describes_every_route() {
+    let api = api().await;
+    let (status, doc) = api.get("/api/v1/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        doc["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{}",
+        doc["openapi"]
+    );
+    let mut documented = std::collections::BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            documented.insert((method.clone(), path.clone()));
+        }
+    }
+    let declared = declared_routes();
+    assert!(declared.len() >= 18, "{declared:?}");
+    let missing: Vec<_> = declared.difference(&documented).collect();
+    assert!(
+        missing.is_empty(),
+        "routes missing from the OpenAPI document: {missing:?}"
+    );
+    let extra: Vec<_> = documented.difference(&declared).collect();
+    assert!(extra.is_empty(), "documented but not routed: {extra:?}");
+    for (method, path) in &documented {
+        let uri = path
+            .replace("{ns}", "n")
+            .replace("{name}", "j")
+            .replace("{id}", "1")
+            .replace("{task}", "t")
+            .replace("{n}", "1");
+        let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+        let (status, value) = api
+            .call(method.clone(), &uri, "application/json", "{}")
+            .await;
+        let fallback = status == StatusCode::METHOD_NOT_ALLOWED
+            || value["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("no such path"));
+        assert!(
+            !fallback,
+            "{method} {uri} is documented but not routed: {value}"
+        );
+        // Every answer's status is one the document lists for the operation.
+        let op = &doc["paths"][path][method.as_str().to_lowercase()];
+        assert!(
+            op["responses"].get(status.as_str()).is_some(),
+            "{method} {uri} answered {status}, which its document does not list"
+        );
+    }
+}

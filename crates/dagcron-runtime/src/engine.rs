@@ -389,6 +389,42 @@ async fn commit_with_retries<S: Store>(
     }
 }
 
+/// Kills every attempt of a cluster node once its lease ends (by this
+/// process's clock) or is revoked, then waits until their processes are
+/// gone, and only then says the node is fenced. It runs beside the engine's
+/// loop, so that a loop waiting on a database that no longer answers (a
+/// network partition) cannot keep attempts running past the lease, while
+/// another node retries them.
+async fn lease_watchdog(
+    lease: Lease,
+    clock: Arc<dyn Clock>,
+    kill: CancellationToken,
+    attempts: tokio_util::task::TaskTracker,
+    done: CancellationToken,
+    fenced: CancellationToken,
+) {
+    loop {
+        let end = lease.end();
+        tokio::select! {
+            () = done.cancelled() => return,
+            () = lease.0.revoked.cancelled() => break,
+            () = clock.sleep_until(end) => {
+                if !lease.is_valid_at(clock.now()) {
+                    break;
+                }
+            }
+        }
+    }
+    tracing::error!("this node's lease ended: killing every attempt it runs");
+    kill.cancel();
+    attempts.close();
+    let bound = dagcron_exec::PIPE_GRACE + Duration::from_secs(3);
+    if tokio::time::timeout(bound, attempts.wait()).await.is_err() {
+        tracing::error!("attempts did not end within {bound:?} of being killed");
+    }
+    fenced.cancel();
+}
+
 /// The fires of `job` in `[from, to)` that the ledger does not have yet,
 /// by the scheduler's own rule (start and end dates included).
 async fn backfill_fires<S: Store>(
@@ -567,6 +603,7 @@ fn attempt_state_of(ending: &Ending) -> AttemptState {
 pub struct EngineHandle {
     tx: mpsc::Sender<Command>,
     live: LiveLogs,
+    fenced: CancellationToken,
 }
 
 /// The output of attempts running in this process, by (run, task, attempt).
@@ -695,6 +732,13 @@ impl EngineHandle {
         self.ask(|reply| Command::Work { reply }).await
     }
 
+    /// Resolves once a cluster node's lease has ended and every attempt it
+    /// ran has been killed and seen gone (or a bounded wait for them ran
+    /// out): the process must stop, whatever its engine loop is doing.
+    pub async fn fenced(&self) {
+        self.fenced.cancelled().await;
+    }
+
     /// Cancels a run: running attempts are stopped, pending tasks cancelled.
     /// A run of another cluster node is cancelled by that node.
     pub async fn cancel(&self, run: RunId) -> Result<(), EngineError> {
@@ -735,6 +779,13 @@ pub struct Engine<S: Store> {
     /// Set once shutdown kills the attempts still running: their ends are
     /// recorded as lost, and nothing follows from them.
     killing: bool,
+    /// The parent of every attempt's cancellation token: cancelled, it
+    /// stops every attempt this engine runs, whatever the loop is doing.
+    kill_switch: CancellationToken,
+    /// The attempt tasks of the pool: waited for once they are killed.
+    attempts: tokio_util::task::TaskTracker,
+    /// Cancelled when `run` returns (stops the lease watchdog).
+    done: CancellationToken,
     /// A cluster node's share of the jobs (`None`: all jobs, or none yet in a cluster).
     ownership: Option<Ownership>,
     /// Attempts of this node's runs handed to the cluster when its pool was
@@ -790,6 +841,9 @@ impl<S: Store> Engine<S> {
             commands_back: tx.downgrade(),
             last_wake: now,
             killing: false,
+            kill_switch: CancellationToken::new(),
+            attempts: tokio_util::task::TaskTracker::new(),
+            done: CancellationToken::new(),
             ownership: None,
             shared: HashMap::new(),
             foreign: HashMap::new(),
@@ -797,7 +851,19 @@ impl<S: Store> Engine<S> {
         };
         engine.recover(now).await?;
         let live = engine.live.clone();
-        Ok((engine, EngineHandle { tx, live }))
+        let fenced = CancellationToken::new();
+        if let Some(node) = &engine.config.node {
+            tokio::spawn(lease_watchdog(
+                node.lease.clone(),
+                engine.clock.clone(),
+                engine.kill_switch.clone(),
+                engine.attempts.clone(),
+                engine.done.clone(),
+                fenced.clone(),
+            ));
+        }
+        let handle = EngineHandle { tx, live, fenced };
+        Ok((engine, handle))
     }
 
     fn run_id(&mut self) -> RunId {
@@ -1357,6 +1423,7 @@ impl<S: Store> Engine<S> {
         shutdown: CancellationToken,
         drain: Duration,
     ) -> Result<(), StorageError> {
+        let _done = self.done.clone().drop_guard();
         let result = self.run_loop(shutdown, drain).await;
         if let Err(e) = &result {
             // Fenced or the store is gone: nothing this engine started may go
@@ -1596,7 +1663,9 @@ impl<S: Store> Engine<S> {
             ),
             params: run.params.clone(),
         };
-        let token = run.tokens[task].clone().unwrap_or_default();
+        let token = run.tokens[task]
+            .clone()
+            .unwrap_or_else(|| self.kill_switch.child_token());
         let job = run.job.clone();
         let start_at = run.start_at.filter(|at| *at > self.clock.now());
         self.launch(&job, task, ctx, token, start_at);
@@ -1692,7 +1761,7 @@ impl<S: Store> Engine<S> {
             return;
         }
         let attempt_clock = self.clock.clone();
-        tokio::spawn(async move {
+        self.attempts.spawn(async move {
             // A panic in an executor must not leave the attempt running forever.
             let work = tokio::spawn(async move {
                 let mut start_error_us = None;
@@ -2294,7 +2363,7 @@ impl<S: Store> Engine<S> {
         }
         let remote = needs.is_some();
         run.tasks[i] = TaskState::Running;
-        run.tokens[i] = Some(CancellationToken::new());
+        run.tokens[i] = Some(self.kill_switch.child_token());
         self.writes.push(Write::TaskState {
             run: id,
             task: task.clone(),
@@ -2812,7 +2881,7 @@ impl<S: Store> Engine<S> {
             });
             return;
         };
-        let token = CancellationToken::new();
+        let token = self.kill_switch.child_token();
         *self.lane(job.tasks[i].run_on.is_some()) += 1;
         if let Some(run) = self.runs.get_mut(&claim.run) {
             // Handed over earlier, taken back now.

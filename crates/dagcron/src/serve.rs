@@ -294,6 +294,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         "dagcron node {} listening on http://{address}",
         registration.id
     );
+    let watch = handle.clone();
     let state = AppState {
         store: Arc::new(store),
         engine: handle,
@@ -304,6 +305,13 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
     let api = serve_api(listener, state, demo, api_stop.clone()).await?;
     let fenced = |e: &StorageError| matches!(e, StorageError::Fenced(_));
     tokio::select! {
+        () = watch.fenced() => {
+            // The lease ended and every attempt was killed, whatever the
+            // engine's loop and the coordinator are waiting on (a database
+            // that no longer answers): stop now.
+            tracing::error!("this node's lease ended; exiting so that a restart registers it again");
+            return Ok(ExitCode::from(EXIT_FENCED));
+        }
         ended = &mut engine_task => {
             match ended.context("engine task")? {
                 Err(e) if fenced(&e) => {
