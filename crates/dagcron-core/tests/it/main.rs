@@ -186,3 +186,39 @@ mod props {
         }
     }
 }
+
+/// A job could have 100,000 schedules, and one backfill over it held the
+/// engine for 52 s; lists of tasks and parameters were unbounded too.
+#[test]
+fn regression_schedules_tasks_and_parameters_per_job_are_bounded() {
+    let schedules = (0..100_000)
+        .map(|i| format!("'{} {} * * * *'", i % 60, (i / 60) % 60))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let problems = errors(&format!(
+        "jobs:\n  - {{ name: many, schedule: [{schedules}], tasks: [{{ id: a, noop: true }}] }}\n"
+    ));
+    assert_eq!(
+        problems,
+        [
+            "jobs[0].schedule: 100000 schedules; a job has at most 64 (a cron expression's lists and ranges can say more in one)"
+        ]
+    );
+    let tasks = (0..1001)
+        .map(|i| format!("{{ id: t{i}, noop: true }}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let problems = errors(&format!("jobs:\n  - {{ name: wide, tasks: [{tasks}] }}\n"));
+    assert_eq!(
+        problems,
+        ["jobs[0].tasks: 1001 tasks; a job has at most 1000"]
+    );
+    let problems = errors(
+        "jobs:\n  - { name: p, params: { '': x, '1a': x, 'a-b': x, ok: \"a\\0b\" }, tasks: [{ id: a, noop: true }] }\n",
+    );
+    assert_eq!(problems.len(), 4, "{problems:?}");
+    assert!(
+        problems.iter().all(|p| p.starts_with("jobs[0].params.")),
+        "{problems:?}"
+    );
+}
