@@ -419,3 +419,53 @@ fn regression_no_task_outlives_its_server() {
     assert_eq!(attempt_states(&server, run), ["lost", "lost", "running"]);
     drop(server);
 }
+
+/// A server stopped with SIGSTOP, then continued, fired every instant it
+/// had missed in a burst, ignoring the misfire policy (47 runs after 40 s
+/// stopped, none recorded as missed).
+#[test]
+fn regression_a_suspended_server_follows_the_misfire_policy_when_it_wakes() {
+    let (_dir, data) = setup();
+    let port = free_port();
+    let server = Server::start(&data, port, &["--misfire-grace", "2"]);
+    let file = "namespace: e2e\njobs:\n  - { name: tick, schedule: '* * * * * *', misfire: run_once, concurrency: allow, max_active_runs: 100, tasks: [{ id: t, noop: true }] }\n";
+    assert_eq!(
+        server.post("/api/v1/apply", file, "application/yaml").0,
+        200
+    );
+    server.wait_runs("tick", 2);
+    server.send(Signal::SIGSTOP);
+    let stopped_at = jiff::Timestamp::now();
+    // Stopped well past the grace: the fires of these seconds are overdue.
+    std::thread::sleep(Duration::from_secs(8));
+    server.send(Signal::SIGCONT);
+    let woke_at = jiff::Timestamp::now();
+    server.wait_runs("tick", server.all_runs("tick").len() + 2);
+    let fires = server.get("/api/v1/namespaces/e2e/jobs/tick/fires?limit=10000")["items"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let during: Vec<&str> = fires
+        .iter()
+        .filter(|f| {
+            let at: jiff::Timestamp = f["scheduled_at"].as_str().unwrap().parse().unwrap();
+            at > stopped_at && at < woke_at
+        })
+        .map(|f| f["outcome"].as_str().unwrap())
+        .collect();
+    let count = |o: &str| during.iter().filter(|d| **d == o).count();
+    assert!(
+        during.len() >= 7,
+        "every second of the stop is in the ledger: {during:?}"
+    );
+    assert!(
+        count("missed_skipped") >= 4,
+        "missed fires recorded: {during:?}"
+    );
+    assert_eq!(
+        count("missed_caught_up"),
+        1,
+        "run_once catches up one: {during:?}"
+    );
+    assert!(count("fired") <= 3, "no burst of on-time fires: {during:?}");
+}
