@@ -16,8 +16,8 @@ use std::time::Duration;
 use dagcron_core::{AttemptState, FireOutcome, RunState, TaskState};
 use dagcron_store::{
     ApplyResult, AttemptKey, AttemptRecord, ClaimedAttempt, FireRecord, JobUpsert, NewRun, Page,
-    RemoteAttempt, Result, RunId, RunRecord, StorageError, Store, StoredJob, TaskRecord, Trigger,
-    Write, WriteResult,
+    RemoteAttempt, Result, RunId, RunRecord, StorageError, Store, StoredJob, TaskRecord,
+    TokenRecord, Trigger, Write, WriteResult,
 };
 use jiff::Timestamp;
 use sqlx::Row;
@@ -437,6 +437,24 @@ pub(crate) async fn mark_closing(
         WriteResult::Done
     } else {
         WriteResult::Conflict(format!("no run {run}"))
+    })
+}
+
+const TOKEN_COLUMNS: &str =
+    "id, name, role, namespace, created_at, expires_at, last_used_at, revoked_at, created_by";
+
+fn token_from_row(row: &PgRow) -> Result<TokenRecord> {
+    let opt = |i: usize| opt_ts(row.get(i));
+    Ok(TokenRecord {
+        id: row.get(0),
+        name: row.get(1),
+        role: row.get(2),
+        namespace: row.get(3),
+        created_at: ts(row.get(4))?,
+        expires_at: opt(5)?,
+        last_used_at: opt(6)?,
+        revoked_at: opt(7)?,
+        created_by: row.get(8),
     })
 }
 
@@ -894,6 +912,65 @@ impl Store for PgStore {
             limit,
             dagcron_store::run_cursor,
         ))
+    }
+
+    async fn create_token(&self, token: &TokenRecord, hash: &[u8]) -> Result<()> {
+        sqlx::query("INSERT INTO tokens (id, name, role, namespace, hash, created_at, expires_at, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
+            .bind(&token.id)
+            .bind(&token.name)
+            .bind(&token.role)
+            .bind(&token.namespace)
+            .bind(hash)
+            .bind(token.created_at.as_microsecond())
+            .bind(token.expires_at.map(|e| e.as_microsecond()))
+            .bind(&token.created_by)
+            .execute(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn find_token(&self, hash: &[u8]) -> Result<Option<TokenRecord>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {TOKEN_COLUMNS} FROM tokens WHERE hash = $1"
+        )))
+        .bind(hash)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        row.map(|r| token_from_row(&r)).transpose()
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY created_at, id"
+        )))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        rows.iter().map(token_from_row).collect()
+    }
+
+    async fn revoke_token(&self, id: &str, at: Timestamp) -> Result<bool> {
+        let n =
+            sqlx::query("UPDATE tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
+                .bind(at.as_microsecond())
+                .bind(id)
+                .execute(&self.pool)
+                .await
+                .map_err(unavailable)?
+                .rows_affected();
+        Ok(n == 1)
+    }
+
+    async fn token_used(&self, id: &str, at: Timestamp) -> Result<()> {
+        sqlx::query("UPDATE tokens SET last_used_at = $1 WHERE id = $2")
+            .bind(at.as_microsecond())
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        Ok(())
     }
 
     async fn max_run_id(&self) -> Result<RunId> {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use dagcron_core::{AttemptState, FireOutcome};
 use dagcron_store::{
     ApplyResult, AttemptRecord, FireRecord, JobUpsert, Page, Result, RunId, RunRecord,
-    StorageError, Store, StoredJob, TaskRecord, Trigger, Write, WriteResult,
+    StorageError, Store, StoredJob, TaskRecord, TokenRecord, Trigger, Write, WriteResult,
 };
 use jiff::Timestamp;
 use sqlx::sqlite::{
@@ -175,6 +175,23 @@ impl SqliteStore {
 }
 
 const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing";
+
+const TOKEN_COLUMNS: &str =
+    "id, name, role, namespace, created_at, expires_at, last_used_at, revoked_at, created_by";
+
+fn token_from_row(row: &SqliteRow) -> Result<TokenRecord> {
+    Ok(TokenRecord {
+        id: row.get(0),
+        name: row.get(1),
+        role: row.get(2),
+        namespace: row.get(3),
+        created_at: ts(row.get(4))?,
+        expires_at: opt_ts(row.get(5))?,
+        last_used_at: opt_ts(row.get(6))?,
+        revoked_at: opt_ts(row.get(7))?,
+        created_by: row.get(8),
+    })
+}
 
 fn job_from_row(row: &SqliteRow) -> Result<StoredJob> {
     Ok(StoredJob {
@@ -382,6 +399,76 @@ impl Store for SqliteStore {
             limit,
             dagcron_store::run_cursor,
         ))
+    }
+
+    async fn create_token(&self, token: &TokenRecord, hash: &[u8]) -> Result<()> {
+        let (t, hash) = (token.clone(), hash.to_vec());
+        self.writer
+            .transaction(move |tx| {
+                tx.execute(
+                    "INSERT INTO tokens (id, name, role, namespace, hash, created_at, expires_at, created_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                    rusqlite::params![
+                        t.id,
+                        t.name,
+                        t.role,
+                        t.namespace,
+                        hash,
+                        t.created_at.as_microsecond(),
+                        t.expires_at.map(|e| e.as_microsecond()),
+                        t.created_by
+                    ],
+                )
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn find_token(&self, hash: &[u8]) -> Result<Option<TokenRecord>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {TOKEN_COLUMNS} FROM tokens WHERE hash = ?"
+        )))
+        .bind(hash)
+        .fetch_optional(&self.reader)
+        .await
+        .map_err(unavailable)?;
+        row.map(|r| token_from_row(&r)).transpose()
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY created_at, id"
+        )))
+        .fetch_all(&self.reader)
+        .await
+        .map_err(unavailable)?;
+        rows.iter().map(token_from_row).collect()
+    }
+
+    async fn revoke_token(&self, id: &str, at: Timestamp) -> Result<bool> {
+        let id = id.to_string();
+        let n = self
+            .writer
+            .transaction(move |tx| {
+                tx.execute(
+                    "UPDATE tokens SET revoked_at = ?1 WHERE id = ?2 AND revoked_at IS NULL",
+                    rusqlite::params![at.as_microsecond(), id],
+                )
+            })
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn token_used(&self, id: &str, at: Timestamp) -> Result<()> {
+        let id = id.to_string();
+        self.writer
+            .transaction(move |tx| {
+                tx.execute(
+                    "UPDATE tokens SET last_used_at = ?1 WHERE id = ?2",
+                    rusqlite::params![at.as_microsecond(), id],
+                )
+            })
+            .await?;
+        Ok(())
     }
 
     async fn max_run_id(&self) -> Result<RunId> {

@@ -19,6 +19,7 @@ macro_rules! conformance_tests {
             apply_is_idempotent_and_versioned,
             pause_delete_and_list_jobs,
             paused_in_a_file_and_through_the_api,
+            tokens_are_found_by_their_hash_and_revoked,
             a_fire_is_recorded_once,
             concurrent_fires_create_one_run,
             state_changes_are_compare_and_set,
@@ -205,6 +206,52 @@ pub async fn paused_in_a_file_and_through_the_api<S: Store>(s: &S) {
         .await
         .unwrap();
     assert!(!paused().await);
+}
+
+/// A token is found by the hash of its secret only; revoking it is recorded
+/// once; its use is noted.
+pub async fn tokens_are_found_by_their_hash_and_revoked<S: Store>(s: &S) {
+    let token = |id: &str, ns: Option<&str>| crate::TokenRecord {
+        id: id.into(),
+        name: format!("token {id}"),
+        role: "operator".into(),
+        namespace: ns.map(Into::into),
+        created_at: t(1),
+        expires_at: Some(t(1000)),
+        last_used_at: None,
+        revoked_at: None,
+        created_by: None,
+    };
+    s.create_token(&token("tok_a", None), b"hash-a")
+        .await
+        .unwrap();
+    s.create_token(&token("tok_b", Some("ns")), b"hash-b")
+        .await
+        .unwrap();
+    assert!(
+        s.create_token(&token("tok_c", None), b"hash-a")
+            .await
+            .is_err(),
+        "two tokens with one hash"
+    );
+    assert_eq!(
+        s.find_token(b"hash-b").await.unwrap(),
+        Some(token("tok_b", Some("ns")))
+    );
+    assert_eq!(s.find_token(b"nope").await.unwrap(), None);
+    s.token_used("tok_a", t(5)).await.unwrap();
+    assert!(s.revoke_token("tok_a", t(6)).await.unwrap());
+    assert!(
+        !s.revoke_token("tok_a", t(7)).await.unwrap(),
+        "revoked once"
+    );
+    assert!(!s.revoke_token("tok_zz", t(7)).await.unwrap());
+    let all = s.list_tokens().await.unwrap();
+    assert_eq!(all.len(), 2);
+    assert_eq!(
+        (all[0].last_used_at, all[0].revoked_at),
+        (Some(t(5)), Some(t(6)))
+    );
 }
 
 /// The ledger's unique key refuses a second record of the same fire, and the

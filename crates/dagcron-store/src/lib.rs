@@ -365,6 +365,30 @@ pub struct RunRecord {
     pub tasks: Vec<TaskRecord>,
 }
 
+/// An API token as stored: its identity and authority, never its secret
+/// (only a keyed hash of it, which [`Store::find_token`] looks up).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenRecord {
+    /// Public id, such as `tok_3f9a0c1d2e4b`.
+    pub id: String,
+    /// What it is for.
+    pub name: String,
+    /// `viewer`, `operator`, `developer` or `admin`.
+    pub role: String,
+    /// The namespace it is limited to; none: the whole instance.
+    pub namespace: Option<String>,
+    /// Created.
+    pub created_at: Timestamp,
+    /// Refused from then on.
+    pub expires_at: Option<Timestamp>,
+    /// Last accepted (updated at most about once a minute).
+    pub last_used_at: Option<Timestamp>,
+    /// Revoked: refused from then on.
+    pub revoked_at: Option<Timestamp>,
+    /// The id of the token that created it (none: the bootstrap).
+    pub created_by: Option<String>,
+}
+
 /// A row of the fire ledger.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FireRecord {
@@ -579,6 +603,21 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
         cursor: Option<&str>,
     ) -> impl Future<Output = Result<Page<RunRecord>>> + Send;
+    /// Stores a new API token with the keyed hash of its secret.
+    fn create_token(
+        &self,
+        token: &TokenRecord,
+        hash: &[u8],
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// The token whose secret has this keyed hash.
+    fn find_token(&self, hash: &[u8]) -> impl Future<Output = Result<Option<TokenRecord>>> + Send;
+    /// Every token, oldest first (revoked ones included).
+    fn list_tokens(&self) -> impl Future<Output = Result<Vec<TokenRecord>>> + Send;
+    /// Revokes a token; `false` if there is no such token or it was revoked already.
+    fn revoke_token(&self, id: &str, at: Timestamp) -> impl Future<Output = Result<bool>> + Send;
+    /// Notes that a token was just used.
+    fn token_used(&self, id: &str, at: Timestamp) -> impl Future<Output = Result<()>> + Send;
+
     /// The largest run id ever stored (ids keep increasing across restarts).
     fn max_run_id(&self) -> impl Future<Output = Result<RunId>> + Send;
     /// Asks the node that runs `run` to cancel it; `false` if no other node
