@@ -4,8 +4,10 @@
 //! Reads go to the store; changes go to the engine, which answers after
 //! they are committed. Errors are JSON: `{"error": {"code", "message", "details"}}`.
 
+pub mod auth;
 mod error;
 mod routes;
+pub mod tokens;
 pub mod wire;
 
 use std::sync::Arc;
@@ -28,6 +30,8 @@ pub struct AppState<S: Store> {
     pub workers: Option<dagcron_agents::AgentPool>,
     /// The largest request body accepted, in bytes (larger: `413`).
     pub max_body_bytes: usize,
+    /// The key token secrets are hashed under.
+    pub keyring: Arc<auth::Keyring>,
 }
 
 /// The default of [`AppState::max_body_bytes`]: 2 MiB, room for a job file
@@ -42,6 +46,7 @@ impl<S: Store> Clone for AppState<S> {
             cluster: self.cluster.clone(),
             workers: self.workers.clone(),
             max_body_bytes: self.max_body_bytes,
+            keyring: self.keyring.clone(),
         }
     }
 }

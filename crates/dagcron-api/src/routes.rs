@@ -1,7 +1,7 @@
 //! The handlers, one per route.
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
@@ -12,12 +12,14 @@ use jiff::Timestamp;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::auth::Principal;
 use crate::wire::{
     ApplyAnswer, ApplyItem, BackfillAnswer, BackfillBody, ClusterAnswer, ErrorBody, Errors,
     FireAnswer, FirePage, HealthAnswer, JobAnswer, JobPage, RunAnswer, RunPage, TriggerBody,
     WorkersAnswer,
 };
 use crate::{ApiError, AppState};
+use dagcron_core::authz::Need;
 
 /// The OpenAPI document of every route below.
 #[derive(utoipa::OpenApi)]
@@ -28,11 +30,50 @@ use crate::{ApiError, AppState};
     ),
     paths(
         health, openapi, cluster, workers, apply, list_jobs, get_job, put_job, delete_job, pause,
-        resume, trigger, backfill, list_runs, list_fires, get_run, cancel, get_log
+        resume, trigger, backfill, list_runs, list_fires, get_run, cancel, get_log,
+        crate::tokens::create_token, crate::tokens::list_tokens, crate::tokens::revoke_token
     ),
-    components(schemas(ErrorBody))
+    components(schemas(ErrorBody)),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
 )]
 pub(crate) struct ApiDoc;
+
+/// Declares the bearer token every operation but the public ones needs.
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{
+            Http, HttpAuthScheme, SecurityRequirement, SecurityScheme,
+        };
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+        // Liveness and this document need no token.
+        for path in ["/healthz", "/api/v1/openapi.json"] {
+            if let Some(op) = openapi
+                .paths
+                .paths
+                .get_mut(path)
+                .and_then(|i| i.get.as_mut())
+            {
+                op.security = Some(vec![SecurityRequirement::default()]);
+            }
+        }
+    }
+}
+
+fn no_job(ns: &str, name: &str) -> impl FnOnce() -> ApiError + use<> {
+    let message = format!("no job {ns}/{name}");
+    move || ApiError::not_found(message)
+}
+
+fn no_run(id: RunId) -> impl FnOnce() -> ApiError {
+    move || ApiError::not_found(format!("no run {id}"))
+}
 
 pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
     let max_body = state.max_body_bytes;
@@ -77,7 +118,19 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
             "/api/v1/runs/{id}/tasks/{task}/attempts/{n}/log",
             get(get_log::<S>),
         )
+        .route(
+            "/api/v1/tokens",
+            post(crate::tokens::create_token::<S>).get(crate::tokens::list_tokens::<S>),
+        )
+        .route(
+            "/api/v1/tokens/{id}",
+            axum::routing::delete(crate::tokens::revoke_token::<S>),
+        )
         .fallback(unknown_path)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::authenticate::<S>,
+        ))
         .with_state(state)
         .layer(axum::extract::DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::map_response(crate::error::json_errors))
@@ -136,7 +189,11 @@ async fn health<S: Store>(State(state): State<AppState<S>>) -> impl IntoResponse
 /// last heartbeat, clock offset, version.
 #[utoipa::path(get, path = "/api/v1/workers", tag = "cluster",
     responses((status = 200, body = WorkersAnswer), Errors))]
-async fn workers<S: Store>(State(state): State<AppState<S>>) -> Json<WorkersAnswer> {
+async fn workers<S: Store>(
+    State(state): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
+) -> Result<Json<WorkersAnswer>, ApiError> {
+    who.allow(Need::Read, None, || ApiError::not_found("no such path"))?;
     let pool = state.workers.as_ref();
     let items = pool
         .map(|p| p.workers())
@@ -147,10 +204,10 @@ async fn workers<S: Store>(State(state): State<AppState<S>>) -> Json<WorkersAnsw
     // Results that came back after their attempt had been given up on (a
     // stale fencing token): refused, and counted here.
     let stale = pool.map_or(0, |p| p.stale_results());
-    Json(WorkersAnswer {
+    Ok(Json(WorkersAnswer {
         items,
         stale_results_refused: stale,
-    })
+    }))
 }
 
 /// The nodes of the cluster, their leases, epochs, clock skew and jobs.
@@ -158,7 +215,9 @@ async fn workers<S: Store>(State(state): State<AppState<S>>) -> Json<WorkersAnsw
     responses((status = 200, body = ClusterAnswer), Errors))]
 async fn cluster<S: Store>(
     State(state): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
 ) -> Result<Json<ClusterAnswer>, ApiError> {
+    who.allow(Need::Read, None, || ApiError::not_found("no such path"))?;
     let Some(cluster) = &state.cluster else {
         return Err(ApiError::not_found(
             "this server runs alone on its embedded database; start it with --database postgres://... to form a cluster",
@@ -219,10 +278,19 @@ fn validate(file: &JobFile) -> Result<Vec<Job>, ApiError> {
     responses((status = 200, body = ApplyAnswer), Errors))]
 async fn apply<S: Store>(
     State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<ApplyAnswer>, ApiError> {
     let file: JobFile = parse_body(&headers, &body)?;
+    let ns = file.namespace.clone();
+    who.allow(Need::Develop, Some(&ns), || {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("this token may not apply jobs to namespace {ns}"),
+        )
+    })?;
     let jobs = validate(&file)?;
     let results = st.engine.apply(jobs).await?;
     let jobs = results
@@ -269,13 +337,24 @@ fn limit(q: Option<u32>) -> Result<u32, ApiError> {
     responses((status = 200, body = JobPage), Errors))]
 async fn list_jobs<S: Store>(
     State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
     Path(ns): Path<String>,
     Query(q): Query<PageQuery>,
 ) -> Result<Json<JobPage>, ApiError> {
-    let page = st
-        .store
-        .list_jobs(&ns, limit(q.limit)?, q.cursor.as_deref())
-        .await?;
+    let limit = limit(q.limit)?;
+    let empty = || JobPage {
+        items: vec![],
+        next_cursor: None,
+    };
+    match who.grant.decide(Need::Read, Some(&ns)) {
+        dagcron_core::authz::Decision::Allow => {}
+        // Another namespace than the token's: as if it had no jobs.
+        dagcron_core::authz::Decision::Hidden => return Ok(Json(empty())),
+        dagcron_core::authz::Decision::Forbidden => {
+            who.allow(Need::Read, Some(&ns), || ApiError::not_found(""))?
+        }
+    }
+    let page = st.store.list_jobs(&ns, limit, q.cursor.as_deref()).await?;
     Ok(Json(JobPage {
         items: page.items.iter().map(job_json).collect(),
         next_cursor: page.next_cursor,
@@ -299,8 +378,10 @@ async fn stored_job<S: Store>(
     responses((status = 200, body = JobAnswer), Errors))]
 async fn get_job<S: Store>(
     State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
     Path((ns, name)): Path<(String, String)>,
 ) -> Result<Json<JobAnswer>, ApiError> {
+    who.allow(Need::Read, Some(&ns), no_job(&ns, &name))?;
     Ok(Json(job_json(&stored_job(&st, &ns, &name).await?)))
 }
 
@@ -313,10 +394,12 @@ async fn get_job<S: Store>(
     responses((status = 200, body = JobAnswer), Errors))]
 async fn put_job<S: Store>(
     State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
     Path((ns, name)): Path<(String, String)>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<JobAnswer>, ApiError> {
+    who.allow(Need::Develop, Some(&ns), no_job(&ns, &name))?;
     let spec: JobSpec = parse_body(&headers, &body)?;
     if spec.name != name {
         return Err(ApiError::bad_request(format!(
@@ -338,8 +421,10 @@ async fn put_job<S: Store>(
     responses((status = 204, description = "Deleted"), Errors))]
 async fn delete_job<S: Store>(
     State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
     Path((ns, name)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
+    who.allow(Need::Develop, Some(&ns), no_job(&ns, &name))?;
     st.engine.delete(&ns, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -350,8 +435,10 @@ async fn delete_job<S: Store>(
     responses((status = 200, body = JobAnswer), Errors))]
 async fn pause<S: Store>(
     State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
     Path((ns, name)): Path<(String, String)>,
 ) -> Result<Json<JobAnswer>, ApiError> {
+    who.allow(Need::Operate, Some(&ns), no_job(&ns, &name))?;
     st.engine.pause(&ns, &name, true).await?;
     Ok(Json(job_json(&stored_job(&st, &ns, &name).await?)))
 }
@@ -362,8 +449,10 @@ async fn pause<S: Store>(
     responses((status = 200, body = JobAnswer), Errors))]
 async fn resume<S: Store>(
     State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
     Path((ns, name)): Path<(String, String)>,
 ) -> Result<Json<JobAnswer>, ApiError> {
+    who.allow(Need::Operate, Some(&ns), no_job(&ns, &name))?;
     st.engine.pause(&ns, &name, false).await?;
     Ok(Json(job_json(&stored_job(&st, &ns, &name).await?)))
 }
@@ -385,9 +474,11 @@ async fn run_json<S: Store>(st: &AppState<S>, id: RunId) -> Result<RunAnswer, Ap
     responses((status = 201, body = RunAnswer), Errors))]
 async fn trigger<S: Store>(
     State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
     Path((ns, name)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
+    who.allow(Need::Operate, Some(&ns), no_job(&ns, &name))?;
     let body: TriggerBody = if body.iter().all(u8::is_ascii_whitespace) {
         TriggerBody::default()
     } else {
@@ -419,9 +510,11 @@ async fn trigger<S: Store>(
     responses((status = 201, body = BackfillAnswer), Errors))]
 async fn backfill<S: Store>(
     State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
     Path((ns, name)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
+    who.allow(Need::Operate, Some(&ns), no_job(&ns, &name))?;
     let body: BackfillBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected {{\"from\": RFC 3339, \"to\": RFC 3339}}: {e}"
@@ -437,9 +530,11 @@ async fn backfill<S: Store>(
     responses((status = 200, body = RunPage), Errors))]
 async fn list_runs<S: Store>(
     State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
     Path((ns, name)): Path<(String, String)>,
     Query(q): Query<PageQuery>,
 ) -> Result<Json<RunPage>, ApiError> {
+    who.allow(Need::Read, Some(&ns), no_job(&ns, &name))?;
     let page = st
         .store
         .list_runs(&ns, &name, limit(q.limit)?, q.cursor.as_deref())
@@ -471,9 +566,11 @@ struct FiresQuery {
     responses((status = 200, body = FirePage), Errors))]
 async fn list_fires<S: Store>(
     State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
     Path((ns, name)): Path<(String, String)>,
     Query(q): Query<FiresQuery>,
 ) -> Result<Json<FirePage>, ApiError> {
+    who.allow(Need::Read, Some(&ns), no_job(&ns, &name))?;
     let limit = match q.limit {
         None => 1000,
         Some(n) if (1..=10_000).contains(&n) => n,
@@ -504,9 +601,12 @@ async fn list_fires<S: Store>(
     responses((status = 200, body = RunAnswer), Errors))]
 async fn get_run<S: Store>(
     State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<RunId>,
 ) -> Result<Json<RunAnswer>, ApiError> {
-    Ok(Json(run_json(&st, id).await?))
+    let run = run_json(&st, id).await?;
+    who.allow(Need::Read, Some(&run.namespace), no_run(id))?;
+    Ok(Json(run))
 }
 
 /// Cancels a run: its running attempts are stopped, the rest cancelled.
@@ -515,8 +615,11 @@ async fn get_run<S: Store>(
     responses((status = 200, body = RunAnswer), Errors))]
 async fn cancel<S: Store>(
     State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<RunId>,
 ) -> Result<Json<RunAnswer>, ApiError> {
+    let run = run_json(&st, id).await?;
+    who.allow(Need::Operate, Some(&run.namespace), no_run(id))?;
     st.engine.cancel(id).await?;
     Ok(Json(run_json(&st, id).await?))
 }
@@ -538,10 +641,16 @@ struct LogQuery {
     responses((status = 200, description = "The output, stdout and stderr interleaved", body = String, content_type = "text/plain"), Errors))]
 async fn get_log<S: Store>(
     State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
     Path((id, task, n)): Path<(RunId, String, u32)>,
     Query(q): Query<LogQuery>,
 ) -> Result<axum::response::Response, ApiError> {
     let text = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
+    let missing = || ApiError::not_found(format!("no attempt {n} of task {task} in run {id}"));
+    let Some(run) = st.store.get_run(id).await? else {
+        return Err(missing());
+    };
+    who.allow(Need::Read, Some(&run.namespace), missing)?;
     let log =
         st.store.read_log(id, &task, n).await?.ok_or_else(|| {
             ApiError::not_found(format!("no attempt {n} of task {task} in run {id}"))

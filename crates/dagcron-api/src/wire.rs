@@ -38,7 +38,14 @@ pub(crate) enum Errors {
     /// A path, query or body that does not parse or breaks a rule.
     #[response(status = 400)]
     BadRequest(#[to_schema] ErrorBody),
-    /// No such job, run, attempt or path.
+    /// No valid token: missing, unknown, expired or revoked.
+    #[response(status = 401)]
+    Unauthenticated(#[to_schema] ErrorBody),
+    /// The token's role does not allow this.
+    #[response(status = 403)]
+    Forbidden(#[to_schema] ErrorBody),
+    /// No such job, run, attempt or path (or one of another namespace than
+    /// the token's).
     #[response(status = 404)]
     NotFound(#[to_schema] ErrorBody),
     /// The method is not one this path takes.

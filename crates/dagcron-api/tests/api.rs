@@ -6,7 +6,9 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use dagcron_api::{AppState, router};
+use dagcron_core::authz::{Grant, Role};
 use dagcron_runtime::{Engine, EngineConfig, SystemClock};
+use dagcron_store::Store;
 use dagcron_store_sqlite::SqliteStore;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -15,6 +17,10 @@ use tower::ServiceExt;
 
 struct Api {
     app: axum::Router,
+    store: Arc<SqliteStore>,
+    keyring: dagcron_api::auth::Keyring,
+    /// An instance-admin token, sent by `call`.
+    token: String,
     _dir: tempfile::TempDir,
     _shutdown: tokio_util::sync::DropGuard,
 }
@@ -31,20 +37,47 @@ async fn api() -> Api {
     .unwrap();
     let shutdown = CancellationToken::new();
     tokio::spawn(engine.run(shutdown.clone(), Duration::from_secs(1)));
-    Api {
+    let keyring = dagcron_api::auth::Keyring::from_bytes([7; 32]);
+    let mut api = Api {
         app: router(AppState {
             cluster: None,
             workers: None,
-            store,
+            store: store.clone(),
             engine: handle,
             max_body_bytes: 64 << 10,
+            keyring: Arc::new(keyring.clone()),
         }),
+        store,
+        keyring,
+        token: String::new(),
         _dir: dir,
         _shutdown: shutdown.drop_guard(),
-    }
+    };
+    api.token = api.token_with(Role::Admin, None).await;
+    api
 }
 
 impl Api {
+    /// Stores a new token with this grant; returns its secret.
+    async fn token_with(&self, role: Role, namespace: Option<&str>) -> String {
+        let grant = Grant {
+            role,
+            namespace: namespace.map(Into::into),
+        };
+        let (record, secret) = dagcron_api::auth::new_token(
+            &format!("{role} {namespace:?}"),
+            &grant,
+            None,
+            None,
+            jiff::Timestamp::now(),
+        );
+        self.store
+            .create_token(&record, &self.keyring.hash(&secret))
+            .await
+            .unwrap();
+        secret
+    }
+
     async fn call(
         &self,
         method: Method,
@@ -52,12 +85,26 @@ impl Api {
         content_type: &str,
         body: &str,
     ) -> (StatusCode, Value) {
-        let req = Request::builder()
+        self.call_as(Some(&self.token), method, uri, content_type, body)
+            .await
+    }
+
+    async fn call_as(
+        &self,
+        token: Option<&str>,
+        method: Method,
+        uri: &str,
+        content_type: &str,
+        body: &str,
+    ) -> (StatusCode, Value) {
+        let mut req = Request::builder()
             .method(method)
             .uri(uri)
-            .header("content-type", content_type)
-            .body(Body::from(body.to_string()))
-            .unwrap();
+            .header("content-type", content_type);
+        if let Some(token) = token {
+            req = req.header("authorization", format!("Bearer {token}"));
+        }
+        let req = req.body(Body::from(body.to_string())).unwrap();
         let resp = self.app.clone().oneshot(req).await.unwrap();
         let status = resp.status();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
@@ -428,6 +475,7 @@ async fn regression_only_grpc_requests_reach_the_grpc_service() {
             .method(Method::POST)
             .uri("/dagcron.agent.v1.Agents/Session")
             .header("content-type", content_type)
+            .header("authorization", format!("Bearer {}", api.token))
             .body(Body::empty())
             .unwrap();
         let resp = app.clone().oneshot(req).await.unwrap();
@@ -513,4 +561,368 @@ async fn the_openapi_document_describes_every_route() {
             "{method} {uri} answered {status}, which its document does not list"
         );
     }
+}
+
+/// Who a route is for: which grant it needs, on what.
+#[derive(Clone, Copy, Debug)]
+enum Guard {
+    /// Anyone, no token.
+    Public,
+    /// A role in the namespace of the object (`a` here).
+    Namespace(Role),
+    /// A role over the instance.
+    Instance(Role),
+    /// Token administration: an admin over the token's namespace (`a`).
+    Tokens,
+}
+
+/// Every route the router declares, with the guard it must enforce. A
+/// route missing here fails the test: no route goes unclassified.
+fn guard_of(method: &str, path: &str) -> Option<Guard> {
+    use Guard::*;
+    use Role::*;
+    Some(match (method, path) {
+        ("get", "/healthz" | "/api/v1/openapi.json") => Public,
+        ("get", "/api/v1/cluster" | "/api/v1/workers") => Instance(Viewer),
+        ("post", "/api/v1/apply") => Namespace(Developer),
+        ("get", "/api/v1/namespaces/{ns}/jobs") => Namespace(Viewer),
+        ("get", "/api/v1/namespaces/{ns}/jobs/{name}") => Namespace(Viewer),
+        ("put" | "delete", "/api/v1/namespaces/{ns}/jobs/{name}") => Namespace(Developer),
+        (
+            "post",
+            "/api/v1/namespaces/{ns}/jobs/{name}/pause"
+            | "/api/v1/namespaces/{ns}/jobs/{name}/resume"
+            | "/api/v1/namespaces/{ns}/jobs/{name}/trigger"
+            | "/api/v1/namespaces/{ns}/jobs/{name}/backfill",
+        ) => Namespace(Operator),
+        (
+            "get",
+            "/api/v1/namespaces/{ns}/jobs/{name}/runs"
+            | "/api/v1/namespaces/{ns}/jobs/{name}/fires",
+        ) => Namespace(Viewer),
+        ("get", "/api/v1/runs/{id}" | "/api/v1/runs/{id}/tasks/{task}/attempts/{n}/log") => {
+            Namespace(Viewer)
+        }
+        ("post", "/api/v1/runs/{id}/cancel") => Namespace(Operator),
+        ("post" | "get", "/api/v1/tokens") | ("delete", "/api/v1/tokens/{id}") => Tokens,
+        _ => return None,
+    })
+}
+
+/// Every route, reached with no token and with every role in the object's
+/// namespace, in another namespace and over the instance: each answer is
+/// what the route's guard says (`401`, `403`, a hidden `404`, or served).
+#[tokio::test]
+async fn every_route_is_guarded_for_every_role() {
+    let api = api().await;
+    let (status, _) = api
+        .call(
+            Method::POST,
+            "/api/v1/apply",
+            "application/yaml",
+            "namespace: a\njobs:\n  - { name: j, tasks: [{ id: t, noop: true }] }\n",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, run) = api.post("/api/v1/namespaces/a/jobs/j/trigger", "{}").await;
+    let run = run["id"].as_i64().unwrap();
+    api.wait_run(&json!(run)).await;
+    let unclassified: Vec<_> = declared_routes()
+        .into_iter()
+        .filter(|(m, p)| guard_of(m, p).is_none())
+        .collect();
+    assert!(
+        unclassified.is_empty(),
+        "routes nobody classified: {unclassified:?}"
+    );
+    let body_for = |path: &str| match path {
+        "/api/v1/apply" => r#"{"namespace": "a", "jobs": []}"#.to_string(),
+        "/api/v1/namespaces/{ns}/jobs/{name}" => r#"{"name": "other", "tasks": []}"#.into(),
+        "/api/v1/namespaces/{ns}/jobs/{name}/backfill" => {
+            r#"{"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"}"#.into()
+        }
+        "/api/v1/tokens" => r#"{"name": "x", "role": "viewer", "namespace": "a"}"#.into(),
+        _ => "{}".into(),
+    };
+    let mut grants: Vec<Option<(Role, Option<&str>)>> = vec![None];
+    for role in Role::ALL {
+        for ns in [Some("a"), Some("b"), None] {
+            grants.push(Some((role, ns)));
+        }
+    }
+    let mut checked = 0;
+    for (method, path) in declared_routes() {
+        let guard = guard_of(&method, &path).unwrap();
+        for grant in &grants {
+            let token = match grant {
+                Some((role, ns)) => Some(api.token_with(*role, *ns).await),
+                None => None,
+            };
+            let uri = path
+                .replace("{ns}", "a")
+                .replace("{name}", if method == "delete" { "gone" } else { "j" })
+                .replace(
+                    "{id}",
+                    &if path.starts_with("/api/v1/tokens") {
+                        "tok_none".into()
+                    } else {
+                        run.to_string()
+                    },
+                )
+                .replace("{task}", "t")
+                .replace("{n}", "1");
+            let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let (status, value) = api
+                .call_as(
+                    token.as_deref(),
+                    m,
+                    &uri,
+                    "application/json",
+                    &body_for(&path),
+                )
+                .await;
+            let what = format!("{method} {uri} as {grant:?}: {status} {value}");
+            let expected: &[StatusCode] = match (guard, grant) {
+                (Guard::Public, _) => &[StatusCode::OK],
+                (_, None) => &[StatusCode::UNAUTHORIZED],
+                (Guard::Namespace(need), Some((role, ns))) => match ns {
+                    // Another namespace's listing looks empty, its objects absent.
+                    Some("b") if path == "/api/v1/namespaces/{ns}/jobs" => {
+                        assert_eq!(value["items"], json!([]), "{what}");
+                        &[StatusCode::OK]
+                    }
+                    // Applying a file names its namespace: refused, not hidden.
+                    Some("b") if path == "/api/v1/apply" => &[StatusCode::FORBIDDEN],
+                    Some("b") => &[StatusCode::NOT_FOUND],
+                    _ if role < &need => &[StatusCode::FORBIDDEN],
+                    _ => &[],
+                },
+                (Guard::Instance(need), Some((role, ns))) => {
+                    if ns.is_some() || role < &need {
+                        &[StatusCode::FORBIDDEN]
+                    } else {
+                        &[]
+                    }
+                }
+                (Guard::Tokens, Some((role, ns))) => {
+                    let lists = method == "get";
+                    if *role != Role::Admin || (!lists && *ns == Some("b") && method == "post") {
+                        &[StatusCode::FORBIDDEN]
+                    } else {
+                        &[]
+                    }
+                }
+            };
+            if expected.is_empty() {
+                assert!(
+                    ![StatusCode::UNAUTHORIZED, StatusCode::FORBIDDEN].contains(&status)
+                        && !status.is_server_error(),
+                    "served: {what}"
+                );
+            } else {
+                assert!(expected.contains(&status), "expected {expected:?}: {what}");
+            }
+            assert!(
+                value.get("error").is_some() || status.is_success(),
+                "{what}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 21 * 13, "{checked}");
+}
+
+/// No token, a malformed one, an unknown one, a revoked one and an expired
+/// one are all refused with `401` in the JSON error shape.
+#[tokio::test]
+async fn calls_without_a_valid_token_are_refused() {
+    let api = api().await;
+    let grant = Grant {
+        role: Role::Admin,
+        namespace: None,
+    };
+    let now = jiff::Timestamp::now();
+    let (revoked, revoked_secret) = dagcron_api::auth::new_token("r", &grant, None, None, now);
+    api.store
+        .create_token(&revoked, &api.keyring.hash(&revoked_secret))
+        .await
+        .unwrap();
+    api.store.revoke_token(&revoked.id, now).await.unwrap();
+    let past = now.checked_sub(jiff::SignedDuration::from_secs(1)).unwrap();
+    let (expired, expired_secret) =
+        dagcron_api::auth::new_token("e", &grant, Some(past), None, now);
+    api.store
+        .create_token(&expired, &api.keyring.hash(&expired_secret))
+        .await
+        .unwrap();
+    // The same secret under another server key is unknown.
+    let other_key = dagcron_api::auth::Keyring::from_bytes([8; 32]);
+    assert_ne!(other_key.hash(&api.token), api.keyring.hash(&api.token));
+    for token in [
+        None,
+        Some("garbage"),
+        Some("dgc_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"),
+        Some(revoked_secret.as_str()),
+        Some(expired_secret.as_str()),
+    ] {
+        let (status, value) = api
+            .call_as(token, Method::GET, "/api/v1/namespaces/a/jobs", "", "")
+            .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{token:?}: {value}");
+        assert_eq!(value["error"]["code"], "unauthenticated");
+    }
+    let (status, _) = api.call_as(None, Method::GET, "/healthz", "", "").await;
+    assert_eq!(status, StatusCode::OK, "liveness needs no token");
+}
+
+/// `GET /api/v1/runs/{id}` answered for any namespace; a scoped token now
+/// sees another namespace's runs, logs, jobs and fires as absent.
+#[tokio::test]
+async fn regression_a_scoped_token_sees_nothing_of_another_namespace() {
+    let api = api().await;
+    api.call(
+        Method::POST,
+        "/api/v1/apply",
+        "application/yaml",
+        "namespace: b\njobs:\n  - { name: secret-job, tasks: [{ id: t, shell: 'echo hidden' }] }\n",
+    )
+    .await;
+    let (_, run) = api
+        .post("/api/v1/namespaces/b/jobs/secret-job/trigger", "{}")
+        .await;
+    let id = run["id"].as_i64().unwrap();
+    api.wait_run(&json!(id)).await;
+    let a = api.token_with(Role::Admin, Some("a")).await;
+    let as_a = async |uri: &str| api.call_as(Some(&a), Method::GET, uri, "", "").await;
+    let (status, hidden) = as_a(&format!("/api/v1/runs/{id}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, absent) = as_a("/api/v1/runs/1").await;
+    assert_eq!(
+        hidden["error"]["message"]
+            .as_str()
+            .unwrap()
+            .replace(&id.to_string(), "ID"),
+        absent["error"]["message"]
+            .as_str()
+            .unwrap()
+            .replace('1', "ID"),
+        "a hidden run looks like an absent one"
+    );
+    let (status, _) = as_a(&format!("/api/v1/runs/{id}/tasks/t/attempts/1/log")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = as_a("/api/v1/namespaces/b/jobs/secret-job/fires").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, jobs) = as_a("/api/v1/namespaces/b/jobs").await;
+    assert_eq!((status, jobs["items"].clone()), (StatusCode::OK, json!([])));
+    let (status, _) = api
+        .call_as(
+            Some(&a),
+            Method::POST,
+            &format!("/api/v1/runs/{id}/cancel"),
+            "",
+            "",
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+/// A token gets at most its creator's authority; its secret is answered
+/// once and stored only as a keyed hash; a revoked token is refused.
+#[tokio::test]
+async fn tokens_are_created_within_their_creators_authority() {
+    let api = api().await;
+    let ns_admin = api.token_with(Role::Admin, Some("a")).await;
+    let developer = api.token_with(Role::Developer, Some("a")).await;
+    let create = async |token: &str, body: Value| {
+        api.call_as(
+            Some(token),
+            Method::POST,
+            "/api/v1/tokens",
+            "application/json",
+            &body.to_string(),
+        )
+        .await
+    };
+    // Beyond the creator's authority: refused.
+    for (token, body) in [
+        (
+            &developer,
+            json!({ "name": "x", "role": "viewer", "namespace": "a" }),
+        ),
+        (&ns_admin, json!({ "name": "x", "role": "viewer" })),
+        (
+            &ns_admin,
+            json!({ "name": "x", "role": "viewer", "namespace": "b" }),
+        ),
+    ] {
+        let (status, value) = create(token, body).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{value}");
+    }
+    for body in [
+        json!({ "name": "", "role": "viewer", "namespace": "a" }),
+        json!({ "name": "x", "role": "root", "namespace": "a" }),
+        json!({ "name": "x", "role": "viewer", "namespace": "a", "expires_in": "-1d" }),
+        json!({ "name": "x", "role": "viewer", "namespace": "../a" }),
+    ] {
+        let (status, value) = create(&ns_admin, body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{value}");
+    }
+    let (status, made) = create(
+        &ns_admin,
+        json!({ "name": "ci", "role": "operator", "namespace": "a", "expires_in": "30d" }),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    let secret = made["token"].as_str().unwrap().to_string();
+    assert!(secret.starts_with("dgc_"));
+    // Listed, never with its secret; the namespace admin sees only its own.
+    let (_, list) = api
+        .call_as(Some(&ns_admin), Method::GET, "/api/v1/tokens", "", "")
+        .await;
+    assert!(!list.to_string().contains(&secret));
+    assert!(
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["namespace"] == "a")
+    );
+    let stored = api.store.list_tokens().await.unwrap();
+    assert!(stored.iter().any(|t| t.id == made["details"]["id"]));
+    // The new token works, within its role; once revoked it is refused.
+    let (status, _) = api
+        .call_as(
+            Some(&secret),
+            Method::POST,
+            "/api/v1/namespaces/a/jobs/j/pause",
+            "",
+            "",
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "an operator may pause (there is no such job)"
+    );
+    let id = made["details"]["id"].as_str().unwrap();
+    let (status, _) = api
+        .call_as(
+            Some(&ns_admin),
+            Method::DELETE,
+            &format!("/api/v1/tokens/{id}"),
+            "",
+            "",
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _) = api
+        .call_as(
+            Some(&secret),
+            Method::GET,
+            "/api/v1/namespaces/a/jobs",
+            "",
+            "",
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
 }

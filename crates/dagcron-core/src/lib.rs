@@ -5,6 +5,7 @@
 //! **No I/O, no clock, no randomness of its own:** time and random numbers
 //! are arguments, so a test can replay any instant and pin every delay.
 
+pub mod authz;
 pub mod dag;
 pub mod duration;
 pub mod model;

@@ -21,6 +21,31 @@ pub(crate) struct Conn {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// The API token to send [default: for a server on this machine, the
+    /// admin.token file in $DAGCRON_DATA_DIR or ./dagcron-data].
+    #[arg(long, global = true, env = "DAGCRON_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+/// The token to send: the one given, or for a server on this machine
+/// (loopback), the instance-admin token its first start wrote.
+fn token_for(conn: &Conn) -> Option<String> {
+    if let Some(t) = &conn.token {
+        return Some(t.trim().to_string());
+    }
+    let url = reqwest::Url::parse(&conn.server).ok()?;
+    let local = match url.host()? {
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
+        url::Host::Domain(name) => name == "localhost",
+    };
+    if !local {
+        return None;
+    }
+    let dir = std::env::var_os("DAGCRON_DATA_DIR")
+        .map_or_else(|| PathBuf::from("./dagcron-data"), PathBuf::from);
+    let text = std::fs::read_to_string(dir.join("admin.token")).ok()?;
+    Some(text.trim().to_string())
 }
 
 #[derive(Subcommand)]
@@ -56,6 +81,9 @@ pub(crate) enum ClientCommand {
     /// Remote worker agents connected to the server.
     #[command(subcommand)]
     Workers(WorkersCommand),
+    /// API tokens: create, list, revoke; bootstrap a cluster's first one.
+    #[command(subcommand)]
+    Tokens(TokensCommand),
     /// Create runs for every fire of a job in a time range.
     Backfill {
         /// NAMESPACE/JOB.
@@ -66,6 +94,42 @@ pub(crate) enum ClientCommand {
         /// End (RFC 3339, exclusive).
         #[arg(long)]
         to: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum TokensCommand {
+    /// Create a token and print its secret (shown this once).
+    Create {
+        /// What it is for.
+        #[arg(long)]
+        name: String,
+        /// viewer, operator, developer or admin (at most your own).
+        #[arg(long)]
+        role: String,
+        /// Limit it to one namespace (default: the whole instance).
+        #[arg(long)]
+        namespace: Option<String>,
+        /// Valid for this long, such as 30d (default: until revoked).
+        #[arg(long)]
+        expires: Option<String>,
+    },
+    /// The tokens you administer (never their secrets).
+    List,
+    /// Revoke a token: it is refused from then on.
+    Revoke {
+        /// Its id (tok_...).
+        id: String,
+    },
+    /// Create a cluster's server key file (if missing) and its first
+    /// instance-admin token, directly in the database; prints the token.
+    Bootstrap {
+        /// The cluster's PostgreSQL URL.
+        #[arg(long, env = "DAGCRON_DATABASE_URL")]
+        database: String,
+        /// The server key file every node is started with (--key-file).
+        #[arg(long, env = "DAGCRON_KEY_FILE")]
+        key_file: PathBuf,
     },
 }
 
@@ -143,8 +207,20 @@ struct Client {
 impl Client {
     fn new(conn: &Conn) -> Client {
         let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = token_for(conn) {
+            if let Ok(mut value) =
+                reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+            {
+                value.set_sensitive(true);
+                headers.insert(reqwest::header::AUTHORIZATION, value);
+            }
+        }
         Client {
-            http: reqwest::Client::new(),
+            http: reqwest::Client::builder()
+                .default_headers(headers)
+                .build()
+                .unwrap_or_default(),
             base: conn.server.trim_end_matches('/').to_string(),
         }
     }
@@ -524,6 +600,7 @@ pub(crate) async fn run(cmd: ClientCommand, conn: Conn) -> Result<ExitCode> {
                 print_cluster(&mut out, &v)?;
             }
         }
+        ClientCommand::Tokens(cmd) => tokens(cmd, &conn, &mut out).await?,
         ClientCommand::Backfill { job, from, to } => {
             let v = Client::new(&conn)
                 .post(
@@ -543,4 +620,109 @@ pub(crate) async fn run(cmd: ClientCommand, conn: Conn) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn tokens(cmd: TokensCommand, conn: &Conn, out: &mut impl Write) -> Result<()> {
+    match cmd {
+        TokensCommand::Create {
+            name,
+            role,
+            namespace,
+            expires,
+        } => {
+            let v = Client::new(conn)
+                .post(
+                    "/api/v1/tokens",
+                    json!({ "name": name, "role": role, "namespace": namespace, "expires_in": expires }),
+                )
+                .await?;
+            if conn.json {
+                print_json(out, &v)?;
+            } else {
+                writeln!(out, "{}", s(&v["token"]))?;
+                eprintln!(
+                    "token {} ({} {}): the secret above is shown only this once",
+                    s(&v["details"]["id"]),
+                    s(&v["details"]["role"]),
+                    v["details"]["namespace"]
+                        .as_str()
+                        .map_or("over the instance".to_string(), |n| format!(
+                            "in namespace {n}"
+                        ))
+                );
+            }
+        }
+        TokensCommand::List => {
+            let v = Client::new(conn).get("/api/v1/tokens").await?;
+            if conn.json {
+                print_json(out, &v)?;
+            } else {
+                writeln!(
+                    out,
+                    "{:<18} {:<10} {:<16} {:<28} {:<28} NAME",
+                    "ID", "ROLE", "NAMESPACE", "LAST_USED", "STATE"
+                )?;
+                for t in v["items"].as_array().into_iter().flatten() {
+                    let state = if !t["revoked_at"].is_null() {
+                        format!("revoked {}", s(&t["revoked_at"]))
+                    } else if !t["expires_at"].is_null() {
+                        format!("expires {}", s(&t["expires_at"]))
+                    } else {
+                        "valid".into()
+                    };
+                    writeln!(
+                        out,
+                        "{:<18} {:<10} {:<16} {:<28} {:<28} {}",
+                        s(&t["id"]),
+                        s(&t["role"]),
+                        t["namespace"].as_str().unwrap_or("*"),
+                        t["last_used_at"].as_str().unwrap_or("never"),
+                        state,
+                        s(&t["name"])
+                    )?;
+                }
+            }
+        }
+        TokensCommand::Revoke { id } => {
+            let c = Client::new(conn);
+            c.send(c.http.delete(format!("{}/api/v1/tokens/{id}", c.base)))
+                .await?;
+            writeln!(out, "revoked {id}")?;
+        }
+        TokensCommand::Bootstrap { database, key_file } => {
+            use dagcron_store::Store;
+            let (keyring, created) = dagcron_api::auth::Keyring::load_or_create(&key_file)
+                .with_context(|| format!("the server key {}", key_file.display()))?;
+            if created {
+                eprintln!(
+                    "created the server key {} (0600): start every node with --key-file pointing at a copy of it",
+                    key_file.display()
+                );
+            }
+            let store = dagcron_store_postgres::PgStore::connect(&database, 2)
+                .await
+                .context("opening the PostgreSQL database")?;
+            let grant = dagcron_core::authz::Grant {
+                role: dagcron_core::authz::Role::Admin,
+                namespace: None,
+            };
+            let (record, secret) = dagcron_api::auth::new_token(
+                "admin (bootstrap)",
+                &grant,
+                None,
+                None,
+                jiff::Timestamp::now(),
+            );
+            store
+                .create_token(&record, &keyring.hash(&secret))
+                .await
+                .context("storing the token")?;
+            writeln!(out, "{secret}")?;
+            eprintln!(
+                "instance-admin token {}: the secret above is shown only this once",
+                record.id
+            );
+        }
+    }
+    Ok(())
 }

@@ -10,8 +10,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use dagcron_agents::{AgentPool, PoolConfig};
+use dagcron_api::auth::Keyring;
 use dagcron_api::{AppState, router};
 use dagcron_core::JobFile;
+use dagcron_core::authz::{Grant, Role};
 use dagcron_runtime::cluster::{self, ClusterConfig, Coordinator};
 use dagcron_runtime::{Engine, EngineConfig, RemoteWorkers, SystemClock};
 use dagcron_store::cluster::Coordination;
@@ -72,6 +74,11 @@ pub(crate) struct ServeArgs {
     /// The largest API request body, in bytes; larger ones get 413 [default: 2097152].
     #[arg(long, env = "DAGCRON_MAX_BODY_BYTES")]
     max_body_bytes: Option<usize>,
+    /// The server key that API tokens are hashed under (32 bytes) [default:
+    /// DATA_DIR/server.key, created on the first start; required in a
+    /// cluster, the same file on every node: `dagcron tokens bootstrap` makes one].
+    #[arg(long, env = "DAGCRON_KEY_FILE")]
+    key_file: Option<PathBuf>,
 }
 
 /// The configuration file. Unknown keys are an error, so that a typo does
@@ -91,6 +98,7 @@ struct FileConfig {
     misfire_grace: Option<u64>,
     shutdown_grace: Option<u64>,
     max_body_bytes: Option<usize>,
+    key_file: Option<PathBuf>,
 }
 
 /// The settings in force.
@@ -107,6 +115,7 @@ struct Settings {
     misfire_grace: u64,
     shutdown_grace: u64,
     max_body_bytes: usize,
+    key_file: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -150,6 +159,7 @@ impl ServeArgs {
                 .max_body_bytes
                 .or(file.max_body_bytes)
                 .unwrap_or(dagcron_api::DEFAULT_MAX_BODY_BYTES),
+            key_file: self.key_file.clone().or(file.key_file),
         };
         anyhow::ensure!(settings.pool_size > 0, "pool_size must be at least 1");
         anyhow::ensure!(
@@ -212,14 +222,28 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
     let address = listener.local_addr()?;
 
     let Some(url) = &args.database else {
-        std::fs::create_dir_all(&args.data_dir)
-            .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
+        private_dir(&args.data_dir)?;
         let db = args.data_dir.join("dagcron.db");
         let store = Arc::new(
             SqliteStore::open(&db)
                 .await
                 .with_context(|| format!("opening {}", db.display()))?,
         );
+        private_files(&db)?;
+        let key_file = args
+            .key_file
+            .clone()
+            .unwrap_or_else(|| args.data_dir.join("server.key"));
+        let (keyring, new_key) = Keyring::load_or_create(&key_file)
+            .with_context(|| format!("reading the server key {}", key_file.display()))?;
+        let keyring = Arc::new(keyring);
+        bootstrap_admin(
+            &*store,
+            &keyring,
+            new_key,
+            &args.data_dir.join("admin.token"),
+        )
+        .await?;
         let (engine, handle) = Engine::start(store.clone(), clock, config)
             .await
             .context("starting the engine")?;
@@ -235,6 +259,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
             cluster: None,
             workers: Some(agents),
             max_body_bytes: args.max_body_bytes,
+            keyring,
         };
         let api = serve_api(listener, state, demo, api_stop.clone()).await?;
         let result = engine_task.await.context("engine task")?;
@@ -245,6 +270,15 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     };
 
+    let Some(key_file) = &args.key_file else {
+        anyhow::bail!(
+            "a cluster node needs the server key that API tokens are hashed under, the same file on every node: pass --key-file (DAGCRON_KEY_FILE); `dagcron tokens bootstrap --database URL --key-file FILE` creates it with the first admin token"
+        );
+    };
+    let keyring = Arc::new(
+        Keyring::load(key_file)
+            .with_context(|| format!("reading the server key {}", key_file.display()))?,
+    );
     let store = PgStore::connect(url, (args.pool_size as u32).clamp(4, 32))
         .await
         .context("opening the PostgreSQL database")?;
@@ -301,6 +335,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         cluster: Some(cluster),
         workers: Some(agents),
         max_body_bytes: args.max_body_bytes,
+        keyring,
     };
     let api = serve_api(listener, state, demo, api_stop.clone()).await?;
     let fenced = |e: &StorageError| matches!(e, StorageError::Fenced(_));
@@ -339,6 +374,76 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
     let _ = api.await;
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Creates the data directory, or tightens an existing one, so that only
+/// this user can enter it (0700).
+fn private_dir(dir: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating data directory {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("making {} private", dir.display()))
+}
+
+/// Makes the database file and its journals readable by this user only (0600).
+fn private_files(db: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for suffix in ["", "-wal", "-shm"] {
+        let path = std::path::PathBuf::from(format!("{}{suffix}", db.display()));
+        if path.exists() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("making {} private", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// On the first start (no token at all), creates an instance-admin token
+/// and writes it to `file` (0600), for the command line on this machine.
+/// Tokens stored under a key that is gone can never be checked again: that
+/// is an error, not a reason to make a new key silently.
+pub(crate) async fn bootstrap_admin<S: Store>(
+    store: &S,
+    keyring: &Keyring,
+    new_key: bool,
+    file: &std::path::Path,
+) -> Result<()> {
+    let tokens = store.list_tokens().await.context("reading the tokens")?;
+    if !tokens.is_empty() {
+        anyhow::ensure!(
+            !new_key,
+            "the database holds API tokens but the server key they were hashed under is missing (a new one was just created); restore the old key file, or move the new one aside and revoke the tokens"
+        );
+        return Ok(());
+    }
+    let grant = Grant {
+        role: Role::Admin,
+        namespace: None,
+    };
+    let (record, secret) = dagcron_api::auth::new_token(
+        "admin (bootstrap)",
+        &grant,
+        None,
+        None,
+        jiff::Timestamp::now(),
+    );
+    let _ = std::fs::remove_file(file);
+    dagcron_api::auth::write_private(file, format!("{secret}\n").as_bytes())
+        .with_context(|| format!("writing {}", file.display()))?;
+    store
+        .create_token(&record, &keyring.hash(&secret))
+        .await
+        .context("storing the admin token")?;
+    tracing::info!(
+        "created the instance-admin token {}; its secret is in {} (the command line on this machine reads it)",
+        record.id,
+        file.display()
+    );
+    Ok(())
 }
 
 /// The machine's host name and the API's port: unique among the nodes of a

@@ -78,13 +78,16 @@ fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
 }
 
 fn log(server: &Server, id: i64, task: &str, attempt: u32) -> String {
-    reqwest::blocking::get(format!(
-        "{}/api/v1/runs/{id}/tasks/{task}/attempts/{attempt}/log",
-        server.url
-    ))
-    .unwrap()
-    .text()
-    .unwrap()
+    server
+        .http()
+        .get(format!(
+            "{}/api/v1/runs/{id}/tasks/{task}/attempts/{attempt}/log",
+            server.url
+        ))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap()
 }
 
 #[test]

@@ -27,6 +27,10 @@ struct Cluster {
     ttl_ms: u64,
     /// More flags for every node.
     extra: Vec<String>,
+    /// The server key file every node is started with.
+    key_file: std::path::PathBuf,
+    /// The instance-admin token made by `dagcron tokens bootstrap`.
+    token: String,
 }
 
 impl Cluster {
@@ -37,7 +41,22 @@ impl Cluster {
     fn with_flags(label: &str, size: usize, ttl_ms: u64, extra: &[&str]) -> Cluster {
         let (dir, _) = setup();
         let db = TestDatabase::create_blocking(label);
+        // The cluster's first token and server key, as an operator makes them.
+        let key_file = dir.path().join("server.key");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dagcron"))
+            .args(["tokens", "bootstrap", "--database", &db.url, "--key-file"])
+            .arg(&key_file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
         let mut cluster = Cluster {
+            key_file,
+            token,
             db,
             dir,
             ports: (0..size).map(|_| free_port()).collect(),
@@ -71,10 +90,13 @@ impl Cluster {
             &ttl,
             "--misfire-grace",
             "0",
+            "--key-file",
+            self.key_file.to_str().unwrap(),
         ];
         args.extend(self.extra.iter().map(String::as_str));
         let mut server = Server::spawn(&args, self.ports[i], &log);
         server.namespace = "c".into();
+        server.token = Some(self.token.clone());
         self.nodes[i] = Some(server);
     }
 
@@ -435,8 +457,10 @@ fn ten_thousand_jobs_are_shared_evenly_by_three_nodes() {
         assert!((3_000..=3_667).contains(n), "uneven shares: {owned:?}");
     }
     // The same view from the command line.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dagcron"))
-        .args(["--server", &cluster.node(1).url, "cluster", "status"])
+    let out = cluster
+        .node(1)
+        .cli()
+        .args(["cluster", "status"])
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -452,7 +476,9 @@ fn ten_thousand_jobs_are_shared_evenly_by_three_nodes() {
     eprintln!("10,000 jobs over 3 nodes: {owned:?}");
     // Deletions through one node reach every node (the owners count one less).
     for name in ["b0-0000", "b1-0001", "b2-0002"] {
-        let resp = reqwest::blocking::Client::new()
+        let resp = cluster
+            .node(2)
+            .http()
             .delete(format!(
                 "{}/api/v1/namespaces/c/jobs/{name}",
                 cluster.node(2).url
@@ -851,11 +877,9 @@ fn regression_a_partitioned_node_kills_its_attempts_before_its_lease_ends() {
         "{}/api/v1/namespaces/c/jobs/work/pause",
         cluster.node(0).url
     );
+    let http = cluster.node(0).http();
     std::thread::spawn(move || {
-        let _ = reqwest::blocking::Client::new()
-            .post(url)
-            .timeout(Duration::from_secs(30))
-            .send();
+        let _ = http.post(url).timeout(Duration::from_secs(30)).send();
     });
     let status = {
         let node = cluster.node_mut(0);

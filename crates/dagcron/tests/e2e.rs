@@ -336,8 +336,9 @@ fn following_a_running_attempt_streams_its_output() {
     resp.read_to_end(&mut seen).unwrap();
     assert_eq!(String::from_utf8_lossy(&seen), "first\nsecond\n");
 
-    let out = Command::new(env!("CARGO_BIN_EXE_dagcron"))
-        .args(["--server", &server.url, "logs", &id.to_string(), "t", "-f"])
+    let out = server
+        .cli()
+        .args(["logs", &id.to_string(), "t", "-f"])
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -468,4 +469,104 @@ fn regression_a_suspended_server_follows_the_misfire_policy_when_it_wakes() {
         "run_once catches up one: {during:?}"
     );
     assert!(count("fired") <= 3, "no burst of on-time fires: {during:?}");
+}
+
+/// The quick start needs no extra step: the first start writes an
+/// instance-admin token that the command line on this machine reads; with
+/// it, tokens are created, listed and revoked from the command line.
+#[test]
+fn the_command_line_finds_the_local_admin_token_and_manages_tokens() {
+    let (dir, data) = setup();
+    let server = Server::start(&data, free_port(), &[]);
+    // Without a token, the API refuses.
+    let (status, body) = server.post(
+        "/api/v1/apply",
+        "namespace: x\njobs: []\n",
+        "application/yaml",
+    );
+    assert_eq!(status, 200, "{body}");
+    let anonymous =
+        reqwest::blocking::get(format!("{}/api/v1/namespaces/x/jobs", server.url)).unwrap();
+    assert_eq!(anonymous.status(), 401);
+    // The CLI, run where the data directory is, reads admin.token.
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+            .args(["--server", &server.url])
+            .args(args)
+            .env("DAGCRON_DATA_DIR", &data)
+            .env_remove("DAGCRON_TOKEN")
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    cli(&["jobs", "list", "x"]);
+    let secret = cli(&[
+        "tokens",
+        "create",
+        "--name",
+        "ci",
+        "--role",
+        "viewer",
+        "--namespace",
+        "x",
+    ]);
+    let secret = secret.trim();
+    assert!(secret.starts_with("dgc_"), "{secret}");
+    let list = cli(&["tokens", "list"]);
+    assert!(list.contains("ci") && !list.contains(secret), "{list}");
+    let id = list
+        .lines()
+        .find(|l| l.ends_with(" ci"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    // The viewer reads, and may not change anything.
+    let viewer = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+        .args(["--server", &server.url, "--token", secret, "apply", "-f"])
+        .arg(dir.path().join("none.yaml"))
+        .output()
+        .unwrap();
+    assert!(!viewer.status.success());
+    std::fs::write(dir.path().join("x.yaml"), "namespace: x\njobs: []\n").unwrap();
+    let viewer = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+        .args(["--server", &server.url, "--token", secret, "apply", "-f"])
+        .arg(dir.path().join("x.yaml"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&viewer.stderr);
+    assert!(
+        !viewer.status.success() && stderr.contains("403"),
+        "{stderr}"
+    );
+    cli(&["tokens", "revoke", &id]);
+    let revoked = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+        .args([
+            "--server",
+            &server.url,
+            "--token",
+            secret,
+            "jobs",
+            "list",
+            "x",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&revoked.stderr);
+    assert!(
+        stderr.contains("401") && stderr.contains("revoked"),
+        "{stderr}"
+    );
+    // Data directory 0700; database, key and token files 0600.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700);
+    for f in ["dagcron.db", "server.key", "admin.token"] {
+        assert_eq!(mode(&data.join(f)), 0o600, "{f}");
+    }
 }

@@ -17,6 +17,8 @@ pub struct Server {
     /// The namespace `all_runs` reads.
     pub namespace: String,
     pub log: PathBuf,
+    /// The API token every call sends.
+    pub token: Option<String>,
 }
 
 pub fn free_port() -> u16 {
@@ -32,7 +34,41 @@ impl Server {
     pub fn start(data: &Path, port: u16, extra: &[&str]) -> Server {
         let mut args = vec!["--data-dir", data.to_str().unwrap()];
         args.extend_from_slice(extra);
-        Server::spawn(&args, port, &data.with_extension("log"))
+        let mut server = Server::spawn(&args, port, &data.with_extension("log"));
+        // The first start wrote the instance-admin token there.
+        server.token = Some(
+            std::fs::read_to_string(data.join("admin.token"))
+                .expect("the server wrote its admin token")
+                .trim()
+                .to_string(),
+        );
+        server
+    }
+
+    /// An HTTP client that sends this server's token.
+    pub fn http(&self) -> reqwest::blocking::Client {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = &self.token {
+            headers.insert(
+                reqwest::header::AUTHORIZATION,
+                format!("Bearer {token}").parse().unwrap(),
+            );
+        }
+        reqwest::blocking::Client::builder()
+            .default_headers(headers)
+            .timeout(None)
+            .build()
+            .unwrap()
+    }
+
+    /// The command line, pointed at this server with its token.
+    pub fn cli(&self) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dagcron"));
+        cmd.args(["--server", &self.url]);
+        if let Some(token) = &self.token {
+            cmd.env("DAGCRON_TOKEN", token);
+        }
+        cmd
     }
 
     /// `dagcron serve --listen 127.0.0.1:PORT ARGS...`, output appended to
@@ -55,6 +91,7 @@ impl Server {
             url: format!("http://127.0.0.1:{port}"),
             namespace: "e2e".into(),
             log: log.to_path_buf(),
+            token: None,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         while reqwest::blocking::get(format!("{}/healthz", server.url)).is_err() {
@@ -83,14 +120,17 @@ impl Server {
     }
 
     pub fn get(&self, path: &str) -> Value {
-        reqwest::blocking::get(format!("{}{path}", self.url))
+        self.http()
+            .get(format!("{}{path}", self.url))
+            .send()
             .unwrap()
             .json()
             .unwrap()
     }
 
     pub fn post(&self, path: &str, body: &str, content_type: &str) -> (u16, Value) {
-        let resp = reqwest::blocking::Client::new()
+        let resp = self
+            .http()
             .post(format!("{}{path}", self.url))
             .header("content-type", content_type)
             .body(body.to_string())
@@ -151,11 +191,14 @@ impl Server {
         text: &str,
     ) -> (reqwest::blocking::Response, Vec<u8>) {
         use std::io::Read;
-        let mut resp = reqwest::blocking::get(format!(
-            "{}/api/v1/runs/{id}/tasks/{task}/attempts/1/log?follow=true",
-            self.url
-        ))
-        .unwrap();
+        let mut resp = self
+            .http()
+            .get(format!(
+                "{}/api/v1/runs/{id}/tasks/{task}/attempts/1/log?follow=true",
+                self.url
+            ))
+            .send()
+            .unwrap();
         let mut seen = Vec::new();
         let mut buf = [0u8; 256];
         while !String::from_utf8_lossy(&seen).contains(text) {

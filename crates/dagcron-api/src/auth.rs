@@ -1,0 +1,294 @@
+//! Authentication: API tokens, their keyed hashes, and the layer that turns
+//! `Authorization: Bearer <token>` into the [`Principal`] every handler
+//! checks with [`Principal::allow`].
+//!
+//! A token is 256 random bits, written `dgc_` and 43 characters of
+//! URL-safe base64, shown once when it is made. The store keeps only
+//! HMAC-SHA-256 of it under the server's key (a file of 32 random bytes),
+//! so neither the store nor a listing of tokens holds anything that
+//! authenticates.
+
+use std::path::Path;
+
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use dagcron_core::authz::{Decision, Grant, Need, Role};
+use dagcron_store::{Store, TokenRecord};
+use hmac::{KeyInit, Mac};
+use jiff::Timestamp;
+
+use crate::{ApiError, AppState};
+
+/// What every token starts with.
+pub const TOKEN_PREFIX: &str = "dgc_";
+
+/// The server's key for hashing tokens.
+#[derive(Clone)]
+pub struct Keyring([u8; 32]);
+
+impl std::fmt::Debug for Keyring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Keyring(..)")
+    }
+}
+
+/// Random bytes from the operating system.
+fn random<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes).expect("the operating system's random source");
+    bytes
+}
+
+impl Keyring {
+    /// A key from 32 bytes.
+    pub fn from_bytes(bytes: [u8; 32]) -> Keyring {
+        Keyring(bytes)
+    }
+
+    /// Reads the key file at `path` (32 bytes).
+    pub fn load(path: &Path) -> std::io::Result<Keyring> {
+        let bytes = std::fs::read(path)?;
+        let key: [u8; 32] = bytes.as_slice().try_into().map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "{} holds {} bytes; a server key is 32 bytes",
+                    path.display(),
+                    bytes.len()
+                ),
+            )
+        })?;
+        Ok(Keyring(key))
+    }
+
+    /// Reads the key file at `path`, or creates it (mode 0600) with a new
+    /// random key if there is none. Returns the key and whether it is new.
+    pub fn load_or_create(path: &Path) -> std::io::Result<(Keyring, bool)> {
+        match Keyring::load(path) {
+            Ok(k) => Ok((k, false)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let key = random::<32>();
+                write_private(path, &key)?;
+                Ok((Keyring(key), true))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The keyed hash of a token's secret, as stored.
+    pub fn hash(&self, secret: &str) -> Vec<u8> {
+        let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(&self.0)
+            .expect("HMAC takes a key of any length");
+        mac.update(secret.as_bytes());
+        mac.finalize().into_bytes().to_vec()
+    }
+}
+
+/// Writes `bytes` to a new file only its owner can read (0600); an
+/// existing file is an error, so that nothing is silently replaced.
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
+}
+
+/// A new token: its record (to store with [`Keyring::hash`] of the secret)
+/// and the secret, to show once.
+pub fn new_token(
+    name: &str,
+    grant: &Grant,
+    expires_at: Option<Timestamp>,
+    created_by: Option<String>,
+    now: Timestamp,
+) -> (TokenRecord, String) {
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let secret = format!("{TOKEN_PREFIX}{}", b64.encode(random::<32>()));
+    let id: String = random::<6>().iter().map(|b| format!("{b:02x}")).collect();
+    let record = TokenRecord {
+        id: format!("tok_{id}"),
+        name: name.to_string(),
+        role: grant.role.as_str().to_string(),
+        namespace: grant.namespace.clone(),
+        created_at: now,
+        expires_at,
+        last_used_at: None,
+        revoked_at: None,
+        created_by,
+    };
+    (record, secret)
+}
+
+/// Who is calling: the token that authenticated the request.
+#[derive(Clone, Debug)]
+pub struct Principal {
+    /// The token's id.
+    pub token_id: String,
+    /// The token's name.
+    pub name: String,
+    /// What it may do.
+    pub grant: Grant,
+}
+
+impl Principal {
+    /// Checks that the caller may do `need` on an object of `namespace`
+    /// (none: of the instance). An object of another namespace than a
+    /// scoped token's is answered with `hidden()`, the very answer a missing
+    /// object gets, so that the token learns nothing of it.
+    pub fn allow(
+        &self,
+        need: Need,
+        namespace: Option<&str>,
+        hidden: impl FnOnce() -> ApiError,
+    ) -> Result<(), ApiError> {
+        match self.grant.decide(need, namespace) {
+            Decision::Allow => Ok(()),
+            Decision::Hidden => Err(hidden()),
+            Decision::Forbidden => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!(
+                    "token {} ({} {}) may not do this: it needs the {} role{}",
+                    self.token_id,
+                    self.grant.role,
+                    match &self.grant.namespace {
+                        Some(ns) => format!("in namespace {ns}"),
+                        None => "over the instance".into(),
+                    },
+                    need.role(),
+                    match namespace {
+                        Some(ns) => format!(" in namespace {ns}"),
+                        None => " over the whole instance".into(),
+                    }
+                ),
+            )),
+        }
+    }
+}
+
+/// Paths anyone may read: liveness and the API's description.
+fn is_public(path: &str) -> bool {
+    matches!(path, "/healthz" | "/api/v1/openapi.json")
+}
+
+/// A token whose last use is older than this is noted as used again.
+const TOUCH_EVERY: jiff::SignedDuration = jiff::SignedDuration::from_secs(60);
+
+fn unauthenticated(message: &str) -> Response {
+    let mut resp =
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", message).into_response();
+    resp.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
+    resp
+}
+
+/// The authentication layer: every request but the public ones carries a
+/// valid token, or is answered `401`.
+pub(crate) async fn authenticate<S: Store>(
+    State(st): State<AppState<S>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    if is_public(req.uri().path()) {
+        return next.run(req).await;
+    }
+    let Some(secret) = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+    else {
+        return unauthenticated(
+            "this call needs a token: `Authorization: Bearer dgc_...` (the CLI reads --token, DAGCRON_TOKEN, or the admin.token file of a local server's data directory)",
+        );
+    };
+    if !secret.starts_with(TOKEN_PREFIX) || secret.len() > 128 {
+        return unauthenticated("not a dagcron token");
+    }
+    let token = match st.store.find_token(&st.keyring.hash(secret)).await {
+        Ok(Some(t)) => t,
+        Ok(None) => return unauthenticated("unknown token"),
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    let now = Timestamp::now();
+    if token.revoked_at.is_some() {
+        return unauthenticated(&format!("token {} was revoked", token.id));
+    }
+    if token.expires_at.is_some_and(|e| e <= now) {
+        return unauthenticated(&format!("token {} has expired", token.id));
+    }
+    let Ok(role) = token.role.parse::<Role>() else {
+        return unauthenticated(&format!("token {} has an unknown role", token.id));
+    };
+    if token
+        .last_used_at
+        .is_none_or(|t| now.duration_since(t) > TOUCH_EVERY)
+    {
+        // Best effort: a failure to note the use does not refuse the call.
+        let _ = st.store.token_used(&token.id, now).await;
+    }
+    req.extensions_mut().insert(Principal {
+        token_id: token.id,
+        name: token.name,
+        grant: Grant {
+            role,
+            namespace: token.namespace,
+        },
+    });
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_random_prefixed_and_hashed_under_the_key() {
+        let grant = Grant {
+            role: Role::Viewer,
+            namespace: None,
+        };
+        let now = Timestamp::UNIX_EPOCH;
+        let (a, secret_a) = new_token("a", &grant, None, None, now);
+        let (b, secret_b) = new_token("b", &grant, None, None, now);
+        assert!(
+            secret_a.starts_with("dgc_") && secret_a.len() == 4 + 43,
+            "{secret_a}"
+        );
+        assert_ne!(secret_a, secret_b);
+        assert_ne!(a.id, b.id);
+        let one = Keyring::from_bytes([1; 32]);
+        let two = Keyring::from_bytes([2; 32]);
+        assert_eq!(one.hash(&secret_a), one.hash(&secret_a));
+        assert_ne!(one.hash(&secret_a), two.hash(&secret_a));
+        assert_eq!(one.hash(&secret_a).len(), 32);
+    }
+
+    #[test]
+    fn key_files_are_private_and_never_replaced() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("server.key");
+        let (first, created) = Keyring::load_or_create(&path).unwrap();
+        assert!(created);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let (again, created) = Keyring::load_or_create(&path).unwrap();
+        assert!(!created);
+        assert_eq!(first.hash("x"), again.hash("x"));
+        assert!(write_private(&path, b"other").is_err());
+        std::fs::write(&path, b"short").unwrap();
+        assert!(Keyring::load(&path).is_err());
+    }
+}
