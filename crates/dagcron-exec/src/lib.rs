@@ -118,6 +118,35 @@ impl AttemptContext {
     }
 }
 
+/// Names of the server's environment variables that tasks receive besides
+/// the basics (see [`inherited_env`]); set once at start-up.
+static PASS_ENV: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// Lets tasks receive these variables of the server's (or the agent's)
+/// environment, such as `HTTP_PROXY`. Only the first call counts.
+pub fn pass_env(names: Vec<String>) {
+    let _ = PASS_ENV.set(names);
+}
+
+/// What a shell task inherits of this process's environment: `PATH` (a
+/// default one if unset), `HOME`, `LANG`, `LC_*`, `TZ`, and the variables
+/// named by [`pass_env`]. Nothing else: the server's secrets, its agent
+/// token and its database URL stay out of tasks.
+pub fn inherited_env() -> Vec<(String, String)> {
+    let passed = PASS_ENV.get().map(Vec::as_slice).unwrap_or_default();
+    let mut out: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| {
+            matches!(k.as_str(), "PATH" | "HOME" | "LANG" | "TZ")
+                || k.starts_with("LC_")
+                || passed.iter().any(|p| p == k)
+        })
+        .collect();
+    if !out.iter().any(|(k, _)| k == "PATH") {
+        out.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
+    }
+    out
+}
+
 /// Limits that apply to every attempt.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {

@@ -67,6 +67,12 @@ pub(crate) async fn run(
         c.args(cmd.args.iter().map(|a| ctx.substitute(a)));
         c
     };
+    // A clean environment: nothing of the server's (or the agent's) own
+    // but the basics and what the operator passes through.
+    command.env_clear();
+    for (k, v) in crate::inherited_env() {
+        command.env(k, v);
+    }
     for (k, v) in ctx.identity() {
         command.env(format!("DAGCRON_{k}"), v);
     }

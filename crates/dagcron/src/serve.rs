@@ -79,6 +79,11 @@ pub(crate) struct ServeArgs {
     /// cluster, the same file on every node: `dagcron tokens bootstrap` makes one].
     #[arg(long, env = "DAGCRON_KEY_FILE")]
     key_file: Option<PathBuf>,
+    /// Variables of the server's environment that tasks receive (tasks get
+    /// only PATH, HOME, LANG, LC_*, TZ and their own otherwise), such as
+    /// HTTP_PROXY,NO_PROXY.
+    #[arg(long, env = "DAGCRON_PASS_ENV", value_delimiter = ',')]
+    pass_env: Vec<String>,
 }
 
 /// The configuration file. Unknown keys are an error, so that a typo does
@@ -99,6 +104,7 @@ struct FileConfig {
     shutdown_grace: Option<u64>,
     max_body_bytes: Option<usize>,
     key_file: Option<PathBuf>,
+    pass_env: Option<Vec<String>>,
 }
 
 /// The settings in force.
@@ -116,6 +122,7 @@ struct Settings {
     shutdown_grace: u64,
     max_body_bytes: usize,
     key_file: Option<PathBuf>,
+    pass_env: Vec<String>,
 }
 
 impl ServeArgs {
@@ -160,6 +167,11 @@ impl ServeArgs {
                 .or(file.max_body_bytes)
                 .unwrap_or(dagcron_api::DEFAULT_MAX_BODY_BYTES),
             key_file: self.key_file.clone().or(file.key_file),
+            pass_env: if self.pass_env.is_empty() {
+                file.pass_env.unwrap_or_default()
+            } else {
+                self.pass_env.clone()
+            },
         };
         anyhow::ensure!(settings.pool_size > 0, "pool_size must be at least 1");
         anyhow::ensure!(
@@ -198,6 +210,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
     if !dagcron_exec::tree::become_subreaper() {
         tracing::warn!("cannot become the child subreaper of task processes");
     }
+    dagcron_exec::pass_env(args.pass_env.clone());
     let clock = Arc::new(SystemClock);
     let shutdown = CancellationToken::new();
     tokio::spawn(shutdown_signal(shutdown.clone()));

@@ -31,6 +31,10 @@ pub(crate) struct WorkerArgs {
     /// The agent's name, stable across restarts [default: the host name].
     #[arg(long, env = "DAGCRON_AGENT_ID")]
     id: Option<String>,
+    /// Variables of the agent's environment that tasks receive (tasks get
+    /// only PATH, HOME, LANG, LC_*, TZ and their own otherwise).
+    #[arg(long, env = "DAGCRON_PASS_ENV", value_delimiter = ',')]
+    pass_env: Vec<String>,
 }
 
 pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
@@ -40,6 +44,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         )
         .init();
     anyhow::ensure!(args.capacity > 0, "--capacity must be at least 1");
+    dagcron_exec::pass_env(args.pass_env.clone());
     if !dagcron_exec::tree::become_subreaper() {
         tracing::warn!("cannot become the child subreaper of task processes");
     }

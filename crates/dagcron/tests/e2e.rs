@@ -570,3 +570,82 @@ fn the_command_line_finds_the_local_admin_token_and_manages_tokens() {
         assert_eq!(mode(&data.join(f)), 0o600, "{f}");
     }
 }
+
+/// Every task inherited the server's whole environment: `shell: env`
+/// printed the agent join token and whatever the operator had exported.
+#[test]
+fn regression_tasks_get_a_clean_environment() {
+    let (_dir, data) = setup();
+    let port = free_port();
+    let mut args = vec!["serve", "--listen"];
+    let listen = format!("127.0.0.1:{port}");
+    args.push(&listen);
+    let log = data.with_extension("log");
+    let file = std::fs::File::create(&log).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+        .args(&args)
+        .args([
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--pass-env",
+            "HTTP_PROXY",
+        ])
+        .env("DAGCRON_AGENT_TOKEN", "agent-secret")
+        .env("OPERATOR_SECRET", "hunter2")
+        .env("HTTP_PROXY", "http://proxy.invalid:3128")
+        .stdout(Stdio::from(file.try_clone().unwrap()))
+        .stderr(Stdio::from(file))
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !data.join("admin.token").exists()
+        || reqwest::blocking::get(format!("http://127.0.0.1:{port}/healthz")).is_err()
+    {
+        assert!(Instant::now() < deadline, "the server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let server = Server {
+        child: Command::new("true").spawn().unwrap(),
+        url: format!("http://127.0.0.1:{port}"),
+        namespace: "e2e".into(),
+        log,
+        token: Some(
+            std::fs::read_to_string(data.join("admin.token"))
+                .unwrap()
+                .trim()
+                .into(),
+        ),
+    };
+    let job = "namespace: e2e\njobs:\n  - { name: env, tasks: [{ id: t, shell: { command: env, env: { MINE: declared } } }] }\n";
+    assert_eq!(server.post("/api/v1/apply", job, "application/yaml").0, 200);
+    let run = server.trigger("env");
+    server.wait_run(run, "succeeded");
+    let out = server
+        .http()
+        .get(format!(
+            "{}/api/v1/runs/{run}/tasks/t/attempts/1/log",
+            server.url
+        ))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    for leaked in [
+        "agent-secret",
+        "hunter2",
+        "DAGCRON_AGENT_TOKEN",
+        "OPERATOR_SECRET",
+    ] {
+        assert!(!out.contains(leaked), "{leaked} reached the task:\n{out}");
+    }
+    for given in [
+        "PATH=",
+        "DAGCRON_RUN_ID=",
+        "MINE=declared",
+        "HTTP_PROXY=http://proxy.invalid:3128",
+    ] {
+        assert!(out.contains(given), "{given} missing:\n{out}");
+    }
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    child.wait().unwrap();
+}
