@@ -99,6 +99,9 @@ impl Agent {
 /// An attempt handed to an agent.
 struct Inflight {
     session: u64,
+    /// The id of the agent it was given to: only that agent's sessions
+    /// may report on it (a reconnected session of the same agent may).
+    agent: String,
     task: RemoteTask,
     accepted: bool,
     sent: Instant,
@@ -117,6 +120,8 @@ struct State {
     next_token: i64,
     /// Results refused because their token was stale.
     stale_results: u64,
+    /// Messages about an attempt from an agent it was not given to.
+    foreign_reports: u64,
 }
 
 /// Connected agents and the attempts they run; see the crate documentation.
@@ -218,6 +223,12 @@ impl AgentPool {
         self.state.lock().expect("pool lock").waiting.len()
     }
 
+    /// Messages refused so far because they came from another agent than
+    /// the one the attempt was given to (a forged result, for one).
+    pub fn foreign_reports(&self) -> u64 {
+        self.state.lock().expect("pool lock").foreign_reports
+    }
+
     /// Results refused so far because their fencing token was stale.
     pub fn stale_results(&self) -> u64 {
         self.state.lock().expect("pool lock").stale_results
@@ -298,10 +309,12 @@ impl AgentPool {
                 continue;
             }
             agent.running += 1;
+            let agent_id = agent.id.clone();
             state.inflight.insert(
                 token,
                 Inflight {
                     session,
+                    agent: agent_id,
                     task,
                     accepted: false,
                     sent: Instant::now(),
@@ -392,8 +405,31 @@ impl AgentPool {
         Self::assign(&mut state);
     }
 
+    /// Whether the message about attempt `token` comes from the agent it
+    /// was given to; counted and logged when it does not.
+    fn from_its_agent(state: &mut State, session: u64, token: i64) -> bool {
+        let Some(inflight) = state.inflight.get(&token) else {
+            return true;
+        };
+        let sender = state.agents.get(&session).map(|a| a.id.as_str());
+        if sender == Some(inflight.agent.as_str()) {
+            return true;
+        }
+        state.foreign_reports += 1;
+        tracing::warn!(
+            token,
+            sender = sender.unwrap_or("?"),
+            owner = %inflight.agent,
+            "refused a message about an attempt given to another agent"
+        );
+        false
+    }
+
     fn on_result(state: &mut State, session: u64, result: &v1::Result) {
         let token = result.attempt.as_ref().map_or(0, |a| a.fencing_token);
+        if !Self::from_its_agent(state, session, token) {
+            return;
+        }
         let Some(inflight) = state.inflight.remove(&token) else {
             state.stale_results += 1;
             tracing::warn!(token, "result with a stale fencing token refused");
@@ -453,6 +489,10 @@ impl AgentPool {
                         }
                         continue;
                     };
+                    if inflight.agent != agent_id {
+                        // Another agent's attempt: not this one's to claim.
+                        continue;
+                    }
                     if inflight.session != session {
                         let old = inflight.session;
                         inflight.session = session;
@@ -468,6 +508,9 @@ impl AgentPool {
             }
             Some(agent_message::Body::Accepted(a)) => {
                 let token = a.attempt.map_or(0, |a| a.fencing_token);
+                if !Self::from_its_agent(&mut state, session, token) {
+                    return;
+                }
                 if let Some(inflight) = state.inflight.get_mut(&token) {
                     inflight.accepted = true;
                 }
@@ -475,6 +518,9 @@ impl AgentPool {
             Some(agent_message::Body::Result(r)) => Self::on_result(&mut state, session, &r),
             Some(agent_message::Body::Log(chunk)) => {
                 let token = chunk.attempt.as_ref().map_or(0, |a| a.fencing_token);
+                if !Self::from_its_agent(&mut state, session, token) {
+                    return;
+                }
                 if let Some(live) = state
                     .inflight
                     .get(&token)

@@ -264,3 +264,119 @@ async fn jobs_take_turns_for_a_busy_agent() {
     );
     stop.cancel();
 }
+
+/// A rogue agent learned its own fencing token from a bait attempt and
+/// reported a forged `succeeded` result for the next token, another
+/// agent's attempt: it was accepted, and the real result refused as stale.
+/// A report is now taken only from the agent the attempt was given to.
+#[tokio::test]
+async fn regression_a_forged_result_from_another_agent_is_refused() {
+    let pool = AgentPool::new(PoolConfig::default());
+    let addr = free_addr();
+    let stop = CancellationToken::new();
+    serve(&pool, addr, stop.clone()).await;
+    // The honest agent, labelled role=worker.
+    tokio::spawn(agent::run(
+        AgentConfig {
+            servers: vec![format!("http://{addr}")],
+            agent_id: "honest".into(),
+            labels: BTreeMap::from([("role".into(), "worker".into())]),
+            capacity: 1,
+            token: None,
+        },
+        stop.clone(),
+    ));
+    // The rogue speaks the protocol by hand, labelled role=bait.
+    let mut client = loop {
+        match AgentsClient::connect(format!("http://{addr}")).await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    let (rogue_tx, rx) = tokio::sync::mpsc::channel(16);
+    rogue_tx
+        .send(v1::AgentMessage {
+            sent_at_us: 0,
+            body: Some(agent_message::Body::Hello(v1::Hello {
+                agent_id: "rogue".into(),
+                capacity: 1,
+                protocol_version: 1,
+                labels: [("role".to_string(), "bait".to_string())].into(),
+                ..Default::default()
+            })),
+        })
+        .await
+        .unwrap();
+    let mut inbound = client
+        .attach(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while pool.workers().len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "agents did not connect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The bait: the rogue learns its own fencing token.
+    let (bait_tx, _bait) = oneshot::channel();
+    let mut bait = task("true", bait_tx);
+    bait.labels = BTreeMap::from([("role".into(), "bait".into())]);
+    pool.submit(bait);
+    let own = loop {
+        let msg = tokio::time::timeout(Duration::from_secs(20), inbound.message())
+            .await
+            .expect("the bait arrives")
+            .unwrap()
+            .unwrap();
+        if let Some(server_message::Body::Assignment(a)) = msg.body {
+            break a.attempt.unwrap();
+        }
+    };
+    // The victim's attempt goes to the honest agent, with the next token.
+    let (tx, outcome) = oneshot::channel();
+    let mut victim = task("sleep 1; echo real output", tx);
+    victim.labels = BTreeMap::from([("role".into(), "worker".into())]);
+    victim.ctx.run_id = 2;
+    pool.submit(victim);
+    while pool
+        .workers()
+        .iter()
+        .all(|w| w.running == 0 || w.id != "honest")
+    {
+        assert!(tokio::time::Instant::now() < deadline, "not assigned");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for guess in own.fencing_token + 1..own.fencing_token + 4 {
+        rogue_tx
+            .send(v1::AgentMessage {
+                sent_at_us: 0,
+                body: Some(agent_message::Body::Result(v1::Result {
+                    attempt: Some(v1::AttemptRef {
+                        run_id: 2,
+                        task_id: "t".into(),
+                        attempt: 1,
+                        fencing_token: guess,
+                    }),
+                    ending: v1::result::Ending::Succeeded as i32,
+                    exit_code: Some(0),
+                    output: b"forged output".to_vec(),
+                    ..Default::default()
+                })),
+            })
+            .await
+            .unwrap();
+    }
+    let outcome = tokio::time::timeout(Duration::from_secs(20), outcome)
+        .await
+        .expect("the real result arrives")
+        .unwrap();
+    assert_eq!(outcome.ending, Ending::Succeeded, "{outcome:?}");
+    assert_eq!(String::from_utf8_lossy(&outcome.log).trim(), "real output");
+    assert_eq!(pool.foreign_reports(), 1, "the forged result was counted");
+    // The rogue's other guesses named no attempt at all.
+    assert_eq!(pool.stale_results(), 2);
+    stop.cancel();
+}

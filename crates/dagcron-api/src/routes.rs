@@ -207,6 +207,7 @@ async fn workers<S: Store>(
     Ok(Json(WorkersAnswer {
         items,
         stale_results_refused: stale,
+        foreign_reports_refused: pool.map_or(0, |p| p.foreign_reports()),
     }))
 }
 

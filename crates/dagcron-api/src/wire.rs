@@ -358,6 +358,9 @@ pub struct WorkersAnswer {
     pub items: Vec<Value>,
     /// Results refused because their fencing token was stale.
     pub stale_results_refused: u64,
+    /// Messages refused because they came from another agent than the one
+    /// the attempt was given to (forged results, for one).
+    pub foreign_reports_refused: u64,
 }
 
 /// The nodes of the cluster.
