@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use dagcron_core::{AttemptState, FireOutcome, RunState, TaskState};
 use dagcron_store::{
-    ApplyResult, AttemptKey, AttemptRecord, ClaimedAttempt, FireRecord, JobUpsert, NewRun, Page,
-    RemoteAttempt, Result, RunId, RunRecord, StorageError, Store, StoredJob, TaskRecord,
-    TokenRecord, Trigger, Write, WriteResult,
+    ApplyResult, AttemptKey, AttemptRecord, AuditEntry, ClaimedAttempt, FireRecord, JobUpsert,
+    NewRun, Page, RemoteAttempt, Result, RunId, RunRecord, StorageError, Store, StoredJob,
+    TaskRecord, TokenRecord, Trigger, Write, WriteResult,
 };
 use jiff::Timestamp;
 use sqlx::Row;
@@ -971,6 +971,68 @@ impl Store for PgStore {
             .await
             .map_err(unavailable)?;
         Ok(())
+    }
+
+    async fn append_audit(&self, mut entry: AuditEntry) -> Result<()> {
+        transaction!(self, fenced = false, |conn| {
+            // Appends from every node take turns: the chain cannot fork.
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('dagcron audit', 0))")
+                .execute(&mut *conn)
+                .await?;
+            let prev: Option<(i64, Vec<u8>)> =
+                sqlx::query_as("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            entry.chain_after(prev);
+            sqlx::query("INSERT INTO audit (seq, at, principal, principal_name, action, namespace, outcome, address, prev_hash, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+                .bind(entry.seq)
+                .bind(entry.at.as_microsecond())
+                .bind(&entry.principal)
+                .bind(&entry.principal_name)
+                .bind(&entry.action)
+                .bind(&entry.namespace)
+                .bind(i32::from(entry.outcome))
+                .bind(&entry.address)
+                .bind(&entry.prev_hash)
+                .bind(&entry.hash)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        })
+    }
+
+    async fn list_audit(
+        &self,
+        after: i64,
+        limit: u32,
+        namespace: Option<&str>,
+    ) -> Result<Vec<AuditEntry>> {
+        let rows = sqlx::query(
+            "SELECT seq, at, principal, principal_name, action, namespace, outcome, address, prev_hash, hash FROM audit
+             WHERE seq > $1 AND ($2::text IS NULL OR namespace = $2) ORDER BY seq LIMIT $3",
+        )
+        .bind(after)
+        .bind(namespace)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        rows.iter()
+            .map(|r| {
+                Ok(AuditEntry {
+                    seq: r.get(0),
+                    at: ts(r.get(1))?,
+                    principal: r.get(2),
+                    principal_name: r.get(3),
+                    action: r.get(4),
+                    namespace: r.get(5),
+                    outcome: u16::try_from(r.get::<i32, _>(6)).unwrap_or(0),
+                    address: r.get(7),
+                    prev_hash: r.get(8),
+                    hash: r.get(9),
+                })
+            })
+            .collect()
     }
 
     async fn max_run_id(&self) -> Result<RunId> {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use dagcron_core::{AttemptState, FireOutcome};
 use dagcron_store::{
-    ApplyResult, AttemptRecord, FireRecord, JobUpsert, Page, Result, RunId, RunRecord,
+    ApplyResult, AttemptRecord, AuditEntry, FireRecord, JobUpsert, Page, Result, RunId, RunRecord,
     StorageError, Store, StoredJob, TaskRecord, TokenRecord, Trigger, Write, WriteResult,
 };
 use jiff::Timestamp;
@@ -469,6 +469,74 @@ impl Store for SqliteStore {
             })
             .await?;
         Ok(())
+    }
+
+    async fn append_audit(&self, mut entry: AuditEntry) -> Result<()> {
+        use rusqlite::OptionalExtension;
+        // The writer thread serializes appends: the chain cannot fork.
+        self.writer
+            .transaction(move |tx| {
+                let prev: Option<(i64, Vec<u8>)> = tx
+                    .query_row(
+                        "SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1",
+                        [],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()?;
+                entry.chain_after(prev);
+                tx.execute(
+                    "INSERT INTO audit (seq, at, principal, principal_name, action, namespace, outcome, address, prev_hash, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                    rusqlite::params![
+                        entry.seq,
+                        entry.at.as_microsecond(),
+                        entry.principal,
+                        entry.principal_name,
+                        entry.action,
+                        entry.namespace,
+                        entry.outcome,
+                        entry.address,
+                        entry.prev_hash,
+                        entry.hash
+                    ],
+                )
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn list_audit(
+        &self,
+        after: i64,
+        limit: u32,
+        namespace: Option<&str>,
+    ) -> Result<Vec<AuditEntry>> {
+        let rows = sqlx::query(
+            "SELECT seq, at, principal, principal_name, action, namespace, outcome, address, prev_hash, hash FROM audit
+             WHERE seq > ? AND (? IS NULL OR namespace = ?) ORDER BY seq LIMIT ?",
+        )
+        .bind(after)
+        .bind(namespace)
+        .bind(namespace)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await
+        .map_err(unavailable)?;
+        rows.iter()
+            .map(|r| {
+                Ok(AuditEntry {
+                    seq: r.get(0),
+                    at: ts(r.get(1))?,
+                    principal: r.get(2),
+                    principal_name: r.get(3),
+                    action: r.get(4),
+                    namespace: r.get(5),
+                    outcome: u16::try_from(r.get::<i64, _>(6)).unwrap_or(0),
+                    address: r.get(7),
+                    prev_hash: r.get(8),
+                    hash: r.get(9),
+                })
+            })
+            .collect()
     }
 
     async fn max_run_id(&self) -> Result<RunId> {

@@ -20,6 +20,7 @@ macro_rules! conformance_tests {
             pause_delete_and_list_jobs,
             paused_in_a_file_and_through_the_api,
             tokens_are_found_by_their_hash_and_revoked,
+            the_audit_log_is_one_chain,
             a_fire_is_recorded_once,
             concurrent_fires_create_one_run,
             state_changes_are_compare_and_set,
@@ -252,6 +253,44 @@ pub async fn tokens_are_found_by_their_hash_and_revoked<S: Store>(s: &S) {
         (all[0].last_used_at, all[0].revoked_at),
         (Some(t(5)), Some(t(6)))
     );
+}
+
+/// Audit rows appended concurrently form one unbroken chain, read back a
+/// page at a time and by namespace.
+pub async fn the_audit_log_is_one_chain<S: Store>(s: &S) {
+    let entry = |i: u16| crate::AuditEntry {
+        seq: 0,
+        at: t(i64::from(i)),
+        principal: Some("tok_a".into()),
+        principal_name: Some("ci".into()),
+        action: format!("POST /api/v1/namespaces/n{}/jobs/j/trigger", i % 2),
+        namespace: Some(format!("n{}", i % 2)),
+        outcome: 201,
+        address: None,
+        prev_hash: vec![],
+        hash: vec![],
+    };
+    let appends: Vec<_> = (0..20).map(|i| s.append_audit(entry(i))).collect();
+    for r in futures_join(appends).await {
+        r.unwrap();
+    }
+    let mut all = s.list_audit(0, 7, None).await.unwrap();
+    assert_eq!(all.len(), 7);
+    loop {
+        let page = s
+            .list_audit(all.last().unwrap().seq, 7, None)
+            .await
+            .unwrap();
+        if page.is_empty() {
+            break;
+        }
+        all.extend(page);
+    }
+    assert_eq!(all.len(), 20);
+    assert_eq!(crate::verify_audit(&all), Ok(()));
+    let n1 = s.list_audit(0, 100, Some("n1")).await.unwrap();
+    assert_eq!(n1.len(), 10);
+    assert!(n1.iter().all(|e| e.namespace.as_deref() == Some("n1")));
 }
 
 /// The ledger's unique key refuses a second record of the same fire, and the

@@ -618,6 +618,19 @@ pub trait Store: Send + Sync + 'static {
     /// Notes that a token was just used.
     fn token_used(&self, id: &str, at: Timestamp) -> impl Future<Output = Result<()>> + Send;
 
+    /// Appends a row to the audit log, chained after the last one (see
+    /// [`AuditEntry::chain_after`]); appends take turns, so the chain has
+    /// no fork.
+    fn append_audit(&self, entry: AuditEntry) -> impl Future<Output = Result<()>> + Send;
+    /// Audit rows after position `after`, oldest first, at most `limit`,
+    /// of one namespace if asked.
+    fn list_audit(
+        &self,
+        after: i64,
+        limit: u32,
+        namespace: Option<&str>,
+    ) -> impl Future<Output = Result<Vec<AuditEntry>>> + Send;
+
     /// The largest run id ever stored (ids keep increasing across restarts).
     fn max_run_id(&self) -> impl Future<Output = Result<RunId>> + Send;
     /// Asks the node that runs `run` to cancel it; `false` if no other node
@@ -663,4 +676,142 @@ pub trait Store: Send + Sync + 'static {
         task: &str,
         number: u32,
     ) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
+}
+
+/// One row of the audit log: who did what, where, when, with what outcome.
+/// Rows are chained: each holds the hash of the row before it, so that a
+/// row changed or deleted afterwards is found by [`verify_audit`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditEntry {
+    /// Position in the log, from 1 (assigned when appended).
+    pub seq: i64,
+    /// When.
+    pub at: Timestamp,
+    /// The token's id (none: the call had no valid token).
+    pub principal: Option<String>,
+    /// The token's name.
+    pub principal_name: Option<String>,
+    /// What was asked, such as `POST /api/v1/namespaces/a/jobs/j/trigger`.
+    pub action: String,
+    /// The namespace it concerned, if any.
+    pub namespace: Option<String>,
+    /// The answer's HTTP status.
+    pub outcome: u16,
+    /// Where the call came from.
+    pub address: Option<String>,
+    /// The hash of the row before (32 zero bytes for the first).
+    pub prev_hash: Vec<u8>,
+    /// The hash of this row: SHA-256 over `prev_hash` and its fields.
+    pub hash: Vec<u8>,
+}
+
+impl AuditEntry {
+    /// The hash this row must have, given its fields and `prev_hash`.
+    pub fn expected_hash(&self) -> Vec<u8> {
+        use sha2::Digest;
+        let opt = |v: &Option<String>| v.clone().unwrap_or_default();
+        let text = format!(
+            "{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n",
+            self.seq,
+            self.at.as_microsecond(),
+            opt(&self.principal),
+            opt(&self.principal_name),
+            self.action,
+            opt(&self.namespace),
+            self.outcome,
+            opt(&self.address),
+        );
+        let mut h = sha2::Sha256::new();
+        h.update(&self.prev_hash);
+        h.update(text.as_bytes());
+        h.finalize().to_vec()
+    }
+
+    /// Fills `seq`, `prev_hash` and `hash` as the row after `prev` (none:
+    /// the first row).
+    pub fn chain_after(&mut self, prev: Option<(i64, Vec<u8>)>) {
+        let (seq, prev_hash) = prev.unwrap_or((0, vec![0; 32]));
+        self.seq = seq + 1;
+        self.prev_hash = prev_hash;
+        self.hash = self.expected_hash();
+    }
+}
+
+/// Checks a whole audit log, oldest first: every row's hash matches its
+/// fields, each names the hash of the row before, and no position is
+/// missing. Returns the first broken row's position and what is wrong.
+pub fn verify_audit(rows: &[AuditEntry]) -> std::result::Result<(), (i64, String)> {
+    let mut prev: Option<&AuditEntry> = None;
+    for row in rows {
+        let (want_seq, want_prev) = match prev {
+            None => (1, vec![0; 32]),
+            Some(p) => (p.seq + 1, p.hash.clone()),
+        };
+        if row.seq != want_seq {
+            return Err((
+                want_seq,
+                format!("row {want_seq} is missing (found {})", row.seq),
+            ));
+        }
+        if row.prev_hash != want_prev {
+            return Err((row.seq, "it does not follow the row before it".into()));
+        }
+        if row.hash != row.expected_hash() {
+            return Err((
+                row.seq,
+                "its content was changed after it was written".into(),
+            ));
+        }
+        prev = Some(row);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod audit_tests {
+    use super::*;
+
+    fn log(n: usize) -> Vec<AuditEntry> {
+        let mut rows: Vec<AuditEntry> = Vec::new();
+        for i in 0..n {
+            let mut e = AuditEntry {
+                seq: 0,
+                at: Timestamp::from_second(i as i64).unwrap(),
+                principal: Some("tok_a".into()),
+                principal_name: Some("ci".into()),
+                action: format!("POST /api/v1/namespaces/a/jobs/j{i}/trigger"),
+                namespace: Some("a".into()),
+                outcome: 201,
+                address: Some("127.0.0.1:5000".into()),
+                prev_hash: vec![],
+                hash: vec![],
+            };
+            e.chain_after(rows.last().map(|p| (p.seq, p.hash.clone())));
+            rows.push(e);
+        }
+        rows
+    }
+
+    #[test]
+    fn a_changed_deleted_or_reordered_row_is_found() {
+        let rows = log(5);
+        assert_eq!(verify_audit(&rows), Ok(()));
+        let mut changed = rows.clone();
+        changed[2].outcome = 200;
+        assert_eq!(verify_audit(&changed).unwrap_err().0, 3);
+        let mut deleted = rows.clone();
+        deleted.remove(1);
+        assert_eq!(verify_audit(&deleted).unwrap_err().0, 2);
+        let mut rehashed = rows.clone();
+        rehashed[2].outcome = 200;
+        rehashed[2].hash = rehashed[2].expected_hash();
+        assert_eq!(
+            verify_audit(&rehashed).unwrap_err().0,
+            4,
+            "the next row no longer follows"
+        );
+        let mut swapped = rows;
+        swapped.swap(1, 2);
+        assert!(verify_audit(&swapped).is_err());
+    }
 }
