@@ -192,16 +192,83 @@ fn unauthenticated(message: &str) -> Response {
     resp
 }
 
+/// The namespace a path names (`/api/v1/namespaces/{ns}/...`), if any.
+fn namespace_of(path: &str) -> Option<String> {
+    let rest = path.strip_prefix("/api/v1/namespaces/")?;
+    Some(rest.split('/').next()?.to_string()).filter(|ns| !ns.is_empty())
+}
+
+/// Records a call in the audit log; a failure to record is logged, and
+/// does not change the answer.
+async fn audit<S: Store>(
+    st: &AppState<S>,
+    who: Option<&Principal>,
+    action: String,
+    namespace: Option<String>,
+    outcome: StatusCode,
+    address: Option<String>,
+) {
+    let entry = dagcron_store::AuditEntry {
+        seq: 0,
+        at: Timestamp::now(),
+        principal: who.map(|p| p.token_id.clone()),
+        principal_name: who.map(|p| p.name.clone()),
+        action,
+        namespace,
+        outcome: outcome.as_u16(),
+        address,
+        prev_hash: vec![],
+        hash: vec![],
+    };
+    if let Err(e) = st.store.append_audit(entry).await {
+        tracing::warn!("cannot record a call in the audit log: {e}");
+    }
+}
+
 /// The authentication layer: every request but the public ones carries a
-/// valid token, or is answered `401`.
+/// valid token, or is answered `401`. Every change (any method but `GET`)
+/// and every refused call is recorded in the audit log.
 pub(crate) async fn authenticate<S: Store>(
     State(st): State<AppState<S>>,
-    mut req: Request,
+    req: Request,
     next: Next,
 ) -> Response {
     if is_public(req.uri().path()) {
         return next.run(req).await;
     }
+    let path = req.uri().path().to_string();
+    let action = format!("{} {path}", req.method());
+    let changes = !matches!(
+        req.method(),
+        &axum::http::Method::GET | &axum::http::Method::HEAD
+    );
+    let address = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.to_string());
+    let (principal, resp) = authenticated(&st, req, next).await;
+    let status = resp.status();
+    if changes || status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+        audit(
+            &st,
+            principal.as_ref(),
+            action,
+            namespace_of(&path),
+            status,
+            address,
+        )
+        .await;
+    }
+    resp
+}
+
+/// Checks the token, then answers: the principal (if the token was valid)
+/// and the answer.
+async fn authenticated<S: Store>(
+    st: &AppState<S>,
+    mut req: Request,
+    next: Next,
+) -> (Option<Principal>, Response) {
     let Some(secret) = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -209,27 +276,39 @@ pub(crate) async fn authenticate<S: Store>(
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim)
     else {
-        return unauthenticated(
-            "this call needs a token: `Authorization: Bearer dgc_...` (the CLI reads --token, DAGCRON_TOKEN, or the admin.token file of a local server's data directory)",
+        return (
+            None,
+            unauthenticated(
+                "this call needs a token: `Authorization: Bearer dgc_...` (the CLI reads --token, DAGCRON_TOKEN, or the admin.token file of a local server's data directory)",
+            ),
         );
     };
     if !secret.starts_with(TOKEN_PREFIX) || secret.len() > 128 {
-        return unauthenticated("not a dagcron token");
+        return (None, unauthenticated("not a dagcron token"));
     }
     let token = match st.store.find_token(&st.keyring.hash(secret)).await {
         Ok(Some(t)) => t,
-        Ok(None) => return unauthenticated("unknown token"),
-        Err(e) => return ApiError::from(e).into_response(),
+        Ok(None) => return (None, unauthenticated("unknown token")),
+        Err(e) => return (None, ApiError::from(e).into_response()),
     };
     let now = Timestamp::now();
     if token.revoked_at.is_some() {
-        return unauthenticated(&format!("token {} was revoked", token.id));
+        return (
+            None,
+            unauthenticated(&format!("token {} was revoked", token.id)),
+        );
     }
     if token.expires_at.is_some_and(|e| e <= now) {
-        return unauthenticated(&format!("token {} has expired", token.id));
+        return (
+            None,
+            unauthenticated(&format!("token {} has expired", token.id)),
+        );
     }
     let Ok(role) = token.role.parse::<Role>() else {
-        return unauthenticated(&format!("token {} has an unknown role", token.id));
+        return (
+            None,
+            unauthenticated(&format!("token {} has an unknown role", token.id)),
+        );
     };
     if token
         .last_used_at
@@ -238,15 +317,16 @@ pub(crate) async fn authenticate<S: Store>(
         // Best effort: a failure to note the use does not refuse the call.
         let _ = st.store.token_used(&token.id, now).await;
     }
-    req.extensions_mut().insert(Principal {
+    let principal = Principal {
         token_id: token.id,
         name: token.name,
         grant: Grant {
             role,
             namespace: token.namespace,
         },
-    });
-    next.run(req).await
+    };
+    req.extensions_mut().insert(principal.clone());
+    (Some(principal), next.run(req).await)
 }
 
 #[cfg(test)]

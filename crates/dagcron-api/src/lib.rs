@@ -4,6 +4,7 @@
 //! Reads go to the store; changes go to the engine, which answers after
 //! they are committed. Errors are JSON: `{"error": {"code", "message", "details"}}`.
 
+pub mod audit;
 pub mod auth;
 mod error;
 mod routes;

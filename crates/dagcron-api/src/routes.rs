@@ -31,7 +31,8 @@ use dagcron_core::authz::Need;
     paths(
         health, openapi, cluster, workers, apply, list_jobs, get_job, put_job, delete_job, pause,
         resume, trigger, backfill, list_runs, list_fires, get_run, cancel, get_log,
-        crate::tokens::create_token, crate::tokens::list_tokens, crate::tokens::revoke_token
+        crate::tokens::create_token, crate::tokens::list_tokens, crate::tokens::revoke_token,
+        crate::audit::list_audit
     ),
     components(schemas(ErrorBody)),
     modifiers(&BearerAuth),
@@ -126,6 +127,7 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
             "/api/v1/tokens/{id}",
             axum::routing::delete(crate::tokens::revoke_token::<S>),
         )
+        .route("/api/v1/audit", get(crate::audit::list_audit::<S>))
         .fallback(unknown_path)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -605,6 +605,7 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
         }
         ("post", "/api/v1/runs/{id}/cancel") => Namespace(Operator),
         ("post" | "get", "/api/v1/tokens") | ("delete", "/api/v1/tokens/{id}") => Tokens,
+        ("get", "/api/v1/audit") => Tokens,
         _ => return None,
     })
 }

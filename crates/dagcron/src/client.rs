@@ -84,6 +84,16 @@ pub(crate) enum ClientCommand {
     /// API tokens: create, list, revoke; bootstrap a cluster's first one.
     #[command(subcommand)]
     Tokens(TokensCommand),
+    /// The audit log: every change and every refused call.
+    Audit {
+        /// Only this namespace's rows.
+        #[arg(long)]
+        namespace: Option<String>,
+        /// Check the whole log's hash chain instead of printing it: exit 1
+        /// if a row was changed or deleted.
+        #[arg(long)]
+        verify: bool,
+    },
     /// Create runs for every fire of a job in a time range.
     Backfill {
         /// NAMESPACE/JOB.
@@ -601,6 +611,9 @@ pub(crate) async fn run(cmd: ClientCommand, conn: Conn) -> Result<ExitCode> {
             }
         }
         ClientCommand::Tokens(cmd) => tokens(cmd, &conn, &mut out).await?,
+        ClientCommand::Audit { namespace, verify } => {
+            return audit(namespace, verify, &conn, &mut out).await;
+        }
         ClientCommand::Backfill { job, from, to } => {
             let v = Client::new(&conn)
                 .post(
@@ -725,4 +738,74 @@ async fn tokens(cmd: TokensCommand, conn: &Conn, out: &mut impl Write) -> Result
         }
     }
     Ok(())
+}
+
+/// Prints the audit log, or checks its chain.
+async fn audit(
+    namespace: Option<String>,
+    verify: bool,
+    conn: &Conn,
+    out: &mut impl Write,
+) -> Result<ExitCode> {
+    let c = Client::new(conn);
+    let mut rows: Vec<dagcron_api::audit::AuditAnswer> = Vec::new();
+    let mut after = 0;
+    loop {
+        let ns = namespace
+            .as_ref()
+            .map(|n| format!("&namespace={n}"))
+            .unwrap_or_default();
+        let page: dagcron_api::audit::AuditPage = serde_json::from_value(
+            c.get(&format!("/api/v1/audit?limit=1000&after={after}{ns}"))
+                .await?,
+        )?;
+        rows.extend(page.items);
+        match page.next {
+            Some(next) => after = next,
+            None => break,
+        }
+    }
+    if verify {
+        anyhow::ensure!(
+            namespace.is_none(),
+            "the chain runs through every namespace: verify the whole log (an instance admin's token)"
+        );
+        let entries: Vec<_> = rows.iter().filter_map(|r| r.entry()).collect();
+        anyhow::ensure!(
+            entries.len() == rows.len(),
+            "the server answered a hash that is not hex"
+        );
+        return Ok(match dagcron_store::verify_audit(&entries) {
+            Ok(()) => {
+                writeln!(out, "{} rows, chain intact", entries.len())?;
+                ExitCode::SUCCESS
+            }
+            Err((seq, why)) => {
+                writeln!(out, "the audit log is broken at row {seq}: {why}")?;
+                ExitCode::FAILURE
+            }
+        });
+    }
+    if conn.json {
+        print_json(out, &serde_json::to_value(&rows)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    writeln!(
+        out,
+        "{:>6} {:<28} {:<18} {:>3} {:<22} ACTION",
+        "SEQ", "AT", "PRINCIPAL", "OUT", "FROM"
+    )?;
+    for r in &rows {
+        writeln!(
+            out,
+            "{:>6} {:<28} {:<18} {:>3} {:<22} {}",
+            r.seq,
+            r.at.to_string(),
+            r.principal.as_deref().unwrap_or("-"),
+            r.outcome,
+            r.address.as_deref().unwrap_or("-"),
+            r.action
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -495,8 +495,11 @@ async fn serve_api<S: Store>(
     let grpc = tonic::service::Routes::new(agents.service()).into_axum_router();
     let app = dagcron_api::with_grpc(router(state), grpc);
     Ok(tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
     }))
 }

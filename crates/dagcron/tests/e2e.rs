@@ -649,3 +649,66 @@ fn regression_tasks_get_a_clean_environment() {
     kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
     child.wait().unwrap();
 }
+
+/// Every change and every refused call is in the audit log, hash-chained:
+/// `dagcron audit verify` passes on the log as written, and finds a row
+/// changed or deleted in the database behind the server's back.
+#[test]
+fn the_audit_log_records_changes_and_refusals_and_finds_tampering() {
+    let (_dir, data) = setup();
+    let port = free_port();
+    let mut server = Server::start(&data, port, &[]);
+    let job = "namespace: e2e\njobs:\n  - { name: a, tasks: [{ id: t, noop: true }] }\n";
+    assert_eq!(server.post("/api/v1/apply", job, "application/yaml").0, 200);
+    let run = server.trigger("a");
+    server.wait_run(run, "succeeded");
+    let refused = reqwest::blocking::Client::new()
+        .post(format!(
+            "{}/api/v1/namespaces/e2e/jobs/a/trigger",
+            server.url
+        ))
+        .send()
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    let audit = |server: &Server, args: &[&str]| {
+        let out = server.cli().arg("audit").args(args).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let (ok, text) = audit(&server, &[]);
+    assert!(ok, "{text}");
+    let lines: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[0].contains("POST /api/v1/apply") && lines[0].contains(" 200 "),
+        "{text}"
+    );
+    assert!(
+        lines[1].contains("/jobs/a/trigger") && lines[1].contains("tok_"),
+        "{text}"
+    );
+    assert!(
+        lines[2].contains(" 401 ") && lines[2].contains("127.0.0.1"),
+        "{text}"
+    );
+    assert_eq!(
+        audit(&server, &["--verify"]),
+        (true, "3 rows, chain intact\n".into())
+    );
+
+    // Behind the server's back: a changed row, then a deleted one.
+    server.signal(Signal::SIGTERM);
+    let db = rusqlite::Connection::open(data.join("dagcron.db")).unwrap();
+    db.execute("UPDATE audit SET outcome = 200 WHERE seq = 3", [])
+        .unwrap();
+    let server = Server::start(&data, port, &[]);
+    let (ok, text) = audit(&server, &["--verify"]);
+    assert!(!ok && text.contains("broken at row 3"), "{text}");
+    db.execute("UPDATE audit SET outcome = 401 WHERE seq = 3", [])
+        .unwrap();
+    db.execute("DELETE FROM audit WHERE seq = 2", []).unwrap();
+    let (ok, text) = audit(&server, &["--verify"]);
+    assert!(!ok && text.contains("row 2 is missing"), "{text}");
+}
