@@ -33,6 +33,7 @@ fn attempt(n: u64, report: Report, start_at: Option<jiff::Timestamp>) -> RemoteT
             scheduled_at: jiff::Timestamp::now(),
             idempotency_key: n.to_string(),
             params: BTreeMap::new(),
+            secrets: Default::default(),
         },
         executor: Executor::Noop,
         timeout: None,

@@ -390,6 +390,12 @@ fn prepare(a: &v1::Assignment) -> Result<(dagcron_core::Executor, AttemptContext
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
+        secrets: dagcron_exec::SecretValues(
+            a.secrets
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
     };
     Ok((executor, ctx))
 }

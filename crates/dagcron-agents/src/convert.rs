@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use dagcron_core::model::{HttpSpec, ShellCommand};
+use dagcron_core::model::{EnvValue, HttpSpec, ShellCommand};
 use dagcron_core::{Executor, Failure};
 use dagcron_exec::{Ending, Outcome};
 use dagcron_proto::v1;
@@ -12,7 +12,19 @@ pub(crate) fn executor_to_proto(e: &Executor) -> v1::Executor {
         Executor::Shell(s) => v1::executor::Kind::Shell(v1::Shell {
             command: s.command.clone(),
             args: s.args.clone(),
-            env: s.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            // A secret goes as its placeholder; its value goes with the
+            // assignment's secrets, and the agent puts it in.
+            env: s
+                .env
+                .iter()
+                .map(|(k, v)| {
+                    let text = match v {
+                        EnvValue::Plain(t) => t.clone(),
+                        EnvValue::Secret { secret } => format!("{{{{secrets.{secret}}}}}"),
+                    };
+                    (k.clone(), text)
+                })
+                .collect(),
             cwd: s.cwd.clone().unwrap_or_default(),
         }),
         Executor::Http(h) => v1::executor::Kind::Http(v1::Http {
@@ -32,13 +44,18 @@ pub(crate) fn executor_to_proto(e: &Executor) -> v1::Executor {
 }
 
 pub(crate) fn executor_from_proto(e: &v1::Executor) -> Result<Executor, String> {
-    let sorted =
-        |m: &HashMap<String, String>| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let sorted = |m: &HashMap<String, String>| -> std::collections::BTreeMap<String, String> {
+        m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    };
     match &e.kind {
         Some(v1::executor::Kind::Shell(s)) => Ok(Executor::Shell(ShellCommand {
             command: s.command.clone(),
             args: s.args.clone(),
-            env: sorted(&s.env),
+            env: s
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), EnvValue::Plain(v.clone())))
+                .collect(),
             cwd: (!s.cwd.is_empty()).then(|| s.cwd.clone()),
         })),
         Some(v1::executor::Kind::Http(h)) => Ok(Executor::Http(HttpSpec {

@@ -297,6 +297,13 @@ impl AgentPool {
                     .map_or(0, |d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX)),
                 start_at_us: task.start_at.map_or(0, |t| t.as_microsecond()),
                 max_output_bytes: u32::try_from(task.max_output).unwrap_or(u32::MAX),
+                secrets: task
+                    .ctx
+                    .secrets
+                    .0
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
             };
             let sent = agent.tx.as_ref().is_some_and(|tx| {
                 tx.send(Ok(message(server_message::Body::Assignment(assignment))))

@@ -60,6 +60,7 @@ fn task(script: &str, report: oneshot::Sender<Outcome>) -> RemoteTask {
             scheduled_at: jiff::Timestamp::now(),
             idempotency_key: "k".into(),
             params: BTreeMap::new(),
+            secrets: Default::default(),
         },
         executor: Executor::Shell(ShellCommand {
             command: script.into(),

@@ -17,8 +17,8 @@ pub mod state;
 pub use dag::Dag;
 pub use duration::Dur;
 pub use model::{
-    Concurrency, Delivery, Executor, Job, JobFile, JobSpec, Misfire, Task, TaskSpec, Timing,
-    TriggerRule, ValidationError, ValidationErrors,
+    Concurrency, Delivery, EnvValue, Executor, Job, JobFile, JobSpec, Misfire, Task, TaskSpec,
+    Timing, TriggerRule, ValidationError, ValidationErrors,
 };
 pub use policy::{FireDecision, FireOutcome};
 pub use retry::{Failure, RetryDecision, RetryPolicy};

@@ -194,11 +194,75 @@ pub struct ShellCommand {
     /// Arguments; when present, `command` is executed directly.
     #[serde(default)]
     pub args: Vec<String>,
-    /// Extra environment variables.
+    /// Extra environment variables: a value, or `{ secret: NAME }` for a
+    /// secret of the job's namespace.
     #[serde(default)]
-    pub env: BTreeMap<String, String>,
+    pub env: BTreeMap<String, EnvValue>,
     /// Working directory.
     pub cwd: Option<String>,
+}
+
+/// The value of an environment variable of a shell task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EnvValue {
+    /// Written out (`{{params.x}}` and `{{secrets.x}}` are substituted).
+    Plain(String),
+    /// A stored secret of the job's namespace, by name.
+    Secret {
+        /// The secret's name.
+        secret: String,
+    },
+}
+
+impl From<&str> for EnvValue {
+    fn from(s: &str) -> EnvValue {
+        EnvValue::Plain(s.to_string())
+    }
+}
+
+impl From<String> for EnvValue {
+    fn from(s: String) -> EnvValue {
+        EnvValue::Plain(s)
+    }
+}
+
+/// The names of the secrets `{{secrets.NAME}}` placeholders in `text` refer to.
+pub fn secret_placeholders(text: &str) -> impl Iterator<Item = &str> {
+    text.split("{{").skip(1).filter_map(|rest| {
+        let inside = rest.split("}}").next()?.trim();
+        inside.strip_prefix("secrets.")
+    })
+}
+
+impl Executor {
+    /// The secrets this executor refers to, by name.
+    pub fn secret_refs(&self) -> std::collections::BTreeSet<String> {
+        let mut out = std::collections::BTreeSet::new();
+        let mut texts: Vec<&str> = Vec::new();
+        match self {
+            Executor::Shell(c) => {
+                for v in c.env.values() {
+                    match v {
+                        EnvValue::Plain(t) => texts.push(t),
+                        EnvValue::Secret { secret } => {
+                            out.insert(secret.clone());
+                        }
+                    }
+                }
+            }
+            Executor::Http(h) => {
+                texts.push(&h.url);
+                texts.extend(h.headers.values().map(String::as_str));
+                texts.extend(h.body.as_deref());
+            }
+            Executor::Noop => {}
+        }
+        for t in texts {
+            out.extend(secret_placeholders(t).map(str::to_string));
+        }
+        out
+    }
 }
 
 /// An HTTP task.
@@ -880,6 +944,32 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
         {
             if s.trim().is_empty() {
                 err(format!("{path}.shell"), "the command is empty".into());
+            }
+        }
+        // A secret on a command line is visible to every user of the
+        // machine (`ps`): only the environment and HTTP fields take them.
+        let on_command_line = match &t.shell {
+            Some(ShellSpec::Script(s)) => secret_placeholders(s).next().is_some(),
+            Some(ShellSpec::Command(c)) => std::iter::once(&c.command)
+                .chain(&c.args)
+                .chain(&c.cwd)
+                .any(|x| secret_placeholders(x).next().is_some()),
+            None => false,
+        };
+        if on_command_line {
+            err(
+                format!("{path}.shell"),
+                "a secret may not be put on a command line, where `ps` shows it: pass it in `env` (`env: { KEY: { secret: NAME } }`)".into(),
+            );
+        }
+        if let Some(executor) = &executor {
+            for name in executor.secret_refs() {
+                if !valid_name(&name) {
+                    err(
+                        format!("{path}"),
+                        format!("invalid secret name {name:?}: {NAME_RULE}"),
+                    );
+                }
             }
         }
         if let Some(run_on) = &t.run_on {

@@ -40,6 +40,105 @@ pub struct AttemptContext {
     pub idempotency_key: String,
     /// Run parameters.
     pub params: BTreeMap<String, String>,
+    /// The values of the secrets the task refers to, by name.
+    pub secrets: SecretValues,
+}
+
+/// Secret values given to an attempt, by name. Never printed; every value,
+/// and its base64 and URL-encoded forms, is replaced by `***` in what the
+/// attempt reports ([`SecretValues::redact`]).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct SecretValues(pub BTreeMap<String, String>);
+
+impl std::fmt::Debug for SecretValues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.keys()).finish()
+    }
+}
+
+/// Values shorter than this are not redacted: replacing every `a` of a
+/// log would destroy it and hide nothing.
+const MIN_REDACTED: usize = 3;
+
+impl SecretValues {
+    /// The byte strings to hide: each value, its base64 forms (padded and
+    /// not) and its URL-encoded form, longest first.
+    fn forms(&self) -> Vec<Vec<u8>> {
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        for v in self.0.values().filter(|v| v.len() >= MIN_REDACTED) {
+            let b64 = base64(v.as_bytes());
+            out.push(v.as_bytes().to_vec());
+            out.push(b64.trim_end_matches('=').as_bytes().to_vec());
+            out.push(b64.into_bytes());
+            out.push(url_encode(v).into_bytes());
+        }
+        out.sort_by_key(|f| std::cmp::Reverse(f.len()));
+        out.dedup();
+        out
+    }
+
+    /// `bytes` with every secret value (and encoded form) replaced by `***`.
+    pub fn redact(&self, bytes: &[u8]) -> Vec<u8> {
+        redact_with(&self.forms(), bytes)
+    }
+
+    /// [`SecretValues::redact`] for text.
+    pub fn redact_str(&self, text: &str) -> String {
+        String::from_utf8_lossy(&self.redact(text.as_bytes())).into_owned()
+    }
+}
+
+fn redact_with(forms: &[Vec<u8>], bytes: &[u8]) -> Vec<u8> {
+    if forms.is_empty() {
+        return bytes.to_vec();
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match forms.iter().find(|f| bytes[i..].starts_with(f)) {
+            Some(f) => {
+                out.extend_from_slice(b"***");
+                i += f.len();
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for k in 0..4 {
+            if k <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * k)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn url_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 impl AttemptContext {
@@ -101,7 +200,12 @@ impl AttemptContext {
             match after.find("}}") {
                 Some(end) => {
                     let key = after[..end].trim();
-                    match key.strip_prefix("params.").and_then(|k| self.params.get(k)) {
+                    let value = match key.split_once('.') {
+                        Some(("params", k)) => self.params.get(k),
+                        Some(("secrets", k)) => self.secrets.0.get(k),
+                        _ => None,
+                    };
+                    match value {
                         Some(v) => put(v, &mut out),
                         None => out.push_str(&rest[start..start + 2 + end + 2]),
                     }
@@ -212,7 +316,10 @@ pub async fn run_live(
     limits: Limits,
     live: Option<&LiveLog>,
 ) -> Outcome {
-    let outcome = match executor {
+    if let Some(live) = live {
+        live.redact_with(ctx.secrets.forms());
+    }
+    let mut outcome = match executor {
         Executor::Shell(cmd) => shell::run(cmd, ctx, timeout, cancel, limits, live).await,
         Executor::Http(spec) => {
             let outcome = http::run(spec, ctx, timeout, cancel, limits).await;
@@ -232,6 +339,11 @@ pub async fn run_live(
     if let Some(live) = live {
         live.finish();
     }
+    // Nothing the attempt reports shows a secret given to it.
+    if !ctx.secrets.0.is_empty() {
+        outcome.log = ctx.secrets.redact(&outcome.log);
+        outcome.error = outcome.error.map(|e| ctx.secrets.redact_str(&e));
+    }
     outcome
 }
 
@@ -242,6 +354,8 @@ pub struct LiveLog(Arc<LiveInner>);
 #[derive(Debug)]
 struct LiveInner {
     buf: std::sync::Mutex<Vec<u8>>,
+    /// Byte strings replaced by `***` as output comes (secret values).
+    redact: std::sync::Mutex<Vec<Vec<u8>>>,
     cap: usize,
     done: std::sync::atomic::AtomicBool,
     changed: tokio::sync::Notify,
@@ -252,14 +366,31 @@ impl LiveLog {
     pub fn new(cap: usize) -> LiveLog {
         LiveLog(Arc::new(LiveInner {
             buf: std::sync::Mutex::new(Vec::new()),
+            redact: std::sync::Mutex::new(Vec::new()),
             cap,
             done: std::sync::atomic::AtomicBool::new(false),
             changed: tokio::sync::Notify::new(),
         }))
     }
 
+    /// Hides these byte strings in the output pushed from now on (a value
+    /// split across two pushes is caught in the stored log, not here).
+    pub fn redact_with(&self, forms: Vec<Vec<u8>>) {
+        *self.0.redact.lock().expect("live log lock") = forms;
+    }
+
     /// Appends output (beyond the cap, it is dropped).
     pub fn push(&self, bytes: &[u8]) {
+        let redacted;
+        let bytes = {
+            let forms = self.0.redact.lock().expect("live log lock");
+            if forms.is_empty() {
+                bytes
+            } else {
+                redacted = redact_with(&forms, bytes);
+                &redacted
+            }
+        };
         {
             let mut buf = self.0.buf.lock().expect("live log lock");
             let room = self.0.cap.saturating_sub(buf.len());
@@ -345,6 +476,7 @@ mod tests {
                 ("region".into(), "cn-east".into()),
                 ("dry-run".into(), "1".into()),
             ]),
+            secrets: SecretValues::default(),
         }
     }
 
@@ -370,6 +502,21 @@ mod tests {
             c.substitute_shell("echo hello {{params.who}}"),
             r"echo hello 'x; touch pwned '\''quoted'\'' $(id)'"
         );
+    }
+
+    #[test]
+    fn secrets_are_redacted_in_every_form() {
+        let secrets = SecretValues(BTreeMap::from([
+            ("k".into(), "s3cr3t/value+x".into()),
+            ("short".into(), "ab".into()),
+        ]));
+        let text = "plain s3cr3t/value+x, base64 czNjcjN0L3ZhbHVlK3g=, url s3cr3t%2Fvalue%2Bx, ab";
+        assert_eq!(
+            secrets.redact_str(text),
+            "plain ***, base64 ***, url ***, ab"
+        );
+        assert_eq!(format!("{secrets:?}"), r#"["k", "short"]"#, "never printed");
+        assert_eq!(base64(b"hello"), "aGVsbG8=");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dagcron_core::Failure;
-use dagcron_core::model::ShellCommand;
+use dagcron_core::model::{EnvValue, ShellCommand};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt};
@@ -77,7 +77,25 @@ pub(crate) async fn run(
         command.env(format!("DAGCRON_{k}"), v);
     }
     for (k, v) in &cmd.env {
-        command.env(k, ctx.substitute(v));
+        let value = match v {
+            EnvValue::Plain(text) => ctx.substitute(text),
+            EnvValue::Secret { secret } => match ctx.secrets.0.get(secret) {
+                Some(value) => value.clone(),
+                None => {
+                    let error = format!(
+                        "the secret {secret} of variable {k} was not given to this attempt"
+                    );
+                    return Outcome {
+                        ending: Ending::Failed(Failure::Error(error.clone())),
+                        exit_code: None,
+                        error: Some(error),
+                        log: vec![],
+                        start_error_us: None,
+                    };
+                }
+            },
+        };
+        command.env(k, value);
     }
     let cwd = cmd.cwd.as_ref().map(|dir| ctx.substitute(dir));
     if let Some(dir) = &cwd {

@@ -19,6 +19,7 @@ fn ctx() -> AttemptContext {
         scheduled_at: "2026-01-01T02:30:00Z".parse().unwrap(),
         idempotency_key: "billing/nightly/42/extract".into(),
         params: BTreeMap::from([("region".into(), "cn-east".into())]),
+        secrets: Default::default(),
     }
 }
 

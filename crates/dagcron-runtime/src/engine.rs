@@ -72,6 +72,66 @@ pub struct EngineConfig {
     pub node: Option<NodeIdentity>,
     /// Where tasks with `run_on` go.
     pub remote: Option<RemoteWorkers>,
+    /// Where the values of the secrets tasks refer to come from.
+    pub secrets: Option<SecretSource>,
+}
+
+/// Resolves the secrets a task refers to, in the task's namespace, when an
+/// attempt starts (never in the engine's loop).
+pub trait Secrets: Send + Sync + 'static {
+    /// The values of `names` in `namespace`; an error says which is missing
+    /// or could not be read.
+    fn resolve<'a>(
+        &'a self,
+        namespace: &'a str,
+        names: &'a std::collections::BTreeSet<String>,
+    ) -> std::pin::Pin<
+        Box<
+            dyn Future<Output = Result<std::collections::BTreeMap<String, String>, String>>
+                + Send
+                + 'a,
+        >,
+    >;
+}
+
+/// The engine's link to the stored secrets.
+#[derive(Clone)]
+pub struct SecretSource(pub Arc<dyn Secrets>);
+
+impl std::fmt::Debug for SecretSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretSource")
+    }
+}
+
+/// The values of the secrets `executor` refers to.
+async fn resolve_secrets(
+    source: Option<&SecretSource>,
+    namespace: &str,
+    executor: &dagcron_core::Executor,
+) -> Result<dagcron_exec::SecretValues, String> {
+    let names = executor.secret_refs();
+    if names.is_empty() {
+        return Ok(dagcron_exec::SecretValues::default());
+    }
+    let Some(source) = source else {
+        return Err("the task refers to secrets, and this server has none".into());
+    };
+    source
+        .0
+        .resolve(namespace, &names)
+        .await
+        .map(dagcron_exec::SecretValues)
+}
+
+fn failed(error: String) -> Outcome {
+    Outcome {
+        ending: Ending::Failed(Failure::Error(error.clone())),
+        exit_code: None,
+        error: Some(error),
+        log: vec![],
+        start_error_us: None,
+    }
 }
 
 /// An attempt for a remote worker agent.
@@ -208,6 +268,7 @@ impl Default for EngineConfig {
             observer: None,
             node: None,
             remote: None,
+            secrets: None,
         }
     }
 }
@@ -1662,6 +1723,7 @@ impl<S: Store> Engine<S> {
                 &run.job.tasks[task].id,
             ),
             params: run.params.clone(),
+            secrets: Default::default(),
         };
         let token = run.tokens[task]
             .clone()
@@ -1738,32 +1800,51 @@ impl<S: Store> Engine<S> {
                 followed.finish();
                 finish(outcome);
             };
-            match &self.config.remote {
-                Some(remote) => remote.0.submit(RemoteTask {
-                    ctx,
-                    executor,
-                    timeout,
-                    start_at,
-                    labels: run_on.labels.clone(),
-                    max_output: limits.max_output,
-                    cancel: token,
-                    live: Some(live),
-                    report: Box::new(report),
-                }),
-                None => report(Outcome {
-                    ending: Ending::Failed(Failure::Error("no remote agents here".into())),
-                    exit_code: None,
-                    error: Some("this server takes no remote agents".into()),
-                    log: vec![],
-                    start_error_us: None,
-                }),
+            let Some(remote) = self.config.remote.clone() else {
+                report(failed("this server takes no remote agents".into()));
+                return;
+            };
+            let mut task = RemoteTask {
+                ctx,
+                executor,
+                timeout,
+                start_at,
+                labels: run_on.labels.clone(),
+                max_output: limits.max_output,
+                cancel: token,
+                live: Some(live),
+                report: Box::new(report),
+            };
+            if task.executor.secret_refs().is_empty() {
+                remote.0.submit(task);
+                return;
             }
+            // The secrets are read beside the loop, then go with the assignment.
+            let secrets = self.config.secrets.clone();
+            tokio::spawn(async move {
+                match resolve_secrets(secrets.as_ref(), &task.ctx.namespace, &task.executor).await {
+                    Ok(values) => {
+                        task.ctx.secrets = values;
+                        remote.0.submit(task);
+                    }
+                    Err(error) => (task.report)(failed(error)),
+                }
+            });
             return;
         }
         let attempt_clock = self.clock.clone();
+        let secrets = self.config.secrets.clone();
+        let mut ctx = ctx;
         self.attempts.spawn(async move {
             // A panic in an executor must not leave the attempt running forever.
             let work = tokio::spawn(async move {
+                match resolve_secrets(secrets.as_ref(), &ctx.namespace, &executor).await {
+                    Ok(values) => ctx.secrets = values,
+                    Err(error) => {
+                        live.finish();
+                        return failed(error);
+                    }
+                }
                 let mut start_error_us = None;
                 if let Some(at) = start_at {
                     attempt_clock.sleep_until(at).await;
@@ -2906,6 +2987,7 @@ impl<S: Store> Engine<S> {
             attempt: claim.number,
             scheduled_at: claim.scheduled_at,
             params: claim.params,
+            secrets: Default::default(),
         };
         self.foreign.insert(
             (claim.run, i),

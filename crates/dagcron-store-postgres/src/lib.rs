@@ -16,8 +16,8 @@ use std::time::Duration;
 use dagcron_core::{AttemptState, FireOutcome, RunState, TaskState};
 use dagcron_store::{
     ApplyResult, AttemptKey, AttemptRecord, AuditEntry, ClaimedAttempt, FireRecord, JobUpsert,
-    NewRun, Page, RemoteAttempt, Result, RunId, RunRecord, StorageError, Store, StoredJob,
-    TaskRecord, TokenRecord, Trigger, Write, WriteResult,
+    NewRun, Page, RemoteAttempt, Result, RunId, RunRecord, SecretRecord, StorageError, Store,
+    StoredJob, TaskRecord, TokenRecord, Trigger, Write, WriteResult,
 };
 use jiff::Timestamp;
 use sqlx::Row;
@@ -455,6 +455,18 @@ fn token_from_row(row: &PgRow) -> Result<TokenRecord> {
         last_used_at: opt(6)?,
         revoked_at: opt(7)?,
         created_by: row.get(8),
+    })
+}
+
+fn secret_from_row(r: &PgRow) -> Result<SecretRecord> {
+    Ok(SecretRecord {
+        namespace: r.get(0),
+        name: r.get(1),
+        version: r.get(2),
+        key_id: r.get(3),
+        nonce: r.get(4),
+        ciphertext: r.get(5),
+        updated_at: ts(r.get(6))?,
     })
 }
 
@@ -971,6 +983,58 @@ impl Store for PgStore {
             .await
             .map_err(unavailable)?;
         Ok(())
+    }
+
+    async fn put_secret(&self, s: &SecretRecord) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO secrets (namespace, name, version, key_id, nonce, ciphertext, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT (namespace, name) DO UPDATE SET version = excluded.version, key_id = excluded.key_id, nonce = excluded.nonce, ciphertext = excluded.ciphertext, updated_at = excluded.updated_at",
+        )
+        .bind(&s.namespace)
+        .bind(&s.name)
+        .bind(s.version)
+        .bind(&s.key_id)
+        .bind(&s.nonce)
+        .bind(&s.ciphertext)
+        .bind(s.updated_at.as_microsecond())
+        .execute(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn get_secret(&self, namespace: &str, name: &str) -> Result<Option<SecretRecord>> {
+        let row = sqlx::query(
+            "SELECT namespace, name, version, key_id, nonce, ciphertext, updated_at FROM secrets WHERE namespace = $1 AND name = $2",
+        )
+        .bind(namespace)
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        row.map(|r| secret_from_row(&r)).transpose()
+    }
+
+    async fn list_secrets(&self, namespace: &str) -> Result<Vec<SecretRecord>> {
+        let rows = sqlx::query(
+            "SELECT namespace, name, version, key_id, nonce, ciphertext, updated_at FROM secrets WHERE namespace = $1 ORDER BY name",
+        )
+        .bind(namespace)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        rows.iter().map(secret_from_row).collect()
+    }
+
+    async fn delete_secret(&self, namespace: &str, name: &str) -> Result<bool> {
+        let n = sqlx::query("DELETE FROM secrets WHERE namespace = $1 AND name = $2")
+            .bind(namespace)
+            .bind(name)
+            .execute(&self.pool)
+            .await
+            .map_err(unavailable)?
+            .rows_affected();
+        Ok(n == 1)
     }
 
     async fn append_audit(&self, mut entry: AuditEntry) -> Result<()> {

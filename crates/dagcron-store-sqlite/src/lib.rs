@@ -12,7 +12,8 @@ use std::time::Duration;
 use dagcron_core::{AttemptState, FireOutcome};
 use dagcron_store::{
     ApplyResult, AttemptRecord, AuditEntry, FireRecord, JobUpsert, Page, Result, RunId, RunRecord,
-    StorageError, Store, StoredJob, TaskRecord, TokenRecord, Trigger, Write, WriteResult,
+    SecretRecord, StorageError, Store, StoredJob, TaskRecord, TokenRecord, Trigger, Write,
+    WriteResult,
 };
 use jiff::Timestamp;
 use sqlx::sqlite::{
@@ -190,6 +191,18 @@ fn token_from_row(row: &SqliteRow) -> Result<TokenRecord> {
         last_used_at: opt_ts(row.get(6))?,
         revoked_at: opt_ts(row.get(7))?,
         created_by: row.get(8),
+    })
+}
+
+fn secret_from_row(r: &SqliteRow) -> Result<SecretRecord> {
+    Ok(SecretRecord {
+        namespace: r.get(0),
+        name: r.get(1),
+        version: r.get(2),
+        key_id: r.get(3),
+        nonce: r.get(4),
+        ciphertext: r.get(5),
+        updated_at: ts(r.get(6))?,
     })
 }
 
@@ -469,6 +482,57 @@ impl Store for SqliteStore {
             })
             .await?;
         Ok(())
+    }
+
+    async fn put_secret(&self, secret: &SecretRecord) -> Result<()> {
+        let s = secret.clone();
+        self.writer
+            .transaction(move |tx| {
+                tx.execute(
+                    "INSERT INTO secrets (namespace, name, version, key_id, nonce, ciphertext, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                     ON CONFLICT (namespace, name) DO UPDATE SET version = excluded.version, key_id = excluded.key_id, nonce = excluded.nonce, ciphertext = excluded.ciphertext, updated_at = excluded.updated_at",
+                    rusqlite::params![s.namespace, s.name, s.version, s.key_id, s.nonce, s.ciphertext, s.updated_at.as_microsecond()],
+                )
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn get_secret(&self, namespace: &str, name: &str) -> Result<Option<SecretRecord>> {
+        let row = sqlx::query(
+            "SELECT namespace, name, version, key_id, nonce, ciphertext, updated_at FROM secrets WHERE namespace = ? AND name = ?",
+        )
+        .bind(namespace)
+        .bind(name)
+        .fetch_optional(&self.reader)
+        .await
+        .map_err(unavailable)?;
+        row.map(|r| secret_from_row(&r)).transpose()
+    }
+
+    async fn list_secrets(&self, namespace: &str) -> Result<Vec<SecretRecord>> {
+        let rows = sqlx::query(
+            "SELECT namespace, name, version, key_id, nonce, ciphertext, updated_at FROM secrets WHERE namespace = ? ORDER BY name",
+        )
+        .bind(namespace)
+        .fetch_all(&self.reader)
+        .await
+        .map_err(unavailable)?;
+        rows.iter().map(secret_from_row).collect()
+    }
+
+    async fn delete_secret(&self, namespace: &str, name: &str) -> Result<bool> {
+        let (ns, name) = (namespace.to_string(), name.to_string());
+        let n = self
+            .writer
+            .transaction(move |tx| {
+                tx.execute(
+                    "DELETE FROM secrets WHERE namespace = ?1 AND name = ?2",
+                    rusqlite::params![ns, name],
+                )
+            })
+            .await?;
+        Ok(n == 1)
     }
 
     async fn append_audit(&self, mut entry: AuditEntry) -> Result<()> {

@@ -21,6 +21,7 @@ macro_rules! conformance_tests {
             paused_in_a_file_and_through_the_api,
             tokens_are_found_by_their_hash_and_revoked,
             the_audit_log_is_one_chain,
+            secrets_are_kept_per_namespace,
             a_fire_is_recorded_once,
             concurrent_fires_create_one_run,
             state_changes_are_compare_and_set,
@@ -252,6 +253,35 @@ pub async fn tokens_are_found_by_their_hash_and_revoked<S: Store>(s: &S) {
     assert_eq!(
         (all[0].last_used_at, all[0].revoked_at),
         (Some(t(5)), Some(t(6)))
+    );
+}
+
+/// A secret's value is replaced in place (a new version) and deleted; one
+/// namespace's secrets are not another's.
+pub async fn secrets_are_kept_per_namespace<S: Store>(s: &S) {
+    let secret = |ns: &str, name: &str, version: i64| crate::SecretRecord {
+        namespace: ns.into(),
+        name: name.into(),
+        version,
+        key_id: "k1".into(),
+        nonce: vec![version as u8; 12],
+        ciphertext: vec![1, 2, 3],
+        updated_at: t(version),
+    };
+    s.put_secret(&secret("a", "db", 1)).await.unwrap();
+    s.put_secret(&secret("a", "db", 2)).await.unwrap();
+    s.put_secret(&secret("b", "db", 1)).await.unwrap();
+    assert_eq!(
+        s.get_secret("a", "db").await.unwrap(),
+        Some(secret("a", "db", 2))
+    );
+    assert_eq!(s.list_secrets("a").await.unwrap(), [secret("a", "db", 2)]);
+    assert!(s.delete_secret("a", "db").await.unwrap());
+    assert!(!s.delete_secret("a", "db").await.unwrap());
+    assert_eq!(s.get_secret("a", "db").await.unwrap(), None);
+    assert_eq!(
+        s.get_secret("b", "db").await.unwrap(),
+        Some(secret("b", "db", 1))
     );
 }
 

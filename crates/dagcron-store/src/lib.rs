@@ -389,6 +389,37 @@ pub struct TokenRecord {
     pub created_by: Option<String>,
 }
 
+/// A secret as stored: encrypted, with what decrypting it needs (the key's
+/// id and the nonce); never its value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretRecord {
+    /// Tenant.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Increments with every new value.
+    pub version: i64,
+    /// Which key encrypted it.
+    pub key_id: String,
+    /// The nonce it was encrypted with.
+    pub nonce: Vec<u8>,
+    /// The value, encrypted and authenticated.
+    pub ciphertext: Vec<u8>,
+    /// When its value was last set.
+    pub updated_at: Timestamp,
+}
+
+impl fmt::Debug for SecretRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SecretRecord")
+            .field("namespace", &self.namespace)
+            .field("name", &self.name)
+            .field("version", &self.version)
+            .field("key_id", &self.key_id)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A row of the fire ledger.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FireRecord {
@@ -617,6 +648,26 @@ pub trait Store: Send + Sync + 'static {
     fn revoke_token(&self, id: &str, at: Timestamp) -> impl Future<Output = Result<bool>> + Send;
     /// Notes that a token was just used.
     fn token_used(&self, id: &str, at: Timestamp) -> impl Future<Output = Result<()>> + Send;
+
+    /// Stores a secret's new encrypted value (replacing the old one).
+    fn put_secret(&self, secret: &SecretRecord) -> impl Future<Output = Result<()>> + Send;
+    /// One secret.
+    fn get_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<SecretRecord>>> + Send;
+    /// The secrets of a namespace, by name.
+    fn list_secrets(
+        &self,
+        namespace: &str,
+    ) -> impl Future<Output = Result<Vec<SecretRecord>>> + Send;
+    /// Deletes a secret; `false` if there was none.
+    fn delete_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<bool>> + Send;
 
     /// Appends a row to the audit log, chained after the last one (see
     /// [`AuditEntry::chain_after`]); appends take turns, so the chain has
