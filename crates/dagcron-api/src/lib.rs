@@ -8,6 +8,7 @@ pub mod audit;
 pub mod auth;
 mod error;
 mod routes;
+pub mod secrets;
 pub mod tokens;
 pub mod wire;
 
@@ -33,6 +34,8 @@ pub struct AppState<S: Store> {
     pub max_body_bytes: usize,
     /// The key token secrets are hashed under.
     pub keyring: Arc<auth::Keyring>,
+    /// The key secrets are encrypted under (none: no secrets here).
+    pub master_key: Option<Arc<secrets::MasterKey>>,
 }
 
 /// The default of [`AppState::max_body_bytes`]: 2 MiB, room for a job file
@@ -48,6 +51,7 @@ impl<S: Store> Clone for AppState<S> {
             workers: self.workers.clone(),
             max_body_bytes: self.max_body_bytes,
             keyring: self.keyring.clone(),
+            master_key: self.master_key.clone(),
         }
     }
 }

@@ -32,7 +32,8 @@ use dagcron_core::authz::Need;
         health, openapi, cluster, workers, apply, list_jobs, get_job, put_job, delete_job, pause,
         resume, trigger, backfill, list_runs, list_fires, get_run, cancel, get_log,
         crate::tokens::create_token, crate::tokens::list_tokens, crate::tokens::revoke_token,
-        crate::audit::list_audit
+        crate::audit::list_audit, crate::secrets::put_secret, crate::secrets::list_secrets,
+        crate::secrets::delete_secret
     ),
     components(schemas(ErrorBody)),
     modifiers(&BearerAuth),
@@ -128,6 +129,15 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
             axum::routing::delete(crate::tokens::revoke_token::<S>),
         )
         .route("/api/v1/audit", get(crate::audit::list_audit::<S>))
+        .route(
+            "/api/v1/namespaces/{ns}/secrets",
+            get(crate::secrets::list_secrets::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/secrets/{name}",
+            axum::routing::put(crate::secrets::put_secret::<S>)
+                .delete(crate::secrets::delete_secret::<S>),
+        )
         .fallback(unknown_path)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -46,6 +46,9 @@ async fn api() -> Api {
             engine: handle,
             max_body_bytes: 64 << 10,
             keyring: Arc::new(keyring.clone()),
+            master_key: Some(Arc::new(dagcron_api::secrets::MasterKey::from_bytes(
+                [9; 32],
+            ))),
         }),
         store,
         keyring,
@@ -606,6 +609,8 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
         ("post", "/api/v1/runs/{id}/cancel") => Namespace(Operator),
         ("post" | "get", "/api/v1/tokens") | ("delete", "/api/v1/tokens/{id}") => Tokens,
         ("get", "/api/v1/audit") => Tokens,
+        ("get", "/api/v1/namespaces/{ns}/secrets") => Namespace(Developer),
+        ("put" | "delete", "/api/v1/namespaces/{ns}/secrets/{name}") => Namespace(Developer),
         _ => return None,
     })
 }
@@ -688,7 +693,10 @@ async fn every_route_is_guarded_for_every_role() {
                 (_, None) => &[StatusCode::UNAUTHORIZED],
                 (Guard::Namespace(need), Some((role, ns))) => match ns {
                     // Another namespace's listing looks empty, its objects absent.
-                    Some("b") if path == "/api/v1/namespaces/{ns}/jobs" => {
+                    Some("b")
+                        if path == "/api/v1/namespaces/{ns}/jobs"
+                            || path == "/api/v1/namespaces/{ns}/secrets" =>
+                    {
                         assert_eq!(value["items"], json!([]), "{what}");
                         &[StatusCode::OK]
                     }

@@ -966,7 +966,7 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
             for name in executor.secret_refs() {
                 if !valid_name(&name) {
                     err(
-                        format!("{path}"),
+                        path.clone(),
                         format!("invalid secret name {name:?}: {NAME_RULE}"),
                     );
                 }

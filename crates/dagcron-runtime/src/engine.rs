@@ -76,6 +76,13 @@ pub struct EngineConfig {
     pub secrets: Option<SecretSource>,
 }
 
+/// What resolving secrets answers: the values by name, or why not.
+pub type Resolved<'a> = std::pin::Pin<
+    Box<
+        dyn Future<Output = Result<std::collections::BTreeMap<String, String>, String>> + Send + 'a,
+    >,
+>;
+
 /// Resolves the secrets a task refers to, in the task's namespace, when an
 /// attempt starts (never in the engine's loop).
 pub trait Secrets: Send + Sync + 'static {
@@ -85,13 +92,7 @@ pub trait Secrets: Send + Sync + 'static {
         &'a self,
         namespace: &'a str,
         names: &'a std::collections::BTreeSet<String>,
-    ) -> std::pin::Pin<
-        Box<
-            dyn Future<Output = Result<std::collections::BTreeMap<String, String>, String>>
-                + Send
-                + 'a,
-        >,
-    >;
+    ) -> Resolved<'a>;
 }
 
 /// The engine's link to the stored secrets.

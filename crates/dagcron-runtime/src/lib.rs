@@ -10,5 +10,5 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{ClusterConfig, ClusterHandle, Coordinator, LocalStatus};
 pub use engine::{
     Engine, EngineConfig, EngineError, EngineEvent, EngineHandle, Lease, NodeIdentity, Observer,
-    Ownership, Remote, RemoteTask, RemoteWorkers, SecretSource, Secrets,
+    Ownership, Remote, RemoteTask, RemoteWorkers, Resolved, SecretSource, Secrets,
 };

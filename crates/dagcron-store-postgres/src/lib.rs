@@ -1026,6 +1026,14 @@ impl Store for PgStore {
         rows.iter().map(secret_from_row).collect()
     }
 
+    async fn count_secrets(&self) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM secrets")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        Ok(n as u64)
+    }
+
     async fn delete_secret(&self, namespace: &str, name: &str) -> Result<bool> {
         let n = sqlx::query("DELETE FROM secrets WHERE namespace = $1 AND name = $2")
             .bind(namespace)

@@ -521,6 +521,14 @@ impl Store for SqliteStore {
         rows.iter().map(secret_from_row).collect()
     }
 
+    async fn count_secrets(&self) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM secrets")
+            .fetch_one(&self.reader)
+            .await
+            .map_err(unavailable)?;
+        Ok(n as u64)
+    }
+
     async fn delete_secret(&self, namespace: &str, name: &str) -> Result<bool> {
         let (ns, name) = (namespace.to_string(), name.to_string());
         let n = self

@@ -662,6 +662,8 @@ pub trait Store: Send + Sync + 'static {
         &self,
         namespace: &str,
     ) -> impl Future<Output = Result<Vec<SecretRecord>>> + Send;
+    /// How many secrets are stored, in every namespace.
+    fn count_secrets(&self) -> impl Future<Output = Result<u64>> + Send;
     /// Deletes a secret; `false` if there was none.
     fn delete_secret(
         &self,

@@ -84,6 +84,9 @@ pub(crate) enum ClientCommand {
     /// API tokens: create, list, revoke; bootstrap a cluster's first one.
     #[command(subcommand)]
     Tokens(TokensCommand),
+    /// Secrets of a namespace: set (the value from standard input), list, delete.
+    #[command(subcommand)]
+    Secrets(SecretsCommand),
     /// The audit log: every change and every refused call.
     Audit {
         /// Only this namespace's rows.
@@ -104,6 +107,29 @@ pub(crate) enum ClientCommand {
         /// End (RFC 3339, exclusive).
         #[arg(long)]
         to: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum SecretsCommand {
+    /// Set a secret's value, read from standard input (a final newline is dropped).
+    Set {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// The names and versions of a namespace's secrets (never their values).
+    List {
+        /// Namespace.
+        namespace: String,
+    },
+    /// Delete a secret.
+    Delete {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
     },
 }
 
@@ -611,6 +637,7 @@ pub(crate) async fn run(cmd: ClientCommand, conn: Conn) -> Result<ExitCode> {
             }
         }
         ClientCommand::Tokens(cmd) => tokens(cmd, &conn, &mut out).await?,
+        ClientCommand::Secrets(cmd) => secrets(cmd, &conn, &mut out).await?,
         ClientCommand::Audit { namespace, verify } => {
             return audit(namespace, verify, &conn, &mut out).await;
         }
@@ -808,4 +835,58 @@ async fn audit(
         )?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn secrets(cmd: SecretsCommand, conn: &Conn, out: &mut impl Write) -> Result<()> {
+    let c = Client::new(conn);
+    match cmd {
+        SecretsCommand::Set { namespace, name } => {
+            let mut value = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut value)
+                .context("reading the value from standard input")?;
+            let value = value.strip_suffix('\n').unwrap_or(&value);
+            let v: Value = c
+                .send(
+                    c.http
+                        .put(format!(
+                            "{}/api/v1/namespaces/{namespace}/secrets/{name}",
+                            c.base
+                        ))
+                        .json(&json!({ "value": value })),
+                )
+                .await?
+                .json()
+                .await?;
+            writeln!(out, "{namespace}/{name} version {}", s(&v["version"]))?;
+        }
+        SecretsCommand::List { namespace } => {
+            let v = c
+                .get(&format!("/api/v1/namespaces/{namespace}/secrets"))
+                .await?;
+            if conn.json {
+                print_json(out, &v)?;
+            } else {
+                writeln!(out, "{:<32} {:>7} {:<10} UPDATED", "NAME", "VERSION", "KEY")?;
+                for s_ in v["items"].as_array().into_iter().flatten() {
+                    writeln!(
+                        out,
+                        "{:<32} {:>7} {:<10} {}",
+                        s(&s_["name"]),
+                        s(&s_["version"]),
+                        s(&s_["key_id"]),
+                        s(&s_["updated_at"])
+                    )?;
+                }
+            }
+        }
+        SecretsCommand::Delete { namespace, name } => {
+            c.send(c.http.delete(format!(
+                "{}/api/v1/namespaces/{namespace}/secrets/{name}",
+                c.base
+            )))
+            .await?;
+            writeln!(out, "deleted {namespace}/{name}")?;
+        }
+    }
+    Ok(())
 }

@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the server: scheduler, workers and API on one port.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Work with cron expressions: preview fires, explain, check.
     #[command(subcommand)]
     Cron(cron_cmd::CronCommand),
@@ -42,7 +42,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Cron(cmd) => cron_cmd::run(cmd),
         Command::Dag(cmd) => dag_cmd::run(cmd),
-        Command::Serve(args) => runtime().and_then(|rt| rt.block_on(serve::run(args))),
+        Command::Serve(args) => runtime().and_then(|rt| rt.block_on(serve::run(*args))),
         Command::Worker(args) => runtime().and_then(|rt| rt.block_on(worker::run(args))),
         Command::Client(cmd) => runtime().and_then(|rt| rt.block_on(client::run(cmd, cli.conn))),
     };

@@ -11,11 +11,12 @@ use anyhow::{Context, Result};
 use clap::Args;
 use dagcron_agents::{AgentPool, PoolConfig};
 use dagcron_api::auth::Keyring;
+use dagcron_api::secrets::{MasterKey, StoredSecrets};
 use dagcron_api::{AppState, router};
 use dagcron_core::JobFile;
 use dagcron_core::authz::{Grant, Role};
 use dagcron_runtime::cluster::{self, ClusterConfig, Coordinator};
-use dagcron_runtime::{Engine, EngineConfig, RemoteWorkers, SystemClock};
+use dagcron_runtime::{Engine, EngineConfig, RemoteWorkers, SecretSource, SystemClock};
 use dagcron_store::cluster::Coordination;
 use dagcron_store::{StorageError, Store};
 use dagcron_store_postgres::PgStore;
@@ -79,6 +80,11 @@ pub(crate) struct ServeArgs {
     /// cluster, the same file on every node: `dagcron tokens bootstrap` makes one].
     #[arg(long, env = "DAGCRON_KEY_FILE")]
     key_file: Option<PathBuf>,
+    /// The master key secrets are encrypted under (32 bytes) [default:
+    /// DATA_DIR/master.key, created on the first start; in a cluster, the
+    /// same file on every node, or no secrets there].
+    #[arg(long, env = "DAGCRON_MASTER_KEY_FILE")]
+    master_key_file: Option<PathBuf>,
     /// Variables of the server's environment that tasks receive (tasks get
     /// only PATH, HOME, LANG, LC_*, TZ and their own otherwise), such as
     /// HTTP_PROXY,NO_PROXY.
@@ -104,6 +110,7 @@ struct FileConfig {
     shutdown_grace: Option<u64>,
     max_body_bytes: Option<usize>,
     key_file: Option<PathBuf>,
+    master_key_file: Option<PathBuf>,
     pass_env: Option<Vec<String>>,
 }
 
@@ -122,6 +129,7 @@ struct Settings {
     shutdown_grace: u64,
     max_body_bytes: usize,
     key_file: Option<PathBuf>,
+    master_key_file: Option<PathBuf>,
     pass_env: Vec<String>,
 }
 
@@ -167,6 +175,7 @@ impl ServeArgs {
                 .or(file.max_body_bytes)
                 .unwrap_or(dagcron_api::DEFAULT_MAX_BODY_BYTES),
             key_file: self.key_file.clone().or(file.key_file),
+            master_key_file: self.master_key_file.clone().or(file.master_key_file),
             pass_env: if self.pass_env.is_empty() {
                 file.pass_env.unwrap_or_default()
             } else {
@@ -257,6 +266,18 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
             &args.data_dir.join("admin.token"),
         )
         .await?;
+        let master_file = args
+            .master_key_file
+            .clone()
+            .unwrap_or_else(|| args.data_dir.join("master.key"));
+        let master_key = Some(master_key(&*store, &master_file, true).await?);
+        let config = EngineConfig {
+            secrets: Some(SecretSource(Arc::new(StoredSecrets {
+                store: store.clone(),
+                key: master_key.clone(),
+            }))),
+            ..config
+        };
         let (engine, handle) = Engine::start(store.clone(), clock, config)
             .await
             .context("starting the engine")?;
@@ -273,6 +294,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
             workers: Some(agents),
             max_body_bytes: args.max_body_bytes,
             keyring,
+            master_key,
         };
         let api = serve_api(listener, state, demo, api_stop.clone()).await?;
         let result = engine_task.await.context("engine task")?;
@@ -310,8 +332,16 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         .context("joining the cluster")?;
     // An agent may move between nodes: fencing tokens must not repeat across them.
     agents.set_token_base(registration.epoch << 40);
+    let master_key = match &args.master_key_file {
+        Some(file) => Some(master_key(&store, file, false).await?),
+        None => None,
+    };
     let config = EngineConfig {
         node: Some(identity.clone()),
+        secrets: Some(SecretSource(Arc::new(StoredSecrets {
+            store: Arc::new(store.clone()),
+            key: master_key.clone(),
+        }))),
         ..config
     };
     // Read before the engine reads the jobs: the coordinator brings it the
@@ -349,6 +379,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         workers: Some(agents),
         max_body_bytes: args.max_body_bytes,
         keyring,
+        master_key,
     };
     let api = serve_api(listener, state, demo, api_stop.clone()).await?;
     let fenced = |e: &StorageError| matches!(e, StorageError::Fenced(_));
@@ -413,6 +444,37 @@ fn private_files(db: &std::path::Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The master key of secrets: read from `file`, or (`create`) made there on
+/// a server whose store holds no secret yet. Secrets stored under a key
+/// that is gone cannot be decrypted: a missing key file with stored
+/// secrets is an error, never a reason to make a new key silently.
+async fn master_key<S: Store>(
+    store: &S,
+    file: &std::path::Path,
+    create: bool,
+) -> Result<Arc<MasterKey>> {
+    let stored = store
+        .count_secrets()
+        .await
+        .context("counting the secrets")?;
+    let key = if create && stored == 0 {
+        MasterKey::load_or_create(file).map(|(k, _)| k)
+    } else {
+        MasterKey::load(file)
+    };
+    let key = key.with_context(|| {
+        if stored > 0 {
+            format!(
+                "reading the master key {}: the database holds {stored} secrets encrypted under it; restore the file",
+                file.display()
+            )
+        } else {
+            format!("reading the master key {}", file.display())
+        }
+    })?;
+    Ok(Arc::new(key))
 }
 
 /// On the first start (no token at all), creates an instance-admin token

@@ -712,3 +712,71 @@ fn the_audit_log_records_changes_and_refusals_and_finds_tampering() {
     let (ok, text) = audit(&server, &["--verify"]);
     assert!(!ok && text.contains("row 2 is missing"), "{text}");
 }
+
+/// A secret set from the command line reaches the task that refers to it
+/// (in its environment, and in an HTTP header), is stored encrypted, and
+/// is `***` in everything the attempt reports, in its base64 and
+/// URL-encoded forms too; the API never answers its value.
+#[test]
+fn secrets_reach_their_tasks_and_nothing_else() {
+    use std::io::Write as _;
+    let (dir, data) = setup();
+    let server = Server::start(&data, free_port(), &[]);
+    let value = "s3cr3t/value+1";
+    let mut set = server
+        .cli()
+        .args(["secrets", "set", "e2e", "db-password"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    set.stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{value}\n").as_bytes())
+        .unwrap();
+    let out = set.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let job = "namespace: e2e\njobs:\n  - name: uses\n    tasks:\n      - id: t\n        shell:\n          command: 'echo \"plain $PASSWORD\"; printf %s \"$PASSWORD\" | base64; echo \"$PASSWORD\" | sed \"s|/|%2F|; s|+|%2B|\"; test \"$PASSWORD\" = \"s3cr3t/value+1\"'\n          env: { PASSWORD: { secret: db-password } }\n";
+    let (status, body) = server.post("/api/v1/apply", job, "application/yaml");
+    assert_eq!(status, 200, "{body}");
+    let run = server.trigger("uses");
+    let r = server.wait_run(run, "succeeded");
+    let log = server
+        .http()
+        .get(format!(
+            "{}/api/v1/runs/{run}/tasks/t/attempts/1/log",
+            server.url
+        ))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert_eq!(log, "plain ***\n***\n***\n", "{r}");
+    // Never answered, never stored in the clear.
+    let list = server.get("/api/v1/namespaces/e2e/secrets");
+    assert_eq!(list["items"][0]["name"], "db-password");
+    assert!(!list.to_string().contains(value));
+    let db = rusqlite::Connection::open(data.join("dagcron.db")).unwrap();
+    let stored: Vec<u8> = db
+        .query_row("SELECT ciphertext FROM secrets", [], |r| r.get(0))
+        .unwrap();
+    assert!(!stored.windows(value.len()).any(|w| w == value.as_bytes()));
+    // A task that refers to a secret that does not exist fails, saying which.
+    let job = "namespace: e2e\njobs:\n  - { name: missing, tasks: [{ id: t, shell: { command: 'true', env: { X: { secret: nope } } } }] }\n";
+    assert_eq!(server.post("/api/v1/apply", job, "application/yaml").0, 200);
+    let run = server.trigger("missing");
+    let r = server.wait_run(run, "failed");
+    let error = r["tasks"][0]["attempts"][0]["error"].as_str().unwrap();
+    assert!(error.contains("no secret nope"), "{error}");
+    // A secret on a command line is refused at apply.
+    let job = "namespace: e2e\njobs:\n  - { name: bad, tasks: [{ id: t, shell: 'echo {{secrets.db-password}}' }] }\n";
+    let (status, body) = server.post("/api/v1/apply", job, "application/yaml");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("command line"), "{body}");
+    drop(dir);
+}

@@ -1,0 +1,371 @@
+//! Secrets: encrypted at rest with AES-256-GCM under the master key, given
+//! to the attempts that refer to them, never answered by the API.
+//!
+//! Each ciphertext is stored with the id of the key that made it and its
+//! own random nonce; the namespace, the name and the version are bound to it
+//! as associated data, so a ciphertext copied to another secret's row does
+//! not decrypt.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use aes_gcm::aead::{Aead, KeyInit, Payload};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Extension, Path as UrlPath, State};
+use axum::http::StatusCode;
+use dagcron_core::authz::Need;
+use dagcron_store::{SecretRecord, Store};
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+use utoipa::ToSchema;
+
+use crate::auth::{Principal, write_private};
+use crate::wire::Errors;
+use crate::{ApiError, AppState};
+
+/// The largest secret value, in bytes.
+pub const MAX_SECRET_BYTES: usize = 64 * 1024;
+
+/// The master key secrets are encrypted under.
+pub struct MasterKey {
+    id: String,
+    key: [u8; 32],
+}
+
+impl std::fmt::Debug for MasterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MasterKey({})", self.id)
+    }
+}
+
+fn associated_data(namespace: &str, name: &str, version: i64) -> Vec<u8> {
+    format!("dagcron secret\0{namespace}\0{name}\0{version}").into_bytes()
+}
+
+impl MasterKey {
+    /// A key from 32 bytes; its id is derived from it.
+    pub fn from_bytes(key: [u8; 32]) -> MasterKey {
+        let digest = sha2::Sha256::digest(key);
+        let id = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+        MasterKey { id, key }
+    }
+
+    /// The key's id, stored with every ciphertext it makes.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Reads the key file at `path` (32 bytes).
+    pub fn load(path: &Path) -> std::io::Result<MasterKey> {
+        let bytes = std::fs::read(path)?;
+        let key: [u8; 32] = bytes.as_slice().try_into().map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "{} holds {} bytes; a master key is 32",
+                    path.display(),
+                    bytes.len()
+                ),
+            )
+        })?;
+        Ok(MasterKey::from_bytes(key))
+    }
+
+    /// Reads the key file, or creates it (0600) with a new random key.
+    /// Returns the key and whether it is new.
+    pub fn load_or_create(path: &Path) -> std::io::Result<(MasterKey, bool)> {
+        match MasterKey::load(path) {
+            Ok(k) => Ok((k, false)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let mut key = [0u8; 32];
+                getrandom::fill(&mut key).expect("the operating system's random source");
+                write_private(path, &key)?;
+                Ok((MasterKey::from_bytes(key), true))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn cipher(&self) -> aes_gcm::Aes256Gcm {
+        aes_gcm::Aes256Gcm::new_from_slice(&self.key).expect("a 32-byte key")
+    }
+
+    /// Encrypts `value` as version `version` of `namespace/name`.
+    pub fn seal(
+        &self,
+        namespace: &str,
+        name: &str,
+        version: i64,
+        value: &str,
+        now: Timestamp,
+    ) -> SecretRecord {
+        let mut nonce = [0u8; 12];
+        getrandom::fill(&mut nonce).expect("the operating system's random source");
+        let aad = associated_data(namespace, name, version);
+        let ciphertext = self
+            .cipher()
+            .encrypt(
+                &aes_gcm::Nonce::from(nonce),
+                Payload {
+                    msg: value.as_bytes(),
+                    aad: &aad,
+                },
+            )
+            .expect("encryption does not fail");
+        SecretRecord {
+            namespace: namespace.into(),
+            name: name.into(),
+            version,
+            key_id: self.id.clone(),
+            nonce: nonce.to_vec(),
+            ciphertext,
+            updated_at: now,
+        }
+    }
+
+    /// Decrypts a stored secret; an error says why it cannot be.
+    pub fn open(&self, s: &SecretRecord) -> Result<String, String> {
+        if s.key_id != self.id {
+            return Err(format!(
+                "secret {} was encrypted with key {}, which this server does not have (its key is {})",
+                s.name, s.key_id, self.id
+            ));
+        }
+        let nonce: [u8; 12] = s
+            .nonce
+            .as_slice()
+            .try_into()
+            .map_err(|_| format!("secret {} has a malformed nonce", s.name))?;
+        let aad = associated_data(&s.namespace, &s.name, s.version);
+        let plain = self
+            .cipher()
+            .decrypt(
+                &aes_gcm::Nonce::from(nonce),
+                Payload {
+                    msg: &s.ciphertext,
+                    aad: &aad,
+                },
+            )
+            .map_err(|_| {
+                format!(
+                    "secret {} does not decrypt: it was changed or moved",
+                    s.name
+                )
+            })?;
+        String::from_utf8(plain).map_err(|_| format!("secret {} is not UTF-8", s.name))
+    }
+}
+
+/// The engine's source of secret values: the store, decrypted with the
+/// master key.
+pub struct StoredSecrets<S> {
+    /// Where they are.
+    pub store: Arc<S>,
+    /// The key (none: this server has none, and no secret can be given).
+    pub key: Option<Arc<MasterKey>>,
+}
+
+impl<S: Store> dagcron_runtime::Secrets for StoredSecrets<S> {
+    fn resolve<'a>(
+        &'a self,
+        namespace: &'a str,
+        names: &'a BTreeSet<String>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<BTreeMap<String, String>, String>> + Send + 'a>>
+    {
+        Box::pin(async move {
+            let key = self.key.as_ref().ok_or_else(|| {
+                "the task refers to secrets, and this server has no master key (--master-key-file)"
+                    .to_string()
+            })?;
+            let mut out = BTreeMap::new();
+            for name in names {
+                let stored = self
+                    .store
+                    .get_secret(namespace, name)
+                    .await
+                    .map_err(|e| format!("reading secret {name}: {e}"))?
+                    .ok_or_else(|| format!("there is no secret {name} in namespace {namespace}"))?;
+                out.insert(name.clone(), key.open(&stored)?);
+            }
+            Ok(out)
+        })
+    }
+}
+
+/// A secret's value, to set.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecretBody {
+    /// The value (at most 64 KiB, UTF-8).
+    pub value: String,
+}
+
+/// A secret's metadata: never its value.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SecretAnswer {
+    /// Tenant.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Increments with every new value.
+    pub version: i64,
+    /// Which master key encrypted it.
+    pub key_id: String,
+    /// When its value was last set.
+    #[schema(value_type = String, format = DateTime)]
+    pub updated_at: Timestamp,
+}
+
+impl From<&SecretRecord> for SecretAnswer {
+    fn from(s: &SecretRecord) -> SecretAnswer {
+        SecretAnswer {
+            namespace: s.namespace.clone(),
+            name: s.name.clone(),
+            version: s.version,
+            key_id: s.key_id.clone(),
+            updated_at: s.updated_at,
+        }
+    }
+}
+
+/// A namespace's secrets.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SecretList {
+    /// By name.
+    pub items: Vec<SecretAnswer>,
+}
+
+fn no_secret(ns: &str, name: &str) -> impl FnOnce() -> ApiError + use<> {
+    let message = format!("no secret {ns}/{name}");
+    move || ApiError::not_found(message)
+}
+
+fn key_of<S: Store>(st: &AppState<S>) -> Result<&Arc<MasterKey>, ApiError> {
+    st.master_key.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_master_key",
+            "this server has no master key for secrets: start it with --master-key-file",
+        )
+    })
+}
+
+/// Sets a secret's value (a new version). The value is never answered.
+#[utoipa::path(put, path = "/api/v1/namespaces/{ns}/secrets/{name}", tag = "secrets",
+    params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Secret")),
+    request_body(content = SecretBody, content_type = "application/json"),
+    responses((status = 200, body = SecretAnswer), Errors))]
+pub(crate) async fn put_secret<S: Store>(
+    State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+    body: Bytes,
+) -> Result<Json<SecretAnswer>, ApiError> {
+    who.allow(Need::Develop, Some(&ns), no_secret(&ns, &name))?;
+    let key = key_of(&st)?;
+    if !dagcron_core::model::valid_name(&ns) || !dagcron_core::model::valid_name(&name) {
+        return Err(ApiError::bad_request(format!(
+            "invalid secret name {ns}/{name}: 1-63 of a-z 0-9 - _ ."
+        )));
+    }
+    let body: SecretBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("expected {{\"value\": \"...\"}}: {e}")))?;
+    if body.value.len() > MAX_SECRET_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "the value is {} bytes; at most {MAX_SECRET_BYTES} are accepted",
+            body.value.len()
+        )));
+    }
+    if body.value.contains('\0') {
+        return Err(ApiError::bad_request("the value holds a NUL byte"));
+    }
+    let version = st
+        .store
+        .get_secret(&ns, &name)
+        .await?
+        .map_or(1, |s| s.version + 1);
+    let record = key.seal(&ns, &name, version, &body.value, Timestamp::now());
+    st.store.put_secret(&record).await?;
+    Ok(Json(SecretAnswer::from(&record)))
+}
+
+/// The secrets of a namespace: names and metadata, never values.
+#[utoipa::path(get, path = "/api/v1/namespaces/{ns}/secrets", tag = "secrets",
+    params(("ns" = String, Path, description = "Namespace")),
+    responses((status = 200, body = SecretList), Errors))]
+pub(crate) async fn list_secrets<S: Store>(
+    State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
+    UrlPath(ns): UrlPath<String>,
+) -> Result<Json<SecretList>, ApiError> {
+    if who.grant.decide(Need::Develop, Some(&ns)) == dagcron_core::authz::Decision::Hidden {
+        return Ok(Json(SecretList { items: vec![] }));
+    }
+    who.allow(Need::Develop, Some(&ns), || ApiError::not_found(""))?;
+    let items = st
+        .store
+        .list_secrets(&ns)
+        .await?
+        .iter()
+        .map(SecretAnswer::from)
+        .collect();
+    Ok(Json(SecretList { items }))
+}
+
+/// Deletes a secret; tasks that refer to it fail from then on.
+#[utoipa::path(delete, path = "/api/v1/namespaces/{ns}/secrets/{name}", tag = "secrets",
+    params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Secret")),
+    responses((status = 204, description = "Deleted"), Errors))]
+pub(crate) async fn delete_secret<S: Store>(
+    State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    who.allow(Need::Develop, Some(&ns), no_secret(&ns, &name))?;
+    if st.store.delete_secret(&ns, &name).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(no_secret(&ns, &name)())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_opens_only_as_itself_under_its_key() {
+        let key = MasterKey::from_bytes([3; 32]);
+        let now = Timestamp::UNIX_EPOCH;
+        let s = key.seal("a", "db", 2, "hunter2", now);
+        assert_eq!(key.open(&s).unwrap(), "hunter2");
+        assert!(!s.ciphertext.windows(7).any(|w| w == b"hunter2"));
+        // Moved to another name, namespace or version: refused.
+        for moved in [
+            SecretRecord {
+                name: "other".into(),
+                ..s.clone()
+            },
+            SecretRecord {
+                namespace: "b".into(),
+                ..s.clone()
+            },
+            SecretRecord {
+                version: 3,
+                ..s.clone()
+            },
+        ] {
+            assert!(key.open(&moved).is_err());
+        }
+        let mut flipped = s.clone();
+        flipped.ciphertext[0] ^= 1;
+        assert!(key.open(&flipped).is_err());
+        let other = MasterKey::from_bytes([4; 32]);
+        assert!(other.open(&s).unwrap_err().contains("does not have"));
+        // A fresh nonce every time.
+        assert_ne!(key.seal("a", "db", 2, "hunter2", now).nonce, s.nonce);
+    }
+}
