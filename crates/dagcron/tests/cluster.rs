@@ -719,12 +719,20 @@ fn an_agent_on_one_node_serves_the_cluster_and_outlives_its_node() {
 
 /// Right after an apply through one node returned, a trigger of the new
 /// job through another node answered 404 (the change had not reached it).
+/// Node 0 reaches the database through a proxy that delays every chunk, so
+/// that the announcement of the change reaches it late.
 #[test]
 fn regression_a_job_applied_through_one_node_is_known_to_every_node_at_once() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let cluster = Cluster::new("read-through", 2, 2000);
+    let mut cluster = Cluster::with_flags("read-through", 0, 5000, &[]);
+    cluster.ports = vec![free_port(), free_port()];
+    cluster.nodes = vec![None, None];
+    let slow = Partition::in_front_of(&cluster.db.url);
+    cluster.start_via(0, &slow.url);
+    cluster.start(1);
     cluster.wait_converged(0);
-    for i in 0..20 {
+    slow.delay(Duration::from_millis(10));
+    for i in 0..3 {
         let yaml = format!(
             "namespace: c\njobs:\n  - {{ name: fresh{i}, tasks: [{{ id: t, noop: true }}] }}\n"
         );
@@ -742,6 +750,7 @@ fn regression_a_job_applied_through_one_node_is_known_to_every_node_at_once() {
             "job {i} applied through node 1, triggered through node 0: {body}"
         );
     }
+    slow.delay(Duration::ZERO);
 }
 
 /// A TCP proxy in front of PostgreSQL that can stop passing bytes while
@@ -750,6 +759,8 @@ struct Partition {
     url: String,
     cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Milliseconds every chunk waits before it passes.
+    delay: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Partition {
@@ -765,8 +776,9 @@ impl Partition {
         );
         let cut = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
+        let delay = Arc::new(std::sync::atomic::AtomicU64::new(0));
         listener.set_nonblocking(true).unwrap();
-        let (c, st) = (cut.clone(), stop.clone());
+        let (c, st, d) = (cut.clone(), stop.clone(), delay.clone());
         std::thread::spawn(move || {
             while !st.load(Ordering::SeqCst) {
                 let Ok((client, _)) = listener.accept() else {
@@ -779,8 +791,8 @@ impl Partition {
                     (client.try_clone().unwrap(), server.try_clone().unwrap()),
                     (server, client),
                 ] {
-                    let (c, st) = (c.clone(), st.clone());
-                    std::thread::spawn(move || pipe(from, to, &c, &st));
+                    let (c, st, d) = (c.clone(), st.clone(), d.clone());
+                    std::thread::spawn(move || pipe(from, to, &c, &st, &d));
                 }
             }
         });
@@ -788,11 +800,18 @@ impl Partition {
             url: proxied,
             cut,
             stop,
+            delay,
         }
     }
 
     fn cut(&self) {
         self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Every chunk waits this long before it passes (zero: none).
+    fn delay(&self, by: Duration) {
+        self.delay
+            .store(by.as_millis() as u64, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -809,6 +828,7 @@ fn pipe(
     mut to: std::net::TcpStream,
     cut: &std::sync::atomic::AtomicBool,
     stop: &std::sync::atomic::AtomicBool,
+    delay: &std::sync::atomic::AtomicU64,
 ) {
     use std::io::{Read, Write};
     use std::sync::atomic::Ordering;
@@ -823,6 +843,10 @@ fn pipe(
         match from.read(&mut buf) {
             Ok(0) => return,
             Ok(n) => {
+                let wait = delay.load(Ordering::SeqCst);
+                if wait > 0 {
+                    std::thread::sleep(Duration::from_millis(wait));
+                }
                 if to.write_all(&buf[..n]).is_err() {
                     return;
                 }

@@ -135,7 +135,14 @@ impl Server {
             .header("content-type", content_type)
             .body(body.to_string())
             .send()
-            .unwrap();
+            .unwrap_or_else(|e| {
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                panic!(
+                    "POST {path}: {e}; the server's last lines:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            });
         (resp.status().as_u16(), resp.json().unwrap_or(Value::Null))
     }
 
