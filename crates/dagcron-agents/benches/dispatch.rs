@@ -99,6 +99,7 @@ async fn run(agents: usize) -> Figures {
                 capacity: std::env::var("DAGCRON_BENCH_AGENT_CAPACITY")
                     .map_or(256, |c| c.parse().unwrap()),
                 token: None,
+                ca: None,
             },
             stop.clone(),
         ));

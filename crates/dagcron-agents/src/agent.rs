@@ -29,6 +29,9 @@ pub struct AgentConfig {
     pub capacity: u32,
     /// The shared secret the server expects, if any.
     pub token: Option<String>,
+    /// The certificate (PEM) of the authority that signed the server's, for
+    /// `https://` servers whose certificate is not publicly trusted.
+    pub ca: Option<Vec<u8>>,
 }
 
 /// Why the agent stopped.
@@ -151,6 +154,22 @@ async fn session(
                 "bad server URL {server:?}: {e}"
             ))));
         }
+    };
+    let endpoint = if server.starts_with("https://") {
+        let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
+        if let Some(ca) = &config.ca {
+            tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(ca));
+        }
+        match endpoint.tls_config(tls) {
+            Ok(e) => e,
+            Err(e) => {
+                return Err(Some(AgentError::Refused(format!(
+                    "TLS settings for {server}: {e}"
+                ))));
+            }
+        }
+    } else {
+        endpoint
     };
     let mut client = match endpoint.connect().await {
         Ok(channel) => AgentsClient::new(channel),

@@ -150,6 +150,7 @@ async fn a_result_made_while_cut_off_is_reported_after_reconnecting() {
             labels: BTreeMap::new(),
             capacity: 1,
             token: None,
+            ca: None,
         },
         agent_stop.clone(),
     ));
@@ -221,6 +222,7 @@ async fn jobs_take_turns_for_a_busy_agent() {
             labels: BTreeMap::new(),
             capacity: 1,
             token: None,
+            ca: None,
         },
         stop.clone(),
     ));
@@ -284,6 +286,7 @@ async fn regression_a_forged_result_from_another_agent_is_refused() {
             labels: BTreeMap::from([("role".into(), "worker".into())]),
             capacity: 1,
             token: None,
+            ca: None,
         },
         stop.clone(),
     ));

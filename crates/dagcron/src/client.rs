@@ -25,6 +25,10 @@ pub(crate) struct Conn {
     /// admin.token file in $DAGCRON_DATA_DIR or ./dagcron-data].
     #[arg(long, global = true, env = "DAGCRON_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// The certificate (PEM) of the authority that signed an https://
+    /// server's certificate, when it is not publicly trusted.
+    #[arg(long, global = true, env = "DAGCRON_CA")]
+    ca: Option<PathBuf>,
 }
 
 /// The token to send: the one given, or for a server on this machine
@@ -252,11 +256,17 @@ impl Client {
                 headers.insert(reqwest::header::AUTHORIZATION, value);
             }
         }
+        let mut builder = reqwest::Client::builder().default_headers(headers);
+        if let Some(ca) = conn
+            .ca
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .and_then(|pem| reqwest::Certificate::from_pem(&pem).ok())
+        {
+            builder = builder.add_root_certificate(ca);
+        }
         Client {
-            http: reqwest::Client::builder()
-                .default_headers(headers)
-                .build()
-                .unwrap_or_default(),
+            http: builder.build().unwrap_or_default(),
             base: conn.server.trim_end_matches('/').to_string(),
         }
     }

@@ -4,6 +4,7 @@ mod client;
 mod cron_cmd;
 mod dag_cmd;
 mod serve;
+mod tls;
 mod worker;
 
 use std::process::ExitCode;

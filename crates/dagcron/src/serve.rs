@@ -80,6 +80,13 @@ pub(crate) struct ServeArgs {
     /// cluster, the same file on every node: `dagcron tokens bootstrap` makes one].
     #[arg(long, env = "DAGCRON_KEY_FILE")]
     key_file: Option<PathBuf>,
+    /// The certificate chain (PEM) of the API's port: with --tls-key, the
+    /// API and the agents' stream are served over TLS (https://).
+    #[arg(long, env = "DAGCRON_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "DAGCRON_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// The master key secrets are encrypted under (32 bytes) [default:
     /// DATA_DIR/master.key, created on the first start; in a cluster, the
     /// same file on every node, or no secrets there].
@@ -111,6 +118,8 @@ struct FileConfig {
     max_body_bytes: Option<usize>,
     key_file: Option<PathBuf>,
     master_key_file: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
     pass_env: Option<Vec<String>>,
 }
 
@@ -130,6 +139,7 @@ struct Settings {
     max_body_bytes: usize,
     key_file: Option<PathBuf>,
     master_key_file: Option<PathBuf>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     pass_env: Vec<String>,
 }
 
@@ -176,6 +186,14 @@ impl ServeArgs {
                 .unwrap_or(dagcron_api::DEFAULT_MAX_BODY_BYTES),
             key_file: self.key_file.clone().or(file.key_file),
             master_key_file: self.master_key_file.clone().or(file.master_key_file),
+            tls: match (
+                self.tls_cert.clone().or(file.tls_cert),
+                self.tls_key.clone().or(file.tls_key),
+            ) {
+                (Some(cert), Some(key)) => Some(crate::tls::server_config(&cert, &key)?),
+                (None, None) => None,
+                _ => anyhow::bail!("TLS needs both tls_cert and tls_key"),
+            },
             pass_env: if self.pass_env.is_empty() {
                 file.pass_env.unwrap_or_default()
             } else {
@@ -284,7 +302,8 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         let engine_task =
             tokio::spawn(engine.run(shutdown.clone(), Duration::from_secs(args.shutdown_grace)));
         tracing::info!(
-            "dagcron listening on http://{address} (data in {})",
+            "dagcron listening on {}://{address} (data in {})",
+            if args.tls.is_some() { "https" } else { "http" },
             args.data_dir.display()
         );
         let state = AppState {
@@ -296,7 +315,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
             keyring,
             master_key,
         };
-        let api = serve_api(listener, state, demo, api_stop.clone()).await?;
+        let api = serve_api(listener, state, demo, args.tls.clone(), api_stop.clone()).await?;
         let result = engine_task.await.context("engine task")?;
         api_stop.cancel();
         let _ = api.await;
@@ -368,8 +387,9 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
     let mut engine_task =
         tokio::spawn(engine.run(shutdown.clone(), Duration::from_secs(args.shutdown_grace)));
     tracing::info!(
-        "dagcron node {} listening on http://{address}",
-        registration.id
+        "dagcron node {} listening on {}://{address}",
+        registration.id,
+        if args.tls.is_some() { "https" } else { "http" }
     );
     let watch = handle.clone();
     let state = AppState {
@@ -381,7 +401,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         keyring,
         master_key,
     };
-    let api = serve_api(listener, state, demo, api_stop.clone()).await?;
+    let api = serve_api(listener, state, demo, args.tls.clone(), api_stop.clone()).await?;
     let fenced = |e: &StorageError| matches!(e, StorageError::Fenced(_));
     tokio::select! {
         () = watch.fenced() => {
@@ -537,6 +557,7 @@ async fn serve_api<S: Store>(
     listener: tokio::net::TcpListener,
     state: AppState<S>,
     demo: bool,
+    tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<std::io::Result<()>>> {
     if demo {
@@ -556,6 +577,11 @@ async fn serve_api<S: Store>(
     let agents = state.workers.clone().expect("the server has an agent pool");
     let grpc = tonic::service::Routes::new(agents.service()).into_axum_router();
     let app = dagcron_api::with_grpc(router(state), grpc);
+    if let Some(config) = tls {
+        return Ok(tokio::spawn(crate::tls::serve(
+            listener, app, config, shutdown,
+        )));
+    }
     Ok(tokio::spawn(async move {
         axum::serve(
             listener,

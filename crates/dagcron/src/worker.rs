@@ -35,6 +35,10 @@ pub(crate) struct WorkerArgs {
     /// only PATH, HOME, LANG, LC_*, TZ and their own otherwise).
     #[arg(long, env = "DAGCRON_PASS_ENV", value_delimiter = ',')]
     pass_env: Vec<String>,
+    /// The certificate (PEM) of the authority that signed the server's, for
+    /// `https://` servers whose certificate is not publicly trusted.
+    #[arg(long, env = "DAGCRON_CA")]
+    ca: Option<std::path::PathBuf>,
 }
 
 pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
@@ -64,6 +68,13 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
         labels,
         capacity: args.capacity,
         token: args.token,
+        ca: match &args.ca {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .with_context(|| format!("reading the CA certificate {}", path.display()))?,
+            ),
+            None => None,
+        },
     };
     agent::run(config, shutdown).await?;
     tracing::info!("stopped");

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use common::{Server, free_port, setup, wait_process_gone};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use serde_json::Value;
 
 struct Agent {
     child: Child,
@@ -524,4 +525,172 @@ fn remote_tasks_are_not_bounded_by_the_servers_pool() {
         "the tasks ran one after another"
     );
     server.wait_run(id, "succeeded");
+}
+
+/// A CA and a certificate for 127.0.0.1 signed by it, as PEM files in `dir`:
+/// (CA certificate, server certificate, server key).
+fn test_certificates(
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(vec![]).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let mut leaf = CertificateParams::new(vec!["localhost".into()]).unwrap();
+    leaf.subject_alt_names
+        .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+    let leaf = leaf.signed_by(&key, &ca, &ca_key).unwrap();
+    let paths = (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    );
+    std::fs::write(&paths.0, ca.pem()).unwrap();
+    std::fs::write(&paths.1, leaf.pem()).unwrap();
+    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    paths
+}
+
+/// The API and the agents' stream over TLS: the command line and an agent
+/// that trust the CA reach the server, a plain-text client does not.
+#[test]
+fn the_api_and_the_agents_speak_tls() {
+    let (dir, data) = setup();
+    let (ca, cert, key) = test_certificates(dir.path());
+    let port = free_port();
+    let log = data.with_extension("log");
+    let file = std::fs::File::create(&log).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(&data)
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .stdout(std::process::Stdio::from(file.try_clone().unwrap()))
+        .stderr(std::process::Stdio::from(file))
+        .spawn()
+        .unwrap();
+    let url = format!("https://127.0.0.1:{port}");
+    let pem = std::fs::read(&ca).unwrap();
+    let https = reqwest::blocking::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
+        .build()
+        .unwrap();
+    wait_until("the server answers over TLS", || {
+        https.get(format!("{url}/healthz")).send().is_ok() && data.join("admin.token").exists()
+    });
+    let plain = reqwest::blocking::get(format!("http://127.0.0.1:{port}/healthz"));
+    assert!(
+        plain.is_err() || !plain.unwrap().status().is_success(),
+        "plain text answered"
+    );
+    let server = Server {
+        child: Command::new("true").spawn().unwrap(),
+        url: url.clone(),
+        namespace: "tls".into(),
+        log,
+        token: Some(
+            std::fs::read_to_string(data.join("admin.token"))
+                .unwrap()
+                .trim()
+                .into(),
+        ),
+    };
+    let cli = |args: &[&str]| {
+        let out = server
+            .cli()
+            .arg("--ca")
+            .arg(&ca)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    std::fs::write(
+        dir.path().join("job.yaml"),
+        "namespace: tls\njobs:\n  - { name: far, tasks: [{ id: t, shell: 'echo over tls', run_on: { labels: { net: tls } } }] }\n",
+    )
+    .unwrap();
+    cli(&["apply", "-f", dir.path().join("job.yaml").to_str().unwrap()]);
+    let agent_dir = dir.path().join("agent");
+    std::fs::create_dir_all(&agent_dir).unwrap();
+    struct Killed(Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _agent = Killed(
+        Command::new(env!("CARGO_BIN_EXE_dagcron"))
+            .args([
+                "worker",
+                "--server",
+                &url,
+                "--id",
+                "tls-agent",
+                "--labels",
+                "net=tls",
+                "--ca",
+            ])
+            .arg(&ca)
+            .current_dir(&agent_dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let run: i64 = {
+        let out = cli(&["--json", "jobs", "trigger", "tls/far"]);
+        serde_json::from_str::<Value>(&out).unwrap()["id"]
+            .as_i64()
+            .unwrap()
+    };
+    let http = reqwest::blocking::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
+        .default_headers(
+            [(
+                reqwest::header::AUTHORIZATION,
+                format!("Bearer {}", server.token.as_ref().unwrap())
+                    .parse()
+                    .unwrap(),
+            )]
+            .into_iter()
+            .collect(),
+        )
+        .build()
+        .unwrap();
+    wait_until("the agent ran the task over TLS", || {
+        http.get(format!("{url}/api/v1/runs/{run}"))
+            .send()
+            .ok()
+            .and_then(|r| r.json::<Value>().ok())
+            .is_some_and(|r| r["state"] == "succeeded")
+    });
+    let log = http
+        .get(format!("{url}/api/v1/runs/{run}/tasks/t/attempts/1/log"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert_eq!(log, "over tls\n");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    child.wait().unwrap();
 }
