@@ -30,9 +30,27 @@ pub struct PoolConfig {
     /// How long an assignment may wait for the agent's acceptance before it
     /// goes to another agent.
     pub accept_timeout: Duration,
-    /// The shared secret agents must present, if any.
+    /// The shared secret agents may present instead of a join token.
     pub token: Option<String>,
 }
+
+/// What a join token lets an agent do.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentGrant {
+    /// The token's id, for the log and the audit.
+    pub token_id: String,
+    /// The only namespace whose attempts the agent takes; none: every one.
+    pub namespace: Option<String>,
+    /// The labels the agent may claim; none: any.
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+/// Checks a join token: the grant, or why the agent is refused.
+pub type Authenticate = std::sync::Arc<
+    dyn Fn(String) -> std::pin::Pin<Box<dyn Future<Output = Result<AgentGrant, String>> + Send>>
+        + Send
+        + Sync,
+>;
 
 impl Default for PoolConfig {
     fn default() -> PoolConfig {
@@ -73,6 +91,8 @@ pub struct WorkerInfo {
 
 struct Agent {
     id: String,
+    /// The only namespace whose attempts it takes (its join token's).
+    namespace: Option<String>,
     labels: BTreeMap<String, String>,
     capacity: u32,
     running: u32,
@@ -89,6 +109,14 @@ struct Agent {
 impl Agent {
     fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         labels.iter().all(|(k, v)| self.labels.get(k) == Some(v))
+    }
+
+    fn takes(&self, task: &RemoteTask) -> bool {
+        self.matches(&task.labels)
+            && self
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| *ns == task.ctx.namespace)
     }
 
     fn has_room(&self) -> bool {
@@ -129,6 +157,9 @@ struct State {
 pub struct AgentPool {
     state: Arc<Mutex<State>>,
     config: PoolConfig,
+    /// Checks an agent's join token (the `token` of its Hello); unset: any
+    /// agent is let in (a pool in a test), or the shared token if set.
+    authenticate: Arc<std::sync::OnceLock<Authenticate>>,
     /// Cancelled when the pool stops: every agent stream ends.
     closing: CancellationToken,
 }
@@ -163,8 +194,15 @@ impl AgentPool {
         AgentPool {
             state: Arc::new(Mutex::new(state)),
             config,
+            authenticate: Arc::default(),
             closing: CancellationToken::new(),
         }
+    }
+
+    /// From now on, agents are let in by the join token `check` accepts
+    /// (or by the shared token, if the pool has one). Only the first call counts.
+    pub fn set_authenticate(&self, check: Authenticate) {
+        let _ = self.authenticate.set(check);
     }
 
     /// Runs the pool's upkeep (expired agents, unaccepted assignments)
@@ -249,10 +287,7 @@ impl AgentPool {
         while state.agents.values().any(Agent::has_room) {
             let agents = &state.agents;
             let Some(task) = state.waiting.take(|t| {
-                t.cancel.is_cancelled()
-                    || agents
-                        .values()
-                        .any(|a| a.has_room() && a.matches(&t.labels))
+                t.cancel.is_cancelled() || agents.values().any(|a| a.has_room() && a.takes(t))
             }) else {
                 break;
             };
@@ -263,7 +298,7 @@ impl AgentPool {
             let best = state
                 .agents
                 .iter()
-                .filter(|(_, a)| a.has_room() && a.matches(&task.labels))
+                .filter(|(_, a)| a.has_room() && a.takes(&task))
                 .min_by(|(_, a), (_, b)| {
                     // The least loaded, relative to its capacity.
                     (u64::from(a.running) * u64::from(b.capacity))
@@ -276,7 +311,11 @@ impl AgentPool {
                 state.waiting.push_front(&ns, &job, task);
                 break;
             };
-            state.next_token += 1;
+            // Increasing, for systems that reject a stale writer, but not
+            // by one: an agent cannot tell another's token from its own.
+            let mut step = [0u8; 2];
+            getrandom::fill(&mut step).expect("the operating system's random source");
+            state.next_token += 1 + i64::from(u16::from_le_bytes(step) % 1024);
             let token = state.next_token;
             let agent = state.agents.get_mut(&session).expect("agent");
             let assignment = v1::Assignment {
@@ -624,10 +663,37 @@ impl Agents for AgentPool {
             tracing::warn!(agent = %hello.agent_id, "agent refused: {e}");
             return refusal(e.to_string());
         }
-        if let Some(token) = &self.config.token {
-            if &hello.token != token {
+        let shared = self
+            .config
+            .token
+            .as_ref()
+            .is_some_and(|t| *t == hello.token);
+        let grant = match self.authenticate.get() {
+            _ if shared => AgentGrant::default(),
+            None if self.config.token.is_none() => AgentGrant::default(),
+            None => {
                 tracing::warn!(agent = %hello.agent_id, "agent refused: wrong token");
                 return refusal("the agent's token is not the one this server expects".into());
+            }
+            Some(check) => match check(hello.token.clone()).await {
+                Ok(grant) => grant,
+                Err(why) => {
+                    tracing::warn!(agent = %hello.agent_id, "agent refused: {why}");
+                    return refusal(why);
+                }
+            },
+        };
+        if let Some(allowed) = &grant.labels {
+            if let Some((k, v)) = hello
+                .labels
+                .iter()
+                .find(|(k, v)| allowed.get(*k) != Some(*v))
+            {
+                tracing::warn!(agent = %hello.agent_id, "agent refused: label {k}={v} not allowed");
+                return refusal(format!(
+                    "the join token {} does not let an agent claim the label {k}={v}",
+                    grant.token_id
+                ));
             }
         }
         if hello.agent_id.is_empty() || hello.capacity == 0 {
@@ -643,6 +709,7 @@ impl Agents for AgentPool {
                 session,
                 Agent {
                     id: hello.agent_id.clone(),
+                    namespace: grant.namespace.clone(),
                     labels: hello
                         .labels
                         .iter()

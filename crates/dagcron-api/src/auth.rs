@@ -123,6 +123,7 @@ pub fn new_token(
         last_used_at: None,
         revoked_at: None,
         created_by,
+        labels: None,
     };
     (record, secret)
 }

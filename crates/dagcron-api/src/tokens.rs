@@ -31,6 +31,10 @@ pub struct NewTokenBody {
     /// How long it is valid, such as `30d` or `12h`; none: until revoked.
     #[serde(default)]
     pub expires_in: Option<String>,
+    /// For an `agent` join token: the only labels an agent may claim with
+    /// it; none: any.
+    #[serde(default)]
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// A token's identity and authority (never its secret).
@@ -58,6 +62,8 @@ pub struct TokenAnswer {
     pub revoked_at: Option<Timestamp>,
     /// The token that created it.
     pub created_by: Option<String>,
+    /// For a join token: the labels an agent may claim with it.
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl From<&TokenRecord> for TokenAnswer {
@@ -72,6 +78,7 @@ impl From<&TokenRecord> for TokenAnswer {
             last_used_at: t.last_used_at,
             revoked_at: t.revoked_at,
             created_by: t.created_by.clone(),
+            labels: t.labels.clone(),
         }
     }
 }
@@ -125,6 +132,11 @@ pub(crate) async fn create_token<S: Store>(
         ));
     }
     let role: Role = body.role.parse().map_err(ApiError::bad_request)?;
+    if body.labels.is_some() && role != Role::Agent {
+        return Err(ApiError::bad_request(
+            "labels limit what an agent may claim: only a token with the agent role has them",
+        ));
+    }
     if let Some(ns) = &body.namespace {
         if !dagcron_core::model::valid_name(ns) {
             return Err(ApiError::bad_request(format!("invalid namespace {ns:?}")));
@@ -168,7 +180,8 @@ pub(crate) async fn create_token<S: Store>(
                 )),
         )));
     }
-    let (record, secret) = new_token(name, &grant, expires_at, Some(who.token_id.clone()), now);
+    let (mut record, secret) = new_token(name, &grant, expires_at, Some(who.token_id.clone()), now);
+    record.labels = body.labels;
     st.store
         .create_token(&record, &st.keyring.hash(&secret))
         .await?;

@@ -12,6 +12,9 @@ use std::str::FromStr;
 /// A role, from the least to the most powerful.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Role {
+    /// A remote worker agent's join token: it may attach to the agents'
+    /// stream (within its namespace and labels) and call nothing else.
+    Agent,
     /// Reads jobs, runs, fires and logs.
     Viewer,
     /// Also triggers, cancels, pauses, resumes and backfills.
@@ -23,12 +26,13 @@ pub enum Role {
 }
 
 impl Role {
-    /// Every role, least powerful first.
+    /// Every role of the API, least powerful first (not [`Role::Agent`]).
     pub const ALL: [Role; 4] = [Role::Viewer, Role::Operator, Role::Developer, Role::Admin];
 
     /// The name in tokens and on the command line.
     pub fn as_str(self) -> &'static str {
         match self {
+            Role::Agent => "agent",
             Role::Viewer => "viewer",
             Role::Operator => "operator",
             Role::Developer => "developer",
@@ -48,8 +52,11 @@ impl FromStr for Role {
     fn from_str(s: &str) -> Result<Role, String> {
         Role::ALL
             .into_iter()
+            .chain([Role::Agent])
             .find(|r| r.as_str() == s)
-            .ok_or_else(|| format!("unknown role {s:?}: viewer, operator, developer or admin"))
+            .ok_or_else(|| {
+                format!("unknown role {s:?}: viewer, operator, developer, admin or agent")
+            })
     }
 }
 
@@ -104,6 +111,9 @@ impl Grant {
     /// Whether the grant covers `need` on an object of `namespace` (none:
     /// an object of the instance, such as the cluster's nodes).
     pub fn decide(&self, need: Need, namespace: Option<&str>) -> Decision {
+        if self.role == Role::Agent {
+            return Decision::Forbidden;
+        }
         match (self.namespace.as_deref(), namespace) {
             (Some(mine), Some(theirs)) if mine != theirs => Decision::Hidden,
             (Some(_), None) => Decision::Forbidden,
@@ -163,6 +173,11 @@ mod tests {
         assert!(!ns_admin.may_grant(&grant(Role::Viewer, Some("b"))));
         assert!(!ns_admin.may_grant(&grant(Role::Viewer, None)));
         assert!(!dev.may_grant(&grant(Role::Viewer, Some("a"))));
+        // Join tokens for agents: made by admins, good for nothing else.
+        assert!(ns_admin.may_grant(&grant(Role::Agent, Some("a"))));
+        let agent = grant(Role::Agent, None);
+        assert_eq!(agent.decide(Need::Read, Some("a")), Decision::Forbidden);
+        assert_eq!(agent.decide(Need::Read, None), Decision::Forbidden);
     }
 
     #[test]

@@ -440,8 +440,7 @@ pub(crate) async fn mark_closing(
     })
 }
 
-const TOKEN_COLUMNS: &str =
-    "id, name, role, namespace, created_at, expires_at, last_used_at, revoked_at, created_by";
+const TOKEN_COLUMNS: &str = "id, name, role, namespace, created_at, expires_at, last_used_at, revoked_at, created_by, labels";
 
 fn token_from_row(row: &PgRow) -> Result<TokenRecord> {
     let opt = |i: usize| opt_ts(row.get(i));
@@ -455,6 +454,11 @@ fn token_from_row(row: &PgRow) -> Result<TokenRecord> {
         last_used_at: opt(6)?,
         revoked_at: opt(7)?,
         created_by: row.get(8),
+        labels: row
+            .get::<Option<String>, _>(9)
+            .map(|l| serde_json::from_str(&l))
+            .transpose()
+            .map_err(|e| StorageError::Corrupt(format!("token labels: {e}")))?,
     })
 }
 
@@ -927,7 +931,7 @@ impl Store for PgStore {
     }
 
     async fn create_token(&self, token: &TokenRecord, hash: &[u8]) -> Result<()> {
-        sqlx::query("INSERT INTO tokens (id, name, role, namespace, hash, created_at, expires_at, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
+        sqlx::query("INSERT INTO tokens (id, name, role, namespace, hash, created_at, expires_at, created_by, labels) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)")
             .bind(&token.id)
             .bind(&token.name)
             .bind(&token.role)
@@ -936,6 +940,12 @@ impl Store for PgStore {
             .bind(token.created_at.as_microsecond())
             .bind(token.expires_at.map(|e| e.as_microsecond()))
             .bind(&token.created_by)
+            .bind(
+                token
+                    .labels
+                    .as_ref()
+                    .map(|l| serde_json::to_string(l).expect("labels serialize")),
+            )
             .execute(&self.pool)
             .await
             .map_err(unavailable)?;

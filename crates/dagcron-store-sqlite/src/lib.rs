@@ -177,8 +177,7 @@ impl SqliteStore {
 
 const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing";
 
-const TOKEN_COLUMNS: &str =
-    "id, name, role, namespace, created_at, expires_at, last_used_at, revoked_at, created_by";
+const TOKEN_COLUMNS: &str = "id, name, role, namespace, created_at, expires_at, last_used_at, revoked_at, created_by, labels";
 
 fn token_from_row(row: &SqliteRow) -> Result<TokenRecord> {
     Ok(TokenRecord {
@@ -191,6 +190,11 @@ fn token_from_row(row: &SqliteRow) -> Result<TokenRecord> {
         last_used_at: opt_ts(row.get(6))?,
         revoked_at: opt_ts(row.get(7))?,
         created_by: row.get(8),
+        labels: row
+            .get::<Option<String>, _>(9)
+            .map(|l| serde_json::from_str(&l))
+            .transpose()
+            .map_err(|e| StorageError::Corrupt(format!("token labels: {e}")))?,
     })
 }
 
@@ -419,7 +423,7 @@ impl Store for SqliteStore {
         self.writer
             .transaction(move |tx| {
                 tx.execute(
-                    "INSERT INTO tokens (id, name, role, namespace, hash, created_at, expires_at, created_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                    "INSERT INTO tokens (id, name, role, namespace, hash, created_at, expires_at, created_by, labels) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                     rusqlite::params![
                         t.id,
                         t.name,
@@ -428,7 +432,8 @@ impl Store for SqliteStore {
                         hash,
                         t.created_at.as_microsecond(),
                         t.expires_at.map(|e| e.as_microsecond()),
-                        t.created_by
+                        t.created_by,
+                        t.labels.as_ref().map(|l| serde_json::to_string(l).expect("labels serialize"))
                     ],
                 )
             })

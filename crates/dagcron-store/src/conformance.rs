@@ -223,6 +223,7 @@ pub async fn tokens_are_found_by_their_hash_and_revoked<S: Store>(s: &S) {
         last_used_at: None,
         revoked_at: None,
         created_by: None,
+        labels: ns.map(|_| std::collections::BTreeMap::from([("zone".into(), "eu".into())])),
     };
     s.create_token(&token("tok_a", None), b"hash-a")
         .await

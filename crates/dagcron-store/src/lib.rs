@@ -387,6 +387,8 @@ pub struct TokenRecord {
     pub revoked_at: Option<Timestamp>,
     /// The id of the token that created it (none: the bootstrap).
     pub created_by: Option<String>,
+    /// For an agent's join token: the labels the agent may claim (none: any).
+    pub labels: Option<BTreeMap<String, String>>,
 }
 
 /// A secret as stored: encrypted, with what decrypting it needs (the key's

@@ -153,6 +153,10 @@ pub(crate) enum TokensCommand {
         /// Valid for this long, such as 30d (default: until revoked).
         #[arg(long)]
         expires: Option<String>,
+        /// For an agent's join token: the only labels an agent may claim,
+        /// `k=v,...` (default: any).
+        #[arg(long, value_delimiter = ',', value_parser = parse_kv)]
+        labels: Vec<(String, String)>,
     },
     /// The tokens you administer (never their secrets).
     List,
@@ -679,11 +683,14 @@ async fn tokens(cmd: TokensCommand, conn: &Conn, out: &mut impl Write) -> Result
             role,
             namespace,
             expires,
+            labels,
         } => {
+            let labels: Option<std::collections::BTreeMap<String, String>> =
+                (!labels.is_empty()).then(|| labels.into_iter().collect());
             let v = Client::new(conn)
                 .post(
                     "/api/v1/tokens",
-                    json!({ "name": name, "role": role, "namespace": namespace, "expires_in": expires }),
+                    json!({ "name": name, "role": role, "namespace": namespace, "expires_in": expires, "labels": labels }),
                 )
                 .await?;
             if conn.json {

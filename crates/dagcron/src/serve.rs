@@ -277,6 +277,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
         let (keyring, new_key) = Keyring::load_or_create(&key_file)
             .with_context(|| format!("reading the server key {}", key_file.display()))?;
         let keyring = Arc::new(keyring);
+        agents.set_authenticate(join_tokens(store.clone(), keyring.clone()));
         bootstrap_admin(
             &*store,
             &keyring,
@@ -336,6 +337,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
     let store = PgStore::connect(url, (args.pool_size as u32).clamp(4, 32))
         .await
         .context("opening the PostgreSQL database")?;
+    agents.set_authenticate(join_tokens(Arc::new(store.clone()), keyring.clone()));
     let cluster_config = ClusterConfig {
         lease_ttl: Duration::from_millis(args.lease_ttl_ms),
         max_clock_skew: Duration::from_millis(args.max_clock_skew_ms),
@@ -464,6 +466,33 @@ fn private_files(db: &std::path::Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Lets an agent in by its join token: a valid token with the agent role;
+/// its namespace and labels bound what the agent takes and claims.
+fn join_tokens<S: Store>(store: Arc<S>, keyring: Arc<Keyring>) -> dagcron_agents::Authenticate {
+    Arc::new(move |secret: String| {
+        let (store, keyring) = (store.clone(), keyring.clone());
+        Box::pin(async move {
+            let refused = "the agent's join token is unknown, revoked, expired or not an agent's (dagcron tokens create --role agent)";
+            let token = store
+                .find_token(&keyring.hash(&secret))
+                .await
+                .map_err(|e| format!("checking the join token: {e}"))?
+                .ok_or(refused)?;
+            let valid = token.role == Role::Agent.as_str()
+                && token.revoked_at.is_none()
+                && token.expires_at.is_none_or(|e| e > jiff::Timestamp::now());
+            if !valid {
+                return Err(refused.to_string());
+            }
+            Ok(dagcron_agents::AgentGrant {
+                token_id: token.id,
+                namespace: token.namespace,
+                labels: token.labels,
+            })
+        })
+    })
 }
 
 /// The master key of secrets: read from `file`, or (`create`) made there on

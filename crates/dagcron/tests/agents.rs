@@ -38,8 +38,10 @@ impl Agent {
         let dir = root.join(id);
         std::fs::create_dir_all(&dir).unwrap();
         let log = std::fs::File::create(root.join(format!("{id}.log"))).unwrap();
+        let token = join_token(server, None, None);
         let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
             .args(["worker", "--server", url, "--id", id, "--labels", labels])
+            .args(["--token", &token])
             .args(["--capacity", &capacity.to_string()])
             .current_dir(&dir)
             .stdout(Stdio::from(log.try_clone().unwrap()))
@@ -527,6 +529,18 @@ fn remote_tasks_are_not_bounded_by_the_servers_pool() {
     server.wait_run(id, "succeeded");
 }
 
+/// A join token for agents, made through the API (the server's admin token).
+fn join_token(server: &Server, namespace: Option<&str>, labels: Option<Value>) -> String {
+    let (status, made) = server.post(
+        "/api/v1/tokens",
+        &serde_json::json!({ "name": "agent", "role": "agent", "namespace": namespace, "labels": labels })
+            .to_string(),
+        "application/json",
+    );
+    assert_eq!(status, 201, "{made}");
+    made["token"].as_str().unwrap().to_string()
+}
+
 /// A CA and a certificate for 127.0.0.1 signed by it, as PEM files in `dir`:
 /// (CA certificate, server certificate, server key).
 fn test_certificates(
@@ -619,6 +633,8 @@ fn the_api_and_the_agents_speak_tls() {
         );
         String::from_utf8(out.stdout).unwrap()
     };
+    let tls_join_token = cli(&["tokens", "create", "--name", "tls", "--role", "agent"]);
+    let tls_join_token = tls_join_token.trim().to_string();
     std::fs::write(
         dir.path().join("job.yaml"),
         "namespace: tls\njobs:\n  - { name: far, tasks: [{ id: t, shell: 'echo over tls', run_on: { labels: { net: tls } } }] }\n",
@@ -644,6 +660,8 @@ fn the_api_and_the_agents_speak_tls() {
                 "tls-agent",
                 "--labels",
                 "net=tls",
+                "--token",
+                &tls_join_token,
                 "--ca",
             ])
             .arg(&ca)
@@ -693,4 +711,105 @@ fn the_api_and_the_agents_speak_tls() {
     )
     .unwrap();
     child.wait().unwrap();
+}
+
+/// With no `--agent-token` set, anything that reached the port could attach
+/// as an agent and be handed tasks, their parameters and secrets. Agents now
+/// need a join token, and take only what it allows: its namespace, and no
+/// label it does not list.
+#[test]
+fn regression_agents_need_a_join_token_and_keep_within_it() {
+    let (dir, data) = setup();
+    let server = Server::start(&data, free_port(), &[]);
+    let worker = |token: Option<&str>, id: &str, labels: &str| {
+        let agent_dir = dir.path().join(id);
+        std::fs::create_dir_all(&agent_dir).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dagcron"));
+        cmd.args([
+            "worker",
+            "--server",
+            &server.url,
+            "--id",
+            id,
+            "--labels",
+            labels,
+        ])
+        .current_dir(&agent_dir)
+        .env_remove("DAGCRON_AGENT_TOKEN");
+        if let Some(token) = token {
+            cmd.args(["--token", token]);
+        }
+        cmd
+    };
+    // No token, or a label the token does not list: refused, and the agent says why.
+    let out = worker(None, "stranger", "zone=eu").output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("join token"),
+        "{out:?}"
+    );
+    let eu_only = join_token(&server, None, Some(serde_json::json!({ "zone": "eu" })));
+    let out = worker(Some(&eu_only), "liar", "zone=us").output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("zone=us"),
+        "{out:?}"
+    );
+    // A token of namespace a: the agent runs a's task, never b's.
+    let file = |ns: &str| {
+        format!(
+            "namespace: {ns}\njobs:\n  - {{ name: j, tasks: [{{ id: t, shell: 'touch {}/ran-{ns}', run_on: {{ labels: {{ zone: eu }} }} }}] }}\n",
+            dir.path().display()
+        )
+    };
+    for ns in ["b", "a"] {
+        assert_eq!(
+            server
+                .post("/api/v1/apply", &file(ns), "application/yaml")
+                .0,
+            200
+        );
+    }
+    let trigger = |ns: &str| {
+        let (status, run) = server.post(
+            &format!("/api/v1/namespaces/{ns}/jobs/j/trigger"),
+            "{}",
+            "application/json",
+        );
+        assert_eq!(status, 201, "{run}");
+        run["id"].as_i64().unwrap()
+    };
+    let b = trigger("b");
+    let a = trigger("a");
+    let only_a = join_token(&server, Some("a"), None);
+    struct Killed(Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _agent = Killed(
+        worker(Some(&only_a), "a-agent", "zone=eu")
+            .arg("--capacity")
+            .arg("1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    server.wait_run(a, "succeeded");
+    assert!(dir.path().join("ran-a").exists());
+    assert!(
+        !dir.path().join("ran-b").exists(),
+        "an agent of namespace a ran b's task"
+    );
+    assert_eq!(server.get(&format!("/api/v1/runs/{b}"))["state"], "running");
+    // A join token is good for nothing else.
+    let as_agent = reqwest::blocking::Client::new()
+        .get(format!("{}/api/v1/namespaces/a/jobs", server.url))
+        .bearer_auth(&only_a)
+        .send()
+        .unwrap();
+    assert_eq!(as_agent.status(), 403);
 }

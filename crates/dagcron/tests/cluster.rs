@@ -632,6 +632,13 @@ fn an_agent_on_one_node_serves_the_cluster_and_outlives_its_node() {
     let log = std::fs::File::create(cluster.dir.path().join("edge.log")).unwrap();
     // Node 1 first, node 0 when node 1 does not answer.
     let servers = format!("{},{}", cluster.node(1).url, cluster.node(0).url);
+    let (status, made) = cluster.node(1).post(
+        "/api/v1/tokens",
+        r#"{"name": "edge", "role": "agent"}"#,
+        "application/json",
+    );
+    assert_eq!(status, 201, "{made}");
+    let join = made["token"].as_str().unwrap().to_string();
     let _agent = AgentProcess(
         std::process::Command::new(env!("CARGO_BIN_EXE_dagcron"))
             .args([
@@ -642,6 +649,8 @@ fn an_agent_on_one_node_serves_the_cluster_and_outlives_its_node() {
                 "edge",
                 "--labels",
                 "site=edge",
+                "--token",
+                &join,
             ])
             .current_dir(&edge)
             .stdout(log.try_clone().unwrap())
