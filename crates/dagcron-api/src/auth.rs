@@ -50,32 +50,13 @@ impl Keyring {
 
     /// Reads the key file at `path` (32 bytes).
     pub fn load(path: &Path) -> std::io::Result<Keyring> {
-        let bytes = std::fs::read(path)?;
-        let key: [u8; 32] = bytes.as_slice().try_into().map_err(|_| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!(
-                    "{} holds {} bytes; a server key is 32 bytes",
-                    path.display(),
-                    bytes.len()
-                ),
-            )
-        })?;
-        Ok(Keyring(key))
+        read_key(path).map(Keyring)
     }
 
     /// Reads the key file at `path`, or creates it (mode 0600) with a new
     /// random key if there is none. Returns the key and whether it is new.
     pub fn load_or_create(path: &Path) -> std::io::Result<(Keyring, bool)> {
-        match Keyring::load(path) {
-            Ok(k) => Ok((k, false)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let key = random::<32>();
-                write_private(path, &key)?;
-                Ok((Keyring(key), true))
-            }
-            Err(e) => Err(e),
-        }
+        read_or_create_key(path).map(|(k, new)| (Keyring(k), new))
     }
 
     /// The keyed hash of a token's secret, as stored.
@@ -84,6 +65,35 @@ impl Keyring {
             .expect("HMAC takes a key of any length");
         mac.update(secret.as_bytes());
         mac.finalize().into_bytes().to_vec()
+    }
+}
+
+/// Reads a key file of 32 bytes.
+pub(crate) fn read_key(path: &Path) -> std::io::Result<[u8; 32]> {
+    let bytes = std::fs::read(path)?;
+    bytes.as_slice().try_into().map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{} holds {} bytes; a key is 32",
+                path.display(),
+                bytes.len()
+            ),
+        )
+    })
+}
+
+/// Reads a key file, or creates it (0600) with 32 random bytes if there is
+/// none. Returns the key and whether it is new.
+pub(crate) fn read_or_create_key(path: &Path) -> std::io::Result<([u8; 32], bool)> {
+    match read_key(path) {
+        Ok(k) => Ok((k, false)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let key = random::<32>();
+            write_private(path, &key)?;
+            Ok((key, true))
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -126,6 +136,15 @@ pub fn new_token(
         labels: None,
     };
     (record, secret)
+}
+
+/// The first token of an instance: an instance admin, made at bootstrap.
+pub fn instance_admin_token(now: Timestamp) -> (TokenRecord, String) {
+    let grant = Grant {
+        role: Role::Admin,
+        namespace: None,
+    };
+    new_token("admin (bootstrap)", &grant, None, None, now)
 }
 
 /// Who is calling: the token that authenticated the request.

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest;
 use utoipa::ToSchema;
 
-use crate::auth::{Principal, write_private};
+use crate::auth::Principal;
 use crate::wire::Errors;
 use crate::{ApiError, AppState};
 
@@ -60,33 +60,13 @@ impl MasterKey {
 
     /// Reads the key file at `path` (32 bytes).
     pub fn load(path: &Path) -> std::io::Result<MasterKey> {
-        let bytes = std::fs::read(path)?;
-        let key: [u8; 32] = bytes.as_slice().try_into().map_err(|_| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!(
-                    "{} holds {} bytes; a master key is 32",
-                    path.display(),
-                    bytes.len()
-                ),
-            )
-        })?;
-        Ok(MasterKey::from_bytes(key))
+        crate::auth::read_key(path).map(MasterKey::from_bytes)
     }
 
     /// Reads the key file, or creates it (0600) with a new random key.
     /// Returns the key and whether it is new.
     pub fn load_or_create(path: &Path) -> std::io::Result<(MasterKey, bool)> {
-        match MasterKey::load(path) {
-            Ok(k) => Ok((k, false)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let mut key = [0u8; 32];
-                getrandom::fill(&mut key).expect("the operating system's random source");
-                write_private(path, &key)?;
-                Ok((MasterKey::from_bytes(key), true))
-            }
-            Err(e) => Err(e),
-        }
+        crate::auth::read_or_create_key(path).map(|(k, new)| (MasterKey::from_bytes(k), new))
     }
 
     fn cipher(&self) -> aes_gcm::Aes256Gcm {

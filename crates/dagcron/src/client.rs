@@ -759,17 +759,7 @@ async fn tokens(cmd: TokensCommand, conn: &Conn, out: &mut impl Write) -> Result
             let store = dagcron_store_postgres::PgStore::connect(&database, 2)
                 .await
                 .context("opening the PostgreSQL database")?;
-            let grant = dagcron_core::authz::Grant {
-                role: dagcron_core::authz::Role::Admin,
-                namespace: None,
-            };
-            let (record, secret) = dagcron_api::auth::new_token(
-                "admin (bootstrap)",
-                &grant,
-                None,
-                None,
-                jiff::Timestamp::now(),
-            );
+            let (record, secret) = dagcron_api::auth::instance_admin_token(jiff::Timestamp::now());
             store
                 .create_token(&record, &keyring.hash(&secret))
                 .await

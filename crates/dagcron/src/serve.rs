@@ -14,7 +14,7 @@ use dagcron_api::auth::Keyring;
 use dagcron_api::secrets::{MasterKey, StoredSecrets};
 use dagcron_api::{AppState, router};
 use dagcron_core::JobFile;
-use dagcron_core::authz::{Grant, Role};
+use dagcron_core::authz::Role;
 use dagcron_runtime::cluster::{self, ClusterConfig, Coordinator};
 use dagcron_runtime::{Engine, EngineConfig, RemoteWorkers, SecretSource, SystemClock};
 use dagcron_store::cluster::Coordination;
@@ -544,17 +544,7 @@ pub(crate) async fn bootstrap_admin<S: Store>(
         );
         return Ok(());
     }
-    let grant = Grant {
-        role: Role::Admin,
-        namespace: None,
-    };
-    let (record, secret) = dagcron_api::auth::new_token(
-        "admin (bootstrap)",
-        &grant,
-        None,
-        None,
-        jiff::Timestamp::now(),
-    );
+    let (record, secret) = dagcron_api::auth::instance_admin_token(jiff::Timestamp::now());
     let _ = std::fs::remove_file(file);
     dagcron_api::auth::write_private(file, format!("{secret}\n").as_bytes())
         .with_context(|| format!("writing {}", file.display()))?;

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Server, free_port, setup, wait_process_gone};
+use common::{Killed, Server, free_port, setup, wait_process_gone};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -576,7 +576,7 @@ fn the_api_and_the_agents_speak_tls() {
     let port = free_port();
     let log = data.with_extension("log");
     let file = std::fs::File::create(&log).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+    let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
         .args([
             "serve",
             "--listen",
@@ -606,18 +606,7 @@ fn the_api_and_the_agents_speak_tls() {
         plain.is_err() || !plain.unwrap().status().is_success(),
         "plain text answered"
     );
-    let server = Server {
-        child: Command::new("true").spawn().unwrap(),
-        url: url.clone(),
-        namespace: "tls".into(),
-        log,
-        token: Some(
-            std::fs::read_to_string(data.join("admin.token"))
-                .unwrap()
-                .trim()
-                .into(),
-        ),
-    };
+    let server = Server::adopt(child, url.clone(), "tls", log, &data);
     let cli = |args: &[&str]| {
         let out = server
             .cli()
@@ -643,13 +632,6 @@ fn the_api_and_the_agents_speak_tls() {
     cli(&["apply", "-f", dir.path().join("job.yaml").to_str().unwrap()]);
     let agent_dir = dir.path().join("agent");
     std::fs::create_dir_all(&agent_dir).unwrap();
-    struct Killed(Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let _agent = Killed(
         Command::new(env!("CARGO_BIN_EXE_dagcron"))
             .args([
@@ -705,12 +687,8 @@ fn the_api_and_the_agents_speak_tls() {
         .text()
         .unwrap();
     assert_eq!(log, "over tls\n");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        Signal::SIGTERM,
-    )
-    .unwrap();
-    child.wait().unwrap();
+    let mut server = server;
+    assert!(server.signal(Signal::SIGTERM).success());
 }
 
 /// With no `--agent-token` set, anything that reached the port could attach
@@ -782,13 +760,6 @@ fn regression_agents_need_a_join_token_and_keep_within_it() {
     let b = trigger("b");
     let a = trigger("a");
     let only_a = join_token(&server, Some("a"), None);
-    struct Killed(Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let _agent = Killed(
         worker(Some(&only_a), "a-agent", "zone=eu")
             .arg("--capacity")

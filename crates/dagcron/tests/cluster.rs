@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{Server, free_port, setup, wait_process_gone};
+use common::{Killed, Server, free_port, setup, wait_process_gone};
 use dagcron_test_pg::TestDatabase;
 use jiff::Timestamp;
 use nix::sys::signal::Signal;
@@ -608,16 +608,6 @@ fn attempts_overflow_to_a_node_with_room_and_survive_its_death() {
     );
 }
 
-/// A worker agent process, killed when dropped.
-struct AgentProcess(std::process::Child);
-
-impl Drop for AgentProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// An agent connected to one node of two runs the remote tasks of every
 /// run, whichever node made it; when its node is killed mid-task, the agent
 /// moves to the other node, which stops the orphaned process, declares the
@@ -639,7 +629,7 @@ fn an_agent_on_one_node_serves_the_cluster_and_outlives_its_node() {
     );
     assert_eq!(status, 201, "{made}");
     let join = made["token"].as_str().unwrap().to_string();
-    let _agent = AgentProcess(
+    let _agent = Killed(
         std::process::Command::new(env!("CARGO_BIN_EXE_dagcron"))
             .args([
                 "worker",

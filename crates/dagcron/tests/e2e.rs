@@ -582,7 +582,7 @@ fn regression_tasks_get_a_clean_environment() {
     args.push(&listen);
     let log = data.with_extension("log");
     let file = std::fs::File::create(&log).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+    let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
         .args(&args)
         .args([
             "--data-dir",
@@ -604,18 +604,7 @@ fn regression_tasks_get_a_clean_environment() {
         assert!(Instant::now() < deadline, "the server did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let server = Server {
-        child: Command::new("true").spawn().unwrap(),
-        url: format!("http://127.0.0.1:{port}"),
-        namespace: "e2e".into(),
-        log,
-        token: Some(
-            std::fs::read_to_string(data.join("admin.token"))
-                .unwrap()
-                .trim()
-                .into(),
-        ),
-    };
+    let server = Server::adopt(child, format!("http://127.0.0.1:{port}"), "e2e", log, &data);
     let job = "namespace: e2e\njobs:\n  - { name: env, tasks: [{ id: t, shell: { command: env, env: { MINE: declared } } }] }\n";
     assert_eq!(server.post("/api/v1/apply", job, "application/yaml").0, 200);
     let run = server.trigger("env");
@@ -646,8 +635,8 @@ fn regression_tasks_get_a_clean_environment() {
     ] {
         assert!(out.contains(given), "{given} missing:\n{out}");
     }
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
-    child.wait().unwrap();
+    let mut server = server;
+    assert!(server.signal(Signal::SIGTERM).success());
 }
 
 /// Every change and every refused call is in the audit log, hash-chained:

@@ -45,6 +45,23 @@ impl Server {
         server
     }
 
+    /// A server started by the test itself (with flags or an environment
+    /// `spawn` does not give), once it answers: its token is read from
+    /// `data`, and it is killed with the guard like any other.
+    pub fn adopt(child: Child, url: String, namespace: &str, log: PathBuf, data: &Path) -> Server {
+        let token = std::fs::read_to_string(data.join("admin.token"))
+            .expect("the server wrote its admin token")
+            .trim()
+            .to_string();
+        Server {
+            child,
+            url,
+            namespace: namespace.into(),
+            log,
+            token: Some(token),
+        }
+    }
+
     /// An HTTP client that sends this server's token.
     pub fn http(&self) -> reqwest::blocking::Client {
         let mut headers = reqwest::header::HeaderMap::new();
@@ -238,6 +255,16 @@ impl Server {
             assert!(Instant::now() < deadline, "runs did not finish");
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+}
+
+/// A child process killed (and reaped) when the guard goes.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
