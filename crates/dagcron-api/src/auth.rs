@@ -212,6 +212,11 @@ fn unauthenticated(message: &str) -> Response {
     resp
 }
 
+/// The namespace a change concerned, for the audit log, set by a handler
+/// whose path does not name it (an apply, a cancel of a run).
+#[derive(Clone, Debug)]
+pub(crate) struct AuditNamespace(pub(crate) String);
+
 /// The namespace a path names (`/api/v1/namespaces/{ns}/...`), if any.
 fn namespace_of(path: &str) -> Option<String> {
     let rest = path.strip_prefix("/api/v1/namespaces/")?;
@@ -273,7 +278,10 @@ pub(crate) async fn authenticate<S: Store>(
             &st,
             principal.as_ref(),
             action,
-            namespace_of(&path),
+            resp.extensions()
+                .get::<AuditNamespace>()
+                .map(|n| n.0.clone())
+                .or_else(|| namespace_of(&path)),
             status,
             address,
         )

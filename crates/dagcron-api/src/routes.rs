@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::auth::Principal;
+use crate::auth::{AuditNamespace, Principal};
 use crate::wire::{
     ApplyAnswer, ApplyItem, BackfillAnswer, BackfillBody, ClusterAnswer, ErrorBody, Errors,
     FireAnswer, FirePage, HealthAnswer, JobAnswer, JobPage, RunAnswer, RunPage, TriggerBody,
@@ -294,7 +294,7 @@ async fn apply<S: Store>(
     Extension(who): Extension<Principal>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Json<ApplyAnswer>, ApiError> {
+) -> Result<(Extension<AuditNamespace>, Json<ApplyAnswer>), ApiError> {
     let file: JobFile = parse_body(&headers, &body)?;
     let ns = file.namespace.clone();
     who.allow(Need::Develop, Some(&ns), || {
@@ -313,10 +313,13 @@ async fn apply<S: Store>(
             result: r.into(),
         })
         .collect();
-    Ok(Json(ApplyAnswer {
-        namespace: file.namespace,
-        jobs,
-    }))
+    Ok((
+        Extension(AuditNamespace(file.namespace.clone())),
+        Json(ApplyAnswer {
+            namespace: file.namespace,
+            jobs,
+        }),
+    ))
 }
 
 fn job_json(job: &StoredJob) -> JobAnswer {
@@ -630,11 +633,14 @@ async fn cancel<S: Store>(
     State(st): State<AppState<S>>,
     Extension(who): Extension<Principal>,
     Path(id): Path<RunId>,
-) -> Result<Json<RunAnswer>, ApiError> {
+) -> Result<(Extension<AuditNamespace>, Json<RunAnswer>), ApiError> {
     let run = run_json(&st, id).await?;
     who.allow(Need::Operate, Some(&run.namespace), no_run(id))?;
     st.engine.cancel(id).await?;
-    Ok(Json(run_json(&st, id).await?))
+    Ok((
+        Extension(AuditNamespace(run.namespace)),
+        Json(run_json(&st, id).await?),
+    ))
 }
 
 /// How to read a log.

@@ -674,6 +674,11 @@ fn the_audit_log_records_changes_and_refusals_and_finds_tampering() {
         lines[0].contains("POST /api/v1/apply") && lines[0].contains(" 200 "),
         "{text}"
     );
+    let (ok, scoped) = audit(&server, &["--namespace", "e2e"]);
+    assert!(
+        ok && scoped.lines().count() == 4,
+        "the apply is audited under its file's namespace: {scoped}"
+    );
     assert!(
         lines[1].contains("/jobs/a/trigger") && lines[1].contains("tok_"),
         "{text}"
