@@ -100,6 +100,7 @@ async fn run(agents: usize) -> Figures {
                     .map_or(256, |c| c.parse().unwrap()),
                 token: None,
                 ca: None,
+                identity: None,
             },
             stop.clone(),
         ));

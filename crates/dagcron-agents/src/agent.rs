@@ -32,6 +32,9 @@ pub struct AgentConfig {
     /// The certificate (PEM) of the authority that signed the server's, for
     /// `https://` servers whose certificate is not publicly trusted.
     pub ca: Option<Vec<u8>>,
+    /// The agent's own certificate and key (PEM), for a server that wants
+    /// mutual TLS.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Why the agent stopped.
@@ -159,6 +162,9 @@ async fn session(
         let mut tls = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
         if let Some(ca) = &config.ca {
             tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(ca));
+        }
+        if let Some((cert, key)) = &config.identity {
+            tls = tls.identity(tonic::transport::Identity::from_pem(cert, key));
         }
         match endpoint.tls_config(tls) {
             Ok(e) => e,

@@ -19,4 +19,4 @@ mod convert;
 mod fair;
 mod pool;
 
-pub use pool::{AgentGrant, AgentPool, Authenticate, PoolConfig, WorkerInfo};
+pub use pool::{AgentGrant, AgentPool, Authenticate, ClientCertificate, PoolConfig, WorkerInfo};

@@ -32,7 +32,16 @@ pub struct PoolConfig {
     pub accept_timeout: Duration,
     /// The shared secret agents may present instead of a join token.
     pub token: Option<String>,
+    /// Agents must connect with a client certificate (mutual TLS), checked
+    /// by the server's TLS layer, which marks such requests with
+    /// [`ClientCertificate`].
+    pub require_client_certificate: bool,
 }
+
+/// Marks a request whose connection presented a client certificate that
+/// the server's TLS layer verified.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientCertificate;
 
 /// What a join token lets an agent do.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -58,6 +67,7 @@ impl Default for PoolConfig {
             lease_ttl: Duration::from_secs(10),
             accept_timeout: Duration::from_secs(5),
             token: None,
+            require_client_certificate: false,
         }
     }
 }
@@ -642,6 +652,7 @@ impl Agents for AgentPool {
         &self,
         request: Request<Streaming<v1::AgentMessage>>,
     ) -> Result<Response<ServerStream>, Status> {
+        let certified = request.extensions().get::<ClientCertificate>().is_some();
         let mut inbound = request.into_inner();
         let first = inbound
             .message()
@@ -659,6 +670,13 @@ impl Agents for AgentPool {
             }))));
             Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
         };
+        if self.config.require_client_certificate && !certified {
+            tracing::warn!(agent = %hello.agent_id, "agent refused: no client certificate");
+            return refusal(
+                "this server takes agents with a client certificate only (dagcron worker --cert and --key)"
+                    .into(),
+            );
+        }
         if let Err(e) = check_version(hello.protocol_version) {
             tracing::warn!(agent = %hello.agent_id, "agent refused: {e}");
             return refusal(e.to_string());

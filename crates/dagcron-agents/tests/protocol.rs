@@ -151,6 +151,7 @@ async fn a_result_made_while_cut_off_is_reported_after_reconnecting() {
             capacity: 1,
             token: None,
             ca: None,
+            identity: None,
         },
         agent_stop.clone(),
     ));
@@ -223,6 +224,7 @@ async fn jobs_take_turns_for_a_busy_agent() {
             capacity: 1,
             token: None,
             ca: None,
+            identity: None,
         },
         stop.clone(),
     ));

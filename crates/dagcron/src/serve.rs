@@ -87,6 +87,10 @@ pub(crate) struct ServeArgs {
     /// The private key (PEM) of --tls-cert.
     #[arg(long, env = "DAGCRON_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// With TLS: agents must present a client certificate signed by this
+    /// authority (PEM), mutual TLS; other clients need none.
+    #[arg(long, env = "DAGCRON_CLIENT_CA", requires = "tls_cert")]
+    client_ca: Option<PathBuf>,
     /// The master key secrets are encrypted under (32 bytes) [default:
     /// DATA_DIR/master.key, created on the first start; in a cluster, the
     /// same file on every node, or no secrets there].
@@ -120,6 +124,7 @@ struct FileConfig {
     master_key_file: Option<PathBuf>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
     pass_env: Option<Vec<String>>,
 }
 
@@ -140,6 +145,8 @@ struct Settings {
     key_file: Option<PathBuf>,
     master_key_file: Option<PathBuf>,
     tls: Option<Arc<rustls::ServerConfig>>,
+    /// Agents must present a client certificate.
+    client_certificates: bool,
     pass_env: Vec<String>,
 }
 
@@ -190,10 +197,15 @@ impl ServeArgs {
                 self.tls_cert.clone().or(file.tls_cert),
                 self.tls_key.clone().or(file.tls_key),
             ) {
-                (Some(cert), Some(key)) => Some(crate::tls::server_config(&cert, &key)?),
+                (Some(cert), Some(key)) => Some(crate::tls::server_config(
+                    &cert,
+                    &key,
+                    self.client_ca.clone().or(file.client_ca.clone()).as_deref(),
+                )?),
                 (None, None) => None,
                 _ => anyhow::bail!("TLS needs both tls_cert and tls_key"),
             },
+            client_certificates: self.client_ca.is_some() || file.client_ca.is_some(),
             pass_env: if self.pass_env.is_empty() {
                 file.pass_env.unwrap_or_default()
             } else {
@@ -244,6 +256,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
     let agents = AgentPool::new(PoolConfig {
         lease_ttl: Duration::from_millis(args.agent_lease_ttl_ms),
         token: args.agent_token.clone(),
+        require_client_certificate: args.client_certificates,
         ..PoolConfig::default()
     });
     // The API and the agents' streams stay up while the engine drains, so

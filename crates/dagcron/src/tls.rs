@@ -13,8 +13,13 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 /// The server's TLS settings from a certificate chain and a private key
-/// (PEM files).
-pub(crate) fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>> {
+/// (PEM files); with `client_ca`, a client may present a certificate signed
+/// by it (agents must: see [`dagcron_agents::ClientCertificate`]).
+pub(crate) fn server_config(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+) -> Result<Arc<rustls::ServerConfig>> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .with_context(|| format!("reading the certificate {}", cert.display()))?
         .collect::<Result<_, _>>()
@@ -23,10 +28,32 @@ pub(crate) fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::Serve
     let key = PrivateKeyDer::from_pem_file(key)
         .with_context(|| format!("reading the private key {}", key.display()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?
-        .with_no_client_auth()
+        .context("TLS protocol versions")?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_file_iter(ca)
+                .with_context(|| format!("reading the client CA {}", ca.display()))?
+            {
+                roots
+                    .add(c.with_context(|| format!("reading the client CA {}", ca.display()))?)
+                    .context("the client CA certificate")?;
+            }
+            // Browsers and the command line need no certificate; agents do.
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .allow_unauthenticated()
+            .build()
+            .context("the client CA")?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
         .with_single_cert(chain, key)
         .context("the certificate and the key do not go together")?;
     // gRPC needs HTTP/2; browsers and curl may speak either.
@@ -67,10 +94,20 @@ pub(crate) async fn serve(
                     return;
                 }
             };
+            // A client that presented a certificate (the verifier checked it).
+            let certified = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .is_some_and(|c| !c.is_empty());
             let service = hyper::service::service_fn(
                 move |mut req: hyper::Request<hyper::body::Incoming>| {
                     req.extensions_mut()
                         .insert(axum::extract::ConnectInfo::<SocketAddr>(peer));
+                    if certified {
+                        req.extensions_mut()
+                            .insert(dagcron_agents::ClientCertificate);
+                    }
                     app.clone().oneshot(req.map(axum::body::Body::new))
                 },
             );

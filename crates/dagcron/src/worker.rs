@@ -39,6 +39,12 @@ pub(crate) struct WorkerArgs {
     /// `https://` servers whose certificate is not publicly trusted.
     #[arg(long, env = "DAGCRON_CA")]
     ca: Option<std::path::PathBuf>,
+    /// The agent's certificate (PEM), for a server with --client-ca.
+    #[arg(long, env = "DAGCRON_AGENT_CERT", requires = "key")]
+    cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --cert.
+    #[arg(long, env = "DAGCRON_AGENT_KEY", requires = "cert")]
+    key: Option<std::path::PathBuf>,
 }
 
 pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
@@ -74,6 +80,14 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
                     .with_context(|| format!("reading the CA certificate {}", path.display()))?,
             ),
             None => None,
+        },
+        identity: match (&args.cert, &args.key) {
+            (Some(cert), Some(key)) => Some((
+                std::fs::read(cert)
+                    .with_context(|| format!("reading the certificate {}", cert.display()))?,
+                std::fs::read(key).with_context(|| format!("reading the key {}", key.display()))?,
+            )),
+            _ => None,
         },
     };
     agent::run(config, shutdown).await?;

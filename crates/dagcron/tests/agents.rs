@@ -784,3 +784,119 @@ fn regression_agents_need_a_join_token_and_keep_within_it() {
         .unwrap();
     assert_eq!(as_agent.status(), 403);
 }
+
+/// With `--client-ca`, an agent must present a certificate signed by it
+/// (mutual TLS); the command line needs none.
+#[test]
+fn agents_present_a_client_certificate_when_the_server_asks() {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let (dir, data) = setup();
+    let (ca, cert, key) = test_certificates(dir.path());
+    // A second authority for agents, and an agent certificate signed by it.
+    let agents_ca_key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec![]).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let agents_ca = params.self_signed(&agents_ca_key).unwrap();
+    let agent_key = KeyPair::generate().unwrap();
+    let agent_cert = CertificateParams::new(vec!["agent-1".into()])
+        .unwrap()
+        .signed_by(&agent_key, &agents_ca, &agents_ca_key)
+        .unwrap();
+    let agents_ca_file = dir.path().join("agents-ca.pem");
+    let (agent_cert_file, agent_key_file) =
+        (dir.path().join("agent.pem"), dir.path().join("agent.key"));
+    std::fs::write(&agents_ca_file, agents_ca.pem()).unwrap();
+    std::fs::write(&agent_cert_file, agent_cert.pem()).unwrap();
+    std::fs::write(&agent_key_file, agent_key.serialize_pem()).unwrap();
+    let port = free_port();
+    let log = data.with_extension("log");
+    let file = std::fs::File::create(&log).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(&data)
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .arg("--client-ca")
+        .arg(&agents_ca_file)
+        .stdout(Stdio::from(file.try_clone().unwrap()))
+        .stderr(Stdio::from(file))
+        .spawn()
+        .unwrap();
+    let url = format!("https://127.0.0.1:{port}");
+    let pem = std::fs::read(&ca).unwrap();
+    let https = reqwest::blocking::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
+        .build()
+        .unwrap();
+    wait_until("the server answers over TLS", || {
+        https.get(format!("{url}/healthz")).send().is_ok() && data.join("admin.token").exists()
+    });
+    let mut server = Server::adopt(child, url.clone(), "tls", log, &data);
+    // The command line, without a client certificate, is served.
+    let out = server
+        .cli()
+        .arg("--ca")
+        .arg(&ca)
+        .args(["tokens", "create", "--name", "m", "--role", "agent"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let join = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let worker = |with_cert: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dagcron"));
+        cmd.args([
+            "worker", "--server", &url, "--id", "m-agent", "--token", &join, "--ca",
+        ])
+        .arg(&ca)
+        .current_dir(dir.path());
+        if with_cert {
+            cmd.arg("--cert")
+                .arg(&agent_cert_file)
+                .arg("--key")
+                .arg(&agent_key_file);
+        }
+        cmd
+    };
+    let out = worker(false).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("client certificate"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _agent = Killed(
+        worker(true)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let http = reqwest::blocking::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
+        .build()
+        .unwrap();
+    wait_until("the agent with its certificate is connected", || {
+        http.get(format!("{url}/api/v1/workers"))
+            .bearer_auth(server.token.as_ref().unwrap())
+            .send()
+            .ok()
+            .and_then(|r| r.json::<Value>().ok())
+            .is_some_and(|w| {
+                w["items"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|x| x["id"] == "m-agent"))
+            })
+    });
+    assert!(server.signal(Signal::SIGTERM).success());
+}
