@@ -35,7 +35,7 @@ pub struct AppState<S: Store> {
     /// The key token secrets are hashed under.
     pub keyring: Arc<auth::Keyring>,
     /// The key secrets are encrypted under (none: no secrets here).
-    pub master_key: Option<Arc<secrets::MasterKey>>,
+    pub master_key: Option<Arc<secrets::KeySet>>,
 }
 
 /// The default of [`AppState::max_body_bytes`]: 2 MiB, room for a job file

@@ -33,7 +33,7 @@ use dagcron_core::authz::Need;
         resume, trigger, backfill, list_runs, list_fires, get_run, cancel, get_log,
         crate::tokens::create_token, crate::tokens::list_tokens, crate::tokens::revoke_token,
         crate::audit::list_audit, crate::secrets::put_secret, crate::secrets::list_secrets,
-        crate::secrets::delete_secret
+        crate::secrets::delete_secret, crate::secrets::list_keys, crate::secrets::rotate_key
     ),
     components(schemas(ErrorBody)),
     modifiers(&BearerAuth),
@@ -129,6 +129,11 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
             axum::routing::delete(crate::tokens::revoke_token::<S>),
         )
         .route("/api/v1/audit", get(crate::audit::list_audit::<S>))
+        .route("/api/v1/secrets/keys", get(crate::secrets::list_keys::<S>))
+        .route(
+            "/api/v1/secrets/rotate-key",
+            post(crate::secrets::rotate_key::<S>),
+        )
         .route(
             "/api/v1/namespaces/{ns}/secrets",
             get(crate::secrets::list_secrets::<S>),

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest;
 use utoipa::ToSchema;
 
-use crate::auth::Principal;
+use crate::auth::{Principal, write_private};
 use crate::wire::Errors;
 use crate::{ApiError, AppState};
 
@@ -139,13 +139,155 @@ impl MasterKey {
     }
 }
 
+/// Where an embedded server keeps its master keys: the current one, and
+/// the older ones while secrets still use them.
+#[derive(Clone, Debug)]
+pub struct KeyFiles {
+    /// The current key.
+    pub current: std::path::PathBuf,
+    /// A folder of older keys, one `<id>.key` each.
+    pub old: std::path::PathBuf,
+}
+
+/// The master keys: the current one, which encrypts, and older ones kept
+/// only to decrypt what they encrypted.
+#[derive(Debug)]
+pub struct KeySet {
+    keys: std::sync::RwLock<(Arc<MasterKey>, Vec<Arc<MasterKey>>)>,
+    /// Set for an embedded server, which may make a new key itself.
+    files: Option<KeyFiles>,
+}
+
+impl KeySet {
+    /// The current key and older ones; `files` where they live, if the
+    /// server may rotate them itself.
+    pub fn new(current: MasterKey, old: Vec<MasterKey>, files: Option<KeyFiles>) -> KeySet {
+        KeySet {
+            keys: std::sync::RwLock::new((
+                Arc::new(current),
+                old.into_iter().map(Arc::new).collect(),
+            )),
+            files,
+        }
+    }
+
+    /// The current key (of a server with one key file: that one).
+    pub fn one(key: MasterKey) -> KeySet {
+        KeySet::new(key, vec![], None)
+    }
+
+    /// Reads an embedded server's keys: the current file and the folder of
+    /// older ones.
+    pub fn load_files(files: KeyFiles, current: MasterKey) -> std::io::Result<KeySet> {
+        let mut old = Vec::new();
+        if let Ok(dir) = std::fs::read_dir(&files.old) {
+            for entry in dir.flatten() {
+                if entry.path().extension().is_some_and(|e| e == "key") {
+                    old.push(MasterKey::load(&entry.path())?);
+                }
+            }
+        }
+        Ok(KeySet::new(current, old, Some(files)))
+    }
+
+    /// The key that encrypts.
+    pub fn current(&self) -> Arc<MasterKey> {
+        self.keys.read().expect("keys lock").0.clone()
+    }
+
+    /// Decrypts a stored secret with the key it names.
+    pub fn open(&self, s: &SecretRecord) -> Result<String, String> {
+        let keys = self.keys.read().expect("keys lock");
+        std::iter::once(&keys.0)
+            .chain(&keys.1)
+            .find(|k| k.id == s.key_id)
+            .unwrap_or(&keys.0)
+            .open(s)
+    }
+
+    /// Makes a new current key (an embedded server's files: the old current
+    /// key moves to the folder of older keys); the old ones still decrypt.
+    fn rotate(&self) -> Result<Arc<MasterKey>, String> {
+        let files = self.files.as_ref().ok_or(
+            "this server does not make keys itself: give every node the new key with --master-key-file and the old one with --old-master-key-file, then rotate again to re-encrypt",
+        )?;
+        let mut keys = self.keys.write().expect("keys lock");
+        let old = keys.0.clone();
+        let io = |e: std::io::Error| format!("writing the keys: {e}");
+        std::fs::create_dir_all(&files.old).map_err(io)?;
+        let kept = files.old.join(format!("{}.key", old.id));
+        if !kept.exists() {
+            write_private(&kept, &old.key).map_err(io)?;
+        }
+        let mut new = [0u8; 32];
+        getrandom::fill(&mut new).expect("the operating system's random source");
+        let fresh = files.current.with_extension("new");
+        let _ = std::fs::remove_file(&fresh);
+        write_private(&fresh, &new).map_err(io)?;
+        std::fs::rename(&fresh, &files.current).map_err(io)?;
+        let new = Arc::new(MasterKey::from_bytes(new));
+        keys.1.push(old);
+        keys.0 = new.clone();
+        Ok(new)
+    }
+
+    /// Forgets (and, for an embedded server, deletes the files of) the older
+    /// keys no stored secret uses any more.
+    fn retire(&self, used: &BTreeSet<String>) {
+        let mut keys = self.keys.write().expect("keys lock");
+        keys.1.retain(|k| {
+            let keep = used.contains(&k.id);
+            if !keep {
+                if let Some(files) = &self.files {
+                    let _ = std::fs::remove_file(files.old.join(format!("{}.key", k.id)));
+                }
+            }
+            keep
+        });
+    }
+
+    /// The ids of the current key and of the older ones.
+    pub fn ids(&self) -> (String, Vec<String>) {
+        let keys = self.keys.read().expect("keys lock");
+        (
+            keys.0.id.clone(),
+            keys.1.iter().map(|k| k.id.clone()).collect(),
+        )
+    }
+}
+
+/// Re-encrypts every secret not under the current key, then retires the
+/// older keys nothing uses. Returns how many it re-encrypted.
+pub async fn reencrypt<S: Store>(store: &S, keys: &KeySet) -> Result<usize, String> {
+    let current = keys.current();
+    let mut done = 0;
+    for s in store.list_all_secrets().await.map_err(|e| e.to_string())? {
+        if s.key_id == current.id {
+            continue;
+        }
+        let value = keys.open(&s)?;
+        let again = current.seal(&s.namespace, &s.name, s.version, &value, s.updated_at);
+        store.put_secret(&again).await.map_err(|e| e.to_string())?;
+        done += 1;
+    }
+    let used: BTreeSet<String> = store
+        .list_all_secrets()
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|s| s.key_id)
+        .collect();
+    keys.retire(&used);
+    Ok(done)
+}
+
 /// The engine's source of secret values: the store, decrypted with the
-/// master key.
+/// master keys.
 pub struct StoredSecrets<S> {
     /// Where they are.
     pub store: Arc<S>,
-    /// The key (none: this server has none, and no secret can be given).
-    pub key: Option<Arc<MasterKey>>,
+    /// The keys (none: this server has none, and no secret can be given).
+    pub key: Option<Arc<KeySet>>,
 }
 
 impl<S: Store> dagcron_runtime::Secrets for StoredSecrets<S> {
@@ -223,7 +365,7 @@ fn no_secret(ns: &str, name: &str) -> impl FnOnce() -> ApiError + use<> {
     move || ApiError::not_found(message)
 }
 
-fn key_of<S: Store>(st: &AppState<S>) -> Result<&Arc<MasterKey>, ApiError> {
+fn key_of<S: Store>(st: &AppState<S>) -> Result<&Arc<KeySet>, ApiError> {
     st.master_key.as_ref().ok_or_else(|| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -267,7 +409,9 @@ pub(crate) async fn put_secret<S: Store>(
         .get_secret(&ns, &name)
         .await?
         .map_or(1, |s| s.version + 1);
-    let record = key.seal(&ns, &name, version, &body.value, Timestamp::now());
+    let record = key
+        .current()
+        .seal(&ns, &name, version, &body.value, Timestamp::now());
     st.store.put_secret(&record).await?;
     Ok(Json(SecretAnswer::from(&record)))
 }
@@ -310,6 +454,81 @@ pub(crate) async fn delete_secret<S: Store>(
     } else {
         Err(no_secret(&ns, &name)())
     }
+}
+
+/// The master keys and how many secrets each encrypts.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct KeysAnswer {
+    /// The key that encrypts.
+    pub current: String,
+    /// Every key this server holds, with the secrets it encrypts.
+    pub keys: Vec<KeyUse>,
+}
+
+/// One master key's use.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct KeyUse {
+    /// Its id.
+    pub key_id: String,
+    /// Secrets encrypted with it.
+    pub secrets: u64,
+}
+
+async fn keys_answer<S: Store>(st: &AppState<S>, keys: &KeySet) -> Result<KeysAnswer, ApiError> {
+    let (current, old) = keys.ids();
+    let stored = st.store.list_all_secrets().await?;
+    let keys = std::iter::once(current.clone())
+        .chain(old)
+        .map(|id| KeyUse {
+            secrets: stored.iter().filter(|s| s.key_id == id).count() as u64,
+            key_id: id,
+        })
+        .collect();
+    Ok(KeysAnswer { current, keys })
+}
+
+/// The master keys and their use (instance admin).
+#[utoipa::path(get, path = "/api/v1/secrets/keys", tag = "secrets",
+    responses((status = 200, body = KeysAnswer), Errors))]
+pub(crate) async fn list_keys<S: Store>(
+    State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
+) -> Result<Json<KeysAnswer>, ApiError> {
+    who.allow(Need::Administer, None, || {
+        ApiError::not_found("no such path")
+    })?;
+    let keys = key_of(&st)?.clone();
+    Ok(Json(keys_answer(&st, &keys).await?))
+}
+
+/// Rotates the master key (instance admin): an embedded server makes a new
+/// key, keeping the old one to decrypt; then every secret is re-encrypted
+/// under the current key in the background, and older keys no secret uses
+/// any more are retired. A cluster's nodes are given the new key as
+/// `--master-key-file` (the old as `--old-master-key-file`) first.
+#[utoipa::path(post, path = "/api/v1/secrets/rotate-key", tag = "secrets",
+    responses((status = 202, body = KeysAnswer), Errors))]
+pub(crate) async fn rotate_key<S: Store>(
+    State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
+) -> Result<(StatusCode, Json<KeysAnswer>), ApiError> {
+    who.allow(Need::Administer, None, || {
+        ApiError::not_found("no such path")
+    })?;
+    let keys = key_of(&st)?.clone();
+    if keys.files.is_some() {
+        keys.rotate()
+            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "key_rotation", e))?;
+    }
+    let answer = keys_answer(&st, &keys).await?;
+    let store = st.store.clone();
+    tokio::spawn(async move {
+        match reencrypt(&*store, &keys).await {
+            Ok(n) => tracing::info!("re-encrypted {n} secrets under the current master key"),
+            Err(e) => tracing::error!("re-encrypting the secrets failed: {e}"),
+        }
+    });
+    Ok((StatusCode::ACCEPTED, Json(answer)))
 }
 
 #[cfg(test)]

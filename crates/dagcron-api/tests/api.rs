@@ -46,8 +46,8 @@ async fn api() -> Api {
             engine: handle,
             max_body_bytes: 64 << 10,
             keyring: Arc::new(keyring.clone()),
-            master_key: Some(Arc::new(dagcron_api::secrets::MasterKey::from_bytes(
-                [9; 32],
+            master_key: Some(Arc::new(dagcron_api::secrets::KeySet::one(
+                dagcron_api::secrets::MasterKey::from_bytes([9; 32]),
             ))),
         }),
         store,
@@ -610,6 +610,7 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
         ("post" | "get", "/api/v1/tokens") | ("delete", "/api/v1/tokens/{id}") => Tokens,
         ("get", "/api/v1/audit") => Tokens,
         ("get", "/api/v1/namespaces/{ns}/secrets") => Namespace(Developer),
+        ("get", "/api/v1/secrets/keys") | ("post", "/api/v1/secrets/rotate-key") => Instance(Admin),
         ("put" | "delete", "/api/v1/namespaces/{ns}/secrets/{name}") => Namespace(Developer),
         _ => return None,
     })

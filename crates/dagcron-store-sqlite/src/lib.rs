@@ -526,6 +526,16 @@ impl Store for SqliteStore {
         rows.iter().map(secret_from_row).collect()
     }
 
+    async fn list_all_secrets(&self) -> Result<Vec<SecretRecord>> {
+        let rows = sqlx::query(
+            "SELECT namespace, name, version, key_id, nonce, ciphertext, updated_at FROM secrets ORDER BY namespace, name",
+        )
+        .fetch_all(&self.reader)
+        .await
+        .map_err(unavailable)?;
+        rows.iter().map(secret_from_row).collect()
+    }
+
     async fn count_secrets(&self) -> Result<u64> {
         let n: i64 = sqlx::query_scalar("SELECT count(*) FROM secrets")
             .fetch_one(&self.reader)

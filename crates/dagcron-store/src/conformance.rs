@@ -278,6 +278,7 @@ pub async fn secrets_are_kept_per_namespace<S: Store>(s: &S) {
     );
     assert_eq!(s.list_secrets("a").await.unwrap(), [secret("a", "db", 2)]);
     assert_eq!(s.count_secrets().await.unwrap(), 2);
+    assert_eq!(s.list_all_secrets().await.unwrap().len(), 2);
     assert!(s.delete_secret("a", "db").await.unwrap());
     assert!(!s.delete_secret("a", "db").await.unwrap());
     assert_eq!(s.get_secret("a", "db").await.unwrap(), None);

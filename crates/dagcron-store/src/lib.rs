@@ -664,6 +664,8 @@ pub trait Store: Send + Sync + 'static {
         &self,
         namespace: &str,
     ) -> impl Future<Output = Result<Vec<SecretRecord>>> + Send;
+    /// Every secret, in every namespace (to re-encrypt them under a new key).
+    fn list_all_secrets(&self) -> impl Future<Output = Result<Vec<SecretRecord>>> + Send;
     /// How many secrets are stored, in every namespace.
     fn count_secrets(&self) -> impl Future<Output = Result<u64>> + Send;
     /// Deletes a secret; `false` if there was none.

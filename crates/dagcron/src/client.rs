@@ -135,6 +135,12 @@ pub(crate) enum SecretsCommand {
         /// Name.
         name: String,
     },
+    /// The master keys and how many secrets each encrypts.
+    Keys,
+    /// Rotate the master key: a new key (an embedded server makes it), every
+    /// secret re-encrypted under it in the background, the old key kept
+    /// until no secret uses it.
+    RotateKey,
 }
 
 #[derive(Subcommand)]
@@ -885,6 +891,34 @@ async fn secrets(cmd: SecretsCommand, conn: &Conn, out: &mut impl Write) -> Resu
                     )?;
                 }
             }
+        }
+        SecretsCommand::Keys => {
+            let v = c.get("/api/v1/secrets/keys").await?;
+            if conn.json {
+                print_json(out, &v)?;
+            } else {
+                for k in v["keys"].as_array().into_iter().flatten() {
+                    let current = if k["key_id"] == v["current"] {
+                        " (current)"
+                    } else {
+                        ""
+                    };
+                    writeln!(
+                        out,
+                        "{} {} secrets{current}",
+                        s(&k["key_id"]),
+                        s(&k["secrets"])
+                    )?;
+                }
+            }
+        }
+        SecretsCommand::RotateKey => {
+            let v = c.post("/api/v1/secrets/rotate-key", json!({})).await?;
+            writeln!(
+                out,
+                "current key {}; the secrets are being re-encrypted under it (dagcron secrets keys)",
+                s(&v["current"])
+            )?;
         }
         SecretsCommand::Delete { namespace, name } => {
             c.send(c.http.delete(format!(

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use dagcron_agents::{AgentPool, PoolConfig};
 use dagcron_api::auth::Keyring;
-use dagcron_api::secrets::{MasterKey, StoredSecrets};
+use dagcron_api::secrets::{KeyFiles, KeySet, MasterKey, StoredSecrets};
 use dagcron_api::{AppState, router};
 use dagcron_core::JobFile;
 use dagcron_core::authz::Role;
@@ -96,6 +96,11 @@ pub(crate) struct ServeArgs {
     /// same file on every node, or no secrets there].
     #[arg(long, env = "DAGCRON_MASTER_KEY_FILE")]
     master_key_file: Option<PathBuf>,
+    /// Older master keys that still decrypt what they encrypted, while
+    /// `dagcron secrets rotate-key` re-encrypts under the current one (a
+    /// cluster's rotation; an embedded server keeps its own in DATA_DIR/master-keys).
+    #[arg(long, env = "DAGCRON_OLD_MASTER_KEY_FILES", value_delimiter = ',')]
+    old_master_key_file: Vec<PathBuf>,
     /// Variables of the server's environment that tasks receive (tasks get
     /// only PATH, HOME, LANG, LC_*, TZ and their own otherwise), such as
     /// HTTP_PROXY,NO_PROXY.
@@ -144,6 +149,7 @@ struct Settings {
     max_body_bytes: usize,
     key_file: Option<PathBuf>,
     master_key_file: Option<PathBuf>,
+    old_master_key_files: Vec<PathBuf>,
     tls: Option<Arc<rustls::ServerConfig>>,
     /// Agents must present a client certificate.
     client_certificates: bool,
@@ -193,6 +199,7 @@ impl ServeArgs {
                 .unwrap_or(dagcron_api::DEFAULT_MAX_BODY_BYTES),
             key_file: self.key_file.clone().or(file.key_file),
             master_key_file: self.master_key_file.clone().or(file.master_key_file),
+            old_master_key_files: self.old_master_key_file.clone(),
             tls: match (
                 self.tls_cert.clone().or(file.tls_cert),
                 self.tls_key.clone().or(file.tls_key),
@@ -302,7 +309,14 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
             .master_key_file
             .clone()
             .unwrap_or_else(|| args.data_dir.join("master.key"));
-        let master_key = Some(master_key(&*store, &master_file, true).await?);
+        let files = KeyFiles {
+            current: master_file.clone(),
+            old: args.data_dir.join("master-keys"),
+        };
+        let master_key = Some(Arc::new(
+            KeySet::load_files(files, master_key(&*store, &master_file, true).await?)
+                .context("reading the older master keys")?,
+        ));
         let config = EngineConfig {
             secrets: Some(SecretSource(Arc::new(StoredSecrets {
                 store: store.clone(),
@@ -367,7 +381,21 @@ pub(crate) async fn run(args: ServeArgs) -> Result<ExitCode> {
     // An agent may move between nodes: fencing tokens must not repeat across them.
     agents.set_token_base(registration.epoch << 40);
     let master_key = match &args.master_key_file {
-        Some(file) => Some(master_key(&store, file, false).await?),
+        Some(file) => {
+            let old = args
+                .old_master_key_files
+                .iter()
+                .map(|f| {
+                    MasterKey::load(f)
+                        .with_context(|| format!("reading the old master key {}", f.display()))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Some(Arc::new(KeySet::new(
+                master_key(&store, file, false).await?,
+                old,
+                None,
+            )))
+        }
         None => None,
     };
     let config = EngineConfig {
@@ -516,7 +544,7 @@ async fn master_key<S: Store>(
     store: &S,
     file: &std::path::Path,
     create: bool,
-) -> Result<Arc<MasterKey>> {
+) -> Result<MasterKey> {
     let stored = store
         .count_secrets()
         .await
@@ -536,7 +564,7 @@ async fn master_key<S: Store>(
             format!("reading the master key {}", file.display())
         }
     })?;
-    Ok(Arc::new(key))
+    Ok(key)
 }
 
 /// On the first start (no token at all), creates an instance-admin token

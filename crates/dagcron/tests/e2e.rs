@@ -774,3 +774,72 @@ fn secrets_reach_their_tasks_and_nothing_else() {
     assert!(body.to_string().contains("command line"), "{body}");
     drop(dir);
 }
+
+/// `dagcron secrets rotate-key` makes a new master key, re-encrypts every
+/// secret under it and retires the old key once nothing uses it; tasks get
+/// their secrets throughout, and after a restart.
+#[test]
+fn the_master_key_rotates_without_losing_a_secret() {
+    use std::io::Write as _;
+    let (_dir, data) = setup();
+    let port = free_port();
+    let mut server = Server::start(&data, port, &[]);
+    for name in ["one", "two"] {
+        let mut set = server
+            .cli()
+            .args(["secrets", "set", "e2e", name])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        set.stdin
+            .take()
+            .unwrap()
+            .write_all(format!("value-{name}").as_bytes())
+            .unwrap();
+        assert!(set.wait().unwrap().success());
+    }
+    let job = "namespace: e2e\njobs:\n  - { name: uses, tasks: [{ id: t, shell: { command: 'test \"$A$B\" = value-onevalue-two', env: { A: { secret: one }, B: { secret: two } } } }] }\n";
+    assert_eq!(server.post("/api/v1/apply", job, "application/yaml").0, 200);
+    let first = server.get("/api/v1/secrets/keys")["current"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = server
+        .cli()
+        .args(["secrets", "rotate-key"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let keys = server.get("/api/v1/secrets/keys");
+        let current = keys["current"].as_str().unwrap();
+        let all = keys["keys"].as_array().unwrap();
+        if current != first && all.len() == 1 && all[0]["secrets"] == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the secrets were not re-encrypted: {keys}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        std::fs::read_dir(data.join("master-keys"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "the retired key's file is gone"
+    );
+    let run = server.trigger("uses");
+    server.wait_run(run, "succeeded");
+    server.signal(Signal::SIGTERM);
+    let server = Server::start(&data, port, &[]);
+    let run = server.trigger("uses");
+    server.wait_run(run, "succeeded");
+}
