@@ -1,0 +1,350 @@
+//! Attempts: ready tasks handed to this process's pool, to remote agents
+//! or to the cluster, and their outcomes taken in.
+
+use super::*;
+
+impl<S: Store> Engine<S> {
+    pub(super) fn spawn(&mut self, run_id: RunId, task: usize, number: u32) {
+        let Some(run) = self.runs.get(&run_id) else {
+            return;
+        };
+        let ctx = AttemptContext {
+            namespace: run.key.0.clone(),
+            job: run.key.1.clone(),
+            run_id,
+            task_id: run.job.tasks[task].id.clone(),
+            attempt: number,
+            scheduled_at: run.scheduled_at,
+            idempotency_key: AttemptContext::idempotency_key_for(
+                &run.key.0,
+                &run.key.1,
+                run_id,
+                &run.job.tasks[task].id,
+            ),
+            params: run.params.clone(),
+            secrets: Default::default(),
+        };
+        let token = run.tokens[task]
+            .clone()
+            .unwrap_or_else(|| self.kill_switch.child_token());
+        let job = run.job.clone();
+        let start_at = run.start_at.filter(|at| *at > self.clock.now());
+        self.launch(&job, task, ctx, token, start_at);
+    }
+
+    /// Runs attempt `ctx` of task `task` of `job` in the pool, or on a
+    /// remote agent; its outcome comes back as a [`Finished`]. With
+    /// `start_at`, it starts at that instant (a remote agent is sent it ahead).
+    pub(super) fn launch(
+        &mut self,
+        job: &Job,
+        task: usize,
+        ctx: AttemptContext,
+        token: CancellationToken,
+        start_at: Option<Timestamp>,
+    ) {
+        let spec = &job.tasks[task];
+        let (run_id, number) = (ctx.run_id, ctx.attempt);
+        self.started += 1;
+        // Counted against the agents, not this process's pool (see `dispatch`).
+        let remote = spec.run_on.is_some();
+        if spec.executor == dagcron_core::Executor::Noop && start_at.is_none() {
+            // Nothing to run: report at once, without a task.
+            let outcome = Outcome {
+                ending: Ending::Succeeded,
+                exit_code: None,
+                error: None,
+                log: vec![],
+                start_error_us: None,
+            };
+            let _ = self.finished_tx.send(Finished {
+                run: run_id,
+                task,
+                number,
+                outcome,
+                at: self.clock.now(),
+                remote,
+            });
+            return;
+        }
+        let executor = spec.executor.clone();
+        let timeout = spec.timeout.map(|d| d.0);
+        let tx = self.finished_tx.clone();
+        let clock = self.clock.clone();
+        let limits = Limits {
+            max_output: self.config.max_output,
+        };
+        let live = dagcron_exec::LiveLog::new(limits.max_output);
+        let key = (ctx.run_id, ctx.task_id.clone(), ctx.attempt);
+        self.live
+            .lock()
+            .expect("live logs lock")
+            .insert(key.clone(), live.clone());
+        let lives = self.live.clone();
+        // The outcome goes back to the engine; the live log is done.
+        let finish = move |outcome| {
+            lives.lock().expect("live logs lock").remove(&key);
+            let _ = tx.send(Finished {
+                run: run_id,
+                task,
+                number,
+                outcome,
+                at: clock.now(),
+                remote,
+            });
+        };
+        if let Some(run_on) = &spec.run_on {
+            let followed = live.clone();
+            let report = move |outcome| {
+                followed.finish();
+                finish(outcome);
+            };
+            let Some(remote) = self.config.remote.clone() else {
+                report(failed("this server takes no remote agents".into()));
+                return;
+            };
+            let mut task = RemoteTask {
+                ctx,
+                executor,
+                timeout,
+                start_at,
+                labels: run_on.labels.clone(),
+                max_output: limits.max_output,
+                cancel: token,
+                live: Some(live),
+                report: Box::new(report),
+            };
+            if task.executor.secret_refs().is_empty() {
+                remote.0.submit(task);
+                return;
+            }
+            // The secrets are read beside the loop, then go with the assignment.
+            let secrets = self.config.secrets.clone();
+            tokio::spawn(async move {
+                match resolve_secrets(secrets.as_ref(), &task.ctx.namespace, &task.executor).await {
+                    Ok(values) => {
+                        task.ctx.secrets = values;
+                        remote.0.submit(task);
+                    }
+                    Err(error) => (task.report)(failed(error)),
+                }
+            });
+            return;
+        }
+        let attempt_clock = self.clock.clone();
+        let secrets = self.config.secrets.clone();
+        let mut ctx = ctx;
+        self.attempts.spawn(async move {
+            // A panic in an executor must not leave the attempt running forever.
+            let work = tokio::spawn(async move {
+                match resolve_secrets(secrets.as_ref(), &ctx.namespace, &executor).await {
+                    Ok(values) => ctx.secrets = values,
+                    Err(error) => {
+                        live.finish();
+                        return failed(error);
+                    }
+                }
+                let mut start_error_us = None;
+                if let Some(at) = start_at {
+                    attempt_clock.sleep_until(at).await;
+                    let late = attempt_clock.now().duration_since(at).as_micros();
+                    start_error_us = Some(i64::try_from(late).unwrap_or(i64::MAX));
+                }
+                let mut outcome =
+                    dagcron_exec::run_live(&executor, &ctx, timeout, token, limits, Some(&live))
+                        .await;
+                outcome.start_error_us = start_error_us;
+                outcome
+            });
+            let outcome = work.await.unwrap_or_else(|e| {
+                let error = format!("the executor failed: {e}");
+                Outcome {
+                    ending: Ending::Failed(Failure::Error(error.clone())),
+                    exit_code: None,
+                    error: Some(error),
+                    log: vec![],
+                    start_error_us: None,
+                }
+            });
+            finish(outcome);
+        });
+    }
+
+    /// The count of attempts running in this process's pool, or on agents.
+    pub(super) fn lane(&mut self, remote: bool) -> &mut usize {
+        if remote {
+            &mut self.remote_running
+        } else {
+            &mut self.running
+        }
+    }
+
+    /// Starts ready tasks: every one for a remote agent (the agent pool
+    /// queues them fairly until an agent has room), and local ones while
+    /// the pool has room. A cluster node whose pool is full hands local
+    /// tasks to the cluster (a bounded number), for any node with room.
+    pub(super) fn dispatch(&mut self) {
+        while let Some((id, i)) = self.ready.remote.pop_front() {
+            self.dispatch_task(id, i, true);
+        }
+        loop {
+            let here = self.running < self.config.pool_size;
+            let share =
+                !here && self.config.node.is_some() && self.shared.len() < self.config.pool_size;
+            if !here && !share {
+                break;
+            }
+            let Some((id, i)) = self.ready.local.pop_front() else {
+                break;
+            };
+            self.dispatch_task(id, i, here);
+        }
+    }
+
+    /// Starts an attempt of ready task `i` of run `id`: here if `here`,
+    /// otherwise by handing it to the cluster.
+    pub(super) fn dispatch_task(&mut self, id: RunId, i: usize, here: bool) {
+        let now = self.clock.now();
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
+        if run.tasks[i] != TaskState::Ready || run.closing.is_some() {
+            return;
+        }
+        let number = run.attempts[i] + 1;
+        let task = run.job.tasks[i].id.clone();
+        run.attempts[i] = number;
+        // An attempt of a run made ahead starts at the run's instant.
+        let starts = run.start_at.filter(|t| *t > now).unwrap_or(now);
+        // A task for a remote agent goes to the cluster when no agent here
+        // could run it (an agent may be connected to any node); the node
+        // that claims it must have an agent with its labels.
+        let needs = run.job.tasks[i].run_on.as_ref().map(|r| &r.labels);
+        let elsewhere = self.config.node.is_some()
+            && match (needs, &self.config.remote) {
+                (Some(labels), Some(remote)) => !remote.0.serves(labels),
+                _ => false,
+            };
+        if !here || elsewhere {
+            let run_on = needs.cloned();
+            run.tasks[i] = TaskState::Dispatching;
+            self.writes.push(Write::TaskState {
+                run: id,
+                task: task.clone(),
+                from: TaskState::Ready,
+                to: TaskState::Dispatching,
+            });
+            self.writes.push(Write::AttemptStart {
+                run: id,
+                task,
+                number,
+                state: AttemptState::Dispatching,
+                at: now,
+                run_on,
+            });
+            self.shared.insert((id, i), number);
+            return;
+        }
+        let remote = needs.is_some();
+        run.tasks[i] = TaskState::Running;
+        run.tokens[i] = Some(self.kill_switch.child_token());
+        self.writes.push(Write::TaskState {
+            run: id,
+            task: task.clone(),
+            from: TaskState::Ready,
+            to: TaskState::Dispatching,
+        });
+        self.writes.push(Write::TaskState {
+            run: id,
+            task: task.clone(),
+            from: TaskState::Dispatching,
+            to: TaskState::Running,
+        });
+        let write = self.writes.len();
+        self.writes.push(Write::AttemptStart {
+            run: id,
+            task,
+            number,
+            state: AttemptState::Running,
+            at: starts,
+            run_on: None,
+        });
+        self.effects.push(Effect::Spawn {
+            run: id,
+            task: i,
+            number,
+            write,
+            remote,
+        });
+        *self.lane(remote) += 1;
+    }
+
+    pub(super) fn on_finished(&mut self, done: Finished) {
+        *self.lane(done.remote) -= 1;
+        self.started -= 1;
+        if let Some(o) = &self.config.observer {
+            (o.0)(EngineEvent::AttemptFinished);
+        }
+        let Finished {
+            run: id,
+            task: i,
+            number,
+            outcome,
+            at,
+            ..
+        } = done;
+        if let Some(foreign) = self.foreign.remove(&(id, i)) {
+            // Run for another node: record the result; the run's owner
+            // decides what follows. A stale result is refused by the store.
+            self.writes.push(Write::AttemptEnd {
+                run: id,
+                task: foreign.task,
+                number: foreign.number,
+                from: AttemptState::Running,
+                to: attempt_state_of(&outcome.ending),
+                at,
+                exit_code: outcome.exit_code,
+                error: outcome.error,
+                log: outcome.log,
+                start_error_us: outcome.start_error_us,
+            });
+            return;
+        }
+        let Some(run) = self.runs.get_mut(&id) else {
+            return;
+        };
+        run.tokens[i] = None;
+        let task = run.job.tasks[i].id.clone();
+        if self.killing {
+            // Killed at shutdown: lost, and its task left for the recovery
+            // after the restart (retried or failed by the delivery policy).
+            self.writes.push(Write::AttemptEnd {
+                run: id,
+                task,
+                number,
+                from: AttemptState::Running,
+                to: AttemptState::Lost,
+                at,
+                exit_code: None,
+                error: Some("the server shut down before the attempt ended; it was killed".into()),
+                log: outcome.log,
+                start_error_us: outcome.start_error_us,
+            });
+            return;
+        }
+        let to = attempt_state_of(&outcome.ending);
+        self.writes.push(Write::AttemptEnd {
+            run: id,
+            task: task.clone(),
+            number,
+            from: AttemptState::Running,
+            to,
+            at,
+            exit_code: outcome.exit_code,
+            error: outcome.error.clone(),
+            log: outcome.log,
+            start_error_us: outcome.start_error_us,
+        });
+        self.task_ended(id, i, number, outcome.ending, at);
+    }
+}

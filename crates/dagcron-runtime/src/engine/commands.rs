@@ -1,0 +1,264 @@
+//! What the API and the coordinator ask of the engine.
+
+use super::*;
+
+impl<S: Store> Engine<S> {
+    pub(super) async fn on_command(&mut self, cmd: Command) {
+        let now = self.clock.now();
+        match cmd {
+            Command::Apply { jobs, reply } => {
+                let upserts: Vec<JobUpsert> = jobs.iter().map(JobUpsert::of).collect();
+                // Applying is committed on its own, before the engine changes its timers.
+                match self.store.apply_jobs(&upserts, now).await {
+                    Ok(results) => {
+                        let mut out = Vec::new();
+                        let mut resumed = Vec::new();
+                        for (job, result) in jobs.into_iter().zip(results) {
+                            out.push((job.key(), result));
+                            if let ApplyResult::Created(v) | ApplyResult::Updated(v) = result {
+                                // The store applied the same rule to its row.
+                                let key = key_of(&job);
+                                let before = self.jobs.get(&key).map(|e| (e.paused, e.file_paused));
+                                let paused = policy::paused_after_apply(before, job.spec.paused);
+                                match before {
+                                    Some((true, _)) if !paused => {
+                                        // Resumed by the file: as a resume through the API.
+                                        self.install_job(job, v, now, now, true);
+                                        resumed.push(key);
+                                    }
+                                    Some((false, _)) if paused => {
+                                        self.install_job(job, v, now, now, false);
+                                        self.pause_in_memory(&key, true);
+                                    }
+                                    _ => self.install_job(job, v, now, now, paused),
+                                }
+                            }
+                        }
+                        let mut result = Ok(out);
+                        for key in resumed {
+                            if let Err(e) = self.set_job_paused(&key, false, now).await {
+                                result = Err(EngineError::Storage(e));
+                            }
+                        }
+                        self.reply_after_commit(reply, result);
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(EngineError::Storage(e)));
+                    }
+                }
+            }
+            Command::Delete {
+                namespace,
+                name,
+                reply,
+            } => {
+                let result = match self.store.delete_job(&namespace, &name).await {
+                    Ok(true) => {
+                        self.remove_job(&(namespace.clone(), name.clone()), now);
+                        Ok(())
+                    }
+                    Ok(false) => Err(no_such_job(&(namespace, name))),
+                    Err(e) => Err(EngineError::Storage(e)),
+                };
+                self.reply_after_commit(reply, result);
+            }
+            Command::Pause {
+                namespace,
+                name,
+                paused,
+                reply,
+            } => {
+                let key = (namespace, name);
+                let result = match self.store.set_paused(&key.0, &key.1, paused).await {
+                    Ok(true) => self
+                        .set_job_paused(&key, paused, now)
+                        .await
+                        .map_err(EngineError::Storage),
+                    Ok(false) => Err(no_such_job(&key)),
+                    Err(e) => Err(EngineError::Storage(e)),
+                };
+                self.reply_after_commit(reply, result);
+            }
+            Command::Trigger {
+                namespace,
+                name,
+                params,
+                reply,
+            } => {
+                let key = (namespace, name);
+                let job = match self.known_job(&key).await {
+                    Ok(job) => job,
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                };
+                let decision = policy::on_fire(
+                    job.spec.concurrency,
+                    job.spec.max_active(),
+                    self.jobs[&key].active.len() as u32,
+                );
+                if decision == FireDecision::Skip {
+                    let _ = reply.send(Err(EngineError::Conflict(format!(
+                        "{}/{} has a run active and its concurrency policy is forbid",
+                        key.0, key.1
+                    ))));
+                    return;
+                }
+                let mut merged = job.spec.params.clone();
+                merged.extend(params);
+                let run = self.new_run(&key, &job, Trigger::Manual, now, merged, decision, now);
+                let id = run.id;
+                self.writes.push(Write::Run(run));
+                self.after_new_run(&key, id, decision, now);
+                self.reply_after_commit(reply, Ok(id));
+            }
+            Command::Backfill {
+                namespace,
+                name,
+                from,
+                to,
+                reply,
+            } => {
+                let key = (namespace, name);
+                if to <= from {
+                    let _ = reply.send(Err(EngineError::Invalid(format!(
+                        "`to` ({to}) must be after `from` ({from})"
+                    ))));
+                    return;
+                }
+                let job = match self.known_job(&key).await {
+                    Ok(job) => job,
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                };
+                let Some(back) = self.commands_back.upgrade() else {
+                    return;
+                };
+                // Listing the fires of a long range over many schedules takes
+                // a while: it is done beside the loop, so no fire waits for it.
+                let store = self.store.clone();
+                let max = self.config.max_backfill;
+                tokio::spawn(async move {
+                    let fires = backfill_fires(&*store, &key, &job, from, to, max).await;
+                    let _ = back
+                        .send(Command::Backfilled {
+                            key,
+                            job,
+                            fires,
+                            reply,
+                        })
+                        .await;
+                });
+            }
+            Command::Backfilled {
+                key,
+                job,
+                fires,
+                reply,
+            } => {
+                let fires = match fires {
+                    Ok(_) if !self.jobs.contains_key(&key) => Err(no_such_job(&key)),
+                    other => other,
+                };
+                let instants = match fires {
+                    Ok(instants) => instants,
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                };
+                let mut ids = Vec::new();
+                for at in instants {
+                    let run = self.new_run(
+                        &key,
+                        &job,
+                        Trigger::Backfill,
+                        at,
+                        job.spec.params.clone(),
+                        FireDecision::Queue,
+                        now,
+                    );
+                    let id = run.id;
+                    // A fire recorded meanwhile is refused by the store, and
+                    // its run is not created.
+                    self.writes.push(Write::Fire {
+                        namespace: key.0.clone(),
+                        job: key.1.clone(),
+                        scheduled_at: at,
+                        outcome: FireOutcome::Fired,
+                        run: Some(run),
+                    });
+                    self.jobs.get_mut(&key).expect("job").queued.push_back(id);
+                    ids.push(id);
+                }
+                self.start_queued(&key, now);
+                self.let_go_if_idle(&key, now);
+                self.reply_after_commit(reply, Ok(ids));
+            }
+            Command::Cancel { run, reply } => {
+                let result = if self.runs.contains_key(&run) {
+                    self.stop_run(run, RunState::Cancelled, now);
+                    Ok(())
+                } else {
+                    match self.store.get_run(run).await {
+                        Ok(Some(r)) if !r.state.is_terminal() => {
+                            match self.store.request_cancel(run).await {
+                                Ok(true) => Ok(()),
+                                Ok(false) => Err(EngineError::Conflict(format!(
+                                    "run {run} is {} and no node runs it",
+                                    r.state
+                                ))),
+                                Err(e) => Err(EngineError::Storage(e)),
+                            }
+                        }
+                        Ok(Some(r)) => Err(EngineError::Conflict(format!(
+                            "run {run} is already {}",
+                            r.state
+                        ))),
+                        Ok(None) => Err(EngineError::NotFound(format!("no run {run}"))),
+                        Err(e) => Err(EngineError::Storage(e)),
+                    }
+                };
+                self.reply_after_commit(reply, result);
+            }
+            Command::Own { owns, reply } => {
+                let result = self
+                    .set_ownership(owns, now)
+                    .await
+                    .map_err(EngineError::Storage);
+                self.reply_after_commit(reply, result);
+            }
+            Command::Sync {
+                changed,
+                deleted,
+                reply,
+            } => {
+                let result = self
+                    .sync_jobs(changed, deleted, now)
+                    .await
+                    .map_err(EngineError::Storage);
+                self.reply_after_commit(reply, result);
+            }
+            Command::Adopt { runs, alive, reply } => {
+                let mut result = Ok(());
+                for record in runs {
+                    if !self.runs.contains_key(&record.id) {
+                        tracing::info!(run = record.id, job = %format!("{}/{}", record.namespace, record.job), "taking over a run of a node that is gone");
+                        if let Err(e) = self.recover_run(record, &alive, now).await {
+                            result = Err(EngineError::Storage(e));
+                            break;
+                        }
+                    }
+                }
+                self.reply_after_commit(reply, result);
+            }
+            Command::Work { reply } => {
+                let result = self.share_work(now).await.map_err(EngineError::Storage);
+                self.reply_after_commit(reply, result);
+            }
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! The job table: installing, pausing and removing jobs, a cluster node's
+//! share of them and the changes made through other nodes, and which jobs
+//! keep their whole definition in memory.
+
+use super::*;
+
+impl<S: Store> Engine<S> {
+    /// Whether this node arms the fires of `key`.
+    pub(super) fn owns(&self, key: &JobKey) -> bool {
+        match (&self.config.node, &self.ownership) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(_), Some(owns)) => owns(&key.0, &key.1),
+        }
+    }
+
+    /// Installs a new or changed spec, stored at `version`, and arms it
+    /// (unless it is paused: a new job takes `paused`, a known one keeps
+    /// its state).
+    pub(super) fn install_job(
+        &mut self,
+        job: Job,
+        version: i64,
+        applied_at: Timestamp,
+        now: Timestamp,
+        paused: bool,
+    ) {
+        let key = key_of(&job);
+        let owned = self.owns(&key);
+        let timing = job.timing();
+        let file_paused = job.spec.paused;
+        let job = Arc::new(job);
+        let entry = self
+            .jobs
+            .entry(Arc::new(key.clone()))
+            .or_insert_with(|| JobEntry::new(timing.clone(), version, paused, owned, applied_at));
+        entry.file_paused = file_paused;
+        entry.timing = timing;
+        entry.job = Some(job);
+        entry.version = version;
+        entry.generation += 1;
+        entry.owned = owned;
+        entry.applied_at = applied_at;
+        let from = entry.last_fire.map_or(now, |l| l.max(now));
+        self.arm_next_fire(&key, from);
+    }
+
+    /// Forgets a deleted job and cancels its runs.
+    pub(super) fn remove_job(&mut self, key: &JobKey, now: Timestamp) {
+        if let Some(entry) = self.jobs.remove(key) {
+            for run in entry
+                .queued
+                .iter()
+                .chain(&entry.active)
+                .copied()
+                .collect::<Vec<_>>()
+            {
+                self.stop_run(run, RunState::Cancelled, now);
+            }
+        }
+    }
+
+    /// Sets a job's paused state in memory; returns what it was. Its armed
+    /// timers no longer stand.
+    pub(super) fn pause_in_memory(&mut self, key: &JobKey, paused: bool) -> Option<bool> {
+        let entry = self.jobs.get_mut(key)?;
+        let was = entry.paused;
+        entry.paused = paused;
+        entry.generation += 1;
+        if paused {
+            entry.job = None;
+        }
+        Some(was)
+    }
+
+    /// Pauses or resumes a job in memory (the store has it already).
+    pub(super) async fn set_job_paused(
+        &mut self,
+        key: &JobKey,
+        paused: bool,
+        now: Timestamp,
+    ) -> Result<(), StorageError> {
+        let Some(was) = self.pause_in_memory(key, paused) else {
+            return Ok(());
+        };
+        let entry = &self.jobs[key];
+        if was && !paused && entry.owned {
+            // Fires that came due while paused follow the misfire policy:
+            // from the last fire, or (a job that never fired) from when it
+            // was applied, since none was due between then and the pause.
+            let since = entry.last_fire.unwrap_or(entry.applied_at);
+            self.catch_up(key, since, now, Duration::ZERO).await?;
+        }
+        Ok(())
+    }
+
+    /// A new share of the jobs: stop arming the jobs lost, and resume the
+    /// jobs gained from their last fire in the ledger.
+    pub(super) async fn set_ownership(
+        &mut self,
+        owns: Ownership,
+        now: Timestamp,
+    ) -> Result<usize, StorageError> {
+        let mut gained = Vec::new();
+        let mut owned = 0;
+        for (key, entry) in &mut self.jobs {
+            let now_owned = owns(&key.0, &key.1);
+            owned += usize::from(now_owned);
+            if now_owned != entry.owned {
+                entry.owned = now_owned;
+                entry.generation += 1;
+                if !now_owned {
+                    entry.job = None;
+                } else if !entry.paused {
+                    gained.push((**key).clone());
+                }
+            }
+        }
+        self.ownership = Some(owns);
+        if gained.is_empty() {
+            return Ok(owned);
+        }
+        let last = self.store.last_fires_of(&gained).await?;
+        for (key, last) in gained.into_iter().zip(last) {
+            let Some(entry) = self.jobs.get_mut(&key) else {
+                continue;
+            };
+            entry.last_fire = last;
+            let since = last.unwrap_or(entry.applied_at);
+            self.catch_up(&key, since, now, self.config.misfire_grace)
+                .await?;
+        }
+        Ok(owned)
+    }
+
+    /// Takes in jobs changed and deleted through other nodes (a change
+    /// already known is ignored); returns how many jobs this node owns.
+    pub(super) async fn sync_jobs(
+        &mut self,
+        changed: Vec<StoredJob>,
+        deleted: Vec<(String, String)>,
+        now: Timestamp,
+    ) -> Result<usize, StorageError> {
+        for key in deleted {
+            self.remove_job(&key, now);
+        }
+        for s in changed {
+            let key = (s.namespace.clone(), s.name.clone());
+            let (version, paused) = match self.jobs.get(&key) {
+                Some(e) => (Some(e.version), e.paused),
+                None => (None, false),
+            };
+            if version != Some(s.version) {
+                match Job::from_canonical(&s.namespace, &s.spec) {
+                    Ok(job) => {
+                        if version.is_none() {
+                            // Installed paused if it is, so that it never arms.
+                            self.install_job(job, s.version, s.updated_at, now, s.paused);
+                            continue;
+                        }
+                        self.install_job(job, s.version, s.updated_at, now, paused);
+                    }
+                    Err(e) => {
+                        tracing::error!(namespace = %s.namespace, job = %s.name, "stored job no longer validates, not scheduling it: {e}");
+                        continue;
+                    }
+                }
+            }
+            if paused != s.paused {
+                self.set_job_paused(&key, s.paused, now).await?;
+            }
+        }
+        Ok(self.jobs.values().filter(|e| e.owned).count())
+    }
+
+    /// Arms the next fire of `key` after `after`: directly if the job is in
+    /// memory and the fire is near, otherwise a [`Timer::Prepare`] ahead of it
+    /// (and the whole job is let go until then).
+    pub(super) fn arm_next_fire(&mut self, key: &JobKey, after: Timestamp) {
+        let now = self.clock.now();
+        let Some(key) = self.jobs.get_key_value(key).map(|(k, _)| k.clone()) else {
+            return;
+        };
+        let entry = self.jobs.get_mut(&*key).expect("job");
+        let next = (!entry.paused && entry.owned)
+            .then(|| entry.timing.next_fire_after(after))
+            .flatten();
+        // A run is made `send_ahead` before its instant (usually at it).
+        let fire_at = next.map(|at| at.checked_sub(entry.timing.send_ahead).unwrap_or(at));
+        // A job in memory stays if its next fire is near; any other is read
+        // ahead of its fire (at once if that is already due).
+        let keep =
+            entry.job.is_some() && fire_at.is_some_and(|t| t.duration_since(now) <= KEEP_JOB);
+        if !keep {
+            entry.job = None;
+        }
+        let (Some(at), Some(fire_at)) = (next, fire_at) else {
+            return;
+        };
+        let generation = entry.generation;
+        if keep {
+            self.arm(
+                fire_at,
+                Timer::Fire {
+                    key,
+                    generation,
+                    at,
+                },
+            );
+        } else {
+            let early = fire_at.checked_sub(PREPARE_AHEAD).unwrap_or(fire_at);
+            self.arm(
+                early,
+                Timer::Prepare {
+                    key,
+                    generation,
+                    at,
+                },
+            );
+        }
+    }
+
+    /// The whole job of `key`: from memory if a fire is near, otherwise
+    /// from the store (`None` if it is gone or no longer validates).
+    ///
+    /// The future does not borrow the engine (which is not `Sync`).
+    pub(super) fn job_of(
+        &self,
+        key: &JobKey,
+    ) -> impl Future<Output = Result<Option<Arc<Job>>, StorageError>> + Send + 'static {
+        let cached = self.jobs.get(key).and_then(|e| e.job.clone());
+        let store = self.store.clone();
+        let key = key.clone();
+        async move {
+            if let Some(job) = cached {
+                return Ok(Some(job));
+            }
+            let Some(stored) = store.get_job(&key.0, &key.1).await? else {
+                return Ok(None);
+            };
+            match Job::from_canonical(&stored.namespace, &stored.spec) {
+                Ok(job) => Ok(Some(Arc::new(job))),
+                Err(e) => {
+                    tracing::error!(namespace = %key.0, job = %key.1, "stored job no longer validates: {e}");
+                    Ok(None)
+                }
+            }
+        }
+    }
+
+    /// The whole job of `key`, for a command: not found unless this engine
+    /// schedules it.
+    ///
+    /// The job stays in memory while its runs go on (see [`Engine::let_go_if_idle`]).
+    pub(super) async fn known_job(&mut self, key: &JobKey) -> Result<Arc<Job>, EngineError> {
+        if !self.jobs.contains_key(key) && self.config.node.is_some() {
+            // Applied through another node, and not announced here yet: once
+            // an apply has returned, every node accepts calls about the job.
+            let stored = self
+                .store
+                .get_job(&key.0, &key.1)
+                .await
+                .map_err(EngineError::Storage)?;
+            if let Some(stored) = stored {
+                let now = self.clock.now();
+                self.sync_jobs(vec![stored], vec![], now)
+                    .await
+                    .map_err(EngineError::Storage)?;
+            }
+        }
+        if !self.jobs.contains_key(key) {
+            return Err(no_such_job(key));
+        }
+        let job = self
+            .job_of(key)
+            .await
+            .map_err(EngineError::Storage)?
+            .ok_or_else(|| no_such_job(key))?;
+        if let Some(entry) = self.jobs.get_mut(key) {
+            entry.job = Some(job.clone());
+        }
+        Ok(job)
+    }
+
+    /// Drops the whole job of `key` from memory once it has no run and no
+    /// fire near (a job triggered by hand stays while its runs go on).
+    pub(super) fn let_go_if_idle(&mut self, key: &JobKey, now: Timestamp) {
+        let Some(entry) = self.jobs.get_mut(key) else {
+            return;
+        };
+        if entry.job.is_none() || !entry.active.is_empty() || !entry.queued.is_empty() {
+            return;
+        }
+        let near = entry
+            .timing
+            .next_fire_after(now)
+            .is_some_and(|at| at.duration_since(now) <= KEEP_JOB);
+        if !near || entry.paused || !entry.owned {
+            entry.job = None;
+        }
+    }
+}

@@ -1,0 +1,794 @@
+//! The engine: one task that owns the scheduling state.
+//!
+//! It keeps one timer heap over every schedule, retry and deadline (no task
+//! or polling loop per job), turns due fires into runs, plans each run's DAG,
+//! and hands ready tasks to a bounded pool of attempt tasks. Every decision
+//! is first appended to a batch of [`Write`]s; the batch is committed in one
+//! transaction, and only then are its effects carried out (attempts started,
+//! callers answered). A crash between the two loses no decision: on start,
+//! the engine recovers from the store (missed fires by the misfire policy,
+//! attempts that were running as `lost`).
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dagcron_core::policy::{self, FireDecision, FireOutcome};
+use dagcron_core::{
+    AttemptState, Delivery, Failure, Job, RetryDecision, RunState, TaskState, Timing,
+};
+use dagcron_exec::{AttemptContext, Ending, Limits, Outcome};
+use dagcron_store::{
+    ApplyResult, AttemptKey, ClaimedAttempt, JobUpsert, NewRun, RemoteAttempt, RunId, RunRecord,
+    StorageError, Store, StoredJob, Trigger, Write, WriteResult,
+};
+use jiff::{SignedDuration, Timestamp};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::Clock;
+
+mod attempts;
+mod commands;
+mod jobs;
+mod lease;
+mod recovery;
+mod run_loop;
+mod runs;
+mod shared;
+mod timers;
+
+#[cfg(test)]
+mod tests;
+
+pub use lease::Lease;
+use lease::lease_watchdog;
+
+/// Something that happened, for metrics and benchmarks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineEvent {
+    /// A fire was turned into a run (or skipped) at `at`, for `scheduled_at`.
+    Fired {
+        /// The fire's instant.
+        scheduled_at: Timestamp,
+        /// When the engine handled it.
+        at: Timestamp,
+    },
+    /// An attempt's outcome was committed.
+    AttemptFinished,
+}
+
+/// Receives [`EngineEvent`]s; it must be quick (it runs on the engine's task).
+#[derive(Clone)]
+pub struct Observer(pub Arc<dyn Fn(EngineEvent) + Send + Sync>);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
+}
+
+/// Settings of the engine; every one has a safe default.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Attempts running at once in the in-process pool.
+    pub pool_size: usize,
+    /// A fire found overdue by less than this at start-up still counts as on time.
+    pub misfire_grace: Duration,
+    /// Output kept per attempt.
+    pub max_output: usize,
+    /// At most this many missed fires are recorded per job at recovery.
+    pub max_missed_per_job: usize,
+    /// At most this many runs one backfill creates.
+    pub max_backfill: usize,
+    /// Told about fires and attempts.
+    pub observer: Option<Observer>,
+    /// Set when this engine is one node of a cluster.
+    pub node: Option<NodeIdentity>,
+    /// Where tasks with `run_on` go.
+    pub remote: Option<RemoteWorkers>,
+    /// Where the values of the secrets tasks refer to come from.
+    pub secrets: Option<SecretSource>,
+}
+
+/// What resolving secrets answers: the values by name, or why not.
+pub type Resolved<'a> = std::pin::Pin<
+    Box<
+        dyn Future<Output = Result<std::collections::BTreeMap<String, String>, String>> + Send + 'a,
+    >,
+>;
+
+/// Resolves the secrets a task refers to, in the task's namespace, when an
+/// attempt starts (never in the engine's loop).
+pub trait Secrets: Send + Sync + 'static {
+    /// The values of `names` in `namespace`; an error says which is missing
+    /// or could not be read.
+    fn resolve<'a>(
+        &'a self,
+        namespace: &'a str,
+        names: &'a std::collections::BTreeSet<String>,
+    ) -> Resolved<'a>;
+}
+
+/// The engine's link to the stored secrets.
+#[derive(Clone)]
+pub struct SecretSource(pub Arc<dyn Secrets>);
+
+impl std::fmt::Debug for SecretSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretSource")
+    }
+}
+
+/// The values of the secrets `executor` refers to.
+async fn resolve_secrets(
+    source: Option<&SecretSource>,
+    namespace: &str,
+    executor: &dagcron_core::Executor,
+) -> Result<dagcron_exec::SecretValues, String> {
+    let names = executor.secret_refs();
+    if names.is_empty() {
+        return Ok(dagcron_exec::SecretValues::default());
+    }
+    let Some(source) = source else {
+        return Err("the task refers to secrets, and this server has none".into());
+    };
+    source
+        .0
+        .resolve(namespace, &names)
+        .await
+        .map(dagcron_exec::SecretValues)
+}
+
+fn failed(error: String) -> Outcome {
+    Outcome {
+        ending: Ending::Failed(Failure::Error(error.clone())),
+        exit_code: None,
+        error: Some(error),
+        log: vec![],
+        start_error_us: None,
+    }
+}
+
+/// An attempt for a remote worker agent.
+pub struct RemoteTask {
+    /// Its identity, environment and parameters.
+    pub ctx: AttemptContext,
+    /// What to run.
+    pub executor: dagcron_core::Executor,
+    /// Time limit.
+    pub timeout: Option<Duration>,
+    /// Labels the agent must have.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Output kept.
+    pub max_output: usize,
+    /// Cancelled when the attempt must stop.
+    pub cancel: CancellationToken,
+    /// Where the agent's output goes while it runs, for followers.
+    pub live: Option<dagcron_exec::LiveLog>,
+    /// The instant to start at, sent ahead of it (a job's `send_ahead`);
+    /// none: at once.
+    pub start_at: Option<Timestamp>,
+    /// Called once, with the outcome.
+    pub report: Box<dyn FnOnce(Outcome) + Send>,
+}
+
+/// Remote worker agents: they take attempts and report their outcomes.
+pub trait Remote: Send + Sync + 'static {
+    /// Hands over an attempt; its `report` is called exactly once.
+    fn submit(&self, task: RemoteTask);
+
+    /// Whether an agent connected here could run a task needing `labels`
+    /// (in a cluster, other attempts go to the node that has one).
+    fn serves(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        let _ = labels;
+        true
+    }
+
+    /// The connected agents with room: their labels and free slots, for
+    /// claiming attempts other nodes could not place.
+    fn rooms(&self) -> Vec<(std::collections::BTreeMap<String, String>, usize)> {
+        vec![]
+    }
+}
+
+/// The engine's link to remote worker agents.
+#[derive(Clone)]
+pub struct RemoteWorkers(pub Arc<dyn Remote>);
+
+impl std::fmt::Debug for RemoteWorkers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RemoteWorkers")
+    }
+}
+
+/// What a cluster node's engine needs to know of its registration.
+#[derive(Clone, Debug)]
+pub struct NodeIdentity {
+    /// The node's slot, the low bits of the run ids it creates, so that two
+    /// nodes never create the same id.
+    pub slot: u8,
+    /// The node's lease as this process sees it: past its end, the engine
+    /// stops firing and writing.
+    pub lease: Lease,
+}
+
+/// Bits of a run id that hold the node's slot.
+const SLOT_BITS: u32 = 5;
+
+impl Default for EngineConfig {
+    fn default() -> EngineConfig {
+        EngineConfig {
+            pool_size: 64,
+            misfire_grace: Duration::from_secs(60),
+            max_output: 1 << 20,
+            max_missed_per_job: 10_000,
+            max_backfill: 10_000,
+            observer: None,
+            node: None,
+            remote: None,
+            secrets: None,
+        }
+    }
+}
+
+/// Why the engine refused a command.
+#[derive(Debug)]
+pub enum EngineError {
+    /// No such job or run.
+    NotFound(String),
+    /// The request conflicts with the current state (for example, triggering
+    /// a `forbid` job while it runs).
+    Conflict(String),
+    /// The request is invalid.
+    Invalid(String),
+    /// The store failed.
+    Storage(StorageError),
+    /// The engine has stopped.
+    Stopped,
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EngineError::NotFound(m) | EngineError::Conflict(m) | EngineError::Invalid(m) => {
+                f.write_str(m)
+            }
+            EngineError::Storage(e) => write!(f, "{e}"),
+            EngineError::Stopped => f.write_str("the engine has stopped"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
+
+/// What the API asks of the engine.
+pub(crate) enum Command {
+    Apply {
+        jobs: Vec<Job>,
+        reply: Reply<Vec<(String, ApplyResult)>>,
+    },
+    Delete {
+        namespace: String,
+        name: String,
+        reply: Reply<()>,
+    },
+    Pause {
+        namespace: String,
+        name: String,
+        paused: bool,
+        reply: Reply<()>,
+    },
+    Trigger {
+        namespace: String,
+        name: String,
+        params: std::collections::BTreeMap<String, String>,
+        reply: Reply<RunId>,
+    },
+    Backfill {
+        namespace: String,
+        name: String,
+        from: Timestamp,
+        to: Timestamp,
+        reply: Reply<Vec<RunId>>,
+    },
+    /// The fires of a backfill, listed beside the loop: those of the range
+    /// not yet in the ledger.
+    Backfilled {
+        key: JobKey,
+        job: Arc<Job>,
+        fires: Result<Vec<Timestamp>, EngineError>,
+        reply: Reply<Vec<RunId>>,
+    },
+    Cancel {
+        run: RunId,
+        reply: Reply<()>,
+    },
+    /// A cluster node's share of the jobs changed.
+    Own {
+        owns: Ownership,
+        reply: Reply<usize>,
+    },
+    /// Jobs changed in the store (applied through another node).
+    Sync {
+        changed: Vec<StoredJob>,
+        deleted: Vec<(String, String)>,
+        reply: Reply<usize>,
+    },
+    /// Runs taken over from a dead node; `alive` are the epochs of the
+    /// nodes still alive (their attempts go on).
+    Adopt {
+        runs: Vec<RunRecord>,
+        alive: HashSet<i64>,
+        reply: Reply<()>,
+    },
+    /// Work shared across the cluster: claim attempts, learn the outcome of
+    /// attempts others claimed, stop attempts withdrawn by their owners.
+    Work {
+        reply: Reply<()>,
+    },
+}
+
+/// Which jobs a cluster node owns: `owns(namespace, name)`.
+pub type Ownership = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
+
+type JobKey = (String, String);
+
+/// A job whose next fire is this close keeps its whole definition in
+/// memory; others keep only their [`Timing`] and are read from the store
+/// [`PREPARE_AHEAD`] before they fire. A million hourly jobs cost a few
+/// hundred bytes each this way, and a job firing every second is not read
+/// every second.
+const KEEP_JOB: SignedDuration = SignedDuration::from_secs(5);
+/// Half a second: cron fires fall on whole seconds, so reading never
+/// competes with the fires of the same instant.
+const PREPARE_AHEAD: SignedDuration = SignedDuration::from_millis(500);
+
+/// While the engine runs, a fire counts as missed (a suspended process, a
+/// clock step) only if it is overdue by more than the misfire grace and at
+/// least this: a grace of zero makes start-up strict, not every fire that
+/// the loop handles a millisecond late a miss.
+const RUNNING_GRACE_FLOOR: Duration = Duration::from_secs(2);
+
+/// A timer in the heap, ordered by instant, then by arming order.
+struct Armed {
+    at: Timestamp,
+    seq: u64,
+    timer: Timer,
+}
+
+impl PartialEq for Armed {
+    fn eq(&self, other: &Armed) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+
+impl Eq for Armed {}
+
+impl PartialOrd for Armed {
+    fn partial_cmp(&self, other: &Armed) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Armed {
+    fn cmp(&self, other: &Armed) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+/// A batch being committed, and what it returns: the writes and their results.
+type Commit = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = (Vec<Write>, Result<Vec<WriteResult>, StorageError>)>
+            + Send,
+    >,
+>;
+
+/// Commits a batch, retrying a few times if the database is unavailable.
+async fn commit_with_retries<S: Store>(
+    store: &S,
+    writes: &[Write],
+) -> Result<Vec<WriteResult>, StorageError> {
+    if writes.is_empty() {
+        return Ok(vec![]);
+    }
+    let mut tries = 0;
+    loop {
+        match store.write(writes).await {
+            Ok(r) => return Ok(r),
+            Err(e) if tries < 5 && !matches!(e, StorageError::Fenced(_)) => {
+                tries += 1;
+                tracing::warn!("commit failed ({e}); retrying");
+                tokio::time::sleep(Duration::from_millis(100 << tries)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The fires of `job` in `[from, to)` that the ledger does not have yet,
+/// by the scheduler's own rule (start and end dates included).
+async fn backfill_fires<S: Store>(
+    store: &S,
+    key: &JobKey,
+    job: &Arc<Job>,
+    from: Timestamp,
+    to: Timestamp,
+    max: usize,
+) -> Result<Vec<Timestamp>, EngineError> {
+    let timing = job.timing();
+    let listed = tokio::task::spawn_blocking(move || timing.fires_in(from, to, max))
+        .await
+        .map_err(|e| EngineError::Invalid(format!("listing the fires failed: {e}")))?;
+    let Some(instants) = listed else {
+        return Err(EngineError::Invalid(format!(
+            "the range holds more than {max} fires; backfill a shorter range"
+        )));
+    };
+    let recorded: HashSet<Timestamp> = store
+        .list_fires(&key.0, &key.1, from, to, max as u32 + 1)
+        .await
+        .map_err(EngineError::Storage)?
+        .into_iter()
+        .map(|f| f.scheduled_at)
+        .collect();
+    Ok(instants
+        .into_iter()
+        .filter(|at| !recorded.contains(at))
+        .collect())
+}
+
+fn no_such_job(key: &JobKey) -> EngineError {
+    EngineError::NotFound(format!("no job {}/{}", key.0, key.1))
+}
+
+struct JobEntry {
+    /// When it fires and what to do with missed fires: always in memory.
+    timing: Timing,
+    /// The whole job, kept only while a fire is near (see [`KEEP_JOB`]);
+    /// otherwise it is read from the store when needed.
+    job: Option<Arc<Job>>,
+    version: i64,
+    paused: bool,
+    /// The `paused` of the file last applied (see [`policy::paused_after_apply`]).
+    file_paused: bool,
+    /// Bumped on every change, so that timers armed for an older version are ignored.
+    generation: u64,
+    /// The latest fire recorded in the ledger (where the next search starts).
+    last_fire: Option<Timestamp>,
+    /// Runs started and not finished.
+    active: Vec<RunId>,
+    /// Runs waiting for a slot.
+    queued: VecDeque<RunId>,
+    /// Whether this node arms its fires (always, outside a cluster).
+    owned: bool,
+    /// When its spec was last applied (where catch-up starts if it never fired).
+    applied_at: Timestamp,
+}
+
+impl JobEntry {
+    fn new(
+        timing: Timing,
+        version: i64,
+        paused: bool,
+        owned: bool,
+        applied_at: Timestamp,
+    ) -> Box<JobEntry> {
+        Box::new(JobEntry {
+            timing,
+            job: None,
+            version,
+            paused,
+            file_paused: paused,
+            generation: 0,
+            last_fire: None,
+            active: vec![],
+            queued: VecDeque::new(),
+            owned,
+            applied_at,
+        })
+    }
+}
+
+struct RunEntry {
+    key: Arc<JobKey>,
+    job: Arc<Job>,
+    scheduled_at: Timestamp,
+    params: std::collections::BTreeMap<String, String>,
+    state: RunState,
+    tasks: Vec<TaskState>,
+    attempts: Vec<u32>,
+    tokens: Vec<Option<CancellationToken>>,
+    /// Set when the run is being stopped (cancel, replace, deadline): its final state.
+    closing: Option<RunState>,
+    /// For a run made ahead of its instant (`send_ahead`): nothing of it
+    /// starts before this.
+    start_at: Option<Timestamp>,
+}
+
+enum Timer {
+    /// Loads the job of a fire a little ahead of it, then arms the fire.
+    Prepare {
+        key: Arc<JobKey>,
+        generation: u64,
+        at: Timestamp,
+    },
+    Fire {
+        key: Arc<JobKey>,
+        generation: u64,
+        at: Timestamp,
+    },
+    Retry {
+        run: RunId,
+        task: usize,
+    },
+    Deadline {
+        run: RunId,
+    },
+}
+
+enum Effect {
+    Spawn {
+        run: RunId,
+        task: usize,
+        number: u32,
+        /// The index of its `AttemptStart` in the batch.
+        write: usize,
+        /// For a remote agent.
+        remote: bool,
+    },
+    Reply(Box<dyn FnOnce() + Send>),
+}
+
+/// The result of one attempt, sent back by the attempt task.
+struct Finished {
+    run: RunId,
+    task: usize,
+    number: u32,
+    outcome: Outcome,
+    at: Timestamp,
+    /// Run by a remote agent (not in this process's pool).
+    remote: bool,
+}
+
+/// Tasks ready to start: for this process's pool, and for remote agents
+/// (which the pool's size does not bound).
+#[derive(Default)]
+struct ReadyQueues {
+    local: VecDeque<(RunId, usize)>,
+    remote: VecDeque<(RunId, usize)>,
+}
+
+impl ReadyQueues {
+    fn push(&mut self, job: &Job, run: RunId, task: usize) {
+        if job.tasks[task].run_on.is_some() {
+            self.remote.push_back((run, task));
+        } else {
+            self.local.push_back((run, task));
+        }
+    }
+}
+
+fn attempt_state_of(ending: &Ending) -> AttemptState {
+    match ending {
+        Ending::Succeeded => AttemptState::Succeeded,
+        Ending::Failed(Failure::Lost) => AttemptState::Lost,
+        Ending::Failed(_) => AttemptState::Failed,
+        Ending::TimedOut => AttemptState::TimedOut,
+        Ending::Cancelled => AttemptState::Cancelled,
+    }
+}
+
+/// A handle to a running engine, for the API.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<Command>,
+    live: LiveLogs,
+    fenced: CancellationToken,
+}
+
+/// The output of attempts running in this process, by (run, task, attempt).
+type LiveLogs = Arc<std::sync::Mutex<HashMap<(RunId, String, u32), dagcron_exec::LiveLog>>>;
+
+impl EngineHandle {
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(make(tx))
+            .await
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)?
+    }
+
+    /// Creates or updates jobs (already validated); answers after commit.
+    pub async fn apply(&self, jobs: Vec<Job>) -> Result<Vec<(String, ApplyResult)>, EngineError> {
+        self.ask(|reply| Command::Apply { jobs, reply }).await
+    }
+
+    /// Deletes a job; its history stays.
+    pub async fn delete(&self, namespace: &str, name: &str) -> Result<(), EngineError> {
+        self.ask(|reply| Command::Delete {
+            namespace: namespace.into(),
+            name: name.into(),
+            reply,
+        })
+        .await
+    }
+
+    /// Pauses (or resumes) a job.
+    pub async fn pause(
+        &self,
+        namespace: &str,
+        name: &str,
+        paused: bool,
+    ) -> Result<(), EngineError> {
+        self.ask(|reply| Command::Pause {
+            namespace: namespace.into(),
+            name: name.into(),
+            paused,
+            reply,
+        })
+        .await
+    }
+
+    /// Starts a run now with these parameters (over the job's defaults).
+    pub async fn trigger(
+        &self,
+        namespace: &str,
+        name: &str,
+        params: std::collections::BTreeMap<String, String>,
+    ) -> Result<RunId, EngineError> {
+        self.ask(|reply| Command::Trigger {
+            namespace: namespace.into(),
+            name: name.into(),
+            params,
+            reply,
+        })
+        .await
+    }
+
+    /// Creates a run for every fire in `[from, to)` not already in the ledger.
+    pub async fn backfill(
+        &self,
+        namespace: &str,
+        name: &str,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> Result<Vec<RunId>, EngineError> {
+        self.ask(|reply| Command::Backfill {
+            namespace: namespace.into(),
+            name: name.into(),
+            from,
+            to,
+            reply,
+        })
+        .await
+    }
+
+    /// The output so far of an attempt running in this process, to follow it.
+    pub fn live_log(&self, run: RunId, task: &str, number: u32) -> Option<dagcron_exec::LiveLog> {
+        self.live
+            .lock()
+            .expect("live logs lock")
+            .get(&(run, task.to_string(), number))
+            .cloned()
+    }
+
+    /// Tells a cluster node's engine which jobs it owns; returns how many.
+    pub async fn set_ownership(&self, owns: Ownership) -> Result<usize, EngineError> {
+        self.ask(|reply| Command::Own { owns, reply }).await
+    }
+
+    /// Takes in jobs changed and deleted through other nodes; returns how
+    /// many jobs this node now owns.
+    pub async fn sync_jobs(
+        &self,
+        changed: Vec<StoredJob>,
+        deleted: Vec<(String, String)>,
+    ) -> Result<usize, EngineError> {
+        self.ask(|reply| Command::Sync {
+            changed,
+            deleted,
+            reply,
+        })
+        .await
+    }
+
+    /// Hands the engine runs it now owns (after their node died); `alive`
+    /// are the epochs of the nodes alive now.
+    pub async fn adopt(
+        &self,
+        runs: Vec<RunRecord>,
+        alive: HashSet<i64>,
+    ) -> Result<(), EngineError> {
+        self.ask(|reply| Command::Adopt { runs, alive, reply })
+            .await
+    }
+
+    /// Does the cluster's shared work: claims attempts other nodes handed
+    /// over (as many as the pool has room for), takes in the outcomes of
+    /// this node's attempts that others ran, and stops the attempts it runs
+    /// for others that their owners withdrew.
+    pub async fn share_work(&self) -> Result<(), EngineError> {
+        self.ask(|reply| Command::Work { reply }).await
+    }
+
+    /// Resolves once a cluster node's lease has ended and every attempt it
+    /// ran has been killed and seen gone (or a bounded wait for them ran
+    /// out): the process must stop, whatever its engine loop is doing.
+    pub async fn fenced(&self) {
+        self.fenced.cancelled().await;
+    }
+
+    /// Cancels a run: running attempts are stopped, pending tasks cancelled.
+    /// A run of another cluster node is cancelled by that node.
+    pub async fn cancel(&self, run: RunId) -> Result<(), EngineError> {
+        self.ask(|reply| Command::Cancel { run, reply }).await
+    }
+}
+
+/// The engine's state; see the module documentation.
+pub struct Engine<S: Store> {
+    store: Arc<S>,
+    clock: Arc<dyn Clock>,
+    config: EngineConfig,
+    /// Boxed: a map's table is sized in powers of two, so empty slots
+    /// cost a pointer rather than a whole entry.
+    jobs: HashMap<Arc<JobKey>, Box<JobEntry>>,
+    runs: HashMap<RunId, RunEntry>,
+    heap: BinaryHeap<Reverse<Armed>>,
+    next_timer: u64,
+    ready: ReadyQueues,
+    /// Attempts in this process's pool (at most `pool_size`).
+    running: usize,
+    /// Attempts handed to remote agents (their capacity bounds them).
+    remote_running: usize,
+    /// Attempt tasks started and not yet reported (`running` also counts
+    /// the ones decided but not yet committed).
+    started: usize,
+    last_run_id: RunId,
+    rng: u64,
+    writes: Vec<Write>,
+    effects: Vec<Effect>,
+    finished_tx: mpsc::UnboundedSender<Finished>,
+    finished_rx: mpsc::UnboundedReceiver<Finished>,
+    commands: Option<mpsc::Receiver<Command>>,
+    /// For work done beside the loop to report back as a command.
+    commands_back: mpsc::WeakSender<Command>,
+    /// The latest time a timer wake-up saw, to notice a clock stepping back.
+    last_wake: Timestamp,
+    /// Set once shutdown kills the attempts still running: their ends are
+    /// recorded as lost, and nothing follows from them.
+    killing: bool,
+    /// The parent of every attempt's cancellation token: cancelled, it
+    /// stops every attempt this engine runs, whatever the loop is doing.
+    kill_switch: CancellationToken,
+    /// The attempt tasks of the pool: waited for once they are killed.
+    attempts: tokio_util::task::TaskTracker,
+    /// Cancelled when `run` returns (stops the lease watchdog).
+    done: CancellationToken,
+    /// A cluster node's share of the jobs (`None`: all jobs, or none yet in a cluster).
+    ownership: Option<Ownership>,
+    /// Attempts of this node's runs handed to the cluster when its pool was
+    /// full, by (run, task): their number.
+    shared: HashMap<(RunId, usize), u32>,
+    /// Output of the attempts running here, for followers.
+    live: LiveLogs,
+    /// Attempts this node claimed and runs for other nodes, by (run, task).
+    foreign: HashMap<(RunId, usize), Foreign>,
+}
+
+/// An attempt run for another node.
+struct Foreign {
+    task: String,
+    number: u32,
+    token: CancellationToken,
+}
+
+fn key_of(job: &Job) -> JobKey {
+    (job.namespace.clone(), job.spec.name.clone())
+}

@@ -1,0 +1,276 @@
+//! Recovery at start-up and when runs are adopted: missed fires by the
+//! misfire policy, unfinished runs rebuilt, attempts that were running lost.
+
+use super::*;
+
+impl<S: Store> Engine<S> {
+    pub(super) async fn recover(&mut self, now: Timestamp) -> Result<(), StorageError> {
+        // A cluster node owns nothing until its first ring.
+        let owned = self.config.node.is_none();
+        dagcron_store::load_all_jobs(&*self.store.clone(), |stored| {
+            let job = match Job::from_canonical(&stored.namespace, &stored.spec) {
+                Ok(job) => job,
+                Err(e) => {
+                    tracing::error!(namespace = %stored.namespace, job = %stored.name, "stored job no longer validates, not scheduling it: {e}");
+                    return;
+                }
+            };
+            let mut entry = JobEntry::new(
+                job.timing(),
+                stored.version,
+                stored.paused,
+                owned,
+                stored.updated_at,
+            );
+            entry.file_paused = job.spec.paused;
+            self.jobs.insert(Arc::new(key_of(&job)), entry);
+        })
+        .await?;
+        // Where each job resumes: its last recorded fire. (A cluster node
+        // learns it when it comes to own the job.)
+        if self.config.node.is_none() {
+            for (namespace, name, at) in self.store.last_fires().await? {
+                if let Some(entry) = self.jobs.get_mut(&(namespace, name)) {
+                    entry.last_fire = Some(at);
+                }
+            }
+        }
+        // Unfinished runs: rebuild them; attempts that were running are lost.
+        let active = self.store.active_runs().await?;
+        if self.config.node.is_none() && !active.is_empty() {
+            // A process of such an attempt that outlived the server (it was
+            // killed with SIGKILL) would run beside its retry: kill it first.
+            let running: HashSet<(RunId, String, u32)> = active
+                .iter()
+                .flat_map(|r| {
+                    r.tasks.iter().flat_map(move |t| {
+                        t.attempts
+                            .iter()
+                            .filter(|a| !a.state.is_terminal())
+                            .map(move |a| (r.id, t.id.clone(), a.number))
+                    })
+                })
+                .collect();
+            if !running.is_empty() {
+                let killed = tokio::task::spawn_blocking(move || {
+                    dagcron_exec::tree::kill_attempts(&running)
+                })
+                .await
+                .unwrap_or(0);
+                if killed > 0 {
+                    tracing::warn!(
+                        "killed {killed} processes of attempts left running by the previous server"
+                    );
+                }
+            }
+        }
+        for record in active {
+            self.recover_run(record, &HashSet::new(), now).await?;
+        }
+        // Missed fires, per job, by its misfire policy, from its last
+        // recorded fire, or from when it was applied if it never fired.
+        let armed: Vec<Arc<JobKey>> = self
+            .jobs
+            .iter()
+            .filter(|(_, e)| !e.paused && e.owned)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in armed {
+            let entry = &self.jobs[&key];
+            let since = entry.last_fire.unwrap_or(entry.applied_at);
+            self.catch_up(&key, since, now, self.config.misfire_grace)
+                .await?;
+        }
+        self.flush().await?;
+        Ok(())
+    }
+
+    /// Records the fires of `key` in `(since, now - grace]` by the misfire
+    /// policy, and arms the next fire.
+    pub(super) async fn catch_up(
+        &mut self,
+        key: &JobKey,
+        since: Timestamp,
+        now: Timestamp,
+        grace: Duration,
+    ) -> Result<(), StorageError> {
+        let timing = &self.jobs[key].timing;
+        let grace = SignedDuration::try_from(grace).unwrap_or(SignedDuration::ZERO);
+        let cutoff = now.checked_sub(grace).unwrap_or(now);
+        let mut missed = Vec::new();
+        let mut t = since;
+        while let Some(next) = timing.next_fire_after(t) {
+            if next > cutoff || missed.len() >= self.config.max_missed_per_job {
+                break;
+            }
+            missed.push(next);
+            t = next;
+        }
+        if missed.len() >= self.config.max_missed_per_job {
+            tracing::warn!(job = %format!("{}/{}", key.0, key.1), "more than {} missed fires; recording the first ones only", self.config.max_missed_per_job);
+        }
+        let outcomes = policy::catch_up(&missed, timing.misfire, timing.max_catchup);
+        let job = if outcomes
+            .iter()
+            .any(|(_, o)| *o == FireOutcome::MissedCaughtUp)
+        {
+            self.job_of(key).await?
+        } else {
+            None
+        };
+        for (at, outcome) in outcomes {
+            match (outcome, &job) {
+                (FireOutcome::MissedCaughtUp, Some(job)) => {
+                    self.fire(key, job, at, Trigger::Catchup, FireOutcome::MissedCaughtUp)
+                }
+                // Deleted meanwhile (through another node).
+                (FireOutcome::MissedCaughtUp, None) => {}
+                (other, _) => self.writes.push(Write::Fire {
+                    namespace: key.0.clone(),
+                    job: key.1.clone(),
+                    scheduled_at: at,
+                    outcome: other,
+                    run: None,
+                }),
+            }
+        }
+        if let Some(last) = missed.last() {
+            self.jobs.get_mut(key).expect("job").last_fire = Some(*last);
+        }
+        self.arm_next_fire(key, t.max(since));
+        Ok(())
+    }
+
+    /// Rebuilds an unfinished run. Its attempts left running are lost,
+    /// except, in a cluster, the ones waiting to be claimed or running on a
+    /// node in `alive`: those go on.
+    pub(super) async fn recover_run(
+        &mut self,
+        record: RunRecord,
+        alive: &HashSet<i64>,
+        now: Timestamp,
+    ) -> Result<(), StorageError> {
+        let key = (record.namespace.clone(), record.job.clone());
+        let found = match self.jobs.get_key_value(&key) {
+            Some((key, _)) => {
+                let key = key.clone();
+                self.job_of(&key).await?.map(|job| (key, job))
+            }
+            None => None,
+        };
+        let Some((key, job)) = found else {
+            tracing::warn!(
+                run = record.id,
+                "run of a deleted job left unfinished; cancelling it"
+            );
+            self.writes.push(Write::RunState {
+                run: record.id,
+                from: record.state,
+                to: RunState::Cancelled,
+                at: now,
+            });
+            return Ok(());
+        };
+        let index: HashMap<&str, usize> = job
+            .tasks
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.id.as_str(), i))
+            .collect();
+        let mut tasks = vec![TaskState::Pending; job.tasks.len()];
+        let mut attempts = vec![0u32; job.tasks.len()];
+        let mut lost = Vec::new();
+        let mut tokens = vec![None; job.tasks.len()];
+        for t in &record.tasks {
+            let Some(&i) = index.get(t.id.as_str()) else {
+                continue;
+            };
+            tasks[i] = t.state;
+            attempts[i] = t.attempts.iter().map(|a| a.number).max().unwrap_or(0);
+            let goes_on = t.attempts.iter().find(|a| {
+                !a.state.is_terminal()
+                    && match a.node_epoch {
+                        None => a.state == AttemptState::Dispatching,
+                        Some(e) => alive.contains(&e),
+                    }
+            });
+            if let Some(a) = goes_on {
+                if let Some(foreign) = self.foreign.remove(&(record.id, i)) {
+                    // This node already runs it for the dead owner: it is its own now.
+                    tokens[i] = Some(foreign.token);
+                } else {
+                    self.shared.insert((record.id, i), a.number);
+                }
+                continue;
+            }
+            for a in &t.attempts {
+                if !a.state.is_terminal() {
+                    self.writes.push(Write::AttemptEnd {
+                        run: record.id,
+                        task: t.id.clone(),
+                        number: a.number,
+                        from: a.state,
+                        to: AttemptState::Lost,
+                        at: now,
+                        exit_code: None,
+                        error: Some("the process running this attempt stopped".into()),
+                        log: vec![],
+                        start_error_us: None,
+                    });
+                }
+            }
+            if matches!(t.state, TaskState::Running | TaskState::Dispatching) {
+                lost.push((i, t.state));
+            }
+        }
+        let run = RunEntry {
+            key: key.clone(),
+            job: job.clone(),
+            scheduled_at: record.scheduled_at,
+            params: record.params,
+            state: record.state,
+            tasks,
+            attempts,
+            tokens,
+            closing: record.closing,
+            start_at: None,
+        };
+        let id = record.id;
+        self.runs.insert(id, run);
+        let entry = self.jobs.get_mut(&key).expect("job");
+        match record.state {
+            RunState::Pending => entry.queued.push_back(id),
+            _ => entry.active.push(id),
+        }
+        if record.state != RunState::Running {
+            return Ok(());
+        }
+        for (i, from) in lost {
+            let number = self.runs[&id].attempts[i];
+            self.attempt_failed(id, i, number, from, Failure::Lost, now);
+        }
+        if let Some(closing) = record.closing {
+            // It was being stopped: finish stopping it.
+            self.runs.get_mut(&id).expect("run").closing = None;
+            self.stop_run(id, closing, now);
+            return Ok(());
+        }
+        for i in 0..job.tasks.len() {
+            match self.runs[&id].tasks[i] {
+                TaskState::Ready => self.ready.push(&job, id, i),
+                TaskState::Retrying => self.arm(now, Timer::Retry { run: id, task: i }),
+                _ => {}
+            }
+        }
+        if let Some(deadline) = job.spec.deadline {
+            let at = record
+                .scheduled_at
+                .max(record.created_at)
+                .checked_add(SignedDuration::try_from(deadline.0).unwrap_or(SignedDuration::MAX))
+                .unwrap_or(Timestamp::MAX);
+            self.arm(at, Timer::Deadline { run: id });
+        }
+        self.advance(id, now);
+        Ok(())
+    }
+}

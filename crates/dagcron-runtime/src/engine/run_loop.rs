@@ -1,0 +1,306 @@
+//! The engine's loop: start-up, the select over timers, attempts, commands
+//! and commits, the pipelined commit (decide into the next batch while one
+//! commits; act only once a batch is committed), and the bounded drain.
+
+use super::*;
+
+impl<S: Store> Engine<S> {
+    /// Loads jobs and unfinished runs from the store, records missed fires,
+    /// and returns the engine and a handle to it. Call [`Engine::run`] next.
+    pub async fn start(
+        store: Arc<S>,
+        clock: Arc<dyn Clock>,
+        config: EngineConfig,
+    ) -> Result<(Engine<S>, EngineHandle), StorageError> {
+        let (finished_tx, finished_rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(1024);
+        let now = clock.now();
+        let mut engine = Engine {
+            store: store.clone(),
+            clock,
+            config,
+            jobs: HashMap::new(),
+            runs: HashMap::new(),
+            heap: BinaryHeap::new(),
+            next_timer: 0,
+            ready: ReadyQueues::default(),
+            running: 0,
+            remote_running: 0,
+            started: 0,
+            last_run_id: store.max_run_id().await?,
+            rng: (now.as_nanosecond() as u64) | 1,
+            writes: Vec::new(),
+            effects: Vec::new(),
+            finished_tx,
+            finished_rx,
+            commands: Some(rx),
+            commands_back: tx.downgrade(),
+            last_wake: now,
+            killing: false,
+            kill_switch: CancellationToken::new(),
+            attempts: tokio_util::task::TaskTracker::new(),
+            done: CancellationToken::new(),
+            ownership: None,
+            shared: HashMap::new(),
+            foreign: HashMap::new(),
+            live: LiveLogs::default(),
+        };
+        engine.recover(now).await?;
+        let live = engine.live.clone();
+        let fenced = CancellationToken::new();
+        if let Some(node) = &engine.config.node {
+            tokio::spawn(lease_watchdog(
+                node.lease.clone(),
+                engine.clock.clone(),
+                engine.kill_switch.clone(),
+                engine.attempts.clone(),
+                engine.done.clone(),
+                fenced.clone(),
+            ));
+        }
+        let handle = EngineHandle { tx, live, fenced };
+        Ok((engine, handle))
+    }
+
+    /// Runs the engine until `shutdown` is cancelled, then waits up to
+    /// `drain` for running attempts. Attempts still running after that are
+    /// recovered as lost on the next start.
+    pub async fn run(
+        mut self,
+        shutdown: CancellationToken,
+        drain: Duration,
+    ) -> Result<(), StorageError> {
+        let _done = self.done.clone().drop_guard();
+        let result = self.run_loop(shutdown, drain).await;
+        if let Err(e) = &result {
+            // Fenced or the store is gone: nothing this engine started may go
+            // on running, since another node may take its runs over. Kill
+            // the attempts and wait (briefly) until they are gone.
+            tracing::error!(
+                "the engine stops: {e}; killing {} running attempts",
+                self.started
+            );
+            self.cancel_all();
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while self.started > 0 {
+                match tokio::time::timeout_at(deadline, self.finished_rx.recv()).await {
+                    Ok(Some(_)) => self.started -= 1,
+                    _ => break,
+                }
+            }
+        }
+        result
+    }
+
+    pub(super) async fn run_loop(
+        &mut self,
+        shutdown: CancellationToken,
+        drain: Duration,
+    ) -> Result<(), StorageError> {
+        let mut commands = self.commands.take().expect("run is called once");
+        self.dispatch();
+        self.flush().await?;
+        // Commits are pipelined: while one batch is being committed, the
+        // loop keeps deciding (timers stay on time) into the next batch; a
+        // batch's effects are carried out only when its commit is done, and
+        // the next batch is committed only after it.
+        let mut commit: Option<Commit> = None;
+        let mut commit_effects = Vec::new();
+        loop {
+            let next = self.heap.peek().map(|Reverse(a)| a.at);
+            let sleep = match next {
+                Some(at) => self.clock.sleep_until(at),
+                None => Box::pin(std::future::pending()),
+            };
+            let mut committed = None;
+            // A cluster node wakes when its lease would end, to stop in time
+            // if it was not renewed, and at once if it is revoked.
+            let (lease_end, revoked) = match &self.config.node {
+                Some(node) => (
+                    self.clock.sleep_until(node.lease.end()),
+                    node.lease.0.revoked.clone(),
+                ),
+                None => (
+                    Box::pin(std::future::pending())
+                        as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+                    CancellationToken::new(),
+                ),
+            };
+            tokio::select! {
+                biased;
+                () = revoked.cancelled() => self.check_lease()?,
+                () = shutdown.cancelled() => break,
+                done = async { commit.as_mut().expect("guarded").await }, if commit.is_some() => committed = Some(done),
+                Some(done) = self.finished_rx.recv() => {
+                    self.on_finished(done);
+                    while let Ok(done) = self.finished_rx.try_recv() {
+                        self.on_finished(done);
+                    }
+                }
+                Some(cmd) = commands.recv() => {
+                    self.on_command(cmd).await;
+                    while let Ok(cmd) = commands.try_recv() {
+                        self.on_command(cmd).await;
+                    }
+                }
+                () = sleep => self.on_timers().await,
+                () = lease_end => self.check_lease()?,
+            }
+            if let Some((writes, results)) = committed {
+                commit = None;
+                let results = results?;
+                self.check_lease()?;
+                self.committed(&writes, &results, std::mem::take(&mut commit_effects));
+            }
+            self.dispatch();
+            if commit.is_none() && !(self.writes.is_empty() && self.effects.is_empty()) {
+                self.check_lease()?;
+                let writes = std::mem::take(&mut self.writes);
+                commit_effects = std::mem::take(&mut self.effects);
+                let store = self.store.clone();
+                commit = Some(Box::pin(async move {
+                    let results = commit_with_retries(&*store, &writes).await;
+                    (writes, results)
+                }));
+            }
+        }
+        if let Some(pending) = commit {
+            let (writes, results) = pending.await;
+            self.committed(&writes, &results?, commit_effects);
+        }
+        // Graceful shutdown: no new fires or attempts; let running attempts finish.
+        let deadline = tokio::time::Instant::now() + drain;
+        while self.running + self.remote_running > 0 {
+            match tokio::time::timeout_at(deadline, self.finished_rx.recv()).await {
+                Ok(Some(done)) => {
+                    self.on_finished(done);
+                    self.ready = ReadyQueues::default();
+                    self.flush().await?;
+                }
+                _ => break,
+            }
+        }
+        if self.running + self.remote_running > 0 {
+            // Nothing may outlive the server: a task left running would run
+            // again beside its retry after the restart. Kill every attempt,
+            // wait for it to be gone, and record it as lost (the delivery
+            // policy decides after the restart).
+            tracing::warn!(
+                "{} attempts still running at the end of the shutdown grace; killing them",
+                self.running + self.remote_running
+            );
+            self.killing = true;
+            self.cancel_all();
+            let deadline =
+                tokio::time::Instant::now() + dagcron_exec::PIPE_GRACE + Duration::from_secs(3);
+            while self.running + self.remote_running > 0 {
+                match tokio::time::timeout_at(deadline, self.finished_rx.recv()).await {
+                    Ok(Some(done)) => self.on_finished(done),
+                    _ => break,
+                }
+            }
+            self.flush().await?;
+            if self.running + self.remote_running > 0 {
+                tracing::error!(
+                    "{} attempts did not report after being killed; they will be recovered as lost",
+                    self.running + self.remote_running
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells every attempt this engine runs (for itself or for other nodes) to stop.
+    pub(super) fn cancel_all(&self) {
+        for run in self.runs.values() {
+            for token in run.tokens.iter().flatten() {
+                token.cancel();
+            }
+        }
+        for foreign in self.foreign.values() {
+            foreign.token.cancel();
+        }
+    }
+
+    /// Refuses to go on once this node's lease has ended.
+    pub(super) fn check_lease(&self) -> Result<(), StorageError> {
+        if self.lease_valid() {
+            Ok(())
+        } else {
+            Err(StorageError::Fenced(
+                "this node's lease ended before it could renew it".into(),
+            ))
+        }
+    }
+
+    /// Commits the batch, then carries out its effects.
+    pub(super) async fn flush(&mut self) -> Result<(), StorageError> {
+        self.check_lease()?;
+        let writes = std::mem::take(&mut self.writes);
+        let results = commit_with_retries(&*self.store, &writes).await?;
+        self.check_lease()?;
+        let effects = std::mem::take(&mut self.effects);
+        self.committed(&writes, &results, effects);
+        Ok(())
+    }
+
+    /// A batch is committed: report refusals, then carry out its effects.
+    pub(super) fn committed(
+        &mut self,
+        writes: &[Write],
+        results: &[WriteResult],
+        effects: Vec<Effect>,
+    ) {
+        for (w, r) in writes.iter().zip(results) {
+            if let WriteResult::Conflict(why) = r {
+                // A fire already in the ledger is expected after a crash
+                // between commit and arming; anything else is a bug.
+                if matches!(w, Write::Fire { .. }) {
+                    tracing::info!("{why}");
+                } else {
+                    tracing::error!("refused state change: {why}");
+                }
+            }
+        }
+        for effect in effects {
+            match effect {
+                Effect::Spawn {
+                    run,
+                    task,
+                    number,
+                    write,
+                    remote,
+                } => {
+                    if results.get(write) == Some(&WriteResult::Done) {
+                        self.spawn(run, task, number);
+                    } else {
+                        // Only a second engine acting on the same run could
+                        // cause this; fencing is meant to make it impossible.
+                        tracing::error!(run, task, number, "attempt not recorded; not starting it");
+                        *self.lane(remote) -= 1;
+                    }
+                }
+                Effect::Reply(f) => f(),
+            }
+        }
+    }
+
+    /// Answers a caller once the current batch is committed.
+    pub(super) fn reply_after_commit<T: Send + 'static>(
+        &mut self,
+        reply: Reply<T>,
+        result: Result<T, EngineError>,
+    ) {
+        self.effects.push(Effect::Reply(Box::new(move || {
+            let _ = reply.send(result);
+        })));
+    }
+
+    /// Whether this engine may still fire and write.
+    pub(super) fn lease_valid(&self) -> bool {
+        self.config
+            .node
+            .as_ref()
+            .is_none_or(|n| n.lease.is_valid_at(self.clock.now()))
+    }
+}

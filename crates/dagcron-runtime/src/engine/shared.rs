@@ -1,0 +1,183 @@
+//! Work shared across a cluster: attempts claimed from other nodes, the
+//! outcome of this node's attempts others ran, and withdrawals.
+
+use super::*;
+
+impl<S: Store> Engine<S> {
+    /// See [`EngineHandle::share_work`].
+    pub(super) async fn share_work(&mut self, now: Timestamp) -> Result<(), StorageError> {
+        if self.config.node.is_none() {
+            return Ok(());
+        }
+        let room = self.config.pool_size.saturating_sub(self.running);
+        let agents = match &self.config.remote {
+            Some(remote) if room > 0 => remote.0.rooms(),
+            _ => vec![],
+        };
+        if room > 0 && self.lease_valid() {
+            for claim in self.store.claim_attempts(room, &agents, now).await? {
+                let key = (claim.namespace.clone(), claim.job.clone());
+                let job = match self.runs.get(&claim.run) {
+                    Some(run) => Some(run.job.clone()),
+                    None => self.job_of(&key).await?,
+                };
+                self.take_claim(claim, job, now);
+            }
+        }
+        if !self.shared.is_empty() {
+            for remote in self.store.remote_attempts().await? {
+                self.remote_progress(remote, now);
+            }
+        }
+        if !self.foreign.is_empty() {
+            let keys: Vec<AttemptKey> = self
+                .foreign
+                .iter()
+                .map(|((run, _), f)| (*run, f.task.clone(), f.number))
+                .collect();
+            let withdrawn: HashSet<AttemptKey> = self
+                .store
+                .withdrawn_attempts(&keys)
+                .await?
+                .into_iter()
+                .collect();
+            for ((run, _), f) in &self.foreign {
+                if withdrawn.contains(&(*run, f.task.clone(), f.number)) {
+                    tracing::info!(run, task = %f.task, number = f.number, "attempt withdrawn by its run's owner; stopping it");
+                    f.token.cancel();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts an attempt claimed from the cluster: one of this node's own
+    /// (its pool has room again), or one run for another node.
+    pub(super) fn take_claim(
+        &mut self,
+        claim: ClaimedAttempt,
+        job: Option<Arc<Job>>,
+        now: Timestamp,
+    ) {
+        let found = job.and_then(|job| {
+            let i = job.tasks.iter().position(|t| t.id == claim.task)?;
+            Some((job, i))
+        });
+        let Some((job, i)) = found else {
+            self.writes.push(Write::AttemptEnd {
+                run: claim.run,
+                task: claim.task.clone(),
+                number: claim.number,
+                from: AttemptState::Running,
+                to: AttemptState::Failed,
+                at: now,
+                exit_code: None,
+                error: Some(format!(
+                    "job {}/{} or its task {} no longer exists",
+                    claim.namespace, claim.job, claim.task
+                )),
+                log: vec![],
+                start_error_us: None,
+            });
+            return;
+        };
+        let token = self.kill_switch.child_token();
+        *self.lane(job.tasks[i].run_on.is_some()) += 1;
+        if let Some(run) = self.runs.get_mut(&claim.run) {
+            // Handed over earlier, taken back now.
+            self.shared.remove(&(claim.run, i));
+            run.tasks[i] = TaskState::Running;
+            run.tokens[i] = Some(token);
+            self.spawn(claim.run, i, claim.number);
+            return;
+        }
+        let scheduled_at = claim.scheduled_at;
+        let ctx = AttemptContext {
+            idempotency_key: AttemptContext::idempotency_key_for(
+                &claim.namespace,
+                &claim.job,
+                claim.run,
+                &claim.task,
+            ),
+            namespace: claim.namespace,
+            job: claim.job,
+            run_id: claim.run,
+            task_id: claim.task.clone(),
+            attempt: claim.number,
+            scheduled_at: claim.scheduled_at,
+            params: claim.params,
+            secrets: Default::default(),
+        };
+        self.foreign.insert(
+            (claim.run, i),
+            Foreign {
+                task: claim.task,
+                number: claim.number,
+                token: token.clone(),
+            },
+        );
+        // An attempt of a run made ahead of its instant waits for it.
+        let start_at = Some(scheduled_at).filter(|t| *t > now);
+        self.launch(&job, i, ctx, token, start_at);
+    }
+
+    /// News of an attempt of this node's that another node claimed.
+    pub(super) fn remote_progress(&mut self, remote: RemoteAttempt, now: Timestamp) {
+        let Some(run) = self.runs.get_mut(&remote.run) else {
+            return;
+        };
+        let Some(i) = run.job.tasks.iter().position(|t| t.id == remote.task) else {
+            return;
+        };
+        if self.shared.get(&(remote.run, i)) != Some(&remote.number) {
+            return;
+        }
+        let id = remote.run;
+        let ending = match remote.state {
+            AttemptState::Dispatching => return,
+            AttemptState::Running if remote.executor_alive => {
+                run.tasks[i] = TaskState::Running;
+                return;
+            }
+            AttemptState::Running => {
+                // Its node died: the attempt is lost.
+                self.writes.push(Write::AttemptEnd {
+                    run: id,
+                    task: remote.task.clone(),
+                    number: remote.number,
+                    from: AttemptState::Running,
+                    to: AttemptState::Lost,
+                    at: now,
+                    exit_code: None,
+                    error: Some("the node running this attempt stopped".into()),
+                    log: vec![],
+                    start_error_us: None,
+                });
+                None
+            }
+            AttemptState::Lost => None,
+            AttemptState::Succeeded => Some(Ending::Succeeded),
+            AttemptState::Cancelled => Some(Ending::Cancelled),
+            AttemptState::TimedOut => Some(Ending::TimedOut),
+            AttemptState::Failed => {
+                let failure = match (&run.job.tasks[i].executor, remote.exit_code) {
+                    (dagcron_core::Executor::Http(_), Some(code)) => {
+                        Failure::HttpStatus(u16::try_from(code).unwrap_or(0))
+                    }
+                    (_, Some(code)) => Failure::Exit(Some(code)),
+                    (_, None) => Failure::Error(remote.error.clone().unwrap_or_default()),
+                };
+                Some(Ending::Failed(failure))
+            }
+        };
+        self.shared.remove(&(id, i));
+        run.tasks[i] = TaskState::Running;
+        match ending {
+            Some(ending) => self.task_ended(id, i, remote.number, ending, now),
+            None => {
+                self.attempt_failed(id, i, remote.number, TaskState::Running, Failure::Lost, now);
+                self.advance(id, now);
+            }
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! The timer heap: fires (read ahead of time when their job is not in
+//! memory), retries and deadlines, and fires overdue after a clock step.
+
+use super::*;
+
+impl<S: Store> Engine<S> {
+    pub(super) fn arm(&mut self, at: Timestamp, timer: Timer) {
+        let seq = self.next_timer;
+        self.next_timer += 1;
+        self.heap.push(Reverse(Armed { at, seq, timer }));
+    }
+
+    /// Whether a fire timer armed at `generation` still stands.
+    pub(super) fn current(&self, key: &JobKey, generation: u64) -> bool {
+        self.jobs
+            .get(key)
+            .is_some_and(|e| e.generation == generation && !e.paused)
+    }
+
+    pub(super) async fn on_timers(&mut self) {
+        let now = self.clock.now();
+        if now.duration_since(self.last_wake) < SignedDuration::from_secs(-1) {
+            tracing::warn!(
+                "the clock stepped back by {:.1}s; no instant fires twice: fires wait until the clock is past the last one",
+                self.last_wake.duration_since(now).as_secs_f64()
+            );
+        }
+        self.last_wake = self.last_wake.max(now);
+        loop {
+            // Fires whose job must be read first: those prepared ahead, and
+            // any due without its job in memory.
+            let mut to_read = Vec::new();
+            while self.heap.peek().is_some_and(|Reverse(a)| a.at <= now) {
+                let Some(Reverse(Armed { timer, .. })) = self.heap.pop() else {
+                    break;
+                };
+                match timer {
+                    Timer::Prepare {
+                        key,
+                        generation,
+                        at,
+                    } => {
+                        if self.current(&key, generation) {
+                            to_read.push((key, generation, at));
+                        }
+                    }
+                    Timer::Fire {
+                        key,
+                        generation,
+                        at,
+                    } => {
+                        if !self.current(&key, generation) {
+                            continue;
+                        }
+                        // Ordinary delays (a busy loop, a slow commit) never
+                        // count: at least RUNNING_GRACE_FLOOR.
+                        let grace = self.config.misfire_grace.max(RUNNING_GRACE_FLOOR);
+                        if now.duration_since(at)
+                            > SignedDuration::try_from(grace).unwrap_or(SignedDuration::MAX)
+                        {
+                            // The process was suspended or the wall clock
+                            // stepped forward: as after downtime, the fires
+                            // overdue by more than the grace follow the
+                            // misfire policy instead of firing in a burst.
+                            tracing::warn!(
+                                job = %format!("{}/{}", key.0, key.1),
+                                "fire of {at} is {:.1}s overdue (was the process suspended, or did the clock step forward?); handling the missed fires by the misfire policy",
+                                now.duration_since(at).as_secs_f64()
+                            );
+                            let since = at.checked_sub(SignedDuration::from_nanos(1)).unwrap_or(at);
+                            if let Err(e) = self.catch_up(&key, since, now, grace).await {
+                                tracing::warn!(
+                                    "cannot read the job of missed fires; trying again: {e}"
+                                );
+                                let again =
+                                    now.checked_add(SignedDuration::from_secs(1)).unwrap_or(now);
+                                self.arm(
+                                    again,
+                                    Timer::Fire {
+                                        key,
+                                        generation,
+                                        at,
+                                    },
+                                );
+                            }
+                            continue;
+                        }
+                        let Some(job) = self.jobs[&*key].job.clone() else {
+                            to_read.push((key, generation, at));
+                            continue;
+                        };
+                        self.fire(&key, &job, at, Trigger::Schedule, FireOutcome::Fired);
+                        self.jobs.get_mut(&*key).expect("job").last_fire = Some(at);
+                        self.arm_next_fire(&key, at);
+                    }
+                    Timer::Retry { run, task } => {
+                        if let Some(r) = self.runs.get_mut(&run) {
+                            if r.tasks[task] == TaskState::Retrying && r.closing.is_none() {
+                                r.tasks[task] = TaskState::Ready;
+                                self.writes.push(Write::TaskState {
+                                    run,
+                                    task: r.job.tasks[task].id.clone(),
+                                    from: TaskState::Retrying,
+                                    to: TaskState::Ready,
+                                });
+                                self.ready.push(&r.job, run, task);
+                            }
+                        }
+                    }
+                    Timer::Deadline { run } => {
+                        if self
+                            .runs
+                            .get(&run)
+                            .is_some_and(|r| r.state == RunState::Running)
+                        {
+                            tracing::info!(run, "run deadline passed; stopping it");
+                            self.stop_run(run, RunState::Failed, now);
+                        }
+                    }
+                }
+            }
+            if to_read.is_empty() {
+                return;
+            }
+            // Read after the due fires are handled, so that reading never delays them.
+            for (key, generation, at) in to_read {
+                let Some(entry) = self.jobs.get(&*key) else {
+                    continue;
+                };
+                let fire_at = at.checked_sub(entry.timing.send_ahead).unwrap_or(at);
+                let at_or_retry = match self.job_of(&key).await {
+                    Ok(Some(job)) => {
+                        if let Some(entry) = self.jobs.get_mut(&*key) {
+                            entry.job = Some(job);
+                        }
+                        fire_at
+                    }
+                    // Deleted through another node: the next sync forgets it.
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::warn!(job = %format!("{}/{}", key.0, key.1), "cannot read the job of a fire; trying again: {e}");
+                        fire_at.max(now.checked_add(SignedDuration::from_secs(1)).unwrap_or(now))
+                    }
+                };
+                let fire = Timer::Fire {
+                    key,
+                    generation,
+                    at,
+                };
+                self.arm(at_or_retry, fire);
+            }
+        }
+    }
+}
