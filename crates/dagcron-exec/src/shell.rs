@@ -1,8 +1,8 @@
 //! Shell tasks: a child process in its own process group, output captured
-//! with a cap. When the attempt ends (its process exits, or it is stopped on
-//! timeout or cancellation) every process it started is killed, descendants
-//! that left the group included (see [`crate::tree`]); output is read for at
-//! most [`PIPE_GRACE`] after that.
+//! with a cap. When the attempt is stopped on timeout or cancellation, or
+//! exits while something still holds its output open, every process it
+//! started is killed, descendants that left the group included (see
+//! [`crate::tree`]); output is read for at most [`PIPE_GRACE`] after that.
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -24,6 +24,21 @@ use crate::{AttemptContext, CappedLog, Ending, Limits, LiveLog, Outcome};
 /// process group) may hold the pipes open, and must not keep the attempt
 /// running.
 pub const PIPE_GRACE: Duration = Duration::from_secs(2);
+
+/// Waits for the readers of the output pipes; each one that ends is taken
+/// out, so that a wait cut short by a timeout can be taken up again.
+async fn drain(pipes: &mut [Option<tokio::task::JoinHandle<()>>; 2]) {
+    for pipe in pipes.iter_mut() {
+        if let Some(reader) = pipe {
+            let _ = reader.await;
+            *pipe = None;
+        }
+    }
+}
+
+/// After a task's process exits, how long its pipes may stay open before
+/// the processes it left behind are looked for and killed.
+const LINGER: Duration = Duration::from_millis(100);
 
 /// Removes a spawned child from [`tree::SPAWNED`] once it has been waited for.
 struct Spawned(u32);
@@ -138,12 +153,12 @@ pub(crate) async fn run(
     };
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));
     let log = Arc::new(Mutex::new(CappedLog::new(limits.max_output)));
-    let mut out = tokio::spawn(pump(
+    let out = tokio::spawn(pump(
         child.stdout.take().expect("piped"),
         log.clone(),
         live.cloned(),
     ));
-    let mut err = tokio::spawn(pump(
+    let err = tokio::spawn(pump(
         child.stderr.take().expect("piped"),
         log.clone(),
         live.cloned(),
@@ -166,16 +181,26 @@ pub(crate) async fn run(
         () = cancel.cancelled() => { kill_group(); (Some(Ending::Cancelled), child.wait().await.ok()) }
     };
     // The attempt's other processes, in its group or not, may hold the pipes
-    // open: end them all, then read what is left for a bounded time.
+    // open: end them all, then read what is left for a bounded time. After
+    // a timeout or a cancel every marked process is hunted down; after a
+    // plain exit only when something still holds the pipes (the `/proc`
+    // scan is not free, and most tasks leave nothing behind).
     kill_group();
-    let _ = tokio::task::spawn_blocking(move || tree::kill_marked(&mark)).await;
-    let pumps = async {
-        let _ = (&mut out).await;
-        let _ = (&mut err).await;
-    };
-    if tokio::time::timeout(PIPE_GRACE, pumps).await.is_err() {
-        out.abort();
-        err.abort();
+    let stopped = ending.is_some();
+    let mut pipes = [Some(out), Some(err)];
+    if !stopped {
+        let _ = tokio::time::timeout(LINGER, drain(&mut pipes)).await;
+    }
+    if stopped || pipes.iter().any(Option::is_some) {
+        let _ = tokio::task::spawn_blocking(move || tree::kill_marked(&mark)).await;
+    }
+    if tokio::time::timeout(PIPE_GRACE, drain(&mut pipes))
+        .await
+        .is_err()
+    {
+        for pipe in pipes.iter().flatten() {
+            pipe.abort();
+        }
     }
     tree::sweep_adopted();
     // Aborted readers may still hold the buffer for a moment: take its contents.
