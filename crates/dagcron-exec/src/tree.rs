@@ -4,9 +4,10 @@
 //! A shell task runs in its own process group, but a descendant may leave it
 //! (`setsid`, a daemon's double fork) and keep the output pipes open. Every
 //! process an attempt starts inherits a mark in its environment
-//! ([`MARK_VAR`]); when the attempt ends, every process that carries the mark
-//! is killed, round after round until none is left (a process forking
-//! meanwhile is found in the next round). The server (and the agent) is a
+//! ([`MARK_VAR`]); when the attempt is stopped (or exits with its output
+//! still held open), every process that carries the mark is killed, round
+//! after round until none is left (a process forking meanwhile is found in
+//! the next round). The server (and the agent) is a
 //! child subreaper, so that descendants whose parent died are adopted by it
 //! rather than by init: it reaps the ones it kills, and sweeps up the
 //! zombies of the ones that ended on their own.
