@@ -194,6 +194,20 @@ impl Principal {
     }
 }
 
+impl Principal {
+    /// For a listing of `namespace`: `Ok(true)` to list it, `Ok(false)` to
+    /// answer an empty list (another namespace than a scoped token's, so
+    /// that it learns nothing of it), `403` for a role too weak.
+    pub fn lists(&self, need: Need, namespace: &str) -> Result<bool, ApiError> {
+        match self.grant.decide(need, Some(namespace)) {
+            Decision::Hidden => Ok(false),
+            _ => self
+                .allow(need, Some(namespace), || ApiError::not_found(""))
+                .map(|()| true),
+        }
+    }
+}
+
 /// Paths anyone may read: liveness and the API's description.
 fn is_public(path: &str) -> bool {
     matches!(path, "/healthz" | "/api/v1/openapi.json")

@@ -363,17 +363,11 @@ async fn list_jobs<S: Store>(
     Query(q): Query<PageQuery>,
 ) -> Result<Json<JobPage>, ApiError> {
     let limit = limit(q.limit)?;
-    let empty = || JobPage {
-        items: vec![],
-        next_cursor: None,
-    };
-    match who.grant.decide(Need::Read, Some(&ns)) {
-        dagcron_core::authz::Decision::Allow => {}
-        // Another namespace than the token's: as if it had no jobs.
-        dagcron_core::authz::Decision::Hidden => return Ok(Json(empty())),
-        dagcron_core::authz::Decision::Forbidden => {
-            who.allow(Need::Read, Some(&ns), || ApiError::not_found(""))?
-        }
+    if !who.lists(Need::Read, &ns)? {
+        return Ok(Json(JobPage {
+            items: vec![],
+            next_cursor: None,
+        }));
     }
     let page = st.store.list_jobs(&ns, limit, q.cursor.as_deref()).await?;
     Ok(Json(JobPage {

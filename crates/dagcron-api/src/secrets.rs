@@ -425,10 +425,9 @@ pub(crate) async fn list_secrets<S: Store>(
     Extension(who): Extension<Principal>,
     UrlPath(ns): UrlPath<String>,
 ) -> Result<Json<SecretList>, ApiError> {
-    if who.grant.decide(Need::Develop, Some(&ns)) == dagcron_core::authz::Decision::Hidden {
+    if !who.lists(Need::Develop, &ns)? {
         return Ok(Json(SecretList { items: vec![] }));
     }
-    who.allow(Need::Develop, Some(&ns), || ApiError::not_found(""))?;
     let items = st
         .store
         .list_secrets(&ns)

@@ -236,19 +236,24 @@ pub fn pass_env(names: Vec<String>) {
 /// default one if unset), `HOME`, `LANG`, `LC_*`, `TZ`, and the variables
 /// named by [`pass_env`]. Nothing else: the server's secrets, its agent
 /// token and its database URL stay out of tasks.
-pub fn inherited_env() -> Vec<(String, String)> {
-    let passed = PASS_ENV.get().map(Vec::as_slice).unwrap_or_default();
-    let mut out: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| {
-            matches!(k.as_str(), "PATH" | "HOME" | "LANG" | "TZ")
-                || k.starts_with("LC_")
-                || passed.iter().any(|p| p == k)
-        })
-        .collect();
-    if !out.iter().any(|(k, _)| k == "PATH") {
-        out.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
-    }
-    out
+/// Read once, at the first attempt (after [`pass_env`]): the environment
+/// of this process does not change.
+pub fn inherited_env() -> &'static [(String, String)] {
+    static INHERITED: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+    INHERITED.get_or_init(|| {
+        let passed = PASS_ENV.get().map(Vec::as_slice).unwrap_or_default();
+        let mut out: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| {
+                matches!(k.as_str(), "PATH" | "HOME" | "LANG" | "TZ")
+                    || k.starts_with("LC_")
+                    || passed.iter().any(|p| p == k)
+            })
+            .collect();
+        if !out.iter().any(|(k, _)| k == "PATH") {
+            out.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
+        }
+        out
+    })
 }
 
 /// Limits that apply to every attempt.

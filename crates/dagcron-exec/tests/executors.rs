@@ -171,8 +171,8 @@ async fn regression_a_detached_descendant_is_killed_and_does_not_hold_the_attemp
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("detached.pid");
     let script = format!(
-        "setsid sh -c 'echo $$ > {}; exec sleep 40' & echo started; sleep 300",
-        pidfile.display()
+        "setsid sh -c 'echo $$ > {p}; exec sleep 40' & while [ ! -s {p} ]; do sleep 0.01; done; echo started; sleep 300",
+        p = pidfile.display()
     );
     let start = Instant::now();
     let out = run(
@@ -205,8 +205,8 @@ async fn a_detached_descendant_dies_with_a_finished_task() {
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("detached.pid");
     let script = format!(
-        "setsid sh -c 'echo $$ > {}; exec sleep 40' & sleep 0.2; echo done",
-        pidfile.display()
+        "setsid sh -c 'echo $$ > {p}; exec sleep 40' & while [ ! -s {p} ]; do sleep 0.01; done; echo done",
+        p = pidfile.display()
     );
     let out = run(
         &sh(&script),

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Killed, Server, free_port, setup, wait_process_gone};
+use common::{Killed, Server, free_port, join_token, setup, wait_process_gone};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -529,18 +529,6 @@ fn remote_tasks_are_not_bounded_by_the_servers_pool() {
     server.wait_run(id, "succeeded");
 }
 
-/// A join token for agents, made through the API (the server's admin token).
-fn join_token(server: &Server, namespace: Option<&str>, labels: Option<Value>) -> String {
-    let (status, made) = server.post(
-        "/api/v1/tokens",
-        &serde_json::json!({ "name": "agent", "role": "agent", "namespace": namespace, "labels": labels })
-            .to_string(),
-        "application/json",
-    );
-    assert_eq!(status, 201, "{made}");
-    made["token"].as_str().unwrap().to_string()
-}
-
 /// A CA and a certificate for 127.0.0.1 signed by it, as PEM files in `dir`:
 /// (CA certificate, server certificate, server key).
 fn test_certificates(
@@ -567,12 +555,14 @@ fn test_certificates(
     paths
 }
 
-/// The API and the agents' stream over TLS: the command line and an agent
-/// that trust the CA reach the server, a plain-text client does not.
-#[test]
-fn the_api_and_the_agents_speak_tls() {
-    let (dir, data) = setup();
-    let (ca, cert, key) = test_certificates(dir.path());
+/// `dagcron serve` over TLS with `certs` (CA, certificate, key) and `extra`
+/// flags, once it answers; its calls trust the CA.
+fn tls_server(
+    data: &Path,
+    certs: &(PathBuf, PathBuf, PathBuf),
+    extra: &[&std::ffi::OsStr],
+) -> Server {
+    let (ca, cert, key) = certs;
     let port = free_port();
     let log = data.with_extension("log");
     let file = std::fs::File::create(&log).unwrap();
@@ -583,30 +573,44 @@ fn the_api_and_the_agents_speak_tls() {
             &format!("127.0.0.1:{port}"),
             "--data-dir",
         ])
-        .arg(&data)
+        .arg(data)
         .arg("--tls-cert")
-        .arg(&cert)
+        .arg(cert)
         .arg("--tls-key")
-        .arg(&key)
-        .stdout(std::process::Stdio::from(file.try_clone().unwrap()))
-        .stderr(std::process::Stdio::from(file))
+        .arg(key)
+        .args(extra)
+        .stdout(Stdio::from(file.try_clone().unwrap()))
+        .stderr(Stdio::from(file))
         .spawn()
         .unwrap();
-    let url = format!("https://127.0.0.1:{port}");
-    let pem = std::fs::read(&ca).unwrap();
+    let pem = std::fs::read(ca).unwrap();
     let https = reqwest::blocking::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
         .build()
         .unwrap();
+    let url = format!("https://127.0.0.1:{port}");
     wait_until("the server answers over TLS", || {
         https.get(format!("{url}/healthz")).send().is_ok() && data.join("admin.token").exists()
     });
-    let plain = reqwest::blocking::get(format!("http://127.0.0.1:{port}/healthz"));
+    let mut server = Server::adopt(child, url, "tls", log, data);
+    server.ca = Some(pem);
+    server
+}
+
+/// The API and the agents' stream over TLS: the command line and an agent
+/// that trust the CA reach the server, a plain-text client does not.
+#[test]
+fn the_api_and_the_agents_speak_tls() {
+    let (dir, data) = setup();
+    let certs = test_certificates(dir.path());
+    let ca = certs.0.clone();
+    let server = tls_server(&data, &certs, &[]);
+    let url = server.url.clone();
+    let plain = reqwest::blocking::get(url.replacen("https://", "http://", 1) + "/healthz");
     assert!(
         plain.is_err() || !plain.unwrap().status().is_success(),
         "plain text answered"
     );
-    let server = Server::adopt(child, url.clone(), "tls", log, &data);
     let cli = |args: &[&str]| {
         let out = server
             .cli()
@@ -659,28 +663,9 @@ fn the_api_and_the_agents_speak_tls() {
             .as_i64()
             .unwrap()
     };
-    let http = reqwest::blocking::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
-        .default_headers(
-            [(
-                reqwest::header::AUTHORIZATION,
-                format!("Bearer {}", server.token.as_ref().unwrap())
-                    .parse()
-                    .unwrap(),
-            )]
-            .into_iter()
-            .collect(),
-        )
-        .build()
-        .unwrap();
-    wait_until("the agent ran the task over TLS", || {
-        http.get(format!("{url}/api/v1/runs/{run}"))
-            .send()
-            .ok()
-            .and_then(|r| r.json::<Value>().ok())
-            .is_some_and(|r| r["state"] == "succeeded")
-    });
-    let log = http
+    server.wait_run(run, "succeeded");
+    let log = server
+        .http()
         .get(format!("{url}/api/v1/runs/{run}/tasks/t/attempts/1/log"))
         .send()
         .unwrap()
@@ -791,7 +776,8 @@ fn regression_agents_need_a_join_token_and_keep_within_it() {
 fn agents_present_a_client_certificate_when_the_server_asks() {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
     let (dir, data) = setup();
-    let (ca, cert, key) = test_certificates(dir.path());
+    let certs = test_certificates(dir.path());
+    let ca = certs.0.clone();
     // A second authority for agents, and an agent certificate signed by it.
     let agents_ca_key = KeyPair::generate().unwrap();
     let mut params = CertificateParams::new(vec![]).unwrap();
@@ -808,37 +794,12 @@ fn agents_present_a_client_certificate_when_the_server_asks() {
     std::fs::write(&agents_ca_file, agents_ca.pem()).unwrap();
     std::fs::write(&agent_cert_file, agent_cert.pem()).unwrap();
     std::fs::write(&agent_key_file, agent_key.serialize_pem()).unwrap();
-    let port = free_port();
-    let log = data.with_extension("log");
-    let file = std::fs::File::create(&log).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(&data)
-        .arg("--tls-cert")
-        .arg(&cert)
-        .arg("--tls-key")
-        .arg(&key)
-        .arg("--client-ca")
-        .arg(&agents_ca_file)
-        .stdout(Stdio::from(file.try_clone().unwrap()))
-        .stderr(Stdio::from(file))
-        .spawn()
-        .unwrap();
-    let url = format!("https://127.0.0.1:{port}");
-    let pem = std::fs::read(&ca).unwrap();
-    let https = reqwest::blocking::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
-        .build()
-        .unwrap();
-    wait_until("the server answers over TLS", || {
-        https.get(format!("{url}/healthz")).send().is_ok() && data.join("admin.token").exists()
-    });
-    let mut server = Server::adopt(child, url.clone(), "tls", log, &data);
+    let mut server = tls_server(
+        &data,
+        &certs,
+        &["--client-ca".as_ref(), agents_ca_file.as_os_str()],
+    );
+    let url = server.url.clone();
     // The command line, without a client certificate, is served.
     let out = server
         .cli()
@@ -882,21 +843,10 @@ fn agents_present_a_client_certificate_when_the_server_asks() {
             .spawn()
             .unwrap(),
     );
-    let http = reqwest::blocking::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
-        .build()
-        .unwrap();
     wait_until("the agent with its certificate is connected", || {
-        http.get(format!("{url}/api/v1/workers"))
-            .bearer_auth(server.token.as_ref().unwrap())
-            .send()
-            .ok()
-            .and_then(|r| r.json::<Value>().ok())
-            .is_some_and(|w| {
-                w["items"]
-                    .as_array()
-                    .is_some_and(|a| a.iter().any(|x| x["id"] == "m-agent"))
-            })
+        server.get("/api/v1/workers")["items"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|x| x["id"] == "m-agent"))
     });
     assert!(server.signal(Signal::SIGTERM).success());
 }

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{Killed, Server, free_port, setup, wait_process_gone};
+use common::{Killed, Server, free_port, join_token, setup, wait_process_gone};
 use dagcron_test_pg::TestDatabase;
 use jiff::Timestamp;
 use nix::sys::signal::Signal;
@@ -622,13 +622,7 @@ fn an_agent_on_one_node_serves_the_cluster_and_outlives_its_node() {
     let log = std::fs::File::create(cluster.dir.path().join("edge.log")).unwrap();
     // Node 1 first, node 0 when node 1 does not answer.
     let servers = format!("{},{}", cluster.node(1).url, cluster.node(0).url);
-    let (status, made) = cluster.node(1).post(
-        "/api/v1/tokens",
-        r#"{"name": "edge", "role": "agent"}"#,
-        "application/json",
-    );
-    assert_eq!(status, 201, "{made}");
-    let join = made["token"].as_str().unwrap().to_string();
+    let join = join_token(cluster.node(1), None, None);
     let _agent = Killed(
         std::process::Command::new(env!("CARGO_BIN_EXE_dagcron"))
             .args([

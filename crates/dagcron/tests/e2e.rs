@@ -576,35 +576,16 @@ fn the_command_line_finds_the_local_admin_token_and_manages_tokens() {
 #[test]
 fn regression_tasks_get_a_clean_environment() {
     let (_dir, data) = setup();
-    let port = free_port();
-    let mut args = vec!["serve", "--listen"];
-    let listen = format!("127.0.0.1:{port}");
-    args.push(&listen);
-    let log = data.with_extension("log");
-    let file = std::fs::File::create(&log).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
-        .args(&args)
-        .args([
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--pass-env",
-            "HTTP_PROXY",
-        ])
-        .env("DAGCRON_AGENT_TOKEN", "agent-secret")
-        .env("OPERATOR_SECRET", "hunter2")
-        .env("HTTP_PROXY", "http://proxy.invalid:3128")
-        .stdout(Stdio::from(file.try_clone().unwrap()))
-        .stderr(Stdio::from(file))
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !data.join("admin.token").exists()
-        || reqwest::blocking::get(format!("http://127.0.0.1:{port}/healthz")).is_err()
-    {
-        assert!(Instant::now() < deadline, "the server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let server = Server::adopt(child, format!("http://127.0.0.1:{port}"), "e2e", log, &data);
+    let mut server = Server::start_env(
+        &data,
+        free_port(),
+        &["--pass-env", "HTTP_PROXY"],
+        &[
+            ("DAGCRON_AGENT_TOKEN", "agent-secret"),
+            ("OPERATOR_SECRET", "hunter2"),
+            ("HTTP_PROXY", "http://proxy.invalid:3128"),
+        ],
+    );
     let job = "namespace: e2e\njobs:\n  - { name: env, tasks: [{ id: t, shell: { command: env, env: { MINE: declared } } }] }\n";
     assert_eq!(server.post("/api/v1/apply", job, "application/yaml").0, 200);
     let run = server.trigger("env");
@@ -635,7 +616,6 @@ fn regression_tasks_get_a_clean_environment() {
     ] {
         assert!(out.contains(given), "{given} missing:\n{out}");
     }
-    let mut server = server;
     assert!(server.signal(Signal::SIGTERM).success());
 }
 

@@ -19,6 +19,8 @@ pub struct Server {
     pub log: PathBuf,
     /// The API token every call sends.
     pub token: Option<String>,
+    /// For a server over TLS: the certificate (PEM) of its authority.
+    pub ca: Option<Vec<u8>>,
 }
 
 pub fn free_port() -> u16 {
@@ -32,9 +34,14 @@ pub fn free_port() -> u16 {
 impl Server {
     /// `dagcron serve` with its SQLite data in `data`.
     pub fn start(data: &Path, port: u16, extra: &[&str]) -> Server {
+        Server::start_env(data, port, extra, &[])
+    }
+
+    /// [`Server::start`] with these variables in the server's environment.
+    pub fn start_env(data: &Path, port: u16, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut args = vec!["--data-dir", data.to_str().unwrap()];
         args.extend_from_slice(extra);
-        let mut server = Server::spawn(&args, port, &data.with_extension("log"));
+        let mut server = Server::spawn_env(&args, port, &data.with_extension("log"), env);
         // The first start wrote the instance-admin token there.
         server.token = Some(
             std::fs::read_to_string(data.join("admin.token"))
@@ -59,6 +66,7 @@ impl Server {
             namespace: namespace.into(),
             log,
             token: Some(token),
+            ca: None,
         }
     }
 
@@ -71,11 +79,13 @@ impl Server {
                 format!("Bearer {token}").parse().unwrap(),
             );
         }
-        reqwest::blocking::Client::builder()
+        let mut builder = reqwest::blocking::Client::builder()
             .default_headers(headers)
-            .timeout(None)
-            .build()
-            .unwrap()
+            .timeout(None);
+        if let Some(pem) = &self.ca {
+            builder = builder.add_root_certificate(reqwest::Certificate::from_pem(pem).unwrap());
+        }
+        builder.build().unwrap()
     }
 
     /// The command line, pointed at this server with its token.
@@ -91,6 +101,11 @@ impl Server {
     /// `dagcron serve --listen 127.0.0.1:PORT ARGS...`, output appended to
     /// `log`; returns once the API answers.
     pub fn spawn(args: &[&str], port: u16, log: &Path) -> Server {
+        Server::spawn_env(args, port, log, &[])
+    }
+
+    /// [`Server::spawn`] with these variables in the server's environment.
+    pub fn spawn_env(args: &[&str], port: u16, log: &Path, env: &[(&str, &str)]) -> Server {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -99,6 +114,7 @@ impl Server {
         let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::from(file.try_clone().unwrap()))
             .stderr(Stdio::from(file))
             .spawn()
@@ -109,6 +125,7 @@ impl Server {
             namespace: "e2e".into(),
             log: log.to_path_buf(),
             token: None,
+            ca: None,
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         while reqwest::blocking::get(format!("{}/healthz", server.url)).is_err() {
@@ -256,6 +273,18 @@ impl Server {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// A join token for agents, made through the API with the server's token.
+pub fn join_token(server: &Server, namespace: Option<&str>, labels: Option<Value>) -> String {
+    let (status, made) = server.post(
+        "/api/v1/tokens",
+        &serde_json::json!({ "name": "agent", "role": "agent", "namespace": namespace, "labels": labels })
+            .to_string(),
+        "application/json",
+    );
+    assert_eq!(status, 201, "{made}");
+    made["token"].as_str().unwrap().to_string()
 }
 
 /// A child process killed (and reaped) when the guard goes.
