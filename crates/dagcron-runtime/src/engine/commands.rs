@@ -20,17 +20,15 @@ impl<S: Store> Engine<S> {
                                 let key = key_of(&job);
                                 let before = self.jobs.get(&key).map(|e| (e.paused, e.file_paused));
                                 let paused = policy::paused_after_apply(before, job.spec.paused);
+                                // A known job keeps its state here; a change of it
+                                // follows, as through the API (a resume catches up).
+                                self.install_job(job, v, now, now, paused);
                                 match before {
-                                    Some((true, _)) if !paused => {
-                                        // Resumed by the file: as a resume through the API.
-                                        self.install_job(job, v, now, now, true);
-                                        resumed.push(key);
-                                    }
+                                    Some((true, _)) if !paused => resumed.push(key),
                                     Some((false, _)) if paused => {
-                                        self.install_job(job, v, now, now, false);
                                         self.pause_in_memory(&key, true);
                                     }
-                                    _ => self.install_job(job, v, now, now, paused),
+                                    _ => {}
                                 }
                             }
                         }
