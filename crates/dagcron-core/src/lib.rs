@@ -12,6 +12,7 @@ pub mod model;
 pub mod policy;
 pub mod retry;
 pub mod ring;
+pub mod run;
 pub mod state;
 
 pub use dag::Dag;
@@ -23,4 +24,5 @@ pub use model::{
 pub use policy::{FireDecision, FireOutcome};
 pub use retry::{Failure, RetryDecision, RetryPolicy};
 pub use ring::Ring;
+pub use run::{Effect, End, Event, RunMachine};
 pub use state::{AttemptState, IllegalTransition, RunState, TaskState};

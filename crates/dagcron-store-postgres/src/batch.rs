@@ -11,109 +11,12 @@
 //! do not chain (which the engine never produces) is applied one write at
 //! a time instead, with the same results.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use dagcron_core::{RunState, TaskState};
+use dagcron_store::plan::{AsStateName, Plan, plan};
 use dagcron_store::{NewRun, Write, WriteResult};
 use sqlx::postgres::PgConnection;
-
-/// Merged changes of one row: the writes they came from, the first
-/// expected state, the final state, and when each transition happened.
-struct Chain<'a, S> {
-    writes: Vec<usize>,
-    from: S,
-    to: S,
-    /// For runs: when it entered `running`, and when it finished.
-    started: Option<i64>,
-    finished: Option<i64>,
-    /// For attempts: the last write's result fields.
-    end: Option<&'a Write>,
-}
-
-/// Groups successive changes per row key; `None` if some change does not
-/// start from the state the previous one left.
-fn chains<'a, K, S>(
-    items: impl Iterator<Item = (usize, K, S, S, Option<i64>, &'a Write)>,
-) -> Option<Vec<(K, Chain<'a, S>)>>
-where
-    K: std::hash::Hash + Eq + Clone,
-    S: Copy + PartialEq + AsStateName,
-{
-    let mut order: Vec<(K, Chain<'a, S>)> = Vec::new();
-    let mut index: HashMap<K, usize> = HashMap::new();
-    for (i, key, from, to, at, write) in items {
-        match index.get(&key) {
-            Some(&k) => {
-                let chain = &mut order[k].1;
-                if chain.to != from {
-                    return None;
-                }
-                chain.writes.push(i);
-                chain.to = to;
-                chain.end = Some(write);
-                note_times(chain, to, at);
-            }
-            None => {
-                index.insert(key.clone(), order.len());
-                let mut chain = Chain {
-                    writes: vec![i],
-                    from,
-                    to,
-                    started: None,
-                    finished: None,
-                    end: Some(write),
-                };
-                note_times(&mut chain, to, at);
-                order.push((key, chain));
-            }
-        }
-    }
-    Some(order)
-}
-
-/// State names, and which of them start or end a run.
-trait AsStateName: Sized {
-    fn name(self) -> &'static str;
-    fn starts(self) -> bool {
-        false
-    }
-    fn ends(self) -> bool {
-        false
-    }
-}
-
-impl AsStateName for RunState {
-    fn name(self) -> &'static str {
-        self.as_str()
-    }
-    fn starts(self) -> bool {
-        self == RunState::Running
-    }
-    fn ends(self) -> bool {
-        self.is_terminal()
-    }
-}
-
-impl AsStateName for TaskState {
-    fn name(self) -> &'static str {
-        self.as_str()
-    }
-}
-
-impl AsStateName for dagcron_core::AttemptState {
-    fn name(self) -> &'static str {
-        self.as_str()
-    }
-}
-
-fn note_times<S: AsStateName + Copy>(chain: &mut Chain<'_, S>, to: S, at: Option<i64>) {
-    if to.starts() {
-        chain.started = at;
-    }
-    if to.ends() {
-        chain.finished = at;
-    }
-}
 
 /// The writes of one kind as columns, bound as arrays.
 #[derive(Default)]
@@ -138,65 +41,14 @@ pub(crate) async fn apply(
     sent: &mut u64,
 ) -> Result<Option<Vec<WriteResult>>, sqlx::Error> {
     // Plan first: nothing is sent for a batch that cannot be grouped.
-    let Some(run_chains) = chains(batch.iter().enumerate().filter_map(|(i, w)| match w {
-        Write::RunState { run, from, to, at } => {
-            Some((i, *run, *from, *to, Some(at.as_microsecond()), w))
-        }
-        _ => None,
-    })) else {
+    let Some(Plan {
+        runs: run_chains,
+        tasks: task_chains,
+        ends: end_chains,
+    }) = plan(batch)
+    else {
         return Ok(None);
     };
-    let Some(task_chains) = chains(batch.iter().enumerate().filter_map(|(i, w)| match w {
-        Write::TaskState {
-            run,
-            task,
-            from,
-            to,
-        } => Some((i, (*run, task.as_str()), *from, *to, None, w)),
-        _ => None,
-    })) else {
-        return Ok(None);
-    };
-    let Some(end_chains) = chains(batch.iter().enumerate().filter_map(|(i, w)| match w {
-        Write::AttemptEnd {
-            run,
-            task,
-            number,
-            from,
-            to,
-            ..
-        } => Some((i, (*run, task.as_str(), *number), *from, *to, None, w)),
-        _ => None,
-    })) else {
-        return Ok(None);
-    };
-    if end_chains.iter().any(|(_, c)| c.writes.len() > 1) {
-        return Ok(None);
-    }
-    let mut fire_keys = HashSet::new();
-    let mut start_keys = HashSet::new();
-    for w in batch {
-        let fresh = match w {
-            Write::Fire {
-                namespace,
-                job,
-                scheduled_at,
-                ..
-            } => fire_keys.insert((
-                namespace.as_str(),
-                job.as_str(),
-                scheduled_at.as_microsecond(),
-            )),
-            Write::AttemptStart {
-                run, task, number, ..
-            } => start_keys.insert((*run, task.as_str(), *number)),
-            _ => true,
-        };
-        if !fresh {
-            return Ok(None);
-        }
-    }
-
     let mut results: Vec<Option<WriteResult>> = vec![None; batch.len()];
 
     // Fires: the ledger's key refuses the ones already recorded.
@@ -246,11 +98,8 @@ pub(crate) async fn apply(
                     runs.push(run);
                 }
             } else {
-                results[i] = Some(WriteResult::Conflict(format!(
-                    "fire {ns}/{job} at {} is already recorded",
-                    jiff::Timestamp::from_microsecond(at)
-                        .map_or_else(|_| at.to_string(), |t| t.to_string())
-                )));
+                let at = jiff::Timestamp::from_microsecond(at).unwrap_or_default();
+                results[i] = Some(WriteResult::fire_recorded(ns, job, at));
             }
         }
     }
@@ -320,7 +169,7 @@ pub(crate) async fn apply(
             results[i] = Some(if inserted.contains(&(run, task, number)) {
                 WriteResult::Done
             } else {
-                WriteResult::Conflict(format!("attempt {number} of {run}/{task} already exists"))
+                WriteResult::attempt_exists(run, task, number)
             });
         }
     }
@@ -451,21 +300,26 @@ pub(crate) async fn apply(
             results[chain.writes[0]] = Some(if changed.contains(&(*run, *task, *number as i32)) {
                 WriteResult::Done
             } else {
-                WriteResult::Conflict(format!(
-                    "attempt {number} of {run}/{task} is not {}",
-                    chain.from.name()
-                ))
+                WriteResult::attempt_conflict(*run, task, number, chain.from.name())
             });
         }
     }
 
-    // Runs asked to stop: rare (a cancel, a replace, a deadline), one
-    // statement each.
+    // Runs asked to stop and attempts withdrawn: rare (a cancel, a
+    // replace, a deadline), one statement each, after the changes above.
     for (i, w) in batch.iter().enumerate() {
-        if let Write::RunClosing { run, to } = w {
-            *sent += 1;
-            results[i] = Some(crate::mark_closing(conn, *run, *to).await?);
-        }
+        let result = match w {
+            Write::RunClosing { run, to } => crate::mark_closing(conn, *run, *to).await?,
+            Write::AttemptWithdraw {
+                run,
+                task,
+                number,
+                at,
+            } => crate::withdraw(conn, *run, task, *number, *at).await?,
+            _ => continue,
+        };
+        *sent += 1;
+        results[i] = Some(result);
     }
 
     Ok(Some(

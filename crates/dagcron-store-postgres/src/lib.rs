@@ -436,7 +436,7 @@ pub(crate) async fn mark_closing(
     Ok(if n == 1 {
         WriteResult::Done
     } else {
-        WriteResult::Conflict(format!("no run {run}"))
+        WriteResult::no_run(run)
     })
 }
 
@@ -474,13 +474,23 @@ fn secret_from_row(r: &PgRow) -> Result<SecretRecord> {
     })
 }
 
+/// What other nodes are told once a batch applied one write at a time
+/// commits (as the grouped path does).
+#[derive(Default)]
+struct Notices {
+    /// Attempts were handed to the cluster.
+    work: bool,
+    /// Attempts of runs other nodes own ended.
+    attempts: bool,
+}
+
 /// Applies one write; a refused compare-and-set says what it found.
 async fn apply(
     conn: &mut PgConnection,
     w: &Write,
     epoch: Option<i64>,
+    notices: &mut Notices,
 ) -> std::result::Result<WriteResult, sqlx::Error> {
-    let conflict = |what: String| Ok(WriteResult::Conflict(what));
     match w {
         Write::Fire {
             namespace,
@@ -502,9 +512,7 @@ async fn apply(
             .await?
             .rows_affected();
             if n == 0 {
-                return conflict(format!(
-                    "fire {namespace}/{job} at {scheduled_at} is already recorded"
-                ));
+                return Ok(WriteResult::fire_recorded(namespace, job, *scheduled_at));
             }
             if let Some(run) = run {
                 insert_run(conn, run, epoch).await?;
@@ -517,12 +525,14 @@ async fn apply(
         }
         Write::RunClosing { run, to } => mark_closing(conn, *run, *to).await,
         Write::RunState { run, from, to, at } => {
-            let n = sqlx::query(
+            let n = sqlx::query(concat!(
                 "UPDATE runs SET state = $1,
                     started_at = CASE WHEN $1 = 'running' THEN $2 ELSE started_at END,
-                    finished_at = CASE WHEN $1 IN ('succeeded', 'failed', 'cancelled', 'skipped') THEN $2 ELSE finished_at END
-                 WHERE id = $3 AND state = $4",
-            )
+                    finished_at = CASE WHEN $1 IN ",
+                dagcron_store::run_ended!(),
+                " THEN $2 ELSE finished_at END
+                 WHERE id = $3 AND state = $4"
+            ))
             .bind(to.as_str())
             .bind(at.as_microsecond())
             .bind(run)
@@ -592,11 +602,11 @@ async fn apply(
             .execute(&mut *conn)
             .await?
             .rows_affected();
-            if n == 1 {
-                Ok(WriteResult::Done)
+            Ok(if n == 1 {
+                WriteResult::Done
             } else {
-                conflict(format!("attempt {number} of {run}/{task} already exists"))
-            }
+                WriteResult::attempt_exists(*run, task, number)
+            })
         }
         Write::AttemptEnd {
             run,
@@ -610,9 +620,10 @@ async fn apply(
             log,
             start_error_us,
         } => {
-            let n = sqlx::query(
+            let owner: Option<Option<i64>> = sqlx::query_scalar(
                 "UPDATE attempts SET state = $1, finished_at = $2, exit_code = $3, error = $4, log = $5, start_error_us = $10
-                 WHERE run_id = $6 AND task_id = $7 AND number = $8 AND state = $9",
+                 WHERE run_id = $6 AND task_id = $7 AND number = $8 AND state = $9
+                 RETURNING (SELECT owner_epoch FROM runs WHERE id = $6)",
             )
             .bind(to.as_str())
             .bind(at.as_microsecond())
@@ -624,16 +635,50 @@ async fn apply(
             .bind(*number as i32)
             .bind(from.as_str())
             .bind(start_error_us)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
-            if n == 1 {
-                Ok(WriteResult::Done)
-            } else {
-                conflict(format!("attempt {number} of {run}/{task} is not {from}"))
-            }
+            .fetch_optional(&mut *conn)
+            .await?;
+            Ok(match owner {
+                Some(owner) => {
+                    // An attempt run for another node ended: its owner takes it from here.
+                    notices.attempts |= owner.is_some() && owner != epoch;
+                    WriteResult::Done
+                }
+                None => WriteResult::attempt_conflict(*run, task, number, from.as_str()),
+            })
         }
+        Write::AttemptWithdraw {
+            run,
+            task,
+            number,
+            at,
+        } => withdraw(conn, *run, task, *number, *at).await,
     }
+}
+
+/// See [`Write::AttemptWithdraw`]: one statement.
+pub(crate) async fn withdraw(
+    conn: &mut PgConnection,
+    run: RunId,
+    task: &str,
+    number: u32,
+    at: Timestamp,
+) -> std::result::Result<WriteResult, sqlx::Error> {
+    sqlx::query(concat!(
+        "WITH a AS (UPDATE attempts SET state = 'cancelled', finished_at = $4, error = $5
+            WHERE run_id = $1 AND task_id = $2 AND number = $3 AND state IN ",
+        dagcron_store::attempt_unfinished!(),
+        " RETURNING 1)
+         UPDATE tasks SET state = 'cancelled' WHERE run_id = $1 AND task_id = $2 AND state IN ",
+        dagcron_store::attempt_unfinished!()
+    ))
+    .bind(run)
+    .bind(task)
+    .bind(number as i32)
+    .bind(at.as_microsecond())
+    .bind(dagcron_store::WITHDRAWN)
+    .execute(&mut *conn)
+    .await?;
+    Ok(WriteResult::Done)
 }
 
 impl Store for PgStore {
@@ -803,11 +848,12 @@ impl Store for PgStore {
                 }
             }
             let mut out = Vec::with_capacity(batch.len());
+            let mut notices = Notices::default();
             for w in batch {
                 sent += 1;
-                out.push(apply(conn, w, epoch).await?);
+                out.push(apply(conn, w, epoch, &mut notices).await?);
             }
-            let handed_over = batch.iter().any(|w| {
+            notices.work = batch.iter().any(|w| {
                 matches!(
                     w,
                     Write::AttemptStart {
@@ -816,10 +862,11 @@ impl Store for PgStore {
                     }
                 )
             });
-            if handed_over {
-                // Nodes with free capacity come and claim them.
-                sent += 1;
-                notify(conn, "work").await?;
+            for (told, channel) in [(notices.work, "work"), (notices.attempts, "attempts")] {
+                if told {
+                    sent += 1;
+                    notify(conn, channel).await?;
+                }
             }
             Ok(out)
         })?;

@@ -69,6 +69,14 @@ fn write() -> impl Strategy<Value = Write> {
                 run_on: None,
             }
         }),
+        (run.clone(), task.clone(), 1..=2u32).prop_map(|(run, task, number)| {
+            Write::AttemptWithdraw {
+                run,
+                task,
+                number,
+                at: t(3),
+            }
+        }),
         (run, task, 1..=2u32, 0..2usize, 2..5usize, any::<bool>()).prop_map(
             |(run, task, number, f, to, failed)| Write::AttemptEnd {
                 run,
@@ -89,7 +97,9 @@ fn write() -> impl Strategy<Value = Write> {
 /// The row a write changes.
 fn row(w: &Write) -> String {
     match w {
-        Write::TaskState { run, task, .. } => format!("task {run}/{task}"),
+        Write::TaskState { run, task, .. } | Write::AttemptWithdraw { run, task, .. } => {
+            format!("task {run}/{task}")
+        }
         Write::RunState { run, .. } => format!("run {run}"),
         Write::RunClosing { run, .. } => format!("closing {run}"),
         Write::AttemptStart {

@@ -156,7 +156,6 @@ fn insert_run(tx: &Transaction<'_>, run: &NewRun) -> rusqlite::Result<()> {
 
 /// Applies one write; a refused compare-and-set says what it found.
 pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteResult> {
-    let conflict = |what: String| Ok(WriteResult::Conflict(what));
     match w {
         Write::Fire {
             namespace,
@@ -169,9 +168,7 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
                 .prepare_cached("INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING")?
                 .execute(params![namespace, job, scheduled_at.as_microsecond(), outcome.as_str(), run.as_ref().map(|r| r.id)])?;
             if n == 0 {
-                return conflict(format!(
-                    "fire {namespace}/{job} at {scheduled_at} is already recorded"
-                ));
+                return Ok(WriteResult::fire_recorded(namespace, job, *scheduled_at));
             }
             if let Some(run) = run {
                 insert_run(tx, run)?;
@@ -186,21 +183,28 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
             let n = tx
                 .prepare_cached("UPDATE runs SET closing = ?1 WHERE id = ?2")?
                 .execute(params![to.as_str(), run])?;
-            if n == 1 {
-                Ok(WriteResult::Done)
+            Ok(if n == 1 {
+                WriteResult::Done
             } else {
-                conflict(format!("no run {run}"))
-            }
+                WriteResult::no_run(*run)
+            })
         }
         Write::RunState { run, from, to, at } => {
             let n = tx
-                .prepare_cached(
+                .prepare_cached(concat!(
                     "UPDATE runs SET state = ?1,
                         started_at = CASE WHEN ?1 = 'running' THEN ?2 ELSE started_at END,
-                        finished_at = CASE WHEN ?1 IN ('succeeded', 'failed', 'cancelled', 'skipped') THEN ?2 ELSE finished_at END
-                     WHERE id = ?3 AND state = ?4",
-                )?
-                .execute(params![to.as_str(), at.as_microsecond(), run, from.as_str()])?;
+                        finished_at = CASE WHEN ?1 IN ",
+                    dagcron_store::run_ended!(),
+                    " THEN ?2 ELSE finished_at END
+                     WHERE id = ?3 AND state = ?4"
+                ))?
+                .execute(params![
+                    to.as_str(),
+                    at.as_microsecond(),
+                    run,
+                    from.as_str()
+                ])?;
             if n == 1 {
                 return Ok(WriteResult::Done);
             }
@@ -246,11 +250,11 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
             let n = tx
                 .prepare_cached("INSERT INTO attempts (run_id, task_id, number, state, started_at) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING")?
                 .execute(params![run, task, number, state.as_str(), at.as_microsecond()])?;
-            if n == 1 {
-                Ok(WriteResult::Done)
+            Ok(if n == 1 {
+                WriteResult::Done
             } else {
-                conflict(format!("attempt {number} of {run}/{task} already exists"))
-            }
+                WriteResult::attempt_exists(*run, task, number)
+            })
         }
         Write::AttemptEnd {
             run,
@@ -270,11 +274,36 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
                      WHERE run_id = ?6 AND task_id = ?7 AND number = ?8 AND state = ?9",
                 )?
                 .execute(params![to.as_str(), at.as_microsecond(), exit_code, error, log, run, task, number, from.as_str(), start_error_us])?;
-            if n == 1 {
-                Ok(WriteResult::Done)
+            Ok(if n == 1 {
+                WriteResult::Done
             } else {
-                conflict(format!("attempt {number} of {run}/{task} is not {from}"))
-            }
+                WriteResult::attempt_conflict(*run, task, number, from.as_str())
+            })
+        }
+        Write::AttemptWithdraw {
+            run,
+            task,
+            number,
+            at,
+        } => {
+            tx.prepare_cached(concat!(
+                "UPDATE attempts SET state = 'cancelled', finished_at = ?1, error = ?2
+                 WHERE run_id = ?3 AND task_id = ?4 AND number = ?5 AND state IN ",
+                dagcron_store::attempt_unfinished!()
+            ))?
+            .execute(params![
+                at.as_microsecond(),
+                dagcron_store::WITHDRAWN,
+                run,
+                task,
+                number
+            ])?;
+            tx.prepare_cached(concat!(
+                "UPDATE tasks SET state = 'cancelled' WHERE run_id = ?1 AND task_id = ?2 AND state IN ",
+                dagcron_store::attempt_unfinished!()
+            ))?
+            .execute(params![run, task])?;
+            Ok(WriteResult::Done)
         }
     }
 }

@@ -26,6 +26,7 @@ macro_rules! conformance_tests {
             concurrent_fires_create_one_run,
             state_changes_are_compare_and_set,
             a_stop_is_recorded_with_its_final_state,
+            a_withdrawn_attempt_is_cancelled_claimed_or_not,
             changes_of_one_row_in_a_batch_apply_in_order,
             attempts_and_logs,
             runs_are_paginated_newest_first,
@@ -462,6 +463,64 @@ pub async fn a_stop_is_recorded_with_its_final_state<S: Store>(s: &S) {
         s.active_runs().await.unwrap()[0].closing,
         Some(RunState::Cancelled)
     );
+}
+
+/// A withdrawal cancels an attempt that has not ended (waiting to be
+/// claimed, or running) and its task; an attempt that ended first keeps
+/// its result. One write, always done.
+pub async fn a_withdrawn_attempt_is_cancelled_claimed_or_not<S: Store>(s: &S) {
+    s.write(&[fire(100, Some(new_run(1, 100)))]).await.unwrap();
+    let start = |task: &str, state: AttemptState| Write::AttemptStart {
+        run: 1,
+        task: task.into(),
+        number: 1,
+        state,
+        at: t(101),
+        run_on: None,
+    };
+    let task_to = |task: &str, from: TaskState, to: TaskState| Write::TaskState {
+        run: 1,
+        task: task.into(),
+        from,
+        to,
+    };
+    let withdraw = |task: &str| Write::AttemptWithdraw {
+        run: 1,
+        task: task.into(),
+        number: 1,
+        at: t(102),
+    };
+    let mut setup = vec![];
+    for task in ["a", "b"] {
+        setup.push(task_to(task, TaskState::Pending, TaskState::Ready));
+        setup.push(task_to(task, TaskState::Ready, TaskState::Dispatching));
+    }
+    setup.push(start("a", AttemptState::Dispatching));
+    setup.push(task_to("b", TaskState::Dispatching, TaskState::Running));
+    setup.push(start("b", AttemptState::Running));
+    assert!(
+        s.write(&setup)
+            .await
+            .unwrap()
+            .iter()
+            .all(|r| *r == WriteResult::Done)
+    );
+    let r = s.write(&[withdraw("a"), withdraw("b")]).await.unwrap();
+    assert_eq!(r, [WriteResult::Done, WriteResult::Done]);
+    let run = s.get_run(1).await.unwrap().unwrap();
+    for task in &run.tasks {
+        assert_eq!(task.state, TaskState::Cancelled, "{}", task.id);
+        let a = &task.attempts[0];
+        assert_eq!(a.state, AttemptState::Cancelled, "{}", task.id);
+        assert_eq!(a.finished_at, Some(t(102)));
+        assert_eq!(a.error.as_deref(), Some(crate::WITHDRAWN));
+    }
+    // Withdrawn again (the news crossed): nothing changes.
+    assert_eq!(
+        s.write(&[withdraw("a")]).await.unwrap(),
+        [WriteResult::Done]
+    );
+    assert_eq!(s.get_run(1).await.unwrap().unwrap(), run);
 }
 
 /// A transition from a state the row is not in is refused and changes nothing.

@@ -11,6 +11,7 @@
 
 pub mod cluster;
 pub mod conformance;
+pub mod plan;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -244,6 +245,50 @@ pub enum Write {
         /// How far from its asked instant it started (see [`AttemptRecord::start_error_us`]).
         start_error_us: Option<i64>,
     },
+    /// Withdraw an attempt handed to the cluster, whether a node claimed it
+    /// or not: the attempt is cancelled if it has not ended, and its task is
+    /// cancelled if it is still `dispatching` or `running` (a node running
+    /// the attempt sees that and stops it). Always done: an attempt that
+    /// ended first keeps its result.
+    AttemptWithdraw {
+        /// The run.
+        run: RunId,
+        /// The task.
+        task: String,
+        /// 1-based.
+        number: u32,
+        /// When.
+        at: Timestamp,
+    },
+}
+
+/// What a withdrawn attempt records as its error.
+pub const WITHDRAWN: &str = "the run was stopped";
+
+/// SQL lists of states, each named once (a test checks them against the
+/// state machines): `concat!("... WHERE state IN ", run_ended!())`.
+#[macro_export]
+macro_rules! run_ended {
+    () => {
+        "('succeeded', 'failed', 'cancelled', 'skipped')"
+    };
+}
+
+/// See [`run_ended!`]: runs not finished.
+#[macro_export]
+macro_rules! run_unfinished {
+    () => {
+        "('pending', 'running')"
+    };
+}
+
+/// See [`run_ended!`]: attempts not finished (also the task states an
+/// attempt is under way in).
+#[macro_export]
+macro_rules! attempt_unfinished {
+    () => {
+        "('dispatching', 'running')"
+    };
 }
 
 /// The result of one [`Write`].
@@ -519,6 +564,33 @@ impl WriteResult {
         })
     }
 
+    /// A fire refused because the ledger has it.
+    pub fn fire_recorded(namespace: &str, job: &str, at: Timestamp) -> WriteResult {
+        WriteResult::Conflict(format!(
+            "fire {namespace}/{job} at {at} is already recorded"
+        ))
+    }
+
+    /// An attempt refused because it exists.
+    pub fn attempt_exists(run: RunId, task: &str, number: impl fmt::Display) -> WriteResult {
+        WriteResult::Conflict(format!("attempt {number} of {run}/{task} already exists"))
+    }
+
+    /// An attempt's end refused because it is no longer in `from`.
+    pub fn attempt_conflict(
+        run: RunId,
+        task: &str,
+        number: impl fmt::Display,
+        from: &str,
+    ) -> WriteResult {
+        WriteResult::Conflict(format!("attempt {number} of {run}/{task} is not {from}"))
+    }
+
+    /// A stop refused because the run does not exist.
+    pub fn no_run(run: RunId) -> WriteResult {
+        WriteResult::Conflict(format!("no run {run}"))
+    }
+
     /// A refused task change, saying what was found (`None`: no such task).
     pub fn task_conflict(
         run: RunId,
@@ -546,6 +618,14 @@ pub enum StorageError {
     /// This node's lease has ended or its epoch is stale: the write was
     /// refused, and the node must stop acting on its state.
     Fenced(String),
+}
+
+impl StorageError {
+    /// Whether trying the same operation again may succeed (the database
+    /// was unreachable or busy); never for a fenced node or bad data.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StorageError::Unavailable(_))
+    }
 }
 
 impl fmt::Display for StorageError {
@@ -870,5 +950,29 @@ mod audit_tests {
         let mut swapped = rows;
         swapped.swap(1, 2);
         assert!(verify_audit(&swapped).is_err());
+    }
+}
+
+#[cfg(test)]
+mod state_lists {
+    use dagcron_core::{AttemptState, RunState};
+
+    fn list<S: Copy + std::fmt::Display>(all: &[S], pick: impl Fn(S) -> bool) -> String {
+        let names: Vec<String> = all
+            .iter()
+            .filter(|s| pick(**s))
+            .map(|s| format!("'{s}'"))
+            .collect();
+        format!("({})", names.join(", "))
+    }
+
+    #[test]
+    fn the_sql_lists_of_states_are_the_state_machines_own() {
+        assert_eq!(run_ended!(), list(RunState::ALL, |s| s.is_terminal()));
+        assert_eq!(run_unfinished!(), list(RunState::ALL, |s| !s.is_terminal()));
+        assert_eq!(
+            attempt_unfinished!(),
+            list(AttemptState::ALL, |s| !s.is_terminal())
+        );
     }
 }

@@ -204,18 +204,9 @@ impl<S: Store> Engine<S> {
     /// Starts an attempt of ready task `i` of run `id`: here if `here`,
     /// otherwise by handing it to the cluster.
     pub(super) fn dispatch_task(&mut self, id: RunId, i: usize, here: bool) {
-        let now = self.clock.now();
-        let Some(run) = self.runs.get_mut(&id) else {
+        let Some(run) = self.runs.get(&id) else {
             return;
         };
-        if run.tasks[i] != TaskState::Ready || run.closing.is_some() {
-            return;
-        }
-        let number = run.attempts[i] + 1;
-        let task = run.job.tasks[i].id.clone();
-        run.attempts[i] = number;
-        // An attempt of a run made ahead starts at the run's instant.
-        let starts = run.start_at.filter(|t| *t > now).unwrap_or(now);
         // A task for a remote agent goes to the cluster when no agent here
         // could run it (an agent may be connected to any node); the node
         // that claims it must have an agent with its labels.
@@ -225,51 +216,55 @@ impl<S: Store> Engine<S> {
                 (Some(labels), Some(remote)) => !remote.0.serves(labels),
                 _ => false,
             };
-        if !here || elsewhere {
-            let run_on = needs.cloned();
-            run.tasks[i] = TaskState::Dispatching;
-            self.writes.push(Write::TaskState {
-                run: id,
-                task: task.clone(),
-                from: TaskState::Ready,
-                to: TaskState::Dispatching,
-            });
+        let shared = !here || elsewhere;
+        self.step(
+            id,
+            Event::Dispatch { task: i, shared },
+            self.clock.now(),
+            None,
+        );
+    }
+
+    /// Attempt `number` of task `i` of run `id` is decided: handed to the
+    /// cluster (`dispatching`), or started here once recorded (`running`).
+    pub(super) fn attempt_started(
+        &mut self,
+        id: RunId,
+        job: &Job,
+        i: usize,
+        number: u32,
+        state: AttemptState,
+        now: Timestamp,
+    ) {
+        let task = job.tasks[i].id.clone();
+        let needs = job.tasks[i].run_on.as_ref().map(|r| &r.labels);
+        if state == AttemptState::Dispatching {
             self.writes.push(Write::AttemptStart {
                 run: id,
                 task,
                 number,
-                state: AttemptState::Dispatching,
+                state,
                 at: now,
-                run_on,
+                run_on: needs.cloned(),
             });
             self.shared.insert((id, i), number);
             return;
         }
-        let remote = needs.is_some();
-        run.tasks[i] = TaskState::Running;
+        let run = self.runs.get_mut(&id).expect("run");
         run.tokens[i] = Some(self.kill_switch.child_token());
-        self.writes.push(Write::TaskState {
-            run: id,
-            task: task.clone(),
-            from: TaskState::Ready,
-            to: TaskState::Dispatching,
-        });
-        self.writes.push(Write::TaskState {
-            run: id,
-            task: task.clone(),
-            from: TaskState::Dispatching,
-            to: TaskState::Running,
-        });
+        // An attempt of a run made ahead starts at the run's instant.
+        let starts = run.start_at.filter(|t| *t > now).unwrap_or(now);
         let write = self.writes.len();
         self.writes.push(Write::AttemptStart {
             run: id,
             task,
             number,
-            state: AttemptState::Running,
+            state,
             at: starts,
             run_on: None,
         });
-        self.effects.push(Effect::Spawn {
+        let remote = needs.is_some();
+        self.effects.push(Action::Spawn {
             run: id,
             task: i,
             number,
@@ -301,7 +296,7 @@ impl<S: Store> Engine<S> {
                 task: foreign.task,
                 number: foreign.number,
                 from: AttemptState::Running,
-                to: attempt_state_of(&outcome.ending),
+                to: end_of(outcome.ending.clone()).attempt_state(),
                 at,
                 exit_code: outcome.exit_code,
                 error: outcome.error,
@@ -314,37 +309,23 @@ impl<S: Store> Engine<S> {
             return;
         };
         run.tokens[i] = None;
-        let task = run.job.tasks[i].id.clone();
         if self.killing {
             // Killed at shutdown: lost, and its task left for the recovery
             // after the restart (retried or failed by the delivery policy).
-            self.writes.push(Write::AttemptEnd {
-                run: id,
-                task,
-                number,
-                from: AttemptState::Running,
-                to: AttemptState::Lost,
-                at,
-                exit_code: None,
+            let outcome = Outcome {
                 error: Some("the server shut down before the attempt ended; it was killed".into()),
-                log: outcome.log,
-                start_error_us: outcome.start_error_us,
-            });
+                ..outcome
+            };
+            self.step(id, Event::Abandoned { task: i, number }, at, Some(outcome));
             return;
         }
-        let to = attempt_state_of(&outcome.ending);
-        self.writes.push(Write::AttemptEnd {
-            run: id,
-            task: task.clone(),
+        let end = end_of(outcome.ending.clone());
+        let event = Event::AttemptEnded {
+            task: i,
             number,
-            from: AttemptState::Running,
-            to,
-            at,
-            exit_code: outcome.exit_code,
-            error: outcome.error.clone(),
-            log: outcome.log,
-            start_error_us: outcome.start_error_us,
-        });
-        self.task_ended(id, i, number, outcome.ending, at);
+            end,
+            recorded: false,
+        };
+        self.step(id, event, at, Some(outcome));
     }
 }

@@ -198,7 +198,7 @@ impl<S: Store> Engine<S> {
             }
             Command::Cancel { run, reply } => {
                 let result = if self.runs.contains_key(&run) {
-                    self.stop_run(run, RunState::Cancelled, now);
+                    self.stop(run, RunState::Cancelled, now);
                     Ok(())
                 } else {
                     match self.store.get_run(run).await {

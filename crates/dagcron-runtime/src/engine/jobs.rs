@@ -55,7 +55,7 @@ impl<S: Store> Engine<S> {
                 .copied()
                 .collect::<Vec<_>>()
             {
-                self.stop_run(run, RunState::Cancelled, now);
+                self.stop(run, RunState::Cancelled, now);
             }
         }
     }

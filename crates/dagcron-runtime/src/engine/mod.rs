@@ -15,9 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dagcron_core::policy::{self, FireDecision, FireOutcome};
-use dagcron_core::{
-    AttemptState, Delivery, Failure, Job, RetryDecision, RunState, TaskState, Timing,
-};
+use dagcron_core::run::{Attempt, Effect, End, Event, RunMachine, StoredTask};
+use dagcron_core::{AttemptState, Failure, Job, RunState, TaskState, Timing};
 use dagcron_exec::{AttemptContext, Ending, Limits, Outcome};
 use dagcron_store::{
     ApplyResult, AttemptKey, ClaimedAttempt, JobUpsert, NewRun, RemoteAttempt, RunId, RunRecord,
@@ -146,6 +145,27 @@ fn failed(error: String) -> Outcome {
         ending: Ending::Failed(Failure::Error(error.clone())),
         exit_code: None,
         error: Some(error),
+        log: vec![],
+        start_error_us: None,
+    }
+}
+
+/// How an attempt's end counts for its run.
+fn end_of(ending: Ending) -> End {
+    match ending {
+        Ending::Succeeded => End::Succeeded,
+        Ending::Cancelled => End::Cancelled,
+        Ending::TimedOut => End::Failed(Failure::Timeout),
+        Ending::Failed(failure) => End::Failed(failure),
+    }
+}
+
+/// The outcome of an attempt lost with its process or node.
+fn lost(error: &str) -> Outcome {
+    Outcome {
+        ending: Ending::Failed(Failure::Lost),
+        exit_code: None,
+        error: Some(error.into()),
         log: vec![],
         start_error_us: None,
     }
@@ -400,7 +420,7 @@ async fn commit_with_retries<S: Store>(
     loop {
         match store.write(writes).await {
             Ok(r) => return Ok(r),
-            Err(e) if tries < 5 && !matches!(e, StorageError::Fenced(_)) => {
+            Err(e) if tries < 5 && e.is_transient() => {
                 tries += 1;
                 tracing::warn!("commit failed ({e}); retrying");
                 tokio::time::sleep(Duration::from_millis(100 << tries)).await;
@@ -499,12 +519,10 @@ struct RunEntry {
     job: Arc<Job>,
     scheduled_at: Timestamp,
     params: std::collections::BTreeMap<String, String>,
-    state: RunState,
-    tasks: Vec<TaskState>,
-    attempts: Vec<u32>,
+    /// Its state, its tasks' and their attempts' (every decision about it).
+    machine: RunMachine,
+    /// The cancellation of each task's attempt running here.
     tokens: Vec<Option<CancellationToken>>,
-    /// Set when the run is being stopped (cancel, replace, deadline): its final state.
-    closing: Option<RunState>,
     /// For a run made ahead of its instant (`send_ahead`): nothing of it
     /// starts before this.
     start_at: Option<Timestamp>,
@@ -531,7 +549,8 @@ enum Timer {
     },
 }
 
-enum Effect {
+/// What to do once the batch deciding it is committed.
+enum Action {
     Spawn {
         run: RunId,
         task: usize,
@@ -573,13 +592,15 @@ impl ReadyQueues {
     }
 }
 
-fn attempt_state_of(ending: &Ending) -> AttemptState {
-    match ending {
-        Ending::Succeeded => AttemptState::Succeeded,
-        Ending::Failed(Failure::Lost) => AttemptState::Lost,
-        Ending::Failed(_) => AttemptState::Failed,
-        Ending::TimedOut => AttemptState::TimedOut,
-        Ending::Cancelled => AttemptState::Cancelled,
+/// xorshift64*: enough for retry jitter, and no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 }
 
@@ -751,9 +772,9 @@ pub struct Engine<S: Store> {
     /// the ones decided but not yet committed).
     started: usize,
     last_run_id: RunId,
-    rng: u64,
+    rng: Rng,
     writes: Vec<Write>,
-    effects: Vec<Effect>,
+    effects: Vec<Action>,
     finished_tx: mpsc::UnboundedSender<Finished>,
     finished_rx: mpsc::UnboundedReceiver<Finished>,
     commands: Option<mpsc::Receiver<Command>>,

@@ -177,16 +177,23 @@ impl<S: Store> Engine<S> {
             .enumerate()
             .map(|(i, t)| (t.id.as_str(), i))
             .collect();
-        let mut tasks = vec![TaskState::Pending; job.tasks.len()];
-        let mut attempts = vec![0u32; job.tasks.len()];
-        let mut lost = Vec::new();
+        let mut tasks = vec![
+            StoredTask {
+                state: TaskState::Pending,
+                attempts: 0,
+                current: None,
+            };
+            job.tasks.len()
+        ];
+        let mut lost_here = Vec::new();
+        let mut orphans = Vec::new();
         let mut tokens = vec![None; job.tasks.len()];
         for t in &record.tasks {
             let Some(&i) = index.get(t.id.as_str()) else {
                 continue;
             };
-            tasks[i] = t.state;
-            attempts[i] = t.attempts.iter().map(|a| a.number).max().unwrap_or(0);
+            tasks[i].state = t.state;
+            tasks[i].attempts = t.attempts.iter().map(|a| a.number).max().unwrap_or(0);
             let goes_on = t.attempts.iter().find(|a| {
                 !a.state.is_terminal()
                     && match a.node_epoch {
@@ -195,16 +202,38 @@ impl<S: Store> Engine<S> {
                     }
             });
             if let Some(a) = goes_on {
-                if let Some(foreign) = self.foreign.remove(&(record.id, i)) {
+                let shared = match self.foreign.remove(&(record.id, i)) {
                     // This node already runs it for the dead owner: it is its own now.
-                    tokens[i] = Some(foreign.token);
-                } else {
-                    self.shared.insert((record.id, i), a.number);
-                }
+                    Some(foreign) => {
+                        tokens[i] = Some(foreign.token);
+                        false
+                    }
+                    None => {
+                        self.shared.insert((record.id, i), a.number);
+                        true
+                    }
+                };
+                tasks[i].current = Some(Attempt {
+                    number: a.number,
+                    state: a.state,
+                    shared,
+                });
                 continue;
             }
-            for a in &t.attempts {
-                if !a.state.is_terminal() {
+            let moving = matches!(t.state, TaskState::Running | TaskState::Dispatching);
+            if moving && record.state == RunState::Running {
+                orphans.push(i);
+            }
+            for a in t.attempts.iter().filter(|a| !a.state.is_terminal()) {
+                if moving && a.number == tasks[i].attempts && record.state == RunState::Running {
+                    // Its run decides what follows (below).
+                    tasks[i].current = Some(Attempt {
+                        number: a.number,
+                        state: a.state,
+                        shared: false,
+                    });
+                    lost_here.push((i, a.number));
+                } else if a.state.to(AttemptState::Lost).is_ok() {
                     self.writes.push(Write::AttemptEnd {
                         run: record.id,
                         task: t.id.clone(),
@@ -213,14 +242,11 @@ impl<S: Store> Engine<S> {
                         to: AttemptState::Lost,
                         at: now,
                         exit_code: None,
-                        error: Some("the process running this attempt stopped".into()),
+                        error: Some(LOST_WITH_PROCESS.into()),
                         log: vec![],
                         start_error_us: None,
                     });
                 }
-            }
-            if matches!(t.state, TaskState::Running | TaskState::Dispatching) {
-                lost.push((i, t.state));
             }
         }
         let run = RunEntry {
@@ -228,11 +254,8 @@ impl<S: Store> Engine<S> {
             job: job.clone(),
             scheduled_at: record.scheduled_at,
             params: record.params,
-            state: record.state,
-            tasks,
-            attempts,
+            machine: RunMachine::rebuilt(record.state, record.closing, tasks),
             tokens,
-            closing: record.closing,
             start_at: None,
         };
         let id = record.id;
@@ -242,35 +265,24 @@ impl<S: Store> Engine<S> {
             RunState::Pending => entry.queued.push_back(id),
             _ => entry.active.push(id),
         }
-        if record.state != RunState::Running {
-            return Ok(());
+        for (task, number) in lost_here {
+            let event = Event::AttemptEnded {
+                task,
+                number,
+                end: End::Failed(Failure::Lost),
+                recorded: false,
+            };
+            self.step(id, event, now, Some(lost(LOST_WITH_PROCESS)));
         }
-        for (i, from) in lost {
-            let number = self.runs[&id].attempts[i];
-            self.attempt_failed(id, i, number, from, Failure::Lost, now);
+        for task in orphans {
+            // Those whose attempt is already recorded as over (killed at shutdown).
+            self.step(id, Event::Orphaned { task }, now, None);
         }
-        if let Some(closing) = record.closing {
-            // It was being stopped: finish stopping it.
-            self.runs.get_mut(&id).expect("run").closing = None;
-            self.stop_run(id, closing, now);
-            return Ok(());
-        }
-        for i in 0..job.tasks.len() {
-            match self.runs[&id].tasks[i] {
-                TaskState::Ready => self.ready.push(&job, id, i),
-                TaskState::Retrying => self.arm(now, Timer::Retry { run: id, task: i }),
-                _ => {}
-            }
-        }
-        if let Some(deadline) = job.spec.deadline {
-            let at = record
-                .scheduled_at
-                .max(record.created_at)
-                .checked_add(SignedDuration::try_from(deadline.0).unwrap_or(SignedDuration::MAX))
-                .unwrap_or(Timestamp::MAX);
-            self.arm(at, Timer::Deadline { run: id });
-        }
-        self.advance(id, now);
+        // Its deadline counts from when it started.
+        let started = record.scheduled_at.max(record.created_at);
+        self.step(id, Event::Resume { started }, now, None);
         Ok(())
     }
 }
+
+const LOST_WITH_PROCESS: &str = "the process running this attempt stopped";

@@ -28,7 +28,7 @@ impl<S: Store> Engine<S> {
             remote_running: 0,
             started: 0,
             last_run_id: store.max_run_id().await?,
-            rng: (now.as_nanosecond() as u64) | 1,
+            rng: Rng((now.as_nanosecond() as u64) | 1),
             writes: Vec::new(),
             effects: Vec::new(),
             finished_tx,
@@ -249,7 +249,7 @@ impl<S: Store> Engine<S> {
         &mut self,
         writes: &[Write],
         results: &[WriteResult],
-        effects: Vec<Effect>,
+        effects: Vec<Action>,
     ) {
         for (w, r) in writes.iter().zip(results) {
             if let WriteResult::Conflict(why) = r {
@@ -264,7 +264,7 @@ impl<S: Store> Engine<S> {
         }
         for effect in effects {
             match effect {
-                Effect::Spawn {
+                Action::Spawn {
                     run,
                     task,
                     number,
@@ -280,7 +280,7 @@ impl<S: Store> Engine<S> {
                         *self.lane(remote) -= 1;
                     }
                 }
-                Effect::Reply(f) => f(),
+                Action::Reply(f) => f(),
             }
         }
     }
@@ -291,7 +291,7 @@ impl<S: Store> Engine<S> {
         reply: Reply<T>,
         result: Result<T, EngineError>,
     ) {
-        self.effects.push(Effect::Reply(Box::new(move || {
+        self.effects.push(Action::Reply(Box::new(move || {
             let _ = reply.send(result);
         })));
     }

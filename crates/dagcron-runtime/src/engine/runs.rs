@@ -18,14 +18,6 @@ impl<S: Store> Engine<S> {
         self.last_run_id
     }
 
-    pub(super) fn random(&mut self) -> u64 {
-        // xorshift64*: enough for jitter, and no dependency.
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
     /// A fire of `key` at `at`: applies the overlap policy and records it.
     pub(super) fn fire(
         &mut self,
@@ -107,11 +99,8 @@ impl<S: Store> Engine<S> {
                 job: job.clone(),
                 scheduled_at: at,
                 params: params.clone(),
-                state,
-                tasks: vec![TaskState::Pending; job.tasks.len()],
-                attempts: vec![0; job.tasks.len()],
+                machine: RunMachine::new(job.tasks.len(), state),
                 tokens: vec![None; job.tasks.len()],
-                closing: None,
                 start_at: None,
             },
         );
@@ -144,7 +133,7 @@ impl<S: Store> Engine<S> {
                 let replaced: Vec<RunId> =
                     entry.queued.iter().chain(&entry.active).copied().collect();
                 for run in replaced {
-                    self.stop_run(run, RunState::Cancelled, now);
+                    self.stop(run, RunState::Cancelled, now);
                 }
                 self.jobs.get_mut(key).expect("job").queued.push_back(id);
                 self.start_queued(key, now);
@@ -156,76 +145,20 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// A run enters `running`: arm its deadline and plan its first tasks.
+    /// A run enters `running`: it counts against its job's limit, arms its
+    /// deadline and plans its first tasks.
     pub(super) fn begin(&mut self, id: RunId, now: Timestamp) {
-        let run = self.runs.get_mut(&id).expect("run");
-        run.state = RunState::Running;
+        let Some(run) = self.runs.get(&id) else {
+            return;
+        };
         let key = run.key.clone();
-        let deadline = run.job.spec.deadline;
-        self.jobs.get_mut(&key).expect("job").active.push(id);
-        if let Some(d) = deadline {
-            let at = now
-                .checked_add(SignedDuration::try_from(d.0).unwrap_or(SignedDuration::MAX))
-                .unwrap_or(Timestamp::MAX);
-            self.arm(at, Timer::Deadline { run: id });
-        }
-        self.advance(id, now);
+        self.jobs.get_mut(&*key).expect("job").active.push(id);
+        self.step(id, Event::Begin, now, None);
     }
 
-    /// Plans the DAG until nothing changes; finishes the run when it is done.
-    pub(super) fn advance(&mut self, id: RunId, now: Timestamp) {
-        let Some(run) = self.runs.get_mut(&id) else {
-            return;
-        };
-        if run.state != RunState::Running {
-            return;
-        }
-        let rules: Vec<_> = run.job.tasks.iter().map(|t| t.trigger_rule).collect();
-        if run.closing.is_none() {
-            loop {
-                let changes = run.job.dag.plan(&rules, &run.tasks);
-                if changes.is_empty() {
-                    break;
-                }
-                for (i, to) in changes {
-                    self.writes.push(Write::TaskState {
-                        run: id,
-                        task: run.job.tasks[i].id.clone(),
-                        from: TaskState::Pending,
-                        to,
-                    });
-                    run.tasks[i] = to;
-                    if to == TaskState::Ready {
-                        self.ready.push(&run.job, id, i);
-                    }
-                }
-            }
-        }
-        let outcome = if run.closing.is_some() {
-            run.tasks
-                .iter()
-                .all(|t| t.is_terminal())
-                .then(|| run.closing.expect("closing"))
-        } else {
-            policy::run_outcome(&run.tasks)
-        };
-        if let Some(final_state) = outcome {
-            run.state = final_state;
-            self.writes.push(Write::RunState {
-                run: id,
-                from: RunState::Running,
-                to: final_state,
-                at: now,
-            });
-            let key = run.key.clone();
-            self.runs.remove(&id);
-            let entry = self.jobs.get_mut(&key);
-            if let Some(entry) = entry {
-                entry.active.retain(|r| *r != id);
-                self.start_queued(&key, now);
-            }
-            self.let_go_if_idle(&key, now);
-        }
+    /// Stops a run, to end in `final_state` once its attempts have ended.
+    pub(super) fn stop(&mut self, id: RunId, final_state: RunState, now: Timestamp) {
+        self.step(id, Event::Stop { final_state }, now, None);
     }
 
     pub(super) fn start_queued(&mut self, key: &JobKey, now: Timestamp) {
@@ -241,189 +174,124 @@ impl<S: Store> Engine<S> {
                 return;
             }
             entry.queued.pop_front();
-            self.writes.push(Write::RunState {
-                run: next,
-                from: RunState::Pending,
-                to: RunState::Running,
-                at: now,
-            });
             self.begin(next, now);
         }
     }
 
-    /// Stops a run: pending work is cancelled, running attempts are told to stop.
-    pub(super) fn stop_run(&mut self, id: RunId, final_state: RunState, now: Timestamp) {
+    /// Steps run `id` on `event` (see [`RunMachine::step`]) and carries out
+    /// what it returns; `outcome` is the result of the attempt that ended,
+    /// for its record.
+    pub(super) fn step(
+        &mut self,
+        id: RunId,
+        event: Event,
+        now: Timestamp,
+        mut outcome: Option<Outcome>,
+    ) {
         let Some(run) = self.runs.get_mut(&id) else {
             return;
         };
-        match run.state {
-            RunState::Pending => {
-                self.writes.push(Write::RunState {
+        let job = run.job.clone();
+        let mut effects = Vec::new();
+        let rng = &mut self.rng;
+        if let Err(e) = run
+            .machine
+            .step(&job, event, now, &mut || rng.next(), &mut effects)
+        {
+            // Only a bug (or a store edited by hand) gets here.
+            tracing::error!(run = id, "{e}; the run keeps the state it had");
+        }
+        for effect in effects {
+            self.carry_out(id, &job, effect, now, &mut outcome);
+        }
+    }
+
+    fn carry_out(
+        &mut self,
+        id: RunId,
+        job: &Arc<Job>,
+        effect: Effect,
+        now: Timestamp,
+        outcome: &mut Option<Outcome>,
+    ) {
+        let name = |task: usize| job.tasks[task].id.clone();
+        match effect {
+            Effect::Run { from, to } => self.writes.push(Write::RunState {
+                run: id,
+                from,
+                to,
+                at: now,
+            }),
+            Effect::Closing { to } => self.writes.push(Write::RunClosing { run: id, to }),
+            Effect::Task { task, from, to } => self.writes.push(Write::TaskState {
+                run: id,
+                task: name(task),
+                from,
+                to,
+            }),
+            Effect::AttemptStarted {
+                task,
+                number,
+                state,
+            } => self.attempt_started(id, job, task, number, state, now),
+            Effect::AttemptEnded {
+                task,
+                number,
+                from,
+                to,
+            } => {
+                let o = outcome
+                    .take()
+                    .unwrap_or_else(|| failed("the attempt ended without a report".into()));
+                self.writes.push(Write::AttemptEnd {
                     run: id,
-                    from: RunState::Pending,
-                    to: RunState::Cancelled,
+                    task: name(task),
+                    number,
+                    from,
+                    to,
+                    at: now,
+                    exit_code: o.exit_code,
+                    error: o.error,
+                    log: o.log,
+                    start_error_us: o.start_error_us,
+                });
+            }
+            Effect::Withdraw { task, number } => {
+                // The node running it sees that and stops it.
+                self.shared.remove(&(id, task));
+                self.writes.push(Write::AttemptWithdraw {
+                    run: id,
+                    task: name(task),
+                    number,
                     at: now,
                 });
-                let key = run.key.clone();
-                self.runs.remove(&id);
-                if let Some(e) = self.jobs.get_mut(&key) {
-                    e.queued.retain(|r| *r != id);
-                }
-                return;
             }
-            RunState::Running => {}
-            _ => return,
-        }
-        if run.closing.is_none() {
-            // Durable before it is acknowledged: after a crash, the run's
-            // lost attempts are not retried.
-            self.writes.push(Write::RunClosing {
-                run: id,
-                to: final_state,
-            });
-        }
-        run.closing = Some(final_state);
-        for i in 0..run.tasks.len() {
-            let from = run.tasks[i];
-            match from {
-                TaskState::Pending | TaskState::Ready | TaskState::Retrying => {
-                    run.tasks[i] = TaskState::Cancelled;
-                    self.writes.push(Write::TaskState {
-                        run: id,
-                        task: run.job.tasks[i].id.clone(),
-                        from,
-                        to: TaskState::Cancelled,
-                    });
+            Effect::Kill { task } => {
+                if let Some(token) = &self.runs[&id].tokens[task] {
+                    token.cancel();
                 }
-                TaskState::Running | TaskState::Dispatching => {
-                    if let Some(number) = self.shared.remove(&(id, i)) {
-                        // Handed to the cluster: withdraw it, claimed or not
-                        // (one of each pair of changes applies); the node
-                        // running it sees that and stops it.
-                        let task = run.job.tasks[i].id.clone();
-                        for from in [AttemptState::Dispatching, AttemptState::Running] {
-                            self.writes.push(Write::AttemptEnd {
-                                run: id,
-                                task: task.clone(),
-                                number,
-                                from,
-                                to: AttemptState::Cancelled,
-                                at: now,
-                                exit_code: None,
-                                error: Some("the run was stopped".into()),
-                                log: vec![],
-                                start_error_us: None,
-                            });
-                        }
-                        for from in [TaskState::Dispatching, TaskState::Running] {
-                            self.writes.push(Write::TaskState {
-                                run: id,
-                                task: task.clone(),
-                                from,
-                                to: TaskState::Cancelled,
-                            });
-                        }
-                        run.tasks[i] = TaskState::Cancelled;
-                    } else if let Some(t) = &run.tokens[i] {
-                        t.cancel();
-                    }
-                }
-                _ => {}
             }
+            Effect::Ready { task } => self.ready.push(job, id, task),
+            Effect::ArmRetry { task, at } => self.arm(at, Timer::Retry { run: id, task }),
+            Effect::ArmDeadline { at } => self.arm(at, Timer::Deadline { run: id }),
+            Effect::Finished { .. } => self.finished(id, now),
         }
-        self.advance(id, now);
     }
 
-    /// Task `i`'s attempt `number` ended (its attempt row is written): move
-    /// the task on by the outcome, then the run.
-    pub(super) fn task_ended(
-        &mut self,
-        id: RunId,
-        i: usize,
-        number: u32,
-        ending: Ending,
-        at: Timestamp,
-    ) {
-        let Some(run) = self.runs.get_mut(&id) else {
+    /// Run `id` is over: it leaves its job's slots (a queued run may start).
+    fn finished(&mut self, id: RunId, now: Timestamp) {
+        let Some(run) = self.runs.remove(&id) else {
             return;
         };
-        let task = run.job.tasks[i].id.clone();
-        match ending {
-            Ending::Succeeded => {
-                run.tasks[i] = TaskState::Succeeded;
-                self.writes.push(Write::TaskState {
-                    run: id,
-                    task,
-                    from: TaskState::Running,
-                    to: TaskState::Succeeded,
-                });
-            }
-            Ending::Cancelled => {
-                run.tasks[i] = TaskState::Cancelled;
-                self.writes.push(Write::TaskState {
-                    run: id,
-                    task,
-                    from: TaskState::Running,
-                    to: TaskState::Cancelled,
-                });
-            }
-            Ending::Failed(failure) => {
-                self.attempt_failed(id, i, number, TaskState::Running, failure, at)
-            }
-            Ending::TimedOut => {
-                self.attempt_failed(id, i, number, TaskState::Running, Failure::Timeout, at)
+        let key = run.key;
+        if let Some(entry) = self.jobs.get_mut(&*key) {
+            if entry.active.contains(&id) {
+                entry.active.retain(|r| *r != id);
+                self.start_queued(&key, now);
+            } else {
+                entry.queued.retain(|r| *r != id);
             }
         }
-        self.advance(id, at);
-    }
-
-    /// Retry or give up after attempt `number` of task `i` failed.
-    pub(super) fn attempt_failed(
-        &mut self,
-        id: RunId,
-        i: usize,
-        number: u32,
-        from: TaskState,
-        failure: Failure,
-        now: Timestamp,
-    ) {
-        let rand = self.random();
-        let Some(run) = self.runs.get_mut(&id) else {
-            return;
-        };
-        let spec = &run.job.tasks[i];
-        let task = spec.id.clone();
-        let decision = if failure == Failure::Lost && run.job.spec.delivery == Delivery::AtMostOnce
-        {
-            RetryDecision::GiveUp("at-most-once delivery")
-        } else if run.closing.is_some() {
-            RetryDecision::GiveUp("the run is stopping")
-        } else {
-            spec.retry.decide(number, &failure, rand)
-        };
-        match decision {
-            RetryDecision::Retry(delay) => {
-                run.tasks[i] = TaskState::Retrying;
-                self.writes.push(Write::TaskState {
-                    run: id,
-                    task,
-                    from,
-                    to: TaskState::Retrying,
-                });
-                let at = now
-                    .checked_add(SignedDuration::try_from(delay).unwrap_or(SignedDuration::MAX))
-                    .unwrap_or(Timestamp::MAX);
-                self.arm(at, Timer::Retry { run: id, task: i });
-            }
-            RetryDecision::GiveUp(_) => {
-                run.tasks[i] = TaskState::Failed;
-                self.writes.push(Write::TaskState {
-                    run: id,
-                    task,
-                    from,
-                    to: TaskState::Failed,
-                });
-            }
-        }
+        self.let_go_if_idle(&key, now);
     }
 }

@@ -83,11 +83,16 @@ impl<S: Store> Engine<S> {
         };
         let token = self.kill_switch.child_token();
         *self.lane(job.tasks[i].run_on.is_some()) += 1;
-        if let Some(run) = self.runs.get_mut(&claim.run) {
+        if self.runs.contains_key(&claim.run) {
             // Handed over earlier, taken back now.
             self.shared.remove(&(claim.run, i));
-            run.tasks[i] = TaskState::Running;
-            run.tokens[i] = Some(token);
+            let claimed = Event::Claimed {
+                task: i,
+                number: claim.number,
+                here: true,
+            };
+            self.step(claim.run, claimed, now, None);
+            self.runs.get_mut(&claim.run).expect("run").tokens[i] = Some(token);
             self.spawn(claim.run, i, claim.number);
             return;
         }
@@ -123,7 +128,7 @@ impl<S: Store> Engine<S> {
 
     /// News of an attempt of this node's that another node claimed.
     pub(super) fn remote_progress(&mut self, remote: RemoteAttempt, now: Timestamp) {
-        let Some(run) = self.runs.get_mut(&remote.run) else {
+        let Some(run) = self.runs.get(&remote.run) else {
             return;
         };
         let Some(i) = run.job.tasks.iter().position(|t| t.id == remote.task) else {
@@ -132,52 +137,53 @@ impl<S: Store> Engine<S> {
         if self.shared.get(&(remote.run, i)) != Some(&remote.number) {
             return;
         }
-        let id = remote.run;
-        let ending = match remote.state {
+        let (id, number) = (remote.run, remote.number);
+        let end = match remote.state {
             AttemptState::Dispatching => return,
-            AttemptState::Running if remote.executor_alive => {
-                run.tasks[i] = TaskState::Running;
+            AttemptState::Running => {
+                let claimed = Event::Claimed {
+                    task: i,
+                    number,
+                    here: false,
+                };
+                if remote.executor_alive {
+                    self.step(id, claimed, now, None);
+                    return;
+                }
+                // Its node died: the attempt is lost.
+                self.shared.remove(&(id, i));
+                self.step(id, claimed, now, None);
+                let lost_here = Event::AttemptEnded {
+                    task: i,
+                    number,
+                    end: End::Failed(Failure::Lost),
+                    recorded: false,
+                };
+                let outcome = lost("the node running this attempt stopped");
+                self.step(id, lost_here, now, Some(outcome));
                 return;
             }
-            AttemptState::Running => {
-                // Its node died: the attempt is lost.
-                self.writes.push(Write::AttemptEnd {
-                    run: id,
-                    task: remote.task.clone(),
-                    number: remote.number,
-                    from: AttemptState::Running,
-                    to: AttemptState::Lost,
-                    at: now,
-                    exit_code: None,
-                    error: Some("the node running this attempt stopped".into()),
-                    log: vec![],
-                    start_error_us: None,
-                });
-                None
-            }
-            AttemptState::Lost => None,
-            AttemptState::Succeeded => Some(Ending::Succeeded),
-            AttemptState::Cancelled => Some(Ending::Cancelled),
-            AttemptState::TimedOut => Some(Ending::TimedOut),
+            AttemptState::Lost => End::Failed(Failure::Lost),
+            AttemptState::Succeeded => End::Succeeded,
+            AttemptState::Cancelled => End::Cancelled,
+            AttemptState::TimedOut => End::Failed(Failure::Timeout),
             AttemptState::Failed => {
-                let failure = match (&run.job.tasks[i].executor, remote.exit_code) {
+                End::Failed(match (&run.job.tasks[i].executor, remote.exit_code) {
                     (dagcron_core::Executor::Http(_), Some(code)) => {
                         Failure::HttpStatus(u16::try_from(code).unwrap_or(0))
                     }
                     (_, Some(code)) => Failure::Exit(Some(code)),
                     (_, None) => Failure::Error(remote.error.clone().unwrap_or_default()),
-                };
-                Some(Ending::Failed(failure))
+                })
             }
         };
         self.shared.remove(&(id, i));
-        run.tasks[i] = TaskState::Running;
-        match ending {
-            Some(ending) => self.task_ended(id, i, remote.number, ending, now),
-            None => {
-                self.attempt_failed(id, i, remote.number, TaskState::Running, Failure::Lost, now);
-                self.advance(id, now);
-            }
-        }
+        let ended = Event::AttemptEnded {
+            task: i,
+            number,
+            end,
+            recorded: true,
+        };
+        self.step(id, ended, now, None);
     }
 }

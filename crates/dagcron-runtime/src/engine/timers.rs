@@ -94,27 +94,16 @@ impl<S: Store> Engine<S> {
                         self.arm_next_fire(&key, at);
                     }
                     Timer::Retry { run, task } => {
-                        if let Some(r) = self.runs.get_mut(&run) {
-                            if r.tasks[task] == TaskState::Retrying && r.closing.is_none() {
-                                r.tasks[task] = TaskState::Ready;
-                                self.writes.push(Write::TaskState {
-                                    run,
-                                    task: r.job.tasks[task].id.clone(),
-                                    from: TaskState::Retrying,
-                                    to: TaskState::Ready,
-                                });
-                                self.ready.push(&r.job, run, task);
-                            }
-                        }
+                        self.step(run, Event::RetryDue { task }, now, None);
                     }
                     Timer::Deadline { run } => {
                         if self
                             .runs
                             .get(&run)
-                            .is_some_and(|r| r.state == RunState::Running)
+                            .is_some_and(|r| r.machine.state() == RunState::Running)
                         {
                             tracing::info!(run, "run deadline passed; stopping it");
-                            self.stop_run(run, RunState::Failed, now);
+                            self.stop(run, RunState::Failed, now);
                         }
                     }
                 }

@@ -1,0 +1,592 @@
+//! The run state machine: a run, its tasks and their attempts step on
+//! [`Event`]s and return the [`Effect`]s to carry out.
+//!
+//! Nothing here does anything: time and randomness are arguments, and the
+//! caller records the effects (in order, in one transaction) before it acts
+//! on them (starts or kills attempts, arms timers). Every change of state
+//! goes through the transition tables of [`crate::state`]; a change that is
+//! not in them is an [`IllegalTransition`] and changes nothing it has not
+//! already returned.
+//!
+//! Events that no longer apply (a ready task already cancelled, the result
+//! of an attempt that was replaced, a retry timer of a stopping run) are
+//! ignored: they are the normal races of timers and attempts, not errors.
+
+use jiff::{SignedDuration, Timestamp};
+
+use crate::model::{Delivery, Job};
+use crate::policy;
+use crate::retry::{Failure, RetryDecision};
+use crate::state::{AttemptState, IllegalTransition, RunState, TaskState};
+
+/// How an attempt ended, as the run sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum End {
+    /// Finished well.
+    Succeeded,
+    /// Stopped by a cancel (its run is stopping).
+    Cancelled,
+    /// Finished badly: the failure decides whether it is retried
+    /// ([`Failure::Timeout`] records the attempt as timed out, [`Failure::Lost`]
+    /// as lost).
+    Failed(Failure),
+}
+
+impl End {
+    /// The state the attempt ends in.
+    pub fn attempt_state(&self) -> AttemptState {
+        match self {
+            End::Succeeded => AttemptState::Succeeded,
+            End::Cancelled => AttemptState::Cancelled,
+            End::Failed(Failure::Timeout) => AttemptState::TimedOut,
+            End::Failed(Failure::Lost) => AttemptState::Lost,
+            End::Failed(_) => AttemptState::Failed,
+        }
+    }
+}
+
+/// What happens to a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The run enters `running` (from `pending`, or made running): its
+    /// deadline is armed and its first tasks planned.
+    Begin,
+    /// A rebuilt run (after a restart, or taken over from a dead node) goes
+    /// on: ready tasks are queued again, retries armed at once, the
+    /// deadline armed from `started`, then the DAG is planned.
+    Resume {
+        /// When the run started (its deadline counts from there).
+        started: Timestamp,
+    },
+    /// Ready task `task` gets its next attempt: here (it runs at once), or
+    /// `shared` with the cluster (it waits to be claimed by a node).
+    Dispatch {
+        /// The task's index.
+        task: usize,
+        /// Handed to the cluster instead of run here.
+        shared: bool,
+    },
+    /// A node took the shared attempt `number` of `task` and runs it (the
+    /// claiming node recorded that).
+    Claimed {
+        /// The task's index.
+        task: usize,
+        /// The attempt.
+        number: u32,
+        /// This node claimed it back: it runs here now.
+        here: bool,
+    },
+    /// Attempt `number` of `task` ended.
+    AttemptEnded {
+        /// The task's index.
+        task: usize,
+        /// The attempt.
+        number: u32,
+        /// How.
+        end: End,
+        /// Its end is already recorded (by the node that ran it).
+        recorded: bool,
+    },
+    /// The backoff of `task` is over.
+    RetryDue {
+        /// The task's index.
+        task: usize,
+    },
+    /// Stop the run, to end in `final_state` (cancelled by a user or a
+    /// `replace`, failed at its deadline): pending work is cancelled,
+    /// attempts running here are killed, shared ones withdrawn; the run ends
+    /// once every task has.
+    Stop {
+        /// The state the run ends in (a pending run is always cancelled).
+        final_state: RunState,
+    },
+    /// `task` is under way but its attempt is over without its end having
+    /// been taken in (it was killed at shutdown and recorded as lost): it
+    /// fails as lost, retried or not by its retry and delivery policies.
+    Orphaned {
+        /// The task's index.
+        task: usize,
+    },
+    /// Attempt `number` of `task` was killed at shutdown: it is recorded as
+    /// lost, and nothing follows from it (the next start decides by the
+    /// delivery policy, through [`Event::Orphaned`]).
+    Abandoned {
+        /// The task's index.
+        task: usize,
+        /// The attempt.
+        number: u32,
+    },
+}
+
+/// What to carry out, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Record the run's change of state.
+    Run {
+        /// Before.
+        from: RunState,
+        /// After.
+        to: RunState,
+    },
+    /// Record that the run is stopping and the state it will end in (before
+    /// anything is stopped: after a crash, its lost attempts are not retried).
+    Closing {
+        /// The state it ends in.
+        to: RunState,
+    },
+    /// Record a task's change of state.
+    Task {
+        /// The task's index.
+        task: usize,
+        /// Before.
+        from: TaskState,
+        /// After.
+        to: TaskState,
+    },
+    /// Record a new attempt: `running` is to be started here once recorded,
+    /// `dispatching` waits to be claimed by a node of the cluster.
+    AttemptStarted {
+        /// The task's index.
+        task: usize,
+        /// Its number (1-based).
+        number: u32,
+        /// Running (here) or dispatching (shared).
+        state: AttemptState,
+    },
+    /// Record the end of an attempt (with its output, which the caller has).
+    AttemptEnded {
+        /// The task's index.
+        task: usize,
+        /// The attempt.
+        number: u32,
+        /// Before.
+        from: AttemptState,
+        /// After.
+        to: AttemptState,
+    },
+    /// Withdraw a shared attempt, claimed or not, and cancel its task: a
+    /// node running it sees that and stops it.
+    Withdraw {
+        /// The task's index.
+        task: usize,
+        /// The attempt.
+        number: u32,
+    },
+    /// Tell the attempt of `task` running here to stop (its end follows as
+    /// an [`Event::AttemptEnded`]).
+    Kill {
+        /// The task's index.
+        task: usize,
+    },
+    /// `task` may start: queue it for a worker.
+    Ready {
+        /// The task's index.
+        task: usize,
+    },
+    /// Step [`Event::RetryDue`] for `task` at `at`.
+    ArmRetry {
+        /// The task's index.
+        task: usize,
+        /// When.
+        at: Timestamp,
+    },
+    /// Step [`Event::Stop`] with `failed` at `at`.
+    ArmDeadline {
+        /// When.
+        at: Timestamp,
+    },
+    /// The run is over, in `state` (its change is recorded above).
+    Finished {
+        /// The final state.
+        state: RunState,
+    },
+}
+
+/// The current (latest) attempt of a task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attempt {
+    /// Its number (1-based).
+    pub number: u32,
+    /// Its state.
+    pub state: AttemptState,
+    /// Handed to the cluster (not run by this node).
+    pub shared: bool,
+}
+
+/// A task of a rebuilt run, as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredTask {
+    /// Its state.
+    pub state: TaskState,
+    /// The highest attempt number it has had.
+    pub attempts: u32,
+    /// Its attempt that goes on (not finished and still running somewhere,
+    /// or waiting to be claimed), if any.
+    pub current: Option<Attempt>,
+}
+
+/// One run: its state, its tasks' states and their current attempts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunMachine {
+    state: RunState,
+    tasks: Vec<TaskState>,
+    attempts: Vec<u32>,
+    current: Vec<Option<Attempt>>,
+    closing: Option<RunState>,
+}
+
+type Step = Result<(), IllegalTransition>;
+
+impl RunMachine {
+    /// A new run of a job with `tasks` tasks, `pending` (waiting for a slot)
+    /// or `running`.
+    pub fn new(tasks: usize, state: RunState) -> RunMachine {
+        RunMachine {
+            state,
+            tasks: vec![TaskState::Pending; tasks],
+            attempts: vec![0; tasks],
+            current: vec![None; tasks],
+            closing: None,
+        }
+    }
+
+    /// A run rebuilt from the store. Its tasks' attempts that do not go on
+    /// must be ended by the caller first ([`Event::AttemptEnded`] of a
+    /// [`Failure::Lost`] for the task's current attempt).
+    pub fn rebuilt(state: RunState, closing: Option<RunState>, tasks: Vec<StoredTask>) -> Self {
+        RunMachine {
+            state,
+            attempts: tasks.iter().map(|t| t.attempts).collect(),
+            current: tasks.iter().map(|t| t.current).collect(),
+            tasks: tasks.into_iter().map(|t| t.state).collect(),
+            closing,
+        }
+    }
+
+    /// The run's state.
+    pub fn state(&self) -> RunState {
+        self.state
+    }
+
+    /// The state of every task, by index.
+    pub fn tasks(&self) -> &[TaskState] {
+        &self.tasks
+    }
+
+    /// The current attempt of `task`.
+    pub fn attempt(&self, task: usize) -> Option<Attempt> {
+        self.current[task]
+    }
+
+    /// The final state the run is stopping with, if it is.
+    pub fn closing(&self) -> Option<RunState> {
+        self.closing
+    }
+
+    /// Steps on `event` at `now` (`random` gives the jitter of a retry) and
+    /// appends what to carry out to `out`.
+    pub fn step(
+        &mut self,
+        job: &Job,
+        event: Event,
+        now: Timestamp,
+        random: &mut dyn FnMut() -> u64,
+        out: &mut Vec<Effect>,
+    ) -> Step {
+        if self.state.is_terminal() {
+            return Ok(());
+        }
+        match event {
+            Event::Begin => {
+                if self.state == RunState::Pending {
+                    self.set_run(RunState::Running, out)?;
+                } else if self.state != RunState::Running {
+                    return Ok(());
+                }
+                self.arm_deadline(job, now, out);
+                self.advance(job, out)
+            }
+            Event::Resume { started } => {
+                if self.state != RunState::Running {
+                    return Ok(());
+                }
+                if let Some(closing) = self.closing {
+                    // It was being stopped: finish stopping it.
+                    return self.stop(job, closing, out);
+                }
+                for (task, state) in self.tasks.iter().enumerate() {
+                    match state {
+                        TaskState::Ready => out.push(Effect::Ready { task }),
+                        TaskState::Retrying => out.push(Effect::ArmRetry { task, at: now }),
+                        _ => {}
+                    }
+                }
+                self.arm_deadline(job, started, out);
+                self.advance(job, out)
+            }
+            Event::Dispatch { task, shared } => {
+                if self.tasks[task] != TaskState::Ready || self.closing.is_some() {
+                    return Ok(());
+                }
+                let number = self.attempts[task] + 1;
+                self.attempts[task] = number;
+                self.set_task(task, TaskState::Dispatching, out)?;
+                let state = if shared {
+                    AttemptState::Dispatching
+                } else {
+                    self.set_task(task, TaskState::Running, out)?;
+                    AttemptState::Running
+                };
+                self.current[task] = Some(Attempt {
+                    number,
+                    state,
+                    shared,
+                });
+                out.push(Effect::AttemptStarted {
+                    task,
+                    number,
+                    state,
+                });
+                Ok(())
+            }
+            Event::Claimed { task, number, here } => {
+                let Some(attempt) = self.current_of(task, number) else {
+                    return Ok(());
+                };
+                if attempt.state == AttemptState::Dispatching {
+                    self.claimed(task)?;
+                }
+                if let Some(a) = &mut self.current[task] {
+                    a.shared = !here;
+                }
+                Ok(())
+            }
+            Event::AttemptEnded {
+                task,
+                number,
+                end,
+                recorded,
+            } => {
+                let Some(attempt) = self.current_of(task, number) else {
+                    return Ok(());
+                };
+                if recorded && attempt.state == AttemptState::Dispatching {
+                    // Claimed and ended elsewhere before this node saw it run.
+                    self.claimed(task)?;
+                }
+                let from = self.current[task].expect("current").state;
+                let to = from.to(end.attempt_state())?;
+                self.current[task] = None;
+                if !recorded {
+                    out.push(Effect::AttemptEnded {
+                        task,
+                        number,
+                        from,
+                        to,
+                    });
+                }
+                if self.tasks[task] == TaskState::Dispatching {
+                    // Lost before it ran (its node died while handing it over).
+                    return self.failed(job, task, number, Failure::Lost, now, random, out);
+                }
+                match end {
+                    End::Succeeded => self.set_task(task, TaskState::Succeeded, out)?,
+                    End::Cancelled => self.set_task(task, TaskState::Cancelled, out)?,
+                    End::Failed(failure) => {
+                        return self.failed(job, task, number, failure, now, random, out);
+                    }
+                }
+                self.advance(job, out)
+            }
+            Event::RetryDue { task } => {
+                if self.tasks[task] != TaskState::Retrying || self.closing.is_some() {
+                    return Ok(());
+                }
+                self.set_task(task, TaskState::Ready, out)?;
+                out.push(Effect::Ready { task });
+                Ok(())
+            }
+            Event::Stop { final_state } => self.stop(job, final_state, out),
+            Event::Orphaned { task } => {
+                let moving = matches!(
+                    self.tasks[task],
+                    TaskState::Running | TaskState::Dispatching
+                );
+                if !moving || self.current[task].is_some() {
+                    return Ok(());
+                }
+                let number = self.attempts[task];
+                self.failed(job, task, number, Failure::Lost, now, random, out)
+            }
+            Event::Abandoned { task, number } => {
+                let Some(attempt) = self.current_of(task, number) else {
+                    return Ok(());
+                };
+                let to = attempt.state.to(AttemptState::Lost)?;
+                self.current[task] = None;
+                out.push(Effect::AttemptEnded {
+                    task,
+                    number,
+                    from: attempt.state,
+                    to,
+                });
+                Ok(())
+            }
+        }
+    }
+
+    /// The current attempt of `task` if it is `number` and not over.
+    fn current_of(&self, task: usize, number: u32) -> Option<Attempt> {
+        self.current[task].filter(|a| a.number == number && !a.state.is_terminal())
+    }
+
+    /// A shared attempt of `task` now runs on the node that claimed it
+    /// (which recorded the change of the task and the attempt).
+    fn claimed(&mut self, task: usize) -> Step {
+        self.tasks[task] = self.tasks[task].to(TaskState::Running)?;
+        if let Some(a) = &mut self.current[task] {
+            a.state = a.state.to(AttemptState::Running)?;
+        }
+        Ok(())
+    }
+
+    fn set_run(&mut self, to: RunState, out: &mut Vec<Effect>) -> Step {
+        let from = self.state;
+        self.state = from.to(to)?;
+        out.push(Effect::Run { from, to });
+        Ok(())
+    }
+
+    fn set_task(&mut self, task: usize, to: TaskState, out: &mut Vec<Effect>) -> Step {
+        let from = self.tasks[task];
+        self.tasks[task] = from.to(to)?;
+        out.push(Effect::Task { task, from, to });
+        Ok(())
+    }
+
+    fn arm_deadline(&self, job: &Job, from: Timestamp, out: &mut Vec<Effect>) {
+        if let Some(d) = job.spec.deadline {
+            out.push(Effect::ArmDeadline {
+                at: later(from, d.0),
+            });
+        }
+    }
+
+    /// Retries attempt `number` of `task` or gives up, by its retry policy,
+    /// the job's delivery and whether the run is stopping.
+    #[allow(clippy::too_many_arguments)]
+    fn failed(
+        &mut self,
+        job: &Job,
+        task: usize,
+        number: u32,
+        failure: Failure,
+        now: Timestamp,
+        random: &mut dyn FnMut() -> u64,
+        out: &mut Vec<Effect>,
+    ) -> Step {
+        let decision = if failure == Failure::Lost && job.spec.delivery == Delivery::AtMostOnce {
+            RetryDecision::GiveUp("at-most-once delivery")
+        } else if self.closing.is_some() {
+            RetryDecision::GiveUp("the run is stopping")
+        } else {
+            job.tasks[task].retry.decide(number, &failure, random())
+        };
+        match decision {
+            RetryDecision::Retry(delay) => {
+                self.set_task(task, TaskState::Retrying, out)?;
+                out.push(Effect::ArmRetry {
+                    task,
+                    at: later(now, delay),
+                });
+            }
+            RetryDecision::GiveUp(_) => self.set_task(task, TaskState::Failed, out)?,
+        }
+        self.advance(job, out)
+    }
+
+    fn stop(&mut self, job: &Job, final_state: RunState, out: &mut Vec<Effect>) -> Step {
+        match self.state {
+            RunState::Pending => {
+                self.set_run(RunState::Cancelled, out)?;
+                out.push(Effect::Finished {
+                    state: RunState::Cancelled,
+                });
+                return Ok(());
+            }
+            RunState::Running => {}
+            _ => return Ok(()),
+        }
+        if self.closing.is_none() {
+            self.state.to(final_state)?;
+            out.push(Effect::Closing { to: final_state });
+            self.closing = Some(final_state);
+        }
+        for task in 0..self.tasks.len() {
+            match self.tasks[task] {
+                TaskState::Pending | TaskState::Ready | TaskState::Retrying => {
+                    self.set_task(task, TaskState::Cancelled, out)?;
+                }
+                TaskState::Running | TaskState::Dispatching => match self.current[task] {
+                    Some(a) if a.shared => {
+                        a.state.to(AttemptState::Cancelled)?;
+                        self.tasks[task] = self.tasks[task].to(TaskState::Cancelled)?;
+                        self.current[task] = None;
+                        out.push(Effect::Withdraw {
+                            task,
+                            number: a.number,
+                        });
+                    }
+                    Some(_) => out.push(Effect::Kill { task }),
+                    None => {}
+                },
+                _ => {}
+            }
+        }
+        self.advance(job, out)
+    }
+
+    /// Plans the DAG until nothing changes; ends the run when it is done.
+    fn advance(&mut self, job: &Job, out: &mut Vec<Effect>) -> Step {
+        if self.state != RunState::Running {
+            return Ok(());
+        }
+        if self.closing.is_none() {
+            let rules: Vec<_> = job.tasks.iter().map(|t| t.trigger_rule).collect();
+            loop {
+                let changes = job.dag.plan(&rules, &self.tasks);
+                if changes.is_empty() {
+                    break;
+                }
+                for (task, to) in changes {
+                    self.set_task(task, to, out)?;
+                    if to == TaskState::Ready {
+                        out.push(Effect::Ready { task });
+                    }
+                }
+            }
+        }
+        let outcome = match self.closing {
+            Some(closing) => self
+                .tasks
+                .iter()
+                .all(|t| t.is_terminal())
+                .then_some(closing),
+            None => policy::run_outcome(&self.tasks),
+        };
+        if let Some(state) = outcome {
+            self.set_run(state, out)?;
+            out.push(Effect::Finished { state });
+        }
+        Ok(())
+    }
+}
+
+/// `at` plus `d`, saturating.
+fn later(at: Timestamp, d: std::time::Duration) -> Timestamp {
+    at.checked_add(SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX))
+        .unwrap_or(Timestamp::MAX)
+}
+
+#[cfg(test)]
+mod tests;

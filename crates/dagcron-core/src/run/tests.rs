@@ -1,0 +1,635 @@
+//! The run state machine on its own: effect lists pinned by snapshots, and
+//! random event sequences that never make an illegal transition and always
+//! let every task end.
+
+use super::*;
+use crate::JobFile;
+use proptest::prelude::*;
+
+fn job(tasks: &str, extra: &str) -> Job {
+    let yaml = format!(
+        "namespace: ns\njobs:\n  - name: j\n    schedule: \"@daily\"\n{extra}    tasks:\n{tasks}"
+    );
+    let file: JobFile = serde_saphyr::from_str(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    file.validate().unwrap().remove(0)
+}
+
+/// a -> b, a -> c; b retried once after 10 s.
+fn diamond() -> Job {
+    job(
+        "      - { id: a, noop: true }\n\
+         \x20     - { id: b, depends_on: [a], shell: \"false\", retry: { max_attempts: 2, backoff: fixed, initial: 10s } }\n\
+         \x20     - { id: c, depends_on: [a], noop: true }\n",
+        "    deadline: 1h\n",
+    )
+}
+
+fn t0() -> Timestamp {
+    "2026-12-01T00:00:00Z".parse().unwrap()
+}
+
+/// Steps every event in order; renders the effects, one per line.
+fn steps(job: &Job, run: &mut RunMachine, events: Vec<Event>) -> String {
+    let mut text = String::new();
+    for event in events {
+        let mut out = Vec::new();
+        let result = run.step(job, event.clone(), t0(), &mut || 0, &mut out);
+        text.push_str(&format!("{event:?}\n"));
+        for effect in out {
+            text.push_str(&format!("  {}\n", render(job, &effect)));
+        }
+        if let Err(e) = result {
+            text.push_str(&format!("  error: {e}\n"));
+        }
+    }
+    text
+}
+
+fn render(job: &Job, effect: &Effect) -> String {
+    let id = |task: &usize| job.tasks[*task].id.clone();
+    match effect {
+        Effect::Run { from, to } => format!("run {from} -> {to}"),
+        Effect::Closing { to } => format!("closing, to end {to}"),
+        Effect::Task { task, from, to } => format!("task {} {from} -> {to}", id(task)),
+        Effect::AttemptStarted {
+            task,
+            number,
+            state,
+        } => format!("attempt {}#{number} starts {state}", id(task)),
+        Effect::AttemptEnded {
+            task,
+            number,
+            from,
+            to,
+        } => format!("attempt {}#{number} {from} -> {to}", id(task)),
+        Effect::Withdraw { task, number } => format!("withdraw {}#{number}", id(task)),
+        Effect::Kill { task } => format!("kill {}", id(task)),
+        Effect::Ready { task } => format!("queue {}", id(task)),
+        Effect::ArmRetry { task, at } => format!("retry {} at {at}", id(task)),
+        Effect::ArmDeadline { at } => format!("deadline at {at}"),
+        Effect::Finished { state } => format!("finished {state}"),
+    }
+}
+
+fn ended(task: usize, number: u32, end: End) -> Event {
+    Event::AttemptEnded {
+        task,
+        number,
+        end,
+        recorded: false,
+    }
+}
+
+#[test]
+fn a_run_with_a_retry_from_begin_to_success() {
+    let job = diamond();
+    let mut run = RunMachine::new(3, RunState::Pending);
+    let text = steps(
+        &job,
+        &mut run,
+        vec![
+            Event::Begin,
+            Event::Dispatch {
+                task: 0,
+                shared: false,
+            },
+            ended(0, 1, End::Succeeded),
+            Event::Dispatch {
+                task: 1,
+                shared: false,
+            },
+            Event::Dispatch {
+                task: 2,
+                shared: true,
+            },
+            ended(1, 1, End::Failed(Failure::Exit(Some(1)))),
+            Event::Claimed {
+                task: 2,
+                number: 1,
+                here: false,
+            },
+            Event::AttemptEnded {
+                task: 2,
+                number: 1,
+                end: End::Succeeded,
+                recorded: true,
+            },
+            Event::RetryDue { task: 1 },
+            Event::Dispatch {
+                task: 1,
+                shared: false,
+            },
+            // A stale result of the first attempt changes nothing.
+            ended(1, 1, End::Succeeded),
+            ended(1, 2, End::Succeeded),
+        ],
+    );
+    expect_test::expect![[r#"
+        Begin
+          run pending -> running
+          deadline at 2026-12-01T01:00:00Z
+          task a pending -> ready
+          queue a
+        Dispatch { task: 0, shared: false }
+          task a ready -> dispatching
+          task a dispatching -> running
+          attempt a#1 starts running
+        AttemptEnded { task: 0, number: 1, end: Succeeded, recorded: false }
+          attempt a#1 running -> succeeded
+          task a running -> succeeded
+          task b pending -> ready
+          queue b
+          task c pending -> ready
+          queue c
+        Dispatch { task: 1, shared: false }
+          task b ready -> dispatching
+          task b dispatching -> running
+          attempt b#1 starts running
+        Dispatch { task: 2, shared: true }
+          task c ready -> dispatching
+          attempt c#1 starts dispatching
+        AttemptEnded { task: 1, number: 1, end: Failed(Exit(Some(1))), recorded: false }
+          attempt b#1 running -> failed
+          task b running -> retrying
+          retry b at 2026-12-01T00:00:10Z
+        Claimed { task: 2, number: 1, here: false }
+        AttemptEnded { task: 2, number: 1, end: Succeeded, recorded: true }
+          task c running -> succeeded
+        RetryDue { task: 1 }
+          task b retrying -> ready
+          queue b
+        Dispatch { task: 1, shared: false }
+          task b ready -> dispatching
+          task b dispatching -> running
+          attempt b#2 starts running
+        AttemptEnded { task: 1, number: 1, end: Succeeded, recorded: false }
+        AttemptEnded { task: 1, number: 2, end: Succeeded, recorded: false }
+          attempt b#2 running -> succeeded
+          task b running -> succeeded
+          run running -> succeeded
+          finished succeeded
+    "#]]
+    .assert_eq(&text);
+}
+
+#[test]
+fn stopping_kills_what_runs_here_withdraws_what_is_shared_and_ends_once_all_have() {
+    let job = job(
+        "      - { id: a, noop: true }\n\
+         \x20     - { id: b, noop: true }\n\
+         \x20     - { id: c, noop: true }\n\
+         \x20     - { id: d, depends_on: [a], noop: true }\n",
+        "",
+    );
+    let mut run = RunMachine::new(4, RunState::Running);
+    let text = steps(
+        &job,
+        &mut run,
+        vec![
+            Event::Begin,
+            Event::Dispatch {
+                task: 0,
+                shared: false,
+            },
+            Event::Dispatch {
+                task: 1,
+                shared: true,
+            },
+            Event::Stop {
+                final_state: RunState::Failed,
+            },
+            // Nothing starts or retries once the run is stopping.
+            Event::Dispatch {
+                task: 2,
+                shared: false,
+            },
+            Event::Stop {
+                final_state: RunState::Cancelled,
+            },
+            ended(0, 1, End::Cancelled),
+        ],
+    );
+    expect_test::expect![[r#"
+        Begin
+          task a pending -> ready
+          queue a
+          task b pending -> ready
+          queue b
+          task c pending -> ready
+          queue c
+        Dispatch { task: 0, shared: false }
+          task a ready -> dispatching
+          task a dispatching -> running
+          attempt a#1 starts running
+        Dispatch { task: 1, shared: true }
+          task b ready -> dispatching
+          attempt b#1 starts dispatching
+        Stop { final_state: Failed }
+          closing, to end failed
+          kill a
+          withdraw b#1
+          task c ready -> cancelled
+          task d pending -> cancelled
+        Dispatch { task: 2, shared: false }
+        Stop { final_state: Cancelled }
+          kill a
+        AttemptEnded { task: 0, number: 1, end: Cancelled, recorded: false }
+          attempt a#1 running -> cancelled
+          task a running -> cancelled
+          run running -> failed
+          finished failed
+    "#]]
+    .assert_eq(&text);
+    assert_eq!(run.state(), RunState::Failed);
+}
+
+#[test]
+fn a_pending_run_stopped_is_cancelled_whatever_the_final_state_asked() {
+    let job = diamond();
+    let mut run = RunMachine::new(3, RunState::Pending);
+    let text = steps(
+        &job,
+        &mut run,
+        vec![Event::Stop {
+            final_state: RunState::Failed,
+        }],
+    );
+    expect_test::expect![[r#"
+        Stop { final_state: Failed }
+          run pending -> cancelled
+          finished cancelled
+    "#]]
+    .assert_eq(&text);
+}
+
+#[test]
+fn a_lost_attempt_is_retried_at_least_once_and_never_at_most_once() {
+    for (delivery, expected) in [
+        ("at_least_once", TaskState::Retrying),
+        ("at_most_once", TaskState::Failed),
+    ] {
+        let job = job(
+            "      - { id: a, shell: \"true\", retry: { max_attempts: 3 } }\n",
+            &format!("    delivery: {delivery}\n"),
+        );
+        let mut run = RunMachine::new(1, RunState::Running);
+        let mut out = Vec::new();
+        let mut step = |run: &mut RunMachine, e| run.step(&job, e, t0(), &mut || 7, &mut out);
+        step(&mut run, Event::Begin).unwrap();
+        step(
+            &mut run,
+            Event::Dispatch {
+                task: 0,
+                shared: false,
+            },
+        )
+        .unwrap();
+        step(&mut run, ended(0, 1, End::Failed(Failure::Lost))).unwrap();
+        assert_eq!(run.tasks()[0], expected, "{delivery}");
+    }
+}
+
+#[test]
+fn a_rebuilt_run_finishes_stopping_and_gives_up_its_lost_attempts() {
+    let job = diamond();
+    let running = |number| {
+        Some(Attempt {
+            number,
+            state: AttemptState::Running,
+            shared: false,
+        })
+    };
+    let mut run = RunMachine::rebuilt(
+        RunState::Running,
+        Some(RunState::Cancelled),
+        vec![
+            StoredTask {
+                state: TaskState::Succeeded,
+                attempts: 1,
+                current: None,
+            },
+            StoredTask {
+                state: TaskState::Running,
+                attempts: 1,
+                current: running(1),
+            },
+            StoredTask {
+                state: TaskState::Ready,
+                attempts: 0,
+                current: None,
+            },
+        ],
+    );
+    let text = steps(
+        &job,
+        &mut run,
+        vec![
+            ended(1, 1, End::Failed(Failure::Lost)),
+            Event::Resume { started: t0() },
+        ],
+    );
+    expect_test::expect![[r#"
+        AttemptEnded { task: 1, number: 1, end: Failed(Lost), recorded: false }
+          attempt b#1 running -> lost
+          task b running -> failed
+        Resume { started: 2026-12-01T00:00:00Z }
+          task c ready -> cancelled
+          run running -> cancelled
+          finished cancelled
+    "#]]
+    .assert_eq(&text);
+}
+
+#[test]
+fn a_change_outside_the_tables_is_an_error() {
+    let job = diamond();
+    // A stored row that says a task succeeded while its attempt runs.
+    let mut run = RunMachine::rebuilt(
+        RunState::Running,
+        None,
+        vec![
+            StoredTask {
+                state: TaskState::Succeeded,
+                attempts: 1,
+                current: Some(Attempt {
+                    number: 1,
+                    state: AttemptState::Running,
+                    shared: false,
+                }),
+            },
+            StoredTask {
+                state: TaskState::Pending,
+                attempts: 0,
+                current: None,
+            },
+            StoredTask {
+                state: TaskState::Pending,
+                attempts: 0,
+                current: None,
+            },
+        ],
+    );
+    let mut out = Vec::new();
+    let err = run
+        .step(&job, ended(0, 1, End::Succeeded), t0(), &mut || 0, &mut out)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "illegal task transition succeeded -> succeeded"
+    );
+}
+
+#[test]
+fn an_abandoned_attempt_is_lost_and_nothing_follows() {
+    let job = diamond();
+    let mut run = RunMachine::new(3, RunState::Running);
+    let text = steps(
+        &job,
+        &mut run,
+        vec![
+            Event::Begin,
+            Event::Dispatch {
+                task: 0,
+                shared: false,
+            },
+            Event::Abandoned { task: 0, number: 1 },
+            ended(0, 1, End::Succeeded),
+        ],
+    );
+    assert!(text.ends_with(
+        "Abandoned { task: 0, number: 1 }\n  attempt a#1 running -> lost\nAttemptEnded { task: 0, number: 1, end: Succeeded, recorded: false }\n"
+    ), "{text}");
+    assert_eq!(run.tasks()[0], TaskState::Running, "left for the restart");
+    // After the restart, the task is failed as lost and retried (or not).
+    let mut rebuilt = RunMachine::rebuilt(
+        RunState::Running,
+        None,
+        run.tasks()
+            .iter()
+            .map(|&state| StoredTask {
+                state,
+                attempts: 1,
+                current: None,
+            })
+            .collect(),
+    );
+    let text = steps(&job, &mut rebuilt, vec![Event::Orphaned { task: 0 }]);
+    expect_test::expect![[r#"
+        Orphaned { task: 0 }
+          task a running -> failed
+          task b pending -> upstream_failed
+          task c pending -> upstream_failed
+          run running -> failed
+          finished failed
+    "#]]
+    .assert_eq(&text);
+}
+
+// ---- random event sequences ----
+
+/// A job of up to six tasks, each depending on some earlier ones, with
+/// random trigger rules, retries and delivery.
+fn any_job() -> impl Strategy<Value = Job> {
+    let rules = prop::sample::select(vec!["all_success", "all_done", "one_failed", "always"]);
+    let task = (rules, 1..4u32, any::<u8>());
+    (
+        prop::collection::vec(task, 1..7),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(tasks, at_most_once, deadline)| {
+            let mut text = String::new();
+            for (i, (rule, attempts, deps)) in tasks.iter().enumerate() {
+                let deps: Vec<String> = (0..i)
+                    .filter(|d| deps & (1 << d) != 0)
+                    .map(|d| format!("t{d}"))
+                    .collect();
+                text.push_str(&format!(
+                    "      - {{ id: t{i}, depends_on: [{}], trigger_rule: {rule}, shell: \"x\", retry: {{ max_attempts: {attempts} }} }}\n",
+                    deps.join(", ")
+                ));
+            }
+            let mut extra = String::new();
+            if at_most_once {
+                extra.push_str("    delivery: at_most_once\n");
+            }
+            if deadline {
+                extra.push_str("    deadline: 1m\n");
+            }
+            job(&text, &extra)
+        })
+}
+
+/// What the test does next, interpreted against the run as it is then
+/// (the numbers pick a task, an attempt or an outcome).
+#[derive(Clone, Debug)]
+enum Act {
+    Dispatch(u8, bool),
+    End(u8, u8, bool),
+    Claim(u8, bool),
+    Retry(u8),
+    Stop(bool),
+    Stale(u8, u8),
+}
+
+fn any_act() -> impl Strategy<Value = Act> {
+    prop_oneof![
+        4 => (any::<u8>(), any::<bool>()).prop_map(|(t, s)| Act::Dispatch(t, s)),
+        4 => (any::<u8>(), any::<u8>(), any::<bool>()).prop_map(|(t, e, r)| Act::End(t, e, r)),
+        1 => (any::<u8>(), any::<bool>()).prop_map(|(t, h)| Act::Claim(t, h)),
+        2 => any::<u8>().prop_map(Act::Retry),
+        1 => any::<bool>().prop_map(Act::Stop),
+        1 => (any::<u8>(), any::<u8>()).prop_map(|(t, n)| Act::Stale(t, n)),
+    ]
+}
+
+fn end_of(pick: u8) -> End {
+    match pick % 6 {
+        0 | 1 => End::Succeeded,
+        2 => End::Cancelled,
+        3 => End::Failed(Failure::Exit(Some(1))),
+        4 => End::Failed(Failure::Timeout),
+        _ => End::Failed(Failure::Lost),
+    }
+}
+
+/// Steps `event`, and checks its effects against a replay of the tasks'
+/// states: each change starts where the previous one left the task.
+fn step_checked(
+    job: &Job,
+    run: &mut RunMachine,
+    shadow: &mut [TaskState],
+    finished: &mut Option<RunState>,
+    event: Event,
+) -> Result<(), TestCaseError> {
+    // A claim is recorded by the node that claims: the task runs there.
+    if let Event::Claimed { task, .. }
+    | Event::AttemptEnded {
+        task,
+        recorded: true,
+        ..
+    } = event
+    {
+        if shadow[task] == TaskState::Dispatching {
+            shadow[task] = TaskState::Running;
+        }
+    }
+    let mut out = Vec::new();
+    let mut n = 0u64;
+    let result = run.step(
+        job,
+        event.clone(),
+        t0(),
+        &mut || {
+            n += 1;
+            n
+        },
+        &mut out,
+    );
+    prop_assert!(result.is_ok(), "{event:?}: {result:?}");
+    for effect in &out {
+        prop_assert!(
+            finished.is_none(),
+            "an effect after the run finished: {effect:?}"
+        );
+        match effect {
+            Effect::Task { task, from, to } => {
+                prop_assert_eq!(shadow[*task], *from);
+                prop_assert!(from.to(*to).is_ok());
+                shadow[*task] = *to;
+            }
+            Effect::Withdraw { task, .. } => shadow[*task] = TaskState::Cancelled,
+            Effect::Finished { state } => *finished = Some(*state),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Tasks in `state`, by index.
+fn in_state(run: &RunMachine, pred: impl Fn(usize, TaskState) -> bool) -> Vec<usize> {
+    (0..run.tasks().len())
+        .filter(|&i| pred(i, run.tasks()[i]))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn random_events_never_break_the_tables_and_every_task_ends(
+        job in any_job(),
+        pending in any::<bool>(),
+        acts in prop::collection::vec(any_act(), 0..60),
+    ) {
+        let n = job.tasks.len();
+        let mut run = RunMachine::new(n, if pending { RunState::Pending } else { RunState::Running });
+        let mut shadow = vec![TaskState::Pending; n];
+        let mut finished = None;
+        step_checked(&job, &mut run, &mut shadow, &mut finished, Event::Begin)?;
+        let pick = |v: &[usize], k: u8| (!v.is_empty()).then(|| v[k as usize % v.len()]);
+        for act in acts {
+            if finished.is_some() {
+                break;
+            }
+            let event = match act {
+                Act::Dispatch(k, shared) => {
+                    let Some(task) = pick(&in_state(&run, |_, s| s == TaskState::Ready), k) else { continue };
+                    Event::Dispatch { task, shared }
+                }
+                Act::End(k, e, recorded) => {
+                    let Some(task) = pick(&in_state(&run, |i, _| run.attempt(i).is_some()), k) else { continue };
+                    let a = run.attempt(task).expect("attempt");
+                    // A shared attempt's end is recorded by the node that ran
+                    // it, unless that node died (the attempt is lost).
+                    let end = end_of(e);
+                    let lost = end == End::Failed(Failure::Lost) && !recorded;
+                    Event::AttemptEnded { task, number: a.number, end, recorded: a.shared && !lost }
+                }
+                Act::Claim(k, here) => {
+                    let Some(task) = pick(&in_state(&run, |i, _| run.attempt(i).is_some_and(|a| a.shared)), k) else { continue };
+                    Event::Claimed { task, number: run.attempt(task).expect("attempt").number, here }
+                }
+                Act::Retry(k) => Event::RetryDue { task: k as usize % n },
+                Act::Stop(failed) => Event::Stop { final_state: if failed { RunState::Failed } else { RunState::Cancelled } },
+                Act::Stale(k, pick) => {
+                    // The result of an attempt that is not the task's current one.
+                    let task = k as usize % n;
+                    let number = match run.attempt(task) {
+                        Some(a) if pick % 2 == 0 && a.number > 1 => a.number - 1,
+                        Some(a) => a.number + 1,
+                        None => u32::from(pick % 3),
+                    };
+                    Event::AttemptEnded { task, number, end: End::Succeeded, recorded: false }
+                }
+            };
+            step_checked(&job, &mut run, &mut shadow, &mut finished, event)?;
+        }
+        // Then the world behaves: every attempt ends, every retry comes due,
+        // every ready task is dispatched; the run must finish.
+        for _ in 0..200 {
+            if finished.is_some() {
+                break;
+            }
+            let mut events = Vec::new();
+            for task in 0..n {
+                if let Some(a) = run.attempt(task) {
+                    events.push(Event::AttemptEnded { task, number: a.number, end: End::Failed(Failure::Exit(Some(2))), recorded: a.shared });
+                }
+                match run.tasks()[task] {
+                    TaskState::Ready => events.push(Event::Dispatch { task, shared: task % 2 == 0 }),
+                    TaskState::Retrying => events.push(Event::RetryDue { task }),
+                    _ => {}
+                }
+            }
+            prop_assert!(!events.is_empty(), "stuck: {:?}", run);
+            for event in events {
+                step_checked(&job, &mut run, &mut shadow, &mut finished, event)?;
+            }
+        }
+        prop_assert!(finished.is_some(), "never finished: {:?}", run);
+        prop_assert_eq!(Some(run.state()), finished);
+        prop_assert!(run.tasks().iter().all(|t| t.is_terminal()), "{:?}", run.tasks());
+        prop_assert_eq!(&shadow[..], run.tasks());
+    }
+}

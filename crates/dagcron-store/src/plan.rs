@@ -1,0 +1,209 @@
+//! Planning a batch of writes for a backend that applies it grouped by
+//! kind (one statement per kind over arrays): successive changes of one
+//! row (`pending -> ready -> running`) merge into one compare-and-set from
+//! the first state to the last, which succeeds or is refused as a whole.
+//! Nothing here is SQL; a backend turns a [`Plan`] into statements.
+
+use std::collections::{HashMap, HashSet};
+
+use dagcron_core::{AttemptState, RunState, TaskState};
+
+use crate::{RunId, Write};
+
+/// Merged changes of one row: the writes they came from, the first
+/// expected state, the final state, and when each transition happened.
+pub struct Chain<'a, S> {
+    /// Positions of the merged writes in the batch.
+    pub writes: Vec<usize>,
+    /// The state the first write expects.
+    pub from: S,
+    /// The state the last one leaves.
+    pub to: S,
+    /// For runs: when it entered `running`, and when it finished.
+    pub started: Option<i64>,
+    /// When it finished.
+    pub finished: Option<i64>,
+    /// For attempts: the last write's result fields.
+    pub end: Option<&'a Write>,
+}
+
+/// Groups successive changes per row key; `None` if some change does not
+/// start from the state the previous one left.
+fn chains<'a, K, S>(
+    items: impl Iterator<Item = (usize, K, S, S, Option<i64>, &'a Write)>,
+) -> Option<Vec<(K, Chain<'a, S>)>>
+where
+    K: std::hash::Hash + Eq + Clone,
+    S: Copy + PartialEq + AsStateName,
+{
+    let mut order: Vec<(K, Chain<'a, S>)> = Vec::new();
+    let mut index: HashMap<K, usize> = HashMap::new();
+    for (i, key, from, to, at, write) in items {
+        match index.get(&key) {
+            Some(&k) => {
+                let chain = &mut order[k].1;
+                if chain.to != from {
+                    return None;
+                }
+                chain.writes.push(i);
+                chain.to = to;
+                chain.end = Some(write);
+                note_times(chain, to, at);
+            }
+            None => {
+                index.insert(key.clone(), order.len());
+                let mut chain = Chain {
+                    writes: vec![i],
+                    from,
+                    to,
+                    started: None,
+                    finished: None,
+                    end: Some(write),
+                };
+                note_times(&mut chain, to, at);
+                order.push((key, chain));
+            }
+        }
+    }
+    Some(order)
+}
+
+/// State names, and which of them start or end a run.
+pub trait AsStateName: Sized {
+    /// The stored name.
+    fn name(self) -> &'static str;
+    /// Whether entering it starts a run.
+    fn starts(self) -> bool {
+        false
+    }
+    /// Whether entering it ends a run.
+    fn ends(self) -> bool {
+        false
+    }
+}
+
+impl AsStateName for RunState {
+    fn name(self) -> &'static str {
+        self.as_str()
+    }
+    fn starts(self) -> bool {
+        self == RunState::Running
+    }
+    fn ends(self) -> bool {
+        self.is_terminal()
+    }
+}
+
+impl AsStateName for TaskState {
+    fn name(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+impl AsStateName for AttemptState {
+    fn name(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+fn note_times<S: AsStateName + Copy>(chain: &mut Chain<'_, S>, to: S, at: Option<i64>) {
+    if to.starts() {
+        chain.started = at;
+    }
+    if to.ends() {
+        chain.finished = at;
+    }
+}
+
+/// An attempt's key: run, task, number.
+pub type AttemptRow<'a> = (RunId, &'a str, u32);
+
+/// A batch, grouped: the merged changes of each run, task and attempt row,
+/// in the order of their first write.
+pub struct Plan<'a> {
+    /// By run.
+    pub runs: Vec<(RunId, Chain<'a, RunState>)>,
+    /// By (run, task).
+    pub tasks: Vec<((RunId, &'a str), Chain<'a, TaskState>)>,
+    /// Attempt ends, by (run, task, number): one each.
+    pub ends: Vec<(AttemptRow<'a>, Chain<'a, AttemptState>)>,
+}
+
+/// Plans `batch`; `None` when it cannot be grouped (a change that does not
+/// start where the previous change of its row left it, two ends of one
+/// attempt, a fire or an attempt inserted twice): it must then be applied
+/// one write at a time, with the same results.
+pub fn plan(batch: &[Write]) -> Option<Plan<'_>> {
+    let runs = chains(batch.iter().enumerate().filter_map(|(i, w)| match w {
+        Write::RunState { run, from, to, at } => {
+            Some((i, *run, *from, *to, Some(at.as_microsecond()), w))
+        }
+        _ => None,
+    }))?;
+    let tasks = chains(batch.iter().enumerate().filter_map(|(i, w)| match w {
+        Write::TaskState {
+            run,
+            task,
+            from,
+            to,
+        } => Some((i, (*run, task.as_str()), *from, *to, None, w)),
+        _ => None,
+    }))?;
+    let ends = chains(batch.iter().enumerate().filter_map(|(i, w)| match w {
+        Write::AttemptEnd {
+            run,
+            task,
+            number,
+            from,
+            to,
+            ..
+        } => Some((i, (*run, task.as_str(), *number), *from, *to, None, w)),
+        _ => None,
+    }))?;
+    if ends.iter().any(|(_, c)| c.writes.len() > 1) {
+        return None;
+    }
+    let mut fire_keys = HashSet::new();
+    let mut start_keys = HashSet::new();
+    for w in batch {
+        let fresh = match w {
+            Write::Fire {
+                namespace,
+                job,
+                scheduled_at,
+                ..
+            } => fire_keys.insert((
+                namespace.as_str(),
+                job.as_str(),
+                scheduled_at.as_microsecond(),
+            )),
+            Write::AttemptStart {
+                run, task, number, ..
+            } => start_keys.insert((*run, task.as_str(), *number)),
+            _ => true,
+        };
+        if !fresh {
+            return None;
+        }
+    }
+
+    // A withdrawal is applied after the changes it is grouped with: none
+    // may follow it on the same task.
+    let mut withdrawn = HashSet::new();
+    for w in batch {
+        match w {
+            Write::AttemptWithdraw { run, task, .. } => {
+                withdrawn.insert((*run, task.as_str()));
+            }
+            Write::TaskState { run, task, .. }
+            | Write::AttemptStart { run, task, .. }
+            | Write::AttemptEnd { run, task, .. }
+                if withdrawn.contains(&(*run, task.as_str())) =>
+            {
+                return None;
+            }
+            _ => {}
+        }
+    }
+    Some(Plan { runs, tasks, ends })
+}
