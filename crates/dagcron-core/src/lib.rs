@@ -8,6 +8,7 @@
 pub mod authz;
 pub mod dag;
 pub mod duration;
+pub mod fires;
 pub mod model;
 pub mod policy;
 pub mod retry;

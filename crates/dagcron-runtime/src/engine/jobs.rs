@@ -182,41 +182,33 @@ impl<S: Store> Engine<S> {
             return;
         };
         let entry = self.jobs.get_mut(&*key).expect("job");
-        let next = (!entry.paused && entry.owned)
-            .then(|| entry.timing.next_fire_after(after))
-            .flatten();
-        // A run is made `send_ahead` before its instant (usually at it).
-        let fire_at = next.map(|at| at.checked_sub(entry.timing.send_ahead).unwrap_or(at));
-        // A job in memory stays if its next fire is near; any other is read
-        // ahead of its fire (at once if that is already due).
-        let keep =
-            entry.job.is_some() && fire_at.is_some_and(|t| t.duration_since(now) <= KEEP_JOB);
-        if !keep {
-            entry.job = None;
-        }
-        let (Some(at), Some(fire_at)) = (next, fire_at) else {
-            return;
+        let plan = if entry.paused || !entry.owned {
+            Arming::Nothing
+        } else {
+            fires::arm_next(&entry.timing, after, now, entry.job.is_some())
         };
         let generation = entry.generation;
-        if keep {
-            self.arm(
-                fire_at,
+        match plan {
+            Arming::Nothing => entry.job = None,
+            Arming::Fire { at, handle_at } => self.arm(
+                handle_at,
                 Timer::Fire {
                     key,
                     generation,
                     at,
                 },
-            );
-        } else {
-            let early = fire_at.checked_sub(PREPARE_AHEAD).unwrap_or(fire_at);
-            self.arm(
-                early,
-                Timer::Prepare {
-                    key,
-                    generation,
-                    at,
-                },
-            );
+            ),
+            Arming::Prepare { at, read_at } => {
+                entry.job = None;
+                self.arm(
+                    read_at,
+                    Timer::Prepare {
+                        key,
+                        generation,
+                        at,
+                    },
+                );
+            }
         }
     }
 
@@ -291,11 +283,7 @@ impl<S: Store> Engine<S> {
         if entry.job.is_none() || !entry.active.is_empty() || !entry.queued.is_empty() {
             return;
         }
-        let near = entry
-            .timing
-            .next_fire_after(now)
-            .is_some_and(|at| at.duration_since(now) <= KEEP_JOB);
-        if !near || entry.paused || !entry.owned {
+        if !fires::keep_idle_job(&entry.timing, now, !entry.paused && entry.owned) {
             entry.job = None;
         }
     }

@@ -14,6 +14,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use dagcron_core::fires::{self, Arming};
 use dagcron_core::policy::{self, FireDecision, FireOutcome};
 use dagcron_core::run::{Attempt, Effect, End, Event, RunMachine, StoredTask};
 use dagcron_core::{AttemptState, Failure, Job, RunState, TaskState, Timing};
@@ -357,16 +358,6 @@ pub type Ownership = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
 
 type JobKey = (String, String);
 
-/// A job whose next fire is this close keeps its whole definition in
-/// memory; others keep only their [`Timing`] and are read from the store
-/// [`PREPARE_AHEAD`] before they fire. A million hourly jobs cost a few
-/// hundred bytes each this way, and a job firing every second is not read
-/// every second.
-const KEEP_JOB: SignedDuration = SignedDuration::from_secs(5);
-/// Half a second: cron fires fall on whole seconds, so reading never
-/// competes with the fires of the same instant.
-const PREPARE_AHEAD: SignedDuration = SignedDuration::from_millis(500);
-
 /// While the engine runs, a fire counts as missed (a suspended process, a
 /// clock step) only if it is overdue by more than the misfire grace and at
 /// least this: a grace of zero makes start-up strict, not every fire that
@@ -469,7 +460,7 @@ fn no_such_job(key: &JobKey) -> EngineError {
 struct JobEntry {
     /// When it fires and what to do with missed fires: always in memory.
     timing: Timing,
-    /// The whole job, kept only while a fire is near (see [`KEEP_JOB`]);
+    /// The whole job, kept only while a fire is near (see [`fires::KEEP_JOB`]);
     /// otherwise it is read from the store when needed.
     job: Option<Arc<Job>>,
     version: i64,

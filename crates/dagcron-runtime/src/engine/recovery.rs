@@ -94,22 +94,13 @@ impl<S: Store> Engine<S> {
         now: Timestamp,
         grace: Duration,
     ) -> Result<(), StorageError> {
-        let timing = &self.jobs[key].timing;
         let grace = SignedDuration::try_from(grace).unwrap_or(SignedDuration::ZERO);
-        let cutoff = now.checked_sub(grace).unwrap_or(now);
-        let mut missed = Vec::new();
-        let mut t = since;
-        while let Some(next) = timing.next_fire_after(t) {
-            if next > cutoff || missed.len() >= self.config.max_missed_per_job {
-                break;
-            }
-            missed.push(next);
-            t = next;
+        let max = self.config.max_missed_per_job;
+        let missed = fires::missed(&self.jobs[key].timing, since, now, grace, max);
+        if missed.truncated {
+            tracing::warn!(job = %format!("{}/{}", key.0, key.1), "more than {max} missed fires; recording the first ones only");
         }
-        if missed.len() >= self.config.max_missed_per_job {
-            tracing::warn!(job = %format!("{}/{}", key.0, key.1), "more than {} missed fires; recording the first ones only", self.config.max_missed_per_job);
-        }
-        let outcomes = policy::catch_up(&missed, timing.misfire, timing.max_catchup);
+        let outcomes = missed.fires;
         let job = if outcomes
             .iter()
             .any(|(_, o)| *o == FireOutcome::MissedCaughtUp)
@@ -118,6 +109,7 @@ impl<S: Store> Engine<S> {
         } else {
             None
         };
+        let last = outcomes.last().map(|(at, _)| *at);
         for (at, outcome) in outcomes {
             match (outcome, &job) {
                 (FireOutcome::MissedCaughtUp, Some(job)) => {
@@ -134,10 +126,10 @@ impl<S: Store> Engine<S> {
                 }),
             }
         }
-        if let Some(last) = missed.last() {
-            self.jobs.get_mut(key).expect("job").last_fire = Some(*last);
+        if last.is_some() {
+            self.jobs.get_mut(key).expect("job").last_fire = last;
         }
-        self.arm_next_fire(key, t.max(since));
+        self.arm_next_fire(key, missed.resume_after);
         Ok(())
     }
 
