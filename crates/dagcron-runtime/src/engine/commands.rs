@@ -7,55 +7,85 @@ impl<S: Store> Engine<S> {
         let now = self.clock.now();
         match cmd {
             Command::Apply { jobs, reply } => {
+                // Applying is committed on its own, beside the loop, before
+                // the engine changes its timers.
                 let upserts: Vec<JobUpsert> = jobs.iter().map(JobUpsert::of).collect();
-                // Applying is committed on its own, before the engine changes its timers.
-                match self.store.apply_jobs(&upserts, now).await {
-                    Ok(results) => {
-                        let mut out = Vec::new();
-                        let mut resumed = Vec::new();
-                        for (job, result) in jobs.into_iter().zip(results) {
-                            out.push((job.key(), result));
-                            if let ApplyResult::Created(v) | ApplyResult::Updated(v) = result {
-                                // The store applied the same rule to its row.
-                                let key = key_of(&job);
-                                let before = self.jobs.get(&key).map(|e| (e.paused, e.file_paused));
-                                let paused = policy::paused_after_apply(before, job.spec.paused);
-                                // A known job keeps its state here; a change of it
-                                // follows, as through the API (a resume catches up).
-                                self.install_job(job, v, now, now, paused);
-                                match before {
-                                    Some((true, _)) if !paused => resumed.push(key),
-                                    Some((false, _)) if paused => {
-                                        self.pause_in_memory(&key, true);
-                                    }
-                                    _ => {}
-                                }
-                            }
-                        }
-                        let mut result = Ok(out);
-                        for key in resumed {
-                            if let Err(e) = self.set_job_paused(&key, false, now).await {
-                                result = Err(EngineError::Storage(e));
-                            }
-                        }
-                        self.reply_after_commit(reply, result);
-                    }
+                let store = self.store.clone();
+                self.beside(
+                    async move { store.apply_jobs(&upserts, now).await },
+                    |results| Command::Applied {
+                        jobs,
+                        results,
+                        reply,
+                    },
+                );
+            }
+            Command::Applied {
+                jobs,
+                results,
+                reply,
+            } => {
+                let results = match results {
+                    Ok(results) => results,
                     Err(e) => {
                         let _ = reply.send(Err(EngineError::Storage(e)));
+                        return;
+                    }
+                };
+                let mut out = Vec::new();
+                let mut resumed = Vec::new();
+                for (job, result) in jobs.into_iter().zip(results) {
+                    out.push((job.key(), result));
+                    let (ApplyResult::Created(v) | ApplyResult::Updated(v)) = result else {
+                        continue;
+                    };
+                    let key = key_of(&job);
+                    if self.jobs.get(&key).is_some_and(|e| e.version >= v) {
+                        // A later apply of the same job came back first.
+                        continue;
+                    }
+                    // The store applied the same rule to its row.
+                    let before = self.jobs.get(&key).map(|e| (e.paused, e.file_paused));
+                    let paused = policy::paused_after_apply(before, job.spec.paused);
+                    // A known job keeps its state here; a change of it
+                    // follows, as through the API (a resume catches up).
+                    self.install_job(job, v, now, now, paused);
+                    match before {
+                        Some((true, _)) if !paused => resumed.push(key),
+                        Some((false, _)) if paused => {
+                            self.pause_in_memory(&key, true);
+                        }
+                        _ => {}
                     }
                 }
+                let mut result = Ok(out);
+                for key in resumed {
+                    if let Err(e) = self.set_job_paused(&key, false, now).await {
+                        result = Err(EngineError::Storage(e));
+                    }
+                }
+                self.reply_after_commit(reply, result);
             }
             Command::Delete {
                 namespace,
                 name,
                 reply,
             } => {
-                let result = match self.store.delete_job(&namespace, &name).await {
+                let store = self.store.clone();
+                let key = (namespace, name);
+                let (ns, name) = key.clone();
+                self.beside(
+                    async move { store.delete_job(&ns, &name).await },
+                    |result| Command::Deleted { key, result, reply },
+                );
+            }
+            Command::Deleted { key, result, reply } => {
+                let result = match result {
                     Ok(true) => {
-                        self.remove_job(&(namespace.clone(), name.clone()), now);
+                        self.remove_job(&key, now);
                         Ok(())
                     }
-                    Ok(false) => Err(no_such_job(&(namespace, name))),
+                    Ok(false) => Err(no_such_job(&key)),
                     Err(e) => Err(EngineError::Storage(e)),
                 };
                 self.reply_after_commit(reply, result);
@@ -66,8 +96,26 @@ impl<S: Store> Engine<S> {
                 paused,
                 reply,
             } => {
+                let store = self.store.clone();
                 let key = (namespace, name);
-                let result = match self.store.set_paused(&key.0, &key.1, paused).await {
+                let (ns, name) = key.clone();
+                self.beside(
+                    async move { store.set_paused(&ns, &name, paused).await },
+                    move |result| Command::Paused {
+                        key,
+                        paused,
+                        result,
+                        reply,
+                    },
+                );
+            }
+            Command::Paused {
+                key,
+                paused,
+                result,
+                reply,
+            } => {
+                let result = match result {
                     Ok(true) => self
                         .set_job_paused(&key, paused, now)
                         .await
@@ -84,33 +132,55 @@ impl<S: Store> Engine<S> {
                 reply,
             } => {
                 let key = (namespace, name);
-                let job = match self.known_job(&key).await {
-                    Ok(job) => job,
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
-                        return;
+                match self.jobs.get(&key) {
+                    Some(entry) if entry.job.is_some() => {
+                        let job = entry.job.clone().expect("in memory");
+                        self.trigger(key, job, params, reply, now);
                     }
-                };
-                let decision = policy::on_fire(
-                    job.spec.concurrency,
-                    job.spec.max_active(),
-                    self.jobs[&key].active.len() as u32,
-                );
-                if decision == FireDecision::Skip {
-                    let _ = reply.send(Err(EngineError::Conflict(format!(
-                        "{}/{} has a run active and its concurrency policy is forbid",
-                        key.0, key.1
-                    ))));
-                    return;
+                    Some(_) => {
+                        // Not in memory: read beside the loop.
+                        let read = self.job_of(&key);
+                        self.beside(read, |job| Command::Loaded {
+                            key,
+                            job,
+                            params,
+                            reply,
+                        });
+                    }
+                    None => match self.known_job(&key).await {
+                        // Applied through another node and just learned of.
+                        Ok(job) => self.trigger(key, job, params, reply, now),
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                        }
+                    },
                 }
-                let mut merged = job.spec.params.clone();
-                merged.extend(params);
-                let run = self.new_run(&key, &job, Trigger::Manual, now, merged, decision, now);
-                let id = run.id;
-                self.writes.push(Write::Run(run));
-                self.after_new_run(&key, id, decision, now);
-                self.reply_after_commit(reply, Ok(id));
             }
+            Command::Loaded {
+                key,
+                job,
+                params,
+                reply,
+            } => match job {
+                Ok(Some(job)) if self.jobs.contains_key(&key) => {
+                    if let Some(entry) = self.jobs.get_mut(&key) {
+                        entry.job.get_or_insert_with(|| job.clone());
+                    }
+                    self.trigger(key, job, params, reply, now);
+                }
+                Ok(_) => {
+                    let _ = reply.send(Err(no_such_job(&key)));
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(EngineError::Storage(e)));
+                }
+            },
+            Command::Prepared {
+                key,
+                generation,
+                at,
+                job,
+            } => self.prepared(key, generation, at, job, now),
             Command::Backfill {
                 namespace,
                 name,
@@ -258,5 +328,52 @@ impl<S: Store> Engine<S> {
                 self.reply_after_commit(reply, result);
             }
         }
+    }
+
+    /// Starts a run of `job` now by hand, with `params` over its defaults.
+    fn trigger(
+        &mut self,
+        key: JobKey,
+        job: Arc<Job>,
+        params: std::collections::BTreeMap<String, String>,
+        reply: Reply<RunId>,
+        now: Timestamp,
+    ) {
+        let decision = policy::on_fire(
+            job.spec.concurrency,
+            job.spec.max_active(),
+            self.jobs[&key].active.len() as u32,
+        );
+        if decision == FireDecision::Skip {
+            let _ = reply.send(Err(EngineError::Conflict(format!(
+                "{}/{} has a run active and its concurrency policy is forbid",
+                key.0, key.1
+            ))));
+            return;
+        }
+        let mut merged = job.spec.params.clone();
+        merged.extend(params);
+        let run = self.new_run(&key, &job, Trigger::Manual, now, merged, decision, now);
+        let id = run.id;
+        self.writes.push(Write::Run(run));
+        self.after_new_run(&key, id, decision, now);
+        self.reply_after_commit(reply, Ok(id));
+    }
+
+    /// Runs `work` beside the loop (a store read or a write committed on
+    /// its own); its result comes back as the command `back` makes of it,
+    /// so that no timer waits for the store.
+    pub(super) fn beside<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = T> + Send + 'static,
+        back: impl FnOnce(T) -> Command + Send + 'static,
+    ) {
+        let Some(tx) = self.commands_back.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let out = work.await;
+            let _ = tx.send(back(out)).await;
+        });
     }
 }

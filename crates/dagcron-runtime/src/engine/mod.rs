@@ -328,6 +328,39 @@ pub(crate) enum Command {
         run: RunId,
         reply: Reply<()>,
     },
+    /// The store's answer to an apply, done beside the loop.
+    Applied {
+        jobs: Vec<Job>,
+        results: Result<Vec<ApplyResult>, StorageError>,
+        reply: Reply<Vec<(String, ApplyResult)>>,
+    },
+    /// The store's answer to a delete, done beside the loop.
+    Deleted {
+        key: JobKey,
+        result: Result<bool, StorageError>,
+        reply: Reply<()>,
+    },
+    /// The store's answer to a pause or a resume, done beside the loop.
+    Paused {
+        key: JobKey,
+        paused: bool,
+        result: Result<bool, StorageError>,
+        reply: Reply<()>,
+    },
+    /// The whole job of a fire, read beside the loop ahead of the fire.
+    Prepared {
+        key: Arc<JobKey>,
+        generation: u64,
+        at: Timestamp,
+        job: Result<Option<Arc<Job>>, StorageError>,
+    },
+    /// The whole job a trigger needs, read beside the loop.
+    Loaded {
+        key: JobKey,
+        job: Result<Option<Arc<Job>>, StorageError>,
+        params: std::collections::BTreeMap<String, String>,
+        reply: Reply<RunId>,
+    },
     /// A cluster node's share of the jobs changed.
     Own {
         owns: Ownership,

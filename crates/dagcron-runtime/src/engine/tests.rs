@@ -2,6 +2,119 @@
 
 use super::*;
 
+/// The next command that work done beside the loop sends back.
+async fn back(commands: &mut mpsc::Receiver<Command>) -> Command {
+    tokio::time::timeout(Duration::from_secs(30), commands.recv())
+        .await
+        .expect("the work beside the loop reports back")
+        .expect("the channel is open")
+}
+
+/// Applies `jobs` as the loop would: the store's answer comes back as a
+/// command, handled then.
+async fn apply<S: Store>(
+    engine: &mut Engine<S>,
+    commands: &mut mpsc::Receiver<Command>,
+    jobs: Vec<Job>,
+) {
+    let (reply, applied) = oneshot::channel();
+    engine.on_command(Command::Apply { jobs, reply }).await;
+    assert!(
+        engine.jobs.is_empty(),
+        "nothing changes before the store answers"
+    );
+    let answer = back(commands).await;
+    assert!(matches!(answer, Command::Applied { .. }));
+    engine.on_command(answer).await;
+    engine.flush().await.unwrap();
+    applied.await.unwrap().unwrap();
+}
+
+async fn engine_at(
+    dir: &tempfile::TempDir,
+    at: &str,
+) -> (
+    Engine<dagcron_store_sqlite::SqliteStore>,
+    Arc<crate::ManualClock>,
+    (mpsc::Receiver<Command>, EngineHandle),
+) {
+    let store = Arc::new(
+        dagcron_store_sqlite::SqliteStore::open(&dir.path().join("db"))
+            .await
+            .unwrap(),
+    );
+    let clock = Arc::new(crate::ManualClock::new(at.parse().unwrap()));
+    let (mut engine, handle) = Engine::start(store, clock.clone(), EngineConfig::default())
+        .await
+        .unwrap();
+    // The handle keeps the channel open for the work done beside the loop.
+    let commands = engine.commands.take().unwrap();
+    (engine, clock, (commands, handle))
+}
+
+fn jobs(yaml: &str) -> Vec<Job> {
+    let file: dagcron_core::JobFile = serde_saphyr::from_str(yaml).unwrap();
+    file.validate().unwrap()
+}
+
+/// A job read from the store ahead of its fire held every timer while the
+/// store answered; so did a trigger of a job not in memory. Both reads now
+/// run beside the loop and come back as commands.
+#[tokio::test]
+async fn reads_of_jobs_for_fires_and_triggers_do_not_hold_the_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut engine, clock, (mut commands, _handle)) =
+        engine_at(&dir, "2026-01-10T00:00:00Z").await;
+    apply(
+        &mut engine,
+        &mut commands,
+        jobs("namespace: t\njobs:\n  - { name: hourly, schedule: '@hourly', concurrency: allow, tasks: [{ id: a, noop: true }] }\n"),
+    )
+    .await;
+    let key = ("t".to_string(), "hourly".to_string());
+    assert!(engine.jobs[&key].job.is_none(), "its fire is far: let go");
+
+    // Half a second before the fire, the job is read beside the loop.
+    clock.set("2026-01-10T00:59:59.6Z".parse().unwrap());
+    engine.on_timers().await;
+    assert!(engine.writes.is_empty() && engine.jobs[&key].job.is_none());
+    let read = back(&mut commands).await;
+    assert!(matches!(read, Command::Prepared { .. }));
+    engine.on_command(read).await;
+    assert!(engine.jobs[&key].job.is_some());
+    clock.set("2026-01-10T01:00:00Z".parse().unwrap());
+    engine.on_timers().await;
+    assert_eq!(engine.runs.len(), 1, "fired on time");
+
+    // A trigger of a job not in memory.
+    let dir2 = tempfile::tempdir().unwrap();
+    let (mut engine2, _, (mut commands2, _handle2)) =
+        engine_at(&dir2, "2026-01-10T00:00:00Z").await;
+    apply(
+        &mut engine2,
+        &mut commands2,
+        jobs("namespace: t\njobs:\n  - { name: manual, tasks: [{ id: a, noop: true }] }\n"),
+    )
+    .await;
+    let key = ("t".to_string(), "manual".to_string());
+    engine2.jobs.get_mut(&key).unwrap().job = None;
+    let (reply, triggered) = oneshot::channel();
+    engine2
+        .on_command(Command::Trigger {
+            namespace: key.0.clone(),
+            name: key.1.clone(),
+            params: Default::default(),
+            reply,
+        })
+        .await;
+    assert!(engine2.runs.is_empty() && engine2.writes.is_empty());
+    let read = back(&mut commands2).await;
+    assert!(matches!(read, Command::Loaded { .. }));
+    engine2.on_command(read).await;
+    engine2.flush().await.unwrap();
+    assert!(triggered.await.unwrap().is_ok());
+}
+
 /// One backfill over a job with many schedules held the loop for 52 s,
 /// every other job firing that late. Handling the command now only
 /// starts the listing beside the loop: nothing is decided until the
@@ -9,18 +122,8 @@ use super::*;
 #[tokio::test]
 async fn regression_a_backfill_does_not_hold_the_loop() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(
-        dagcron_store_sqlite::SqliteStore::open(&dir.path().join("db"))
-            .await
-            .unwrap(),
-    );
-    let clock = Arc::new(crate::ManualClock::new(
-        "2026-01-10T00:00:00Z".parse().unwrap(),
-    ));
-    let (mut engine, _handle) = Engine::start(store, clock, EngineConfig::default())
-        .await
-        .unwrap();
-    let mut commands = engine.commands.take().unwrap();
+    let (mut engine, _clock, (mut commands, _handle)) =
+        engine_at(&dir, "2026-01-10T00:00:00Z").await;
     // 64 schedules: one per second of each minute, and 4 more at the same instants.
     let schedules: Vec<String> = (0..64)
         .map(|i| match i {
@@ -33,15 +136,7 @@ async fn regression_a_backfill_does_not_hold_the_loop() {
         schedules.join(", ")
     ))
     .unwrap();
-    let (reply, applied) = oneshot::channel();
-    engine
-        .on_command(Command::Apply {
-            jobs: file.validate().unwrap(),
-            reply,
-        })
-        .await;
-    engine.flush().await.unwrap();
-    applied.await.unwrap().unwrap();
+    apply(&mut engine, &mut commands, file.validate().unwrap()).await;
     let (reply, done) = oneshot::channel();
     engine
         .on_command(Command::Backfill {
@@ -55,10 +150,7 @@ async fn regression_a_backfill_does_not_hold_the_loop() {
     // The loop is free at once: no run decided, no write queued.
     assert!(engine.writes.is_empty() && engine.runs.is_empty());
     // The listing comes back as a command; handled, it makes the runs.
-    let listed = tokio::time::timeout(Duration::from_secs(30), commands.recv())
-        .await
-        .expect("the listing comes back")
-        .unwrap();
+    let listed = back(&mut commands).await;
     assert!(matches!(listed, Command::Backfilled { .. }));
     engine.on_command(listed).await;
     engine.flush().await.unwrap();

@@ -26,118 +26,143 @@ impl<S: Store> Engine<S> {
             );
         }
         self.last_wake = self.last_wake.max(now);
-        loop {
-            // Fires whose job must be read first: those prepared ahead, and
-            // any due without its job in memory.
-            let mut to_read = Vec::new();
-            while self.heap.peek().is_some_and(|Reverse(a)| a.at <= now) {
-                let Some(Reverse(Armed { timer, .. })) = self.heap.pop() else {
-                    break;
-                };
-                match timer {
+        // Fires whose job must be read first: those prepared ahead, and
+        // any due without its job in memory.
+        let mut to_read = Vec::new();
+        while self.heap.peek().is_some_and(|Reverse(a)| a.at <= now) {
+            let Some(Reverse(Armed { timer, .. })) = self.heap.pop() else {
+                break;
+            };
+            match timer {
+                Timer::Prepare {
+                    key,
+                    generation,
+                    at,
+                } => {
+                    if self.current(&key, generation) {
+                        to_read.push((key, generation, at));
+                    }
+                }
+                Timer::Fire {
+                    key,
+                    generation,
+                    at,
+                } => {
+                    if !self.current(&key, generation) {
+                        continue;
+                    }
+                    // Ordinary delays (a busy loop, a slow commit) never
+                    // count: at least RUNNING_GRACE_FLOOR.
+                    let grace = self.config.misfire_grace.max(RUNNING_GRACE_FLOOR);
+                    if now.duration_since(at)
+                        > SignedDuration::try_from(grace).unwrap_or(SignedDuration::MAX)
+                    {
+                        // The process was suspended or the wall clock
+                        // stepped forward: as after downtime, the fires
+                        // overdue by more than the grace follow the
+                        // misfire policy instead of firing in a burst.
+                        tracing::warn!(
+                            job = %format!("{}/{}", key.0, key.1),
+                            "fire of {at} is {:.1}s overdue (was the process suspended, or did the clock step forward?); handling the missed fires by the misfire policy",
+                            now.duration_since(at).as_secs_f64()
+                        );
+                        let since = at.checked_sub(SignedDuration::from_nanos(1)).unwrap_or(at);
+                        if let Err(e) = self.catch_up(&key, since, now, grace).await {
+                            tracing::warn!(
+                                "cannot read the job of missed fires; trying again: {e}"
+                            );
+                            let again =
+                                now.checked_add(SignedDuration::from_secs(1)).unwrap_or(now);
+                            self.arm(
+                                again,
+                                Timer::Fire {
+                                    key,
+                                    generation,
+                                    at,
+                                },
+                            );
+                        }
+                        continue;
+                    }
+                    let Some(job) = self.jobs[&*key].job.clone() else {
+                        to_read.push((key, generation, at));
+                        continue;
+                    };
+                    self.fire(&key, &job, at, Trigger::Schedule, FireOutcome::Fired);
+                    self.jobs.get_mut(&*key).expect("job").last_fire = Some(at);
+                    self.arm_next_fire(&key, at);
+                }
+                Timer::Retry { run, task } => {
+                    self.step(run, Event::RetryDue { task }, now, None);
+                }
+                Timer::Deadline { run } => {
+                    if self
+                        .runs
+                        .get(&run)
+                        .is_some_and(|r| r.machine.state() == RunState::Running)
+                    {
+                        tracing::info!(run, "run deadline passed; stopping it");
+                        self.stop(run, RunState::Failed, now);
+                    }
+                }
+            }
+        }
+        // Read beside the loop: no timer waits for the store. The
+        // read comes back as a command, and the fire is armed then.
+        for (key, generation, at) in to_read {
+            let read = self.job_of(&key);
+            self.beside(read, move |job| Command::Prepared {
+                key,
+                generation,
+                at,
+                job,
+            });
+        }
+    }
+
+    /// The job of the fire of `key` at `at` was read: arm the fire (at once
+    /// if it is due), or try again in a second if the store failed.
+    pub(super) fn prepared(
+        &mut self,
+        key: Arc<JobKey>,
+        generation: u64,
+        at: Timestamp,
+        job: Result<Option<Arc<Job>>, StorageError>,
+        now: Timestamp,
+    ) {
+        if !self.current(&key, generation) {
+            return;
+        }
+        let entry = self.jobs.get_mut(&*key).expect("current");
+        let fire_at = at.checked_sub(entry.timing.send_ahead).unwrap_or(at);
+        let when = match job {
+            Ok(Some(job)) => {
+                entry.job.get_or_insert(job);
+                fire_at
+            }
+            // Deleted through another node: the next sync forgets it.
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(job = %format!("{}/{}", key.0, key.1), "cannot read the job of a fire; trying again: {e}");
+                let again = now.checked_add(SignedDuration::from_secs(1)).unwrap_or(now);
+                self.arm(
+                    again,
                     Timer::Prepare {
                         key,
                         generation,
                         at,
-                    } => {
-                        if self.current(&key, generation) {
-                            to_read.push((key, generation, at));
-                        }
-                    }
-                    Timer::Fire {
-                        key,
-                        generation,
-                        at,
-                    } => {
-                        if !self.current(&key, generation) {
-                            continue;
-                        }
-                        // Ordinary delays (a busy loop, a slow commit) never
-                        // count: at least RUNNING_GRACE_FLOOR.
-                        let grace = self.config.misfire_grace.max(RUNNING_GRACE_FLOOR);
-                        if now.duration_since(at)
-                            > SignedDuration::try_from(grace).unwrap_or(SignedDuration::MAX)
-                        {
-                            // The process was suspended or the wall clock
-                            // stepped forward: as after downtime, the fires
-                            // overdue by more than the grace follow the
-                            // misfire policy instead of firing in a burst.
-                            tracing::warn!(
-                                job = %format!("{}/{}", key.0, key.1),
-                                "fire of {at} is {:.1}s overdue (was the process suspended, or did the clock step forward?); handling the missed fires by the misfire policy",
-                                now.duration_since(at).as_secs_f64()
-                            );
-                            let since = at.checked_sub(SignedDuration::from_nanos(1)).unwrap_or(at);
-                            if let Err(e) = self.catch_up(&key, since, now, grace).await {
-                                tracing::warn!(
-                                    "cannot read the job of missed fires; trying again: {e}"
-                                );
-                                let again =
-                                    now.checked_add(SignedDuration::from_secs(1)).unwrap_or(now);
-                                self.arm(
-                                    again,
-                                    Timer::Fire {
-                                        key,
-                                        generation,
-                                        at,
-                                    },
-                                );
-                            }
-                            continue;
-                        }
-                        let Some(job) = self.jobs[&*key].job.clone() else {
-                            to_read.push((key, generation, at));
-                            continue;
-                        };
-                        self.fire(&key, &job, at, Trigger::Schedule, FireOutcome::Fired);
-                        self.jobs.get_mut(&*key).expect("job").last_fire = Some(at);
-                        self.arm_next_fire(&key, at);
-                    }
-                    Timer::Retry { run, task } => {
-                        self.step(run, Event::RetryDue { task }, now, None);
-                    }
-                    Timer::Deadline { run } => {
-                        if self
-                            .runs
-                            .get(&run)
-                            .is_some_and(|r| r.machine.state() == RunState::Running)
-                        {
-                            tracing::info!(run, "run deadline passed; stopping it");
-                            self.stop(run, RunState::Failed, now);
-                        }
-                    }
-                }
-            }
-            if to_read.is_empty() {
+                    },
+                );
                 return;
             }
-            // Read after the due fires are handled, so that reading never delays them.
-            for (key, generation, at) in to_read {
-                let Some(entry) = self.jobs.get(&*key) else {
-                    continue;
-                };
-                let fire_at = at.checked_sub(entry.timing.send_ahead).unwrap_or(at);
-                let at_or_retry = match self.job_of(&key).await {
-                    Ok(Some(job)) => {
-                        if let Some(entry) = self.jobs.get_mut(&*key) {
-                            entry.job = Some(job);
-                        }
-                        fire_at
-                    }
-                    // Deleted through another node: the next sync forgets it.
-                    Ok(None) => continue,
-                    Err(e) => {
-                        tracing::warn!(job = %format!("{}/{}", key.0, key.1), "cannot read the job of a fire; trying again: {e}");
-                        fire_at.max(now.checked_add(SignedDuration::from_secs(1)).unwrap_or(now))
-                    }
-                };
-                let fire = Timer::Fire {
-                    key,
-                    generation,
-                    at,
-                };
-                self.arm(at_or_retry, fire);
-            }
-        }
+        };
+        self.arm(
+            when,
+            Timer::Fire {
+                key,
+                generation,
+                at,
+            },
+        );
     }
 }
