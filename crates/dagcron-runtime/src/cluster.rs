@@ -12,6 +12,7 @@
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -173,9 +174,10 @@ pub struct Coordinator<S: Coordination> {
     ring: Arc<Ring>,
     /// The jobs revision the engine is up to date with.
     jobs_revision: i64,
-    /// Jobs this node owns, as the engine last counted them.
-    owned: usize,
-    draining: bool,
+    /// Jobs this node owns, as the engine last counted them (told in heartbeats).
+    owned: Arc<AtomicUsize>,
+    /// Whether it is draining (told in heartbeats: it is then not eligible).
+    draining: Arc<AtomicBool>,
 }
 
 impl<S: Coordination> Coordinator<S> {
@@ -215,8 +217,8 @@ impl<S: Coordination> Coordinator<S> {
             members: None,
             ring: Arc::new(Ring::default()),
             jobs_revision: jobs_revision.unwrap_or(-1),
-            owned: 0,
-            draining: false,
+            owned: Arc::default(),
+            draining: Arc::default(),
         }
     }
 
@@ -254,14 +256,28 @@ impl<S: Coordination> Coordinator<S> {
         // nodes or jobs change; shared work runs at every wake-up.
         let mut upkeep_due = true;
         let mut last_upkeep = tokio::time::Instant::now();
+        // The lease is renewed on its own schedule, so that slow upkeep or
+        // shared work (a database far away) never lets it lapse.
+        let mut beats = tokio::spawn(heartbeats(
+            self.store.clone(),
+            self.config.clone(),
+            self.clock.clone(),
+            self.lease.clone(),
+            self.status.clone(),
+            self.owned.clone(),
+            self.draining.clone(),
+        ));
         loop {
-            if shutdown.is_cancelled() && !self.draining {
-                self.draining = true;
+            let draining = self.draining.load(Ordering::SeqCst);
+            if shutdown.is_cancelled() && !draining {
+                self.draining.store(true, Ordering::SeqCst);
                 self.status.lock().expect("status lock").state = NodeState::Draining;
                 self.store.set_state(NodeState::Draining).await?;
                 tracing::info!("draining: jobs handed over to the other nodes");
             }
             if stopped.is_cancelled() {
+                beats.abort();
+                let _ = (&mut beats).await;
                 self.store.set_state(NodeState::Left).await?;
                 tracing::info!("left the cluster");
                 return Ok(());
@@ -280,7 +296,7 @@ impl<S: Coordination> Coordinator<S> {
                     }
                 }
             }
-            if !self.draining {
+            if !self.draining.load(Ordering::SeqCst) {
                 match self.engine.share_work().await {
                     Err(crate::EngineError::Storage(StorageError::Fenced(m))) => {
                         self.lease.revoke();
@@ -294,8 +310,10 @@ impl<S: Coordination> Coordinator<S> {
                 .config
                 .heartbeat_every()
                 .saturating_sub(last_upkeep.elapsed());
+            let draining = self.draining.load(Ordering::SeqCst);
             upkeep_due = tokio::select! {
-                () = shutdown.cancelled(), if !self.draining => true,
+                () = shutdown.cancelled(), if !draining => true,
+                ended = &mut beats => return heartbeats_ended(ended),
                 () = stopped.cancelled() => true,
                 woke = self.store.wait_for_change(wait) => match woke {
                     Ok(what) => what.is_empty() || what.iter().any(|w| matches!(w.as_str(), "jobs" | "nodes" | "cancel")),
@@ -311,53 +329,10 @@ impl<S: Coordination> Coordinator<S> {
     }
 
     async fn tick(&mut self) -> Result<(), StorageError> {
-        // The clock, against the database's.
-        let before = self.clock.now();
-        let db = self.store.database_now().await?;
-        let after = self.clock.now();
-        let middle_us = (before.as_microsecond() + after.as_microsecond()) / 2;
-        let skew_us = middle_us - db.as_microsecond();
-        let bound = i64::try_from(self.config.max_clock_skew.as_micros()).unwrap_or(i64::MAX);
-        let clock_ok = skew_us.abs() <= bound;
-        let was_ok = {
-            let mut s = self.status.lock().expect("status lock");
-            let was = s.clock_ok;
-            s.clock_skew_us = skew_us;
-            s.clock_ok = clock_ok;
-            was
-        };
-        if clock_ok != was_ok {
-            if clock_ok {
-                tracing::info!(
-                    skew_us,
-                    "clock back within bounds of the database's; owning jobs again"
-                );
-            } else {
-                tracing::error!(
-                    skew_us,
-                    bound_us = bound,
-                    "this node's clock differs from the database's by more than the bound: it owns no jobs until the clock is fixed"
-                );
-            }
+        if !self.lease.is_valid_at(self.clock.now()) {
+            // The heartbeats have not renewed it (yet): nothing to do meanwhile.
+            return Ok(());
         }
-
-        // The lease.
-        let owned = self.owned;
-        let sent = self.clock.now();
-        let beat = Heartbeat {
-            eligible: clock_ok && !self.draining,
-            clock_skew_us: skew_us,
-            owned_jobs: owned as i64,
-        };
-        if !self.store.heartbeat(beat, self.config.lease_ttl).await? {
-            return Err(StorageError::Fenced(format!(
-                "node {} lost its lease: it was paused or cut off from the database for longer than {:?}, or another process registered with the same node id",
-                self.config.node_id, self.config.lease_ttl
-            )));
-        }
-        self.lease
-            .extend_to(sent.checked_add(self.config.trusted()).unwrap_or(sent));
-
         // Dead nodes, then the ring of live ones.
         for dead in self.store.reap().await? {
             tracing::warn!(node = %dead.id, epoch = dead.epoch, "node lease ended; taking over its share");
@@ -378,11 +353,12 @@ impl<S: Coordination> Coordinator<S> {
         // Jobs changed through any node.
         if self.store.jobs_revision().await? != self.jobs_revision {
             let changes = self.store.jobs_changed_since(self.jobs_revision).await?;
-            self.owned = self
+            let owned = self
                 .engine
                 .sync_jobs(changes.changed, changes.deleted)
                 .await
                 .map_err(engine_error)?;
+            self.owned.store(owned, Ordering::SeqCst);
             self.jobs_revision = changes.revision;
         }
 
@@ -396,11 +372,11 @@ impl<S: Coordination> Coordinator<S> {
                 .set_ownership(owns)
                 .await
                 .map_err(engine_error)?;
-            self.owned = owned;
+            self.owned.store(owned, Ordering::SeqCst);
             tracing::info!(nodes = ?members, owned, "ring changed");
             self.members = Some(members);
         }
-        let owned = self.owned;
+        let owned = self.owned.load(Ordering::SeqCst);
         {
             let mut s = self.status.lock().expect("status lock");
             s.owned_jobs = owned;
@@ -418,7 +394,7 @@ impl<S: Coordination> Coordinator<S> {
             .filter(|o| self.ring.owner(&o.namespace, &o.job) == Some(me))
             .map(|o| o.id)
             .collect();
-        if !mine.is_empty() && !self.draining {
+        if !mine.is_empty() && !self.draining.load(Ordering::SeqCst) {
             let runs = self.store.adopt_runs(&mine).await?;
             if !runs.is_empty() {
                 self.engine.adopt(runs, alive).await.map_err(engine_error)?;
@@ -433,6 +409,100 @@ impl<S: Coordination> Coordinator<S> {
         }
         Ok(())
     }
+}
+
+/// Renews the node's lease every heartbeat interval, with its clock
+/// measured against the database's, until its lease is lost (the node is
+/// fenced: the error says why) or the task is aborted.
+async fn heartbeats<S: Coordination>(
+    store: S,
+    config: ClusterConfig,
+    clock: Arc<dyn Clock>,
+    lease: Lease,
+    status: Arc<Mutex<LocalStatus>>,
+    owned: Arc<AtomicUsize>,
+    draining: Arc<AtomicBool>,
+) -> Result<(), StorageError> {
+    loop {
+        let started = tokio::time::Instant::now();
+        match beat(&store, &config, &*clock, &lease, &status, &owned, &draining).await {
+            Ok(()) => {}
+            Err(StorageError::Fenced(m)) => {
+                lease.revoke();
+                return Err(StorageError::Fenced(m));
+            }
+            Err(e) => {
+                tracing::warn!("heartbeat failed: {e}");
+                status.lock().expect("status lock").problem = Some(e.to_string());
+            }
+        }
+        tokio::time::sleep_until(started + config.heartbeat_every()).await;
+    }
+}
+
+/// One heartbeat: the clock against the database's, then the lease.
+async fn beat<S: Coordination>(
+    store: &S,
+    config: &ClusterConfig,
+    clock: &dyn Clock,
+    lease: &Lease,
+    status: &Mutex<LocalStatus>,
+    owned: &AtomicUsize,
+    draining: &AtomicBool,
+) -> Result<(), StorageError> {
+    let before = clock.now();
+    let db = store.database_now().await?;
+    let after = clock.now();
+    let middle_us = (before.as_microsecond() + after.as_microsecond()) / 2;
+    let skew_us = middle_us - db.as_microsecond();
+    let bound = i64::try_from(config.max_clock_skew.as_micros()).unwrap_or(i64::MAX);
+    let clock_ok = skew_us.abs() <= bound;
+    let was_ok = {
+        let mut s = status.lock().expect("status lock");
+        let was = s.clock_ok;
+        s.clock_skew_us = skew_us;
+        s.clock_ok = clock_ok;
+        was
+    };
+    if clock_ok != was_ok {
+        if clock_ok {
+            tracing::info!(
+                skew_us,
+                "clock back within bounds of the database's; owning jobs again"
+            );
+        } else {
+            tracing::error!(
+                skew_us,
+                bound_us = bound,
+                "this node's clock differs from the database's by more than the bound: it owns no jobs until the clock is fixed"
+            );
+        }
+    }
+    let sent = clock.now();
+    let beat = Heartbeat {
+        eligible: clock_ok && !draining.load(Ordering::SeqCst),
+        clock_skew_us: skew_us,
+        owned_jobs: owned.load(Ordering::SeqCst) as i64,
+    };
+    if !store.heartbeat(beat, config.lease_ttl).await? {
+        return Err(StorageError::Fenced(format!(
+            "node {} lost its lease: it was paused or cut off from the database for longer than {:?}, or another process registered with the same node id",
+            config.node_id, config.lease_ttl
+        )));
+    }
+    lease.extend_to(sent.checked_add(config.trusted()).unwrap_or(sent));
+    Ok(())
+}
+
+/// Why the node stops when its heartbeats have stopped.
+fn heartbeats_ended(
+    ended: Result<Result<(), StorageError>, tokio::task::JoinError>,
+) -> Result<(), StorageError> {
+    ended.unwrap_or_else(|e| {
+        Err(StorageError::Unavailable(format!(
+            "the heartbeat task failed: {e}"
+        )))
+    })
 }
 
 fn engine_error(e: crate::EngineError) -> StorageError {

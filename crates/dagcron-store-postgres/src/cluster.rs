@@ -182,10 +182,15 @@ impl Coordination for PgStore {
 
     async fn reap(&self) -> Result<Vec<NodeRecord>> {
         transaction!(self, fenced = false, |conn| {
-                // The row update waits for the share locks of the dead node's
-                // in-flight batches: they land before, or are refused after.
+                // Locking the rows `FOR UPDATE` waits for the key-share locks
+                // of the dead node's in-flight batches: they land before, or
+                // are refused after. (A heartbeat that renewed the lease
+                // meanwhile takes the row out of the lease's end again.)
                 let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "UPDATE nodes SET state = 'dead' WHERE state IN ('alive', 'draining') AND lease_until <= now() RETURNING {NODE_COLUMNS}"
+                    "UPDATE nodes SET state = 'dead'
+                     WHERE id IN (SELECT id FROM nodes WHERE state IN ('alive', 'draining') AND lease_until <= now() FOR UPDATE)
+                       AND state IN ('alive', 'draining') AND lease_until <= now()
+                     RETURNING {NODE_COLUMNS}"
                 )))
                 .fetch_all(&mut *conn)
                 .await?;

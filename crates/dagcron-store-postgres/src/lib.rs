@@ -132,12 +132,17 @@ impl PgStore {
     }
 
     /// Refuses the transaction unless this handle's registration is current.
+    /// Checks this node's lease at the start of a write transaction, and
+    /// keeps its row locked until commit (`FOR KEY SHARE`): the node's own
+    /// heartbeats go through, while a reap or a new registration of the
+    /// node (which lock the row `FOR UPDATE`) wait until the batch has
+    /// landed, and then refuse the next.
     async fn check_fence(&self, conn: &mut PgConnection) -> Result<()> {
         let Some(fence) = self.fence() else {
             return Ok(());
         };
         let ok: Option<i32> = sqlx::query_scalar(
-            "SELECT 1 FROM nodes WHERE id = $1 AND epoch = $2 AND state IN ('alive', 'draining') AND lease_until > now() FOR SHARE",
+            "SELECT 1 FROM nodes WHERE id = $1 AND epoch = $2 AND state IN ('alive', 'draining') AND lease_until > now() FOR KEY SHARE",
         )
         .bind(&fence.id)
         .bind(fence.epoch)

@@ -746,6 +746,52 @@ fn regression_a_job_applied_through_one_node_is_known_to_every_node_at_once() {
     slow.delay(Duration::ZERO);
 }
 
+/// A node whose every exchange with the database took 100 ms lost its
+/// lease: its heartbeat waited for the rest of its upkeep and its shared
+/// work, which took longer than the lease. The lease is now renewed on its
+/// own schedule.
+#[test]
+fn regression_a_node_far_from_its_database_keeps_its_lease() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cluster = Cluster::with_flags("far-node", 0, 5000, &[]);
+    cluster.ports = vec![free_port(), free_port()];
+    cluster.nodes = vec![None, None];
+    let slow = Partition::in_front_of(&cluster.db.url);
+    cluster.start_via(0, &slow.url);
+    cluster.start(1);
+    cluster.wait_converged(0);
+    let epoch = cluster.epoch_of(0);
+    let yaml = "namespace: c\njobs:\n  - { name: far, schedule: '* * * * * *', tasks: [{ id: t, noop: true }] }\n";
+    let (status, body) = cluster
+        .node(1)
+        .post("/api/v1/apply", yaml, "application/yaml");
+    assert_eq!(status, 200, "{body}");
+    slow.delay(Duration::from_millis(100));
+    // Three lease lengths: node 0 stays alive with the same epoch, as node 1 sees it.
+    let until = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < until {
+        let view = cluster.node(1).get("/api/v1/cluster");
+        let n0 = view["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["id"] == "n0")
+            .cloned()
+            .unwrap();
+        assert_eq!(n0["epoch"], epoch, "{view}");
+        assert_eq!(n0["state"], "alive", "{view}");
+        let exited = cluster.node_mut(0).child.try_wait().unwrap();
+        assert!(
+            exited.is_none(),
+            "node 0 stopped ({exited:?}): {}",
+            std::fs::read_to_string(&cluster.node(0).log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    slow.delay(Duration::ZERO);
+    assert_eq!(cluster.epoch_of(0), epoch);
+}
+
 /// A TCP proxy in front of PostgreSQL that can stop passing bytes while
 /// keeping its connections open: a network partition, not a crash.
 struct Partition {
