@@ -188,7 +188,7 @@ impl<S: Store> Engine<S> {
             self.dispatch_task(id, i, true);
         }
         loop {
-            let here = self.running < self.config.pool_size;
+            let here = self.running + self.claiming < self.config.pool_size;
             let share =
                 !here && self.config.node.is_some() && self.shared.len() < self.config.pool_size;
             if !here && !share {

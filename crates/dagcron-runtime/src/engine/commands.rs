@@ -267,30 +267,17 @@ impl<S: Store> Engine<S> {
                 self.reply_after_commit(reply, Ok(ids));
             }
             Command::Cancel { run, reply } => {
-                let result = if self.runs.contains_key(&run) {
+                if self.runs.contains_key(&run) {
                     self.stop(run, RunState::Cancelled, now);
-                    Ok(())
-                } else {
-                    match self.store.get_run(run).await {
-                        Ok(Some(r)) if !r.state.is_terminal() => {
-                            match self.store.request_cancel(run).await {
-                                Ok(true) => Ok(()),
-                                Ok(false) => Err(EngineError::Conflict(format!(
-                                    "run {run} is {} and no node runs it",
-                                    r.state
-                                ))),
-                                Err(e) => Err(EngineError::Storage(e)),
-                            }
-                        }
-                        Ok(Some(r)) => Err(EngineError::Conflict(format!(
-                            "run {run} is already {}",
-                            r.state
-                        ))),
-                        Ok(None) => Err(EngineError::NotFound(format!("no run {run}"))),
-                        Err(e) => Err(EngineError::Storage(e)),
-                    }
-                };
-                self.reply_after_commit(reply, result);
+                    self.reply_after_commit(reply, Ok(()));
+                    return;
+                }
+                // Not run here: asked of its node through the store, beside
+                // the loop (nothing here changes, so the answer goes straight back).
+                let store = self.store.clone();
+                tokio::spawn(async move {
+                    let _ = reply.send(request_cancel(&*store, run).await);
+                });
             }
             Command::Own { owns, reply } => {
                 let result = self
@@ -323,10 +310,8 @@ impl<S: Store> Engine<S> {
                 }
                 self.reply_after_commit(reply, result);
             }
-            Command::Work { reply } => {
-                let result = self.share_work(now).await.map_err(EngineError::Storage);
-                self.reply_after_commit(reply, result);
-            }
+            Command::Work { reply } => self.share_work(reply),
+            Command::Worked { news, reply } => self.worked(news, reply, now),
         }
     }
 
@@ -375,5 +360,28 @@ impl<S: Store> Engine<S> {
             let out = work.await;
             let _ = tx.send(back(out)).await;
         });
+    }
+}
+
+/// Asks the node running `run` to cancel it, through the store.
+async fn request_cancel<S: Store>(store: &S, run: RunId) -> Result<(), EngineError> {
+    let record = store
+        .get_run(run)
+        .await
+        .map_err(EngineError::Storage)?
+        .ok_or_else(|| EngineError::NotFound(format!("no run {run}")))?;
+    if record.state.is_terminal() {
+        return Err(EngineError::Conflict(format!(
+            "run {run} is already {}",
+            record.state
+        )));
+    }
+    match store.request_cancel(run).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(EngineError::Conflict(format!(
+            "run {run} is {} and no node runs it",
+            record.state
+        ))),
+        Err(e) => Err(EngineError::Storage(e)),
     }
 }

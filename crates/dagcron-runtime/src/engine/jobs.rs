@@ -224,18 +224,9 @@ impl<S: Store> Engine<S> {
         let store = self.store.clone();
         let key = key.clone();
         async move {
-            if let Some(job) = cached {
-                return Ok(Some(job));
-            }
-            let Some(stored) = store.get_job(&key.0, &key.1).await? else {
-                return Ok(None);
-            };
-            match Job::from_canonical(&stored.namespace, &stored.spec) {
-                Ok(job) => Ok(Some(Arc::new(job))),
-                Err(e) => {
-                    tracing::error!(namespace = %key.0, job = %key.1, "stored job no longer validates: {e}");
-                    Ok(None)
-                }
+            match cached {
+                Some(job) => Ok(Some(job)),
+                None => read_job(&*store, &key).await,
             }
         }
     }
@@ -285,6 +276,24 @@ impl<S: Store> Engine<S> {
         }
         if !fires::keep_idle_job(&entry.timing, now, !entry.paused && entry.owned) {
             entry.job = None;
+        }
+    }
+}
+
+/// The whole job of `key` from the store (`None` if it is gone or no
+/// longer validates).
+pub(super) async fn read_job<S: Store>(
+    store: &S,
+    key: &JobKey,
+) -> Result<Option<Arc<Job>>, StorageError> {
+    let Some(stored) = store.get_job(&key.0, &key.1).await? else {
+        return Ok(None);
+    };
+    match Job::from_canonical(&stored.namespace, &stored.spec) {
+        Ok(job) => Ok(Some(Arc::new(job))),
+        Err(e) => {
+            tracing::error!(namespace = %key.0, job = %key.1, "stored job no longer validates: {e}");
+            Ok(None)
         }
     }
 }

@@ -354,6 +354,11 @@ pub(crate) enum Command {
         at: Timestamp,
         job: Result<Option<Arc<Job>>, StorageError>,
     },
+    /// The store's answers for the shared work, asked beside the loop.
+    Worked {
+        news: Result<SharedNews, StorageError>,
+        reply: Reply<()>,
+    },
     /// The whole job a trigger needs, read beside the loop.
     Loaded {
         key: JobKey,
@@ -384,6 +389,19 @@ pub(crate) enum Command {
     Work {
         reply: Reply<()>,
     },
+}
+
+/// What the store answered for a round of shared work.
+#[derive(Default)]
+pub(crate) struct SharedNews {
+    /// The pool's room held for the claims.
+    room: usize,
+    /// Attempts claimed, with the job of each (read for other nodes' runs).
+    claims: Vec<(ClaimedAttempt, Option<Arc<Job>>)>,
+    /// News of this node's attempts that other nodes claimed.
+    progress: Vec<RemoteAttempt>,
+    /// Attempts this node runs for others that their owners withdrew.
+    withdrawn: HashSet<AttemptKey>,
 }
 
 /// Which jobs a cluster node owns: `owns(namespace, name)`.
@@ -790,6 +808,8 @@ pub struct Engine<S: Store> {
     ready: ReadyQueues,
     /// Attempts in this process's pool (at most `pool_size`).
     running: usize,
+    /// Room of the pool held for attempts being claimed from the cluster.
+    claiming: usize,
     /// Attempts handed to remote agents (their capacity bounds them).
     remote_running: usize,
     /// Attempt tasks started and not yet reported (`running` also counts

@@ -25,6 +25,7 @@ impl<S: Store> Engine<S> {
             next_timer: 0,
             ready: ReadyQueues::default(),
             running: 0,
+            claiming: 0,
             remote_running: 0,
             started: 0,
             last_run_id: store.max_run_id().await?,

@@ -2,53 +2,109 @@
 //! outcome of this node's attempts others ran, and withdrawals.
 
 use super::*;
+use jobs::read_job;
 
 impl<S: Store> Engine<S> {
-    /// See [`EngineHandle::share_work`].
-    pub(super) async fn share_work(&mut self, now: Timestamp) -> Result<(), StorageError> {
+    /// See [`EngineHandle::share_work`]: the store is asked beside the
+    /// loop (the answers come back as [`Command::Worked`]); the pool's room
+    /// is held for the claims meanwhile.
+    pub(super) fn share_work(&mut self, reply: Reply<()>) {
         if self.config.node.is_none() {
-            return Ok(());
+            let _ = reply.send(Ok(()));
+            return;
         }
-        let room = self.config.pool_size.saturating_sub(self.running);
+        let room = self
+            .config
+            .pool_size
+            .saturating_sub(self.running + self.claiming);
+        let room = if self.lease_valid() { room } else { 0 };
         let agents = match &self.config.remote {
             Some(remote) if room > 0 => remote.0.rooms(),
             _ => vec![],
         };
-        if room > 0 && self.lease_valid() {
-            for claim in self.store.claim_attempts(room, &agents, now).await? {
-                let key = (claim.namespace.clone(), claim.job.clone());
-                let job = match self.runs.get(&claim.run) {
-                    Some(run) => Some(run.job.clone()),
-                    None => self.job_of(&key).await?,
-                };
-                self.take_claim(claim, job, now);
-            }
-        }
-        if !self.shared.is_empty() {
-            for remote in self.store.remote_attempts().await? {
-                self.remote_progress(remote, now);
-            }
-        }
-        if !self.foreign.is_empty() {
-            let keys: Vec<AttemptKey> = self
-                .foreign
-                .iter()
-                .map(|((run, _), f)| (*run, f.task.clone(), f.number))
-                .collect();
-            let withdrawn: HashSet<AttemptKey> = self
-                .store
-                .withdrawn_attempts(&keys)
-                .await?
-                .into_iter()
-                .collect();
-            for ((run, _), f) in &self.foreign {
-                if withdrawn.contains(&(*run, f.task.clone(), f.number)) {
-                    tracing::info!(run, task = %f.task, number = f.number, "attempt withdrawn by its run's owner; stopping it");
-                    f.token.cancel();
+        self.claiming += room;
+        let here: HashSet<RunId> = self.runs.keys().copied().collect();
+        let asks_progress = !self.shared.is_empty();
+        let foreign: Vec<AttemptKey> = self
+            .foreign
+            .iter()
+            .map(|((run, _), f)| (*run, f.task.clone(), f.number))
+            .collect();
+        let store = self.store.clone();
+        let now = self.clock.now();
+        let work = async move {
+            let mut news = SharedNews {
+                room,
+                ..SharedNews::default()
+            };
+            if room > 0 {
+                let claims = store.claim_attempts(room, &agents, now).await?;
+                // The jobs of other nodes' runs, read once each.
+                let mut jobs: HashMap<JobKey, Option<Arc<Job>>> = HashMap::new();
+                for claim in claims {
+                    let key = (claim.namespace.clone(), claim.job.clone());
+                    let job = if here.contains(&claim.run) {
+                        None
+                    } else if let Some(job) = jobs.get(&key) {
+                        job.clone()
+                    } else {
+                        let job = read_job(&*store, &key).await?;
+                        jobs.insert(key, job.clone());
+                        job
+                    };
+                    news.claims.push((claim, job));
                 }
             }
+            if asks_progress {
+                news.progress = store.remote_attempts().await?;
+            }
+            if !foreign.is_empty() {
+                news.withdrawn = store
+                    .withdrawn_attempts(&foreign)
+                    .await?
+                    .into_iter()
+                    .collect();
+            }
+            Ok(news)
+        };
+        self.beside(work, |news| Command::Worked { news, reply });
+    }
+
+    /// The store's answers for the shared work (see [`Engine::share_work`]).
+    pub(super) fn worked(
+        &mut self,
+        news: Result<SharedNews, StorageError>,
+        reply: Reply<()>,
+        now: Timestamp,
+    ) {
+        let news = match news {
+            Ok(news) => news,
+            Err(e) => {
+                // Claims made before the failure stay claimed; the next
+                // round of shared work finds them running nowhere (lost).
+                self.claiming = 0;
+                let _ = reply.send(Err(EngineError::Storage(e)));
+                return;
+            }
+        };
+        self.claiming = self.claiming.saturating_sub(news.room);
+        for (claim, job) in news.claims {
+            let job = match self.runs.get(&claim.run) {
+                Some(run) => Some(run.job.clone()),
+                None => job,
+            };
+            self.take_claim(claim, job, now);
         }
-        Ok(())
+        for remote in news.progress {
+            self.remote_progress(remote, now);
+        }
+        for ((run, _), f) in &self.foreign {
+            if news.withdrawn.contains(&(*run, f.task.clone(), f.number)) {
+                tracing::info!(run, task = %f.task, number = f.number, "attempt withdrawn by its run's owner; stopping it");
+                f.token.cancel();
+            }
+        }
+        self.reply_after_commit(reply, Ok(()));
     }
 
     /// Starts an attempt claimed from the cluster: one of this node's own
