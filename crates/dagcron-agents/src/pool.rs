@@ -107,7 +107,7 @@ struct Agent {
     capacity: u32,
     running: u32,
     version: String,
-    tx: Option<mpsc::UnboundedSender<Result<v1::ServerMessage, Status>>>,
+    tx: Option<Tx>,
     last_seen: Instant,
     last_heartbeat: Timestamp,
     connected_at: Timestamp,
@@ -162,6 +162,313 @@ struct State {
     foreign_reports: u64,
 }
 
+impl State {
+    /// Assigns waiting attempts to agents with room, in turn across
+    /// namespaces and jobs; an attempt no agent can take now keeps its place.
+    fn assign(&mut self, at: Moment, outs: &mut Outs) {
+        // Stop as soon as no agent has room: the queue may be long.
+        while self.agents.values().any(Agent::has_room) {
+            let agents = &self.agents;
+            let Some(task) = self.waiting.take(|t| {
+                t.cancel.is_cancelled() || agents.values().any(|a| a.has_room() && a.takes(t))
+            }) else {
+                break;
+            };
+            if task.cancel.is_cancelled() {
+                outs.report(task, cancelled_outcome());
+                continue;
+            }
+            let best = self
+                .agents
+                .iter()
+                .filter(|(_, a)| a.has_room() && a.takes(&task))
+                .min_by(|(_, a), (_, b)| {
+                    // The least loaded, relative to its capacity.
+                    (u64::from(a.running) * u64::from(b.capacity))
+                        .cmp(&(u64::from(b.running) * u64::from(a.capacity)))
+                })
+                .map(|(s, _)| *s);
+            let Some(session) = best else {
+                // `take` saw an agent for it: cannot happen; keep it anyway.
+                let (ns, job) = (task.ctx.namespace.clone(), task.ctx.job.clone());
+                self.waiting.push_front(&ns, &job, task);
+                break;
+            };
+            // Increasing, for systems that reject a stale writer, but not
+            // by one: an agent cannot tell another's token from its own.
+            let mut step = [0u8; 2];
+            getrandom::fill(&mut step).expect("the operating system's random source");
+            self.next_token += 1 + i64::from(u16::from_le_bytes(step) % 1024);
+            let token = self.next_token;
+            let agent = self.agents.get_mut(&session).expect("agent");
+            let assignment = v1::Assignment {
+                attempt: Some(attempt_ref(&task, token)),
+                namespace: task.ctx.namespace.clone(),
+                job: task.ctx.job.clone(),
+                scheduled_at: task.ctx.scheduled_at.to_string(),
+                idempotency_key: task.ctx.idempotency_key.clone(),
+                params: task
+                    .ctx
+                    .params
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                executor: Some(convert::executor_to_proto(&task.executor)),
+                timeout_ms: task
+                    .timeout
+                    .map_or(0, |d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX)),
+                start_at_us: task.start_at.map_or(0, |t| t.as_microsecond()),
+                max_output_bytes: u32::try_from(task.max_output).unwrap_or(u32::MAX),
+                secrets: task
+                    .ctx
+                    .secrets
+                    .0
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            };
+            let Some(tx) = agent.tx.as_ref().filter(|tx| !tx.is_closed()) else {
+                agent.tx = None;
+                let (ns, job) = (task.ctx.namespace.clone(), task.ctx.job.clone());
+                self.waiting.push_front(&ns, &job, task);
+                continue;
+            };
+            outs.send(tx, at, server_message::Body::Assignment(assignment));
+            agent.running += 1;
+            let agent_id = agent.id.clone();
+            self.inflight.insert(
+                token,
+                Inflight {
+                    session,
+                    agent: agent_id,
+                    task,
+                    accepted: false,
+                    sent: at.mono,
+                    cancel_sent: None,
+                },
+            );
+        }
+    }
+
+    /// Ends agents whose lease passed (their attempts are lost), sends
+    /// unaccepted assignments elsewhere, and stops cancelled attempts.
+    fn upkeep(&mut self, config: &PoolConfig, at: Moment, outs: &mut Outs) {
+        let state = self;
+        let ttl = config.lease_ttl;
+        let expired: Vec<u64> = state
+            .agents
+            .iter()
+            .filter(|(_, a)| at.mono.saturating_duration_since(a.last_seen) > ttl)
+            .map(|(s, _)| *s)
+            .collect();
+        for session in &expired {
+            if let Some(agent) = state.agents.remove(session) {
+                tracing::warn!(agent = %agent.id, "agent lease ended; its attempts are lost");
+            }
+        }
+        let tokens: Vec<i64> = state.inflight.keys().copied().collect();
+        for token in tokens {
+            let inflight = &state.inflight[&token];
+            let gone = !state.agents.contains_key(&inflight.session);
+            let late = !inflight.accepted
+                && at.mono.saturating_duration_since(inflight.sent) > config.accept_timeout;
+            let cancelled = inflight.task.cancel.is_cancelled();
+            if cancelled && !gone && !late {
+                // Tell the agent once, then wait for its result (the process
+                // is gone then); an agent that does not answer within the
+                // accept timeout is not waited for any longer.
+                let inflight = state.inflight.get_mut(&token).expect("inflight");
+                match inflight.cancel_sent {
+                    None => {
+                        inflight.cancel_sent = Some(at.mono);
+                        let cancel = v1::Cancel {
+                            attempt: Some(attempt_ref(&inflight.task, token)),
+                            reason: "cancelled".into(),
+                        };
+                        let session = inflight.session;
+                        if let Some(tx) = state.agents.get(&session).and_then(|a| a.tx.as_ref()) {
+                            outs.send(tx, at, server_message::Body::Cancel(cancel));
+                        }
+                        continue;
+                    }
+                    Some(sent)
+                        if at.mono.saturating_duration_since(sent) <= config.accept_timeout =>
+                    {
+                        continue;
+                    }
+                    Some(_) => {}
+                }
+            }
+            if !(gone || late || cancelled) {
+                continue;
+            }
+            let inflight = state.inflight.remove(&token).expect("inflight");
+            if let Some(agent) = state.agents.get_mut(&inflight.session) {
+                agent.running = agent.running.saturating_sub(1);
+                if late {
+                    if let Some(tx) = &agent.tx {
+                        let cancel = v1::Cancel {
+                            attempt: Some(attempt_ref(&inflight.task, token)),
+                            reason: "not accepted in time".into(),
+                        };
+                        outs.send(tx, at, server_message::Body::Cancel(cancel));
+                    }
+                }
+            }
+            if gone {
+                let lost = convert::lost("the agent running this attempt stopped");
+                outs.report(inflight.task, lost);
+            } else if cancelled {
+                outs.report(inflight.task, dagcron_exec::Outcome {
+                    error: Some(
+                        "cancelled; the agent running it did not confirm in time that it stopped"
+                            .into(),
+                    ),
+                    ..cancelled_outcome()
+                });
+            } else {
+                tracing::info!(run = inflight.task.ctx.run_id, task = %inflight.task.ctx.task_id, "assignment not accepted in time; trying another agent");
+                let (ns, job) = (
+                    inflight.task.ctx.namespace.clone(),
+                    inflight.task.ctx.job.clone(),
+                );
+                state.waiting.push_front(&ns, &job, inflight.task);
+            }
+        }
+        state.assign(at, outs);
+    }
+
+    /// Whether the message about attempt `token` comes from the agent it
+    /// was given to; counted and logged when it does not.
+    fn sent_by_its_agent(&mut self, session: u64, token: i64) -> bool {
+        let state = self;
+        let Some(inflight) = state.inflight.get(&token) else {
+            return true;
+        };
+        let sender = state.agents.get(&session).map(|a| a.id.as_str());
+        if sender == Some(inflight.agent.as_str()) {
+            return true;
+        }
+        state.foreign_reports += 1;
+        tracing::warn!(
+            token,
+            sender = sender.unwrap_or("?"),
+            owner = %inflight.agent,
+            "refused a message about an attempt given to another agent"
+        );
+        false
+    }
+
+    fn on_result(&mut self, session: u64, result: &v1::Result, outs: &mut Outs) {
+        let state = self;
+        let token = result.attempt.as_ref().map_or(0, |a| a.fencing_token);
+        if !state.sent_by_its_agent(session, token) {
+            return;
+        }
+        let Some(inflight) = state.inflight.remove(&token) else {
+            state.stale_results += 1;
+            tracing::warn!(token, "result with a stale fencing token refused");
+            return;
+        };
+        for s in [inflight.session, session] {
+            if let Some(agent) = state.agents.get_mut(&s) {
+                if s == inflight.session {
+                    agent.running = agent.running.saturating_sub(1);
+                }
+            }
+        }
+        let is_http = matches!(inflight.task.executor, Executor::Http(_));
+        let mut outcome = convert::outcome_from_result(result, is_http);
+        if inflight.task.start_at.is_some() {
+            outcome.start_error_us = Some(result.start_error_us);
+        }
+        outs.report(inflight.task, outcome);
+    }
+
+    fn on_message(&mut self, session: u64, msg: v1::AgentMessage, at: Moment, outs: &mut Outs) {
+        let state = self;
+        let received_at = at.wall.as_microsecond();
+        let Some(agent) = state.agents.get_mut(&session) else {
+            return;
+        };
+        agent.last_seen = at.mono;
+        match msg.body {
+            Some(agent_message::Body::Heartbeat(h)) => {
+                agent.last_heartbeat = at.wall;
+                agent.clock_offset_us = h.clock_offset_us;
+                agent.load = h.load;
+                agent.draining = h.draining;
+                if let Some(tx) = &agent.tx {
+                    let ack = v1::HeartbeatAck {
+                        agent_sent_at_us: msg.sent_at_us,
+                        received_at_us: received_at,
+                    };
+                    outs.send(tx, at, server_message::Body::HeartbeatAck(ack));
+                }
+                // After a reconnection, the attempts it still runs are this
+                // session's; attempts this pool never gave (a server that is
+                // gone gave them, and they were lost with it) are stopped.
+                let agent_id = agent.id.clone();
+                let tx = agent.tx.clone();
+                for r in &h.running {
+                    let Some(inflight) = state.inflight.get_mut(&r.fencing_token) else {
+                        tracing::info!(agent = %agent_id, run = r.run_id, task = %r.task_id, "the agent runs an attempt this server did not give it; stopping it");
+                        if let Some(tx) = &tx {
+                            let cancel = v1::Cancel {
+                                attempt: Some(r.clone()),
+                                reason: "no longer this agent's: the server that gave it is gone"
+                                    .into(),
+                            };
+                            outs.send(tx, at, server_message::Body::Cancel(cancel));
+                        }
+                        continue;
+                    };
+                    if inflight.agent != agent_id {
+                        // Another agent's attempt: not this one's to claim.
+                        continue;
+                    }
+                    if inflight.session != session {
+                        let old = inflight.session;
+                        inflight.session = session;
+                        inflight.accepted = true;
+                        if let Some(a) = state.agents.get_mut(&old) {
+                            a.running = a.running.saturating_sub(1);
+                        }
+                        if let Some(a) = state.agents.get_mut(&session) {
+                            a.running += 1;
+                        }
+                    }
+                }
+            }
+            Some(agent_message::Body::Accepted(a)) => {
+                let token = a.attempt.map_or(0, |a| a.fencing_token);
+                if !state.sent_by_its_agent(session, token) {
+                    return;
+                }
+                if let Some(inflight) = state.inflight.get_mut(&token) {
+                    inflight.accepted = true;
+                }
+            }
+            Some(agent_message::Body::Result(r)) => state.on_result(session, &r, outs),
+            Some(agent_message::Body::Log(chunk)) => {
+                let token = chunk.attempt.as_ref().map_or(0, |a| a.fencing_token);
+                if !state.sent_by_its_agent(session, token) {
+                    return;
+                }
+                if let Some(live) = state
+                    .inflight
+                    .get(&token)
+                    .and_then(|i| i.task.live.as_ref())
+                {
+                    live.push(&chunk.data);
+                }
+            }
+            Some(agent_message::Body::Hello(_)) | None => {}
+        }
+        state.assign(at, outs);
+    }
+}
+
 /// Connected agents and the attempts they run; see the crate documentation.
 #[derive(Clone)]
 pub struct AgentPool {
@@ -172,15 +479,60 @@ pub struct AgentPool {
     authenticate: Arc<std::sync::OnceLock<Authenticate>>,
     /// Cancelled when the pool stops: every agent stream ends.
     closing: CancellationToken,
+    /// The wall clock (the monotonic one is tokio's).
+    clock: Arc<dyn dagcron_runtime::Clock>,
 }
 
-fn now_us() -> i64 {
-    Timestamp::now().as_microsecond()
+/// The instant the pool's state decides at: monotonic (for leases and
+/// timeouts) and by the wall clock (stamped on messages). Passed in, so that
+/// the state can be stepped at any instant.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Moment {
+    mono: Instant,
+    wall: Timestamp,
 }
 
-fn message(body: server_message::Body) -> v1::ServerMessage {
+type Tx = mpsc::UnboundedSender<Result<v1::ServerMessage, Status>>;
+
+/// What the pool's state decided: carried out once its lock is released,
+/// so that neither a slow agent stream nor the engine's report runs under it.
+#[derive(Default)]
+#[must_use]
+pub(crate) struct Outs(Vec<Out>);
+
+enum Out {
+    Send(Tx, Box<v1::ServerMessage>),
+    Report(
+        Box<dyn FnOnce(dagcron_exec::Outcome) + Send>,
+        dagcron_exec::Outcome,
+    ),
+}
+
+impl Outs {
+    fn send(&mut self, tx: &Tx, at: Moment, body: server_message::Body) {
+        self.0
+            .push(Out::Send(tx.clone(), Box::new(message(at, body))));
+    }
+
+    fn report(&mut self, task: RemoteTask, outcome: dagcron_exec::Outcome) {
+        self.0.push(Out::Report(task.report, outcome));
+    }
+
+    fn carry_out(self) {
+        for out in self.0 {
+            match out {
+                Out::Send(tx, msg) => {
+                    let _ = tx.send(Ok(*msg));
+                }
+                Out::Report(report, outcome) => report(outcome),
+            }
+        }
+    }
+}
+
+fn message(at: Moment, body: server_message::Body) -> v1::ServerMessage {
     v1::ServerMessage {
-        sent_at_us: now_us(),
+        sent_at_us: at.wall.as_microsecond(),
         body: Some(body),
     }
 }
@@ -197,8 +549,13 @@ fn attempt_ref(task: &RemoteTask, token: i64) -> v1::AttemptRef {
 impl AgentPool {
     /// A pool; call [`AgentPool::start`] to run its upkeep.
     pub fn new(config: PoolConfig) -> AgentPool {
+        AgentPool::with_clock(config, Arc::new(dagcron_runtime::SystemClock))
+    }
+
+    /// A pool reading the wall clock from `clock`.
+    pub fn with_clock(config: PoolConfig, clock: Arc<dyn dagcron_runtime::Clock>) -> AgentPool {
         let state = State {
-            next_token: now_us().saturating_mul(1024),
+            next_token: clock.now().as_microsecond().saturating_mul(1024),
             ..State::default()
         };
         AgentPool {
@@ -206,7 +563,24 @@ impl AgentPool {
             config,
             authenticate: Arc::default(),
             closing: CancellationToken::new(),
+            clock,
         }
+    }
+
+    fn moment(&self) -> Moment {
+        Moment {
+            mono: tokio::time::Instant::now().into_std(),
+            wall: self.clock.now(),
+        }
+    }
+
+    /// Runs `f` on the state under its lock, then carries out what it decided.
+    fn with_state<T>(&self, f: impl FnOnce(&mut State, Moment, &mut Outs) -> T) -> T {
+        let at = self.moment();
+        let mut outs = Outs::default();
+        let out = f(&mut self.state.lock().expect("pool lock"), at, &mut outs);
+        outs.carry_out();
+        out
     }
 
     /// From now on, agents are let in by the join token `check` accepts
@@ -226,7 +600,10 @@ impl AgentPool {
             loop {
                 tokio::select! {
                     () = stop.cancelled() => break,
-                    _ = tick.tick() => pool.upkeep(),
+                    _ = tick.tick() => {
+                        let config = pool.config.clone();
+                        pool.with_state(|state, at, outs| state.upkeep(&config, at, outs));
+                    }
                 }
             }
             pool.closing.cancel();
@@ -290,306 +667,6 @@ impl AgentPool {
         self.state.lock().expect("pool lock").next_token = base;
     }
 
-    /// Assigns waiting attempts to agents with room, in turn across
-    /// namespaces and jobs; an attempt no agent can take now keeps its place.
-    fn assign(state: &mut State) {
-        // Stop as soon as no agent has room: the queue may be long.
-        while state.agents.values().any(Agent::has_room) {
-            let agents = &state.agents;
-            let Some(task) = state.waiting.take(|t| {
-                t.cancel.is_cancelled() || agents.values().any(|a| a.has_room() && a.takes(t))
-            }) else {
-                break;
-            };
-            if task.cancel.is_cancelled() {
-                (task.report)(cancelled_outcome());
-                continue;
-            }
-            let best = state
-                .agents
-                .iter()
-                .filter(|(_, a)| a.has_room() && a.takes(&task))
-                .min_by(|(_, a), (_, b)| {
-                    // The least loaded, relative to its capacity.
-                    (u64::from(a.running) * u64::from(b.capacity))
-                        .cmp(&(u64::from(b.running) * u64::from(a.capacity)))
-                })
-                .map(|(s, _)| *s);
-            let Some(session) = best else {
-                // `take` saw an agent for it: cannot happen; keep it anyway.
-                let (ns, job) = (task.ctx.namespace.clone(), task.ctx.job.clone());
-                state.waiting.push_front(&ns, &job, task);
-                break;
-            };
-            // Increasing, for systems that reject a stale writer, but not
-            // by one: an agent cannot tell another's token from its own.
-            let mut step = [0u8; 2];
-            getrandom::fill(&mut step).expect("the operating system's random source");
-            state.next_token += 1 + i64::from(u16::from_le_bytes(step) % 1024);
-            let token = state.next_token;
-            let agent = state.agents.get_mut(&session).expect("agent");
-            let assignment = v1::Assignment {
-                attempt: Some(attempt_ref(&task, token)),
-                namespace: task.ctx.namespace.clone(),
-                job: task.ctx.job.clone(),
-                scheduled_at: task.ctx.scheduled_at.to_string(),
-                idempotency_key: task.ctx.idempotency_key.clone(),
-                params: task
-                    .ctx
-                    .params
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-                executor: Some(convert::executor_to_proto(&task.executor)),
-                timeout_ms: task
-                    .timeout
-                    .map_or(0, |d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX)),
-                start_at_us: task.start_at.map_or(0, |t| t.as_microsecond()),
-                max_output_bytes: u32::try_from(task.max_output).unwrap_or(u32::MAX),
-                secrets: task
-                    .ctx
-                    .secrets
-                    .0
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-            };
-            let sent = agent.tx.as_ref().is_some_and(|tx| {
-                tx.send(Ok(message(server_message::Body::Assignment(assignment))))
-                    .is_ok()
-            });
-            if !sent {
-                agent.tx = None;
-                let (ns, job) = (task.ctx.namespace.clone(), task.ctx.job.clone());
-                state.waiting.push_front(&ns, &job, task);
-                continue;
-            }
-            agent.running += 1;
-            let agent_id = agent.id.clone();
-            state.inflight.insert(
-                token,
-                Inflight {
-                    session,
-                    agent: agent_id,
-                    task,
-                    accepted: false,
-                    sent: Instant::now(),
-                    cancel_sent: None,
-                },
-            );
-        }
-    }
-
-    /// Ends agents whose lease passed (their attempts are lost), sends
-    /// unaccepted assignments elsewhere, and stops cancelled attempts.
-    fn upkeep(&self) {
-        let mut state = self.state.lock().expect("pool lock");
-        let ttl = self.config.lease_ttl;
-        let expired: Vec<u64> = state
-            .agents
-            .iter()
-            .filter(|(_, a)| a.last_seen.elapsed() > ttl)
-            .map(|(s, _)| *s)
-            .collect();
-        for session in &expired {
-            if let Some(agent) = state.agents.remove(session) {
-                tracing::warn!(agent = %agent.id, "agent lease ended; its attempts are lost");
-            }
-        }
-        let tokens: Vec<i64> = state.inflight.keys().copied().collect();
-        for token in tokens {
-            let inflight = &state.inflight[&token];
-            let gone = !state.agents.contains_key(&inflight.session);
-            let late = !inflight.accepted && inflight.sent.elapsed() > self.config.accept_timeout;
-            let cancelled = inflight.task.cancel.is_cancelled();
-            if cancelled && !gone && !late {
-                // Tell the agent once, then wait for its result (the process
-                // is gone then); an agent that does not answer within the
-                // accept timeout is not waited for any longer.
-                let inflight = state.inflight.get_mut(&token).expect("inflight");
-                match inflight.cancel_sent {
-                    None => {
-                        inflight.cancel_sent = Some(Instant::now());
-                        let cancel = v1::Cancel {
-                            attempt: Some(attempt_ref(&inflight.task, token)),
-                            reason: "cancelled".into(),
-                        };
-                        let session = inflight.session;
-                        if let Some(tx) = state.agents.get(&session).and_then(|a| a.tx.as_ref()) {
-                            let _ = tx.send(Ok(message(server_message::Body::Cancel(cancel))));
-                        }
-                        continue;
-                    }
-                    Some(at) if at.elapsed() <= self.config.accept_timeout => continue,
-                    Some(_) => {}
-                }
-            }
-            if !(gone || late || cancelled) {
-                continue;
-            }
-            let inflight = state.inflight.remove(&token).expect("inflight");
-            if let Some(agent) = state.agents.get_mut(&inflight.session) {
-                agent.running = agent.running.saturating_sub(1);
-                if late {
-                    if let Some(tx) = &agent.tx {
-                        let _ = tx.send(Ok(message(server_message::Body::Cancel(v1::Cancel {
-                            attempt: Some(attempt_ref(&inflight.task, token)),
-                            reason: "not accepted in time".into(),
-                        }))));
-                    }
-                }
-            }
-            if gone {
-                (inflight.task.report)(convert::lost("the agent running this attempt stopped"));
-            } else if cancelled {
-                (inflight.task.report)(dagcron_exec::Outcome {
-                    error: Some(
-                        "cancelled; the agent running it did not confirm in time that it stopped"
-                            .into(),
-                    ),
-                    ..cancelled_outcome()
-                });
-            } else {
-                tracing::info!(run = inflight.task.ctx.run_id, task = %inflight.task.ctx.task_id, "assignment not accepted in time; trying another agent");
-                let (ns, job) = (
-                    inflight.task.ctx.namespace.clone(),
-                    inflight.task.ctx.job.clone(),
-                );
-                state.waiting.push_front(&ns, &job, inflight.task);
-            }
-        }
-        Self::assign(&mut state);
-    }
-
-    /// Whether the message about attempt `token` comes from the agent it
-    /// was given to; counted and logged when it does not.
-    fn from_its_agent(state: &mut State, session: u64, token: i64) -> bool {
-        let Some(inflight) = state.inflight.get(&token) else {
-            return true;
-        };
-        let sender = state.agents.get(&session).map(|a| a.id.as_str());
-        if sender == Some(inflight.agent.as_str()) {
-            return true;
-        }
-        state.foreign_reports += 1;
-        tracing::warn!(
-            token,
-            sender = sender.unwrap_or("?"),
-            owner = %inflight.agent,
-            "refused a message about an attempt given to another agent"
-        );
-        false
-    }
-
-    fn on_result(state: &mut State, session: u64, result: &v1::Result) {
-        let token = result.attempt.as_ref().map_or(0, |a| a.fencing_token);
-        if !Self::from_its_agent(state, session, token) {
-            return;
-        }
-        let Some(inflight) = state.inflight.remove(&token) else {
-            state.stale_results += 1;
-            tracing::warn!(token, "result with a stale fencing token refused");
-            return;
-        };
-        for s in [inflight.session, session] {
-            if let Some(agent) = state.agents.get_mut(&s) {
-                if s == inflight.session {
-                    agent.running = agent.running.saturating_sub(1);
-                }
-            }
-        }
-        let is_http = matches!(inflight.task.executor, Executor::Http(_));
-        let mut outcome = convert::outcome_from_result(result, is_http);
-        if inflight.task.start_at.is_some() {
-            outcome.start_error_us = Some(result.start_error_us);
-        }
-        (inflight.task.report)(outcome);
-    }
-
-    fn on_message(&self, session: u64, msg: v1::AgentMessage, received_at: i64) {
-        let mut state = self.state.lock().expect("pool lock");
-        let Some(agent) = state.agents.get_mut(&session) else {
-            return;
-        };
-        agent.last_seen = Instant::now();
-        match msg.body {
-            Some(agent_message::Body::Heartbeat(h)) => {
-                agent.last_heartbeat = Timestamp::now();
-                agent.clock_offset_us = h.clock_offset_us;
-                agent.load = h.load;
-                agent.draining = h.draining;
-                if let Some(tx) = &agent.tx {
-                    let _ = tx.send(Ok(message(server_message::Body::HeartbeatAck(
-                        v1::HeartbeatAck {
-                            agent_sent_at_us: msg.sent_at_us,
-                            received_at_us: received_at,
-                        },
-                    ))));
-                }
-                // After a reconnection, the attempts it still runs are this
-                // session's; attempts this pool never gave (a server that is
-                // gone gave them, and they were lost with it) are stopped.
-                let agent_id = agent.id.clone();
-                let tx = agent.tx.clone();
-                for r in &h.running {
-                    let Some(inflight) = state.inflight.get_mut(&r.fencing_token) else {
-                        tracing::info!(agent = %agent_id, run = r.run_id, task = %r.task_id, "the agent runs an attempt this server did not give it; stopping it");
-                        if let Some(tx) = &tx {
-                            let _ =
-                                tx.send(Ok(message(server_message::Body::Cancel(v1::Cancel {
-                                    attempt: Some(r.clone()),
-                                    reason:
-                                        "no longer this agent's: the server that gave it is gone"
-                                            .into(),
-                                }))));
-                        }
-                        continue;
-                    };
-                    if inflight.agent != agent_id {
-                        // Another agent's attempt: not this one's to claim.
-                        continue;
-                    }
-                    if inflight.session != session {
-                        let old = inflight.session;
-                        inflight.session = session;
-                        inflight.accepted = true;
-                        if let Some(a) = state.agents.get_mut(&old) {
-                            a.running = a.running.saturating_sub(1);
-                        }
-                        if let Some(a) = state.agents.get_mut(&session) {
-                            a.running += 1;
-                        }
-                    }
-                }
-            }
-            Some(agent_message::Body::Accepted(a)) => {
-                let token = a.attempt.map_or(0, |a| a.fencing_token);
-                if !Self::from_its_agent(&mut state, session, token) {
-                    return;
-                }
-                if let Some(inflight) = state.inflight.get_mut(&token) {
-                    inflight.accepted = true;
-                }
-            }
-            Some(agent_message::Body::Result(r)) => Self::on_result(&mut state, session, &r),
-            Some(agent_message::Body::Log(chunk)) => {
-                let token = chunk.attempt.as_ref().map_or(0, |a| a.fencing_token);
-                if !Self::from_its_agent(&mut state, session, token) {
-                    return;
-                }
-                if let Some(live) = state
-                    .inflight
-                    .get(&token)
-                    .and_then(|i| i.task.live.as_ref())
-                {
-                    live.push(&chunk.data);
-                }
-            }
-            Some(agent_message::Body::Hello(_)) | None => {}
-        }
-        Self::assign(&mut state);
-    }
-
     fn disconnected(&self, session: u64) {
         let mut state = self.state.lock().expect("pool lock");
         if let Some(agent) = state.agents.get_mut(&session) {
@@ -612,11 +689,11 @@ fn cancelled_outcome() -> dagcron_exec::Outcome {
 
 impl Remote for AgentPool {
     fn submit(&self, task: RemoteTask) {
-        let mut state = self.state.lock().expect("pool lock");
-        let (ns, job) = (task.ctx.namespace.clone(), task.ctx.job.clone());
-        state.waiting.push_back(&ns, &job, task);
-        Self::assign(&mut state);
-        drop(state);
+        self.with_state(|state, at, outs| {
+            let (ns, job) = (task.ctx.namespace.clone(), task.ctx.job.clone());
+            state.waiting.push_back(&ns, &job, task);
+            state.assign(at, outs);
+        });
     }
 
     fn serves(&self, labels: &BTreeMap<String, String>) -> bool {
@@ -664,10 +741,14 @@ impl Agents for AgentPool {
         let (tx, rx) = mpsc::unbounded_channel();
         let refusal = |reason: String| -> Result<Response<ServerStream>, Status> {
             let (tx, rx) = mpsc::unbounded_channel();
-            let _ = tx.send(Ok(message(server_message::Body::Refusal(v1::Refusal {
+            let refusal = v1::Refusal {
                 reason,
                 supported_versions: SUPPORTED_VERSIONS.to_vec(),
-            }))));
+            };
+            let _ = tx.send(Ok(message(
+                self.moment(),
+                server_message::Body::Refusal(refusal),
+            )));
             Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
         };
         if self.config.require_client_certificate && !certified {
@@ -717,8 +798,14 @@ impl Agents for AgentPool {
         if hello.agent_id.is_empty() || hello.capacity == 0 {
             return refusal("an agent needs an id and a capacity of at least 1".into());
         }
-        let session = {
-            let mut state = self.state.lock().expect("pool lock");
+        let welcome = v1::Welcome {
+            session_id: String::new(),
+            heartbeat_interval_ms: u32::try_from((self.config.lease_ttl / 4).as_millis())
+                .unwrap_or(u32::MAX),
+            lease_ttl_ms: u32::try_from(self.config.lease_ttl.as_millis()).unwrap_or(u32::MAX),
+            protocol_version: PROTOCOL_VERSION,
+        };
+        let session = self.with_state(|state, at, outs| {
             state.next_session += 1;
             let session = state.next_session;
             // A reconnection replaces the agent's previous session, whose
@@ -737,28 +824,27 @@ impl Agents for AgentPool {
                     running: 0,
                     version: hello.version.clone(),
                     tx: Some(tx.clone()),
-                    last_seen: Instant::now(),
-                    last_heartbeat: Timestamp::now(),
-                    connected_at: Timestamp::now(),
+                    last_seen: at.mono,
+                    last_heartbeat: at.wall,
+                    connected_at: at.wall,
                     clock_offset_us: 0,
                     load: 0.0,
                     draining: false,
                 },
             );
-            // Results of attempts that finished while it was cut off.
-            for r in &hello.unreported {
-                Self::on_result(&mut state, session, r);
-            }
-            let _ = tx.send(Ok(message(server_message::Body::Welcome(v1::Welcome {
+            // The welcome first, then results of attempts that finished
+            // while it was cut off, then work.
+            let welcome = v1::Welcome {
                 session_id: session.to_string(),
-                heartbeat_interval_ms: u32::try_from((self.config.lease_ttl / 4).as_millis())
-                    .unwrap_or(u32::MAX),
-                lease_ttl_ms: u32::try_from(self.config.lease_ttl.as_millis()).unwrap_or(u32::MAX),
-                protocol_version: PROTOCOL_VERSION,
-            }))));
-            Self::assign(&mut state);
+                ..welcome
+            };
+            outs.send(&tx, at, server_message::Body::Welcome(welcome));
+            for r in &hello.unreported {
+                state.on_result(session, r, outs);
+            }
+            state.assign(at, outs);
             session
-        };
+        });
         tracing::info!(agent = %hello.agent_id, labels = ?hello.labels, capacity = hello.capacity, "agent connected");
         let pool = self.clone();
         tokio::spawn(async move {
@@ -766,7 +852,7 @@ impl Agents for AgentPool {
                 tokio::select! {
                     () = pool.closing.cancelled() => break,
                     msg = inbound.message() => match msg {
-                        Ok(Some(msg)) => pool.on_message(session, msg, now_us()),
+                        Ok(Some(msg)) => pool.with_state(|state, at, outs| state.on_message(session, msg, at, outs)),
                         Ok(None) | Err(_) => break,
                     },
                 }
@@ -774,5 +860,147 @@ impl Agents for AgentPool {
             pool.disconnected(session);
         });
         Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dagcron_exec::AttemptContext;
+
+    fn task(report: impl FnOnce(dagcron_exec::Outcome) + Send + 'static) -> RemoteTask {
+        RemoteTask {
+            ctx: AttemptContext {
+                namespace: "ns".into(),
+                job: "j".into(),
+                run_id: 1,
+                task_id: "t".into(),
+                attempt: 1,
+                scheduled_at: "2026-12-01T00:00:00Z".parse().unwrap(),
+                idempotency_key: "k".into(),
+                params: BTreeMap::new(),
+                secrets: Default::default(),
+            },
+            executor: Executor::Noop,
+            timeout: None,
+            start_at: None,
+            labels: BTreeMap::new(),
+            max_output: 1 << 16,
+            cancel: CancellationToken::new(),
+            live: None,
+            report: Box::new(report),
+        }
+    }
+
+    fn agent(tx: Tx, at: Moment) -> Agent {
+        Agent {
+            id: "a1".into(),
+            namespace: None,
+            labels: BTreeMap::new(),
+            capacity: 1,
+            running: 0,
+            version: "test".into(),
+            tx: Some(tx),
+            last_seen: at.mono,
+            last_heartbeat: at.wall,
+            connected_at: at.wall,
+            clock_offset_us: 0,
+            load: 0.0,
+            draining: false,
+        }
+    }
+
+    fn at(mono: Instant, wall: &str) -> Moment {
+        Moment {
+            mono,
+            wall: wall.parse().unwrap(),
+        }
+    }
+
+    /// The state decides at the instants it is given; nothing is sent or
+    /// reported until the decisions are carried out.
+    #[test]
+    fn the_state_decides_at_the_given_instant_and_acts_only_when_carried_out() {
+        let start = Instant::now();
+        let t0 = at(start, "2026-12-01T00:00:00Z");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut state = State::default();
+        state.agents.insert(1, agent(tx, t0));
+        let reported = Arc::new(Mutex::new(None));
+        let r = reported.clone();
+        state
+            .waiting
+            .push_back("ns", "j", task(move |o| *r.lock().unwrap() = Some(o)));
+        let mut outs = Outs::default();
+        state.assign(t0, &mut outs);
+        assert!(rx.try_recv().is_err(), "nothing sent before carrying out");
+        outs.carry_out();
+        let sent = rx.try_recv().unwrap().unwrap();
+        assert_eq!(sent.sent_at_us, t0.wall.as_microsecond());
+        assert!(matches!(
+            sent.body,
+            Some(server_message::Body::Assignment(_))
+        ));
+
+        // Not accepted within the accept timeout: at the instant given, it
+        // goes back to wait (the agent is told to drop it).
+        let config = PoolConfig::default();
+        let later = at(
+            start + config.accept_timeout + Duration::from_millis(1),
+            "2026-12-01T00:00:30Z",
+        );
+        let mut outs = Outs::default();
+        state.agents.get_mut(&1).unwrap().last_seen = later.mono;
+        state.upkeep(&config, later, &mut outs);
+        outs.carry_out();
+        let cancel = rx.try_recv().unwrap().unwrap();
+        assert!(matches!(cancel.body, Some(server_message::Body::Cancel(_))));
+        // ...and is assigned again at once, the agent having room again.
+        let again = rx.try_recv().unwrap().unwrap();
+        assert!(matches!(
+            again.body,
+            Some(server_message::Body::Assignment(_))
+        ));
+        assert!(reported.lock().unwrap().is_none());
+
+        // The agent's lease ends: the attempt is lost, reported when carried out.
+        let gone = at(later.mono + config.lease_ttl * 2, "2026-12-01T00:01:00Z");
+        let mut outs = Outs::default();
+        state.upkeep(&config, gone, &mut outs);
+        assert!(
+            reported.lock().unwrap().is_none(),
+            "not reported under the lock"
+        );
+        outs.carry_out();
+        let outcome = reported.lock().unwrap().take().unwrap();
+        assert_eq!(
+            outcome.ending,
+            dagcron_exec::Ending::Failed(dagcron_core::Failure::Lost)
+        );
+    }
+
+    /// A report ran while the pool's lock was held: a report that asked
+    /// the pool anything (as the engine's may) deadlocked the pool.
+    #[tokio::test]
+    async fn regression_a_report_runs_after_the_pools_lock_is_released() {
+        let pool = AgentPool::new(PoolConfig::default());
+        let (tx, _rx) = mpsc::unbounded_channel();
+        pool.with_state(|state, at, _| {
+            state.agents.insert(1, agent(tx, at));
+        });
+        let (done, seen) = std::sync::mpsc::channel();
+        let asks = pool.clone();
+        let cancelled = task(move |o| {
+            // Locks the pool: possible only once its lock is released.
+            let _ = done.send((o.ending, asks.waiting()));
+        });
+        cancelled.cancel.cancel();
+        let submitter = pool.clone();
+        std::thread::spawn(move || submitter.submit(cancelled));
+        let (ending, waiting) = seen
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the report ran (it deadlocked under the lock)");
+        assert_eq!(ending, dagcron_exec::Ending::Cancelled);
+        assert_eq!(waiting, 0);
     }
 }
