@@ -6,7 +6,6 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use dagcron_agents::AgentPool;
@@ -23,6 +22,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::Config;
+use super::config::{Embedded, Member};
 
 /// Starts a cluster member's coordinator beside its engine (given the
 /// engine's handle, the shutdown token and the token that says the engine
@@ -54,11 +54,12 @@ pub(super) struct Node<S: Store> {
 /// An embedded server: SQLite in the data directory (0700, its files 0600),
 /// the server key and the master key made there on the first start, and
 /// an instance-admin token for the command line on this machine.
-pub(super) async fn embedded(
-    data_dir: &Path,
-    key_file: &Path,
-    master_key_file: &Path,
-) -> Result<Node<SqliteStore>> {
+pub(super) async fn embedded(settings: &Embedded) -> Result<Node<SqliteStore>> {
+    let Embedded {
+        data_dir,
+        key_file,
+        master_key_file,
+    } = settings;
     private_dir(data_dir)?;
     let db = data_dir.join("dagcron.db");
     let store = Arc::new(
@@ -87,100 +88,90 @@ pub(super) async fn embedded(
     })
 }
 
-/// What a member of a cluster is started with.
-pub(super) struct Member<'a> {
-    pub(super) url: &'a str,
-    pub(super) node_id: Option<String>,
-    pub(super) key_file: &'a Path,
-    pub(super) master_key_file: Option<&'a Path>,
-    pub(super) old_master_key_files: &'a [PathBuf],
-    pub(super) lease_ttl: Duration,
-    pub(super) max_clock_skew: Duration,
-}
-
-impl Member<'_> {
-    /// Opens the shared database and registers this node (a new epoch and
-    /// lease); the coordinator starts once the engine does.
-    pub(super) async fn join(
-        self,
-        config: &Config,
-        address: SocketAddr,
-        agents: &AgentPool,
-    ) -> Result<Node<PgStore>> {
-        let keyring = Keyring::load(self.key_file)
-            .with_context(|| format!("reading the server key {}", self.key_file.display()))?;
-        let store = PgStore::connect(self.url, (config.pool_size as u32).clamp(4, 32))
-            .await
-            .context("opening the PostgreSQL database")?;
-        let clock = Arc::new(SystemClock);
-        let cluster_config = ClusterConfig {
-            lease_ttl: self.lease_ttl,
-            max_clock_skew: self.max_clock_skew,
-            ..ClusterConfig::new(
-                self.node_id.unwrap_or_else(|| default_node_id(address)),
-                address.to_string(),
-            )
-        };
-        let (registration, identity) = cluster::register(&store, &cluster_config, &*clock)
-            .await
-            .context("joining the cluster")?;
-        // An agent may move between nodes: fencing tokens must not repeat across them.
-        agents.set_token_base(registration.epoch << 40);
-        let master_key = match self.master_key_file {
-            Some(file) => {
-                let old = self
-                    .old_master_key_files
-                    .iter()
-                    .map(|f| {
-                        MasterKey::load(f)
-                            .with_context(|| format!("reading the old master key {}", f.display()))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                Some(Arc::new(KeySet::new(
-                    master_key(&store, file, false).await?,
-                    old,
-                    None,
-                )))
-            }
-            None => None,
-        };
-        // Read before the engine reads the jobs: the coordinator brings it
-        // the changes made after this.
-        let jobs_revision = store
-            .jobs_revision()
-            .await
-            .context("reading the jobs revision")?;
-        let name = format!("dagcron node {}", registration.id);
-        let coordinated = store.clone();
-        let member = identity.clone();
-        let join: Join = Box::new(move |engine, shutdown, stopped| {
-            let coordinator = Coordinator::new(
-                coordinated,
-                engine,
-                cluster_config,
-                &registration,
-                &member,
-                clock,
-                Some(jobs_revision),
-            );
-            let view = coordinator.handle();
-            (view, tokio::spawn(coordinator.run(shutdown, stopped)))
-        });
-        Ok(Node {
-            store: Arc::new(store),
-            keyring: Arc::new(keyring),
-            master_key,
-            identity: Some(identity),
-            join: Some(join),
-            name,
-            data_dir: None,
-        })
-    }
+/// A cluster member: opens the shared database and registers this node (a
+/// new epoch and lease); the coordinator starts once the engine does.
+pub(super) async fn member(
+    settings: &Member,
+    config: &Config,
+    address: SocketAddr,
+    agents: &AgentPool,
+) -> Result<Node<PgStore>> {
+    let keyring = Keyring::load(&settings.key_file)
+        .with_context(|| format!("reading the server key {}", settings.key_file.display()))?;
+    let store = PgStore::connect(&settings.url, (config.pool_size as u32).clamp(4, 32))
+        .await
+        .context("opening the PostgreSQL database")?;
+    let clock = Arc::new(SystemClock);
+    let cluster_config = ClusterConfig {
+        lease_ttl: settings.lease_ttl,
+        max_clock_skew: settings.max_clock_skew,
+        ..ClusterConfig::new(
+            settings
+                .node_id
+                .clone()
+                .unwrap_or_else(|| default_node_id(address)),
+            address.to_string(),
+        )
+    };
+    let (registration, identity) = cluster::register(&store, &cluster_config, &*clock)
+        .await
+        .context("joining the cluster")?;
+    // An agent may move between nodes: fencing tokens must not repeat across them.
+    agents.set_token_base(registration.epoch << 40);
+    let master_key = match &settings.master_key_file {
+        Some(file) => {
+            let old = settings
+                .old_master_key_files
+                .iter()
+                .map(|f| {
+                    MasterKey::load(f)
+                        .with_context(|| format!("reading the old master key {}", f.display()))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Some(Arc::new(KeySet::new(
+                master_key(&store, file, false).await?,
+                old,
+                None,
+            )))
+        }
+        None => None,
+    };
+    // Read before the engine reads the jobs: the coordinator brings it
+    // the changes made after this.
+    let jobs_revision = store
+        .jobs_revision()
+        .await
+        .context("reading the jobs revision")?;
+    let name = format!("dagcron node {}", registration.id);
+    let coordinated = store.clone();
+    let member = identity.clone();
+    let join: Join = Box::new(move |engine, shutdown, stopped| {
+        let coordinator = Coordinator::new(
+            coordinated,
+            engine,
+            cluster_config,
+            &registration,
+            &member,
+            clock,
+            Some(jobs_revision),
+        );
+        let view = coordinator.handle();
+        (view, tokio::spawn(coordinator.run(shutdown, stopped)))
+    });
+    Ok(Node {
+        store: Arc::new(store),
+        keyring: Arc::new(keyring),
+        master_key,
+        identity: Some(identity),
+        join: Some(join),
+        name,
+        data_dir: None,
+    })
 }
 
 /// Creates the data directory, or tightens an existing one, so that only
 /// this user can enter it (0700).
-fn private_dir(dir: &std::path::Path) -> Result<()> {
+fn private_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -192,7 +183,7 @@ fn private_dir(dir: &std::path::Path) -> Result<()> {
 }
 
 /// Makes the database file and its journals readable by this user only (0600).
-fn private_files(db: &std::path::Path) -> Result<()> {
+fn private_files(db: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     for suffix in ["", "-wal", "-shm"] {
         let path = std::path::PathBuf::from(format!("{}{suffix}", db.display()));
@@ -238,11 +229,7 @@ pub(super) fn join_tokens<S: Store>(
 /// a server whose store holds no secret yet. Secrets stored under a key
 /// that is gone cannot be decrypted: a missing key file with stored
 /// secrets is an error, never a reason to make a new key silently.
-async fn master_key<S: Store>(
-    store: &S,
-    file: &std::path::Path,
-    create: bool,
-) -> Result<MasterKey> {
+async fn master_key<S: Store>(store: &S, file: &Path, create: bool) -> Result<MasterKey> {
     let stored = store
         .count_secrets()
         .await
@@ -273,7 +260,7 @@ async fn bootstrap_admin<S: Store>(
     store: &S,
     keyring: &Keyring,
     new_key: bool,
-    file: &std::path::Path,
+    file: &Path,
 ) -> Result<()> {
     let tokens = store.list_tokens().await.context("reading the tokens")?;
     if !tokens.is_empty() {

@@ -142,24 +142,31 @@ pub struct Config {
 
 /// Where the state lives, and what comes with each backend.
 pub(super) enum Backend {
-    /// Alone, on SQLite in the data directory; the keys are made there on
-    /// the first start.
-    Embedded {
-        data_dir: PathBuf,
-        key_file: PathBuf,
-        master_key_file: PathBuf,
-    },
-    /// One node of the cluster that shares a PostgreSQL database; every
-    /// node is given the same key files.
-    Cluster {
-        url: String,
-        node_id: Option<String>,
-        key_file: PathBuf,
-        master_key_file: Option<PathBuf>,
-        old_master_key_files: Vec<PathBuf>,
-        lease_ttl: Duration,
-        max_clock_skew: Duration,
-    },
+    /// Alone, on SQLite in the data directory.
+    Embedded(Embedded),
+    /// One node of the cluster that shares a PostgreSQL database.
+    Cluster(Member),
+}
+
+/// An embedded server's files; the keys are made on the first start.
+pub(super) struct Embedded {
+    pub(super) data_dir: PathBuf,
+    pub(super) key_file: PathBuf,
+    pub(super) master_key_file: PathBuf,
+}
+
+/// A cluster member's settings; every node is given the same key files.
+pub(super) struct Member {
+    pub(super) url: String,
+    /// Unique and stable across restarts (default: host name and port).
+    pub(super) node_id: Option<String>,
+    pub(super) key_file: PathBuf,
+    /// None: no secrets on this cluster.
+    pub(super) master_key_file: Option<PathBuf>,
+    /// Older master keys, kept to decrypt while a rotation re-encrypts.
+    pub(super) old_master_key_files: Vec<PathBuf>,
+    pub(super) lease_ttl: Duration,
+    pub(super) max_clock_skew: Duration,
 }
 
 impl ServeArgs {
@@ -189,12 +196,12 @@ impl ServeArgs {
             .or(file.max_clock_skew_ms)
             .unwrap_or(500);
         let backend = match self.database.clone().or(file.database) {
-            None => Backend::Embedded {
+            None => Backend::Embedded(Embedded {
                 key_file: key_file.unwrap_or_else(|| data_dir.join("server.key")),
                 master_key_file: master_key_file.unwrap_or_else(|| data_dir.join("master.key")),
                 data_dir,
-            },
-            Some(url) => Backend::Cluster {
+            }),
+            Some(url) => Backend::Cluster(Member {
                 url,
                 node_id: self.node_id.clone().or(file.node_id),
                 key_file: key_file.context(
@@ -204,7 +211,7 @@ impl ServeArgs {
                 old_master_key_files: self.old_master_key_file.clone(),
                 lease_ttl: Duration::from_millis(lease_ttl_ms),
                 max_clock_skew: Duration::from_millis(max_clock_skew_ms),
-            },
+            }),
         };
         let client_ca = self.client_ca.clone().or(file.client_ca);
         let config = Config {
@@ -332,11 +339,11 @@ mod tests {
             "the default"
         );
         assert_eq!(config.listen(), SocketAddr::from(([127, 0, 0, 1], 0)));
-        let Backend::Embedded {
+        let Backend::Embedded(Embedded {
             key_file,
             master_key_file,
             ..
-        } = &config.backend
+        }) = &config.backend
         else {
             panic!("no database: embedded");
         };
@@ -353,7 +360,7 @@ mod tests {
         let node =
             Config::from_flags(["--database", "postgres://db/x", "--key-file", "k"]).unwrap();
         assert!(
-            matches!(node.backend, Backend::Cluster { ref key_file, .. } if key_file == Path::new("k"))
+            matches!(node.backend, Backend::Cluster(Member { ref key_file, .. }) if key_file == Path::new("k"))
         );
         let short = Config::from_flags(["--lease-ttl-ms", "100"]).err().unwrap();
         assert!(short.to_string().contains("lease_ttl_ms"), "{short}");

@@ -28,7 +28,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use backend::{Member, Node, embedded, join_tokens};
+use backend::{Node, embedded, join_tokens, member};
 use config::Backend;
 pub use config::{Config, ServeArgs};
 
@@ -73,33 +73,9 @@ pub async fn run(
         api_stop,
     };
     match &config.backend {
-        Backend::Embedded {
-            data_dir,
-            key_file,
-            master_key_file,
-        } => {
-            let node = embedded(data_dir, key_file, master_key_file).await?;
-            node.run(serving, shutdown).await
-        }
-        Backend::Cluster {
-            url,
-            node_id,
-            key_file,
-            master_key_file,
-            old_master_key_files,
-            lease_ttl,
-            max_clock_skew,
-        } => {
-            let member = Member {
-                url,
-                node_id: node_id.clone(),
-                key_file,
-                master_key_file: master_key_file.as_deref(),
-                old_master_key_files,
-                lease_ttl: *lease_ttl,
-                max_clock_skew: *max_clock_skew,
-            };
-            let node = member.join(&config, address, &serving.agents).await?;
+        Backend::Embedded(settings) => embedded(settings).await?.run(serving, shutdown).await,
+        Backend::Cluster(settings) => {
+            let node = member(settings, &config, address, &serving.agents).await?;
             node.run(serving, shutdown).await
         }
     }
