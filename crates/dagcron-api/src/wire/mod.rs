@@ -44,6 +44,7 @@ pub struct ErrorDetail {
     pub message: String,
     /// `null`, or one entry per problem of invalid input.
     #[serde(default)]
+    #[schema(required = true)]
     pub details: Option<Vec<Problem>>,
 }
 
