@@ -12,7 +12,6 @@ use dagcron_proto::v1::{self, agent_message, server_message};
 use dagcron_proto::{PROTOCOL_VERSION, SUPPORTED_VERSIONS, check_version};
 use dagcron_runtime::{Remote, RemoteTask};
 use jiff::Timestamp;
-use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -72,8 +71,8 @@ impl Default for PoolConfig {
     }
 }
 
-/// An agent as the API shows it.
-#[derive(Clone, Debug, Serialize)]
+/// An agent, for the API (which answers it as its own `WorkerAnswer`).
+#[derive(Clone, Debug)]
 pub struct WorkerInfo {
     /// Its name.
     pub id: String,

@@ -5,7 +5,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use dagcron_runtime::EngineError;
 use dagcron_store::StorageError;
-use serde_json::{Value, json};
+
+use crate::wire::{ErrorBody, ErrorDetail, Problem};
 
 /// An error answer: status, stable code, message, details.
 #[derive(Debug)]
@@ -16,8 +17,8 @@ pub struct ApiError {
     pub code: &'static str,
     /// For people.
     pub message: String,
-    /// Structured details (for validation errors, one entry per problem).
-    pub details: Value,
+    /// For invalid input: one entry per problem.
+    pub details: Option<Vec<Problem>>,
 }
 
 impl ApiError {
@@ -30,7 +31,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
-            details: Value::Null,
+            details: None,
         }
     }
 
@@ -89,7 +90,13 @@ pub(crate) async fn json_errors(resp: Response) -> Response {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({ "error": { "code": self.code, "message": self.message, "details": self.details } });
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.into(),
+                message: self.message,
+                details: self.details,
+            },
+        };
         (self.status, Json(body)).into_response()
     }
 }

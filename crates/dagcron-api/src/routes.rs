@@ -10,13 +10,12 @@ use dagcron_core::{Job, JobFile, JobSpec};
 use dagcron_store::{RunId, Store, StoredJob};
 use jiff::Timestamp;
 use serde::Deserialize;
-use serde_json::{Value, json};
 
 use crate::auth::{AuditNamespace, Principal};
 use crate::wire::{
     ApplyAnswer, ApplyItem, BackfillAnswer, BackfillBody, ClusterAnswer, ErrorBody, Errors,
-    FireAnswer, FirePage, HealthAnswer, JobAnswer, JobPage, RunAnswer, RunPage, TriggerBody,
-    WorkersAnswer,
+    FireAnswer, FirePage, HealthAnswer, JobAnswer, JobPage, NodeAnswer, NodeStatus, Problem,
+    RunAnswer, RunPage, TriggerBody, WorkerAnswer, WorkersAnswer,
 };
 use crate::{ApiError, AppState};
 use dagcron_core::authz::Need;
@@ -197,7 +196,7 @@ async fn health<S: Store>(State(state): State<AppState<S>>) -> impl IntoResponse
     let answer = HealthAnswer {
         status: status.into(),
         problem,
-        node: serde_json::to_value(node).ok(),
+        node: Some(NodeStatus::from(&node)),
     };
     (code, Json(answer))
 }
@@ -216,7 +215,7 @@ async fn workers<S: Store>(
         .map(|p| p.workers())
         .unwrap_or_default()
         .iter()
-        .filter_map(|w| serde_json::to_value(w).ok())
+        .map(WorkerAnswer::from)
         .collect();
     // Results that came back after their attempt had been given up on (a
     // stale fencing token): refused, and counted here.
@@ -243,11 +242,8 @@ async fn cluster<S: Store>(
     };
     let nodes = cluster.nodes().await?;
     Ok(Json(ClusterAnswer {
-        this_node: serde_json::to_value(cluster.local()).unwrap_or(Value::Null),
-        nodes: nodes
-            .iter()
-            .filter_map(|n| serde_json::to_value(n).ok())
-            .collect(),
+        this_node: NodeStatus::from(&cluster.local()),
+        nodes: nodes.iter().map(NodeAnswer::from).collect(),
     }))
 }
 
@@ -283,7 +279,7 @@ fn validate(file: &JobFile) -> Result<Vec<Job>, ApiError> {
             "invalid_job_file",
             format!("the job file has {} problem(s): {errors}", errors.0.len()),
         );
-        err.details = json!(errors.0);
+        err.details = Some(errors.0.iter().map(Problem::from).collect());
         err
     })
 }
@@ -511,7 +507,7 @@ async fn trigger<S: Store>(
                 dagcron_core::ValidationErrors(problems.clone())
             ),
         );
-        err.details = json!(problems);
+        err.details = Some(problems.iter().map(Problem::from).collect());
         return Err(err);
     }
     let id = st.engine.trigger(&ns, &name, body.params).await?;

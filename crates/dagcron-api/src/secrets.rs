@@ -18,12 +18,10 @@ use axum::http::StatusCode;
 use dagcron_core::authz::Need;
 use dagcron_store::{SecretRecord, Store};
 use jiff::Timestamp;
-use serde::{Deserialize, Serialize};
 use sha2::Digest;
-use utoipa::ToSchema;
 
 use crate::auth::{Principal, write_private};
-use crate::wire::Errors;
+use crate::wire::{Errors, KeyUse, KeysAnswer, SecretAnswer, SecretBody, SecretList};
 use crate::{ApiError, AppState};
 
 /// The largest secret value, in bytes.
@@ -317,49 +315,6 @@ impl<S: Store> dagcron_runtime::Secrets for StoredSecrets<S> {
     }
 }
 
-/// A secret's value, to set.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SecretBody {
-    /// The value (at most 64 KiB, UTF-8).
-    pub value: String,
-}
-
-/// A secret's metadata: never its value.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct SecretAnswer {
-    /// Tenant.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// Increments with every new value.
-    pub version: i64,
-    /// Which master key encrypted it.
-    pub key_id: String,
-    /// When its value was last set.
-    #[schema(value_type = String, format = DateTime)]
-    pub updated_at: Timestamp,
-}
-
-impl From<&SecretRecord> for SecretAnswer {
-    fn from(s: &SecretRecord) -> SecretAnswer {
-        SecretAnswer {
-            namespace: s.namespace.clone(),
-            name: s.name.clone(),
-            version: s.version,
-            key_id: s.key_id.clone(),
-            updated_at: s.updated_at,
-        }
-    }
-}
-
-/// A namespace's secrets.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct SecretList {
-    /// By name.
-    pub items: Vec<SecretAnswer>,
-}
-
 fn no_secret(ns: &str, name: &str) -> impl FnOnce() -> ApiError + use<> {
     let message = format!("no secret {ns}/{name}");
     move || ApiError::not_found(message)
@@ -453,24 +408,6 @@ pub(crate) async fn delete_secret<S: Store>(
     } else {
         Err(no_secret(&ns, &name)())
     }
-}
-
-/// The master keys and how many secrets each encrypts.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct KeysAnswer {
-    /// The key that encrypts.
-    pub current: String,
-    /// Every key this server holds, with the secrets it encrypts.
-    pub keys: Vec<KeyUse>,
-}
-
-/// One master key's use.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct KeyUse {
-    /// Its id.
-    pub key_id: String,
-    /// Secrets encrypted with it.
-    pub secrets: u64,
 }
 
 async fn keys_answer<S: Store>(st: &AppState<S>, keys: &KeySet) -> Result<KeysAnswer, ApiError> {

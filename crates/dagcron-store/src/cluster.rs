@@ -19,7 +19,8 @@ use serde::Serialize;
 
 use crate::{Result, RunId, RunRecord, Store};
 
-/// Where a node is in its life.
+/// Where a node is in its life. (Serializable only because the runtime's
+/// `LocalStatus` is; the API answers its own types.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NodeState {
@@ -68,7 +69,7 @@ impl FromStr for NodeState {
 }
 
 /// A node as registered.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeRecord {
     /// Its name, stable across restarts.
     pub id: String,
@@ -144,7 +145,8 @@ pub struct OrphanRun {
 
 /// What the write path has cost so far: how many write batches were
 /// committed, how many writes they held, and how many statements (each one
-/// round trip, transaction control included) they took.
+/// round trip, transaction control included) they took. (Serializable only
+/// because the runtime's `LocalStatus` is.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct WriteStatistics {
     /// Batches committed.

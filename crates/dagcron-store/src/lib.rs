@@ -19,14 +19,12 @@ use std::future::Future;
 
 use dagcron_core::{AttemptState, FireOutcome, RunState, TaskState};
 use jiff::Timestamp;
-use serde::Serialize;
 
 /// A run's identity: unique, and increasing with creation time.
 pub type RunId = i64;
 
 /// What created a run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Trigger {
     /// A fire on time.
     Schedule,
@@ -119,8 +117,7 @@ impl JobUpsert {
 }
 
 /// What applying a job did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "result", content = "version")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ApplyResult {
     /// New job, at this version.
     Created(i64),
@@ -302,7 +299,7 @@ pub enum WriteResult {
 }
 
 /// An attempt as stored.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AttemptRecord {
     /// 1-based.
     pub number: u32,
@@ -318,11 +315,9 @@ pub struct AttemptRecord {
     pub error: Option<String>,
     /// The epoch of the cluster node that ran it (none outside a cluster,
     /// or while it waits to be claimed).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub node_epoch: Option<i64>,
     /// For an attempt asked to start at an instant (a job's `send_ahead`):
     /// how far from it it started, in microseconds (positive: late).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub start_error_us: Option<i64>,
 }
 
@@ -368,7 +363,7 @@ pub struct RemoteAttempt {
 pub type AttemptKey = (RunId, String, u32);
 
 /// A task of a run, as stored.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskRecord {
     /// Task id.
     pub id: String,
@@ -379,7 +374,7 @@ pub struct TaskRecord {
 }
 
 /// A run as stored, with its tasks and attempts.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunRecord {
     /// Id.
     pub id: RunId,
@@ -404,7 +399,6 @@ pub struct RunRecord {
     /// Finished.
     pub finished_at: Option<Timestamp>,
     /// Set once the run was asked to stop: the state it ends in.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub closing: Option<RunState>,
     /// Tasks in declaration order.
     pub tasks: Vec<TaskRecord>,

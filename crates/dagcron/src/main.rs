@@ -1,15 +1,19 @@
-//! The `dagcron` binary: the server, and a command line for it.
+//! The `dagcron` binary: the server, and a command line for it. What
+//! belongs to the process (logging, signals, the port, the child
+//! subreaper) is set up here; the server itself is the library's
+//! [`dagcron::serve`].
 
 mod client;
 mod cron_cmd;
 mod dag_cmd;
-mod serve;
-mod tls;
 mod worker;
 
+use std::future::Future;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
+use dagcron::serve::{self, Exit};
 
 /// dagcron: a distributed job scheduler with cron schedules and DAG jobs.
 #[derive(Parser)]
@@ -43,7 +47,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Cron(cmd) => cron_cmd::run(cmd),
         Command::Dag(cmd) => dag_cmd::run(cmd),
-        Command::Serve(args) => runtime().and_then(|rt| rt.block_on(serve::run(*args))),
+        Command::Serve(args) => runtime().and_then(|rt| rt.block_on(run_server(*args))),
         Command::Worker(args) => runtime().and_then(|rt| rt.block_on(worker::run(args))),
         Command::Client(cmd) => runtime().and_then(|rt| rt.block_on(client::run(cmd, cli.conn))),
     };
@@ -60,4 +64,50 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?)
+}
+
+/// `dagcron serve`: the configuration merged, logging installed, the
+/// process made the subreaper of task processes, the signal handlers
+/// installed and the port bound; then [`serve::run`] until a signal.
+async fn run_server(args: serve::ServeArgs) -> anyhow::Result<ExitCode> {
+    let config = args.config()?;
+    init_logging();
+    // Descendants of attempts whose parent died are adopted by this
+    // process, which kills them with their attempt.
+    if !dagcron_exec::tree::become_subreaper() {
+        tracing::warn!("cannot become the child subreaper of task processes");
+    }
+    dagcron_exec::pass_env(config.pass_env().to_vec());
+    let shutdown = shutdown_signal()?;
+    let listen = config.listen();
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listening on {listen}"))?;
+    Ok(match serve::run(config, listener, shutdown).await? {
+        Exit::Stopped => ExitCode::SUCCESS,
+        Exit::Fenced => ExitCode::from(serve::EXIT_FENCED),
+    })
+}
+
+/// Logs to standard error, at `info` unless `RUST_LOG` says otherwise.
+fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+}
+
+/// Completes at the first SIGTERM or SIGINT; the handlers are installed
+/// when this is called, not when the future is first polled.
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+    })
 }

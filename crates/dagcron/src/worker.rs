@@ -48,11 +48,7 @@ pub(crate) struct WorkerArgs {
 }
 
 pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    crate::init_logging();
     anyhow::ensure!(args.capacity > 0, "--capacity must be at least 1");
     dagcron_exec::pass_env(args.pass_env.clone());
     if !dagcron_exec::tree::become_subreaper() {
@@ -67,7 +63,12 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
     };
     let labels: BTreeMap<String, String> = args.labels.into_iter().collect();
     let shutdown = CancellationToken::new();
-    tokio::spawn(crate::serve::shutdown_signal(shutdown.clone()));
+    let signal = crate::shutdown_signal()?;
+    let token = shutdown.clone();
+    tokio::spawn(async move {
+        signal.await;
+        token.cancel();
+    });
     let config = AgentConfig {
         servers: args.server,
         agent_id,

@@ -1,6 +1,8 @@
 //! Remote worker agents with real processes on loopback: a server and two
 //! agents with different labels, each agent in a directory of its own so
-//! that a task's `pwd` says where it ran.
+//! that a task's `pwd` says where it ran. The server is a process where a
+//! test signals it, kills something or speaks TLS, and in the test's own
+//! process otherwise.
 
 mod common;
 
@@ -11,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Killed, Server, free_port, join_token, setup, wait_process_gone};
+use common::{Api, InProcess, Killed, Server, join_token, setup, wait_process_gone};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -22,13 +24,13 @@ struct Agent {
 }
 
 impl Agent {
-    fn start(server: &Server, root: &Path, id: &str, labels: &str, capacity: u32) -> Agent {
+    fn start(server: &Api, root: &Path, id: &str, labels: &str, capacity: u32) -> Agent {
         Agent::start_via(server, &server.url, root, id, labels, capacity)
     }
 
     /// An agent that reaches `server` at `url` (through a proxy, say).
     fn start_via(
-        server: &Server,
+        server: &Api,
         url: &str,
         root: &Path,
         id: &str,
@@ -80,7 +82,7 @@ fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
-fn log(server: &Server, id: i64, task: &str, attempt: u32) -> String {
+fn log(server: &Api, id: i64, task: &str, attempt: u32) -> String {
     server
         .http()
         .get(format!(
@@ -96,7 +98,7 @@ fn log(server: &Server, id: i64, task: &str, attempt: u32) -> String {
 #[test]
 fn tasks_go_to_agents_by_label_and_survive_an_agent_killed_mid_task() {
     let (dir, data) = setup();
-    let mut server = Server::start(&data, free_port(), &["--agent-lease-ttl-ms", "2000"]);
+    let mut server = Server::start(&data, &["--agent-lease-ttl-ms", "2000"]);
     server.namespace = "a".into();
     let root = dir.path().join("agents");
     let mut eu = Agent::start(&server, &root, "eu-1", "zone=eu,pool=x", 2);
@@ -220,7 +222,7 @@ jobs:
 #[test]
 fn a_flood_of_short_tasks_runs_each_exactly_once() {
     let (dir, data) = setup();
-    let mut server = Server::start(&data, free_port(), &[]);
+    let mut server = InProcess::start(&data, &[]);
     server.namespace = "a".into();
     let root = dir.path().join("agents");
     let marks = dir.path().join("marks");
@@ -274,7 +276,7 @@ fn a_flood_of_short_tasks_runs_each_exactly_once() {
 #[test]
 fn timed_instructions_are_sent_ahead_and_started_at_their_instant() {
     let (dir, data) = setup();
-    let mut server = Server::start(&data, free_port(), &[]);
+    let mut server = InProcess::start(&data, &[]);
     server.namespace = "a".into();
     let _agent = Agent::start(
         &server,
@@ -388,7 +390,7 @@ impl Drop for Proxy {
 #[test]
 fn an_agent_cut_off_reports_on_reconnection_and_a_late_result_is_refused() {
     let (dir, data) = setup();
-    let mut server = Server::start(&data, free_port(), &["--agent-lease-ttl-ms", "8000"]);
+    let mut server = Server::start(&data, &["--agent-lease-ttl-ms", "8000"]);
     server.namespace = "a".into();
     let port: u16 = server.url.rsplit(':').next().unwrap().parse().unwrap();
     let proxy = Proxy::start(port);
@@ -461,7 +463,7 @@ fn an_agent_cut_off_reports_on_reconnection_and_a_late_result_is_refused() {
 #[test]
 fn an_agent_drains_on_sigterm() {
     let (dir, data) = setup();
-    let mut server = Server::start(&data, free_port(), &[]);
+    let mut server = InProcess::start(&data, &[]);
     server.namespace = "a".into();
     let root = dir.path().join("agents");
     let mut first = Agent::start(&server, &root, "first", "role=drain", 2);
@@ -507,7 +509,7 @@ fn an_agent_drains_on_sigterm() {
 #[test]
 fn remote_tasks_are_not_bounded_by_the_servers_pool() {
     let (dir, data) = setup();
-    let mut server = Server::start(&data, free_port(), &["--pool-size", "1"]);
+    let mut server = InProcess::start(&data, &["--pool-size", "1"]);
     server.namespace = "a".into();
     let agent = Agent::start(&server, &dir.path().join("agents"), "wide", "role=wide", 4);
     let mut yaml = String::from("namespace: a\njobs:\n  - name: wide\n    tasks:\n");
@@ -563,35 +565,22 @@ fn tls_server(
     extra: &[&std::ffi::OsStr],
 ) -> Server {
     let (ca, cert, key) = certs;
-    let port = free_port();
     let log = data.with_extension("log");
-    let file = std::fs::File::create(&log).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
+    let (mut cmd, address_file) = common::serve_command(&log);
+    let mut child = cmd
+        .arg("--data-dir")
         .arg(data)
         .arg("--tls-cert")
         .arg(cert)
         .arg("--tls-key")
         .arg(key)
         .args(extra)
-        .stdout(Stdio::from(file.try_clone().unwrap()))
-        .stderr(Stdio::from(file))
         .spawn()
         .unwrap();
+    // Written once the server answers: over TLS, and with its admin token made.
+    let address = common::wait_address(&mut child, &address_file, &log);
     let pem = std::fs::read(ca).unwrap();
-    let https = reqwest::blocking::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
-        .build()
-        .unwrap();
-    let url = format!("https://127.0.0.1:{port}");
-    wait_until("the server answers over TLS", || {
-        https.get(format!("{url}/healthz")).send().is_ok() && data.join("admin.token").exists()
-    });
+    let url = format!("https://{address}");
     let mut server = Server::adopt(child, url, "tls", log, data);
     server.ca = Some(pem);
     server
@@ -683,7 +672,7 @@ fn the_api_and_the_agents_speak_tls() {
 #[test]
 fn regression_agents_need_a_join_token_and_keep_within_it() {
     let (dir, data) = setup();
-    let server = Server::start(&data, free_port(), &[]);
+    let server = InProcess::start(&data, &[]);
     let worker = |token: Option<&str>, id: &str, labels: &str| {
         let agent_dir = dir.path().join(id);
         std::fs::create_dir_all(&agent_dir).unwrap();

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{Killed, Server, free_port, join_token, setup, wait_process_gone};
+use common::{Killed, Server, join_token, setup, wait_process_gone};
 use dagcron_test_pg::TestDatabase;
 use jiff::Timestamp;
 use nix::sys::signal::Signal;
@@ -22,7 +22,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 struct Cluster {
     db: TestDatabase,
     dir: tempfile::TempDir,
-    ports: Vec<u16>,
     nodes: Vec<Option<Server>>,
     ttl_ms: u64,
     /// More flags for every node.
@@ -59,7 +58,6 @@ impl Cluster {
             token,
             db,
             dir,
-            ports: (0..size).map(|_| free_port()).collect(),
             nodes: (0..size).map(|_| None).collect(),
             ttl_ms,
             extra: extra.iter().map(|s| s.to_string()).collect(),
@@ -94,7 +92,7 @@ impl Cluster {
             self.key_file.to_str().unwrap(),
         ];
         args.extend(self.extra.iter().map(String::as_str));
-        let mut server = Server::spawn(&args, self.ports[i], &log);
+        let mut server = Server::spawn(&args, &log);
         server.namespace = "c".into();
         server.token = Some(self.token.clone());
         self.nodes[i] = Some(server);
@@ -718,7 +716,6 @@ fn an_agent_on_one_node_serves_the_cluster_and_outlives_its_node() {
 fn regression_a_job_applied_through_one_node_is_known_to_every_node_at_once() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut cluster = Cluster::with_flags("read-through", 0, 5000, &[]);
-    cluster.ports = vec![free_port(), free_port()];
     cluster.nodes = vec![None, None];
     let slow = Partition::in_front_of(&cluster.db.url);
     cluster.start_via(0, &slow.url);
@@ -908,7 +905,6 @@ fn pipe(
 fn regression_a_partitioned_node_kills_its_attempts_before_its_lease_ends() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut cluster = Cluster::with_flags("partition", 0, 2000, &[]);
-    cluster.ports = vec![free_port(), free_port()];
     cluster.nodes = vec![None, None];
     let partition = Partition::in_front_of(&cluster.db.url);
     cluster.start_via(0, &partition.url);

@@ -1,5 +1,8 @@
 //! End to end: the real binary, on loopback, killed with SIGKILL mid-run and
-//! restarted; every claim is checked from the API.
+//! restarted; every claim is checked from the API. Tests that need nothing
+//! of a process (no signal, no environment of its own) start the server in
+//! their own process instead, on a listener they bound, and drive it with
+//! the real command line.
 
 mod common;
 
@@ -8,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Server, free_port, setup, wait_process_gone};
+use common::{Api, InProcess, Server, setup, wait_process_gone};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -40,8 +43,7 @@ jobs:
 #[test]
 fn kill_nine_loses_and_doubles_nothing() {
     let (_dir, data) = setup();
-    let port = free_port();
-    let mut server = Server::start(&data, port, &["--misfire-grace", "0"]);
+    let mut server = Server::start(&data, &["--misfire-grace", "0"]);
     let (status, body) = server.post("/api/v1/apply", JOBS, "application/yaml");
     assert_eq!(status, 200, "{body}");
     let applied_at = jiff::Timestamp::now();
@@ -63,15 +65,15 @@ fn kill_nine_loses_and_doubles_nothing() {
     // The process is down: the fires of these seconds are missed, and must
     // be caught up (run_all) when it comes back.
     std::thread::sleep(Duration::from_secs(3));
-    let mut server = Server::start(&data, port, &["--misfire-grace", "0"]);
+    let mut server = Server::start(&data, &["--misfire-grace", "0"]);
     // Catch-up plus new fires; then a second kill while runs are in flight.
     server.wait_runs("tick", before + 5);
     server.signal(Signal::SIGKILL);
-    let mut server = Server::start(&data, port, &["--misfire-grace", "0"]);
+    let mut server = Server::start(&data, &["--misfire-grace", "0"]);
     let before = server.all_runs("tick").len();
     server.wait_runs("tick", before + 2);
     server.signal(Signal::SIGTERM);
-    let server = Server::start(&data, port, &["--misfire-grace", "0"]);
+    let server = Server::start(&data, &["--misfire-grace", "0"]);
     // Stop firing, then let everything finish.
     server.post(
         "/api/v1/namespaces/e2e/jobs/tick/pause",
@@ -169,8 +171,7 @@ fn kill_nine_loses_and_doubles_nothing() {
 fn retries_wait_their_delay_and_sigterm_drains() {
     let (dir, data) = setup();
     let marker = dir.path().join("attempts");
-    let port = free_port();
-    let mut server = Server::start(&data, port, &[]);
+    let mut server = Server::start(&data, &[]);
     let file = format!(
         r#"
 namespace: e2e
@@ -220,7 +221,7 @@ jobs:
         std::thread::sleep(Duration::from_millis(20));
     }
     server.signal(Signal::SIGTERM);
-    let server = Server::start(&data, port, &[]);
+    let server = Server::start(&data, &[]);
     let run = server.get(&format!("/api/v1/runs/{}", run["id"]));
     assert_eq!(
         run["state"], "succeeded",
@@ -233,7 +234,7 @@ jobs:
 #[test]
 fn examples_apply_cleanly_and_idempotently() {
     let (_dir, data) = setup();
-    let server = Server::start(&data, free_port(), &[]);
+    let server = InProcess::start(&data, &[]);
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
     for entry in std::fs::read_dir(examples).unwrap() {
         let path = entry.unwrap().path();
@@ -256,36 +257,50 @@ fn examples_apply_cleanly_and_idempotently() {
 #[test]
 fn configuration_file() {
     let (dir, data) = setup();
-    let port = free_port();
     let config = dir.path().join("dagcron.toml");
+    // Port 0: the system chooses, so that it cannot be the default's 7700.
     std::fs::write(
         &config,
         format!(
-            "data_dir = {:?}\nlisten = \"127.0.0.1:{port}\"\npool_size = 4\n",
+            "data_dir = {:?}\nlisten = \"127.0.0.1:0\"\npool_size = 4\n",
             data.display().to_string()
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
-        .args(["serve", "--config", config.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while reqwest::blocking::get(format!("http://127.0.0.1:{port}/healthz")).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the server did not listen where the file said"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let address_file = dir.path().join("address");
+    let log = dir.path().join("server.log");
+    let mut child = common::Killed(
+        Command::new(env!("CARGO_BIN_EXE_dagcron"))
+            .args([
+                "serve",
+                "--config",
+                config.to_str().unwrap(),
+                "--address-file",
+            ])
+            .arg(&address_file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let address = common::wait_address(&mut child.0, &address_file, &log);
+    assert_ne!(
+        address.port(),
+        7700,
+        "the server did not listen where the file said"
+    );
+    assert!(
+        reqwest::blocking::get(format!("http://{address}/healthz"))
+            .unwrap()
+            .status()
+            .is_success()
+    );
     assert!(
         data.join("dagcron.db").exists(),
         "the data directory comes from the file"
     );
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
-    child.wait().unwrap();
+    kill(Pid::from_raw(child.0.id() as i32), Signal::SIGTERM).unwrap();
+    child.0.wait().unwrap();
 
     std::fs::write(&config, "pool_sise = 3\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_dagcron"))
@@ -307,7 +322,7 @@ fn following_a_running_attempt_streams_its_output() {
     use std::io::Read;
 
     let (_dir, data) = setup();
-    let server = Server::start(&data, free_port(), &[]);
+    let server = InProcess::start(&data, &[]);
     let (status, body) = server.post(
         "/api/v1/apply",
         "namespace: e2e\njobs:\n  - { name: talk, tasks: [{ id: t, shell: 'echo first; sleep 2; echo second' }] }\n",
@@ -380,8 +395,7 @@ fn attempt_states(server: &Server, run: i64) -> Vec<String> {
 #[test]
 fn regression_no_task_outlives_its_server() {
     let (dir, data) = setup();
-    let port = free_port();
-    let mut server = Server::start(&data, port, &["--shutdown-grace", "1"]);
+    let mut server = Server::start(&data, &["--shutdown-grace", "1"]);
     let file = format!(
         "namespace: e2e\njobs:\n  - name: long\n    retry: {{ max_attempts: 5, backoff: fixed, initial: 100ms, max: 100ms }}\n    tasks:\n      - {{ id: t, shell: 'echo $$ > {}/pid-$DAGCRON_ATTEMPT; sleep 300' }}\n",
         dir.path().display()
@@ -403,7 +417,7 @@ fn regression_no_task_outlives_its_server() {
         started.elapsed()
     );
     wait_process_gone(&first);
-    let mut server = Server::start(&data, port, &["--shutdown-grace", "1"]);
+    let mut server = Server::start(&data, &["--shutdown-grace", "1"]);
     let second = dir.path().join("pid-2");
     let pid = read_pid(&second);
     assert_eq!(attempt_states(&server, run), ["lost", "running"]);
@@ -414,7 +428,7 @@ fn regression_no_task_outlives_its_server() {
         "the task's process is expected to outlive a SIGKILL of its server"
     );
     // ...until the next server, which kills it before it retries.
-    let server = Server::start(&data, port, &["--shutdown-grace", "1"]);
+    let server = Server::start(&data, &["--shutdown-grace", "1"]);
     wait_process_gone(&second);
     read_pid(&dir.path().join("pid-3"));
     assert_eq!(attempt_states(&server, run), ["lost", "lost", "running"]);
@@ -427,8 +441,7 @@ fn regression_no_task_outlives_its_server() {
 #[test]
 fn regression_a_suspended_server_follows_the_misfire_policy_when_it_wakes() {
     let (_dir, data) = setup();
-    let port = free_port();
-    let server = Server::start(&data, port, &["--misfire-grace", "2"]);
+    let server = Server::start(&data, &["--misfire-grace", "2"]);
     let file = "namespace: e2e\njobs:\n  - { name: tick, schedule: '* * * * * *', misfire: run_once, concurrency: allow, max_active_runs: 100, tasks: [{ id: t, noop: true }] }\n";
     assert_eq!(
         server.post("/api/v1/apply", file, "application/yaml").0,
@@ -477,7 +490,7 @@ fn regression_a_suspended_server_follows_the_misfire_policy_when_it_wakes() {
 #[test]
 fn the_command_line_finds_the_local_admin_token_and_manages_tokens() {
     let (dir, data) = setup();
-    let server = Server::start(&data, free_port(), &[]);
+    let server = InProcess::start(&data, &[]);
     // Without a token, the API refuses.
     let (status, body) = server.post(
         "/api/v1/apply",
@@ -578,7 +591,6 @@ fn regression_tasks_get_a_clean_environment() {
     let (_dir, data) = setup();
     let mut server = Server::start_env(
         &data,
-        free_port(),
         &["--pass-env", "HTTP_PROXY"],
         &[
             ("DAGCRON_AGENT_TOKEN", "agent-secret"),
@@ -625,8 +637,7 @@ fn regression_tasks_get_a_clean_environment() {
 #[test]
 fn the_audit_log_records_changes_and_refusals_and_finds_tampering() {
     let (_dir, data) = setup();
-    let port = free_port();
-    let mut server = Server::start(&data, port, &[]);
+    let server = InProcess::start(&data, &[]);
     let job = "namespace: e2e\njobs:\n  - { name: a, tasks: [{ id: t, noop: true }] }\n";
     assert_eq!(server.post("/api/v1/apply", job, "application/yaml").0, 200);
     let run = server.trigger("a");
@@ -639,7 +650,7 @@ fn the_audit_log_records_changes_and_refusals_and_finds_tampering() {
         .send()
         .unwrap();
     assert_eq!(refused.status(), 401);
-    let audit = |server: &Server, args: &[&str]| {
+    let audit = |server: &Api, args: &[&str]| {
         let out = server.cli().arg("audit").args(args).output().unwrap();
         (
             out.status.success(),
@@ -673,11 +684,11 @@ fn the_audit_log_records_changes_and_refusals_and_finds_tampering() {
     );
 
     // Behind the server's back: a changed row, then a deleted one.
-    server.signal(Signal::SIGTERM);
+    server.stop();
     let db = rusqlite::Connection::open(data.join("dagcron.db")).unwrap();
     db.execute("UPDATE audit SET outcome = 200 WHERE seq = 3", [])
         .unwrap();
-    let server = Server::start(&data, port, &[]);
+    let server = InProcess::start(&data, &[]);
     let (ok, text) = audit(&server, &["--verify"]);
     assert!(!ok && text.contains("broken at row 3"), "{text}");
     db.execute("UPDATE audit SET outcome = 401 WHERE seq = 3", [])
@@ -695,7 +706,7 @@ fn the_audit_log_records_changes_and_refusals_and_finds_tampering() {
 fn secrets_reach_their_tasks_and_nothing_else() {
     use std::io::Write as _;
     let (dir, data) = setup();
-    let server = Server::start(&data, free_port(), &[]);
+    let server = InProcess::start(&data, &[]);
     let value = "s3cr3t/value+1";
     let mut set = server
         .cli()
@@ -762,8 +773,7 @@ fn secrets_reach_their_tasks_and_nothing_else() {
 fn the_master_key_rotates_without_losing_a_secret() {
     use std::io::Write as _;
     let (_dir, data) = setup();
-    let port = free_port();
-    let mut server = Server::start(&data, port, &[]);
+    let server = InProcess::start(&data, &[]);
     for name in ["one", "two"] {
         let mut set = server
             .cli()
@@ -818,8 +828,8 @@ fn the_master_key_rotates_without_losing_a_secret() {
     );
     let run = server.trigger("uses");
     server.wait_run(run, "succeeded");
-    server.signal(Signal::SIGTERM);
-    let server = Server::start(&data, port, &[]);
+    assert_eq!(server.stop(), dagcron::serve::Exit::Stopped);
+    let server = InProcess::start(&data, &[]);
     let run = server.trigger("uses");
     server.wait_run(run, "succeeded");
 }

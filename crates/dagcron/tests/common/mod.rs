@@ -1,8 +1,15 @@
-//! Shared by the tests that start the real binary: a server process on
-//! loopback, its API, and signals.
+//! Shared by the tests that start a server: a `dagcron serve` process on
+//! loopback, or a server in the test's own process (`InProcess`), both
+//! reached through their API (`Api`); and signals.
+//!
+//! No port is picked beforehand: a process binds `127.0.0.1:0` and writes
+//! the address it got to a file (`--address-file`), an in-process server
+//! is handed a listener bound by the test.
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::net::SocketAddr;
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -11,11 +18,12 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-pub struct Server {
-    pub child: Child,
+/// A server's API, as the tests reach it.
+pub struct Api {
     pub url: String,
     /// The namespace `all_runs` reads.
     pub namespace: String,
+    /// The server's output (a process's; an in-process server has none).
     pub log: PathBuf,
     /// The API token every call sends.
     pub token: Option<String>,
@@ -23,32 +31,86 @@ pub struct Server {
     pub ca: Option<Vec<u8>>,
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A `dagcron serve` process, killed with the guard.
+pub struct Server {
+    pub child: Child,
+    api: Api,
+}
+
+impl Deref for Server {
+    type Target = Api;
+    fn deref(&self) -> &Api {
+        &self.api
+    }
+}
+
+impl DerefMut for Server {
+    fn deref_mut(&mut self) -> &mut Api {
+        &mut self.api
+    }
+}
+
+/// The instance-admin token the first start of a server wrote in `data`.
+fn admin_token(data: &Path) -> String {
+    std::fs::read_to_string(data.join("admin.token"))
+        .expect("the server wrote its admin token")
+        .trim()
+        .to_string()
+}
+
+/// The address a server started with `--address-file file` wrote there,
+/// once it answers (bounded; a server that exits first fails the test).
+pub fn wait_address(child: &mut Child, file: &Path, log: &Path) -> SocketAddr {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(address) = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+        {
+            return address;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("server exited with {status}; see {}", log.display());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "server did not come up; see {}",
+            log.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `dagcron serve` on `127.0.0.1:0` with `--address-file` beside `log`
+/// (any older one removed first), output appended to `log`.
+pub fn serve_command(log: &Path) -> (Command, PathBuf) {
+    let address_file = log.with_extension("addr");
+    let _ = std::fs::remove_file(&address_file);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dagcron"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--address-file"])
+        .arg(&address_file)
+        .stdout(Stdio::from(file.try_clone().unwrap()))
+        .stderr(Stdio::from(file));
+    (cmd, address_file)
 }
 
 impl Server {
     /// `dagcron serve` with its SQLite data in `data`.
-    pub fn start(data: &Path, port: u16, extra: &[&str]) -> Server {
-        Server::start_env(data, port, extra, &[])
+    pub fn start(data: &Path, extra: &[&str]) -> Server {
+        Server::start_env(data, extra, &[])
     }
 
     /// [`Server::start`] with these variables in the server's environment.
-    pub fn start_env(data: &Path, port: u16, extra: &[&str], env: &[(&str, &str)]) -> Server {
+    pub fn start_env(data: &Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut args = vec!["--data-dir", data.to_str().unwrap()];
         args.extend_from_slice(extra);
-        let mut server = Server::spawn_env(&args, port, &data.with_extension("log"), env);
-        // The first start wrote the instance-admin token there.
-        server.token = Some(
-            std::fs::read_to_string(data.join("admin.token"))
-                .expect("the server wrote its admin token")
-                .trim()
-                .to_string(),
-        );
+        let mut server = Server::spawn_env(&args, &data.with_extension("log"), env);
+        server.token = Some(admin_token(data));
         server
     }
 
@@ -56,20 +118,157 @@ impl Server {
     /// `spawn` does not give), once it answers: its token is read from
     /// `data`, and it is killed with the guard like any other.
     pub fn adopt(child: Child, url: String, namespace: &str, log: PathBuf, data: &Path) -> Server {
-        let token = std::fs::read_to_string(data.join("admin.token"))
-            .expect("the server wrote its admin token")
-            .trim()
-            .to_string();
         Server {
             child,
-            url,
-            namespace: namespace.into(),
-            log,
-            token: Some(token),
-            ca: None,
+            api: Api {
+                url,
+                namespace: namespace.into(),
+                log,
+                token: Some(admin_token(data)),
+                ca: None,
+            },
         }
     }
 
+    /// `dagcron serve ARGS...` on a port of its choosing, output appended
+    /// to `log`; returns once the API answers.
+    pub fn spawn(args: &[&str], log: &Path) -> Server {
+        Server::spawn_env(args, log, &[])
+    }
+
+    /// [`Server::spawn`] with these variables in the server's environment.
+    pub fn spawn_env(args: &[&str], log: &Path, env: &[(&str, &str)]) -> Server {
+        let (mut cmd, address_file) = serve_command(log);
+        let mut child = cmd.args(args).envs(env.iter().copied()).spawn().unwrap();
+        let address = wait_address(&mut child, &address_file, log);
+        Server {
+            child,
+            api: Api {
+                url: format!("http://{address}"),
+                namespace: "e2e".into(),
+                log: log.to_path_buf(),
+                token: None,
+                ca: None,
+            },
+        }
+    }
+
+    /// Sends `sig` and waits for the process to exit.
+    pub fn signal(&mut self, sig: Signal) -> ExitStatus {
+        self.send(sig);
+        self.child.wait().unwrap()
+    }
+
+    /// Sends `sig` without waiting.
+    pub fn send(&self, sig: Signal) {
+        kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+}
+
+/// A server in the test's own process (`dagcron::serve::run` on a listener
+/// the test bound, on a runtime of its own thread), stopped and awaited
+/// with the guard.
+pub struct InProcess {
+    api: Api,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<dagcron::serve::Exit>>>,
+}
+
+impl Deref for InProcess {
+    type Target = Api;
+    fn deref(&self) -> &Api {
+        &self.api
+    }
+}
+
+impl DerefMut for InProcess {
+    fn deref_mut(&mut self) -> &mut Api {
+        &mut self.api
+    }
+}
+
+impl InProcess {
+    /// A server with its SQLite data in `data`, started with these `serve`
+    /// flags (as the command line reads them); returns once it answers.
+    pub fn start(data: &Path, flags: &[&str]) -> InProcess {
+        let mut words = vec!["--data-dir", data.to_str().unwrap()];
+        words.extend_from_slice(flags);
+        let config = dagcron::serve::Config::from_flags(words).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                dagcron::serve::run(config, listener, async {
+                    let _ = stopped.await;
+                })
+                .await
+            })
+        });
+        let mut server = InProcess {
+            api: Api {
+                url: format!("http://{address}"),
+                namespace: "e2e".into(),
+                log: PathBuf::new(),
+                token: None,
+                ca: None,
+            },
+            stop: Some(stop),
+            thread: Some(thread),
+        };
+        // The listener is bound already: this waits until the server
+        // serves it, or fails once the server has given up.
+        let answered = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap()
+            .get(format!("{}/healthz", server.url))
+            .send();
+        if answered.is_err() {
+            let ended = server.thread.take().unwrap().join().unwrap();
+            panic!(
+                "the server did not come up: {answered:?}, {:?}",
+                ended.err()
+            );
+        }
+        server.token = Some(admin_token(data));
+        server
+    }
+
+    /// Asks the server to stop (as a signal would), waits until it has
+    /// drained, and returns how it ended.
+    pub fn stop(mut self) -> dagcron::serve::Exit {
+        self.shut_down().expect("the server ran")
+    }
+
+    fn shut_down(&mut self) -> Option<dagcron::serve::Exit> {
+        drop(self.stop.take());
+        let thread = self.thread.take()?;
+        Some(thread.join().unwrap().expect("the server stops cleanly"))
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // Stop it, but do not turn a failed assertion into an abort.
+            drop(self.stop.take());
+            if let Some(thread) = self.thread.take() {
+                let _ = thread.join();
+            }
+            return;
+        }
+        self.shut_down();
+    }
+}
+
+impl Api {
     /// An HTTP client that sends this server's token.
     pub fn http(&self) -> reqwest::blocking::Client {
         let mut headers = reqwest::header::HeaderMap::new();
@@ -96,61 +295,6 @@ impl Server {
             cmd.env("DAGCRON_TOKEN", token);
         }
         cmd
-    }
-
-    /// `dagcron serve --listen 127.0.0.1:PORT ARGS...`, output appended to
-    /// `log`; returns once the API answers.
-    pub fn spawn(args: &[&str], port: u16, log: &Path) -> Server {
-        Server::spawn_env(args, port, log, &[])
-    }
-
-    /// [`Server::spawn`] with these variables in the server's environment.
-    pub fn spawn_env(args: &[&str], port: u16, log: &Path, env: &[(&str, &str)]) -> Server {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(args)
-            .envs(env.iter().copied())
-            .stdout(Stdio::from(file.try_clone().unwrap()))
-            .stderr(Stdio::from(file))
-            .spawn()
-            .unwrap();
-        let mut server = Server {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            namespace: "e2e".into(),
-            log: log.to_path_buf(),
-            token: None,
-            ca: None,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while reqwest::blocking::get(format!("{}/healthz", server.url)).is_err() {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!("server exited with {status}; see {}", log.display());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "server did not come up; see {}",
-                log.display()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        server
-    }
-
-    /// Sends `sig` and waits for the process to exit.
-    pub fn signal(&mut self, sig: Signal) -> ExitStatus {
-        self.send(sig);
-        self.child.wait().unwrap()
-    }
-
-    /// Sends `sig` without waiting.
-    pub fn send(&self, sig: Signal) {
-        kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
     }
 
     pub fn get(&self, path: &str) -> Value {
@@ -276,7 +420,7 @@ impl Server {
 }
 
 /// A join token for agents, made through the API with the server's token.
-pub fn join_token(server: &Server, namespace: Option<&str>, labels: Option<Value>) -> String {
+pub fn join_token(server: &Api, namespace: Option<&str>, labels: Option<Value>) -> String {
     let (status, made) = server.post(
         "/api/v1/tokens",
         &serde_json::json!({ "name": "agent", "role": "agent", "namespace": namespace, "labels": labels })

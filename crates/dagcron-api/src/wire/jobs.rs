@@ -1,0 +1,130 @@
+//! Jobs: a stored job with its next fire, applying a file, triggering and
+//! backfilling.
+
+use std::collections::BTreeMap;
+
+use dagcron_core::Job;
+use dagcron_store::{ApplyResult, StoredJob};
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+/// A job as stored, with its next fire.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct JobAnswer {
+    /// Tenant.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Increments with every change of the declaration.
+    pub version: i64,
+    /// A paused job does not fire.
+    pub paused: bool,
+    /// Last change.
+    #[schema(value_type = String, format = DateTime)]
+    pub updated_at: Timestamp,
+    /// The next scheduled fire (none: paused, unscheduled or past its end).
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub next_fire: Option<Timestamp>,
+    /// The declaration as applied (the job file's fields).
+    #[schema(value_type = Value)]
+    pub spec: Value,
+}
+
+impl JobAnswer {
+    /// The answer for a stored job, its next fire computed at `now`.
+    pub fn of(job: &StoredJob, now: Timestamp) -> JobAnswer {
+        let next_fire = match Job::from_canonical(&job.namespace, &job.spec) {
+            Ok(j) if !job.paused => j.next_fire_after(now),
+            _ => None,
+        };
+        JobAnswer {
+            namespace: job.namespace.clone(),
+            name: job.name.clone(),
+            version: job.version,
+            paused: job.paused,
+            updated_at: job.updated_at,
+            next_fire,
+            spec: serde_json::from_str(&job.spec).unwrap_or(Value::Null),
+        }
+    }
+}
+
+/// A page of jobs.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct JobPage {
+    /// The jobs, by name.
+    pub items: Vec<JobAnswer>,
+    /// Pass as `cursor` for the next page; none on the last one.
+    pub next_cursor: Option<String>,
+}
+
+/// What applying a job file did.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ApplyAnswer {
+    /// The file's namespace.
+    pub namespace: String,
+    /// One entry per job of the file.
+    pub jobs: Vec<ApplyItem>,
+}
+
+/// What applying did to one job.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ApplyItem {
+    /// `namespace/name`.
+    pub job: String,
+    /// The outcome.
+    pub result: ApplyOutcome,
+}
+
+/// `created`, `updated` or `unchanged`, and the version the job is at.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ApplyOutcome {
+    /// `created`, `updated` or `unchanged`.
+    pub result: String,
+    /// The job's version now.
+    pub version: i64,
+}
+
+impl From<ApplyResult> for ApplyOutcome {
+    fn from(r: ApplyResult) -> ApplyOutcome {
+        let (result, version) = match r {
+            ApplyResult::Created(v) => ("created", v),
+            ApplyResult::Updated(v) => ("updated", v),
+            ApplyResult::Unchanged(v) => ("unchanged", v),
+        };
+        ApplyOutcome {
+            result: result.into(),
+            version,
+        }
+    }
+}
+
+/// A manual trigger.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TriggerBody {
+    /// Parameters over the job's defaults.
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+}
+
+/// A backfill over `[from, to)`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BackfillBody {
+    /// Start, included.
+    #[schema(value_type = String, format = DateTime)]
+    pub from: Timestamp,
+    /// End, excluded.
+    #[schema(value_type = String, format = DateTime)]
+    pub to: Timestamp,
+}
+
+/// The runs a backfill created.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BackfillAnswer {
+    /// Their ids.
+    pub runs: Vec<i64>,
+}

@@ -1,0 +1,215 @@
+//! Runs, their tasks and attempts, and the fire ledger.
+
+use std::collections::BTreeMap;
+
+use dagcron_store::{AttemptRecord, FireRecord, RunRecord, TaskRecord};
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// A run with its tasks and their attempts.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunAnswer {
+    /// Id.
+    pub id: i64,
+    /// Tenant.
+    pub namespace: String,
+    /// Job.
+    pub job: String,
+    /// The version of the job it runs.
+    pub job_version: i64,
+    /// `schedule`, `catchup`, `manual` or `backfill`.
+    pub trigger: String,
+    /// The fire instant (for a manual run, when it was triggered).
+    #[schema(value_type = String, format = DateTime)]
+    pub scheduled_at: Timestamp,
+    /// `pending`, `running`, `succeeded`, `failed`, `cancelled` or `skipped`.
+    pub state: String,
+    /// Parameters.
+    pub params: BTreeMap<String, String>,
+    /// Created.
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: Timestamp,
+    /// Started.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub started_at: Option<Timestamp>,
+    /// Finished.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub finished_at: Option<Timestamp>,
+    /// Set once the run was asked to stop: the state it ends in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closing: Option<String>,
+    /// Tasks in declaration order.
+    pub tasks: Vec<TaskAnswer>,
+}
+
+/// A task of a run.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TaskAnswer {
+    /// Task id.
+    pub id: String,
+    /// Its state in the run.
+    pub state: String,
+    /// Attempts, oldest first.
+    pub attempts: Vec<AttemptAnswer>,
+}
+
+/// One attempt of a task.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AttemptAnswer {
+    /// 1-based.
+    pub number: u32,
+    /// `dispatching`, `running`, `succeeded`, `failed`, `timed_out`, `lost` or `cancelled`.
+    pub state: String,
+    /// Start.
+    #[schema(value_type = String, format = DateTime)]
+    pub started_at: Timestamp,
+    /// End.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub finished_at: Option<Timestamp>,
+    /// Exit code or HTTP status.
+    pub exit_code: Option<i32>,
+    /// What went wrong.
+    pub error: Option<String>,
+    /// The epoch of the cluster node that ran it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_epoch: Option<i64>,
+    /// For a timed attempt: how far from its instant it started, in µs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_error_us: Option<i64>,
+}
+
+impl From<&AttemptRecord> for AttemptAnswer {
+    fn from(a: &AttemptRecord) -> AttemptAnswer {
+        AttemptAnswer {
+            number: a.number,
+            state: a.state.as_str().into(),
+            started_at: a.started_at,
+            finished_at: a.finished_at,
+            exit_code: a.exit_code,
+            error: a.error.clone(),
+            node_epoch: a.node_epoch,
+            start_error_us: a.start_error_us,
+        }
+    }
+}
+
+impl From<&TaskRecord> for TaskAnswer {
+    fn from(t: &TaskRecord) -> TaskAnswer {
+        TaskAnswer {
+            id: t.id.clone(),
+            state: t.state.as_str().into(),
+            attempts: t.attempts.iter().map(AttemptAnswer::from).collect(),
+        }
+    }
+}
+
+impl From<&RunRecord> for RunAnswer {
+    fn from(r: &RunRecord) -> RunAnswer {
+        RunAnswer {
+            id: r.id,
+            namespace: r.namespace.clone(),
+            job: r.job.clone(),
+            job_version: r.job_version,
+            trigger: r.trigger.as_str().into(),
+            scheduled_at: r.scheduled_at,
+            state: r.state.as_str().into(),
+            params: r.params.clone(),
+            created_at: r.created_at,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            closing: r.closing.map(|c| c.as_str().into()),
+            tasks: r.tasks.iter().map(TaskAnswer::from).collect(),
+        }
+    }
+}
+
+/// A page of runs, newest first.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RunPage {
+    /// The runs.
+    pub items: Vec<RunAnswer>,
+    /// Pass as `cursor` for the next page; none on the last one.
+    pub next_cursor: Option<String>,
+}
+
+/// A row of the fire ledger.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct FireAnswer {
+    /// The scheduled instant.
+    #[schema(value_type = String, format = DateTime)]
+    pub scheduled_at: Timestamp,
+    /// `fired`, `skipped_overlap`, `missed_caught_up`, `missed_skipped` or `suppressed`.
+    pub outcome: String,
+    /// The run it created.
+    pub run_id: Option<i64>,
+}
+
+impl From<&FireRecord> for FireAnswer {
+    fn from(f: &FireRecord) -> FireAnswer {
+        FireAnswer {
+            scheduled_at: f.scheduled_at,
+            outcome: f.outcome.as_str().into(),
+            run_id: f.run_id,
+        }
+    }
+}
+
+/// Fires in a range, oldest first.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct FirePage {
+    /// The fires.
+    pub items: Vec<FireAnswer>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dagcron_core::{AttemptState, RunState, TaskState};
+    use dagcron_store::Trigger;
+
+    /// The command line reads answers back into these types and prints
+    /// them: nothing may be lost on the way.
+    #[test]
+    fn a_run_reads_back_as_it_was_written() {
+        let t = Timestamp::from_second(100).unwrap();
+        let record = RunRecord {
+            id: 33,
+            namespace: "a".into(),
+            job: "j".into(),
+            job_version: 2,
+            trigger: Trigger::Backfill,
+            scheduled_at: t,
+            state: RunState::Running,
+            params: [("k".to_string(), "v".to_string())].into(),
+            created_at: t,
+            started_at: Some(t),
+            finished_at: None,
+            closing: Some(RunState::Cancelled),
+            tasks: vec![TaskRecord {
+                id: "t".into(),
+                state: TaskState::Running,
+                attempts: vec![AttemptRecord {
+                    number: 1,
+                    state: AttemptState::Running,
+                    started_at: t,
+                    finished_at: None,
+                    exit_code: None,
+                    error: Some("boom".into()),
+                    node_epoch: Some(3),
+                    start_error_us: None,
+                }],
+            }],
+        };
+        let written = serde_json::to_value(RunAnswer::from(&record)).unwrap();
+        assert_eq!(written["closing"], "cancelled");
+        assert_eq!(written["tasks"][0]["attempts"][0]["node_epoch"], 3);
+        assert!(
+            written["tasks"][0]["attempts"][0]
+                .get("start_error_us")
+                .is_none()
+        );
+        let read: RunAnswer = serde_json::from_value(written.clone()).unwrap();
+        assert_eq!(serde_json::to_value(read).unwrap(), written);
+    }
+}

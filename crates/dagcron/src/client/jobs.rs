@@ -1,0 +1,184 @@
+//! `dagcron apply`, `dagcron jobs ...` and `dagcron backfill`.
+
+use std::io::{self, Write};
+use std::path::Path;
+
+use anyhow::Result;
+use clap::Subcommand;
+use dagcron_api::wire::{ApplyAnswer, BackfillAnswer, JobAnswer, JobPage, RunAnswer, TriggerBody};
+use serde::Serialize;
+
+use super::output::{Output, Show, or_dash};
+use super::{Client, Empty, job_path, parse_kv};
+
+#[derive(Subcommand)]
+pub(crate) enum JobsCommand {
+    /// The jobs of a namespace.
+    List {
+        /// Namespace.
+        #[arg(default_value = "default")]
+        namespace: String,
+    },
+    /// One job, with its next fire.
+    Show { job: String },
+    /// Stop firing (fires due while paused follow the misfire policy on resume).
+    Pause { job: String },
+    /// Fire again.
+    Resume { job: String },
+    /// Start a run now.
+    Trigger {
+        job: String,
+        /// Parameters, `key=value`, overriding the job's defaults.
+        #[arg(long = "param", value_parser = parse_kv)]
+        params: Vec<(String, String)>,
+    },
+    /// Delete a job (its history stays).
+    Delete { job: String },
+}
+
+impl Show for ApplyAnswer {
+    fn text(&self, out: &mut dyn Write) -> io::Result<()> {
+        for j in &self.jobs {
+            writeln!(
+                out,
+                "{:<40} {} (version {})",
+                j.job, j.result.result, j.result.version
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Every job of a namespace, all pages.
+#[derive(Serialize)]
+#[serde(transparent)]
+struct Jobs(Vec<JobAnswer>);
+
+impl Show for Jobs {
+    fn text(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(
+            out,
+            "{:<30} {:>7} {:<7} {:<30} next fire",
+            "job", "version", "paused", "schedule"
+        )?;
+        for j in &self.0 {
+            let schedule = match j.spec.get("schedule") {
+                None | Some(serde_json::Value::Null) => "-".to_string(),
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(other) => other.to_string(),
+            };
+            writeln!(
+                out,
+                "{:<30} {:>7} {:<7} {:<30} {}",
+                j.name,
+                j.version,
+                j.paused,
+                schedule,
+                or_dash(j.next_fire.as_ref())
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl Show for BackfillAnswer {
+    fn text(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(out, "created {} run(s)", self.runs.len())
+    }
+}
+
+/// `dagcron apply -f FILE`: the file is sent as it is, YAML or JSON.
+pub(super) async fn apply(c: &Client, file: &Path, out: &mut Output) -> Result<()> {
+    let (_, text) = crate::dag_cmd::read_file(file)?;
+    let content_type = if file.extension().is_some_and(|e| e == "json") {
+        "application/json"
+    } else {
+        "application/yaml"
+    };
+    let req = c
+        .http
+        .post(c.url("/api/v1/apply"))
+        .header("content-type", content_type)
+        .body(text);
+    let answer: ApplyAnswer = c.send(req).await?.json().await?;
+    out.show(&answer)
+}
+
+pub(super) async fn run(c: &Client, cmd: JobsCommand, out: &mut Output) -> Result<()> {
+    match cmd {
+        JobsCommand::List { namespace } => {
+            let mut cursor: Option<String> = None;
+            let mut all = Vec::new();
+            loop {
+                let q = cursor
+                    .as_ref()
+                    .map(|c| format!("&cursor={c}"))
+                    .unwrap_or_default();
+                let page: JobPage = c
+                    .get(&format!(
+                        "/api/v1/namespaces/{namespace}/jobs?limit=1000{q}"
+                    ))
+                    .await?;
+                all.extend(page.items);
+                match page.next_cursor {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+            out.show(&Jobs(all))
+        }
+        JobsCommand::Show { job } => out.json(&c.get::<JobAnswer>(&job_path(&job)?).await?),
+        JobsCommand::Pause { job } => {
+            let j: JobAnswer = c
+                .post(&format!("{}/pause", job_path(&job)?), &Empty {})
+                .await?;
+            out.say(format_args!("{}/{} paused", j.namespace, j.name))
+        }
+        JobsCommand::Resume { job } => {
+            let j: JobAnswer = c
+                .post(&format!("{}/resume", job_path(&job)?), &Empty {})
+                .await?;
+            out.say(format_args!(
+                "{}/{} resumed; next fire {}",
+                j.namespace,
+                j.name,
+                or_dash(j.next_fire.as_ref())
+            ))
+        }
+        JobsCommand::Trigger { job, params } => {
+            let body = TriggerBody {
+                params: params.into_iter().collect(),
+            };
+            let run: RunAnswer = c
+                .post(&format!("{}/trigger", job_path(&job)?), &body)
+                .await?;
+            out.show(&run)
+        }
+        JobsCommand::Delete { job } => {
+            c.delete(&job_path(&job)?).await?;
+            out.say(format_args!("deleted {job}"))
+        }
+    }
+}
+
+/// The range as given: the server reads the instants (and says what is
+/// wrong with one that does not parse).
+#[derive(Serialize)]
+struct Range<'a> {
+    from: &'a str,
+    to: &'a str,
+}
+
+/// `dagcron backfill JOB --from --to`.
+pub(super) async fn backfill(
+    c: &Client,
+    job: &str,
+    from: &str,
+    to: &str,
+    out: &mut Output,
+) -> Result<()> {
+    let answer: BackfillAnswer = c
+        .post(&format!("{}/backfill", job_path(job)?), &Range { from, to })
+        .await?;
+    out.show(&answer)
+}

@@ -1,0 +1,260 @@
+//! Commands that talk to a running server over its REST API, one file per
+//! group of commands. Every answer is read into the API's own wire types
+//! (`dagcron_api::wire`), and printed by [`output`]: the JSON with
+//! `--json`, text otherwise.
+
+mod audit;
+mod cluster;
+mod jobs;
+mod output;
+mod runs;
+mod secrets;
+mod tokens;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use dagcron_api::wire::ErrorBody;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use output::Output;
+
+#[derive(Args, Clone)]
+pub(crate) struct Conn {
+    /// The server's URL.
+    #[arg(
+        long,
+        global = true,
+        env = "DAGCRON_SERVER",
+        default_value = "http://127.0.0.1:7700"
+    )]
+    server: String,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// The API token to send [default: for a server on this machine, the
+    /// admin.token file in $DAGCRON_DATA_DIR or ./dagcron-data].
+    #[arg(long, global = true, env = "DAGCRON_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// The certificate (PEM) of the authority that signed an https://
+    /// server's certificate, when it is not publicly trusted.
+    #[arg(long, global = true, env = "DAGCRON_CA")]
+    ca: Option<PathBuf>,
+}
+
+/// The token to send: the one given, or for a server on this machine
+/// (loopback), the instance-admin token its first start wrote.
+fn token_for(conn: &Conn) -> Option<String> {
+    if let Some(t) = &conn.token {
+        return Some(t.trim().to_string());
+    }
+    let url = reqwest::Url::parse(&conn.server).ok()?;
+    let local = match url.host()? {
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
+        url::Host::Domain(name) => name == "localhost",
+    };
+    if !local {
+        return None;
+    }
+    let dir = std::env::var_os("DAGCRON_DATA_DIR")
+        .map_or_else(|| PathBuf::from("./dagcron-data"), PathBuf::from);
+    let text = std::fs::read_to_string(dir.join("admin.token")).ok()?;
+    Some(text.trim().to_string())
+}
+
+#[derive(Subcommand)]
+pub(crate) enum ClientCommand {
+    /// Create or update the jobs of a file (YAML or JSON); applying twice changes nothing.
+    Apply {
+        /// The job file.
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+    },
+    /// Jobs: list, show, pause, resume, trigger, delete.
+    #[command(subcommand)]
+    Jobs(jobs::JobsCommand),
+    /// Runs: list, show, cancel.
+    #[command(subcommand)]
+    Runs(runs::RunsCommand),
+    /// Print the output of one attempt of a task (the latest attempt by default).
+    Logs {
+        /// Run id.
+        run: i64,
+        /// Task id.
+        task: String,
+        /// Attempt number (1-based).
+        #[arg(long)]
+        attempt: Option<u32>,
+        /// Keep printing the output of a running attempt until it ends.
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
+    /// The cluster: its nodes, their leases, epochs, clock skew and jobs.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
+    /// Remote worker agents connected to the server.
+    #[command(subcommand)]
+    Workers(cluster::WorkersCommand),
+    /// API tokens: create, list, revoke; bootstrap a cluster's first one.
+    #[command(subcommand)]
+    Tokens(tokens::TokensCommand),
+    /// Secrets of a namespace: set (the value from standard input), list, delete.
+    #[command(subcommand)]
+    Secrets(secrets::SecretsCommand),
+    /// The audit log: every change and every refused call.
+    Audit {
+        /// Only this namespace's rows.
+        #[arg(long)]
+        namespace: Option<String>,
+        /// Check the whole log's hash chain instead of printing it: exit 1
+        /// if a row was changed or deleted.
+        #[arg(long)]
+        verify: bool,
+    },
+    /// Create runs for every fire of a job in a time range.
+    Backfill {
+        /// NAMESPACE/JOB.
+        job: String,
+        /// Start (RFC 3339, inclusive).
+        #[arg(long)]
+        from: String,
+        /// End (RFC 3339, exclusive).
+        #[arg(long)]
+        to: String,
+    },
+}
+
+pub(crate) async fn run(cmd: ClientCommand, conn: Conn) -> Result<ExitCode> {
+    let mut out = Output::stdout(conn.json);
+    let c = Client::new(&conn);
+    match cmd {
+        ClientCommand::Apply { file } => jobs::apply(&c, &file, &mut out).await?,
+        ClientCommand::Jobs(cmd) => jobs::run(&c, cmd, &mut out).await?,
+        ClientCommand::Backfill { job, from, to } => {
+            jobs::backfill(&c, &job, &from, &to, &mut out).await?
+        }
+        ClientCommand::Runs(cmd) => runs::run(&c, cmd, &mut out).await?,
+        ClientCommand::Logs {
+            run,
+            task,
+            attempt,
+            follow,
+        } => runs::logs(&c, run, &task, attempt, follow, &mut out).await?,
+        ClientCommand::Workers(cmd) => cluster::workers(&c, cmd, &mut out).await?,
+        ClientCommand::Cluster(cmd) => cluster::cluster(&c, cmd, &mut out).await?,
+        ClientCommand::Tokens(cmd) => tokens::run(&c, cmd, &mut out).await?,
+        ClientCommand::Secrets(cmd) => secrets::run(&c, cmd, &mut out).await?,
+        ClientCommand::Audit { namespace, verify } => {
+            return audit::run(&c, namespace, verify, &mut out).await;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected key=value, got {s:?}"))
+}
+
+/// `ns/name`, or `name` in namespace `default`.
+fn job_path(job: &str) -> Result<String> {
+    let (ns, name) = job.split_once('/').unwrap_or(("default", job));
+    if ns.is_empty() || name.is_empty() || name.contains('/') {
+        bail!("expected NAMESPACE/JOB or JOB, got {job:?}");
+    }
+    Ok(format!("/api/v1/namespaces/{ns}/jobs/{name}"))
+}
+
+/// The body of the calls that take none but are sent `{}`.
+#[derive(Serialize)]
+struct Empty {}
+
+/// The REST API of one server, with the token to send.
+struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    fn new(conn: &Conn) -> Client {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(token) = token_for(conn) {
+            if let Ok(mut value) =
+                reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+            {
+                value.set_sensitive(true);
+                headers.insert(reqwest::header::AUTHORIZATION, value);
+            }
+        }
+        let mut builder = reqwest::Client::builder().default_headers(headers);
+        if let Some(ca) = conn
+            .ca
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .and_then(|pem| reqwest::Certificate::from_pem(&pem).ok())
+        {
+            builder = builder.add_root_certificate(ca);
+        }
+        Client {
+            http: builder.build().unwrap_or_default(),
+            base: conn.server.trim_end_matches('/').to_string(),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Sends a request; an error answer becomes an error that says the
+    /// status, the server's message and each problem it listed.
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+        let resp = req.send().await.with_context(|| {
+            format!(
+                "cannot reach the dagcron server at {} (set --server or DAGCRON_SERVER)",
+                self.base
+            )
+        })?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let body: Option<ErrorBody> = resp.json().await.ok();
+        let message = body
+            .as_ref()
+            .map_or("no details", |b| b.error.message.as_str());
+        let mut text = format!("{status}: {message}");
+        for d in body.iter().flat_map(|b| b.error.details.iter().flatten()) {
+            text.push_str(&format!("\n  {}: {}", d.path, d.message));
+        }
+        bail!(text)
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        Ok(self
+            .send(self.http.get(self.url(path)))
+            .await?
+            .json()
+            .await?)
+    }
+
+    async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T> {
+        let req = self.http.post(self.url(path)).json(body);
+        Ok(self.send(req).await?.json().await?)
+    }
+
+    async fn put<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T> {
+        let req = self.http.put(self.url(path)).json(body);
+        Ok(self.send(req).await?.json().await?)
+    }
+
+    async fn delete(&self, path: &str) -> Result<()> {
+        self.send(self.http.delete(self.url(path))).await?;
+        Ok(())
+    }
+}

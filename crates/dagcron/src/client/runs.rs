@@ -1,0 +1,129 @@
+//! `dagcron runs ...` and `dagcron logs`.
+
+use std::io::{self, Write};
+
+use anyhow::{Context, Result, bail};
+use clap::Subcommand;
+use dagcron_api::wire::{RunAnswer, RunPage};
+
+use super::output::{Output, Show, instant, or_dash};
+use super::{Client, Empty, job_path};
+
+#[derive(Subcommand)]
+pub(crate) enum RunsCommand {
+    /// Runs of a job, newest first.
+    List {
+        job: String,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// One run with its tasks and attempts.
+    Show { run: i64 },
+    /// Cancel a run.
+    Cancel { run: i64 },
+}
+
+impl Show for RunAnswer {
+    fn text(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(
+            out,
+            "run {}  {}/{}  {}  trigger={}  scheduled={}",
+            self.id, self.namespace, self.job, self.state, self.trigger, self.scheduled_at
+        )?;
+        for t in &self.tasks {
+            writeln!(out, "  {:<20} {}", t.id, t.state)?;
+            for a in &t.attempts {
+                writeln!(
+                    out,
+                    "    attempt {} {:<10} exit={} {} {}",
+                    a.number,
+                    a.state,
+                    or_dash(a.exit_code.as_ref()),
+                    a.started_at,
+                    a.error.as_deref().unwrap_or("")
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Show for RunPage {
+    fn text(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(
+            out,
+            "{:<18} {:<10} {:<9} {:<22} finished",
+            "run", "state", "trigger", "scheduled"
+        )?;
+        for r in &self.items {
+            writeln!(
+                out,
+                "{:<18} {:<10} {:<9} {:<22} {}",
+                r.id,
+                r.state,
+                r.trigger,
+                instant(&r.scheduled_at),
+                or_dash(r.finished_at.as_ref())
+            )?;
+        }
+        Ok(())
+    }
+}
+
+pub(super) async fn run(c: &Client, cmd: RunsCommand, out: &mut Output) -> Result<()> {
+    match cmd {
+        RunsCommand::List { job, limit } => {
+            let page: RunPage = c
+                .get(&format!("{}/runs?limit={limit}", job_path(&job)?))
+                .await?;
+            out.show(&page)
+        }
+        RunsCommand::Show { run } => {
+            let r: RunAnswer = c.get(&format!("/api/v1/runs/{run}")).await?;
+            out.show(&r)
+        }
+        RunsCommand::Cancel { run } => {
+            let r: RunAnswer = c
+                .post(&format!("/api/v1/runs/{run}/cancel"), &Empty {})
+                .await?;
+            out.say(format_args!("run {} cancelling: {}", r.id, r.state))
+        }
+    }
+}
+
+/// `dagcron logs RUN TASK [--attempt N] [-f]`: the output of an attempt
+/// (the latest by default), streamed as it comes.
+pub(super) async fn logs(
+    c: &Client,
+    run: i64,
+    task: &str,
+    attempt: Option<u32>,
+    follow: bool,
+    out: &mut Output,
+) -> Result<()> {
+    let n = match attempt {
+        Some(n) => n,
+        None => {
+            let r: RunAnswer = c.get(&format!("/api/v1/runs/{run}")).await?;
+            let t = r
+                .tasks
+                .iter()
+                .find(|t| t.id == task)
+                .with_context(|| format!("run {run} has no task {task}"))?;
+            t.attempts.len() as u32
+        }
+    };
+    if n == 0 {
+        bail!("task {task} of run {run} has no attempt yet");
+    }
+    let mut resp = c
+        .send(c.http.get(c.url(&format!(
+            "/api/v1/runs/{run}/tasks/{task}/attempts/{n}/log{}",
+            if follow { "?follow=true" } else { "" }
+        ))))
+        .await?;
+    while let Some(chunk) = resp.chunk().await? {
+        out.raw(&chunk)?;
+    }
+    Ok(())
+}

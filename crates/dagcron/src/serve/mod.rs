@@ -1,0 +1,269 @@
+//! `dagcron serve`: the server. Alone on embedded SQLite by default; with
+//! `--database postgres://...`, one node of a cluster sharing that database.
+//!
+//! [`ServeArgs::config`] merges the flags, the configuration file and the
+//! defaults into a [`Config`], in one place. [`run`] serves a configuration
+//! on a listener it is given until a shutdown future it is given completes:
+//! the binary installs the signal handlers and binds the port first, a test
+//! binds `127.0.0.1:0` and passes a future of its own. Whatever the backend
+//! (`backend.rs` prepares each), one runner starts the engine (and a
+//! cluster member's coordinator), serves the API and drains.
+
+mod backend;
+mod config;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use dagcron_agents::AgentPool;
+use dagcron_api::secrets::StoredSecrets;
+use dagcron_api::{AppState, router};
+use dagcron_core::JobFile;
+use dagcron_runtime::{Engine, EngineConfig, RemoteWorkers, SecretSource, SystemClock};
+use dagcron_store::{StorageError, Store};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use backend::{Node, embedded, join_tokens, member};
+use config::Backend;
+pub use config::{Config, ServeArgs};
+
+/// The jobs `--demo` applies.
+const DEMO: &str = include_str!("../../../../examples/demo.yaml");
+
+/// How a server ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// Asked to stop: it drained and stopped.
+    Stopped,
+    /// Its lease ended before it could renew it: it must stop at once, and
+    /// a restart registers it again (exit code [`EXIT_FENCED`]).
+    Fenced,
+}
+
+/// The exit code of a node that was fenced: its lease ended before it could
+/// renew it. Restart it (a supervisor does) and it registers again.
+pub const EXIT_FENCED: u8 = 75;
+
+/// Serves `config` on `listener` until `shutdown` completes, then drains
+/// (running attempts get the shutdown grace) and returns; or returns
+/// [`Exit::Fenced`] as soon as a cluster node's lease has ended.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<Exit> {
+    let address = listener.local_addr().context("the listener's address")?;
+    let agents = AgentPool::new(config.agents.clone());
+    // The API and the agents' streams stay up while the engine drains, so
+    // that remote attempts can report; they stop when the engine is done,
+    // or when this returns early.
+    let api_stop = CancellationToken::new();
+    let _api_stop = api_stop.clone().drop_guard();
+    agents.start(api_stop.clone());
+    let serving = Serving {
+        config: &config,
+        listener,
+        address,
+        agents,
+        api_stop,
+    };
+    match &config.backend {
+        Backend::Embedded(settings) => embedded(settings).await?.run(serving, shutdown).await,
+        Backend::Cluster(settings) => {
+            let node = member(settings, &config, address, &serving.agents).await?;
+            node.run(serving, shutdown).await
+        }
+    }
+}
+
+/// What the runner serves with, whatever the backend.
+struct Serving<'a> {
+    config: &'a Config,
+    listener: TcpListener,
+    address: SocketAddr,
+    agents: AgentPool,
+    /// Stops the API and the agents' streams.
+    api_stop: CancellationToken,
+}
+
+impl<S: Store> Node<S> {
+    /// Starts the engine (and a member's coordinator), serves the API until
+    /// `shutdown`, drains, and stops the API last.
+    async fn run(self, serving: Serving<'_>, shutdown: impl Future<Output = ()>) -> Result<Exit> {
+        let Serving {
+            config,
+            listener,
+            address,
+            agents,
+            api_stop,
+        } = serving;
+        agents.set_authenticate(join_tokens(self.store.clone(), self.keyring.clone()));
+        let engine_config = EngineConfig {
+            pool_size: config.pool_size,
+            misfire_grace: config.misfire_grace,
+            remote: Some(RemoteWorkers(Arc::new(agents.clone()))),
+            secrets: Some(SecretSource(Arc::new(StoredSecrets {
+                store: self.store.clone(),
+                key: self.master_key.clone(),
+            }))),
+            node: self.identity,
+            ..EngineConfig::default()
+        };
+        let (engine, handle) =
+            Engine::start(self.store.clone(), Arc::new(SystemClock), engine_config)
+                .await
+                .context("starting the engine")?;
+        let stop = CancellationToken::new();
+        let drained = CancellationToken::new();
+        let (cluster, mut coordinator) = match self.join {
+            Some(join) => {
+                let (view, task) = join(handle.clone(), stop.clone(), drained.clone());
+                (Some(view), Some(task))
+            }
+            None => (None, None),
+        };
+        let mut engine_task = tokio::spawn(engine.run(stop.clone(), config.shutdown_grace));
+        tracing::info!(
+            "{} listening on {}://{address}{}",
+            self.name,
+            if config.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            },
+            self.data_dir
+                .map(|d| format!(" (data in {})", d.display()))
+                .unwrap_or_default()
+        );
+        let state = AppState {
+            store: self.store,
+            engine: handle.clone(),
+            cluster,
+            workers: Some(agents),
+            max_body_bytes: config.max_body_bytes,
+            keyring: self.keyring,
+            master_key: self.master_key,
+        };
+        let api = serve_api(
+            listener,
+            state,
+            config.demo,
+            config.tls.clone(),
+            api_stop.clone(),
+        )
+        .await?;
+        if let Some(file) = &config.address_file {
+            write_address(file, address)?;
+        }
+        let fenced = |e: &StorageError| matches!(e, StorageError::Fenced(_));
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut asked = false;
+        loop {
+            tokio::select! {
+                () = &mut shutdown, if !asked => {
+                    asked = true;
+                    stop.cancel();
+                }
+                () = handle.fenced() => {
+                    // The lease ended and every attempt was killed, whatever
+                    // the engine's loop and the coordinator are waiting on (a
+                    // database that no longer answers): stop now.
+                    tracing::error!("this node's lease ended; exiting so that a restart registers it again");
+                    return Ok(Exit::Fenced);
+                }
+                ended = &mut engine_task => {
+                    match ended.context("engine task")? {
+                        Err(e) if fenced(&e) => {
+                            tracing::error!("{e}; exiting so that a restart registers this node again");
+                            return Ok(Exit::Fenced);
+                        }
+                        other => other.context("engine")?,
+                    }
+                    // The engine drained: leave the cluster.
+                    if let Some(task) = coordinator.take() {
+                        drained.cancel();
+                        task.await.context("cluster task")?.context("leaving the cluster")?;
+                    }
+                    break;
+                }
+                ended = until_done(&mut coordinator) => {
+                    let e = match ended.context("cluster task")? {
+                        Ok(()) => anyhow::bail!("the cluster task ended early"),
+                        Err(e) => e,
+                    };
+                    // The lease is revoked: the engine kills its attempts and stops.
+                    let _ = engine_task.await;
+                    tracing::error!("{e}; exiting so that a restart registers this node again");
+                    return Ok(Exit::Fenced);
+                }
+            }
+        }
+        api_stop.cancel();
+        let _ = api.await;
+        tracing::info!("stopped");
+        Ok(Exit::Stopped)
+    }
+}
+
+/// The task's end, or never if there is no task.
+async fn until_done<T>(task: &mut Option<JoinHandle<T>>) -> Result<T, tokio::task::JoinError> {
+    match task {
+        Some(task) => task.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Writes the bound address to `file`, whole or not at all (a reader
+/// polling for it never sees half of it).
+fn write_address(file: &Path, address: SocketAddr) -> Result<()> {
+    let mut partial = file.as_os_str().to_owned();
+    partial.push(".partial");
+    std::fs::write(&partial, format!("{address}\n"))
+        .and_then(|()| std::fs::rename(&partial, file))
+        .with_context(|| format!("writing the address to {}", file.display()))
+}
+
+/// Applies the demo jobs if asked, then serves the API until `shutdown`.
+async fn serve_api<S: Store>(
+    listener: tokio::net::TcpListener,
+    state: AppState<S>,
+    demo: bool,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: CancellationToken,
+) -> Result<tokio::task::JoinHandle<std::io::Result<()>>> {
+    if demo {
+        let file: JobFile = serde_saphyr::from_str(DEMO)
+            .map_err(|e| anyhow::anyhow!("the bundled demo file: {e}"))?;
+        let jobs = file
+            .validate()
+            .map_err(|e| anyhow::anyhow!("the bundled demo file: {e}"))?;
+        state
+            .engine
+            .apply(jobs)
+            .await
+            .context("applying the demo jobs")?;
+        tracing::info!("demo jobs applied in namespace `demo`: try `dagcron jobs list demo`");
+    }
+    // Remote agents speak gRPC on the API's port.
+    let agents = state.workers.clone().expect("the server has an agent pool");
+    let grpc = tonic::service::Routes::new(agents.service()).into_axum_router();
+    let app = dagcron_api::with_grpc(router(state), grpc);
+    if let Some(config) = tls {
+        return Ok(tokio::spawn(crate::tls::serve(
+            listener, app, config, shutdown,
+        )));
+    }
+    Ok(tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+    }))
+}
