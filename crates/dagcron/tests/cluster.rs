@@ -751,7 +751,6 @@ fn regression_a_job_applied_through_one_node_is_known_to_every_node_at_once() {
 fn regression_a_node_far_from_its_database_keeps_its_lease() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut cluster = Cluster::with_flags("far-node", 0, 5000, &[]);
-    cluster.ports = vec![free_port(), free_port()];
     cluster.nodes = vec![None, None];
     let slow = Partition::in_front_of(&cluster.db.url);
     cluster.start_via(0, &slow.url);
