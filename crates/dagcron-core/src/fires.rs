@@ -31,6 +31,15 @@ pub struct Missed {
     pub resume_after: Timestamp,
 }
 
+impl Missed {
+    /// Whether some of the fires are to run now (their job is needed).
+    pub fn runs_some(&self) -> bool {
+        self.fires
+            .iter()
+            .any(|(_, o)| *o == FireOutcome::MissedCaughtUp)
+    }
+}
+
 /// The fires of `timing` in `(since, now - grace]`, at most `max`, by its
 /// misfire policy: a fire less than `grace` overdue still counts as on time.
 pub fn missed(

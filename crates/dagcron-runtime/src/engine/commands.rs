@@ -58,13 +58,10 @@ impl<S: Store> Engine<S> {
                         _ => {}
                     }
                 }
-                let mut result = Ok(out);
                 for key in resumed {
-                    if let Err(e) = self.set_job_paused(&key, false, now).await {
-                        result = Err(EngineError::Storage(e));
-                    }
+                    self.set_job_paused(&key, false, now);
                 }
-                self.reply_after_commit(reply, result);
+                self.reply_after_commit(reply, Ok(out));
             }
             Command::Delete {
                 namespace,
@@ -116,10 +113,10 @@ impl<S: Store> Engine<S> {
                 reply,
             } => {
                 let result = match result {
-                    Ok(true) => self
-                        .set_job_paused(&key, paused, now)
-                        .await
-                        .map_err(EngineError::Storage),
+                    Ok(true) => {
+                        self.set_job_paused(&key, paused, now);
+                        Ok(())
+                    }
                     Ok(false) => Err(no_such_job(&key)),
                     Err(e) => Err(EngineError::Storage(e)),
                 };
@@ -175,6 +172,7 @@ impl<S: Store> Engine<S> {
                     let _ = reply.send(Err(EngineError::Storage(e)));
                 }
             },
+            Command::CaughtUp(fires) => self.caught_up(*fires),
             Command::Prepared {
                 key,
                 generation,
@@ -195,13 +193,20 @@ impl<S: Store> Engine<S> {
                     ))));
                     return;
                 }
-                let job = match self.known_job(&key).await {
-                    Ok(job) => job,
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
-                        return;
+                // A job applied through another node and not yet announced
+                // here is read through at once; a known one beside the loop.
+                let known = if self.jobs.contains_key(&key) {
+                    None
+                } else {
+                    match self.known_job(&key).await {
+                        Ok(job) => Some(job),
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                            return;
+                        }
                     }
                 };
+                let read = self.job_of(&key);
                 let Some(back) = self.commands_back.upgrade() else {
                     return;
                 };
@@ -210,6 +215,20 @@ impl<S: Store> Engine<S> {
                 let store = self.store.clone();
                 let max = self.config.max_backfill;
                 tokio::spawn(async move {
+                    let job = match known {
+                        Some(job) => job,
+                        None => match read.await {
+                            Ok(Some(job)) => job,
+                            Ok(None) => {
+                                let _ = reply.send(Err(no_such_job(&key)));
+                                return;
+                            }
+                            Err(e) => {
+                                let _ = reply.send(Err(EngineError::Storage(e)));
+                                return;
+                            }
+                        },
+                    };
                     let fires = backfill_fires(&*store, &key, &job, from, to, max).await;
                     let _ = back
                         .send(Command::Backfilled {
@@ -279,36 +298,72 @@ impl<S: Store> Engine<S> {
                     let _ = reply.send(request_cancel(&*store, run).await);
                 });
             }
-            Command::Own { owns, reply } => {
-                let result = self
-                    .set_ownership(owns, now)
-                    .await
-                    .map_err(EngineError::Storage);
-                self.reply_after_commit(reply, result);
-            }
+            Command::Own { owns, reply } => self.set_ownership(owns, reply),
+            Command::Owned {
+                gained,
+                last,
+                owned,
+                reply,
+            } => self.owned(gained, last, owned, reply, now),
             Command::Sync {
                 changed,
                 deleted,
                 reply,
             } => {
-                let result = self
-                    .sync_jobs(changed, deleted, now)
-                    .await
-                    .map_err(EngineError::Storage);
-                self.reply_after_commit(reply, result);
+                let owned = self.sync_jobs(changed, deleted, now);
+                self.reply_after_commit(reply, Ok(owned));
             }
             Command::Adopt { runs, alive, reply } => {
-                let mut result = Ok(());
-                for record in runs {
-                    if !self.runs.contains_key(&record.id) {
-                        tracing::info!(run = record.id, job = %format!("{}/{}", record.namespace, record.job), "taking over a run of a node that is gone");
-                        if let Err(e) = self.recover_run(record, &alive, now).await {
-                            result = Err(EngineError::Storage(e));
-                            break;
-                        }
+                // The jobs of the runs are read beside the loop, once each.
+                let runs: Vec<RunRecord> = runs
+                    .into_iter()
+                    .filter(|r| !self.runs.contains_key(&r.id))
+                    .collect();
+                let mut reads = Vec::new();
+                let mut seen = HashSet::new();
+                for r in &runs {
+                    let key = (r.namespace.clone(), r.job.clone());
+                    if self.jobs.contains_key(&key) && seen.insert(key.clone()) {
+                        reads.push((key.clone(), self.job_of(&key)));
                     }
                 }
-                self.reply_after_commit(reply, result);
+                let read = async move {
+                    let mut jobs = HashMap::new();
+                    for (key, read) in reads {
+                        jobs.insert(key, read.await?);
+                    }
+                    Ok(jobs)
+                };
+                self.beside(read, |jobs| Command::Adopted {
+                    runs,
+                    jobs,
+                    alive,
+                    reply,
+                });
+            }
+            Command::Adopted {
+                runs,
+                jobs,
+                alive,
+                reply,
+            } => {
+                let mut jobs = match jobs {
+                    Ok(jobs) => jobs,
+                    Err(e) => {
+                        let _ = reply.send(Err(EngineError::Storage(e)));
+                        return;
+                    }
+                };
+                for record in runs {
+                    if self.runs.contains_key(&record.id) {
+                        continue;
+                    }
+                    tracing::info!(run = record.id, job = %format!("{}/{}", record.namespace, record.job), "taking over a run of a node that is gone");
+                    let key = (record.namespace.clone(), record.job.clone());
+                    let job = jobs.get_mut(&key).and_then(|j| j.clone());
+                    self.rebuild_run(record, job, &alive, now);
+                }
+                self.reply_after_commit(reply, Ok(()));
             }
             Command::Work { reply } => self.share_work(reply),
             Command::Worked { news, reply } => self.worked(news, reply, now),

@@ -74,14 +74,9 @@ impl<S: Store> Engine<S> {
     }
 
     /// Pauses or resumes a job in memory (the store has it already).
-    pub(super) async fn set_job_paused(
-        &mut self,
-        key: &JobKey,
-        paused: bool,
-        now: Timestamp,
-    ) -> Result<(), StorageError> {
+    pub(super) fn set_job_paused(&mut self, key: &JobKey, paused: bool, now: Timestamp) {
         let Some(was) = self.pause_in_memory(key, paused) else {
-            return Ok(());
+            return;
         };
         let entry = &self.jobs[key];
         if was && !paused && entry.owned {
@@ -89,18 +84,13 @@ impl<S: Store> Engine<S> {
             // from the last fire, or (a job that never fired) from when it
             // was applied, since none was due between then and the pause.
             let since = entry.last_fire.unwrap_or(entry.applied_at);
-            self.catch_up(key, since, now, Duration::ZERO).await?;
+            self.catch_up_beside(key, since, now, Duration::ZERO);
         }
-        Ok(())
     }
 
     /// A new share of the jobs: stop arming the jobs lost, and resume the
     /// jobs gained from their last fire in the ledger.
-    pub(super) async fn set_ownership(
-        &mut self,
-        owns: Ownership,
-        now: Timestamp,
-    ) -> Result<usize, StorageError> {
+    pub(super) fn set_ownership(&mut self, owns: Ownership, reply: Reply<usize>) {
         let mut gained = Vec::new();
         let mut owned = 0;
         for (key, entry) in &mut self.jobs {
@@ -112,35 +102,74 @@ impl<S: Store> Engine<S> {
                 if !now_owned {
                     entry.job = None;
                 } else if !entry.paused {
-                    gained.push((**key).clone());
+                    gained.push(((**key).clone(), entry.generation));
                 }
             }
         }
         self.ownership = Some(owns);
         if gained.is_empty() {
-            return Ok(owned);
+            self.reply_after_commit(reply, Ok(owned));
+            return;
         }
-        let last = self.store.last_fires_of(&gained).await?;
-        for (key, last) in gained.into_iter().zip(last) {
-            let Some(entry) = self.jobs.get_mut(&key) else {
+        // Where each job gained resumes: its last fire, read beside the loop.
+        let store = self.store.clone();
+        let keys: Vec<JobKey> = gained.iter().map(|(k, _)| k.clone()).collect();
+        self.beside(
+            async move { store.last_fires_of(&keys).await },
+            move |last| Command::Owned {
+                gained,
+                last,
+                owned,
+                reply,
+            },
+        );
+    }
+
+    /// The last fires of the jobs gained came back (see [`Engine::set_ownership`]).
+    pub(super) fn owned(
+        &mut self,
+        gained: Vec<(JobKey, u64)>,
+        last: Result<Vec<Option<Timestamp>>, StorageError>,
+        owned: usize,
+        reply: Reply<usize>,
+        now: Timestamp,
+    ) {
+        let last = match last {
+            Ok(last) => last,
+            Err(e) => {
+                // Not owned after all: the next ring gains them again.
+                for (key, generation) in &gained {
+                    if let Some(entry) = self.jobs.get_mut(key) {
+                        if entry.generation == *generation {
+                            entry.owned = false;
+                            entry.generation += 1;
+                        }
+                    }
+                }
+                let _ = reply.send(Err(EngineError::Storage(e)));
+                return;
+            }
+        };
+        for ((key, generation), last) in gained.into_iter().zip(last) {
+            if !self.current(&key, generation) {
                 continue;
-            };
+            }
+            let entry = self.jobs.get_mut(&key).expect("current");
             entry.last_fire = last;
             let since = last.unwrap_or(entry.applied_at);
-            self.catch_up(&key, since, now, self.config.misfire_grace)
-                .await?;
+            self.catch_up_beside(&key, since, now, self.config.misfire_grace);
         }
-        Ok(owned)
+        self.reply_after_commit(reply, Ok(owned));
     }
 
     /// Takes in jobs changed and deleted through other nodes (a change
     /// already known is ignored); returns how many jobs this node owns.
-    pub(super) async fn sync_jobs(
+    pub(super) fn sync_jobs(
         &mut self,
         changed: Vec<StoredJob>,
         deleted: Vec<(String, String)>,
         now: Timestamp,
-    ) -> Result<usize, StorageError> {
+    ) -> usize {
         for key in deleted {
             self.remove_job(&key, now);
         }
@@ -167,10 +196,10 @@ impl<S: Store> Engine<S> {
                 }
             }
             if paused != s.paused {
-                self.set_job_paused(&key, s.paused, now).await?;
+                self.set_job_paused(&key, s.paused, now);
             }
         }
-        Ok(self.jobs.values().filter(|e| e.owned).count())
+        self.jobs.values().filter(|e| e.owned).count()
     }
 
     /// Arms the next fire of `key` after `after`: directly if the job is in
@@ -246,9 +275,7 @@ impl<S: Store> Engine<S> {
                 .map_err(EngineError::Storage)?;
             if let Some(stored) = stored {
                 let now = self.clock.now();
-                self.sync_jobs(vec![stored], vec![], now)
-                    .await
-                    .map_err(EngineError::Storage)?;
+                self.sync_jobs(vec![stored], vec![], now);
             }
         }
         if !self.jobs.contains_key(key) {

@@ -14,7 +14,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dagcron_core::fires::{self, Arming};
+use dagcron_core::fires::{self, Arming, Missed};
 use dagcron_core::policy::{self, FireDecision, FireOutcome};
 use dagcron_core::run::{Attempt, Effect, End, Event, RunMachine, StoredTask};
 use dagcron_core::{AttemptState, Failure, Job, RunState, TaskState, Timing};
@@ -31,6 +31,7 @@ use crate::clock::Clock;
 
 mod attempts;
 mod commands;
+mod handle;
 mod jobs;
 mod lease;
 mod recovery;
@@ -42,6 +43,8 @@ mod timers;
 #[cfg(test)]
 mod tests;
 
+pub use handle::EngineHandle;
+pub(crate) use handle::{CaughtUp, Command, LiveLogs, SharedNews};
 pub use lease::Lease;
 use lease::lease_watchdog;
 
@@ -286,124 +289,6 @@ impl std::error::Error for EngineError {}
 
 type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
 
-/// What the API asks of the engine.
-pub(crate) enum Command {
-    Apply {
-        jobs: Vec<Job>,
-        reply: Reply<Vec<(String, ApplyResult)>>,
-    },
-    Delete {
-        namespace: String,
-        name: String,
-        reply: Reply<()>,
-    },
-    Pause {
-        namespace: String,
-        name: String,
-        paused: bool,
-        reply: Reply<()>,
-    },
-    Trigger {
-        namespace: String,
-        name: String,
-        params: std::collections::BTreeMap<String, String>,
-        reply: Reply<RunId>,
-    },
-    Backfill {
-        namespace: String,
-        name: String,
-        from: Timestamp,
-        to: Timestamp,
-        reply: Reply<Vec<RunId>>,
-    },
-    /// The fires of a backfill, listed beside the loop: those of the range
-    /// not yet in the ledger.
-    Backfilled {
-        key: JobKey,
-        job: Arc<Job>,
-        fires: Result<Vec<Timestamp>, EngineError>,
-        reply: Reply<Vec<RunId>>,
-    },
-    Cancel {
-        run: RunId,
-        reply: Reply<()>,
-    },
-    /// The store's answer to an apply, done beside the loop.
-    Applied {
-        jobs: Vec<Job>,
-        results: Result<Vec<ApplyResult>, StorageError>,
-        reply: Reply<Vec<(String, ApplyResult)>>,
-    },
-    /// The store's answer to a delete, done beside the loop.
-    Deleted {
-        key: JobKey,
-        result: Result<bool, StorageError>,
-        reply: Reply<()>,
-    },
-    /// The store's answer to a pause or a resume, done beside the loop.
-    Paused {
-        key: JobKey,
-        paused: bool,
-        result: Result<bool, StorageError>,
-        reply: Reply<()>,
-    },
-    /// The whole job of a fire, read beside the loop ahead of the fire.
-    Prepared {
-        key: Arc<JobKey>,
-        generation: u64,
-        at: Timestamp,
-        job: Result<Option<Arc<Job>>, StorageError>,
-    },
-    /// The store's answers for the shared work, asked beside the loop.
-    Worked {
-        news: Result<SharedNews, StorageError>,
-        reply: Reply<()>,
-    },
-    /// The whole job a trigger needs, read beside the loop.
-    Loaded {
-        key: JobKey,
-        job: Result<Option<Arc<Job>>, StorageError>,
-        params: std::collections::BTreeMap<String, String>,
-        reply: Reply<RunId>,
-    },
-    /// A cluster node's share of the jobs changed.
-    Own {
-        owns: Ownership,
-        reply: Reply<usize>,
-    },
-    /// Jobs changed in the store (applied through another node).
-    Sync {
-        changed: Vec<StoredJob>,
-        deleted: Vec<(String, String)>,
-        reply: Reply<usize>,
-    },
-    /// Runs taken over from a dead node; `alive` are the epochs of the
-    /// nodes still alive (their attempts go on).
-    Adopt {
-        runs: Vec<RunRecord>,
-        alive: HashSet<i64>,
-        reply: Reply<()>,
-    },
-    /// Work shared across the cluster: claim attempts, learn the outcome of
-    /// attempts others claimed, stop attempts withdrawn by their owners.
-    Work {
-        reply: Reply<()>,
-    },
-}
-
-/// What the store answered for a round of shared work.
-#[derive(Default)]
-pub(crate) struct SharedNews {
-    /// The pool's room held for the claims.
-    room: usize,
-    /// Attempts claimed, with the job of each (read for other nodes' runs).
-    claims: Vec<(ClaimedAttempt, Option<Arc<Job>>)>,
-    /// News of this node's attempts that other nodes claimed.
-    progress: Vec<RemoteAttempt>,
-    /// Attempts this node runs for others that their owners withdrew.
-    withdrawn: HashSet<AttemptKey>,
-}
-
 /// Which jobs a cluster node owns: `owns(namespace, name)`.
 pub type Ownership = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
 
@@ -589,6 +474,13 @@ enum Timer {
     Deadline {
         run: RunId,
     },
+    /// Catch up missed fires again (reading their job failed).
+    CatchUp {
+        key: Arc<JobKey>,
+        generation: u64,
+        since: Timestamp,
+        grace: Duration,
+    },
 }
 
 /// What to do once the batch deciding it is committed.
@@ -643,154 +535,6 @@ impl Rng {
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
-/// A handle to a running engine, for the API.
-#[derive(Clone)]
-pub struct EngineHandle {
-    tx: mpsc::Sender<Command>,
-    live: LiveLogs,
-    fenced: CancellationToken,
-}
-
-/// The output of attempts running in this process, by (run, task, attempt).
-type LiveLogs = Arc<std::sync::Mutex<HashMap<(RunId, String, u32), dagcron_exec::LiveLog>>>;
-
-impl EngineHandle {
-    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, EngineError> {
-        let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(make(tx))
-            .await
-            .map_err(|_| EngineError::Stopped)?;
-        rx.await.map_err(|_| EngineError::Stopped)?
-    }
-
-    /// Creates or updates jobs (already validated); answers after commit.
-    pub async fn apply(&self, jobs: Vec<Job>) -> Result<Vec<(String, ApplyResult)>, EngineError> {
-        self.ask(|reply| Command::Apply { jobs, reply }).await
-    }
-
-    /// Deletes a job; its history stays.
-    pub async fn delete(&self, namespace: &str, name: &str) -> Result<(), EngineError> {
-        self.ask(|reply| Command::Delete {
-            namespace: namespace.into(),
-            name: name.into(),
-            reply,
-        })
-        .await
-    }
-
-    /// Pauses (or resumes) a job.
-    pub async fn pause(
-        &self,
-        namespace: &str,
-        name: &str,
-        paused: bool,
-    ) -> Result<(), EngineError> {
-        self.ask(|reply| Command::Pause {
-            namespace: namespace.into(),
-            name: name.into(),
-            paused,
-            reply,
-        })
-        .await
-    }
-
-    /// Starts a run now with these parameters (over the job's defaults).
-    pub async fn trigger(
-        &self,
-        namespace: &str,
-        name: &str,
-        params: std::collections::BTreeMap<String, String>,
-    ) -> Result<RunId, EngineError> {
-        self.ask(|reply| Command::Trigger {
-            namespace: namespace.into(),
-            name: name.into(),
-            params,
-            reply,
-        })
-        .await
-    }
-
-    /// Creates a run for every fire in `[from, to)` not already in the ledger.
-    pub async fn backfill(
-        &self,
-        namespace: &str,
-        name: &str,
-        from: Timestamp,
-        to: Timestamp,
-    ) -> Result<Vec<RunId>, EngineError> {
-        self.ask(|reply| Command::Backfill {
-            namespace: namespace.into(),
-            name: name.into(),
-            from,
-            to,
-            reply,
-        })
-        .await
-    }
-
-    /// The output so far of an attempt running in this process, to follow it.
-    pub fn live_log(&self, run: RunId, task: &str, number: u32) -> Option<dagcron_exec::LiveLog> {
-        self.live
-            .lock()
-            .expect("live logs lock")
-            .get(&(run, task.to_string(), number))
-            .cloned()
-    }
-
-    /// Tells a cluster node's engine which jobs it owns; returns how many.
-    pub async fn set_ownership(&self, owns: Ownership) -> Result<usize, EngineError> {
-        self.ask(|reply| Command::Own { owns, reply }).await
-    }
-
-    /// Takes in jobs changed and deleted through other nodes; returns how
-    /// many jobs this node now owns.
-    pub async fn sync_jobs(
-        &self,
-        changed: Vec<StoredJob>,
-        deleted: Vec<(String, String)>,
-    ) -> Result<usize, EngineError> {
-        self.ask(|reply| Command::Sync {
-            changed,
-            deleted,
-            reply,
-        })
-        .await
-    }
-
-    /// Hands the engine runs it now owns (after their node died); `alive`
-    /// are the epochs of the nodes alive now.
-    pub async fn adopt(
-        &self,
-        runs: Vec<RunRecord>,
-        alive: HashSet<i64>,
-    ) -> Result<(), EngineError> {
-        self.ask(|reply| Command::Adopt { runs, alive, reply })
-            .await
-    }
-
-    /// Does the cluster's shared work: claims attempts other nodes handed
-    /// over (as many as the pool has room for), takes in the outcomes of
-    /// this node's attempts that others ran, and stops the attempts it runs
-    /// for others that their owners withdrew.
-    pub async fn share_work(&self) -> Result<(), EngineError> {
-        self.ask(|reply| Command::Work { reply }).await
-    }
-
-    /// Resolves once a cluster node's lease has ended and every attempt it
-    /// ran has been killed and seen gone (or a bounded wait for them ran
-    /// out): the process must stop, whatever its engine loop is doing.
-    pub async fn fenced(&self) {
-        self.fenced.cancelled().await;
-    }
-
-    /// Cancels a run: running attempts are stopped, pending tasks cancelled.
-    /// A run of another cluster node is cancelled by that node.
-    pub async fn cancel(&self, run: RunId) -> Result<(), EngineError> {
-        self.ask(|reply| Command::Cancel { run, reply }).await
     }
 }
 

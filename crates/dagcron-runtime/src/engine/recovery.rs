@@ -85,8 +85,19 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
-    /// Records the fires of `key` in `(since, now - grace]` by the misfire
-    /// policy, and arms the next fire.
+    /// The fires of `key` missed in `(since, now - grace]`, by the misfire policy.
+    fn missed(&self, key: &JobKey, since: Timestamp, now: Timestamp, grace: Duration) -> Missed {
+        let grace = SignedDuration::try_from(grace).unwrap_or(SignedDuration::ZERO);
+        let max = self.config.max_missed_per_job;
+        let missed = fires::missed(&self.jobs[key].timing, since, now, grace, max);
+        if missed.truncated {
+            tracing::warn!(job = %format!("{}/{}", key.0, key.1), "more than {max} missed fires; recording the first ones only");
+        }
+        missed
+    }
+
+    /// At start-up: records the fires of `key` missed in `(since, now -
+    /// grace]` by the misfire policy, and arms the next fire.
     pub(super) async fn catch_up(
         &mut self,
         key: &JobKey,
@@ -94,23 +105,84 @@ impl<S: Store> Engine<S> {
         now: Timestamp,
         grace: Duration,
     ) -> Result<(), StorageError> {
-        let grace = SignedDuration::try_from(grace).unwrap_or(SignedDuration::ZERO);
-        let max = self.config.max_missed_per_job;
-        let missed = fires::missed(&self.jobs[key].timing, since, now, grace, max);
-        if missed.truncated {
-            tracing::warn!(job = %format!("{}/{}", key.0, key.1), "more than {max} missed fires; recording the first ones only");
-        }
-        let outcomes = missed.fires;
-        let job = if outcomes
-            .iter()
-            .any(|(_, o)| *o == FireOutcome::MissedCaughtUp)
-        {
+        let missed = self.missed(key, since, now, grace);
+        let job = if missed.runs_some() {
             self.job_of(key).await?
         } else {
             None
         };
-        let last = outcomes.last().map(|(at, _)| *at);
-        for (at, outcome) in outcomes {
+        self.record_missed(key, missed, job);
+        Ok(())
+    }
+
+    /// While the loop runs: as [`Engine::catch_up`], with the job read
+    /// beside the loop when the fires caught up need it and it is not in
+    /// memory (the fires are recorded when it comes back).
+    pub(super) fn catch_up_beside(
+        &mut self,
+        key: &JobKey,
+        since: Timestamp,
+        now: Timestamp,
+        grace: Duration,
+    ) {
+        let missed = self.missed(key, since, now, grace);
+        let entry = &self.jobs[key];
+        if !missed.runs_some() || entry.job.is_some() {
+            let job = entry.job.clone();
+            self.record_missed(key, missed, job);
+            return;
+        }
+        let generation = entry.generation;
+        let read = self.job_of(key);
+        let key = key.clone();
+        self.beside(read, move |job| {
+            Command::CaughtUp(Box::new(CaughtUp {
+                key,
+                generation,
+                since,
+                grace,
+                missed,
+                job,
+            }))
+        });
+    }
+
+    /// The job of missed fires came back (see [`Engine::catch_up_beside`]).
+    pub(super) fn caught_up(&mut self, fires: CaughtUp) {
+        let CaughtUp {
+            key,
+            generation,
+            since,
+            grace,
+            missed,
+            job,
+        } = fires;
+        if !self.current(&key, generation) {
+            // Changed meanwhile: the change armed it again.
+            return;
+        }
+        match job {
+            Ok(job) => self.record_missed(&key, missed, job),
+            Err(e) => {
+                tracing::warn!(job = %format!("{}/{}", key.0, key.1), "cannot read the job of missed fires; trying again: {e}");
+                let now = self.clock.now();
+                let at = now.checked_add(SignedDuration::from_secs(1)).unwrap_or(now);
+                let again = Timer::CatchUp {
+                    key: Arc::new(key),
+                    generation,
+                    since,
+                    grace,
+                };
+                self.arm(at, again);
+            }
+        }
+    }
+
+    /// Records missed fires (runs for those caught up, if the job still
+    /// exists) and arms the next fire.
+    fn record_missed(&mut self, key: &JobKey, missed: Missed, job: Option<Arc<Job>>) {
+        let last = missed.fires.last().map(|(at, _)| *at);
+        for (at, outcome) in missed.fires {
             match (outcome, &job) {
                 (FireOutcome::MissedCaughtUp, Some(job)) => {
                     self.fire(key, job, at, Trigger::Catchup, FireOutcome::MissedCaughtUp)
@@ -130,7 +202,6 @@ impl<S: Store> Engine<S> {
             self.jobs.get_mut(key).expect("job").last_fire = last;
         }
         self.arm_next_fire(key, missed.resume_after);
-        Ok(())
     }
 
     /// Rebuilds an unfinished run. Its attempts left running are lost,
@@ -143,12 +214,28 @@ impl<S: Store> Engine<S> {
         now: Timestamp,
     ) -> Result<(), StorageError> {
         let key = (record.namespace.clone(), record.job.clone());
-        let found = match self.jobs.get_key_value(&key) {
-            Some((key, _)) => {
-                let key = key.clone();
-                self.job_of(&key).await?.map(|job| (key, job))
-            }
-            None => None,
+        let job = if self.jobs.contains_key(&key) {
+            self.job_of(&key).await?
+        } else {
+            None
+        };
+        self.rebuild_run(record, job, alive, now);
+        Ok(())
+    }
+
+    /// Rebuilds an unfinished run of `job` (`None`: the job is gone, and
+    /// the run is cancelled); see [`Engine::recover_run`].
+    pub(super) fn rebuild_run(
+        &mut self,
+        record: RunRecord,
+        job: Option<Arc<Job>>,
+        alive: &HashSet<i64>,
+        now: Timestamp,
+    ) {
+        let key = (record.namespace.clone(), record.job.clone());
+        let found = match (self.jobs.get_key_value(&key), job) {
+            (Some((key, _)), Some(job)) => Some((key.clone(), job)),
+            _ => None,
         };
         let Some((key, job)) = found else {
             tracing::warn!(
@@ -161,7 +248,7 @@ impl<S: Store> Engine<S> {
                 to: RunState::Cancelled,
                 at: now,
             });
-            return Ok(());
+            return;
         };
         let index: HashMap<&str, usize> = job
             .tasks
@@ -273,7 +360,6 @@ impl<S: Store> Engine<S> {
         // Its deadline counts from when it started.
         let started = record.scheduled_at.max(record.created_at);
         self.step(id, Event::Resume { started }, now, None);
-        Ok(())
     }
 }
 

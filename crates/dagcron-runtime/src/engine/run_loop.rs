@@ -144,7 +144,7 @@ impl<S: Store> Engine<S> {
                         self.on_command(cmd).await;
                     }
                 }
-                () = sleep => self.on_timers().await,
+                () = sleep => self.on_timers(),
                 () = lease_end => self.check_lease()?,
             }
             if let Some((writes, results)) = committed {

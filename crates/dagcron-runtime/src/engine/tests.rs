@@ -76,14 +76,14 @@ async fn reads_of_jobs_for_fires_and_triggers_do_not_hold_the_loop() {
 
     // Half a second before the fire, the job is read beside the loop.
     clock.set("2026-01-10T00:59:59.6Z".parse().unwrap());
-    engine.on_timers().await;
+    engine.on_timers();
     assert!(engine.writes.is_empty() && engine.jobs[&key].job.is_none());
     let read = back(&mut commands).await;
     assert!(matches!(read, Command::Prepared { .. }));
     engine.on_command(read).await;
     assert!(engine.jobs[&key].job.is_some());
     clock.set("2026-01-10T01:00:00Z".parse().unwrap());
-    engine.on_timers().await;
+    engine.on_timers();
     assert_eq!(engine.runs.len(), 1, "fired on time");
 
     // A trigger of a job not in memory.
@@ -155,4 +155,64 @@ async fn regression_a_backfill_does_not_hold_the_loop() {
     engine.on_command(listed).await;
     engine.flush().await.unwrap();
     assert_eq!(done.await.unwrap().unwrap().len(), 9000);
+}
+
+/// Resuming a job whose fires were missed while it was paused read the
+/// job in the loop, holding every timer while the store answered. The job
+/// of the fires to catch up is now read beside the loop; the fires are
+/// recorded when it comes back.
+#[tokio::test]
+async fn the_job_of_missed_fires_is_read_beside_the_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut engine, clock, (mut commands, _handle)) =
+        engine_at(&dir, "2026-01-10T00:00:30Z").await;
+    apply(
+        &mut engine,
+        &mut commands,
+        jobs("namespace: t\njobs:\n  - { name: minutely, schedule: '* * * * *', misfire: run_once, tasks: [{ id: a, noop: true }] }\n"),
+    )
+    .await;
+    let pause = |paused| {
+        let (reply, answered) = oneshot::channel();
+        let cmd = Command::Pause {
+            namespace: "t".into(),
+            name: "minutely".into(),
+            paused,
+            reply,
+        };
+        (cmd, answered)
+    };
+    let (cmd, answered) = pause(true);
+    engine.on_command(cmd).await;
+    let stored = back(&mut commands).await;
+    engine.on_command(stored).await;
+    engine.flush().await.unwrap();
+    answered.await.unwrap().unwrap();
+
+    clock.set("2026-01-10T00:10:30Z".parse().unwrap());
+    let (cmd, answered) = pause(false);
+    engine.on_command(cmd).await;
+    let stored = back(&mut commands).await;
+    assert!(matches!(stored, Command::Paused { .. }));
+    engine.on_command(stored).await;
+    assert!(
+        engine.runs.is_empty() && engine.writes.is_empty(),
+        "nothing decided yet"
+    );
+    let read = back(&mut commands).await;
+    assert!(matches!(read, Command::CaughtUp(_)));
+    engine.on_command(read).await;
+    let fires: Vec<FireOutcome> = engine
+        .writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::Fire { outcome, .. } => Some(*outcome),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(fires.len(), 10, "the fires of 00:01 to 00:10");
+    assert_eq!(fires[9], FireOutcome::MissedCaughtUp);
+    assert_eq!(engine.runs.len(), 1, "the last one runs");
+    engine.flush().await.unwrap();
+    answered.await.unwrap().unwrap();
 }

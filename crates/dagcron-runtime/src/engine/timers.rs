@@ -17,7 +17,7 @@ impl<S: Store> Engine<S> {
             .is_some_and(|e| e.generation == generation && !e.paused)
     }
 
-    pub(super) async fn on_timers(&mut self) {
+    pub(super) fn on_timers(&mut self) {
         let now = self.clock.now();
         if now.duration_since(self.last_wake) < SignedDuration::from_secs(-1) {
             tracing::warn!(
@@ -67,21 +67,7 @@ impl<S: Store> Engine<S> {
                             now.duration_since(at).as_secs_f64()
                         );
                         let since = at.checked_sub(SignedDuration::from_nanos(1)).unwrap_or(at);
-                        if let Err(e) = self.catch_up(&key, since, now, grace).await {
-                            tracing::warn!(
-                                "cannot read the job of missed fires; trying again: {e}"
-                            );
-                            let again =
-                                now.checked_add(SignedDuration::from_secs(1)).unwrap_or(now);
-                            self.arm(
-                                again,
-                                Timer::Fire {
-                                    key,
-                                    generation,
-                                    at,
-                                },
-                            );
-                        }
+                        self.catch_up_beside(&key, since, now, grace);
                         continue;
                     }
                     let Some(job) = self.jobs[&*key].job.clone() else {
@@ -94,6 +80,16 @@ impl<S: Store> Engine<S> {
                 }
                 Timer::Retry { run, task } => {
                     self.step(run, Event::RetryDue { task }, now, None);
+                }
+                Timer::CatchUp {
+                    key,
+                    generation,
+                    since,
+                    grace,
+                } => {
+                    if self.current(&key, generation) {
+                        self.catch_up_beside(&key, since, now, grace);
+                    }
                 }
                 Timer::Deadline { run } => {
                     if self
