@@ -50,22 +50,31 @@ def free_port():
     return port
 
 
+# The cluster's instance-admin token, made by `dagcron tokens bootstrap` for
+# each run's database.
+TOKEN = ""
+
+
+def headers(content_type="application/json"):
+    return {"content-type": content_type, "authorization": f"Bearer {TOKEN}"}
+
+
 def http(method, url, body=None, content_type="application/json"):
     data = body.encode() if isinstance(body, str) else body
-    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": content_type})
+    req = urllib.request.Request(url, data=data, method=method, headers=headers(content_type))
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read() or b"null")
 
 
 class Node:
-    def __init__(self, url, index, logdir):
+    def __init__(self, url, index, logdir, key_file):
         self.port = free_port()
         self.id = f"n{index}"
         self.api = f"http://127.0.0.1:{self.port}"
         self.log = open(os.path.join(logdir, f"{self.id}.log"), "ab")
         self.proc = subprocess.Popen(
             [BIN, "serve", "--database", url, "--listen", f"127.0.0.1:{self.port}", "--node-id", self.id,
-             "--lease-ttl-ms", str(TTL_MS), "--pool-size", "256"],
+             "--lease-ttl-ms", str(TTL_MS), "--pool-size", "256", "--key-file", key_file],
             stdout=self.log, stderr=self.log, env={**os.environ, "RUST_LOG": "warn"})
         deadline = time.time() + 30
         while True:
@@ -117,8 +126,7 @@ def trigger_stream(nodes, stop, counts, i):
     while not stop.is_set():
         conn = conns[(i + n) % len(conns)]
         try:
-            conn.request("POST", "/api/v1/namespaces/b/jobs/dag/trigger", body=b"{}",
-                         headers={"content-type": "application/json"})
+            conn.request("POST", "/api/v1/namespaces/b/jobs/dag/trigger", body=b"{}", headers=headers())
             conn.getresponse().read()
             n += 1
         except Exception:
@@ -170,7 +178,12 @@ def run(n_nodes, logdir):
     url = db_url(name)
     nodes = []
     try:
-        nodes = [Node(url, i, logdir) for i in range(n_nodes)]
+        # The server key every node shares, and the first admin token.
+        global TOKEN
+        key_file = os.path.join(logdir, f"server-{n_nodes}.key")
+        TOKEN = subprocess.run([BIN, "tokens", "bootstrap", "--database", url, "--key-file", key_file],
+                               check=True, capture_output=True, text=True).stdout.strip()
+        nodes = [Node(url, i, logdir, key_file) for i in range(n_nodes)]
         http("POST", f"{nodes[0].api}/api/v1/apply", job_file(), "application/yaml")
         wait_converged(nodes, JOBS + 1)
         time.sleep(3)

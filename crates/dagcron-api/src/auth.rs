@@ -210,7 +210,7 @@ impl Principal {
 
 /// Paths anyone may read: liveness and the API's description.
 fn is_public(path: &str) -> bool {
-    matches!(path, "/healthz" | "/api/v1/openapi.json")
+    matches!(path, "/healthz" | "/readyz" | "/api/v1/openapi.json")
 }
 
 /// A token whose last use is older than this is noted as used again.

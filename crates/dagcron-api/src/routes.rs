@@ -15,7 +15,7 @@ use crate::auth::{AuditNamespace, Principal};
 use crate::wire::{
     ApplyAnswer, ApplyItem, BackfillAnswer, BackfillBody, ClusterAnswer, ErrorBody, Errors,
     FireAnswer, FirePage, HealthAnswer, JobAnswer, JobPage, NodeAnswer, NodeStatus, Problem,
-    RunAnswer, RunPage, TriggerBody, WorkerAnswer, WorkersAnswer,
+    ReadyAnswer, ReadyCheck, RunAnswer, RunPage, TriggerBody, WorkerAnswer, WorkersAnswer,
 };
 use crate::{ApiError, AppState};
 use dagcron_core::authz::Need;
@@ -28,7 +28,7 @@ use dagcron_core::authz::Need;
         description = "The REST API of dagcron, a distributed job scheduler. Every error answer is `{\"error\": {\"code\", \"message\", \"details\"}}`."
     ),
     paths(
-        health, openapi, cluster, workers, apply, list_jobs, get_job, put_job, delete_job, pause,
+        health, ready, openapi, cluster, workers, apply, list_jobs, get_job, put_job, delete_job, pause,
         resume, trigger, backfill, list_runs, list_fires, get_run, cancel, get_log,
         crate::tokens::create_token, crate::tokens::list_tokens, crate::tokens::revoke_token,
         crate::audit::list_audit, crate::secrets::put_secret, crate::secrets::list_secrets,
@@ -54,7 +54,7 @@ impl utoipa::Modify for BearerAuth {
             SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
         );
         // Liveness and this document need no token.
-        for path in ["/healthz", "/api/v1/openapi.json"] {
+        for path in ["/healthz", "/readyz", "/api/v1/openapi.json"] {
             if let Some(op) = openapi
                 .paths
                 .paths
@@ -80,6 +80,7 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
     let max_body = state.max_body_bytes;
     Router::new()
         .route("/healthz", get(health::<S>))
+        .route("/readyz", get(ready::<S>))
         .route("/api/v1/openapi.json", get(openapi))
         .route("/api/v1/cluster", get(cluster::<S>))
         .route("/api/v1/workers", get(workers::<S>))
@@ -161,6 +162,53 @@ async fn unknown_path(uri: axum::http::Uri) -> ApiError {
     responses((status = 200, description = "The document", body = Object), Errors))]
 async fn openapi() -> Json<utoipa::openapi::OpenApi> {
     Json(<ApiDoc as utoipa::OpenApi>::openapi())
+}
+
+/// How long a readiness check waits for the store or the engine.
+const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Readiness: whether this node can do its work now (the store answers,
+/// the engine's loop takes commands, and in a cluster its lease runs and
+/// its clock is close to the database's), with the reason when it cannot.
+#[utoipa::path(get, path = "/readyz", tag = "meta",
+    responses((status = 200, description = "Ready", body = ReadyAnswer), (status = 503, description = "Not ready, with the reason", body = ReadyAnswer), Errors))]
+async fn ready<S: Store>(State(state): State<AppState<S>>) -> impl IntoResponse {
+    let check = |name: &str, problem: Option<String>| ReadyCheck {
+        name: name.into(),
+        ok: problem.is_none(),
+        problem,
+    };
+    let waited = format!("no answer within {} s", READY_WAIT.as_secs());
+    let store = match tokio::time::timeout(READY_WAIT, state.store.get_run(0)).await {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some(waited.clone()),
+    };
+    let engine = match tokio::time::timeout(READY_WAIT, state.engine.ping()).await {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some(format!("the engine's loop gave {waited}")),
+    };
+    let mut checks = vec![check("store", store), check("engine", engine)];
+    if let Some(cluster) = &state.cluster {
+        let node = cluster.local();
+        let lease = (!node.lease_valid).then(|| "the lease is not renewed".to_string());
+        let clock = (!node.clock_ok).then(|| {
+            format!(
+                "the clock differs from the database's by {} ms",
+                node.clock_skew_us / 1000
+            )
+        });
+        checks.push(check("lease", lease));
+        checks.push(check("clock", clock));
+    }
+    let ready = checks.iter().all(|c| c.ok);
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(ReadyAnswer { ready, checks }))
 }
 
 /// Liveness and, in a cluster, this node's standing: a node whose clock is

@@ -22,6 +22,8 @@ struct Api {
     /// An instance-admin token, sent by `call`.
     token: String,
     _dir: tempfile::TempDir,
+    /// Stops the engine (on drop too).
+    stop: CancellationToken,
     _shutdown: tokio_util::sync::DropGuard,
 }
 
@@ -54,6 +56,7 @@ async fn api() -> Api {
         keyring,
         token: String::new(),
         _dir: dir,
+        stop: shutdown.clone(),
         _shutdown: shutdown.drop_guard(),
     };
     api.token = api.token_with(Role::Admin, None).await;
@@ -585,7 +588,7 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
     use Guard::*;
     use Role::*;
     Some(match (method, path) {
-        ("get", "/healthz" | "/api/v1/openapi.json") => Public,
+        ("get", "/healthz" | "/readyz" | "/api/v1/openapi.json") => Public,
         ("get", "/api/v1/cluster" | "/api/v1/workers") => Instance(Viewer),
         ("post", "/api/v1/apply") => Namespace(Developer),
         ("get", "/api/v1/namespaces/{ns}/jobs") => Namespace(Viewer),
@@ -935,4 +938,34 @@ async fn tokens_are_created_within_their_creators_authority() {
         )
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+/// `/readyz` says whether the node can work, check by check, with no token:
+/// ready while the store answers and the engine's loop takes commands; not
+/// ready, saying why, once the engine has stopped.
+#[tokio::test]
+async fn readiness_checks_the_store_and_the_engine() {
+    let api = api().await;
+    let (status, body) = api.call_as(None, Method::GET, "/readyz", "", "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body,
+        json!({"ready": true, "checks": [{"name": "store", "ok": true}, {"name": "engine", "ok": true}]})
+    );
+    api.stop.cancel();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let (status, body) = api.call_as(None, Method::GET, "/readyz", "", "").await;
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            break body;
+        }
+        assert!(std::time::Instant::now() < deadline, "still ready: {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(body["ready"], false);
+    assert_eq!(body["checks"][0], json!({"name": "store", "ok": true}));
+    assert_eq!(
+        body["checks"][1],
+        json!({"name": "engine", "ok": false, "problem": "the engine has stopped"})
+    );
 }

@@ -71,7 +71,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// installed and the port bound; then [`serve::run`] until a signal.
 async fn run_server(args: serve::ServeArgs) -> anyhow::Result<ExitCode> {
     let config = args.config()?;
-    init_logging();
+    init_logging(args.log_format);
     // Descendants of attempts whose parent died are adopted by this
     // process, which kills them with their attempt.
     if !dagcron_exec::tree::become_subreaper() {
@@ -89,13 +89,16 @@ async fn run_server(args: serve::ServeArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Logs to standard error, at `info` unless `RUST_LOG` says otherwise.
-fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+/// Logs to standard error, at `info` unless `RUST_LOG` says otherwise, as
+/// text or as one JSON object per line.
+fn init_logging(format: serve::LogFormat) {
+    let logs = tracing_subscriber::fmt().with_env_filter(
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+    );
+    match format {
+        serve::LogFormat::Text => logs.init(),
+        serve::LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
 }
 
 /// Completes at the first SIGTERM or SIGINT; the handlers are installed

@@ -48,7 +48,7 @@ pub(crate) struct WorkerArgs {
 }
 
 pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
-    crate::init_logging();
+    crate::init_logging(crate::serve::LogFormat::Text);
     anyhow::ensure!(args.capacity > 0, "--capacity must be at least 1");
     dagcron_exec::pass_env(args.pass_env.clone());
     if !dagcron_exec::tree::become_subreaper() {

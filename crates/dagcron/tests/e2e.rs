@@ -837,3 +837,35 @@ fn the_master_key_rotates_without_losing_a_secret() {
     let run = server.trigger("uses");
     server.wait_run(run, "succeeded");
 }
+
+/// `--log-format json` writes one JSON object per line: the level, the
+/// timestamp, the message and the event's fields at the top level (here,
+/// the run whose deadline passed).
+#[test]
+fn logs_can_be_json_one_object_per_line() {
+    let (_dir, data) = setup();
+    let mut server = Server::start(&data, &["--log-format", "json"]);
+    let file = "namespace: e2e\njobs:\n  - { name: late, deadline: 1s, tasks: [{ id: t, shell: 'sleep 30' }] }\n";
+    assert_eq!(
+        server.post("/api/v1/apply", file, "application/yaml").0,
+        200
+    );
+    let run = server.trigger("late");
+    server.wait_run(run, "failed");
+    assert!(server.signal(Signal::SIGTERM).success());
+    let text = std::fs::read_to_string(&server.log).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["level"].is_string() && l["timestamp"].is_string())
+    );
+    let deadline = lines
+        .iter()
+        .find(|l| l["message"] == "run deadline passed; stopping it")
+        .unwrap_or_else(|| panic!("no deadline line in {text}"));
+    assert_eq!(deadline["run"], run, "{deadline}");
+}

@@ -22,6 +22,28 @@ pub struct HealthAnswer {
     pub node: Option<NodeStatus>,
 }
 
+/// Whether this node can do its work now, check by check.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ReadyAnswer {
+    /// Every check passed.
+    pub ready: bool,
+    /// The checks: the store, the engine's loop, and in a cluster the lease
+    /// and the clock.
+    pub checks: Vec<ReadyCheck>,
+}
+
+/// One readiness check.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ReadyCheck {
+    /// `store`, `engine`, `lease` or `clock`.
+    pub name: String,
+    /// Whether it passed.
+    pub ok: bool,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
 /// A cluster node as it knows itself.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct NodeStatus {

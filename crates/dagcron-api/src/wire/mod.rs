@@ -17,7 +17,8 @@ use utoipa::{IntoResponses, ToSchema};
 
 pub use audit::{AuditAnswer, AuditPage};
 pub use cluster::{
-    ClusterAnswer, HealthAnswer, NodeAnswer, NodeStatus, WorkerAnswer, WorkersAnswer, WriteCounts,
+    ClusterAnswer, HealthAnswer, NodeAnswer, NodeStatus, ReadyAnswer, ReadyCheck, WorkerAnswer,
+    WorkersAnswer, WriteCounts,
 };
 pub use jobs::{
     ApplyAnswer, ApplyItem, ApplyOutcome, BackfillAnswer, BackfillBody, JobAnswer, JobPage,

@@ -365,6 +365,9 @@ impl<S: Store> Engine<S> {
                 }
                 self.reply_after_commit(reply, Ok(()));
             }
+            Command::Ping { reply } => {
+                let _ = reply.send(Ok(()));
+            }
             Command::Work { reply } => self.share_work(reply),
             Command::Worked { news, reply } => self.worked(news, reply, now),
         }

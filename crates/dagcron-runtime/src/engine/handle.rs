@@ -117,6 +117,10 @@ pub(crate) enum Command {
         alive: HashSet<i64>,
         reply: Reply<()>,
     },
+    /// Answered at once by the loop: it is alive and taking commands.
+    Ping {
+        reply: Reply<()>,
+    },
     /// Work shared across the cluster: claim attempts, learn the outcome of
     /// attempts others claimed, stop attempts withdrawn by their owners.
     Work {
@@ -287,6 +291,12 @@ impl EngineHandle {
     /// out): the process must stop, whatever its engine loop is doing.
     pub async fn fenced(&self) {
         self.fenced.cancelled().await;
+    }
+
+    /// Answers once the engine's loop has taken the call: whether it is
+    /// alive and taking commands (for readiness).
+    pub async fn ping(&self) -> Result<(), EngineError> {
+        self.ask(|reply| Command::Ping { reply }).await
     }
 
     /// Cancels a run: running attempts are stopped, pending tasks cancelled.

@@ -17,6 +17,11 @@ use dagcron_agents::PoolConfig;
 /// default.
 #[derive(Args)]
 pub struct ServeArgs {
+    /// How log lines are written to standard error: readable text, or one
+    /// JSON object per line (its fields: the run, job, namespace, attempt
+    /// and node where an event has them).
+    #[arg(long, env = "DAGCRON_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     /// A TOML file with any of: data_dir, database, listen, node_id, pool_size,
     /// misfire_grace, shutdown_grace, lease_ttl_ms, max_clock_skew_ms.
     #[arg(long, env = "DAGCRON_CONFIG")]
@@ -167,6 +172,15 @@ pub(super) struct Member {
     pub(super) old_master_key_files: Vec<PathBuf>,
     pub(super) lease_ttl: Duration,
     pub(super) max_clock_skew: Duration,
+}
+
+/// The form of log lines (see [`ServeArgs::log_format`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Readable text.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 impl ServeArgs {

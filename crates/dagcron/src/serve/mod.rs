@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use backend::{Node, embedded, join_tokens, member};
 use config::Backend;
-pub use config::{Config, ServeArgs};
+pub use config::{Config, LogFormat, ServeArgs};
 
 /// The jobs `--demo` applies.
 const DEMO: &str = include_str!("../../../../examples/demo.yaml");
