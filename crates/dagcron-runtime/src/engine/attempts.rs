@@ -289,6 +289,10 @@ impl<S: Store> Engine<S> {
             ..
         } = done;
         if let Some(foreign) = self.foreign.remove(&(id, i)) {
+            if foreign.withdrawn {
+                // Its end is recorded already (cancelled by the withdrawal).
+                return;
+            }
             // Run for another node: record the result; the run's owner
             // decides what follows. A stale result is refused by the store.
             self.writes.push(Write::AttemptEnd {

@@ -596,6 +596,8 @@ struct Foreign {
     task: String,
     number: u32,
     token: CancellationToken,
+    /// Its run's owner withdrew it (the store has it cancelled already).
+    withdrawn: bool,
 }
 
 fn key_of(job: &Job) -> JobKey {

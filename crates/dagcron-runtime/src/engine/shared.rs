@@ -98,9 +98,10 @@ impl<S: Store> Engine<S> {
         for remote in news.progress {
             self.remote_progress(remote, now);
         }
-        for ((run, _), f) in &self.foreign {
+        for ((run, _), f) in &mut self.foreign {
             if news.withdrawn.contains(&(*run, f.task.clone(), f.number)) {
                 tracing::info!(run, task = %f.task, number = f.number, "attempt withdrawn by its run's owner; stopping it");
+                f.withdrawn = true;
                 f.token.cancel();
             }
         }
@@ -175,6 +176,7 @@ impl<S: Store> Engine<S> {
                 task: claim.task,
                 number: claim.number,
                 token: token.clone(),
+                withdrawn: false,
             },
         );
         // An attempt of a run made ahead of its instant waits for it.
