@@ -121,11 +121,13 @@ impl Agent {
     }
 
     fn takes(&self, task: &RemoteTask) -> bool {
-        self.matches(&task.labels)
-            && self
-                .namespace
-                .as_ref()
-                .is_none_or(|ns| *ns == task.ctx.namespace)
+        self.serves(&task.ctx.namespace, &task.labels)
+    }
+
+    /// Whether it may run a task of `namespace` needing `labels` (its join
+    /// token may limit it to one namespace).
+    fn serves(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
+        self.matches(labels) && self.namespace.as_deref().is_none_or(|ns| ns == namespace)
     }
 
     fn has_room(&self) -> bool {
@@ -695,12 +697,12 @@ impl Remote for AgentPool {
         });
     }
 
-    fn serves(&self, labels: &BTreeMap<String, String>) -> bool {
+    fn serves(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
         let state = self.state.lock().expect("pool lock");
         state
             .agents
             .values()
-            .any(|a| a.tx.is_some() && !a.draining && a.matches(labels))
+            .any(|a| a.tx.is_some() && !a.draining && a.serves(namespace, labels))
     }
 
     fn rooms(&self) -> Vec<(BTreeMap<String, String>, usize)> {
@@ -1001,5 +1003,22 @@ mod tests {
             .expect("the report ran (it deadlocked under the lock)");
         assert_eq!(ending, dagcron_exec::Ending::Cancelled);
         assert_eq!(waiting, 0);
+    }
+
+    /// In a cluster, a node whose only matching agent was limited to another
+    /// namespace kept a task for it (no agent here would ever take it)
+    /// instead of handing it to the cluster.
+    #[test]
+    fn regression_an_agent_of_one_namespace_serves_only_that_namespace() {
+        let pool = AgentPool::new(PoolConfig::default());
+        let (tx, _rx) = mpsc::unbounded_channel();
+        pool.with_state(|state, at, _| {
+            let mut a = agent(tx, at);
+            a.namespace = Some("team-a".into());
+            state.agents.insert(1, a);
+        });
+        let labels = BTreeMap::new();
+        assert!(pool.serves("team-a", &labels));
+        assert!(!pool.serves("team-b", &labels));
     }
 }

@@ -213,7 +213,7 @@ impl<S: Store> Engine<S> {
         let needs = run.job.tasks[i].run_on.as_ref().map(|r| &r.labels);
         let elsewhere = self.config.node.is_some()
             && match (needs, &self.config.remote) {
-                (Some(labels), Some(remote)) => !remote.0.serves(labels),
+                (Some(labels), Some(remote)) => !remote.0.serves(&run.key.0, labels),
                 _ => false,
             };
         let shared = !here || elsewhere;

@@ -203,10 +203,11 @@ pub trait Remote: Send + Sync + 'static {
     /// Hands over an attempt; its `report` is called exactly once.
     fn submit(&self, task: RemoteTask);
 
-    /// Whether an agent connected here could run a task needing `labels`
-    /// (in a cluster, other attempts go to the node that has one).
-    fn serves(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
-        let _ = labels;
+    /// Whether an agent connected here could run a task of `namespace`
+    /// needing `labels` (in a cluster, other attempts go to the node that
+    /// has one).
+    fn serves(&self, namespace: &str, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        let _ = (namespace, labels);
         true
     }
 
