@@ -278,11 +278,6 @@ impl RunMachine {
         self.current[task]
     }
 
-    /// The final state the run is stopping with, if it is.
-    pub fn closing(&self) -> Option<RunState> {
-        self.closing
-    }
-
     /// Steps on `event` at `now` (`random` gives the jitter of a retry) and
     /// appends what to carry out to `out`.
     pub fn step(

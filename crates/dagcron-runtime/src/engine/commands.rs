@@ -77,14 +77,10 @@ impl<S: Store> Engine<S> {
                 );
             }
             Command::Deleted { key, result, reply } => {
-                let result = match result {
-                    Ok(true) => {
-                        self.remove_job(&key, now);
-                        Ok(())
-                    }
-                    Ok(false) => Err(no_such_job(&key)),
-                    Err(e) => Err(EngineError::Storage(e)),
-                };
+                let result = job_found(result, &key);
+                if result.is_ok() {
+                    self.remove_job(&key, now);
+                }
                 self.reply_after_commit(reply, result);
             }
             Command::Pause {
@@ -112,14 +108,10 @@ impl<S: Store> Engine<S> {
                 result,
                 reply,
             } => {
-                let result = match result {
-                    Ok(true) => {
-                        self.set_job_paused(&key, paused, now);
-                        Ok(())
-                    }
-                    Ok(false) => Err(no_such_job(&key)),
-                    Err(e) => Err(EngineError::Storage(e)),
-                };
+                let result = job_found(result, &key);
+                if result.is_ok() {
+                    self.set_job_paused(&key, paused, now);
+                }
                 self.reply_after_commit(reply, result);
             }
             Command::Trigger {
@@ -129,12 +121,9 @@ impl<S: Store> Engine<S> {
                 reply,
             } => {
                 let key = (namespace, name);
-                match self.jobs.get(&key) {
-                    Some(entry) if entry.job.is_some() => {
-                        let job = entry.job.clone().expect("in memory");
-                        self.trigger(key, job, params, reply, now);
-                    }
-                    Some(_) => {
+                match self.jobs.get(&key).map(|e| e.job.clone()) {
+                    Some(Some(job)) => self.trigger(key, job, params, reply, now),
+                    Some(None) => {
                         // Not in memory: read beside the loop.
                         let read = self.job_of(&key);
                         self.beside(read, |job| Command::Loaded {
@@ -440,6 +429,15 @@ async fn request_cancel<S: Store>(store: &S, run: RunId) -> Result<(), EngineErr
             "run {run} is {} and no node runs it",
             record.state
         ))),
+        Err(e) => Err(EngineError::Storage(e)),
+    }
+}
+
+/// The store's answer to a change of a job: done, or no such job.
+fn job_found(result: Result<bool, StorageError>, key: &JobKey) -> Result<(), EngineError> {
+    match result {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(no_such_job(key)),
         Err(e) => Err(EngineError::Storage(e)),
     }
 }

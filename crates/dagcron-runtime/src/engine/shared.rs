@@ -23,7 +23,6 @@ impl<S: Store> Engine<S> {
             _ => vec![],
         };
         self.claiming += room;
-        let here: HashSet<RunId> = self.runs.keys().copied().collect();
         let asks_progress = !self.shared.is_empty();
         let foreign: Vec<AttemptKey> = self
             .foreign
@@ -39,18 +38,18 @@ impl<S: Store> Engine<S> {
             };
             if room > 0 {
                 let claims = store.claim_attempts(room, &agents, now).await?;
-                // The jobs of other nodes' runs, read once each.
+                // The jobs of the claims, read once each (a claim of this
+                // node's own run, which is rare, uses its run's job instead).
                 let mut jobs: HashMap<JobKey, Option<Arc<Job>>> = HashMap::new();
                 for claim in claims {
                     let key = (claim.namespace.clone(), claim.job.clone());
-                    let job = if here.contains(&claim.run) {
-                        None
-                    } else if let Some(job) = jobs.get(&key) {
-                        job.clone()
-                    } else {
-                        let job = read_job(&*store, &key).await?;
-                        jobs.insert(key, job.clone());
-                        job
+                    let job = match jobs.get(&key) {
+                        Some(job) => job.clone(),
+                        None => {
+                            let job = read_job(&*store, &key).await?;
+                            jobs.insert(key, job.clone());
+                            job
+                        }
                     };
                     news.claims.push((claim, job));
                 }
