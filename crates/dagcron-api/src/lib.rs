@@ -7,6 +7,7 @@
 pub mod audit;
 pub mod auth;
 mod error;
+mod metrics;
 mod routes;
 pub mod secrets;
 pub mod tokens;
@@ -19,6 +20,7 @@ use dagcron_runtime::{ClusterHandle, EngineHandle};
 use dagcron_store::Store;
 
 pub use error::ApiError;
+pub use metrics::metrics_router;
 
 /// What the handlers share.
 pub struct AppState<S: Store> {
@@ -36,6 +38,9 @@ pub struct AppState<S: Store> {
     pub keyring: Arc<auth::Keyring>,
     /// The key secrets are encrypted under (none: no secrets here).
     pub master_key: Option<Arc<secrets::KeySet>>,
+    /// The series kept between scrapes of `/metrics` (the engine's
+    /// counters); the gauges of the moment are added at each scrape.
+    pub metrics: Option<Arc<prometheus_client::registry::Registry>>,
 }
 
 /// The default of [`AppState::max_body_bytes`]: 2 MiB, room for a job file
@@ -52,6 +57,7 @@ impl<S: Store> Clone for AppState<S> {
             max_body_bytes: self.max_body_bytes,
             keyring: self.keyring.clone(),
             master_key: self.master_key.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }

@@ -28,7 +28,7 @@ use dagcron_core::authz::Need;
         description = "The REST API of dagcron, a distributed job scheduler. Every error answer is `{\"error\": {\"code\", \"message\", \"details\"}}`."
     ),
     paths(
-        health, ready, openapi, cluster, workers, apply, list_jobs, get_job, put_job, delete_job, pause,
+        health, ready, crate::metrics::metrics, openapi, cluster, workers, apply, list_jobs, get_job, put_job, delete_job, pause,
         resume, trigger, backfill, list_runs, list_fires, get_run, cancel, get_log,
         crate::tokens::create_token, crate::tokens::list_tokens, crate::tokens::revoke_token,
         crate::audit::list_audit, crate::secrets::put_secret, crate::secrets::list_secrets,
@@ -81,6 +81,7 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
     Router::new()
         .route("/healthz", get(health::<S>))
         .route("/readyz", get(ready::<S>))
+        .route("/metrics", get(crate::metrics::metrics::<S>))
         .route("/api/v1/openapi.json", get(openapi))
         .route("/api/v1/cluster", get(cluster::<S>))
         .route("/api/v1/workers", get(workers::<S>))

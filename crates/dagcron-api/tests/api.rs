@@ -51,6 +51,7 @@ async fn api() -> Api {
             master_key: Some(Arc::new(dagcron_api::secrets::KeySet::one(
                 dagcron_api::secrets::MasterKey::from_bytes([9; 32]),
             ))),
+            metrics: None,
         }),
         store,
         keyring,

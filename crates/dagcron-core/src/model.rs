@@ -488,6 +488,17 @@ pub enum Executor {
     Noop,
 }
 
+impl Executor {
+    /// Its kind: `shell`, `http` or `noop`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Executor::Shell(_) => "shell",
+            Executor::Http(_) => "http",
+            Executor::Noop => "noop",
+        }
+    }
+}
+
 /// A validated task.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Task {

@@ -61,6 +61,15 @@ pub enum FireOutcome {
 }
 
 impl FireOutcome {
+    /// Every outcome.
+    pub const ALL: [FireOutcome; 5] = [
+        FireOutcome::Fired,
+        FireOutcome::SkippedOverlap,
+        FireOutcome::MissedCaughtUp,
+        FireOutcome::MissedSkipped,
+        FireOutcome::Suppressed,
+    ];
+
     /// The stored name.
     pub fn as_str(self) -> &'static str {
         match self {

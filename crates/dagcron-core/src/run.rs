@@ -268,6 +268,11 @@ impl RunMachine {
         self.state
     }
 
+    /// Whether the run was asked to stop and has not ended yet.
+    pub fn stopping(&self) -> bool {
+        self.closing.is_some() && !self.state.is_terminal()
+    }
+
     /// The state of every task, by index.
     pub fn tasks(&self) -> &[TaskState] {
         &self.tasks

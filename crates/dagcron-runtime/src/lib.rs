@@ -5,6 +5,7 @@
 pub mod clock;
 pub mod cluster;
 pub mod engine;
+pub mod metrics;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{ClusterConfig, ClusterHandle, Coordinator, LocalStatus};
@@ -12,3 +13,4 @@ pub use engine::{
     Engine, EngineConfig, EngineError, EngineEvent, EngineHandle, Lease, NodeIdentity, Observer,
     Ownership, Remote, RemoteTask, RemoteWorkers, Resolved, SecretSource, Secrets,
 };
+pub use metrics::{EngineGauges, EngineMetrics};

@@ -35,6 +35,14 @@ pub enum NodeState {
 }
 
 impl NodeState {
+    /// Every state.
+    pub const ALL: [NodeState; 4] = [
+        NodeState::Alive,
+        NodeState::Draining,
+        NodeState::Left,
+        NodeState::Dead,
+    ];
+
     /// The stored name.
     pub fn as_str(self) -> &'static str {
         match self {

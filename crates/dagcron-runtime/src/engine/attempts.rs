@@ -254,6 +254,11 @@ impl<S: Store> Engine<S> {
         run.tokens[i] = Some(self.kill_switch.child_token());
         // An attempt of a run made ahead starts at the run's instant.
         let starts = run.start_at.filter(|t| *t > now).unwrap_or(now);
+        let times = &mut run.times[i];
+        times.started = Some(starts);
+        if let (Some(m), Some(ready)) = (&self.config.metrics, times.ready) {
+            m.queue_wait(&run.key, starts.duration_since(ready).as_secs_f64());
+        }
         let write = self.writes.len();
         self.writes.push(Write::AttemptStart {
             run: id,
@@ -295,12 +300,16 @@ impl<S: Store> Engine<S> {
             }
             // Run for another node: record the result; the run's owner
             // decides what follows. A stale result is refused by the store.
+            let to = end_of(outcome.ending.clone()).attempt_state();
+            if let Some(m) = &self.config.metrics {
+                m.attempt_ended(&foreign.key, foreign.executor, to);
+            }
             self.writes.push(Write::AttemptEnd {
                 run: id,
                 task: foreign.task,
                 number: foreign.number,
                 from: AttemptState::Running,
-                to: end_of(outcome.ending.clone()).attempt_state(),
+                to,
                 at,
                 exit_code: outcome.exit_code,
                 error: outcome.error,

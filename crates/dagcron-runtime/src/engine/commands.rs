@@ -260,13 +260,7 @@ impl<S: Store> Engine<S> {
                     let id = run.id;
                     // A fire recorded meanwhile is refused by the store, and
                     // its run is not created.
-                    self.writes.push(Write::Fire {
-                        namespace: key.0.clone(),
-                        job: key.1.clone(),
-                        scheduled_at: at,
-                        outcome: FireOutcome::Fired,
-                        run: Some(run),
-                    });
+                    self.record_fire(&key, at, FireOutcome::Fired, Some(run));
                     self.jobs.get_mut(&key).expect("job").queued.push_back(id);
                     ids.push(id);
                 }
@@ -357,12 +351,45 @@ impl<S: Store> Engine<S> {
             Command::Ping { reply } => {
                 let _ = reply.send(Ok(()));
             }
+            Command::Gauges { reply } => {
+                let _ = reply.send(Ok(self.gauges(now)));
+            }
             Command::Work { reply } => self.share_work(reply),
             Command::Worked { news, reply } => self.worked(news, reply, now),
         }
     }
 
     /// Starts a run of `job` now by hand, with `params` over its defaults.
+    /// What is running and waiting now (see [`crate::EngineGauges`]).
+    fn gauges(&self, now: Timestamp) -> crate::EngineGauges {
+        let mut runs: HashMap<(&str, &'static str), u64> = HashMap::new();
+        for run in self.runs.values() {
+            let state = if run.machine.stopping() {
+                "stopping"
+            } else {
+                run.machine.state().as_str()
+            };
+            *runs.entry((run.key.0.as_str(), state)).or_default() += 1;
+        }
+        let mut runs: Vec<(String, &'static str, u64)> = runs
+            .into_iter()
+            .map(|((ns, state), n)| (ns.to_string(), state, n))
+            .collect();
+        runs.sort();
+        let overdue = self.heap.peek().map_or(0.0, |Reverse(a)| {
+            now.duration_since(a.at).as_secs_f64().max(0.0)
+        });
+        crate::EngineGauges {
+            runs,
+            ready_local: self.ready.local.len() as u64,
+            ready_remote: self.ready.remote.len() as u64,
+            pool_slots: self.config.pool_size as u64,
+            pool_in_use: self.running as u64,
+            remote_running: self.remote_running as u64,
+            timers_overdue_seconds: overdue,
+        }
+    }
+
     fn trigger(
         &mut self,
         key: JobKey,

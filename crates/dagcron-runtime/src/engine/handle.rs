@@ -121,6 +121,10 @@ pub(crate) enum Command {
     Ping {
         reply: Reply<()>,
     },
+    /// What is running and waiting now, for the metrics.
+    Gauges {
+        reply: Reply<crate::EngineGauges>,
+    },
     /// Work shared across the cluster: claim attempts, learn the outcome of
     /// attempts others claimed, stop attempts withdrawn by their owners.
     Work {
@@ -297,6 +301,12 @@ impl EngineHandle {
     /// alive and taking commands (for readiness).
     pub async fn ping(&self) -> Result<(), EngineError> {
         self.ask(|reply| Command::Ping { reply }).await
+    }
+
+    /// What is running and waiting now (runs by namespace and state, the
+    /// ready queues, the pool), for the metrics.
+    pub async fn gauges(&self) -> Result<crate::EngineGauges, EngineError> {
+        self.ask(|reply| Command::Gauges { reply }).await
     }
 
     /// Cancels a run: running attempts are stopped, pending tasks cancelled.

@@ -47,7 +47,10 @@ impl<S: Store> Engine<S> {
 
     /// Forgets a deleted job and cancels its runs.
     pub(super) fn remove_job(&mut self, key: &JobKey, now: Timestamp) {
-        if let Some(entry) = self.jobs.remove(key) {
+        if let Some((key, entry)) = self.jobs.remove_entry(key) {
+            if let Some(m) = &self.config.metrics {
+                m.forget(&key);
+            }
             for run in entry
                 .queued
                 .iter()
@@ -63,12 +66,16 @@ impl<S: Store> Engine<S> {
     /// Sets a job's paused state in memory; returns what it was. Its armed
     /// timers no longer stand.
     pub(super) fn pause_in_memory(&mut self, key: &JobKey, paused: bool) -> Option<bool> {
-        let entry = self.jobs.get_mut(key)?;
+        let key = self.jobs.get_key_value(key)?.0.clone();
+        let entry = self.jobs.get_mut(&*key)?;
         let was = entry.paused;
         entry.paused = paused;
         entry.generation += 1;
         if paused {
             entry.job = None;
+            if let Some(m) = &self.config.metrics {
+                m.next_fire(&key, None, None);
+            }
         }
         Some(was)
     }
@@ -101,6 +108,9 @@ impl<S: Store> Engine<S> {
                 entry.generation += 1;
                 if !now_owned {
                     entry.job = None;
+                    if let Some(m) = &self.config.metrics {
+                        m.next_fire(key, None, None);
+                    }
                 } else if !entry.paused {
                     gained.push(((**key).clone(), entry.generation));
                 }
@@ -217,6 +227,17 @@ impl<S: Store> Engine<S> {
             fires::arm_next(&entry.timing, after, now, entry.job.is_some())
         };
         let generation = entry.generation;
+        if let Some(m) = &self.config.metrics {
+            let next = match plan {
+                Arming::Nothing => None,
+                Arming::Fire { at, .. } | Arming::Prepare { at, .. } => Some(at),
+            };
+            let period = next
+                .zip(entry.last_fire)
+                .filter(|(next, last)| last < next)
+                .map(|(next, last)| next.duration_since(last).as_secs_f64());
+            m.next_fire(&key, next, period);
+        }
         match plan {
             Arming::Nothing => entry.job = None,
             Arming::Fire { at, handle_at } => self.arm(

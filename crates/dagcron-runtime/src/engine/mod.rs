@@ -87,6 +87,8 @@ pub struct EngineConfig {
     pub max_backfill: usize,
     /// Told about fires and attempts.
     pub observer: Option<Observer>,
+    /// Counts fires, runs, attempts and commits for Prometheus.
+    pub metrics: Option<Arc<crate::EngineMetrics>>,
     /// Set when this engine is one node of a cluster.
     pub node: Option<NodeIdentity>,
     /// Where tasks with `run_on` go.
@@ -251,6 +253,7 @@ impl Default for EngineConfig {
             max_missed_per_job: 10_000,
             max_backfill: 10_000,
             observer: None,
+            metrics: None,
             node: None,
             remote: None,
             secrets: None,
@@ -340,15 +343,25 @@ type Commit = std::pin::Pin<
 async fn commit_with_retries<S: Store>(
     store: &S,
     writes: &[Write],
+    metrics: Option<&crate::EngineMetrics>,
 ) -> Result<Vec<WriteResult>, StorageError> {
     if writes.is_empty() {
         return Ok(vec![]);
     }
+    let began = std::time::Instant::now();
     let mut tries = 0;
     loop {
         match store.write(writes).await {
-            Ok(r) => return Ok(r),
+            Ok(r) => {
+                if let Some(m) = metrics {
+                    m.committed(began.elapsed().as_secs_f64(), writes.len());
+                }
+                return Ok(r);
+            }
             Err(e) if tries < 5 && e.is_transient() => {
+                if let Some(m) = metrics {
+                    m.commit_retried();
+                }
                 tries += 1;
                 tracing::warn!("commit failed ({e}); retrying");
                 tokio::time::sleep(Duration::from_millis(100 << tries)).await;
@@ -454,6 +467,18 @@ struct RunEntry {
     /// For a run made ahead of its instant (`send_ahead`): nothing of it
     /// starts before this.
     start_at: Option<Timestamp>,
+    /// When it was created (a run rebuilt after a restart keeps it).
+    created_at: Timestamp,
+    /// When each task last became ready, and when its attempt here started.
+    times: Vec<TaskTimes>,
+}
+
+/// When a task of a run last became ready, and when its current attempt
+/// started here (for queue wait and traces).
+#[derive(Clone, Copy, Debug, Default)]
+struct TaskTimes {
+    ready: Option<Timestamp>,
+    started: Option<Timestamp>,
 }
 
 enum Timer {
@@ -594,6 +619,8 @@ pub struct Engine<S: Store> {
 
 /// An attempt run for another node.
 struct Foreign {
+    key: Arc<JobKey>,
+    executor: &'static str,
     task: String,
     number: u32,
     token: CancellationToken,

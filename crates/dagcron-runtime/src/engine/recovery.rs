@@ -189,13 +189,7 @@ impl<S: Store> Engine<S> {
                 }
                 // Deleted meanwhile (through another node).
                 (FireOutcome::MissedCaughtUp, None) => {}
-                (other, _) => self.writes.push(Write::Fire {
-                    namespace: key.0.clone(),
-                    job: key.1.clone(),
-                    scheduled_at: at,
-                    outcome: other,
-                    run: None,
-                }),
+                (other, _) => self.record_fire(key, at, other, None),
             }
         }
         if last.is_some() {
@@ -336,6 +330,8 @@ impl<S: Store> Engine<S> {
             machine: RunMachine::rebuilt(record.state, record.closing, tasks),
             tokens,
             start_at: None,
+            created_at: record.created_at,
+            times: vec![TaskTimes::default(); job.tasks.len()],
         };
         let id = record.id;
         self.runs.insert(id, run);

@@ -159,8 +159,9 @@ impl<S: Store> Engine<S> {
                 let writes = std::mem::take(&mut self.writes);
                 commit_effects = std::mem::take(&mut self.effects);
                 let store = self.store.clone();
+                let metrics = self.config.metrics.clone();
                 commit = Some(Box::pin(async move {
-                    let results = commit_with_retries(&*store, &writes).await;
+                    let results = commit_with_retries(&*store, &writes, metrics.as_deref()).await;
                     (writes, results)
                 }));
             }
@@ -238,7 +239,8 @@ impl<S: Store> Engine<S> {
     pub(super) async fn flush(&mut self) -> Result<(), StorageError> {
         self.check_lease()?;
         let writes = std::mem::take(&mut self.writes);
-        let results = commit_with_retries(&*self.store, &writes).await?;
+        let results =
+            commit_with_retries(&*self.store, &writes, self.config.metrics.as_deref()).await?;
         self.check_lease()?;
         let effects = std::mem::take(&mut self.effects);
         self.committed(&writes, &results, effects);

@@ -40,13 +40,7 @@ impl<S: Store> Engine<S> {
             self.jobs[key].active.len() as u32,
         );
         if decision == FireDecision::Skip {
-            self.writes.push(Write::Fire {
-                namespace: key.0.clone(),
-                job: key.1.clone(),
-                scheduled_at: at,
-                outcome: FireOutcome::SkippedOverlap,
-                run: None,
-            });
+            self.record_fire(key, at, FireOutcome::SkippedOverlap, None);
             return;
         }
         let run = self.new_run(
@@ -63,14 +57,33 @@ impl<S: Store> Engine<S> {
             // Made ahead of its instant (`send_ahead`).
             self.runs.get_mut(&id).expect("run").start_at = Some(at);
         }
+        self.record_fire(key, at, outcome, Some(run));
+        self.after_new_run(key, id, decision, now);
+    }
+
+    /// Records a fire of `key` at `at` in the ledger, with the run it made.
+    pub(super) fn record_fire(
+        &mut self,
+        key: &JobKey,
+        at: Timestamp,
+        outcome: FireOutcome,
+        run: Option<NewRun>,
+    ) {
+        if let (Some(m), Some((key, _))) = (&self.config.metrics, self.jobs.get_key_value(key)) {
+            // Lateness of the fires made on time, not of those caught up.
+            let lateness = run
+                .as_ref()
+                .filter(|r| outcome == FireOutcome::Fired && r.trigger == Trigger::Schedule)
+                .map(|r| r.created_at.duration_since(at).as_secs_f64());
+            m.fire(key, outcome, lateness);
+        }
         self.writes.push(Write::Fire {
             namespace: key.0.clone(),
             job: key.1.clone(),
             scheduled_at: at,
             outcome,
-            run: Some(run),
+            run,
         });
-        self.after_new_run(key, id, decision, now);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -102,6 +115,8 @@ impl<S: Store> Engine<S> {
                 machine: RunMachine::new(job.tasks.len(), state),
                 tokens: vec![None; job.tasks.len()],
                 start_at: None,
+                created_at: now,
+                times: vec![TaskTimes::default(); job.tasks.len()],
             },
         );
         NewRun {
@@ -243,6 +258,11 @@ impl<S: Store> Engine<S> {
                 let o = outcome
                     .take()
                     .unwrap_or_else(|| failed("the attempt ended without a report".into()));
+                let run = self.runs.get_mut(&id).expect("run");
+                if let Some(m) = &self.config.metrics {
+                    m.attempt_ended(&run.key, job.tasks[task].executor.kind(), to);
+                }
+                run.times[task].started = None;
                 self.writes.push(Write::AttemptEnd {
                     run: id,
                     task: name(task),
@@ -271,10 +291,25 @@ impl<S: Store> Engine<S> {
                     token.cancel();
                 }
             }
-            Effect::Ready { task } => self.ready.push(job, id, task),
-            Effect::ArmRetry { task, at } => self.arm(at, Timer::Retry { run: id, task }),
+            Effect::Ready { task } => {
+                self.runs.get_mut(&id).expect("run").times[task].ready = Some(now);
+                self.ready.push(job, id, task);
+            }
+            Effect::ArmRetry { task, at } => {
+                if let Some(m) = &self.config.metrics {
+                    m.retry(&self.runs[&id].key);
+                }
+                self.arm(at, Timer::Retry { run: id, task });
+            }
             Effect::ArmDeadline { at } => self.arm(at, Timer::Deadline { run: id }),
-            Effect::Finished { .. } => self.finished(id, now),
+            Effect::Finished { state } => {
+                if let Some(m) = &self.config.metrics {
+                    let run = &self.runs[&id];
+                    let seconds = now.duration_since(run.created_at).as_secs_f64();
+                    m.run_finished(&run.key, state, seconds, now);
+                }
+                self.finished(id, now);
+            }
         }
     }
 

@@ -153,6 +153,7 @@ impl<S: Store> Engine<S> {
             return;
         }
         let scheduled_at = claim.scheduled_at;
+        let key = Arc::new((claim.namespace.clone(), claim.job.clone()));
         let ctx = AttemptContext {
             idempotency_key: AttemptContext::idempotency_key_for(
                 &claim.namespace,
@@ -172,6 +173,8 @@ impl<S: Store> Engine<S> {
         self.foreign.insert(
             (claim.run, i),
             Foreign {
+                key,
+                executor: job.tasks[i].executor.kind(),
                 task: claim.task,
                 number: claim.number,
                 token: token.clone(),

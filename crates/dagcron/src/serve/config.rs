@@ -22,8 +22,9 @@ pub struct ServeArgs {
     /// and node where an event has them).
     #[arg(long, env = "DAGCRON_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// A TOML file with any of: data_dir, database, listen, node_id, pool_size,
-    /// misfire_grace, shutdown_grace, lease_ttl_ms, max_clock_skew_ms.
+    /// A TOML file with any of: data_dir, database, listen, metrics_listen,
+    /// metrics_max_jobs, node_id, pool_size, misfire_grace, shutdown_grace,
+    /// lease_ttl_ms, max_clock_skew_ms (and the other flags' names).
     #[arg(long, env = "DAGCRON_CONFIG")]
     config: Option<PathBuf>,
     /// Where the SQLite database lives [default: ./dagcron-data].
@@ -51,6 +52,15 @@ pub struct ServeArgs {
     /// Address of the API [default: 127.0.0.1:7700].
     #[arg(long, env = "DAGCRON_LISTEN")]
     listen: Option<SocketAddr>,
+    /// Also serve `/metrics`, without a token, on this address (for a
+    /// scraper on a private network); on the API's address, `/metrics`
+    /// needs a viewer token over the whole instance.
+    #[arg(long, env = "DAGCRON_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
+    /// Jobs that get metric series of their own; the fires of the others
+    /// are counted in their namespace's series [default: 1000].
+    #[arg(long, env = "DAGCRON_METRICS_MAX_JOBS")]
+    metrics_max_jobs: Option<usize>,
     /// Apply the bundled demo jobs, so that runs appear within seconds.
     #[arg(long)]
     demo: bool,
@@ -116,6 +126,8 @@ struct FileConfig {
     lease_ttl_ms: Option<u64>,
     max_clock_skew_ms: Option<u64>,
     listen: Option<SocketAddr>,
+    metrics_listen: Option<SocketAddr>,
+    metrics_max_jobs: Option<usize>,
     pool_size: Option<usize>,
     misfire_grace: Option<u64>,
     shutdown_grace: Option<u64>,
@@ -133,6 +145,10 @@ struct FileConfig {
 pub struct Config {
     pub(super) backend: Backend,
     pub(super) listen: SocketAddr,
+    /// Where `/metrics` is also served, without a token.
+    pub(super) metrics_listen: Option<SocketAddr>,
+    /// Jobs with metric series of their own.
+    pub(super) metrics_max_jobs: usize,
     /// Where to write the bound address once the API answers.
     pub(super) address_file: Option<PathBuf>,
     pub(super) demo: bool,
@@ -234,6 +250,11 @@ impl ServeArgs {
                 .listen
                 .or(file.listen)
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7700))),
+            metrics_listen: self.metrics_listen.or(file.metrics_listen),
+            metrics_max_jobs: self
+                .metrics_max_jobs
+                .or(file.metrics_max_jobs)
+                .unwrap_or(dagcron_runtime::metrics::DEFAULT_MAX_JOB_SERIES),
             address_file: self.address_file.clone(),
             demo: self.demo,
             pool_size: self.pool_size.or(file.pool_size).unwrap_or(64),

@@ -22,7 +22,9 @@ use dagcron_agents::AgentPool;
 use dagcron_api::secrets::StoredSecrets;
 use dagcron_api::{AppState, router};
 use dagcron_core::JobFile;
-use dagcron_runtime::{Engine, EngineConfig, RemoteWorkers, SecretSource, SystemClock};
+use dagcron_runtime::{
+    Engine, EngineConfig, EngineMetrics, RemoteWorkers, SecretSource, SystemClock,
+};
 use dagcron_store::{StorageError, Store};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -103,7 +105,11 @@ impl<S: Store> Node<S> {
             api_stop,
         } = serving;
         agents.set_authenticate(join_tokens(self.store.clone(), self.keyring.clone()));
+        let metrics = Arc::new(EngineMetrics::new(config.metrics_max_jobs));
+        let mut registry = prometheus_client::registry::Registry::default();
+        metrics.register(&mut registry);
         let engine_config = EngineConfig {
+            metrics: Some(metrics),
             pool_size: config.pool_size,
             misfire_grace: config.misfire_grace,
             remote: Some(RemoteWorkers(Arc::new(agents.clone()))),
@@ -148,7 +154,11 @@ impl<S: Store> Node<S> {
             max_body_bytes: config.max_body_bytes,
             keyring: self.keyring,
             master_key: self.master_key,
+            metrics: Some(Arc::new(registry)),
         };
+        if let Some(at) = config.metrics_listen {
+            serve_metrics(at, state.clone(), api_stop.clone()).await?;
+        }
         let api = serve_api(
             listener,
             state,
@@ -226,6 +236,25 @@ fn write_address(file: &Path, address: SocketAddr) -> Result<()> {
     std::fs::write(&partial, format!("{address}\n"))
         .and_then(|()| std::fs::rename(&partial, file))
         .with_context(|| format!("writing the address to {}", file.display()))
+}
+
+/// Serves `/metrics` alone, without a token, on `at` until `shutdown`.
+async fn serve_metrics<S: Store>(
+    at: SocketAddr,
+    state: AppState<S>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let listener = TcpListener::bind(at)
+        .await
+        .with_context(|| format!("listening for metrics on {at}"))?;
+    tracing::info!("metrics on http://{at}/metrics");
+    let app = dagcron_api::metrics_router(state);
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await
+    });
+    Ok(())
 }
 
 /// Applies the demo jobs if asked, then serves the API until `shutdown`.
