@@ -590,7 +590,7 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
     use Role::*;
     Some(match (method, path) {
         ("get", "/healthz" | "/readyz" | "/api/v1/openapi.json") => Public,
-        ("get", "/api/v1/cluster" | "/api/v1/workers") => Instance(Viewer),
+        ("get", "/api/v1/cluster" | "/api/v1/workers" | "/metrics") => Instance(Viewer),
         ("post", "/api/v1/apply") => Namespace(Developer),
         ("get", "/api/v1/namespaces/{ns}/jobs") => Namespace(Viewer),
         ("get", "/api/v1/namespaces/{ns}/jobs/{name}") => Namespace(Viewer),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dagcron_core::{AttemptState, FireOutcome, JobFile, RunState, TaskState};
-use dagcron_runtime::{Clock, Engine, EngineConfig, EngineHandle, ManualClock};
+use dagcron_runtime::{Clock, Engine, EngineConfig, EngineHandle, EngineMetrics, ManualClock};
 use dagcron_store::{JobUpsert, RunRecord, Store, Trigger};
 use dagcron_store_sqlite::SqliteStore;
 use jiff::{SignedDuration, Timestamp};
@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 struct Harness {
     store: Arc<SqliteStore>,
+    metrics: Arc<EngineMetrics>,
     clock: ManualClock,
     handle: EngineHandle,
     shutdown: CancellationToken,
@@ -32,6 +33,14 @@ async fn start(dir: Arc<tempfile::TempDir>, clock: ManualClock, config: EngineCo
             .await
             .unwrap(),
     );
+    let metrics = config
+        .metrics
+        .clone()
+        .unwrap_or_else(|| Arc::new(EngineMetrics::new(100)));
+    let config = EngineConfig {
+        metrics: Some(metrics.clone()),
+        ..config
+    };
     let (engine, handle) = Engine::start(store.clone(), Arc::new(clock.clone()), config)
         .await
         .unwrap();
@@ -40,6 +49,7 @@ async fn start(dir: Arc<tempfile::TempDir>, clock: ManualClock, config: EngineCo
     let task = tokio::spawn(async move { engine.run(s, Duration::from_secs(5)).await.unwrap() });
     Harness {
         store,
+        metrics,
         clock,
         handle,
         shutdown,
@@ -105,6 +115,18 @@ impl Harness {
             .items;
         out.reverse();
         out
+    }
+
+    /// The value of one series of the engine's metrics (0 if it has none),
+    /// such as `dagcron_fires_total{namespace="t",job="a",outcome="fired"}`.
+    fn sample(&self, series: &str) -> f64 {
+        let mut registry = prometheus_client::registry::Registry::default();
+        self.metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .map_or(0.0, |v| v.parse().unwrap())
     }
 
     async fn stop(self) -> (Arc<tempfile::TempDir>, ManualClock) {
@@ -212,6 +234,27 @@ async fn retries_happen_after_the_configured_delays() {
         SignedDuration::from_secs(30)
     );
     assert_eq!(r.trigger, Trigger::Manual);
+    // The metrics saw two failed attempts, their retries and the success.
+    let attempts = |result: &str| {
+        h.sample(&format!(
+            "dagcron_attempts_total{{namespace=\"t\",executor=\"shell\",result=\"{result}\"}}"
+        ))
+    };
+    assert_eq!((attempts("failed"), attempts("succeeded")), (2.0, 1.0));
+    assert_eq!(h.sample("dagcron_retries_total{namespace=\"t\"}"), 2.0);
+    assert_eq!(
+        h.sample("dagcron_run_duration_seconds_count{namespace=\"t\",result=\"succeeded\"}"),
+        1.0
+    );
+    assert_eq!(
+        h.sample("dagcron_run_duration_seconds_sum{namespace=\"t\",result=\"succeeded\"}"),
+        40.0,
+        "created at the trigger, ended 10 + 30 s later"
+    );
+    assert_eq!(
+        h.sample("dagcron_job_last_success_timestamp_seconds{namespace=\"t\",job=\"flaky\"}"),
+        r.finished_at.unwrap().as_millisecond() as f64 / 1000.0
+    );
     h.stop().await;
 }
 
@@ -316,6 +359,16 @@ async fn forbid_skips_overlapping_fires_and_records_them() {
             FireOutcome::SkippedOverlap
         ]
     );
+    let fires = |outcome: &str| {
+        h.sample(&format!(
+            "dagcron_fires_total{{namespace=\"t\",job=\"slow\",outcome=\"{outcome}\"}}"
+        ))
+    };
+    assert_eq!((fires("fired"), fires("skipped_overlap")), (1.0, 3.0));
+    assert_eq!(
+        h.sample("dagcron_fire_lateness_seconds_count{namespace=\"t\"}"),
+        1.0
+    );
     h.stop().await;
 }
 
@@ -415,6 +468,34 @@ async fn fires_missed_while_down_follow_the_misfire_policy() {
             .filter(|o| o.1 == MissedSkipped)
             .count(),
         5
+    );
+    // The metrics of the restarted engine count the fires missed while down.
+    let fires = |job: &str, outcome: &str| {
+        h.sample(&format!(
+            "dagcron_fires_total{{namespace=\"t\",job=\"{job}\",outcome=\"{outcome}\"}}"
+        ))
+    };
+    assert_eq!(
+        [
+            (
+                fires("all", "missed_skipped"),
+                fires("all", "missed_caught_up")
+            ),
+            (
+                fires("once", "missed_skipped"),
+                fires("once", "missed_caught_up")
+            ),
+            (
+                fires("skip", "missed_skipped"),
+                fires("skip", "missed_caught_up")
+            ),
+        ],
+        [(2.0, 3.0), (4.0, 1.0), (5.0, 0.0)]
+    );
+    assert_eq!(
+        h.sample("dagcron_fire_lateness_seconds_count{namespace=\"t\"}"),
+        0.0,
+        "fires caught up are not late fires"
     );
     // And scheduling goes on from there.
     h.clock.advance(SignedDuration::from_secs(30));
@@ -1088,6 +1169,85 @@ async fn regression_an_acknowledged_cancel_survives_a_crash() {
         states,
         [AttemptState::Lost],
         "the cancelled run was retried"
+    );
+    h.stop().await;
+}
+
+/// Per-job series are bounded: past the bound, a job's fires count in its
+/// namespace's series and it has no gauges of its own; a deleted job gives
+/// its place back.
+#[tokio::test]
+async fn per_job_series_collapse_into_the_namespace_past_the_bound() {
+    let config = EngineConfig {
+        misfire_grace: LONG_GRACE,
+        metrics: Some(Arc::new(EngineMetrics::new(2))),
+        ..EngineConfig::default()
+    };
+    let h = start(
+        Arc::new(tempfile::tempdir().unwrap()),
+        ManualClock::new(ts("2026-01-01T00:00:00Z")),
+        config,
+    )
+    .await;
+    h.apply(concat!(
+        "namespace: t\njobs:\n",
+        "  - { name: a, schedule: '*/10 * * * * *', tasks: [{ id: x, noop: true }] }\n",
+        "  - { name: b, schedule: '*/10 * * * * *', tasks: [{ id: x, noop: true }] }\n",
+        "  - { name: c, schedule: '*/10 * * * * *', tasks: [{ id: x, noop: true }] }\n",
+    ))
+    .await;
+    h.clock.advance(SignedDuration::from_secs(10));
+    h.until("three fires", async |s| {
+        s.last_fires().await.unwrap().len() == 3
+    })
+    .await;
+    h.idle().await;
+    let fired = |job: &str| {
+        h.sample(&format!(
+            "dagcron_fires_total{{namespace=\"t\",{job}outcome=\"fired\"}}"
+        ))
+    };
+    let next = |job: &str| {
+        h.sample(&format!(
+            "dagcron_job_next_fire_timestamp_seconds{{namespace=\"t\",job=\"{job}\"}}"
+        ))
+    };
+    assert_eq!(
+        [
+            fired("job=\"a\","),
+            fired("job=\"b\","),
+            fired("job=\"c\","),
+            fired("")
+        ],
+        [1.0, 1.0, 0.0, 1.0],
+        "two jobs have series of their own, the third counts in its namespace"
+    );
+    let at_20 = ts("2026-01-01T00:00:20Z").as_second() as f64;
+    assert_eq!([next("a"), next("b"), next("c")], [at_20, at_20, 0.0]);
+    assert_eq!(
+        h.sample("dagcron_job_period_seconds{namespace=\"t\",job=\"a\"}"),
+        10.0
+    );
+    // Deleting a job frees its place: the next job seen takes it.
+    h.handle.delete("t", "a").await.unwrap();
+    h.clock.advance(SignedDuration::from_secs(10));
+    h.until("the next fires", async |s| {
+        s.last_fires()
+            .await
+            .unwrap()
+            .iter()
+            .all(|(_, job, at)| job == "a" || *at == ts("2026-01-01T00:00:20Z"))
+    })
+    .await;
+    h.idle().await;
+    assert_eq!(
+        [
+            fired("job=\"a\","),
+            fired("job=\"b\","),
+            fired("job=\"c\","),
+            fired("")
+        ],
+        [0.0, 2.0, 1.0, 1.0]
     );
     h.stop().await;
 }
