@@ -34,6 +34,7 @@ fn attempt(n: u64, report: Report, start_at: Option<jiff::Timestamp>) -> RemoteT
             idempotency_key: n.to_string(),
             params: BTreeMap::new(),
             secrets: Default::default(),
+            trace: None,
         },
         executor: Executor::Noop,
         timeout: None,

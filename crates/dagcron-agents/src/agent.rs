@@ -421,6 +421,10 @@ fn prepare(a: &v1::Assignment) -> Result<(dagcron_core::Executor, AttemptContext
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
         ),
+        trace: (!a.traceparent.is_empty()).then(|| dagcron_exec::TraceHeaders {
+            traceparent: a.traceparent.clone(),
+            tracestate: (!a.tracestate.is_empty()).then(|| a.tracestate.clone()),
+        }),
     };
     Ok((executor, ctx))
 }

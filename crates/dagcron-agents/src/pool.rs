@@ -227,6 +227,18 @@ impl State {
                     .iter()
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
+                traceparent: task
+                    .ctx
+                    .trace
+                    .as_ref()
+                    .map(|t| t.traceparent.clone())
+                    .unwrap_or_default(),
+                tracestate: task
+                    .ctx
+                    .trace
+                    .as_ref()
+                    .and_then(|t| t.tracestate.clone())
+                    .unwrap_or_default(),
             };
             let Some(tx) = agent.tx.as_ref().filter(|tx| !tx.is_closed()) else {
                 agent.tx = None;
@@ -881,6 +893,7 @@ mod tests {
                 idempotency_key: "k".into(),
                 params: BTreeMap::new(),
                 secrets: Default::default(),
+                trace: None,
             },
             executor: Executor::Noop,
             timeout: None,

@@ -61,6 +61,7 @@ fn task(script: &str, report: oneshot::Sender<Outcome>) -> RemoteTask {
             idempotency_key: "k".into(),
             params: BTreeMap::new(),
             secrets: Default::default(),
+            trace: None,
         },
         executor: Executor::Shell(ShellCommand {
             command: script.into(),

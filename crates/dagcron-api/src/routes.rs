@@ -527,18 +527,25 @@ async fn run_json<S: Store>(st: &AppState<S>, id: RunId) -> Result<RunAnswer, Ap
 }
 
 /// Starts a run now, with parameters over the job's defaults (an empty
-/// body: none).
+/// body: none). With a W3C `traceparent` header, the run's trace is a child
+/// of the caller's span (a malformed one is ignored, as the W3C says).
 #[utoipa::path(post, path = "/api/v1/namespaces/{ns}/jobs/{name}/trigger", tag = "runs",
-    params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Job")),
+    params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Job"),
+        ("traceparent" = Option<String>, Header, description = "The caller's W3C trace context"),
+        ("tracestate" = Option<String>, Header, description = "The caller's W3C trace state")),
     request_body(content = Option<TriggerBody>, content_type = "application/json"),
     responses((status = 201, body = RunAnswer), Errors))]
 async fn trigger<S: Store>(
     State(st): State<AppState<S>>,
     Extension(who): Extension<Principal>,
     Path((ns, name)): Path<(String, String)>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     who.allow(Need::Operate, Some(&ns), no_job(&ns, &name))?;
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let caller = header("traceparent")
+        .and_then(|p| dagcron_runtime::trace::TraceParent::parse(p, header("tracestate")));
     let body: TriggerBody = if body.iter().all(u8::is_ascii_whitespace) {
         TriggerBody::default()
     } else {
@@ -559,7 +566,10 @@ async fn trigger<S: Store>(
         err.details = Some(problems.iter().map(Problem::from).collect());
         return Err(err);
     }
-    let id = st.engine.trigger(&ns, &name, body.params).await?;
+    let id = st
+        .engine
+        .trigger_traced(&ns, &name, body.params, caller)
+        .await?;
     Ok((StatusCode::CREATED, Json(run_json(&st, id).await?)))
 }
 

@@ -66,6 +66,9 @@ pub(crate) async fn run(
         let name = header_name(&k);
         req = req.header(format!("X-Dagcron-{name}"), v);
     }
+    for (name, value) in ctx.trace.iter().flat_map(|t| t.pairs()) {
+        req = req.header(name, value);
+    }
     for (k, v) in &spec.headers {
         req = req.header(k, ctx.substitute(v));
     }

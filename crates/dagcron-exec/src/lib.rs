@@ -42,6 +42,30 @@ pub struct AttemptContext {
     pub params: BTreeMap<String, String>,
     /// The values of the secrets the task refers to, by name.
     pub secrets: SecretValues,
+    /// The W3C trace context of the attempt, passed to the task so that
+    /// its own spans join the run's trace.
+    pub trace: Option<TraceHeaders>,
+}
+
+/// A W3C trace context as headers: `traceparent` and, if any, `tracestate`
+/// (a shell task gets them as `TRACEPARENT` and `TRACESTATE`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TraceHeaders {
+    /// `00-<trace id>-<parent span id>-<flags>`.
+    pub traceparent: String,
+    /// Vendor entries, passed on as they came.
+    pub tracestate: Option<String>,
+}
+
+impl TraceHeaders {
+    /// The headers as `(name, value)` pairs, lowercase names.
+    pub fn pairs(&self) -> Vec<(&'static str, &str)> {
+        let mut out = vec![("traceparent", self.traceparent.as_str())];
+        if let Some(state) = &self.tracestate {
+            out.push(("tracestate", state.as_str()));
+        }
+        out
+    }
 }
 
 /// Secret values given to an attempt, by name. Never printed; every value,
@@ -482,6 +506,7 @@ mod tests {
                 ("dry-run".into(), "1".into()),
             ]),
             secrets: SecretValues::default(),
+            trace: None,
         }
     }
 

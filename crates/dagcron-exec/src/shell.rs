@@ -91,6 +91,9 @@ pub(crate) async fn run(
     for (k, v) in ctx.identity() {
         command.env(format!("DAGCRON_{k}"), v);
     }
+    for (name, value) in ctx.trace.iter().flat_map(|t| t.pairs()) {
+        command.env(name.to_ascii_uppercase(), value);
+    }
     for (k, v) in &cmd.env {
         let value = match v {
             EnvValue::Plain(text) => ctx.substitute(text),

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use dagcron_core::Executor;
 use dagcron_core::Failure;
 use dagcron_core::model::{HttpSpec, ShellCommand};
-use dagcron_exec::{AttemptContext, Ending, Limits, run};
+use dagcron_exec::{AttemptContext, Ending, Limits, TraceHeaders, run};
 use tokio_util::sync::CancellationToken;
 
 fn ctx() -> AttemptContext {
@@ -20,6 +20,7 @@ fn ctx() -> AttemptContext {
         idempotency_key: "billing/nightly/42/extract".into(),
         params: BTreeMap::from([("region".into(), "cn-east".into())]),
         secrets: Default::default(),
+        trace: None,
     }
 }
 
@@ -314,6 +315,18 @@ async fn server() -> String {
             }),
         )
         .route(
+            "/trace",
+            get(|headers: axum::http::HeaderMap| async move {
+                let get = |name: &str| {
+                    headers
+                        .get(name)
+                        .map(|v| v.to_str().unwrap().to_string())
+                        .unwrap_or_default()
+                };
+                format!("{} {}", get("traceparent"), get("tracestate"))
+            }),
+        )
+        .route(
             "/fail",
             get(|| async { (axum::http::StatusCode::SERVICE_UNAVAILABLE, "busy") }),
         )
@@ -328,6 +341,53 @@ async fn server() -> String {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     format!("http://{addr}")
+}
+
+/// An attempt's context with a trace context.
+fn traced() -> AttemptContext {
+    AttemptContext {
+        trace: Some(TraceHeaders {
+            traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+            tracestate: Some("vendor=value".into()),
+        }),
+        ..ctx()
+    }
+}
+
+/// A task's own spans join the run's trace: a shell task gets TRACEPARENT
+/// and TRACESTATE, an HTTP task the `traceparent` and `tracestate` headers.
+#[tokio::test]
+async fn tasks_get_the_trace_context_of_their_attempt() {
+    let out = run(
+        &sh("echo \"$TRACEPARENT $TRACESTATE\""),
+        &traced(),
+        None,
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await;
+    let expected = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 vendor=value";
+    assert_eq!(String::from_utf8(out.log).unwrap(), format!("{expected}\n"));
+    let base = server().await;
+    let out = run(
+        &http("GET", format!("{base}/trace"), None, vec![]),
+        &traced(),
+        None,
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await;
+    assert_eq!(String::from_utf8(out.log).unwrap(), expected);
+    // Without one, neither.
+    let out = run(
+        &sh("echo \"[${TRACEPARENT-unset}]\""),
+        &ctx(),
+        None,
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await;
+    assert_eq!(String::from_utf8(out.log).unwrap(), "[unset]\n");
 }
 
 fn http(method: &str, url: String, body: Option<&str>, expect: Vec<u16>) -> Executor {

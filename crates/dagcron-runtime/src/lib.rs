@@ -6,6 +6,7 @@ pub mod clock;
 pub mod cluster;
 pub mod engine;
 pub mod metrics;
+pub mod trace;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{ClusterConfig, ClusterHandle, Coordinator, LocalStatus};

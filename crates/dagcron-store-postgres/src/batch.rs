@@ -343,10 +343,10 @@ async fn insert_runs(
         .collect();
     *sent += 1;
     sqlx::query(
-        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, owner_epoch)
-         SELECT id, n, j, v, t, s, st, p, c, sa, fa, $12
-         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[])
-            AS x(id, n, j, v, t, s, st, p, c, sa, fa)",
+        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, owner_epoch, trace)
+         SELECT id, n, j, v, t, s, st, p, c, sa, fa, $12, tr
+         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[], $13::text[])
+            AS x(id, n, j, v, t, s, st, p, c, sa, fa, tr)",
     )
     .bind(runs.iter().map(|r| r.id).collect::<Vec<_>>())
     .bind(runs.iter().map(|r| r.namespace.as_str()).collect::<Vec<_>>())
@@ -368,6 +368,7 @@ async fn insert_runs(
             .collect::<Vec<_>>(),
     )
     .bind(epoch)
+    .bind(runs.iter().map(|r| r.trace.as_deref()).collect::<Vec<_>>())
     .execute(&mut *conn)
     .await?;
     let mut run_ids = Vec::new();

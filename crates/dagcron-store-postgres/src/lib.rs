@@ -78,7 +78,7 @@ fn parse<T: FromStr<Err = String>>(s: &str) -> Result<T> {
     s.parse().map_err(StorageError::Corrupt)
 }
 
-const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing";
+const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing, trace";
 pub(crate) const JOB_COLUMNS: &str = "namespace, name, version, spec, paused, updated_at";
 
 pub(crate) fn job_from_row(row: &PgRow) -> Result<StoredJob> {
@@ -286,6 +286,7 @@ impl PgStore {
                     started_at: opt_ts(row.get(9))?,
                     finished_at: opt_ts(row.get(10))?,
                     closing: row.get::<Option<&str>, _>(11).map(parse).transpose()?,
+                    trace: row.get(12),
                     tasks: tasks.remove(&id).unwrap_or_default(),
                 })
             })
@@ -335,13 +336,26 @@ pub(crate) use transaction;
 /// Claims up to `limit` attempts waiting in `dispatching` with no node: for
 /// the node's own pool (`labels` none: attempts that need no agent), or for
 /// one of its agents (attempts whose labels the agent's contain).
+/// A claimed attempt's row: run, namespace, job, task, number, the run's
+/// instant, parameters and caller's trace.
+type Claimed = (
+    RunId,
+    String,
+    String,
+    String,
+    i32,
+    i64,
+    String,
+    Option<String>,
+);
+
 async fn claim_some(
     conn: &mut PgConnection,
     labels: Option<&str>,
     limit: i64,
     epoch: i64,
     at: Timestamp,
-) -> std::result::Result<Vec<(RunId, String, String, String, i32, i64, String)>, sqlx::Error> {
+) -> std::result::Result<Vec<Claimed>, sqlx::Error> {
     sqlx::query_as(
         "WITH c AS (
             SELECT run_id, task_id, number FROM attempts
@@ -357,7 +371,7 @@ async fn claim_some(
             WHERE t.run_id = a.run_id AND t.task_id = a.task_id AND t.state = 'dispatching'
             RETURNING t.run_id
          )
-         SELECT a.run_id, r.namespace, r.job, a.task_id, a.number, r.scheduled_at, r.params
+         SELECT a.run_id, r.namespace, r.job, a.task_id, a.number, r.scheduled_at, r.params, r.trace
          FROM a JOIN runs r ON r.id = a.run_id ORDER BY a.run_id",
     )
     .bind(limit)
@@ -392,8 +406,8 @@ async fn insert_run(
     let finished = run.state.is_terminal().then_some(created);
     let params_json = serde_json::to_string(&run.params).expect("params serialize");
     sqlx::query(
-        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, owner_epoch)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, owner_epoch, trace)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
     )
     .bind(run.id)
     .bind(&run.namespace)
@@ -407,6 +421,7 @@ async fn insert_run(
     .bind(started)
     .bind(finished)
     .bind(owner)
+    .bind(&run.trace)
     .execute(&mut *conn)
     .await?;
     let task_state = if run.state.is_terminal() {
@@ -1227,19 +1242,16 @@ impl Store for PgStore {
         if wanted.is_empty() {
             return Ok(vec![]);
         }
-        let rows: Vec<(RunId, String, String, String, i32, i64, String)> =
-            transaction!(self, fenced = true, |conn| {
-                let mut rows = Vec::new();
-                for (labels, limit) in &wanted {
-                    rows.extend(
-                        claim_some(&mut *conn, labels.as_deref(), *limit, epoch, at).await?,
-                    );
-                }
-                Ok::<_, sqlx::Error>(rows)
-            })?;
+        let rows: Vec<Claimed> = transaction!(self, fenced = true, |conn| {
+            let mut rows = Vec::new();
+            for (labels, limit) in &wanted {
+                rows.extend(claim_some(&mut *conn, labels.as_deref(), *limit, epoch, at).await?);
+            }
+            Ok::<_, sqlx::Error>(rows)
+        })?;
         rows.into_iter()
             .map(
-                |(run, namespace, job, task, number, scheduled_at, params)| {
+                |(run, namespace, job, task, number, scheduled_at, params, trace)| {
                     Ok(ClaimedAttempt {
                         run,
                         namespace,
@@ -1249,6 +1261,7 @@ impl Store for PgStore {
                         scheduled_at: ts(scheduled_at)?,
                         params: serde_json::from_str(&params)
                             .map_err(|e| StorageError::Corrupt(format!("run {run} params: {e}")))?,
+                        trace,
                     })
                 },
             )

@@ -168,6 +168,7 @@ impl SqliteStore {
                     started_at: opt_ts(row.get(9))?,
                     finished_at: opt_ts(row.get(10))?,
                     closing: row.get::<Option<&str>, _>(11).map(parse).transpose()?,
+                    trace: row.get(12),
                     tasks: tasks.remove(&id).unwrap_or_default(),
                 })
             })
@@ -175,7 +176,7 @@ impl SqliteStore {
     }
 }
 
-const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing";
+const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing, trace";
 
 const TOKEN_COLUMNS: &str = "id, name, role, namespace, created_at, expires_at, last_used_at, revoked_at, created_by, labels";
 

@@ -124,8 +124,8 @@ fn insert_run(tx: &Transaction<'_>, run: &NewRun) -> rusqlite::Result<()> {
     let finished = run.state.is_terminal().then_some(created);
     let params_json = serde_json::to_string(&run.params).expect("params serialize");
     tx.prepare_cached(
-        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, trace)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
     )?
     .execute(params![
         run.id,
@@ -138,7 +138,8 @@ fn insert_run(tx: &Transaction<'_>, run: &NewRun) -> rusqlite::Result<()> {
         params_json,
         created,
         started,
-        finished
+        finished,
+        run.trace
     ])?;
     let task_state = if run.state.is_terminal() {
         TaskState::Skipped

@@ -70,6 +70,7 @@ pub fn new_run(id: i64, scheduled: i64) -> NewRun {
         state: RunState::Running,
         tasks: vec!["a".into(), "b".into()],
         created_at: t(scheduled),
+        trace: None,
     }
 }
 

@@ -150,6 +150,10 @@ pub struct NewRun {
     pub tasks: Vec<String>,
     /// Creation instant.
     pub created_at: Timestamp,
+    /// The W3C trace context of the caller that triggered it, if it sent
+    /// one (its `traceparent`, then a newline and its `tracestate` if any):
+    /// the run's trace joins the caller's.
+    pub trace: Option<String>,
 }
 
 /// One change in a batch.
@@ -338,6 +342,8 @@ pub struct ClaimedAttempt {
     pub scheduled_at: Timestamp,
     /// The run's parameters.
     pub params: BTreeMap<String, String>,
+    /// The run's caller's trace context (see [`NewRun::trace`]).
+    pub trace: Option<String>,
 }
 
 /// An attempt of one of this node's runs that another node claimed.
@@ -400,6 +406,8 @@ pub struct RunRecord {
     pub finished_at: Option<Timestamp>,
     /// Set once the run was asked to stop: the state it ends in.
     pub closing: Option<RunState>,
+    /// The caller's trace context (see [`NewRun::trace`]).
+    pub trace: Option<String>,
     /// Tasks in declaration order.
     pub tasks: Vec<TaskRecord>,
 }

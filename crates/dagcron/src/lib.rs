@@ -3,5 +3,7 @@
 //! shutdown signal, so that tests start a real server in-process on
 //! `127.0.0.1:0`.
 
+#[cfg(feature = "otlp")]
+mod otlp;
 pub mod serve;
 mod tls;

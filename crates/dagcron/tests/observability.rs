@@ -1,13 +1,24 @@
 //! What an operator watches: `/metrics` scraped from a real server (with a
 //! token on the API's address, without one on `--metrics-listen`), checked
-//! by `promtool`.
+//! by `promtool`; and the spans of runs and attempts, received by an OTLP
+//! receiver in the test (gRPC on loopback) from a server process.
 
 mod common;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use common::{InProcess, setup};
+use common::{InProcess, Server, setup};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value;
+use opentelemetry_proto::tonic::trace::v1::Span;
 
 /// Runs `promtool` with `args`, `input` on its standard input; fails the
 /// test if it is missing (CI installs Debian's `prometheus` package).
@@ -102,4 +113,236 @@ fn metrics_are_scraped_with_a_token_or_on_their_own_address() {
     assert_eq!(other.status(), 404);
     server.stop();
     drop(dir);
+}
+
+/// An OTLP/gRPC trace receiver: keeps every span it is sent, with the
+/// service name of its resource.
+#[derive(Clone, Default)]
+struct Receiver {
+    spans: Arc<Mutex<Vec<(String, Span)>>>,
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut kept = self.spans.lock().unwrap();
+        for resource in request.into_inner().resource_spans {
+            let service = resource
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|a| a.key == "service.name")
+                .map(|a| text(&a.value))
+                .unwrap_or_default();
+            for scope in resource.scope_spans {
+                for span in scope.spans {
+                    kept.push((service.clone(), span));
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+fn text(value: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+    match value.as_ref().and_then(|v| v.value.as_ref()) {
+        Some(any_value::Value::StringValue(s)) => s.clone(),
+        Some(any_value::Value::IntValue(i)) => i.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+fn attribute(span: &Span, key: &str) -> String {
+    span.attributes
+        .iter()
+        .find(|a| a.key == key)
+        .map(|a| text(&a.value))
+        .unwrap_or_default()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Starts the receiver on loopback (on a thread of its own); returns its
+/// address and what it received.
+fn receiver() -> (String, Receiver) {
+    let receiver = Receiver::default();
+    let served = receiver.clone();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let app =
+                tonic::service::Routes::new(TraceServiceServer::new(served)).into_axum_router();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    (format!("http://{address}"), receiver)
+}
+
+impl Receiver {
+    /// Waits (bounded) until `n` spans of trace `trace` have come.
+    fn trace(&self, trace: &str, n: usize) -> Vec<(String, Span)> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let spans: Vec<(String, Span)> = self
+                .spans
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(_, s)| hex(&s.trace_id) == trace)
+                .cloned()
+                .collect();
+            if spans.len() >= n {
+                return spans;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {n} spans of trace {trace} came",
+                spans.len()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A run triggered with a caller's `traceparent` makes a span, a child of
+/// the caller's, with a child span per attempt (the retry a sibling of the
+/// failed attempt); each shell task sees a TRACEPARENT of the run's trace
+/// whose parent is its attempt's span. A run triggered without one starts
+/// a trace of its own.
+#[test]
+fn a_run_s_trace_reaches_its_tasks_and_the_receiver() {
+    let (dir, data) = setup();
+    let (endpoint, received) = receiver();
+    let server = Server::start_env(
+        &data,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_SERVICE_NAME", "dagcron-under-test"),
+        ],
+    );
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let job = format!(
+        concat!(
+            "namespace: e2e\njobs:\n  - name: traced\n",
+            "    retry: {{ max_attempts: 2, initial: 1s }}\n",
+            "    tasks:\n",
+            "      - {{ id: a, shell: 'echo \"$TRACEPARENT\" >> {out}/a-$DAGCRON_RUN_ID; test \"$DAGCRON_ATTEMPT\" -ge 2' }}\n",
+            "      - {{ id: b, depends_on: [a], shell: 'echo \"$TRACEPARENT\" > {out}/b-$DAGCRON_RUN_ID' }}\n",
+        ),
+        out = out.display()
+    );
+    let (status, answer) = server.post("/api/v1/apply", &job, "application/yaml");
+    assert_eq!(status, 200, "{answer}");
+
+    let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let caller_span = "00f067aa0ba902b7";
+    let triggered = server
+        .http()
+        .post(format!(
+            "{}/api/v1/namespaces/e2e/jobs/traced/trigger",
+            server.url
+        ))
+        .header("traceparent", format!("00-{caller_trace}-{caller_span}-01"))
+        .header("tracestate", "vendor=x")
+        .body("{}")
+        .send()
+        .unwrap();
+    assert_eq!(triggered.status(), 201);
+    let run = triggered.json::<serde_json::Value>().unwrap()["id"]
+        .as_i64()
+        .unwrap();
+    server.wait_run(run, "succeeded");
+
+    let spans = received.trace(caller_trace, 4);
+    assert_eq!(spans.len(), 4, "one run span and three attempt spans");
+    assert!(
+        spans
+            .iter()
+            .all(|(service, _)| service == "dagcron-under-test")
+    );
+    let (_, root) = spans
+        .iter()
+        .find(|(_, s)| s.name == "RUN e2e/traced")
+        .expect("the run's span");
+    assert_eq!(
+        hex(&root.parent_span_id),
+        caller_span,
+        "a child of the caller's span"
+    );
+    assert_eq!(root.trace_state, "vendor=x");
+    assert_eq!(attribute(root, "cicd.pipeline.name"), "traced");
+    assert_eq!(attribute(root, "cicd.pipeline.run.id"), run.to_string());
+    assert_eq!(attribute(root, "cicd.pipeline.result"), "success");
+    assert_eq!(attribute(root, "dagcron.namespace"), "e2e");
+    let mut attempts: Vec<(String, String, String, String)> = spans
+        .iter()
+        .filter(|(_, s)| s.span_id != root.span_id)
+        .map(|(_, s)| {
+            assert_eq!(
+                s.parent_span_id, root.span_id,
+                "{} is a child of the run",
+                s.name
+            );
+            assert!(s.start_time_unix_nano >= root.start_time_unix_nano);
+            assert!(s.end_time_unix_nano <= root.end_time_unix_nano);
+            (
+                attribute(s, "cicd.pipeline.task.name"),
+                attribute(s, "dagcron.attempt"),
+                attribute(s, "cicd.pipeline.task.run.result"),
+                hex(&s.span_id),
+            )
+        })
+        .collect();
+    attempts.sort();
+    let results: Vec<(&str, &str, &str)> = attempts
+        .iter()
+        .map(|(t, n, r, _)| (t.as_str(), n.as_str(), r.as_str()))
+        .collect();
+    assert_eq!(
+        results,
+        [
+            ("a", "1", "failure"),
+            ("a", "2", "success"),
+            ("b", "1", "success")
+        ]
+    );
+    // Each task saw its attempt's span as its parent, in the run's trace.
+    let seen = |file: &str| std::fs::read_to_string(out.join(file)).unwrap();
+    let expected: Vec<String> = attempts
+        .iter()
+        .map(|(_, _, _, span)| format!("00-{caller_trace}-{span}-01"))
+        .collect();
+    assert_eq!(
+        seen(&format!("a-{run}")).lines().collect::<Vec<_>>(),
+        [expected[0].as_str(), expected[1].as_str()]
+    );
+    assert_eq!(seen(&format!("b-{run}")).trim(), expected[2]);
+
+    // Without a caller: a trace of the run's own, its span a root.
+    let second = server.trigger("traced");
+    server.wait_run(second, "succeeded");
+    let first_line = seen(&format!("b-{second}"));
+    let trace = first_line.trim().split('-').nth(1).unwrap().to_string();
+    assert_ne!(trace, caller_trace);
+    let spans = received.trace(&trace, 4);
+    let (_, root) = spans
+        .iter()
+        .find(|(_, s)| s.name == "RUN e2e/traced")
+        .expect("the second run's span");
+    assert!(root.parent_span_id.is_empty(), "a root span");
+    drop(server);
 }

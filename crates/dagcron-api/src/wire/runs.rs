@@ -186,6 +186,7 @@ mod tests {
             started_at: Some(t),
             finished_at: None,
             closing: Some(RunState::Cancelled),
+            trace: None,
             tasks: vec![TaskRecord {
                 id: "t".into(),
                 state: TaskState::Running,

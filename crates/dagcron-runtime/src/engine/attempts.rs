@@ -23,6 +23,13 @@ impl<S: Store> Engine<S> {
             ),
             params: run.params.clone(),
             secrets: Default::default(),
+            trace: run.trace.as_ref().and_then(|t| {
+                t.for_task(
+                    &run.job.tasks[task].id,
+                    number,
+                    self.config.tracing.is_some(),
+                )
+            }),
         };
         let token = run.tokens[task]
             .clone()
@@ -303,6 +310,19 @@ impl<S: Store> Engine<S> {
             let to = end_of(outcome.ending.clone()).attempt_state();
             if let Some(m) = &self.config.metrics {
                 m.attempt_ended(&foreign.key, foreign.executor, to);
+            }
+            if let (Some(tracing), Some(trace)) = (&self.config.tracing, &foreign.trace) {
+                let attempt = spans::Attempt {
+                    key: &foreign.key,
+                    run: id,
+                    scheduled_at: foreign.scheduled_at,
+                    task: &foreign.task,
+                    executor: foreign.executor,
+                    number: foreign.number,
+                    ready: None,
+                    started: foreign.started,
+                };
+                spans::attempt(tracing, trace, attempt, at, to, outcome.error.as_deref());
             }
             self.writes.push(Write::AttemptEnd {
                 run: id,

@@ -118,11 +118,12 @@ impl<S: Store> Engine<S> {
                 namespace,
                 name,
                 params,
+                caller,
                 reply,
             } => {
                 let key = (namespace, name);
                 match self.jobs.get(&key).map(|e| e.job.clone()) {
-                    Some(Some(job)) => self.trigger(key, job, params, reply, now),
+                    Some(Some(job)) => self.trigger(key, job, params, caller, reply, now),
                     Some(None) => {
                         // Not in memory: read beside the loop.
                         let read = self.job_of(&key);
@@ -130,12 +131,13 @@ impl<S: Store> Engine<S> {
                             key,
                             job,
                             params,
+                            caller,
                             reply,
                         });
                     }
                     None => match self.known_job(&key).await {
                         // Applied through another node and just learned of.
-                        Ok(job) => self.trigger(key, job, params, reply, now),
+                        Ok(job) => self.trigger(key, job, params, caller, reply, now),
                         Err(e) => {
                             let _ = reply.send(Err(e));
                         }
@@ -146,13 +148,14 @@ impl<S: Store> Engine<S> {
                 key,
                 job,
                 params,
+                caller,
                 reply,
             } => match job {
                 Ok(Some(job)) if self.jobs.contains_key(&key) => {
                     if let Some(entry) = self.jobs.get_mut(&key) {
                         entry.job.get_or_insert_with(|| job.clone());
                     }
-                    self.trigger(key, job, params, reply, now);
+                    self.trigger(key, job, params, caller, reply, now);
                 }
                 Ok(_) => {
                     let _ = reply.send(Err(no_such_job(&key)));
@@ -256,6 +259,7 @@ impl<S: Store> Engine<S> {
                         job.spec.params.clone(),
                         FireDecision::Queue,
                         now,
+                        None,
                     );
                     let id = run.id;
                     // A fire recorded meanwhile is refused by the store, and
@@ -395,6 +399,7 @@ impl<S: Store> Engine<S> {
         key: JobKey,
         job: Arc<Job>,
         params: std::collections::BTreeMap<String, String>,
+        caller: Option<TraceParent>,
         reply: Reply<RunId>,
         now: Timestamp,
     ) {
@@ -412,7 +417,16 @@ impl<S: Store> Engine<S> {
         }
         let mut merged = job.spec.params.clone();
         merged.extend(params);
-        let run = self.new_run(&key, &job, Trigger::Manual, now, merged, decision, now);
+        let run = self.new_run(
+            &key,
+            &job,
+            Trigger::Manual,
+            now,
+            merged,
+            decision,
+            now,
+            caller,
+        );
         let id = run.id;
         self.writes.push(Write::Run(run));
         self.after_new_run(&key, id, decision, now);

@@ -24,6 +24,7 @@ pub(crate) enum Command {
         namespace: String,
         name: String,
         params: std::collections::BTreeMap<String, String>,
+        caller: Option<TraceParent>,
         reply: Reply<RunId>,
     },
     Backfill {
@@ -97,6 +98,7 @@ pub(crate) enum Command {
         key: JobKey,
         job: Result<Option<Arc<Job>>, StorageError>,
         params: std::collections::BTreeMap<String, String>,
+        caller: Option<TraceParent>,
         reply: Reply<RunId>,
     },
     /// A cluster node's share of the jobs changed.
@@ -215,10 +217,23 @@ impl EngineHandle {
         name: &str,
         params: std::collections::BTreeMap<String, String>,
     ) -> Result<RunId, EngineError> {
+        self.trigger_traced(namespace, name, params, None).await
+    }
+
+    /// [`EngineHandle::trigger`] by a caller that sent its trace context:
+    /// the run's trace is a child of the caller's span.
+    pub async fn trigger_traced(
+        &self,
+        namespace: &str,
+        name: &str,
+        params: std::collections::BTreeMap<String, String>,
+        caller: Option<TraceParent>,
+    ) -> Result<RunId, EngineError> {
         self.ask(|reply| Command::Trigger {
             namespace: namespace.into(),
             name: name.into(),
             params,
+            caller,
             reply,
         })
         .await

@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::Clock;
+use crate::trace::{RunTrace, TraceParent};
 
 mod attempts;
 mod commands;
@@ -38,6 +39,7 @@ mod recovery;
 mod run_loop;
 mod runs;
 mod shared;
+mod spans;
 mod timers;
 
 #[cfg(test)]
@@ -89,6 +91,8 @@ pub struct EngineConfig {
     pub observer: Option<Observer>,
     /// Counts fires, runs, attempts and commits for Prometheus.
     pub metrics: Option<Arc<crate::EngineMetrics>>,
+    /// Records a span per run and per attempt.
+    pub tracing: Option<crate::trace::Tracing>,
     /// Set when this engine is one node of a cluster.
     pub node: Option<NodeIdentity>,
     /// Where tasks with `run_on` go.
@@ -254,6 +258,7 @@ impl Default for EngineConfig {
             max_backfill: 10_000,
             observer: None,
             metrics: None,
+            tracing: None,
             node: None,
             remote: None,
             secrets: None,
@@ -471,6 +476,8 @@ struct RunEntry {
     created_at: Timestamp,
     /// When each task last became ready, and when its attempt here started.
     times: Vec<TaskTimes>,
+    /// Its trace, when traces are recorded or its caller sent one.
+    trace: Option<RunTrace>,
 }
 
 /// When a task of a run last became ready, and when its current attempt
@@ -621,6 +628,10 @@ pub struct Engine<S: Store> {
 struct Foreign {
     key: Arc<JobKey>,
     executor: &'static str,
+    /// Its run's trace, and when it started here.
+    trace: Option<RunTrace>,
+    scheduled_at: Timestamp,
+    started: Timestamp,
     task: String,
     number: u32,
     token: CancellationToken,

@@ -332,6 +332,15 @@ impl<S: Store> Engine<S> {
             start_at: None,
             created_at: record.created_at,
             times: vec![TaskTimes::default(); job.tasks.len()],
+            trace: self.trace_of(
+                record.id,
+                &key,
+                record
+                    .trace
+                    .as_deref()
+                    .and_then(TraceParent::from_stored)
+                    .as_ref(),
+            ),
         };
         let id = record.id;
         self.runs.insert(id, run);

@@ -51,6 +51,7 @@ impl<S: Store> Engine<S> {
             job.spec.params.clone(),
             decision,
             now,
+            None,
         );
         let id = run.id;
         if at > now {
@@ -59,6 +60,24 @@ impl<S: Store> Engine<S> {
         }
         self.record_fire(key, at, outcome, Some(run));
         self.after_new_run(key, id, decision, now);
+    }
+
+    /// The trace of run `id` of `key` (a child of `caller`'s, if it has
+    /// one): when traces are recorded, or to pass the caller's on to tasks.
+    pub(super) fn trace_of(
+        &self,
+        id: RunId,
+        key: &JobKey,
+        caller: Option<&TraceParent>,
+    ) -> Option<RunTrace> {
+        let passing =
+            crate::trace::Sampler::ParentBased(Box::new(crate::trace::Sampler::AlwaysOff));
+        let sampler = match &self.config.tracing {
+            Some(t) => &t.sampler,
+            None if caller.is_some() => &passing,
+            None => return None,
+        };
+        Some(RunTrace::of_run(id, &key.0, &key.1, caller, sampler))
     }
 
     /// Records a fire of `key` at `at` in the ledger, with the run it made.
@@ -96,10 +115,12 @@ impl<S: Store> Engine<S> {
         params: std::collections::BTreeMap<String, String>,
         decision: FireDecision,
         now: Timestamp,
+        caller: Option<TraceParent>,
     ) -> NewRun {
         let id = self.run_id();
         let (key, entry) = self.jobs.get_key_value(key).expect("job");
         let (key, version) = (key.clone(), entry.version);
+        let trace = self.trace_of(id, &key, caller.as_ref());
         let state = if matches!(decision, FireDecision::Queue | FireDecision::Replace) {
             RunState::Pending
         } else {
@@ -117,6 +138,7 @@ impl<S: Store> Engine<S> {
                 start_at: None,
                 created_at: now,
                 times: vec![TaskTimes::default(); job.tasks.len()],
+                trace,
             },
         );
         NewRun {
@@ -130,6 +152,7 @@ impl<S: Store> Engine<S> {
             state,
             tasks: job.tasks.iter().map(|t| t.id.clone()).collect(),
             created_at: now,
+            trace: caller.map(|c| c.stored()),
         }
     }
 
@@ -258,11 +281,31 @@ impl<S: Store> Engine<S> {
                 let o = outcome
                     .take()
                     .unwrap_or_else(|| failed("the attempt ended without a report".into()));
-                let run = self.runs.get_mut(&id).expect("run");
+                let run = &self.runs[&id];
                 if let Some(m) = &self.config.metrics {
                     m.attempt_ended(&run.key, job.tasks[task].executor.kind(), to);
                 }
-                run.times[task].started = None;
+                if let (Some(tracing), Some(trace)) = (&self.config.tracing, &run.trace) {
+                    let times = run.times[task];
+                    spans::attempt(
+                        tracing,
+                        trace,
+                        spans::Attempt {
+                            key: &run.key,
+                            run: id,
+                            scheduled_at: run.scheduled_at,
+                            task: &job.tasks[task].id,
+                            executor: job.tasks[task].executor.kind(),
+                            number,
+                            ready: times.ready,
+                            started: times.started.unwrap_or(now),
+                        },
+                        now,
+                        to,
+                        o.error.as_deref(),
+                    );
+                }
+                self.runs.get_mut(&id).expect("run").times[task].started = None;
                 self.writes.push(Write::AttemptEnd {
                     run: id,
                     task: name(task),
@@ -303,10 +346,13 @@ impl<S: Store> Engine<S> {
             }
             Effect::ArmDeadline { at } => self.arm(at, Timer::Deadline { run: id }),
             Effect::Finished { state } => {
+                let run = &self.runs[&id];
                 if let Some(m) = &self.config.metrics {
-                    let run = &self.runs[&id];
                     let seconds = now.duration_since(run.created_at).as_secs_f64();
                     m.run_finished(&run.key, state, seconds, now);
+                }
+                if let (Some(tracing), Some(trace)) = (&self.config.tracing, &run.trace) {
+                    spans::run(tracing, trace, run, id, state, now);
                 }
                 self.finished(id, now);
             }

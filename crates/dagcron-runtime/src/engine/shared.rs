@@ -154,6 +154,15 @@ impl<S: Store> Engine<S> {
         }
         let scheduled_at = claim.scheduled_at;
         let key = Arc::new((claim.namespace.clone(), claim.job.clone()));
+        let trace = self.trace_of(
+            claim.run,
+            &key,
+            claim
+                .trace
+                .as_deref()
+                .and_then(TraceParent::from_stored)
+                .as_ref(),
+        );
         let ctx = AttemptContext {
             idempotency_key: AttemptContext::idempotency_key_for(
                 &claim.namespace,
@@ -169,12 +178,18 @@ impl<S: Store> Engine<S> {
             scheduled_at: claim.scheduled_at,
             params: claim.params,
             secrets: Default::default(),
+            trace: trace
+                .as_ref()
+                .and_then(|t| t.for_task(&claim.task, claim.number, self.config.tracing.is_some())),
         };
         self.foreign.insert(
             (claim.run, i),
             Foreign {
                 key,
                 executor: job.tasks[i].executor.kind(),
+                trace,
+                scheduled_at,
+                started: now,
                 task: claim.task,
                 number: claim.number,
                 token: token.clone(),

@@ -47,6 +47,8 @@ pub(super) struct Node<S: Store> {
     pub(super) join: Option<Join>,
     /// How the start-up line names it.
     pub(super) name: String,
+    /// A cluster member's id (an embedded server is named by its host and port).
+    pub(super) node_id: Option<String>,
     /// Where its data lives, for the start-up line (an embedded server).
     pub(super) data_dir: Option<PathBuf>,
 }
@@ -84,6 +86,7 @@ pub(super) async fn embedded(settings: &Embedded) -> Result<Node<SqliteStore>> {
         identity: None,
         join: None,
         name: "dagcron".into(),
+        node_id: None,
         data_dir: Some(data_dir.to_path_buf()),
     })
 }
@@ -143,6 +146,7 @@ pub(super) async fn member(
         .await
         .context("reading the jobs revision")?;
     let name = format!("dagcron node {}", registration.id);
+    let node_id = Some(registration.id.clone());
     let coordinated = store.clone();
     let member = identity.clone();
     let join: Join = Box::new(move |engine, shutdown, stopped| {
@@ -165,6 +169,7 @@ pub(super) async fn member(
         identity: Some(identity),
         join: Some(join),
         name,
+        node_id,
         data_dir: None,
     })
 }
@@ -288,7 +293,7 @@ async fn bootstrap_admin<S: Store>(
 
 /// The machine's host name and the API's port: unique among the nodes of a
 /// cluster as long as one machine runs one node per port.
-fn default_node_id(address: SocketAddr) -> String {
+pub(super) fn default_node_id(address: SocketAddr) -> String {
     let host = nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())

@@ -30,7 +30,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use backend::{Node, embedded, join_tokens, member};
+use backend::{Node, default_node_id, embedded, join_tokens, member};
 use config::Backend;
 pub use config::{Config, LogFormat, ServeArgs};
 
@@ -105,11 +105,17 @@ impl<S: Store> Node<S> {
             api_stop,
         } = serving;
         agents.set_authenticate(join_tokens(self.store.clone(), self.keyring.clone()));
+        let node_id = self
+            .node_id
+            .clone()
+            .unwrap_or_else(|| default_node_id(address));
+        let (traced, mut exporter) = traces(&node_id)?;
         let metrics = Arc::new(EngineMetrics::new(config.metrics_max_jobs));
         let mut registry = prometheus_client::registry::Registry::default();
         metrics.register(&mut registry);
         let engine_config = EngineConfig {
             metrics: Some(metrics),
+            tracing: traced,
             pool_size: config.pool_size,
             misfire_grace: config.misfire_grace,
             remote: Some(RemoteWorkers(Arc::new(agents.clone()))),
@@ -194,7 +200,10 @@ impl<S: Store> Node<S> {
                         }
                         other => other.context("engine")?,
                     }
-                    // The engine drained: leave the cluster.
+                    // The engine drained: its last spans go, then it leaves the cluster.
+                    if let Some(exporter) = exporter.take() {
+                        exporter.flush().await;
+                    }
                     if let Some(task) = coordinator.take() {
                         drained.cancel();
                         task.await.context("cluster task")?.context("leaving the cluster")?;
@@ -217,6 +226,40 @@ impl<S: Store> Node<S> {
         let _ = api.await;
         tracing::info!("stopped");
         Ok(Exit::Stopped)
+    }
+}
+
+#[cfg(feature = "otlp")]
+type Exporter = crate::otlp::Exporter;
+
+/// Without the `otlp` feature there is nothing to flush.
+#[cfg(not(feature = "otlp"))]
+struct Exporter;
+
+#[cfg(not(feature = "otlp"))]
+impl Exporter {
+    async fn flush(self) {}
+}
+
+/// Tracing as the `OTEL_*` variables ask (see `otlp.rs`), and the exporter
+/// to flush once the engine has stopped.
+fn traces(node: &str) -> Result<(Option<dagcron_runtime::trace::Tracing>, Option<Exporter>)> {
+    #[cfg(feature = "otlp")]
+    {
+        Ok(match crate::otlp::from_env(node)? {
+            Some((tracing, exporter)) => (Some(tracing), Some(exporter)),
+            None => (None, None),
+        })
+    }
+    #[cfg(not(feature = "otlp"))]
+    {
+        let _ = node;
+        if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
+            tracing::warn!(
+                "this build has no OTLP exporter (the `otlp` feature): no traces are sent"
+            );
+        }
+        Ok((None, None))
     }
 }
 
