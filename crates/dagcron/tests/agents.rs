@@ -839,3 +839,42 @@ fn agents_present_a_client_certificate_when_the_server_asks() {
     });
     assert!(server.signal(Signal::SIGTERM).success());
 }
+
+/// A trigger's trace context reaches a task run by an agent: the server
+/// here records no spans, so the task gets the caller's context as it came
+/// (with its `tracestate`).
+#[test]
+fn the_trace_context_goes_with_the_task_to_its_agent() {
+    let (dir, data) = setup();
+    let mut server = InProcess::start(&data, &[]);
+    server.namespace = "a".into();
+    let agent = Agent::start(
+        &server,
+        &dir.path().join("agents"),
+        "tracer",
+        "role=tracer",
+        1,
+    );
+    let yaml = "namespace: a\njobs:\n  - name: traced\n    tasks:\n      - { id: t, shell: 'echo \"$TRACEPARENT $TRACESTATE\" > seen', run_on: { labels: { role: tracer } } }\n";
+    let (status, body) = server.post("/api/v1/apply", yaml, "application/yaml");
+    assert_eq!(status, 200, "{body}");
+    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let triggered = server
+        .http()
+        .post(format!(
+            "{}/api/v1/namespaces/a/jobs/traced/trigger",
+            server.url
+        ))
+        .header("traceparent", traceparent)
+        .header("tracestate", "congo=t61rcWkgMzE")
+        .body("{}")
+        .send()
+        .unwrap();
+    assert_eq!(triggered.status(), 201);
+    let id = triggered.json::<Value>().unwrap()["id"].as_i64().unwrap();
+    server.wait_run(id, "succeeded");
+    assert_eq!(
+        std::fs::read_to_string(agent.dir.join("seen")).unwrap(),
+        format!("{traceparent} congo=t61rcWkgMzE\n")
+    );
+}
