@@ -868,4 +868,27 @@ fn logs_can_be_json_one_object_per_line() {
         .find(|l| l["message"] == "run deadline passed; stopping it")
         .unwrap_or_else(|| panic!("no deadline line in {text}"));
     assert_eq!(deadline["run"], run, "{deadline}");
+    // The attempt's end and the run's carry what they are about as fields.
+    let attempt = lines
+        .iter()
+        .find(|l| l["task"] == "t" && l["run"] == run)
+        .unwrap_or_else(|| panic!("no attempt line in {text}"));
+    assert_eq!(
+        (&attempt["namespace"], &attempt["job"], &attempt["attempt"]),
+        (&json!("e2e"), &json!("late"), &json!(1)),
+        "{attempt}"
+    );
+    let ended = lines
+        .iter()
+        .find(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("run failed"))
+        })
+        .unwrap_or_else(|| panic!("no line of the run's end in {text}"));
+    assert_eq!(
+        (&ended["namespace"], &ended["job"], &ended["run"]),
+        (&json!("e2e"), &json!("late"), &json!(run)),
+        "{ended}"
+    );
 }

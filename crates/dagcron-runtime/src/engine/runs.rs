@@ -282,6 +282,13 @@ impl<S: Store> Engine<S> {
                     .take()
                     .unwrap_or_else(|| failed("the attempt ended without a report".into()));
                 let run = &self.runs[&id];
+                let (namespace, job_name, task_id) = (&run.key.0, &run.key.1, &job.tasks[task].id);
+                if to == AttemptState::Succeeded {
+                    tracing::debug!(%namespace, job = %job_name, run = id, task = %task_id, attempt = number, "attempt succeeded");
+                } else {
+                    let why = o.error.as_deref().unwrap_or("");
+                    tracing::warn!(%namespace, job = %job_name, run = id, task = %task_id, attempt = number, "attempt {}: {why}", to.as_str());
+                }
                 if let Some(m) = &self.config.metrics {
                     m.attempt_ended(&run.key, job.tasks[task].executor.kind(), to);
                 }
@@ -339,16 +346,25 @@ impl<S: Store> Engine<S> {
                 self.ready.push(job, id, task);
             }
             Effect::ArmRetry { task, at } => {
+                let key = &self.runs[&id].key;
+                tracing::info!(namespace = %key.0, job = %key.1, run = id, task = %job.tasks[task].id, "retrying at {at}");
                 if let Some(m) = &self.config.metrics {
-                    m.retry(&self.runs[&id].key);
+                    m.retry(key);
                 }
                 self.arm(at, Timer::Retry { run: id, task });
             }
             Effect::ArmDeadline { at } => self.arm(at, Timer::Deadline { run: id }),
             Effect::Finished { state } => {
                 let run = &self.runs[&id];
+                let took = now.duration_since(run.created_at).as_secs_f64();
+                let (namespace, job_name) = (&run.key.0, &run.key.1);
+                if state == RunState::Succeeded {
+                    tracing::debug!(%namespace, job = %job_name, run = id, "run succeeded in {took:.3}s");
+                } else {
+                    tracing::info!(%namespace, job = %job_name, run = id, "run {} after {took:.3}s", state.as_str());
+                }
                 if let Some(m) = &self.config.metrics {
-                    let seconds = now.duration_since(run.created_at).as_secs_f64();
+                    let seconds = took;
                     m.run_finished(&run.key, state, seconds, now);
                 }
                 if let (Some(tracing), Some(trace)) = (&self.config.tracing, &run.trace) {
