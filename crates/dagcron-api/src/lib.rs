@@ -8,6 +8,7 @@ pub mod audit;
 pub mod auth;
 mod error;
 mod routes;
+mod schedules;
 pub mod secrets;
 pub mod tokens;
 pub mod wire;
