@@ -31,7 +31,7 @@ use dagcron_core::authz::Need;
         health, ready, crate::metrics::metrics, openapi, cluster, workers, apply, list_jobs, get_job, put_job, delete_job, pause,
         resume, trigger, backfill, list_runs, list_fires, get_run, cancel, get_log,
         crate::tokens::create_token, crate::tokens::list_tokens, crate::tokens::revoke_token,
-        crate::audit::list_audit, crate::secrets::put_secret, crate::secrets::list_secrets,
+        crate::audit::list_audit, crate::schedules::hotspots, crate::secrets::put_secret, crate::secrets::list_secrets,
         crate::secrets::delete_secret, crate::secrets::list_keys, crate::secrets::rotate_key
     ),
     components(schemas(ErrorBody)),
@@ -114,6 +114,10 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
         .route(
             "/api/v1/namespaces/{ns}/jobs/{name}/fires",
             get(list_fires::<S>),
+        )
+        .route(
+            "/api/v1/schedules/hotspots",
+            get(crate::schedules::hotspots::<S>),
         )
         .route("/api/v1/runs/{id}", get(get_run::<S>))
         .route("/api/v1/runs/{id}/cancel", post(cancel::<S>))

@@ -432,6 +432,44 @@ async fn regression_every_error_is_the_json_error_shape() {
     }
 }
 
+/// A hot-spot report asked with a window or a `top` out of bounds, or
+/// that does not parse, is a `400` in the JSON error shape, with the reason.
+#[tokio::test]
+async fn hotspot_queries_out_of_bounds_are_refused() {
+    let api = api().await;
+    for (query, reason) in [
+        ("window=0", "the window is empty"),
+        ("window=0s", "the window is empty"),
+        ("window=25h", "too long: at most 1d"),
+        ("window=1500ms", "not a whole number of seconds"),
+        ("window=soon", "invalid duration"),
+        ("window=", "invalid duration"),
+        ("top=0", "top must be at least 1"),
+        ("top=101", "at most 100"),
+        ("top=99999999999", ""),
+        ("top=-1", ""),
+        ("top=x", ""),
+    ] {
+        let (status, body) = api
+            .get(&format!("/api/v1/schedules/hotspots?{query}"))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
+        assert_eq!(body["error"]["code"], "bad_request", "{query}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(reason), "{query}: {message}");
+    }
+    let (status, body) = api.get("/api/v1/schedules/hotspots?window=30m&top=5").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (
+            body["jobs"].clone(),
+            body["peak_per_second"].clone(),
+            body["hotspots"].clone()
+        ),
+        (json!(0), json!(0), json!([]))
+    );
+}
+
 /// Trigger parameters were accepted with 201 whatever they held (empty
 /// names, `../../x`, NUL bytes, 200 KB values) and failed at start.
 #[tokio::test]
@@ -581,6 +619,9 @@ enum Guard {
     Instance(Role),
     /// Token administration: an admin over the token's namespace (`a`).
     Tokens,
+    /// A report over namespaces: a role anywhere; a scoped token sees its
+    /// own namespace only.
+    Scoped(Role),
 }
 
 /// Every route the router declares, with the guard it must enforce. A
@@ -613,6 +654,7 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
         ("post", "/api/v1/runs/{id}/cancel") => Namespace(Operator),
         ("post" | "get", "/api/v1/tokens") | ("delete", "/api/v1/tokens/{id}") => Tokens,
         ("get", "/api/v1/audit") => Tokens,
+        ("get", "/api/v1/schedules/hotspots") => Scoped(Viewer),
         ("get", "/api/v1/namespaces/{ns}/secrets") => Namespace(Developer),
         ("get", "/api/v1/secrets/keys") | ("post", "/api/v1/secrets/rotate-key") => Instance(Admin),
         ("put" | "delete", "/api/v1/namespaces/{ns}/secrets/{name}") => Namespace(Developer),
@@ -713,6 +755,13 @@ async fn every_route_is_guarded_for_every_role() {
                 },
                 (Guard::Instance(need), Some((role, ns))) => {
                     if ns.is_some() || role < &need {
+                        &[StatusCode::FORBIDDEN]
+                    } else {
+                        &[]
+                    }
+                }
+                (Guard::Scoped(need), Some((role, _))) => {
+                    if role < &need {
                         &[StatusCode::FORBIDDEN]
                     } else {
                         &[]

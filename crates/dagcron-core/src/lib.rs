@@ -1,6 +1,7 @@
 //! dagcron's domain core: the job model and its validation, DAG planning, the
-//! run/task/attempt state machines, retry with backoff and jitter, and the
-//! overlap and misfire policies.
+//! run/task/attempt state machines, retry with backoff and jitter, the
+//! overlap and misfire policies, and the hot-spot report of schedules that
+//! fire together.
 //!
 //! **No I/O, no clock, no randomness of its own:** time and random numbers
 //! are arguments, so a test can replay any instant and pin every delay.
@@ -9,6 +10,7 @@ pub mod authz;
 pub mod dag;
 pub mod duration;
 pub mod fires;
+pub mod hotspots;
 pub mod model;
 pub mod policy;
 pub mod retry;

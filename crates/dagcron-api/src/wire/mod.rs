@@ -9,6 +9,7 @@ mod audit;
 mod cluster;
 mod jobs;
 mod runs;
+mod schedules;
 mod secrets;
 mod tokens;
 
@@ -25,6 +26,7 @@ pub use jobs::{
     TriggerBody,
 };
 pub use runs::{AttemptAnswer, FireAnswer, FirePage, RunAnswer, RunPage, TaskAnswer};
+pub use schedules::{HotJobAnswer, HotspotAnswer, HotspotReport};
 pub use secrets::{KeyUse, KeysAnswer, SecretAnswer, SecretBody, SecretList};
 pub use tokens::{CreatedToken, NewTokenBody, TokenAnswer, TokenList};
 

@@ -8,6 +8,7 @@ mod cluster;
 mod jobs;
 mod output;
 mod runs;
+mod schedules;
 mod secrets;
 mod tokens;
 
@@ -93,6 +94,9 @@ pub(crate) enum ClientCommand {
         #[arg(short = 'f', long)]
         follow: bool,
     },
+    /// Schedules across jobs: the hot-spot report of seconds at which many fire together.
+    #[command(subcommand)]
+    Schedules(schedules::SchedulesCommand),
     /// The cluster: its nodes, their leases, epochs, clock skew and jobs.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
@@ -144,6 +148,7 @@ pub(crate) async fn run(cmd: ClientCommand, conn: Conn) -> Result<ExitCode> {
             attempt,
             follow,
         } => runs::logs(&c, run, &task, attempt, follow, &mut out).await?,
+        ClientCommand::Schedules(cmd) => schedules::run(&c, cmd, &mut out).await?,
         ClientCommand::Workers(cmd) => cluster::workers(&c, cmd, &mut out).await?,
         ClientCommand::Cluster(cmd) => cluster::cluster(&c, cmd, &mut out).await?,
         ClientCommand::Tokens(cmd) => tokens::run(&c, cmd, &mut out).await?,
