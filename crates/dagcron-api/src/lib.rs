@@ -9,7 +9,7 @@ pub mod auth;
 mod error;
 mod metrics;
 mod routes;
-mod schedules;
+pub mod schedules;
 pub mod secrets;
 pub mod tokens;
 pub mod wire;

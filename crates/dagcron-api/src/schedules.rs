@@ -122,6 +122,71 @@ fn count(report: &mut Hotspots, page: Vec<StoredJob>) -> bool {
     true
 }
 
+/// How often [`keep_peak`] counts again.
+pub const PEAK_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Registers the gauge `dagcron_schedule_peak_fires_per_second`, which
+/// [`keep_peak`] keeps up to date.
+pub fn register_peak(
+    registry: &mut prometheus_client::registry::Registry,
+) -> prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64> {
+    let gauge = prometheus_client::metrics::gauge::Gauge::default();
+    registry.register(
+        "dagcron_schedule_peak_fires_per_second",
+        "The largest number of fires due in one second over the next hour (counted every minute)",
+        gauge.clone(),
+    );
+    gauge
+}
+
+/// Keeps `gauge` at the largest number of fires due in one second over
+/// the next hour, counting every job anew every [`PEAK_EVERY`] (the jobs
+/// are read a page at a time and counted on blocking threads). Runs until
+/// its task is aborted.
+pub async fn keep_peak<S: Store>(
+    store: std::sync::Arc<S>,
+    gauge: prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
+) {
+    loop {
+        match peak_now(&*store).await {
+            Ok(peak) => {
+                gauge.set(f64::from(peak.per_second));
+            }
+            Err(e) => tracing::warn!("counting the fires of the next hour failed: {}", e.message),
+        }
+        tokio::time::sleep(PEAK_EVERY).await;
+    }
+}
+
+/// The busiest second of the next hour, over every job not paused.
+async fn peak_now<S: Store>(store: &S) -> Result<hotspots::Peak, ApiError> {
+    let window = hotspots::Window::next_hour(Timestamp::now())
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let mut tally = hotspots::Tally::new(window, Limits::default());
+    let mut after: Option<(String, String)> = None;
+    loop {
+        let page = store.load_jobs(after.as_ref(), PAGE).await?;
+        after = page.last().map(|j| (j.namespace.clone(), j.name.clone()));
+        let more = page.len() == PAGE as usize;
+        tally = tokio::task::spawn_blocking(move || {
+            for stored in page.iter().filter(|j| !j.paused) {
+                let Ok(job) = Job::from_canonical(&stored.namespace, &stored.spec) else {
+                    continue;
+                };
+                if !job.schedules.is_empty() && tally.add(&job.timing()).is_none() {
+                    break;
+                }
+            }
+            tally
+        })
+        .await
+        .map_err(internal)?;
+        if tally.capped().is_some() || !more {
+            return Ok(tally.peak());
+        }
+    }
+}
+
 fn internal(e: tokio::task::JoinError) -> ApiError {
     ApiError::new(
         StatusCode::INTERNAL_SERVER_ERROR,

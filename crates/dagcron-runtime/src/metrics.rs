@@ -9,9 +9,12 @@
 //!
 //! Per-job series are bounded: the first `max_job_series` jobs seen get
 //! series of their own; the fires of any job beyond that are counted in its
-//! namespace's series (no `job` label), and such a job has no next-fire,
-//! last-success or period gauge. A deleted job gives its place back. So a
-//! million jobs never make a million series.
+//! namespace's series `job="_other"` (no job's name starts with `_`), and
+//! such a job has no next-fire, last-success or period gauge. A deleted job
+//! gives its place back. So a million jobs never make a million series.
+//!
+//! A job's fire counters start at zero for every outcome when it gets its
+//! series, so that `increase()` sees its first missed or skipped fire.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -35,18 +38,17 @@ type JobKey = (String, String);
 /// How many jobs get series of their own unless configured otherwise.
 pub const DEFAULT_MAX_JOB_SERIES: usize = 1000;
 
-/// A job's series labels: its namespace and, unless collapsed (an empty
-/// name), its name.
+/// The `job` of the series of the jobs past the bound.
+pub const OTHER_JOBS: &str = "_other";
+
+/// A job's series labels: its namespace and its name (or [`OTHER_JOBS`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct JobLabel(Arc<JobKey>);
 
 impl EncodeLabelSet for JobLabel {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> fmt::Result {
         ("namespace", self.0.0.as_str()).encode(encoder.encode_label())?;
-        if !self.0.1.is_empty() {
-            ("job", self.0.1.as_str()).encode(encoder.encode_label())?;
-        }
-        Ok(())
+        ("job", self.0.1.as_str()).encode(encoder.encode_label())
     }
 }
 
@@ -252,28 +254,39 @@ impl EngineMetrics {
         );
     }
 
-    /// The label of `key`'s series: its own while there is room (`take`
-    /// gives it a place if it has none), or its namespace's.
-    fn label(&self, key: &Arc<JobKey>, take: bool) -> (JobLabel, bool) {
+    /// The label of `key`'s series: its own while there is room (it takes
+    /// a place if it has none), or its namespace's [`OTHER_JOBS`].
+    fn label(&self, key: &Arc<JobKey>) -> (JobLabel, bool) {
         let mut places = self.places.lock().expect("metrics lock");
         if places.own.contains(key) {
             return (JobLabel(key.clone()), true);
         }
-        if take && places.own.len() < places.max {
+        if places.own.len() < places.max {
             places.own.insert(key.clone());
+            self.zero_fires(&JobLabel(key.clone()));
             return (JobLabel(key.clone()), true);
         }
-        let collapsed = places
-            .namespaces
-            .entry(key.0.clone())
-            .or_insert_with(|| Arc::new((key.0.clone(), String::new())))
-            .clone();
-        (JobLabel(collapsed), false)
+        if let Some(other) = places.namespaces.get(&key.0) {
+            return (JobLabel(other.clone()), false);
+        }
+        let other = Arc::new((key.0.clone(), OTHER_JOBS.to_string()));
+        places.namespaces.insert(key.0.clone(), other.clone());
+        self.zero_fires(&JobLabel(other.clone()));
+        (JobLabel(other), false)
+    }
+
+    /// Makes the fire counters of `label` for every outcome, at zero.
+    fn zero_fires(&self, label: &JobLabel) {
+        for outcome in FireOutcome::ALL {
+            let _ =
+                self.fires
+                    .get_or_create(&With::one(label.clone(), "outcome", outcome.as_str()));
+        }
     }
 
     /// A fire recorded in the ledger; `lateness` for a run made on time.
     pub fn fire(&self, key: &Arc<JobKey>, outcome: FireOutcome, lateness: Option<f64>) {
-        let (label, _) = self.label(key, true);
+        let (label, _) = self.label(key);
         self.fires
             .get_or_create(&With::one(label, "outcome", outcome.as_str()))
             .inc();
@@ -287,19 +300,17 @@ impl EngineMetrics {
     /// The job's next fire (none: it has none, is paused or is not this
     /// node's), and the time from its last fire to it.
     pub fn next_fire(&self, key: &Arc<JobKey>, at: Option<Timestamp>, period: Option<f64>) {
-        let (label, own) = self.label(key, at.is_some());
-        if !own {
-            return;
-        }
-        match at {
-            Some(at) => {
-                self.next_fire.get_or_create(&label).set(unix(at));
-                if let Some(p) = period {
-                    self.period.get_or_create(&label).set(p);
-                }
+        let Some(at) = at else {
+            if self.places.lock().expect("metrics lock").own.contains(key) {
+                self.next_fire.remove(&JobLabel(key.clone()));
             }
-            None => {
-                self.next_fire.remove(&label);
+            return;
+        };
+        let (label, own) = self.label(key);
+        if own {
+            self.next_fire.get_or_create(&label).set(unix(at));
+            if let Some(p) = period {
+                self.period.get_or_create(&label).set(p);
             }
         }
     }
@@ -310,7 +321,7 @@ impl EngineMetrics {
             .get_or_create(&With::one(Namespace(key.clone()), "result", state.as_str()))
             .observe(seconds.max(0.0));
         if state == RunState::Succeeded {
-            let (label, own) = self.label(key, true);
+            let (label, own) = self.label(key);
             if own {
                 self.last_success.get_or_create(&label).set(unix(at));
             }

@@ -1217,7 +1217,7 @@ async fn per_job_series_collapse_into_the_namespace_past_the_bound() {
             fired("job=\"a\","),
             fired("job=\"b\","),
             fired("job=\"c\","),
-            fired("")
+            fired("job=\"_other\",")
         ],
         [1.0, 1.0, 0.0, 1.0],
         "two jobs have series of their own, the third counts in its namespace"
@@ -1245,7 +1245,7 @@ async fn per_job_series_collapse_into_the_namespace_past_the_bound() {
             fired("job=\"a\","),
             fired("job=\"b\","),
             fired("job=\"c\","),
-            fired("")
+            fired("job=\"_other\",")
         ],
         [0.0, 2.0, 1.0, 1.0]
     );

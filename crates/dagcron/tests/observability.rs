@@ -34,6 +34,51 @@ pub fn promtool(args: &[&str], input: &[u8]) -> std::process::Output {
     child.wait_with_output().unwrap()
 }
 
+/// Every series of a scrape is of a metric `examples/prometheus-metrics.txt`
+/// lists (the list the dashboard and the alert rules are checked against),
+/// with labels it declares.
+fn assert_listed(scrape: &str) {
+    let list = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/prometheus-metrics.txt"
+    ))
+    .unwrap();
+    let declared: std::collections::BTreeMap<&str, (&str, Vec<&str>)> = list
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let labels = if w[2] == "-" {
+                vec![]
+            } else {
+                w[2].split(',').collect()
+            };
+            (w[0], (w[1], labels))
+        })
+        .collect();
+    for line in scrape.lines().filter(|l| !l.starts_with('#')) {
+        let name = line.split(['{', ' ']).next().unwrap();
+        let (base, histogram_part) = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|b| declared.contains_key(b)))
+            .map_or((name, false), |b| (b, true));
+        let (kind, labels) = declared.get(base).unwrap_or_else(|| {
+            panic!("{base} is exported but not in examples/prometheus-metrics.txt")
+        });
+        assert_eq!(histogram_part, *kind == "histogram", "{line}");
+        let inside = line
+            .split_once('{')
+            .map_or("", |(_, r)| r.split_once('}').unwrap().0);
+        for pair in inside.split("\",").filter(|p| !p.is_empty()) {
+            let key = pair.split('=').next().unwrap();
+            assert!(
+                labels.contains(&key) || (key == "le" && histogram_part),
+                "{base} has label {key}, which the list does not declare"
+            );
+        }
+    }
+}
+
 /// A port nobody listens on now (bound, then let go).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -81,6 +126,7 @@ fn metrics_are_scraped_with_a_token_or_on_their_own_address() {
     ] {
         assert!(text.contains(series), "{series} is not in:\n{text}");
     }
+    assert_listed(&text);
     let checked = promtool(&["check", "metrics"], text.as_bytes());
     assert!(
         checked.status.success(),
@@ -111,6 +157,33 @@ fn metrics_are_scraped_with_a_token_or_on_their_own_address() {
     let other =
         reqwest::blocking::get(format!("http://{listen}/api/v1/namespaces/e2e/jobs")).unwrap();
     assert_eq!(other.status(), 404);
+
+    // The peak of fires due in one second over the next hour is counted
+    // when the server starts (then every minute): two jobs at second 0 of
+    // every minute make 2.
+    let (status, _) = server.post(
+        "/api/v1/apply",
+        "namespace: e2e\njobs:\n  - { name: m1, schedule: '0 * * * * *', tasks: [{ id: a, noop: true }] }\n  - { name: m2, schedule: '0 * * * * *', tasks: [{ id: a, noop: true }] }\n",
+        "application/yaml",
+    );
+    assert_eq!(status, 200);
+    server.stop();
+    let server = InProcess::start(&data, &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = server
+            .http()
+            .get(format!("{}/metrics", server.url))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        if text.contains("dagcron_schedule_peak_fires_per_second 2") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no peak of 2 in:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     server.stop();
     drop(dir);
 }

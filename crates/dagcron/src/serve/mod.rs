@@ -113,6 +113,9 @@ impl<S: Store> Node<S> {
         let metrics = Arc::new(EngineMetrics::new(config.metrics_max_jobs));
         let mut registry = prometheus_client::registry::Registry::default();
         metrics.register(&mut registry);
+        let peak = dagcron_api::schedules::register_peak(&mut registry);
+        let peak_task = tokio::spawn(dagcron_api::schedules::keep_peak(self.store.clone(), peak));
+        let _peak_task = AbortOnDrop(peak_task);
         let engine_config = EngineConfig {
             metrics: Some(metrics),
             tracing: traced,
@@ -260,6 +263,15 @@ fn traces(node: &str) -> Result<(Option<dagcron_runtime::trace::Tracing>, Option
             );
         }
         Ok((None, None))
+    }
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
