@@ -327,6 +327,14 @@ async fn current<S: Store>(state: &AppState<S>) -> Registry {
     r
 }
 
+fn agent_state(agent: &dagcron_agents::WorkerInfo) -> &'static str {
+    match (agent.connected, agent.draining) {
+        (false, _) => "disconnected",
+        (true, true) => "draining",
+        (true, false) => "connected",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::classic;
@@ -343,13 +351,5 @@ mod tests {
             b_total{x="1"} 3
         "#]]
         .assert_eq(&classic(openmetrics));
-    }
-}
-
-fn agent_state(agent: &dagcron_agents::WorkerInfo) -> &'static str {
-    match (agent.connected, agent.draining) {
-        (false, _) => "disconnected",
-        (true, true) => "draining",
-        (true, false) => "connected",
     }
 }
