@@ -44,7 +44,8 @@ type Gauges = Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>;
 /// The metrics, for a viewer over the whole instance (a token limited to a
 /// namespace would see the others' job names in them).
 #[utoipa::path(get, path = "/metrics", tag = "meta",
-    responses((status = 200, description = "Metrics in the OpenMetrics text format (see docs/observability.md)", content_type = "application/openmetrics-text", body = String), Errors))]
+    responses((status = 200, description = "Metrics in the classic Prometheus text format, or OpenMetrics when asked for by Accept (see docs/observability.md)",
+        content((String = "text/plain"), (String = "application/openmetrics-text"))), Errors))]
 pub(crate) async fn metrics<S: Store>(
     State(state): State<AppState<S>>,
     Extension(who): Extension<Principal>,

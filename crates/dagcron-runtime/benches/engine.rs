@@ -87,16 +87,45 @@ struct Probe {
     attempts: AtomicU64,
 }
 
-async fn engine(
-    dir: &tempfile::TempDir,
-    pool: usize,
-) -> (EngineHandle, Arc<Probe>, CancellationToken) {
-    engine_at(dir.path(), pool).await
-}
-
 async fn engine_at(
     dir: &std::path::Path,
     pool: usize,
+) -> (EngineHandle, Arc<Probe>, CancellationToken) {
+    engine_with(dir, pool, Instruments::default()).await
+}
+
+/// Which instruments the engine runs with.
+#[derive(Clone, Copy, Default)]
+struct Instruments {
+    metrics: bool,
+    traces: bool,
+}
+
+impl Instruments {
+    fn name(self) -> &'static str {
+        match (self.metrics, self.traces) {
+            (false, false) => "off",
+            (true, false) => "metrics",
+            (false, true) => "traces",
+            (true, true) => "metrics and traces",
+        }
+    }
+}
+
+/// A span sink as the server's OTLP exporter is on the engine's side: a
+/// bounded queue, drained by a task of its own.
+struct Queue(tokio::sync::mpsc::Sender<dagcron_runtime::trace::Span>);
+
+impl dagcron_runtime::trace::SpanSink for Queue {
+    fn export(&self, span: dagcron_runtime::trace::Span) {
+        let _ = self.0.try_send(span);
+    }
+}
+
+async fn engine_with(
+    dir: &std::path::Path,
+    pool: usize,
+    instruments: Instruments,
 ) -> (EngineHandle, Arc<Probe>, CancellationToken) {
     let store = Arc::new(SqliteStore::open(&dir.join("bench.db")).await.unwrap());
     let probe = Arc::new(Probe {
@@ -115,10 +144,28 @@ async fn engine_at(
             p.attempts.fetch_add(1, Ordering::Relaxed);
         }
     }));
+    let tracing = instruments.traces.then(|| {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(8192);
+        tokio::spawn(async move {
+            let mut spans = Vec::new();
+            while rx.recv_many(&mut spans, 512).await > 0 {
+                spans.clear();
+            }
+        });
+        dagcron_runtime::trace::Tracing {
+            sink: Arc::new(Queue(tx)),
+            sampler: dagcron_runtime::trace::Sampler::AlwaysOn,
+            node: "bench".into(),
+        }
+    });
     let config = EngineConfig {
         pool_size: pool,
         misfire_grace: Duration::from_secs(3600),
         observer: Some(observer),
+        metrics: instruments
+            .metrics
+            .then(|| Arc::new(dagcron_runtime::EngineMetrics::new(1000))),
+        tracing,
         ..EngineConfig::default()
     };
     let (engine, handle) = Engine::start(store, Arc::new(SystemClock), config)
@@ -344,8 +391,13 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    // `DAGCRON_BENCH_ONLY=burst` runs the burst alone (for profiling).
-    let only_burst = std::env::var("DAGCRON_BENCH_ONLY").is_ok_and(|v| v == "burst");
+    // `DAGCRON_BENCH_ONLY=burst` runs the burst alone (for profiling);
+    // `DAGCRON_BENCH_ONLY=instruments` the cost of metrics and traces alone.
+    let only = std::env::var("DAGCRON_BENCH_ONLY").unwrap_or_default();
+    if only == "instruments" {
+        return rt.block_on(instruments());
+    }
+    let only_burst = only == "burst";
     rt.block_on(async {
       if !only_burst {
         println!("## Engine: dagcron vs tokio-cron-scheduler vs APScheduler 3\n");
@@ -371,13 +423,8 @@ fn main() {
         println!("\n### 1,000 schedules firing every second, one no-op task each (10 s)\n");
         println!("| scheduler | fires/s | attempts completed/s | p50 lateness | p99 lateness |");
         println!("|---|---|---|---|---|");
-        let dir = tempfile::tempdir().unwrap();
-        let (handle, probe, shutdown) = engine(&dir, 256).await;
-        apply(&handle, (0..1000).map(|i| job(format!("s{i}"), Some("* * * * * *".into()), vec![task("a", &[])]))).await;
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let row = measure(&probe, 10).await;
+        let row = every_second(Instruments::default()).await;
         println!("| dagcron (durable) | {:.0} | {:.0} | {:.2} ms | {:.2} ms |", row.fires as f64 / row.secs, row.attempts as f64 / row.secs, row.p50, row.p99);
-        shutdown.cancel();
         let (fires, p50, p99, _) = tokio_cron_scheduler(1000, true, 10).await;
         println!("| tokio-cron-scheduler | {:.0} | - | {p50:.2} ms | {p99:.2} ms |", fires as f64 / 10.0);
         if let Some(v) = apscheduler("every-second", 1000, 10) {
@@ -386,22 +433,94 @@ fn main() {
 
       }
         println!("\n### A burst of manual triggers of a 3-task DAG of no-op tasks (durable on SQLite)\n");
-        let dir = tempfile::tempdir().unwrap();
-        let (handle, probe, shutdown) = engine(&dir, 256).await;
-        apply(&handle, std::iter::once(job("dag".into(), None, vec![task("a", &[]), task("b", &["a"]), task("c", &["b"])]))).await;
-        let triggers = 10_000;
-        let t = Instant::now();
-        let mut set = tokio::task::JoinSet::new();
-        for _ in 0..triggers {
-            let h = handle.clone();
-            set.spawn(async move { h.trigger("bench", "dag", BTreeMap::new()).await.unwrap() });
-        }
-        while set.join_next().await.is_some() {}
-        while probe.attempts.load(Ordering::Relaxed) < 3 * triggers {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let secs = t.elapsed().as_secs_f64();
+        let (triggers, secs) = burst(Instruments::default()).await;
         println!("{triggers} runs, {} attempts in {secs:.2} s: {:.0} runs/s, {:.0} attempts completed/s", 3 * triggers, triggers as f64 / secs, 3.0 * triggers as f64 / secs);
-        shutdown.cancel();
     });
+}
+
+/// 1,000 schedules firing every second, one no-op task each, for 10 s.
+async fn every_second(instruments: Instruments) -> Row {
+    let dir = tempfile::tempdir().unwrap();
+    let (handle, probe, shutdown) = engine_with(dir.path(), 256, instruments).await;
+    apply(
+        &handle,
+        (0..1000).map(|i| {
+            job(
+                format!("s{i}"),
+                Some("* * * * * *".into()),
+                vec![task("a", &[])],
+            )
+        }),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let row = measure(&probe, 10).await;
+    shutdown.cancel();
+    row
+}
+
+/// 10,000 manual triggers at once of a 3-task DAG of no-op tasks: the
+/// runs, and the seconds until their 30,000 attempts have completed.
+async fn burst(instruments: Instruments) -> (u64, f64) {
+    let dir = tempfile::tempdir().unwrap();
+    let (handle, probe, shutdown) = engine_with(dir.path(), 256, instruments).await;
+    apply(
+        &handle,
+        std::iter::once(job(
+            "dag".into(),
+            None,
+            vec![task("a", &[]), task("b", &["a"]), task("c", &["b"])],
+        )),
+    )
+    .await;
+    let triggers = 10_000;
+    let t = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..triggers {
+        let h = handle.clone();
+        set.spawn(async move { h.trigger("bench", "dag", BTreeMap::new()).await.unwrap() });
+    }
+    while set.join_next().await.is_some() {}
+    while probe.attempts.load(Ordering::Relaxed) < 3 * triggers {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    shutdown.cancel();
+    (triggers, secs)
+}
+
+/// Fires/s and lateness of 1,000 every-second schedules (10 s), then a
+/// burst of 10,000 triggers of a 3-task DAG, with metrics and traces off
+/// and on, twice each in turns, in one sitting.
+async fn instruments() {
+    println!(
+        "\n### The cost of metrics and traces (1,000 every-second schedules for 10 s; a burst of 10,000 runs of a 3-task DAG)\n"
+    );
+    println!("| round | instruments | fires/s | p50 lateness | p99 lateness | burst attempts/s |");
+    println!("|---|---|---|---|---|---|");
+    let variants = [
+        Instruments::default(),
+        Instruments {
+            metrics: true,
+            traces: false,
+        },
+        Instruments {
+            metrics: true,
+            traces: true,
+        },
+    ];
+    for round in 1..=2 {
+        for instruments in variants {
+            let row = every_second(instruments).await;
+            let (triggers, secs) = burst(instruments).await;
+            let burst = 3.0 * triggers as f64 / secs;
+            println!(
+                "| {round} | {} | {:.0} | {:.2} ms | {:.2} ms | {burst:.0} |",
+                instruments.name(),
+                row.fires as f64 / row.secs,
+                row.p50,
+                row.p99
+            );
+        }
+    }
 }
