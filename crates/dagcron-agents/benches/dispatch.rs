@@ -43,7 +43,7 @@ fn attempt(n: u64, report: Report, start_at: Option<jiff::Timestamp>) -> RemoteT
         max_output: 1024,
         cancel: CancellationToken::new(),
         live: None,
-        report: Box::new(move |o| {
+        report: Box::new(move |o, _| {
             let _ = report.send((n, Instant::now(), o.start_error_us));
         }),
     }

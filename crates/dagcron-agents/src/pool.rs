@@ -176,7 +176,7 @@ impl State {
                 break;
             };
             if task.cancel.is_cancelled() {
-                outs.report(task, cancelled_outcome());
+                outs.report(task, cancelled_outcome(), None);
                 continue;
             }
             let best = self
@@ -330,7 +330,7 @@ impl State {
             }
             if gone {
                 let lost = convert::lost("the agent running this attempt stopped");
-                outs.report(inflight.task, lost);
+                outs.report(inflight.task, lost, Some(inflight.agent));
             } else if cancelled {
                 outs.report(inflight.task, dagcron_exec::Outcome {
                     error: Some(
@@ -338,7 +338,7 @@ impl State {
                             .into(),
                     ),
                     ..cancelled_outcome()
-                });
+                }, Some(inflight.agent));
             } else {
                 tracing::info!(run = inflight.task.ctx.run_id, task = %inflight.task.ctx.task_id, "assignment not accepted in time; trying another agent");
                 let (ns, job) = (
@@ -395,7 +395,7 @@ impl State {
         if inflight.task.start_at.is_some() {
             outcome.start_error_us = Some(result.start_error_us);
         }
-        outs.report(inflight.task, outcome);
+        outs.report(inflight.task, outcome, Some(inflight.agent));
     }
 
     fn on_message(&mut self, session: u64, msg: v1::AgentMessage, at: Moment, outs: &mut Outs) {
@@ -516,8 +516,9 @@ pub(crate) struct Outs(Vec<Out>);
 enum Out {
     Send(Tx, Box<v1::ServerMessage>),
     Report(
-        Box<dyn FnOnce(dagcron_exec::Outcome) + Send>,
+        dagcron_runtime::Report,
         dagcron_exec::Outcome,
+        Option<String>,
     ),
 }
 
@@ -527,8 +528,9 @@ impl Outs {
             .push(Out::Send(tx.clone(), Box::new(message(at, body))));
     }
 
-    fn report(&mut self, task: RemoteTask, outcome: dagcron_exec::Outcome) {
-        self.0.push(Out::Report(task.report, outcome));
+    /// Reports `outcome` of `task`, run by `agent` (none: no agent took it).
+    fn report(&mut self, task: RemoteTask, outcome: dagcron_exec::Outcome, agent: Option<String>) {
+        self.0.push(Out::Report(task.report, outcome, agent));
     }
 
     fn carry_out(self) {
@@ -537,7 +539,7 @@ impl Outs {
                 Out::Send(tx, msg) => {
                     let _ = tx.send(Ok(*msg));
                 }
-                Out::Report(report, outcome) => report(outcome),
+                Out::Report(report, outcome, agent) => report(outcome, agent),
             }
         }
     }
@@ -881,7 +883,9 @@ mod tests {
     use super::*;
     use dagcron_exec::AttemptContext;
 
-    fn task(report: impl FnOnce(dagcron_exec::Outcome) + Send + 'static) -> RemoteTask {
+    fn task(
+        report: impl FnOnce(dagcron_exec::Outcome, Option<String>) + Send + 'static,
+    ) -> RemoteTask {
         RemoteTask {
             ctx: AttemptContext {
                 namespace: "ns".into(),
@@ -944,7 +948,7 @@ mod tests {
         let r = reported.clone();
         state
             .waiting
-            .push_back("ns", "j", task(move |o| *r.lock().unwrap() = Some(o)));
+            .push_back("ns", "j", task(move |o, _| *r.lock().unwrap() = Some(o)));
         let mut outs = Outs::default();
         state.assign(t0, &mut outs);
         assert!(rx.try_recv().is_err(), "nothing sent before carrying out");
@@ -1004,7 +1008,7 @@ mod tests {
         });
         let (done, seen) = std::sync::mpsc::channel();
         let asks = pool.clone();
-        let cancelled = task(move |o| {
+        let cancelled = task(move |o, _| {
             // Locks the pool: possible only once its lock is released.
             let _ = done.send((o.ending, asks.waiting()));
         });

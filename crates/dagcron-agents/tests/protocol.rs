@@ -75,7 +75,7 @@ fn task(script: &str, report: oneshot::Sender<Outcome>) -> RemoteTask {
         max_output: 1 << 16,
         cancel: CancellationToken::new(),
         live: None,
-        report: Box::new(move |o| {
+        report: Box::new(move |o, _| {
             let _ = report.send(o);
         }),
     }

@@ -12,6 +12,6 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{ClusterConfig, ClusterHandle, Coordinator, LocalStatus};
 pub use engine::{
     Engine, EngineConfig, EngineError, EngineEvent, EngineHandle, Lease, NodeIdentity, Observer,
-    Ownership, Remote, RemoteTask, RemoteWorkers, Resolved, SecretSource, Secrets,
+    Ownership, Remote, RemoteTask, RemoteWorkers, Report, Resolved, SecretSource, Secrets,
 };
 pub use metrics::{EngineGauges, EngineMetrics};

@@ -11,7 +11,8 @@
 //! series of their own; the fires of any job beyond that are counted in its
 //! namespace's series `job="_other"` (no job's name starts with `_`), and
 //! such a job has no next-fire, last-success or period gauge. A deleted job
-//! gives its place back. So a million jobs never make a million series.
+//! gives its place back to the next new job. So a million jobs never make a
+//! million series.
 //!
 //! A job's fire counters start at zero for every outcome when it gets its
 //! series, so that `increase()` sees its first missed or skipped fire.
@@ -255,7 +256,8 @@ impl EngineMetrics {
     }
 
     /// The label of `key`'s series: its own while there is room (it takes
-    /// a place if it has none), or its namespace's [`OTHER_JOBS`].
+    /// a place if it has none, its fire counters made at zero), or its
+    /// namespace's [`OTHER_JOBS`].
     fn label(&self, key: &Arc<JobKey>) -> (JobLabel, bool) {
         let mut places = self.places.lock().expect("metrics lock");
         if places.own.contains(key) {
@@ -263,55 +265,58 @@ impl EngineMetrics {
         }
         if places.own.len() < places.max {
             places.own.insert(key.clone());
-            self.zero_fires(&JobLabel(key.clone()));
             return (JobLabel(key.clone()), true);
         }
-        if let Some(other) = places.namespaces.get(&key.0) {
-            return (JobLabel(other.clone()), false);
-        }
-        let other = Arc::new((key.0.clone(), OTHER_JOBS.to_string()));
-        places.namespaces.insert(key.0.clone(), other.clone());
-        self.zero_fires(&JobLabel(other.clone()));
-        (JobLabel(other), false)
+        let other = places
+            .namespaces
+            .entry(key.0.clone())
+            .or_insert_with(|| Arc::new((key.0.clone(), OTHER_JOBS.to_string())));
+        (JobLabel(other.clone()), false)
     }
 
-    /// Makes the fire counters of `label` for every outcome, at zero.
-    fn zero_fires(&self, label: &JobLabel) {
-        for outcome in FireOutcome::ALL {
-            let _ =
-                self.fires
-                    .get_or_create(&With::one(label.clone(), "outcome", outcome.as_str()));
+    /// The handles on `key`'s series, taken once and kept with the job so
+    /// that counting a fire is an atomic addition, not a lookup.
+    pub fn job(&self, key: &Arc<JobKey>) -> JobSeries {
+        let (label, own) = self.label(key);
+        let fires = FireOutcome::ALL.map(|outcome| {
+            self.fires
+                .get_or_create_owned(&With::one(label.clone(), "outcome", outcome.as_str()))
+        });
+        JobSeries {
+            lateness: self.lateness.get_or_create_owned(&Namespace(key.clone())),
+            label,
+            own,
+            fires,
+            next_fire: None,
         }
     }
 
     /// A fire recorded in the ledger; `lateness` for a run made on time.
-    pub fn fire(&self, key: &Arc<JobKey>, outcome: FireOutcome, lateness: Option<f64>) {
-        let (label, _) = self.label(key);
-        self.fires
-            .get_or_create(&With::one(label, "outcome", outcome.as_str()))
-            .inc();
+    pub fn fire(&self, series: &JobSeries, outcome: FireOutcome, lateness: Option<f64>) {
+        series.fires[outcome as usize].inc();
         if let Some(seconds) = lateness {
-            self.lateness
-                .get_or_create(&Namespace(key.clone()))
-                .observe(seconds.max(0.0));
+            series.lateness.observe(seconds.max(0.0));
         }
     }
 
     /// The job's next fire (none: it has none, is paused or is not this
     /// node's), and the time from its last fire to it.
-    pub fn next_fire(&self, key: &Arc<JobKey>, at: Option<Timestamp>, period: Option<f64>) {
+    pub fn next_fire(&self, series: &mut JobSeries, at: Option<Timestamp>, period: Option<f64>) {
+        if !series.own {
+            return;
+        }
         let Some(at) = at else {
-            if self.places.lock().expect("metrics lock").own.contains(key) {
-                self.next_fire.remove(&JobLabel(key.clone()));
+            if series.next_fire.take().is_some() {
+                self.next_fire.remove(&series.label);
             }
             return;
         };
-        let (label, own) = self.label(key);
-        if own {
-            self.next_fire.get_or_create(&label).set(unix(at));
-            if let Some(p) = period {
-                self.period.get_or_create(&label).set(p);
-            }
+        series
+            .next_fire
+            .get_or_insert_with(|| self.next_fire.get_or_create_owned(&series.label))
+            .set(unix(at));
+        if let Some(p) = period {
+            self.period.get_or_create(&series.label).set(p);
         }
     }
 
@@ -378,6 +383,19 @@ impl EngineMetrics {
         self.last_success.remove(&label);
         self.period.remove(&label);
     }
+}
+
+/// A job's handles on its series (see [`EngineMetrics::job`]).
+#[derive(Debug)]
+pub struct JobSeries {
+    label: JobLabel,
+    /// Its own series, or its namespace's [`OTHER_JOBS`].
+    own: bool,
+    /// By outcome, in the order of [`FireOutcome::ALL`].
+    fires: [Counter; 5],
+    lateness: Histogram,
+    /// While the gauge is exported.
+    next_fire: Option<Gauge<f64, AtomicU64>>,
 }
 
 /// Unix time in seconds.

@@ -1228,8 +1228,10 @@ async fn per_job_series_collapse_into_the_namespace_past_the_bound() {
         h.sample("dagcron_job_period_seconds{namespace=\"t\",job=\"a\"}"),
         10.0
     );
-    // Deleting a job frees its place: the next job seen takes it.
+    // Deleting a job frees its place: the next job seen takes it (a job
+    // counted in its namespace stays there, so that no series jumps).
     h.handle.delete("t", "a").await.unwrap();
+    h.apply("namespace: t\njobs:\n  - { name: d, schedule: '*/10 * * * * *', tasks: [{ id: x, noop: true }] }\n").await;
     h.clock.advance(SignedDuration::from_secs(10));
     h.until("the next fires", async |s| {
         s.last_fires()
@@ -1245,9 +1247,10 @@ async fn per_job_series_collapse_into_the_namespace_past_the_bound() {
             fired("job=\"a\","),
             fired("job=\"b\","),
             fired("job=\"c\","),
+            fired("job=\"d\","),
             fired("job=\"_other\",")
         ],
-        [0.0, 2.0, 1.0, 1.0]
+        [0.0, 2.0, 0.0, 1.0, 2.0]
     );
     h.stop().await;
 }

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{InProcess, Server, setup};
+use common::{InProcess, Killed, Server, join_token, setup};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -308,13 +308,35 @@ fn a_run_s_trace_reaches_its_tasks_and_the_receiver() {
     );
     let out = dir.path().join("out");
     std::fs::create_dir(&out).unwrap();
+    // Task b runs on a remote agent.
+    let token = join_token(&server, None, None);
+    let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
+    let _agent = Killed(
+        Command::new(env!("CARGO_BIN_EXE_dagcron"))
+            .args(["worker", "--server", &server.url, "--id", "tracer"])
+            .args(["--labels", "role=tracer", "--token", &token])
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !server.get("/api/v1/workers")["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|w| w["id"] == "tracer" && w["connected"] == true)
+    {
+        assert!(Instant::now() < deadline, "the agent did not connect");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let job = format!(
         concat!(
             "namespace: e2e\njobs:\n  - name: traced\n",
             "    retry: {{ max_attempts: 2, initial: 1s }}\n",
             "    tasks:\n",
             "      - {{ id: a, shell: 'echo \"$TRACEPARENT\" >> {out}/a-$DAGCRON_RUN_ID; test \"$DAGCRON_ATTEMPT\" -ge 2' }}\n",
-            "      - {{ id: b, depends_on: [a], shell: 'echo \"$TRACEPARENT\" > {out}/b-$DAGCRON_RUN_ID' }}\n",
+            "      - {{ id: b, depends_on: [a], run_on: {{ labels: {{ role: tracer }} }}, shell: 'echo \"$TRACEPARENT\" > {out}/b-$DAGCRON_RUN_ID' }}\n",
         ),
         out = out.display()
     );
@@ -375,7 +397,11 @@ fn a_run_s_trace_reaches_its_tasks_and_the_receiver() {
             (
                 attribute(s, "cicd.pipeline.task.name"),
                 attribute(s, "dagcron.attempt"),
-                attribute(s, "cicd.pipeline.task.run.result"),
+                format!(
+                    "{} {}",
+                    attribute(s, "cicd.pipeline.task.run.result"),
+                    attribute(s, "dagcron.agent")
+                ),
                 hex(&s.span_id),
             )
         })
@@ -388,9 +414,9 @@ fn a_run_s_trace_reaches_its_tasks_and_the_receiver() {
     assert_eq!(
         results,
         [
-            ("a", "1", "failure"),
-            ("a", "2", "success"),
-            ("b", "1", "success")
+            ("a", "1", "failure "),
+            ("a", "2", "success "),
+            ("b", "1", "success tracer")
         ]
     );
     // Each task saw its attempt's span as its parent, in the run's trace.

@@ -71,6 +71,7 @@ impl<S: Store> Engine<S> {
                 outcome,
                 at: self.clock.now(),
                 remote,
+                agent: None,
             });
             return;
         }
@@ -89,7 +90,7 @@ impl<S: Store> Engine<S> {
             .insert(key.clone(), live.clone());
         let lives = self.live.clone();
         // The outcome goes back to the engine; the live log is done.
-        let finish = move |outcome| {
+        let finish = move |outcome, agent| {
             lives.lock().expect("live logs lock").remove(&key);
             let _ = tx.send(Finished {
                 run: run_id,
@@ -98,16 +99,17 @@ impl<S: Store> Engine<S> {
                 outcome,
                 at: clock.now(),
                 remote,
+                agent,
             });
         };
         if let Some(run_on) = &spec.run_on {
             let followed = live.clone();
-            let report = move |outcome| {
+            let report = move |outcome, agent| {
                 followed.finish();
-                finish(outcome);
+                finish(outcome, agent);
             };
             let Some(remote) = self.config.remote.clone() else {
-                report(failed("this server takes no remote agents".into()));
+                report(failed("this server takes no remote agents".into()), None);
                 return;
             };
             let mut task = RemoteTask {
@@ -133,7 +135,7 @@ impl<S: Store> Engine<S> {
                         task.ctx.secrets = values;
                         remote.0.submit(task);
                     }
-                    Err(error) => (task.report)(failed(error)),
+                    Err(error) => (task.report)(failed(error), None),
                 }
             });
             return;
@@ -173,7 +175,7 @@ impl<S: Store> Engine<S> {
                     start_error_us: None,
                 }
             });
-            finish(outcome);
+            finish(outcome, None);
         });
     }
 
@@ -298,6 +300,7 @@ impl<S: Store> Engine<S> {
             number,
             outcome,
             at,
+            agent,
             ..
         } = done;
         if let Some(foreign) = self.foreign.remove(&(id, i)) {
@@ -321,6 +324,7 @@ impl<S: Store> Engine<S> {
                     number: foreign.number,
                     ready: None,
                     started: foreign.started,
+                    agent: agent.as_deref(),
                 };
                 spans::attempt(tracing, trace, attempt, at, to, outcome.error.as_deref());
             }
@@ -342,6 +346,7 @@ impl<S: Store> Engine<S> {
             return;
         };
         run.tokens[i] = None;
+        run.times[i].agent = agent;
         if self.killing {
             // Killed at shutdown: lost, and its task left for the recovery
             // after the restart (retried or failed by the delivery policy).

@@ -66,15 +66,14 @@ impl<S: Store> Engine<S> {
     /// Sets a job's paused state in memory; returns what it was. Its armed
     /// timers no longer stand.
     pub(super) fn pause_in_memory(&mut self, key: &JobKey, paused: bool) -> Option<bool> {
-        let key = self.jobs.get_key_value(key)?.0.clone();
-        let entry = self.jobs.get_mut(&*key)?;
+        let entry = self.jobs.get_mut(key)?;
         let was = entry.paused;
         entry.paused = paused;
         entry.generation += 1;
         if paused {
             entry.job = None;
-            if let Some(m) = &self.config.metrics {
-                m.next_fire(&key, None, None);
+            if let (Some(m), Some(series)) = (&self.config.metrics, entry.series.as_deref_mut()) {
+                m.next_fire(series, None, None);
             }
         }
         Some(was)
@@ -108,8 +107,10 @@ impl<S: Store> Engine<S> {
                 entry.generation += 1;
                 if !now_owned {
                     entry.job = None;
-                    if let Some(m) = &self.config.metrics {
-                        m.next_fire(key, None, None);
+                    if let (Some(m), Some(series)) =
+                        (&self.config.metrics, entry.series.as_deref_mut())
+                    {
+                        m.next_fire(series, None, None);
                     }
                 } else if !entry.paused {
                     gained.push(((**key).clone(), entry.generation));
@@ -236,7 +237,11 @@ impl<S: Store> Engine<S> {
                 .zip(entry.last_fire)
                 .filter(|(next, last)| last < next)
                 .map(|(next, last)| next.duration_since(last).as_secs_f64());
-            m.next_fire(&key, next, period);
+            // A job without a next fire takes no place for its series.
+            if next.is_some() || entry.series.is_some() {
+                let series = entry.series.get_or_insert_with(|| Box::new(m.job(&key)));
+                m.next_fire(series, next, period);
+            }
         }
         match plan {
             Arming::Nothing => entry.job = None,

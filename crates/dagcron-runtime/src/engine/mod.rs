@@ -201,8 +201,12 @@ pub struct RemoteTask {
     /// none: at once.
     pub start_at: Option<Timestamp>,
     /// Called once, with the outcome.
-    pub report: Box<dyn FnOnce(Outcome) + Send>,
+    pub report: Report,
 }
+
+/// Takes a remote attempt's outcome, and the id of the agent that ran it
+/// (none: no agent took it).
+pub type Report = Box<dyn FnOnce(Outcome, Option<String>) + Send>;
 
 /// Remote worker agents: they take attempts and report their outcomes.
 pub trait Remote: Send + Sync + 'static {
@@ -434,6 +438,8 @@ struct JobEntry {
     owned: bool,
     /// When its spec was last applied (where catch-up starts if it never fired).
     applied_at: Timestamp,
+    /// Its metric series, once it has fired or armed a fire here.
+    series: Option<Box<crate::metrics::JobSeries>>,
 }
 
 impl JobEntry {
@@ -456,6 +462,7 @@ impl JobEntry {
             queued: VecDeque::new(),
             owned,
             applied_at,
+            series: None,
         })
     }
 }
@@ -482,10 +489,12 @@ struct RunEntry {
 
 /// When a task of a run last became ready, and when its current attempt
 /// started here (for queue wait and traces).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct TaskTimes {
     ready: Option<Timestamp>,
     started: Option<Timestamp>,
+    /// The remote agent its attempt that ended ran on.
+    agent: Option<String>,
 }
 
 enum Timer {
@@ -539,6 +548,8 @@ struct Finished {
     at: Timestamp,
     /// Run by a remote agent (not in this process's pool).
     remote: bool,
+    /// The agent that ran it.
+    agent: Option<String>,
 }
 
 /// Tasks ready to start: for this process's pool, and for remote agents

@@ -94,7 +94,10 @@ impl<S: Store> Engine<S> {
                 .as_ref()
                 .filter(|r| outcome == FireOutcome::Fired && r.trigger == Trigger::Schedule)
                 .map(|r| r.created_at.duration_since(at).as_secs_f64());
-            m.fire(key, outcome, lateness);
+            let key = key.clone();
+            let entry = self.jobs.get_mut(&*key).expect("job");
+            let series = entry.series.get_or_insert_with(|| Box::new(m.job(&key)));
+            m.fire(series, outcome, lateness);
         }
         self.writes.push(Write::Fire {
             namespace: key.0.clone(),
@@ -293,7 +296,7 @@ impl<S: Store> Engine<S> {
                     m.attempt_ended(&run.key, job.tasks[task].executor.kind(), to);
                 }
                 if let (Some(tracing), Some(trace)) = (&self.config.tracing, &run.trace) {
-                    let times = run.times[task];
+                    let times = &run.times[task];
                     spans::attempt(
                         tracing,
                         trace,
@@ -306,13 +309,16 @@ impl<S: Store> Engine<S> {
                             number,
                             ready: times.ready,
                             started: times.started.unwrap_or(now),
+                            agent: times.agent.as_deref(),
                         },
                         now,
                         to,
                         o.error.as_deref(),
                     );
                 }
-                self.runs.get_mut(&id).expect("run").times[task].started = None;
+                let times = &mut self.runs.get_mut(&id).expect("run").times[task];
+                times.started = None;
+                times.agent = None;
                 self.writes.push(Write::AttemptEnd {
                     run: id,
                     task: name(task),

@@ -14,6 +14,8 @@ pub(super) struct Attempt<'a> {
     /// When its task became ready (an event: the queue wait ends at the start).
     pub(super) ready: Option<Timestamp>,
     pub(super) started: Timestamp,
+    /// The remote agent it ran on.
+    pub(super) agent: Option<&'a str>,
 }
 
 /// The result of a task run in the OpenTelemetry CI/CD vocabulary.
@@ -62,6 +64,27 @@ pub(super) fn attempt(
         });
     }
     let failed = state != AttemptState::Succeeded;
+    let mut attributes = vec![
+        ("cicd.pipeline.name", a.key.1.as_str().into()),
+        ("cicd.pipeline.run.id", a.run.to_string().into()),
+        ("cicd.pipeline.task.name", a.task.into()),
+        (
+            "cicd.pipeline.task.run.id",
+            format!("{}/{}/{}", a.run, a.task, a.number).into(),
+        ),
+        (
+            "cicd.pipeline.task.run.result",
+            attempt_result(state).into(),
+        ),
+        ("dagcron.namespace", a.key.0.as_str().into()),
+        ("dagcron.scheduled_at", a.scheduled_at.to_string().into()),
+        ("dagcron.attempt", i64::from(a.number).into()),
+        ("dagcron.executor", a.executor.into()),
+        ("dagcron.node", tracing.node.as_str().into()),
+    ];
+    if let Some(agent) = a.agent {
+        attributes.push(("dagcron.agent", agent.into()));
+    }
     tracing.sink.export(Span {
         trace_id: trace.trace_id,
         span_id: trace.attempt_span(a.task, a.number),
@@ -71,24 +94,7 @@ pub(super) fn attempt(
         name: a.task.to_string(),
         start: a.started,
         end: end.max(a.started),
-        attributes: vec![
-            ("cicd.pipeline.name", a.key.1.as_str().into()),
-            ("cicd.pipeline.run.id", a.run.to_string().into()),
-            ("cicd.pipeline.task.name", a.task.into()),
-            (
-                "cicd.pipeline.task.run.id",
-                format!("{}/{}/{}", a.run, a.task, a.number).into(),
-            ),
-            (
-                "cicd.pipeline.task.run.result",
-                attempt_result(state).into(),
-            ),
-            ("dagcron.namespace", a.key.0.as_str().into()),
-            ("dagcron.scheduled_at", a.scheduled_at.to_string().into()),
-            ("dagcron.attempt", i64::from(a.number).into()),
-            ("dagcron.executor", a.executor.into()),
-            ("dagcron.node", tracing.node.as_str().into()),
-        ],
+        attributes,
         events,
         error: failed.then(|| error.unwrap_or(state.as_str()).to_string()),
     });
