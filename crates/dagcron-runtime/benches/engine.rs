@@ -491,7 +491,7 @@ async fn burst(instruments: Instruments) -> (u64, f64) {
 
 /// Fires/s and lateness of 1,000 every-second schedules (10 s), then a
 /// burst of 10,000 triggers of a 3-task DAG, with metrics and traces off
-/// and on, twice each in turns, in one sitting.
+/// and on, three times each in turns, in one sitting.
 async fn instruments() {
     println!(
         "\n### The cost of metrics and traces (1,000 every-second schedules for 10 s; a burst of 10,000 runs of a 3-task DAG)\n"
@@ -509,7 +509,7 @@ async fn instruments() {
             traces: true,
         },
     ];
-    for round in 1..=2 {
+    for round in 1..=3 {
         for instruments in variants {
             let row = every_second(instruments).await;
             let (triggers, secs) = burst(instruments).await;

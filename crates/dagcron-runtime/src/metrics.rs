@@ -288,6 +288,7 @@ impl EngineMetrics {
             own,
             fires,
             next_fire: None,
+            period: None,
         }
     }
 
@@ -316,7 +317,10 @@ impl EngineMetrics {
             .get_or_insert_with(|| self.next_fire.get_or_create_owned(&series.label))
             .set(unix(at));
         if let Some(p) = period {
-            self.period.get_or_create(&series.label).set(p);
+            series
+                .period
+                .get_or_insert_with(|| self.period.get_or_create_owned(&series.label))
+                .set(p);
         }
     }
 
@@ -396,6 +400,7 @@ pub struct JobSeries {
     lateness: Histogram,
     /// While the gauge is exported.
     next_fire: Option<Gauge<f64, AtomicU64>>,
+    period: Option<Gauge<f64, AtomicU64>>,
 }
 
 /// Unix time in seconds.

@@ -859,19 +859,7 @@ fn the_trace_context_goes_with_the_task_to_its_agent() {
     let (status, body) = server.post("/api/v1/apply", yaml, "application/yaml");
     assert_eq!(status, 200, "{body}");
     let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-    let triggered = server
-        .http()
-        .post(format!(
-            "{}/api/v1/namespaces/a/jobs/traced/trigger",
-            server.url
-        ))
-        .header("traceparent", traceparent)
-        .header("tracestate", "congo=t61rcWkgMzE")
-        .body("{}")
-        .send()
-        .unwrap();
-    assert_eq!(triggered.status(), 201);
-    let id = triggered.json::<Value>().unwrap()["id"].as_i64().unwrap();
+    let id = server.trigger_traced("traced", traceparent, "congo=t61rcWkgMzE");
     server.wait_run(id, "succeeded");
     assert_eq!(
         std::fs::read_to_string(agent.dir.join("seen")).unwrap(),

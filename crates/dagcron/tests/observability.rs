@@ -345,21 +345,11 @@ fn a_run_s_trace_reaches_its_tasks_and_the_receiver() {
 
     let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let caller_span = "00f067aa0ba902b7";
-    let triggered = server
-        .http()
-        .post(format!(
-            "{}/api/v1/namespaces/e2e/jobs/traced/trigger",
-            server.url
-        ))
-        .header("traceparent", format!("00-{caller_trace}-{caller_span}-01"))
-        .header("tracestate", "vendor=x")
-        .body("{}")
-        .send()
-        .unwrap();
-    assert_eq!(triggered.status(), 201);
-    let run = triggered.json::<serde_json::Value>().unwrap()["id"]
-        .as_i64()
-        .unwrap();
+    let run = server.trigger_traced(
+        "traced",
+        &format!("00-{caller_trace}-{caller_span}-01"),
+        "vendor=x",
+    );
     server.wait_run(run, "succeeded");
 
     let spans = received.trace(caller_trace, 4);

@@ -88,16 +88,21 @@ impl<S: Store> Engine<S> {
         outcome: FireOutcome,
         run: Option<NewRun>,
     ) {
-        if let (Some(m), Some((key, _))) = (&self.config.metrics, self.jobs.get_key_value(key)) {
+        if let Some(m) = &self.config.metrics {
             // Lateness of the fires made on time, not of those caught up.
             let lateness = run
                 .as_ref()
                 .filter(|r| outcome == FireOutcome::Fired && r.trigger == Trigger::Schedule)
                 .map(|r| r.created_at.duration_since(at).as_secs_f64());
-            let key = key.clone();
-            let entry = self.jobs.get_mut(&*key).expect("job");
-            let series = entry.series.get_or_insert_with(|| Box::new(m.job(&key)));
-            m.fire(series, outcome, lateness);
+            if let Some(series) = self.jobs.get(key).and_then(|e| e.series.as_deref()) {
+                m.fire(series, outcome, lateness);
+            } else if let Some((key, _)) = self.jobs.get_key_value(key) {
+                // The job's first fire or arming here takes its series.
+                let series = Box::new(m.job(key));
+                m.fire(&series, outcome, lateness);
+                let key = key.clone();
+                self.jobs.get_mut(&*key).expect("job").series = Some(series);
+            }
         }
         self.writes.push(Write::Fire {
             namespace: key.0.clone(),

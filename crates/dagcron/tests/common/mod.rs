@@ -335,6 +335,24 @@ impl Api {
         run["id"].as_i64().unwrap()
     }
 
+    /// Triggers `job` of this server's namespace as a caller that sends its
+    /// W3C trace context; returns the run's id.
+    pub fn trigger_traced(&self, job: &str, traceparent: &str, tracestate: &str) -> i64 {
+        let triggered = self
+            .http()
+            .post(format!(
+                "{}/api/v1/namespaces/{}/jobs/{job}/trigger",
+                self.url, self.namespace
+            ))
+            .header("traceparent", traceparent)
+            .header("tracestate", tracestate)
+            .body("{}")
+            .send()
+            .unwrap();
+        assert_eq!(triggered.status(), 201);
+        triggered.json::<Value>().unwrap()["id"].as_i64().unwrap()
+    }
+
     /// Waits (bounded) until run `id` is in `state`; returns the run.
     pub fn wait_run(&self, id: i64, state: &str) -> Value {
         let deadline = Instant::now() + Duration::from_secs(60);
