@@ -300,30 +300,27 @@ impl<S: Store> Engine<S> {
                 if let Some(m) = &self.config.metrics {
                     m.attempt_ended(&run.key, job.tasks[task].executor.kind(), to);
                 }
+                let run = self.runs.get_mut(&id).expect("run");
+                let times = std::mem::take(&mut run.times[task]);
+                run.times[task].ready = times.ready;
                 if let (Some(tracing), Some(trace)) = (&self.config.tracing, &run.trace) {
-                    let times = &run.times[task];
-                    spans::attempt(
-                        tracing,
-                        trace,
-                        spans::Attempt {
-                            key: &run.key,
-                            run: id,
-                            scheduled_at: run.scheduled_at,
-                            task: &job.tasks[task].id,
-                            executor: job.tasks[task].executor.kind(),
-                            number,
-                            ready: times.ready,
-                            started: times.started.unwrap_or(now),
-                            agent: times.agent.as_deref(),
-                        },
-                        now,
-                        to,
-                        o.error.as_deref(),
-                    );
+                    let ended = crate::trace::AttemptEnded {
+                        trace: trace.clone(),
+                        key: run.key.clone(),
+                        run: id,
+                        scheduled_at: run.scheduled_at,
+                        task: job.tasks[task].id.clone(),
+                        executor: job.tasks[task].executor.kind(),
+                        number,
+                        ready: times.ready,
+                        start: times.started.unwrap_or(now),
+                        end: now,
+                        state: to,
+                        error: o.error.clone(),
+                        agent: times.agent,
+                    };
+                    spans::attempt(tracing, ended);
                 }
-                let times = &mut self.runs.get_mut(&id).expect("run").times[task];
-                times.started = None;
-                times.agent = None;
                 self.writes.push(Write::AttemptEnd {
                     run: id,
                     task: name(task),
