@@ -8,6 +8,7 @@ pub mod audit;
 pub mod auth;
 mod error;
 mod metrics;
+mod operations;
 mod routes;
 pub mod schedules;
 pub mod secrets;

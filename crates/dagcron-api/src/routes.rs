@@ -32,7 +32,9 @@ use dagcron_core::authz::Need;
         resume, trigger, backfill, list_runs, list_fires, get_run, cancel, get_log,
         crate::tokens::create_token, crate::tokens::list_tokens, crate::tokens::revoke_token,
         crate::audit::list_audit, crate::schedules::hotspots, crate::secrets::put_secret, crate::secrets::list_secrets,
-        crate::secrets::delete_secret, crate::secrets::list_keys, crate::secrets::rotate_key
+        crate::secrets::delete_secret, crate::secrets::list_keys, crate::secrets::rotate_key,
+        crate::operations::get_read_only, crate::operations::put_read_only,
+        crate::operations::pause_all, crate::operations::resume_all
     ),
     components(schemas(ErrorBody)),
     modifiers(&BearerAuth),
@@ -86,6 +88,18 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
         .route("/api/v1/cluster", get(cluster::<S>))
         .route("/api/v1/workers", get(workers::<S>))
         .route("/api/v1/apply", post(apply::<S>))
+        .route(
+            "/api/v1/admin/read-only",
+            get(crate::operations::get_read_only::<S>).put(crate::operations::put_read_only::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/pause",
+            post(crate::operations::pause_all::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/resume",
+            post(crate::operations::resume_all::<S>),
+        )
         .route("/api/v1/namespaces/{ns}/jobs", get(list_jobs::<S>))
         .route(
             "/api/v1/namespaces/{ns}/jobs/{name}",
@@ -358,6 +372,7 @@ async fn apply<S: Store>(
             format!("this token may not apply jobs to namespace {ns}"),
         )
     })?;
+    crate::operations::refuse_when_read_only(&st).await?;
     let jobs = validate(&file)?;
     let results = st.engine.apply(jobs).await?;
     let jobs = results
@@ -464,6 +479,7 @@ async fn put_job<S: Store>(
     body: Bytes,
 ) -> Result<Json<JobAnswer>, ApiError> {
     who.allow(Need::Develop, Some(&ns), no_job(&ns, &name))?;
+    crate::operations::refuse_when_read_only(&st).await?;
     let spec: JobSpec = parse_body(&headers, &body)?;
     if spec.name != name {
         return Err(ApiError::bad_request(format!(
@@ -489,6 +505,7 @@ async fn delete_job<S: Store>(
     Path((ns, name)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     who.allow(Need::Develop, Some(&ns), no_job(&ns, &name))?;
+    crate::operations::refuse_when_read_only(&st).await?;
     st.engine.delete(&ns, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -547,6 +564,7 @@ async fn trigger<S: Store>(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     who.allow(Need::Operate, Some(&ns), no_job(&ns, &name))?;
+    crate::operations::refuse_when_read_only(&st).await?;
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let caller = header("traceparent")
         .and_then(|p| dagcron_runtime::trace::TraceParent::parse(p, header("tracestate")));
@@ -589,6 +607,7 @@ async fn backfill<S: Store>(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     who.allow(Need::Operate, Some(&ns), no_job(&ns, &name))?;
+    crate::operations::refuse_when_read_only(&st).await?;
     let body: BackfillBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected {{\"from\": RFC 3339, \"to\": RFC 3339}}: {e}"

@@ -631,7 +631,13 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
     use Role::*;
     Some(match (method, path) {
         ("get", "/healthz" | "/readyz" | "/api/v1/openapi.json") => Public,
-        ("get", "/api/v1/cluster" | "/api/v1/workers" | "/metrics") => Instance(Viewer),
+        ("get", "/api/v1/cluster" | "/api/v1/workers" | "/metrics" | "/api/v1/admin/read-only") => {
+            Instance(Viewer)
+        }
+        ("put", "/api/v1/admin/read-only") => Instance(Admin),
+        ("post", "/api/v1/namespaces/{ns}/pause" | "/api/v1/namespaces/{ns}/resume") => {
+            Namespace(Operator)
+        }
         ("post", "/api/v1/apply") => Namespace(Developer),
         ("get", "/api/v1/namespaces/{ns}/jobs") => Namespace(Viewer),
         ("get", "/api/v1/namespaces/{ns}/jobs/{name}") => Namespace(Viewer),
@@ -695,6 +701,7 @@ async fn every_route_is_guarded_for_every_role() {
             r#"{"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"}"#.into()
         }
         "/api/v1/tokens" => r#"{"name": "x", "role": "viewer", "namespace": "a"}"#.into(),
+        "/api/v1/admin/read-only" => r#"{"read_only": false}"#.into(),
         _ => "{}".into(),
     };
     let mut grants: Vec<Option<(Role, Option<&str>)>> = vec![None];
@@ -1018,4 +1025,136 @@ async fn readiness_checks_the_store_and_the_engine() {
         body["checks"][1],
         json!({"name": "engine", "ok": false, "problem": "the engine has stopped"})
     );
+}
+
+/// The read-only mode: stored (so every node obeys it), it refuses applies,
+/// edits, deletions, triggers and backfills with `503 read_only` and the
+/// reason, and changes nothing; pauses stay open; off, all works again.
+/// Bulk pause and resume change each job of the namespace once.
+#[tokio::test]
+async fn read_only_refuses_changes_and_pausing_a_namespace_pauses_its_jobs() {
+    let api = api().await;
+    let file = "namespace: a\njobs:\n  - { name: j, tasks: [{ id: t, noop: true }] }\n  - { name: k, tasks: [{ id: t, noop: true }] }\n";
+    let (status, _) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", file)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = api
+        .call(
+            Method::PUT,
+            "/api/v1/admin/read-only",
+            "application/json",
+            r#"{"read_only": true, "reason": "database migration"}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (&body["read_only"], &body["reason"]),
+        (&json!(true), &json!("database migration"))
+    );
+    assert!(
+        api.store.get_setting("read_only").await.unwrap().is_some(),
+        "stored, for every node"
+    );
+    let changed = "namespace: a\njobs:\n  - { name: j, tasks: [{ id: u, noop: true }] }\n";
+    for (method, uri, body) in [
+        (Method::POST, "/api/v1/apply", changed),
+        (
+            Method::PUT,
+            "/api/v1/namespaces/a/jobs/j",
+            r#"{"name": "j", "tasks": [{"id": "u", "noop": true}]}"#,
+        ),
+        (Method::DELETE, "/api/v1/namespaces/a/jobs/k", ""),
+        (Method::POST, "/api/v1/namespaces/a/jobs/j/trigger", "{}"),
+        (
+            Method::POST,
+            "/api/v1/namespaces/a/jobs/j/backfill",
+            r#"{"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"}"#,
+        ),
+    ] {
+        let kind = if uri.ends_with("/apply") {
+            "application/yaml"
+        } else {
+            "application/json"
+        };
+        let (status, answer) = api.call(method.clone(), uri, kind, body).await;
+        assert_eq!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{method} {uri}: {answer}"
+        );
+        assert_eq!(answer["error"]["code"], "read_only");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("database migration"),
+            "{answer}"
+        );
+    }
+    let (_, job) = api.get("/api/v1/namespaces/a/jobs/j").await;
+    assert_eq!(job["version"], 1, "nothing changed: {job}");
+    let (_, jobs) = api.get("/api/v1/namespaces/a/jobs").await;
+    assert_eq!(
+        jobs["items"].as_array().unwrap().len(),
+        2,
+        "nothing deleted"
+    );
+    // Pausing is how an operator calms things down: open, in bulk too.
+    let (status, answer) = api.post("/api/v1/namespaces/a/pause", "").await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        (&answer["changed"], &answer["unchanged"]),
+        (&json!(2), &json!(0))
+    );
+    let (_, answer) = api.post("/api/v1/namespaces/a/pause", "").await;
+    assert_eq!(
+        (&answer["changed"], &answer["unchanged"]),
+        (&json!(0), &json!(2))
+    );
+    let (_, jobs) = api.get("/api/v1/namespaces/a/jobs").await;
+    assert!(
+        jobs["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|j| j["paused"] == true)
+    );
+    // A reason too long, or with control characters, is refused.
+    for body in [
+        format!(r#"{{"read_only": true, "reason": "{}"}}"#, "x".repeat(501)),
+        r#"{"read_only": true, "reason": "a\u0007b"}"#.to_string(),
+        r#"{"read_only": "yes"}"#.to_string(),
+    ] {
+        let (status, _) = api
+            .call(
+                Method::PUT,
+                "/api/v1/admin/read-only",
+                "application/json",
+                &body,
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    }
+    // Off: changes go through again, and the jobs resume in bulk.
+    let (status, body) = api
+        .call(
+            Method::PUT,
+            "/api/v1/admin/read-only",
+            "application/json",
+            r#"{"read_only": false}"#,
+        )
+        .await;
+    assert_eq!(
+        (status, &body["read_only"]),
+        (StatusCode::OK, &json!(false))
+    );
+    let (status, _) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", changed)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, answer) = api.post("/api/v1/namespaces/a/resume", "").await;
+    assert_eq!(answer["changed"], 2);
+    let (_, status_now) = api.get("/api/v1/admin/read-only").await;
+    assert_eq!(status_now["read_only"], false);
 }

@@ -22,6 +22,7 @@ macro_rules! conformance_tests {
             tokens_are_found_by_their_hash_and_revoked,
             the_audit_log_is_one_chain,
             secrets_are_kept_per_namespace,
+            settings_are_set_replaced_and_cleared,
             a_fire_is_recorded_once,
             concurrent_fires_create_one_run,
             state_changes_are_compare_and_set,
@@ -257,6 +258,26 @@ pub async fn tokens_are_found_by_their_hash_and_revoked<S: Store>(s: &S) {
         (all[0].last_used_at, all[0].revoked_at),
         (Some(t(5)), Some(t(6)))
     );
+}
+
+/// A setting of the instance is set, replaced and cleared.
+pub async fn settings_are_set_replaced_and_cleared<S: Store>(s: &S) {
+    assert_eq!(s.get_setting("read_only").await.unwrap(), None);
+    s.set_setting("read_only", Some("{\"reason\":\"a\"}"), t(1))
+        .await
+        .unwrap();
+    s.set_setting("read_only", Some("{\"reason\":\"b\"}"), t(2))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.get_setting("read_only").await.unwrap().as_deref(),
+        Some("{\"reason\":\"b\"}")
+    );
+    assert_eq!(s.get_setting("other").await.unwrap(), None);
+    s.set_setting("read_only", None, t(3)).await.unwrap();
+    assert_eq!(s.get_setting("read_only").await.unwrap(), None);
+    // Clearing what is not set is no error.
+    s.set_setting("read_only", None, t(4)).await.unwrap();
 }
 
 /// A secret's value is replaced in place (a new version) and deleted; one

@@ -757,6 +757,17 @@ pub trait Store: Send + Sync + 'static {
         name: &str,
     ) -> impl Future<Output = Result<bool>> + Send;
 
+    /// A setting of the instance (such as the read-only mode), shared by
+    /// every node of a cluster; `None` if it is not set.
+    fn get_setting(&self, key: &str) -> impl Future<Output = Result<Option<String>>> + Send;
+    /// Sets a setting of the instance, or clears it (`None`).
+    fn set_setting(
+        &self,
+        key: &str,
+        value: Option<&str>,
+        at: Timestamp,
+    ) -> impl Future<Output = Result<()>> + Send;
+
     /// Appends a row to the audit log, chained after the last one (see
     /// [`AuditEntry::chain_after`]); appends take turns, so the chain has
     /// no fork.

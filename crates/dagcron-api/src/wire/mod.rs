@@ -8,6 +8,7 @@
 mod audit;
 mod cluster;
 mod jobs;
+mod operations;
 mod runs;
 mod schedules;
 mod secrets;
@@ -25,6 +26,7 @@ pub use jobs::{
     ApplyAnswer, ApplyItem, ApplyOutcome, BackfillAnswer, BackfillBody, JobAnswer, JobPage,
     TriggerBody,
 };
+pub use operations::{BulkPauseAnswer, ReadOnlyAnswer, ReadOnlyBody};
 pub use runs::{AttemptAnswer, FireAnswer, FirePage, RunAnswer, RunPage, TaskAnswer};
 pub use schedules::{HotJobAnswer, HotspotAnswer, HotspotReport};
 pub use secrets::{KeyUse, KeysAnswer, SecretAnswer, SecretBody, SecretList};

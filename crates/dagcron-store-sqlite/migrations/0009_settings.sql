@@ -1,0 +1,7 @@
+-- Settings of the instance that every node obeys (the read-only mode):
+-- a key, its value (JSON) and when it was last set.
+CREATE TABLE settings (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    updated_at BIGINT NOT NULL
+);
