@@ -90,19 +90,77 @@ pub enum Delivery {
     AtMostOnce,
 }
 
-/// When a task may start, given its upstream tasks' outcomes.
+/// When a task may start, given its upstream tasks' outcomes: Airflow's
+/// rules, with Airflow's semantics (see [`crate::dag::decide`] for what each
+/// does when it can no longer be met). "Failed" counts `failed` and
+/// `upstream_failed` upstream tasks alike unless a rule says otherwise.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TriggerRule {
     /// Every upstream task succeeded (a skipped upstream skips this task).
     #[default]
     AllSuccess,
+    /// Every upstream task failed.
+    AllFailed,
     /// Every upstream task finished, whatever its outcome.
     AllDone,
-    /// At least one upstream task failed (for failure handlers).
+    /// Every upstream task finished, none was skipped, and at least one
+    /// succeeded.
+    AllDoneMinOneSuccess,
+    /// Every upstream task was skipped.
+    AllSkipped,
+    /// At least one upstream task failed (for failure handlers); does not
+    /// wait for the others.
     OneFailed,
+    /// At least one upstream task succeeded; does not wait for the others.
+    OneSuccess,
+    /// At least one upstream task succeeded or failed (`upstream_failed`
+    /// does not count); does not wait for the others.
+    OneDone,
+    /// No upstream task failed: each succeeded or was skipped.
+    NoneFailed,
+    /// No upstream task failed, and at least one succeeded.
+    NoneFailedMinOneSuccess,
+    /// Every upstream task finished and none was skipped.
+    NoneSkipped,
     /// Starts without waiting for upstream tasks.
     Always,
+}
+
+impl TriggerRule {
+    /// Every rule.
+    pub const ALL: [TriggerRule; 12] = [
+        TriggerRule::AllSuccess,
+        TriggerRule::AllFailed,
+        TriggerRule::AllDone,
+        TriggerRule::AllDoneMinOneSuccess,
+        TriggerRule::AllSkipped,
+        TriggerRule::OneFailed,
+        TriggerRule::OneSuccess,
+        TriggerRule::OneDone,
+        TriggerRule::NoneFailed,
+        TriggerRule::NoneFailedMinOneSuccess,
+        TriggerRule::NoneSkipped,
+        TriggerRule::Always,
+    ];
+
+    /// The name written in job files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TriggerRule::AllSuccess => "all_success",
+            TriggerRule::AllFailed => "all_failed",
+            TriggerRule::AllDone => "all_done",
+            TriggerRule::AllDoneMinOneSuccess => "all_done_min_one_success",
+            TriggerRule::AllSkipped => "all_skipped",
+            TriggerRule::OneFailed => "one_failed",
+            TriggerRule::OneSuccess => "one_success",
+            TriggerRule::OneDone => "one_done",
+            TriggerRule::NoneFailed => "none_failed",
+            TriggerRule::NoneFailedMinOneSuccess => "none_failed_min_one_success",
+            TriggerRule::NoneSkipped => "none_skipped",
+            TriggerRule::Always => "always",
+        }
+    }
 }
 
 /// The daylight-saving gap policy, as written in job files.

@@ -147,7 +147,7 @@ mod props {
     fn task(ids: Vec<String>) -> impl Strategy<Value = String> {
         let max = ids.len().min(2);
         let deps = prop::sample::subsequence(ids, 0..=max);
-        (name(), deps, prop_oneof![Just("all_success"), Just("all_done"), Just("one_failed"), Just("always"), Just("bogus")], 0..4u8, prop_oneof![Just("5s"), Just("0s"), Just("x"), Just("1h30m")])
+        (name(), deps, prop_oneof![Just("all_success"), Just("all_done"), Just("one_failed"), Just("always"), Just("none_failed_min_one_success"), Just("all_skipped"), Just("one_done"), Just("bogus")], 0..4u8, prop_oneof![Just("5s"), Just("0s"), Just("x"), Just("1h30m")])
             .prop_map(|(id, deps, rule, exec, timeout)| {
                 let exec = match exec {
                     0 => "shell: \"echo hi\"".to_string(),
