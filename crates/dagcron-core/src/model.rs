@@ -64,6 +64,9 @@ pub enum Concurrency {
     Replace,
     /// Queue the run until a slot frees.
     Queue,
+    /// Temporal's `BufferOne`: one run at a time, and at most one more
+    /// waiting behind it; a fire while one waits is skipped, recording why.
+    BufferOne,
 }
 
 /// What happens to fires missed during downtime or a pause.
@@ -453,13 +456,13 @@ pub const DEFAULT_MAX_ACTIVE_RUNS: u32 = 16;
 impl JobSpec {
     /// Runs active at once: under `allow` and `queue`, `max_active_runs`
     /// if set, otherwise [`DEFAULT_MAX_ACTIVE_RUNS`] under `allow` and 1
-    /// under `queue`; always 1 under `forbid` and `replace`, which are about
-    /// one run at a time.
+    /// under `queue`; always 1 under `forbid`, `replace` and `buffer_one`,
+    /// which are about one run at a time.
     pub fn max_active(&self) -> u32 {
         match self.concurrency {
             Concurrency::Allow => self.max_active_runs.unwrap_or(DEFAULT_MAX_ACTIVE_RUNS),
             Concurrency::Queue => self.max_active_runs.unwrap_or(1),
-            Concurrency::Forbid | Concurrency::Replace => 1,
+            Concurrency::Forbid | Concurrency::Replace | Concurrency::BufferOne => 1,
         }
     }
 }

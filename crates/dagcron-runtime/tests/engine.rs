@@ -392,6 +392,121 @@ async fn queue_runs_one_after_another() {
     h.stop().await;
 }
 
+/// `buffer_one`: one run going on and one waiting behind it; the fires
+/// that come while one waits are skipped and recorded, and the waiting run
+/// starts when the first ends.
+#[tokio::test]
+async fn buffer_one_keeps_one_run_waiting_and_skips_the_fires_beyond() {
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    h.apply(&format!(
+        "namespace: t\njobs:\n  - name: slow\n    schedule: '* * * * * *'\n    concurrency: buffer_one\n    tasks: [{{ id: a, shell: 'while [ ! -e {} ]; do sleep 0.01; done' }}]\n",
+        gate.display()
+    ))
+    .await;
+    h.clock.advance(SignedDuration::from_secs(1));
+    h.until("first run running", async |s| {
+        s.active_runs().await.unwrap().len() == 1
+    })
+    .await;
+    for _ in 0..3 {
+        h.clock.advance(SignedDuration::from_secs(1));
+    }
+    h.until("4 fires recorded", async |s| {
+        s.list_fires("t", "slow", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+            .await
+            .unwrap()
+            .len()
+            == 4
+    })
+    .await;
+    let fires = h
+        .store
+        .list_fires("t", "slow", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes_of(&fires),
+        [
+            FireOutcome::Fired,
+            FireOutcome::Fired,
+            FireOutcome::SkippedOverlap,
+            FireOutcome::SkippedOverlap
+        ]
+    );
+    let runs = h.runs("slow").await;
+    let states: Vec<(RunState, bool)> = runs
+        .iter()
+        .map(|r| (r.state, r.started_at.is_some()))
+        .collect();
+    assert_eq!(
+        states,
+        [(RunState::Running, true), (RunState::Pending, false)],
+        "one running, one waiting"
+    );
+    assert_eq!(runs[1].scheduled_at, fires[1].scheduled_at);
+    std::fs::write(&gate, "").unwrap();
+    h.until("both runs succeeded", async |s| {
+        let runs = s.list_runs("t", "slow", 100, None).await.unwrap().items;
+        runs.len() == 2 && runs.iter().all(|r| r.state == RunState::Succeeded)
+    })
+    .await;
+    let runs = h.runs("slow").await;
+    assert!(
+        runs[1].started_at.unwrap() >= runs[0].finished_at.unwrap(),
+        "the waiting run started once the first had ended"
+    );
+    let fires = |outcome: &str| {
+        h.sample(&format!(
+            "dagcron_fires_total{{namespace=\"t\",job=\"slow\",outcome=\"{outcome}\"}}"
+        ))
+    };
+    assert_eq!((fires("fired"), fires("skipped_overlap")), (2.0, 2.0));
+    h.stop().await;
+}
+
+/// A manual trigger of a `buffer_one` job: it starts, or waits behind the
+/// running run; while one waits, it is refused (409 through the API) and
+/// makes no run.
+#[tokio::test]
+async fn buffer_one_refuses_a_trigger_while_a_run_waits() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    h.apply(&format!(
+        "namespace: t\njobs:\n  - name: b\n    concurrency: buffer_one\n    tasks: [{{ id: a, shell: 'while [ ! -e {} ]; do sleep 0.01; done' }}]\n",
+        gate.display()
+    ))
+    .await;
+    let first = h.handle.trigger("t", "b", BTreeMap::new()).await.unwrap();
+    let second = h.handle.trigger("t", "b", BTreeMap::new()).await.unwrap();
+    let err = h
+        .handle
+        .trigger("t", "b", BTreeMap::new())
+        .await
+        .unwrap_err();
+    match err {
+        dagcron_runtime::EngineError::Conflict(message) => assert_eq!(
+            message,
+            "t/b has a run active and one waiting behind it, and its concurrency policy buffer_one keeps at most one waiting; trigger again once the waiting run has started"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let state = async |run| h.store.get_run(run).await.unwrap().unwrap().state;
+    assert_eq!(state(first).await, RunState::Running);
+    assert_eq!(state(second).await, RunState::Pending);
+    assert_eq!(
+        h.runs("b").await.len(),
+        2,
+        "the refused trigger made no run"
+    );
+    std::fs::write(&gate, "").unwrap();
+    h.idle().await;
+    assert_eq!(state(second).await, RunState::Succeeded);
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn fires_missed_while_down_follow_the_misfire_policy() {
     let h = fresh("2026-01-01T00:00:00Z").await;
