@@ -402,6 +402,15 @@ pub struct JobSpec {
     pub dst_gap: Option<GapPolicy>,
     /// Fall-back policy override.
     pub dst_overlap: Option<OverlapPolicy>,
+    /// The instant (RFC 3339, whole seconds) the job's `@every` schedules
+    /// count their periods from, instead of the Unix epoch: it sets their
+    /// phase (fires fall on the anchor plus whole periods, before it as
+    /// after it). Written as text and checked by validation, so that a
+    /// malformed one is reported with its path; a valid one is kept in
+    /// UTC (`2026-01-01T00:00:00Z`), so two spellings of one instant are
+    /// the same job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor: Option<String>,
     /// Overlap policy.
     #[serde(default)]
     pub concurrency: Concurrency,
@@ -806,6 +815,23 @@ impl JobFile {
     }
 }
 
+/// Reads an anchor: an RFC 3339 instant with its offset, on a whole second
+/// (`@every` fires on whole seconds).
+fn check_anchor(text: &str) -> Result<Timestamp, String> {
+    let t: Timestamp = text.parse().map_err(|e: jiff::Error| {
+        format!(
+            "invalid anchor {text:?}: use an RFC 3339 instant with its offset, such as \"2026-01-01T00:00:00Z\" ({e})"
+        )
+    })?;
+    if t.subsec_nanosecond() != 0 {
+        return Err(format!(
+            "the anchor {text:?} has a fraction of a second; `@every` fires on whole seconds, so use a whole second such as {:?}",
+            Timestamp::from_second(t.as_second()).map_or_else(|_| String::new(), |w| w.to_string())
+        ));
+    }
+    Ok(t)
+}
+
 /// The longest `send_ahead`: a run made earlier than this is more likely
 /// to outlive a change of its job than to gain precision.
 const MAX_SEND_AHEAD: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -883,6 +909,22 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
             );
         }
     }
+    let anchor = spec
+        .anchor
+        .as_deref()
+        .and_then(|text| match check_anchor(text) {
+            Ok(t) => Some(t),
+            Err(message) => {
+                err(format!("{at}.anchor"), message);
+                None
+            }
+        });
+    if spec.anchor.is_some() && spec.schedule.is_none() {
+        err(
+            format!("{at}.anchor"),
+            "an anchor sets where `@every` schedules count from, and the job has no schedule: add an `@every` schedule or drop `anchor`".into(),
+        );
+    }
     let mut schedules = Vec::new();
     if let (Some(list), Some(tz)) = (&spec.schedule, &tz) {
         if list.as_slice().is_empty() {
@@ -900,7 +942,7 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
         let options = Options {
             time_zone: tz.clone(),
             hash_seed: seed_from_key(&format!("{namespace}/{}", spec.name)),
-            anchor: None,
+            anchor,
             dst_gap: spec.dst_gap.map(|g| match g {
                 GapPolicy::Shift => DstGap::Shift,
                 GapPolicy::Skip => DstGap::Skip,
@@ -931,6 +973,16 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
                     });
                 }
             }
+        }
+        // Said only when every schedule could be read: a schedule in error
+        // may have been meant as the `@every`.
+        let every = schedules.iter().any(|s| s.ast().every_seconds().is_some());
+        if spec.anchor.is_some() && !every && schedules.len() == list.as_slice().len() {
+            errors.push(ValidationError {
+                path: format!("{at}.anchor"),
+                message: "an anchor sets where `@every` schedules count from, and none of the job's schedules is `@every`: drop `anchor`, or use `@every <duration>`".into(),
+                span: None,
+            });
         }
     }
     errors.extend(check_params(&spec.params, &format!("{at}.params")));
@@ -1091,10 +1143,13 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
             None
         }
     };
+    // The canonical spelling of the anchor (see `JobSpec::anchor`).
+    let mut spec = spec.clone();
+    spec.anchor = anchor.map(|t| t.to_string());
     match dag {
         Some(dag) if errors.is_empty() => Ok(Job {
             namespace: namespace.to_string(),
-            spec: spec.clone(),
+            spec,
             schedules,
             tasks,
             dag,

@@ -1387,3 +1387,30 @@ async fn per_job_series_collapse_into_the_namespace_past_the_bound() {
     );
     h.stop().await;
 }
+
+/// A job's `anchor` reaches the timing the engine fires by (and the job it
+/// reads back from the store ahead of each fire): `@every 90m` anchored at
+/// 00:10 fires at 00:10 and 01:40, not on the epoch's 00:00 and 01:30.
+#[tokio::test]
+async fn an_anchored_every_schedule_fires_from_its_anchor() {
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;
+    h.apply("namespace: t\njobs:\n  - { name: e, schedule: '@every 90m', anchor: '2026-01-01T08:10:00+08:00', tasks: [{ id: a, noop: true }] }\n").await;
+    h.clock.advance(SignedDuration::from_mins(100));
+    h.until("two fires", async |s| {
+        s.list_fires("t", "e", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+            .await
+            .unwrap()
+            .len()
+            == 2
+    })
+    .await;
+    h.idle().await;
+    let fires = h.fires("e").await;
+    let at: Vec<String> = fires.iter().map(|f| f.scheduled_at.to_string()).collect();
+    assert_eq!(at, ["2026-01-01T00:10:00Z", "2026-01-01T01:40:00Z"]);
+    assert_eq!(
+        outcomes_of(&fires),
+        [FireOutcome::Fired, FireOutcome::Fired]
+    );
+    h.stop().await;
+}
