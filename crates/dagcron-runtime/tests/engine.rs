@@ -392,6 +392,59 @@ async fn queue_runs_one_after_another() {
     h.stop().await;
 }
 
+/// Airflow's other trigger rules through the engine: skips and failures
+/// propagate as each rule says, and joins after a skipped branch run.
+#[tokio::test]
+async fn airflow_trigger_rules_propagate_skips_and_failures() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply(
+        r#"
+namespace: t
+jobs:
+  - name: rules
+    tasks:
+      - { id: ok, noop: true }
+      - { id: bad, shell: "exit 1" }
+      - { id: on-bad, depends_on: [ok], trigger_rule: one_failed, noop: true }
+      - { id: join, depends_on: [ok, on-bad], trigger_rule: none_failed_min_one_success, noop: true }
+      - { id: any, depends_on: [ok, bad], trigger_rule: one_success, noop: true }
+      - { id: when-skipped, depends_on: [on-bad], trigger_rule: all_skipped, noop: true }
+      - { id: no-skip, depends_on: [ok, bad], trigger_rule: none_skipped, noop: true }
+      - { id: strict, depends_on: [ok, on-bad], trigger_rule: all_done_min_one_success, noop: true }
+      - { id: clean, depends_on: [bad], trigger_rule: none_failed, noop: true }
+      - { id: all-bad, depends_on: [bad], trigger_rule: all_failed, noop: true }
+      - { id: done, depends_on: [bad, on-bad], trigger_rule: one_done, noop: true }
+"#,
+    )
+    .await;
+    let run = h
+        .handle
+        .trigger("t", "rules", BTreeMap::new())
+        .await
+        .unwrap();
+    h.idle().await;
+    let r = h.store.get_run(run).await.unwrap().unwrap();
+    let states: Vec<(&str, TaskState)> = r.tasks.iter().map(|t| (t.id.as_str(), t.state)).collect();
+    assert_eq!(
+        states,
+        [
+            ("ok", TaskState::Succeeded),
+            ("bad", TaskState::Failed),
+            ("on-bad", TaskState::Skipped),
+            ("join", TaskState::Succeeded),
+            ("any", TaskState::Succeeded),
+            ("when-skipped", TaskState::Succeeded),
+            ("no-skip", TaskState::Succeeded),
+            ("strict", TaskState::Skipped),
+            ("clean", TaskState::UpstreamFailed),
+            ("all-bad", TaskState::Succeeded),
+            ("done", TaskState::Succeeded),
+        ]
+    );
+    assert_eq!(r.state, RunState::Failed);
+    h.stop().await;
+}
+
 /// `buffer_one`: one run going on and one waiting behind it; the fires
 /// that come while one waits are skipped and recorded, and the waiting run
 /// starts when the first ends.
