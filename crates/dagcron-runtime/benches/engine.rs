@@ -65,6 +65,7 @@ fn job(name: String, schedule: Option<String>, tasks: Vec<TaskSpec>) -> JobSpec 
         timezone: "UTC".into(),
         dst_gap: None,
         dst_overlap: None,
+        anchor: None,
         concurrency: Concurrency::Allow,
         max_active_runs: Some(1000),
         misfire: Misfire::Skip,

@@ -901,3 +901,47 @@ fn logs_can_be_json_one_object_per_line() {
         "{ended}"
     );
 }
+
+/// The offline commands know anchors: `cron next --anchor` counts an
+/// `@every` expression from one, as a job's `anchor` does, and `dag
+/// validate` reports a malformed anchor with its path.
+#[test]
+fn the_offline_commands_count_every_from_an_anchor_and_check_it() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+        .args([
+            "cron",
+            "next",
+            "@every 90m",
+            "--anchor",
+            "2026-01-01T00:10:00Z",
+            "--from",
+            "2026-01-01T00:00:00Z",
+            "--count",
+            "3",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        r#"["2026-01-01T00:10:00+00:00","2026-01-01T01:40:00+00:00","2026-01-01T03:10:00+00:00"]"#
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jobs.yaml");
+    std::fs::write(
+        &file,
+        "namespace: a\njobs:\n  - name: j\n    schedule: '@every 90m'\n    anchor: '2026-01-01 at ten past midnight'\n    tasks: [{ id: t, shell: 'true' }]\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+        .args(["dag", "validate", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("jobs[0].anchor: invalid anchor \"2026-01-01 at ten past midnight\""),
+        "{stderr}"
+    );
+}

@@ -403,16 +403,25 @@ impl<S: Store> Engine<S> {
         reply: Reply<RunId>,
         now: Timestamp,
     ) {
+        let entry = &self.jobs[&key];
         let decision = policy::on_fire(
             job.spec.concurrency,
             job.spec.max_active(),
-            self.jobs[&key].active.len() as u32,
+            entry.active.len() as u32,
+            entry.queued.len() as u32,
         );
         if decision == FireDecision::Skip {
-            let _ = reply.send(Err(EngineError::Conflict(format!(
-                "{}/{} has a run active and its concurrency policy is forbid",
-                key.0, key.1
-            ))));
+            let why = match job.spec.concurrency {
+                dagcron_core::Concurrency::BufferOne => format!(
+                    "{}/{} has a run active and one waiting behind it, and its concurrency policy buffer_one keeps at most one waiting; trigger again once the waiting run has started",
+                    key.0, key.1
+                ),
+                _ => format!(
+                    "{}/{} has a run active and its concurrency policy is forbid",
+                    key.0, key.1
+                ),
+            };
+            let _ = reply.send(Err(EngineError::Conflict(why)));
             return;
         }
         let mut merged = job.spec.params.clone();

@@ -276,7 +276,7 @@ pub enum EngineError {
     /// No such job or run.
     NotFound(String),
     /// The request conflicts with the current state (for example, triggering
-    /// a `forbid` job while it runs).
+    /// a `forbid` job while it runs, or a `buffer_one` job while a run waits).
     Conflict(String),
     /// The request is invalid.
     Invalid(String),

@@ -34,10 +34,12 @@ impl<S: Store> Engine<S> {
                 at: now,
             });
         }
+        let entry = &self.jobs[key];
         let decision = policy::on_fire(
             job.spec.concurrency,
             job.spec.max_active(),
-            self.jobs[key].active.len() as u32,
+            entry.active.len() as u32,
+            entry.queued.len() as u32,
         );
         if decision == FireDecision::Skip {
             self.record_fire(key, at, FireOutcome::SkippedOverlap, None);
