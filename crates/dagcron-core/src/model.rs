@@ -418,6 +418,9 @@ pub struct JobSpec {
     /// [`JobSpec::max_active`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_active_runs: Option<u32>,
+    /// Runs that may wait for a slot (see [`JobSpec::max_pending`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pending_runs: Option<u32>,
     /// Missed-fire policy.
     #[serde(default)]
     pub misfire: Misfire,
@@ -474,7 +477,17 @@ impl JobSpec {
             Concurrency::Forbid | Concurrency::Replace | Concurrency::BufferOne => 1,
         }
     }
+
+    /// Runs that may wait for a slot at once: `max_pending_runs` if set,
+    /// otherwise [`DEFAULT_MAX_PENDING_RUNS`]. A fire beyond it makes no
+    /// run (`skipped_backlog` in the ledger), a manual trigger is refused.
+    pub fn max_pending(&self) -> u32 {
+        self.max_pending_runs.unwrap_or(DEFAULT_MAX_PENDING_RUNS)
+    }
 }
+
+/// Runs of one job that may wait for a slot unless it says otherwise.
+pub const DEFAULT_MAX_PENDING_RUNS: u32 = 100;
 
 /// The most schedules one job may have: each fire searches all of them, so
 /// a job with thousands would slow every fire, backfill and catch-up.
@@ -864,6 +877,12 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
             None
         }
     };
+    if spec.max_pending_runs == Some(0) {
+        err(
+            format!("{at}.max_pending_runs"),
+            "must be at least 1".into(),
+        );
+    }
     if spec.max_active_runs == Some(0) {
         err(format!("{at}.max_active_runs"), "must be at least 1".into());
     }

@@ -16,17 +16,30 @@ pub enum FireDecision {
     Skip,
     /// Cancel the active runs, then start a new one.
     Replace,
+    /// Create no run: as many runs wait as the job allows
+    /// (`max_pending_runs`); record the fire as skipped by the backlog.
+    Backlog,
 }
 
 /// The overlap decision for a new fire of a job with `active` runs going on
 /// and `waiting` runs pending behind them (queued, or waiting for the runs
-/// they replace to end).
+/// they replace to end); at most `max_pending` may wait.
 pub fn on_fire(
     policy: Concurrency,
     max_active_runs: u32,
     active: u32,
     waiting: u32,
+    max_pending: u32,
 ) -> FireDecision {
+    match overlap(policy, max_active_runs, active, waiting) {
+        FireDecision::Queue | FireDecision::Replace if waiting >= max_pending => {
+            FireDecision::Backlog
+        }
+        decision => decision,
+    }
+}
+
+fn overlap(policy: Concurrency, max_active_runs: u32, active: u32, waiting: u32) -> FireDecision {
     match policy {
         Concurrency::Allow | Concurrency::Queue if active < max_active_runs => FireDecision::Start,
         Concurrency::Allow | Concurrency::Queue => FireDecision::Queue,
@@ -72,16 +85,20 @@ pub enum FireOutcome {
     MissedSkipped,
     /// Suppressed: the job was paused when it came due.
     Suppressed,
+    /// Declined because as many runs of the job were waiting as it allows
+    /// (`max_pending_runs`): the backlog.
+    SkippedBacklog,
 }
 
 impl FireOutcome {
     /// Every outcome.
-    pub const ALL: [FireOutcome; 5] = [
+    pub const ALL: [FireOutcome; 6] = [
         FireOutcome::Fired,
         FireOutcome::SkippedOverlap,
         FireOutcome::MissedCaughtUp,
         FireOutcome::MissedSkipped,
         FireOutcome::Suppressed,
+        FireOutcome::SkippedBacklog,
     ];
 
     /// The stored name.
@@ -92,20 +109,13 @@ impl FireOutcome {
             FireOutcome::MissedCaughtUp => "missed_caught_up",
             FireOutcome::MissedSkipped => "missed_skipped",
             FireOutcome::Suppressed => "suppressed",
+            FireOutcome::SkippedBacklog => "skipped_backlog",
         }
     }
 
     /// Parses a stored name.
     pub fn parse(s: &str) -> Option<FireOutcome> {
-        [
-            FireOutcome::Fired,
-            FireOutcome::SkippedOverlap,
-            FireOutcome::MissedCaughtUp,
-            FireOutcome::MissedSkipped,
-            FireOutcome::Suppressed,
-        ]
-        .into_iter()
-        .find(|o| o.as_str() == s)
+        FireOutcome::ALL.into_iter().find(|o| o.as_str() == s)
     }
 }
 
@@ -205,11 +215,24 @@ mod tests {
         ];
         for (policy, max, active, waiting, want) in cases {
             assert_eq!(
-                on_fire(policy, max, active, waiting),
+                on_fire(policy, max, active, waiting, 100),
                 want,
                 "{policy:?} max={max} active={active} waiting={waiting}"
             );
         }
+        // As many waiting as the job allows: the backlog declines the fire.
+        assert_eq!(on_fire(Queue, 1, 1, 3, 3), D::Backlog);
+        assert_eq!(on_fire(Allow, 2, 2, 2, 3), D::Queue);
+        assert_eq!(
+            on_fire(Allow, 2, 1, 9, 3),
+            D::Start,
+            "a free slot starts at once"
+        );
+        assert_eq!(
+            on_fire(Forbid, 1, 1, 9, 3),
+            D::Skip,
+            "the overlap policy first"
+        );
     }
 
     /// Fires one after another under `buffer_one`, with the runs they make
@@ -225,7 +248,7 @@ mod tests {
         assert_eq!(spec.max_active(), 1, "always one at a time");
         let (mut active, mut waiting) = (0u32, 0u32);
         let mut fire = || {
-            let d = on_fire(spec.concurrency, spec.max_active(), active, waiting);
+            let d = on_fire(spec.concurrency, spec.max_active(), active, waiting, 100);
             match d {
                 FireDecision::Start => active += 1,
                 FireDecision::Queue => waiting += 1,
@@ -241,7 +264,7 @@ mod tests {
         // The running one ends: the waiting one starts, the next fire waits.
         (active, waiting) = (1, 0);
         assert_eq!(
-            on_fire(spec.concurrency, spec.max_active(), active, waiting),
+            on_fire(spec.concurrency, spec.max_active(), active, waiting, 100),
             D::Queue
         );
     }

@@ -68,6 +68,7 @@ fn job(name: String, schedule: Option<String>, tasks: Vec<TaskSpec>) -> JobSpec 
         anchor: None,
         concurrency: Concurrency::Allow,
         max_active_runs: Some(1000),
+        max_pending_runs: Some(100_000),
         misfire: Misfire::Skip,
         max_catchup: 10,
         deadline: None,

@@ -1467,3 +1467,98 @@ async fn an_anchored_every_schedule_fires_from_its_anchor() {
     );
     h.stop().await;
 }
+
+/// Backpressure: a job's waiting runs are bounded (`max_pending_runs`): a
+/// fire beyond it makes no run and is recorded `skipped_backlog`, a manual
+/// trigger is refused as busy; past the ready backlog of the server,
+/// triggers and backfills are refused while scheduled fires go on.
+#[tokio::test]
+async fn backpressure_bounds_waiting_runs_and_refuses_manual_work() {
+    let config = EngineConfig {
+        misfire_grace: LONG_GRACE,
+        pool_size: 1,
+        max_ready_backlog: 2,
+        ..EngineConfig::default()
+    };
+    let h = start(
+        Arc::new(tempfile::tempdir().unwrap()),
+        ManualClock::new(ts("2026-01-01T00:00:00Z")),
+        config,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    let wait = format!("while [ ! -e {} ]; do sleep 0.01; done", gate.display());
+    h.apply(&format!(
+        concat!(
+            "namespace: t\njobs:\n",
+            "  - {{ name: q, schedule: '* * * * * *', concurrency: queue, max_pending_runs: 2, tasks: [{{ id: a, shell: '{wait}' }}] }}\n",
+            "  - {{ name: wide, tasks: [{{ id: a, shell: '{wait}' }}, {{ id: b, shell: '{wait}' }}, {{ id: c, shell: '{wait}' }}] }}\n",
+        ),
+        wait = wait
+    ))
+    .await;
+    for _ in 0..5 {
+        h.clock.advance(SignedDuration::from_secs(1));
+    }
+    h.until("5 fires recorded", async |s| {
+        s.list_fires("t", "q", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+            .await
+            .unwrap()
+            .len()
+            == 5
+    })
+    .await;
+    assert_eq!(
+        outcomes_of(&h.fires("q").await),
+        [
+            FireOutcome::Fired,
+            FireOutcome::Fired,
+            FireOutcome::Fired,
+            FireOutcome::SkippedBacklog,
+            FireOutcome::SkippedBacklog
+        ],
+        "one runs, two wait, the next fires are the backlog's"
+    );
+    assert!(matches!(
+        h.handle.trigger("t", "q", BTreeMap::new()).await,
+        Err(dagcron_runtime::EngineError::Busy(_))
+    ));
+    // The pool (1) is taken by q's run: wide's three tasks wait, past the
+    // server's ready backlog (2).
+    h.handle
+        .trigger("t", "wide", BTreeMap::new())
+        .await
+        .unwrap();
+    let busy = h.handle.trigger("t", "wide", BTreeMap::new()).await;
+    assert!(
+        matches!(&busy, Err(dagcron_runtime::EngineError::Busy(m)) if m.contains("ready")),
+        "{busy:?}"
+    );
+    let backfill = h
+        .handle
+        .backfill(
+            "t",
+            "q",
+            ts("2025-12-31T00:00:00Z"),
+            ts("2025-12-31T00:00:02Z"),
+        )
+        .await;
+    assert!(matches!(
+        backfill,
+        Err(dagcron_runtime::EngineError::Busy(_))
+    ));
+    // Scheduled fires go on meanwhile (recorded, here as the job's backlog).
+    h.clock.advance(SignedDuration::from_secs(1));
+    h.until("the next scheduled fire is recorded", async |s| {
+        s.list_fires("t", "q", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+            .await
+            .unwrap()
+            .len()
+            == 6
+    })
+    .await;
+    std::fs::write(&gate, "").unwrap();
+    h.idle().await;
+    h.stop().await;
+}

@@ -945,3 +945,42 @@ fn the_offline_commands_count_every_from_an_anchor_and_check_it() {
         "{stderr}"
     );
 }
+
+/// Past the ready backlog, a manual trigger gets 429 with `Retry-After`
+/// and the code `busy`, and makes no run.
+#[test]
+fn a_trigger_past_the_ready_backlog_is_told_to_come_back() {
+    let (dir, data) = setup();
+    let server = InProcess::start(&data, &["--pool-size", "1", "--max-ready-backlog", "1"]);
+    let gate = dir.path().join("gate");
+    let wait = format!("while [ ! -e {} ]; do sleep 0.01; done", gate.display());
+    let file = format!(
+        "namespace: e2e\njobs:\n  - {{ name: wide, tasks: [{{ id: a, shell: '{wait}' }}, {{ id: b, shell: '{wait}' }}] }}\n"
+    );
+    assert_eq!(
+        server.post("/api/v1/apply", &file, "application/yaml").0,
+        200
+    );
+    let first = server.trigger("wide");
+    let refused = server
+        .http()
+        .post(format!(
+            "{}/api/v1/namespaces/e2e/jobs/wide/trigger",
+            server.url
+        ))
+        .body("{}")
+        .send()
+        .unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["retry-after"], "5");
+    let body: Value = refused.json().unwrap();
+    assert_eq!(body["error"]["code"], "busy", "{body}");
+    std::fs::write(&gate, "").unwrap();
+    server.wait_run(first, "succeeded");
+    assert_eq!(
+        server.all_runs("wide").len(),
+        1,
+        "the refused trigger made no run"
+    );
+    server.stop();
+}

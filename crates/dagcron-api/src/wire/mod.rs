@@ -102,6 +102,10 @@ pub(crate) enum Errors {
     /// The body is larger than the server's `max_body_bytes`.
     #[response(status = 413)]
     TooLarge(#[to_schema] ErrorBody),
+    /// Too much work waits (the ready backlog, or a job's pending runs):
+    /// try again after `Retry-After` seconds.
+    #[response(status = 429)]
+    TooMany(#[to_schema] ErrorBody),
     /// The store is unavailable or the server is shutting down.
     #[response(status = 503)]
     Unavailable(#[to_schema] ErrorBody),

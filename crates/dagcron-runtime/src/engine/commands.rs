@@ -185,6 +185,10 @@ impl<S: Store> Engine<S> {
                     ))));
                     return;
                 }
+                if let Err(e) = self.backlog_allows() {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
                 // A job applied through another node and not yet announced
                 // here is read through at once; a known one beside the loop.
                 let known = if self.jobs.contains_key(&key) {
@@ -364,6 +368,20 @@ impl<S: Store> Engine<S> {
     }
 
     /// Starts a run of `job` now by hand, with `params` over its defaults.
+    /// Whether the ready backlog leaves room for more manual work: past
+    /// `max_ready_backlog` tasks waiting, triggers and backfills are
+    /// refused (scheduled fires go on).
+    pub(super) fn backlog_allows(&self) -> Result<(), EngineError> {
+        let waiting = self.ready.local.len() + self.ready.remote.len();
+        if waiting < self.config.max_ready_backlog {
+            return Ok(());
+        }
+        Err(EngineError::Busy(format!(
+            "{waiting} tasks are ready and waiting for a worker, over this server's limit of {}; scheduled fires go on, manual triggers and backfills are refused until the backlog drains",
+            self.config.max_ready_backlog
+        )))
+    }
+
     /// What is running and waiting now (see [`crate::EngineGauges`]).
     fn gauges(&self, now: Timestamp) -> crate::EngineGauges {
         let mut runs: HashMap<(&str, &'static str), u64> = HashMap::new();
@@ -409,7 +427,22 @@ impl<S: Store> Engine<S> {
             job.spec.max_active(),
             entry.active.len() as u32,
             entry.queued.len() as u32,
+            job.spec.max_pending(),
         );
+        if let Err(e) = self.backlog_allows() {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        if decision == FireDecision::Backlog {
+            let why = format!(
+                "{}/{} has {} runs waiting already, as many as its max_pending_runs allows; trigger again once some have started",
+                key.0,
+                key.1,
+                job.spec.max_pending()
+            );
+            let _ = reply.send(Err(EngineError::Busy(why)));
+            return;
+        }
         if decision == FireDecision::Skip {
             let why = match job.spec.concurrency {
                 dagcron_core::Concurrency::BufferOne => format!(

@@ -40,9 +40,15 @@ impl<S: Store> Engine<S> {
             job.spec.max_active(),
             entry.active.len() as u32,
             entry.queued.len() as u32,
+            job.spec.max_pending(),
         );
         if decision == FireDecision::Skip {
             self.record_fire(key, at, FireOutcome::SkippedOverlap, None);
+            return;
+        }
+        if decision == FireDecision::Backlog {
+            tracing::warn!(namespace = %key.0, job = %key.1, "fire of {at} skipped: {} runs of the job wait already (max_pending_runs)", job.spec.max_pending());
+            self.record_fire(key, at, FireOutcome::SkippedBacklog, None);
             return;
         }
         let run = self.new_run(
@@ -189,7 +195,7 @@ impl<S: Store> Engine<S> {
             FireDecision::Queue => {
                 self.jobs.get_mut(key).expect("job").queued.push_back(id);
             }
-            FireDecision::Start | FireDecision::Skip => self.begin(id, now),
+            FireDecision::Start | FireDecision::Skip | FireDecision::Backlog => self.begin(id, now),
         }
     }
 

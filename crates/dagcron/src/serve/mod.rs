@@ -120,6 +120,7 @@ impl<S: Store> Node<S> {
             metrics: Some(metrics),
             tracing: traced,
             pool_size: config.pool_size,
+            max_ready_backlog: config.max_ready_backlog,
             misfire_grace: config.misfire_grace,
             remote: Some(RemoteWorkers(Arc::new(agents.clone()))),
             secrets: Some(SecretSource(Arc::new(StoredSecrets {
