@@ -9,6 +9,7 @@ pub mod auth;
 mod error;
 mod metrics;
 mod operations;
+pub mod quotas;
 mod routes;
 pub mod schedules;
 pub mod secrets;
@@ -43,6 +44,8 @@ pub struct AppState<S: Store> {
     /// The series kept between scrapes of `/metrics` (the engine's
     /// counters); the gauges of the moment are added at each scrape.
     pub metrics: Option<Arc<prometheus_client::registry::Registry>>,
+    /// The trigger buckets of the namespaces' quotas, and their refusals.
+    pub quota: Arc<quotas::QuotaState>,
 }
 
 /// The default of [`AppState::max_body_bytes`]: 2 MiB, room for a job file
@@ -60,6 +63,7 @@ impl<S: Store> Clone for AppState<S> {
             keyring: self.keyring.clone(),
             master_key: self.master_key.clone(),
             metrics: self.metrics.clone(),
+            quota: self.quota.clone(),
         }
     }
 }

@@ -34,7 +34,8 @@ use dagcron_core::authz::Need;
         crate::audit::list_audit, crate::schedules::hotspots, crate::secrets::put_secret, crate::secrets::list_secrets,
         crate::secrets::delete_secret, crate::secrets::list_keys, crate::secrets::rotate_key,
         crate::operations::get_read_only, crate::operations::put_read_only,
-        crate::operations::pause_all, crate::operations::resume_all
+        crate::operations::pause_all, crate::operations::resume_all,
+        crate::quotas::get_quotas, crate::quotas::put_quotas
     ),
     components(schemas(ErrorBody)),
     modifiers(&BearerAuth),
@@ -91,6 +92,10 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
         .route(
             "/api/v1/admin/read-only",
             get(crate::operations::get_read_only::<S>).put(crate::operations::put_read_only::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/quotas",
+            get(crate::quotas::get_quotas::<S>).put(crate::quotas::put_quotas::<S>),
         )
         .route(
             "/api/v1/namespaces/{ns}/pause",
@@ -374,6 +379,7 @@ async fn apply<S: Store>(
     })?;
     crate::operations::refuse_when_read_only(&st).await?;
     let jobs = validate(&file)?;
+    crate::quotas::check_jobs(&st, &ns, &jobs).await?;
     let results = st.engine.apply(jobs).await?;
     let jobs = results
         .into_iter()
@@ -491,6 +497,7 @@ async fn put_job<S: Store>(
         namespace: ns.clone(),
         jobs: vec![spec],
     })?;
+    crate::quotas::check_jobs(&st, &ns, &jobs).await?;
     st.engine.apply(jobs).await?;
     Ok(Json(job_json(&stored_job(&st, &ns, &name).await?)))
 }
@@ -565,6 +572,7 @@ async fn trigger<S: Store>(
 ) -> Result<impl IntoResponse, ApiError> {
     who.allow(Need::Operate, Some(&ns), no_job(&ns, &name))?;
     crate::operations::refuse_when_read_only(&st).await?;
+    crate::quotas::check_trigger(&st, &ns).await?;
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let caller = header("traceparent")
         .and_then(|p| dagcron_runtime::trace::TraceParent::parse(p, header("tracestate")));
@@ -608,6 +616,7 @@ async fn backfill<S: Store>(
 ) -> Result<impl IntoResponse, ApiError> {
     who.allow(Need::Operate, Some(&ns), no_job(&ns, &name))?;
     crate::operations::refuse_when_read_only(&st).await?;
+    crate::quotas::check_trigger(&st, &ns).await?;
     let body: BackfillBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected {{\"from\": RFC 3339, \"to\": RFC 3339}}: {e}"

@@ -52,6 +52,7 @@ async fn api() -> Api {
                 dagcron_api::secrets::MasterKey::from_bytes([9; 32]),
             ))),
             metrics: None,
+            quota: Default::default(),
         }),
         store,
         keyring,
@@ -634,7 +635,8 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
         ("get", "/api/v1/cluster" | "/api/v1/workers" | "/metrics" | "/api/v1/admin/read-only") => {
             Instance(Viewer)
         }
-        ("put", "/api/v1/admin/read-only") => Instance(Admin),
+        ("put", "/api/v1/admin/read-only" | "/api/v1/namespaces/{ns}/quotas") => Instance(Admin),
+        ("get", "/api/v1/namespaces/{ns}/quotas") => Namespace(Viewer),
         ("post", "/api/v1/namespaces/{ns}/pause" | "/api/v1/namespaces/{ns}/resume") => {
             Namespace(Operator)
         }
@@ -1157,4 +1159,99 @@ async fn read_only_refuses_changes_and_pausing_a_namespace_pauses_its_jobs() {
     assert_eq!(answer["changed"], 2);
     let (_, status_now) = api.get("/api/v1/admin/read-only").await;
     assert_eq!(status_now["read_only"], false);
+}
+
+/// Quotas per namespace, set by an instance admin: a file past the jobs or
+/// schedules quota is refused (400, with the path), a trigger past the
+/// rate or the unfinished runs gets 429; each refusal is counted; another
+/// namespace is not limited.
+#[tokio::test]
+async fn quotas_refuse_what_would_pass_them() {
+    let api = api().await;
+    let put = |body: &'static str| {
+        let api = &api;
+        async move {
+            api.call(
+                Method::PUT,
+                "/api/v1/namespaces/a/quotas",
+                "application/json",
+                body,
+            )
+            .await
+        }
+    };
+    let (status, body) =
+        put(r#"{"max_jobs": 2, "max_schedules_per_job": 1, "max_active_runs": 1}"#).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, read) = api.get("/api/v1/namespaces/a/quotas").await;
+    assert_eq!(read["max_jobs"], 2);
+    for bad in [
+        r#"{"max_jobs": 0}"#,
+        r#"{"max_jobs": -1}"#,
+        r#"{"max_triggers_per_second": 100000}"#,
+        r#"{"nope": 1}"#,
+    ] {
+        let (status, _) = put(bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    let (status, _) = api.get("/api/v1/namespaces/a/quotas").await;
+    assert_eq!(status, StatusCode::OK, "a refused change changed nothing");
+    let apply = |file: String| {
+        let api = &api;
+        async move {
+            api.call(Method::POST, "/api/v1/apply", "application/yaml", &file)
+                .await
+        }
+    };
+    let two = "namespace: a\njobs:\n  - { name: slow, tasks: [{ id: t, shell: 'sleep 30' }] }\n  - { name: j2, schedule: '0 * * * *', tasks: [{ id: t, noop: true }] }\n";
+    assert_eq!(apply(two.into()).await.0, StatusCode::OK);
+    let (status, body) = apply(format!(
+        "{two}  - {{ name: j3, tasks: [{{ id: t, noop: true }}] }}\n"
+    ))
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["code"], "quota_exceeded");
+    assert_eq!(body["error"]["details"][0]["path"], "jobs");
+    let (status, body) = apply("namespace: a\njobs:\n  - { name: j2, schedule: ['0 * * * *', '30 * * * *'], tasks: [{ id: t, noop: true }] }\n".into()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["details"][0]["path"], "jobs[0].schedule");
+    // The stored jobs are the same two: the same file again is accepted.
+    assert_eq!(apply(two.into()).await.0, StatusCode::OK);
+    // One unfinished run at most.
+    let (status, run) = api
+        .post("/api/v1/namespaces/a/jobs/slow/trigger", "{}")
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    let (status, body) = api
+        .post("/api/v1/namespaces/a/jobs/slow/trigger", "{}")
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unfinished")
+    );
+    let (status, _) = api
+        .post(&format!("/api/v1/runs/{}/cancel", run["id"]), "")
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    api.wait_run(&run["id"]).await;
+    // One trigger a second.
+    let (status, _) = put(r#"{"max_triggers_per_second": 1}"#).await;
+    assert_eq!(status, StatusCode::OK);
+    let (first, _) = api.post("/api/v1/namespaces/a/jobs/j2/trigger", "{}").await;
+    let (second, body) = api.post("/api/v1/namespaces/a/jobs/j2/trigger", "{}").await;
+    assert_eq!(
+        (first, second),
+        (StatusCode::CREATED, StatusCode::TOO_MANY_REQUESTS),
+        "{body}"
+    );
+    // Another namespace has no quota.
+    let other = "namespace: b\njobs:\n  - { name: x, schedule: ['0 * * * *', '30 * * * *'], tasks: [{ id: t, noop: true }] }\n";
+    assert_eq!(apply(other.into()).await.0, StatusCode::OK);
+    // Cleared: no limit.
+    let (status, _) = put("{}").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(api.store.get_setting("quotas/a").await.unwrap().is_none());
 }

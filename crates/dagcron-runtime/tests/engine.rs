@@ -139,7 +139,8 @@ impl Harness {
 #[tokio::test]
 async fn a_year_of_daily_fires_across_dst_in_one_jump() {
     let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;
-    h.apply("namespace: t\njobs:\n  - name: daily\n    schedule: '0 30 2 * * *'\n    timezone: Europe/Berlin\n    tasks: [{ id: a, shell: 'true' }]\n").await;
+    // The year's 365 fires come due at once: room for all of them to wait.
+    h.apply("namespace: t\njobs:\n  - name: daily\n    schedule: '0 30 2 * * *'\n    timezone: Europe/Berlin\n    max_pending_runs: 1000\n    tasks: [{ id: a, shell: 'true' }]\n").await;
     h.clock.set(ts("2027-01-01T00:00:00Z"));
     h.until("365 runs finished", async |s| {
         let runs = s.list_runs("t", "daily", 1000, None).await.unwrap().items;
@@ -968,7 +969,7 @@ async fn a_job_far_from_its_next_fire_is_read_from_the_store_ahead_of_it() {
     let h = fresh("2026-01-01T00:00:30Z").await;
     let file = |task: &str| {
         format!(
-            "namespace: t\njobs:\n  - {{ name: hourly, schedule: '0 0 * * * *', tasks: [{{ id: {task}, noop: true }}] }}\n  - {{ name: busy, schedule: '* * * * * *', tasks: [{{ id: {task}, noop: true }}] }}\n"
+            "namespace: t\njobs:\n  - {{ name: hourly, schedule: '0 0 * * * *', tasks: [{{ id: {task}, noop: true }}] }}\n  - {{ name: busy, schedule: '* * * * * *', max_pending_runs: 10000, tasks: [{{ id: {task}, noop: true }}] }}\n"
         )
     };
     h.apply(&file("a")).await;

@@ -5,3 +5,6 @@ CREATE TABLE settings (
     value TEXT NOT NULL,
     updated_at BIGINT NOT NULL
 );
+
+-- The unfinished runs of a namespace, counted against its quota.
+CREATE INDEX runs_unfinished_by_namespace ON runs (namespace) WHERE state IN ('pending', 'running');

@@ -965,6 +965,17 @@ impl Store for PgStore {
         .await
     }
 
+    async fn count_unfinished_runs(&self, namespace: &str) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM runs WHERE namespace = $1 AND state IN ('pending', 'running')",
+        )
+        .bind(namespace)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(n as u64)
+    }
+
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
         Ok(self
             .load_runs(

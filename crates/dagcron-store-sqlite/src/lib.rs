@@ -388,6 +388,17 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn count_unfinished_runs(&self, namespace: &str) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM runs WHERE namespace = ? AND state IN ('pending', 'running')",
+        )
+        .bind(namespace)
+        .fetch_one(&self.reader)
+        .await
+        .map_err(unavailable)?;
+        Ok(n as u64)
+    }
+
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
         let query = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {RUN_COLUMNS} FROM runs WHERE id = ?"

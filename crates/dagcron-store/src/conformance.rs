@@ -275,6 +275,7 @@ pub async fn settings_are_set_replaced_and_cleared<S: Store>(s: &S) {
     );
     assert_eq!(s.get_setting("other").await.unwrap(), None);
     s.set_setting("read_only", None, t(3)).await.unwrap();
+    assert_eq!(s.count_unfinished_runs("ns").await.unwrap(), 0);
     assert_eq!(s.get_setting("read_only").await.unwrap(), None);
     // Clearing what is not set is no error.
     s.set_setting("read_only", None, t(4)).await.unwrap();
@@ -755,6 +756,9 @@ pub async fn runs_are_paginated_newest_first<S: Store>(s: &S) {
     }
     assert_eq!(seen, [7, 6, 5, 4, 3, 2, 1]);
     assert_eq!(s.max_run_id().await.unwrap(), 7);
+    // All seven are running: the namespace's quota counts them.
+    assert_eq!(s.count_unfinished_runs("ns").await.unwrap(), 7);
+    assert_eq!(s.count_unfinished_runs("other").await.unwrap(), 0);
     assert!(matches!(
         s.list_runs("ns", "j", 3, Some("not-a-cursor")).await,
         Err(StorageError::Invalid(_))

@@ -710,6 +710,9 @@ pub trait Store: Send + Sync + 'static {
     fn active_runs(&self) -> impl Future<Output = Result<Vec<RunRecord>>> + Send;
     /// One run.
     fn get_run(&self, id: RunId) -> impl Future<Output = Result<Option<RunRecord>>> + Send;
+    /// How many runs of `namespace` are unfinished (`pending` or
+    /// `running`), on every node: what its quota of active runs counts.
+    fn count_unfinished_runs(&self, namespace: &str) -> impl Future<Output = Result<u64>> + Send;
     /// Runs of a job, newest first, paginated.
     fn list_runs(
         &self,

@@ -26,7 +26,7 @@ pub use jobs::{
     ApplyAnswer, ApplyItem, ApplyOutcome, BackfillAnswer, BackfillBody, JobAnswer, JobPage,
     TriggerBody,
 };
-pub use operations::{BulkPauseAnswer, ReadOnlyAnswer, ReadOnlyBody};
+pub use operations::{BulkPauseAnswer, Quotas, ReadOnlyAnswer, ReadOnlyBody};
 pub use runs::{AttemptAnswer, FireAnswer, FirePage, RunAnswer, RunPage, TaskAnswer};
 pub use schedules::{HotJobAnswer, HotspotAnswer, HotspotReport};
 pub use secrets::{KeyUse, KeysAnswer, SecretAnswer, SecretBody, SecretList};

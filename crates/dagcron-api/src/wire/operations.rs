@@ -39,3 +39,27 @@ pub struct BulkPauseAnswer {
     /// Jobs that were already so.
     pub unchanged: u64,
 }
+
+/// A namespace's quotas; each one unset means no limit.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Quotas {
+    /// Jobs the namespace may hold.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub max_jobs: Option<u32>,
+    /// Schedules one job may have.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub max_schedules_per_job: Option<u32>,
+    /// Runs of the namespace unfinished at once (pending or running, on
+    /// every node) for a manual trigger or a backfill to be accepted.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub max_active_runs: Option<u32>,
+    /// Manual triggers and backfills per second, per server (a token bucket
+    /// that holds one second's worth).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 10000)]
+    pub max_triggers_per_second: Option<u32>,
+}

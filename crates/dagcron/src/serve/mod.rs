@@ -114,6 +114,8 @@ impl<S: Store> Node<S> {
         let mut registry = prometheus_client::registry::Registry::default();
         metrics.register(&mut registry);
         let peak = dagcron_api::schedules::register_peak(&mut registry);
+        let quota = Arc::new(dagcron_api::quotas::QuotaState::default());
+        quota.register(&mut registry);
         let peak_task = tokio::spawn(dagcron_api::schedules::keep_peak(self.store.clone(), peak));
         let _peak_task = AbortOnDrop(peak_task);
         let engine_config = EngineConfig {
@@ -165,6 +167,7 @@ impl<S: Store> Node<S> {
             keyring: self.keyring,
             master_key: self.master_key,
             metrics: Some(Arc::new(registry)),
+            quota,
         };
         if let Some(at) = config.metrics_listen {
             serve_metrics(at, state.clone(), api_stop.clone()).await?;
