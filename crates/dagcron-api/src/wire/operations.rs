@@ -46,16 +46,16 @@ pub struct BulkPauseAnswer {
 pub struct Quotas {
     /// Jobs the namespace may hold.
     #[serde(default)]
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 1000000000)]
     pub max_jobs: Option<u32>,
     /// Schedules one job may have.
     #[serde(default)]
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 1000000000)]
     pub max_schedules_per_job: Option<u32>,
     /// Runs of the namespace unfinished at once (pending or running, on
     /// every node) for a manual trigger or a backfill to be accepted.
     #[serde(default)]
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 1000000000)]
     pub max_active_runs: Option<u32>,
     /// Manual triggers and backfills per second, per server (a token bucket
     /// that holds one second's worth).
