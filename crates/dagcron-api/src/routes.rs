@@ -489,6 +489,7 @@ async fn put_job<S: Store>(
     }
     let jobs = validate(&JobFile {
         namespace: ns.clone(),
+        calendars: vec![],
         jobs: vec![spec],
     })?;
     st.engine.apply(jobs).await?;
