@@ -1496,9 +1496,12 @@ async fn fires_in_an_exclusion_calendar_are_suppressed_on_time_and_after_downtim
         [Fired, Suppressed, Suppressed, Fired, Fired]
     );
     assert!(
-        h.fires("a").await[1..3].iter().all(|f| f.run_id.is_none()),
-        "a suppressed fire makes no run"
+        h.fires("a").await[1..3]
+            .iter()
+            .all(|f| f.run_id.is_none() && f.calendar.as_deref() == Some("quiet")),
+        "a suppressed fire makes no run and names its calendar"
     );
+    assert_eq!(h.fires("a").await[0].calendar, None);
     assert_eq!(h.runs("a").await.len(), 3);
     assert_eq!(
         h.sample(r#"dagcron_fires_total{namespace="t",job="a",outcome="suppressed"}"#),
@@ -1520,6 +1523,7 @@ async fn fires_in_an_exclusion_calendar_are_suppressed_on_time_and_after_downtim
         [MissedCaughtUp, Suppressed, MissedCaughtUp, MissedCaughtUp]
     );
     assert_eq!(fires[6].scheduled_at, ts("2026-01-01T00:07:00Z"));
+    assert_eq!(fires[6].calendar.as_deref(), Some("quiet"));
     assert_eq!(h.runs("a").await.len(), 6);
     h.stop().await;
 }

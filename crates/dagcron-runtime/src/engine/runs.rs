@@ -90,6 +90,34 @@ impl<S: Store> Engine<S> {
         outcome: FireOutcome,
         run: Option<NewRun>,
     ) {
+        self.record_fire_of(key, at, outcome, None, run);
+    }
+
+    /// Records a fire of `key` at `at` suppressed by the job's exclusion
+    /// calendar `calendar`: no run.
+    pub(super) fn record_suppressed(&mut self, key: &JobKey, at: Timestamp, calendar: &str) {
+        tracing::info!(
+            job = %format!("{}/{}", key.0, key.1),
+            calendar,
+            "fire of {at} suppressed by a calendar"
+        );
+        self.record_fire_of(
+            key,
+            at,
+            FireOutcome::Suppressed,
+            Some(calendar.to_string()),
+            None,
+        );
+    }
+
+    fn record_fire_of(
+        &mut self,
+        key: &JobKey,
+        at: Timestamp,
+        outcome: FireOutcome,
+        calendar: Option<String>,
+        run: Option<NewRun>,
+    ) {
         if let Some(m) = &self.config.metrics {
             // Lateness of the fires made on time, not of those caught up.
             let lateness = run
@@ -111,6 +139,7 @@ impl<S: Store> Engine<S> {
             job: key.1.clone(),
             scheduled_at: at,
             outcome,
+            calendar,
             run,
         });
     }

@@ -72,16 +72,11 @@ impl<S: Store> Engine<S> {
                         self.catch_up_beside(&key, since, now, grace);
                         continue;
                     }
-                    if let Some(calendar) = self.jobs[&*key].timing.excluded_by(at) {
-                        // Suppressed by an exclusion calendar: recorded,
-                        // and no run (the ledger has no field for the
-                        // calendar's name; the log says it).
-                        tracing::info!(
-                            job = %format!("{}/{}", key.0, key.1),
-                            calendar,
-                            "fire of {at} suppressed by a calendar"
-                        );
-                        self.record_fire(&key, at, FireOutcome::Suppressed, None);
+                    let excluded = self.jobs[&*key].timing.excluded_by(at).map(str::to_string);
+                    if let Some(calendar) = excluded {
+                        // Suppressed by an exclusion calendar: recorded
+                        // with its name, and no run.
+                        self.record_suppressed(&key, at, &calendar);
                         self.jobs.get_mut(&*key).expect("job").last_fire = Some(at);
                         self.arm_next_fire(&key, at);
                         continue;
