@@ -1567,6 +1567,15 @@ async fn a_jittered_fire_is_made_late_by_its_amount_and_keeps_its_instant() {
     let run = &h.runs("spread").await[0];
     assert_eq!(run.scheduled_at, at);
     assert_eq!(run.created_at, due, "made at the jittered instant");
+    assert_eq!(
+        h.sample(r#"dagcron_fire_lateness_seconds_count{namespace="t"}"#),
+        1.0
+    );
+    assert_eq!(
+        h.sample(r#"dagcron_fire_lateness_seconds_sum{namespace="t"}"#),
+        0.0,
+        "the jitter is not lateness"
+    );
     assert_eq!(run.state, RunState::Succeeded);
     h.stop().await;
 }

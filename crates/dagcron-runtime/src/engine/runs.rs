@@ -119,11 +119,16 @@ impl<S: Store> Engine<S> {
         run: Option<NewRun>,
     ) {
         if let Some(m) = &self.config.metrics {
-            // Lateness of the fires made on time, not of those caught up.
+            // Lateness of the fires made on time, not of those caught up,
+            // counted from the instant a jittered fire was due.
+            let due = self
+                .jobs
+                .get(key)
+                .map_or(at, |e| fires::jittered(&e.timing, at));
             let lateness = run
                 .as_ref()
                 .filter(|r| outcome == FireOutcome::Fired && r.trigger == Trigger::Schedule)
-                .map(|r| r.created_at.duration_since(at).as_secs_f64());
+                .map(|r| r.created_at.duration_since(due).as_secs_f64());
             if let Some(series) = self.jobs.get(key).and_then(|e| e.series.as_deref()) {
                 m.fire(series, outcome, lateness);
             } else if let Some((key, _)) = self.jobs.get_key_value(key) {
