@@ -495,6 +495,7 @@ async fn put_job<S: Store>(
     }
     let jobs = validate(&JobFile {
         namespace: ns.clone(),
+        calendars: vec![],
         jobs: vec![spec],
     })?;
     crate::quotas::check_jobs(&st, &ns, &jobs).await?;

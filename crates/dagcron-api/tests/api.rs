@@ -186,6 +186,33 @@ async fn apply_is_idempotent_and_jobs_are_listed() {
 }
 
 #[tokio::test]
+async fn the_next_fire_of_a_job_skips_the_fires_its_calendars_suppress() {
+    let api = api().await;
+    let file = "namespace: team\ncalendars:\n  - { name: weekdays, timezone: UTC, weekly: [{ days: [MON, TUE, WED, THU, FRI, SAT], from: '00:00', to: '24:00' }] }\njobs:\n  - { name: sunday, schedule: '0 3 * * *', exclude: [weekdays], tasks: [{ id: a, noop: true }] }\n";
+    let (status, body) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", file)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, job) = api.get("/api/v1/namespaces/team/jobs/sunday").await;
+    let next: jiff::Timestamp = job["next_fire"].as_str().unwrap().parse().unwrap();
+    assert_eq!(
+        jiff::tz::TimeZone::UTC.to_datetime(next).weekday(),
+        jiff::civil::Weekday::Sunday,
+        "{job}"
+    );
+    assert_eq!(
+        job["spec"]["exclude"][0]["name"], "weekdays",
+        "stored with the job"
+    );
+    let unknown = "namespace: team\njobs:\n  - { name: x, schedule: '@daily', exclude: [nope], tasks: [{ id: a, noop: true }] }\n";
+    let (status, body) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", unknown)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["details"][0]["path"], "jobs[0].exclude[0]");
+}
+
+#[tokio::test]
 async fn invalid_files_are_rejected_with_paths_and_change_nothing() {
     let api = api().await;
     let bad = "namespace: team\njobs:\n  - name: report\n    schedule: '0 0 30 2 *'\n    tasks: [{ id: a, depends_on: [zz], shell: 'true' }]\n";

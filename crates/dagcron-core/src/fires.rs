@@ -53,17 +53,77 @@ pub fn missed(
     let mut instants = Vec::new();
     let mut t = since;
     while let Some(next) = timing.next_fire_after(t) {
-        if next > cutoff || instants.len() >= max {
+        // A jittered fire is due at its delayed instant.
+        if jittered(timing, next) > cutoff || instants.len() >= max {
             break;
         }
         instants.push(next);
         t = next;
     }
+    // Fires in an exclusion calendar are suppressed, and the misfire
+    // policy picks among the others.
+    let (excluded, runnable): (Vec<Timestamp>, Vec<Timestamp>) = instants
+        .iter()
+        .partition(|at| timing.excluded_by(**at).is_some());
+    let mut decided = policy::catch_up(&runnable, timing.misfire, timing.max_catchup).into_iter();
+    let fires = if excluded.is_empty() {
+        decided.collect()
+    } else {
+        instants
+            .iter()
+            .map(|at| match timing.excluded_by(*at) {
+                Some(_) => (*at, FireOutcome::Suppressed),
+                None => decided.next().expect("one decision per runnable fire"),
+            })
+            .collect()
+    };
     Missed {
         truncated: instants.len() >= max,
-        fires: policy::catch_up(&instants, timing.misfire, timing.max_catchup),
+        fires,
         resume_after: t.max(since),
     }
+}
+
+/// The instant the fire of `timing` at `at` is made: `at` delayed by a
+/// stable amount in `[0, jitter)`, derived from the job's identity and the
+/// instant (SplitMix64, never the std hasher, so every node and version
+/// agrees), and kept below the gap to the next fire so that fires never
+/// swap or merge. Millisecond steps; `at` itself without jitter.
+pub fn jittered(timing: &Timing, at: Timestamp) -> Timestamp {
+    if timing.jitter <= SignedDuration::ZERO {
+        return at;
+    }
+    let mut bound = timing.jitter;
+    if let Some(next) = timing.next_fire_after(at) {
+        bound = bound.min(next.duration_since(at));
+    }
+    let Ok(ms) = u64::try_from(bound.as_millis()) else {
+        return at;
+    };
+    if ms == 0 {
+        return at;
+    }
+    let instant = (at.as_second() as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(u64::from(at.subsec_nanosecond().unsigned_abs()));
+    let delay = splitmix64(timing.jitter_seed ^ splitmix64(instant)) % ms;
+    at.checked_add(SignedDuration::from_millis(delay as i64))
+        .unwrap_or(at)
+}
+
+/// SplitMix64's finalizer: a stable, well-mixed function of its input.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// When the engine makes the run of the fire at `at`: `send_ahead` before
+/// its instant, or its jittered instant (a job has one or the other).
+pub fn handle_at(timing: &Timing, at: Timestamp) -> Timestamp {
+    let at = jittered(timing, at);
+    at.checked_sub(timing.send_ahead).unwrap_or(at)
 }
 
 /// How to arm a job's next fire.
@@ -97,8 +157,9 @@ pub fn arm_next(timing: &Timing, after: Timestamp, now: Timestamp, in_memory: bo
     let Some(at) = timing.next_fire_after(after) else {
         return Arming::Nothing;
     };
-    // A run is made `send_ahead` before its instant (usually at it).
-    let handle_at = at.checked_sub(timing.send_ahead).unwrap_or(at);
+    // A run is made `send_ahead` before its instant, or at its jittered
+    // instant (usually at the instant itself).
+    let handle_at = handle_at(timing, at);
     if in_memory && handle_at.duration_since(now) <= KEEP_JOB {
         Arming::Fire { at, handle_at }
     } else {
@@ -305,5 +366,142 @@ mod tests {
             !keep_idle_job(&t, at("2026-12-01T00:00:06Z"), false),
             "paused or not owned"
         );
+    }
+
+    fn timing_with_calendars(calendars: &str, extra: &str) -> Timing {
+        let yaml = format!(
+            "namespace: ns\ncalendars:\n{calendars}jobs:\n  - name: j\n{extra}    tasks: [{{ id: a, noop: true }}]\n"
+        );
+        let file: JobFile = serde_saphyr::from_str(&yaml).unwrap();
+        file.validate().unwrap().remove(0).timing()
+    }
+
+    #[test]
+    fn missed_fires_in_a_calendar_are_suppressed_and_the_policy_picks_among_the_others() {
+        let t = timing_with_calendars(
+            "  - { name: weekend, weekly: [{ days: [SAT, SUN], from: '00:00', to: '24:00' }] }\n",
+            "    schedule: '@daily'\n    misfire: run_all\n    max_catchup: 2\n    exclude: [weekend]\n",
+        );
+        // 2026-12-05 and 06 are a Saturday and a Sunday.
+        let m = missed(
+            &t,
+            at("2026-12-02T12:00:00Z"),
+            at("2026-12-07T12:00:00Z"),
+            SignedDuration::ZERO,
+            100,
+        );
+        expect_test::expect![[r#"
+            2026-12-03T00:00:00Z missed_skipped
+            2026-12-04T00:00:00Z missed_caught_up
+            2026-12-05T00:00:00Z suppressed
+            2026-12-06T00:00:00Z suppressed
+            2026-12-07T00:00:00Z missed_caught_up
+            resume after 2026-12-07T00:00:00Z"#]]
+        .assert_eq(&render(&m));
+    }
+
+    #[test]
+    fn a_jittered_fire_is_due_at_its_delayed_instant() {
+        let t = timing("    schedule: '@hourly'\n    jitter: 30m\n");
+        let fire = at("2026-12-01T01:00:00Z");
+        let due = jittered(&t, fire);
+        assert!(due > fire, "this job and instant are delayed");
+        // Just before it is due, the fire is not missed yet.
+        let before = due - SignedDuration::from_millis(1);
+        let m = missed(
+            &t,
+            at("2026-12-01T00:30:00Z"),
+            before,
+            SignedDuration::ZERO,
+            10,
+        );
+        assert_eq!(m.fires, []);
+        let m = missed(
+            &t,
+            at("2026-12-01T00:30:00Z"),
+            due,
+            SignedDuration::ZERO,
+            10,
+        );
+        assert_eq!(m.fires, [(fire, FireOutcome::MissedCaughtUp)]);
+        assert_eq!(
+            arm_next(
+                &t,
+                at("2026-12-01T00:59:59Z"),
+                due - SignedDuration::from_secs(1),
+                true
+            ),
+            Arming::Fire {
+                at: fire,
+                handle_at: due
+            }
+        );
+        // Pinned: the delay is part of the schedule's meaning.
+        expect_test::expect!["2026-12-01T01:16:01.769Z"].assert_eq(&due.to_string());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// The jitter of a fire is in `[0, jitter)`, before the next fire,
+        /// and the same for the same job and instant.
+        #[test]
+        fn jitter_is_bounded_before_the_next_fire_and_stable(
+            name in "[a-z]{1,12}",
+            secs in 1i64..7200,
+            start in 1_700_000_000i64..1_900_000_000,
+            every in proptest::sample::select(vec!["* * * * * *", "*/7 * * * * *", "* * * * *", "@hourly", "0 0 1,2 * *", "@every 17s"]),
+        ) {
+            let yaml = format!(
+                "namespace: ns\njobs:\n  - name: {name}\n    schedule: '{every}'\n    jitter: {secs}s\n    tasks: [{{ id: a, noop: true }}]\n"
+            );
+            let file: JobFile = serde_saphyr::from_str(&yaml).unwrap();
+            let t = file.validate().unwrap().remove(0).timing();
+            let mut after = Timestamp::from_second(start).unwrap();
+            for _ in 0..20 {
+                let fire = t.next_fire_after(after).unwrap();
+                let next = t.next_fire_after(fire).unwrap();
+                let due = jittered(&t, fire);
+                proptest::prop_assert!(due >= fire);
+                proptest::prop_assert!(due.duration_since(fire) < SignedDuration::from_secs(secs));
+                proptest::prop_assert!(due < next, "{due} reaches the next fire {next}");
+                proptest::prop_assert_eq!(due, jittered(&t.clone(), fire));
+                after = fire;
+            }
+        }
+
+        /// Whatever the calendar, no excluded instant is fired: missed fires
+        /// in it are suppressed, and the preview's next fire is outside it.
+        #[test]
+        fn an_excluded_instant_is_never_fired(
+            from in 0i32..24, len in 1i32..12, day in 0usize..7,
+            start in 1_700_000_000i64..1_900_000_000,
+        ) {
+            const DAYS: [&str; 7] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
+            let calendars = format!(
+                "  - {{ name: c, timezone: Europe/Berlin, weekly: [{{ days: [{}], from: '{from:02}:00', to: '{:02}:00' }}], dates: ['12-25'] }}\n",
+                DAYS[day], (from + len) % 24
+            );
+            let yaml = format!(
+                "namespace: ns\ncalendars:\n{calendars}jobs:\n  - name: j\n    schedule: '0 */20 * * * *'\n    misfire: run_all\n    max_catchup: 1000\n    exclude: [c]\n    tasks: [{{ id: a, noop: true }}]\n"
+            );
+            let file: JobFile = serde_saphyr::from_str(&yaml).unwrap();
+            let job = file.validate().unwrap().remove(0);
+            let t = job.timing();
+            let since = Timestamp::from_second(start).unwrap();
+            let m = missed(&t, since, since + SignedDuration::from_hours(24 * 8), SignedDuration::ZERO, 1000);
+            proptest::prop_assert!(m.fires.iter().any(|(_, o)| *o == FireOutcome::Suppressed));
+            for (at, outcome) in &m.fires {
+                let excluded = t.excluded_by(*at).is_some();
+                proptest::prop_assert_eq!(excluded, *outcome == FireOutcome::Suppressed);
+            }
+            let mut after = since;
+            for _ in 0..50 {
+                let next = job.next_unsuppressed_after(after).unwrap();
+                proptest::prop_assert!(job.excluded_by(next).is_none());
+                proptest::prop_assert!(job.next_fire_after(after).unwrap() <= next);
+                after = next;
+            }
+        }
     }
 }

@@ -7,6 +7,7 @@
 //! are arguments, so a test can replay any instant and pin every delay.
 
 pub mod authz;
+pub mod calendar;
 pub mod dag;
 pub mod duration;
 pub mod fires;
@@ -18,11 +19,12 @@ pub mod ring;
 pub mod run;
 pub mod state;
 
+pub use calendar::{Calendar, CalendarSpec};
 pub use dag::Dag;
 pub use duration::Dur;
 pub use model::{
-    Concurrency, Delivery, EnvValue, Executor, Job, JobFile, JobSpec, Misfire, Task, TaskSpec,
-    Timing, TriggerRule, ValidationError, ValidationErrors,
+    Concurrency, Delivery, EnvValue, Exclude, Executor, Job, JobFile, JobSpec, Misfire, Task,
+    TaskSpec, Timing, TriggerRule, ValidationError, ValidationErrors,
 };
 pub use policy::{FireDecision, FireOutcome};
 pub use retry::{Failure, RetryDecision, RetryPolicy};

@@ -12,6 +12,7 @@ use jiff::Timestamp;
 use jiff::tz::TimeZone;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::calendar::{Calendar, CalendarSpec, MAX_CALENDAR_ENTRIES};
 use crate::dag::Dag;
 use crate::duration::Dur;
 use crate::retry::{Backoff, Jitter, RetryOn, RetryPolicy};
@@ -23,8 +24,23 @@ pub struct JobFile {
     /// The tenant the jobs belong to.
     #[serde(default = "default_namespace")]
     pub namespace: String,
+    /// Exclusion calendars the jobs may list in `exclude`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calendars: Vec<CalendarSpec>,
     /// The jobs.
     pub jobs: Vec<JobSpec>,
+}
+
+/// One entry of a job's `exclude`: a calendar of the file by name, or (the
+/// canonical form a job is stored in, once validation has resolved the
+/// names) the calendar itself.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Exclude {
+    /// `exclude: [holidays]`.
+    Name(String),
+    /// The calendar's definition.
+    Calendar(CalendarSpec),
 }
 
 fn default_namespace() -> String {
@@ -435,6 +451,15 @@ pub struct JobSpec {
     /// clock offset). Nothing of such a run starts before its instant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub send_ahead: Option<Dur>,
+    /// Delay each scheduled fire by a stable amount in `[0, jitter)`,
+    /// derived from the job and the instant and kept below the gap to the
+    /// next fire, to spread load (not the retry policy's jitter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<Dur>,
+    /// Calendars whose instants the job does not fire at (the fires are
+    /// recorded as `suppressed`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<Exclude>,
     /// Default parameters, overridable per trigger.
     #[serde(default)]
     pub params: BTreeMap<String, String>,
@@ -612,6 +637,8 @@ pub struct Job {
     pub tasks: Vec<Task>,
     /// The dependency graph over `tasks` indices.
     pub dag: Dag,
+    /// The calendars of `exclude`, compiled.
+    pub calendars: Vec<Calendar>,
 }
 
 impl Job {
@@ -655,8 +682,40 @@ impl Job {
                 .map_or(jiff::SignedDuration::ZERO, |d| {
                     jiff::SignedDuration::try_from(d.0).unwrap_or(jiff::SignedDuration::ZERO)
                 }),
+            jitter: self.spec.jitter.map_or(jiff::SignedDuration::ZERO, |d| {
+                jiff::SignedDuration::try_from(d.0).unwrap_or(jiff::SignedDuration::ZERO)
+            }),
+            jitter_seed: seed_from_key(&self.key()),
+            exclusions: self.calendars.clone().into(),
         }
     }
+
+    /// The name of the first of the job's calendars that excludes `t`.
+    pub fn excluded_by(&self, t: Timestamp) -> Option<&str> {
+        excluded_by(&self.calendars, t)
+    }
+
+    /// The first fire strictly after `t` that no calendar of the job
+    /// suppresses, searching at most [`MAX_SUPPRESSED_SEARCH`] fires.
+    pub fn next_unsuppressed_after(&self, t: Timestamp) -> Option<Timestamp> {
+        let mut t = t;
+        for _ in 0..MAX_SUPPRESSED_SEARCH {
+            let next = self.next_fire_after(t)?;
+            if self.excluded_by(next).is_none() {
+                return Some(next);
+            }
+            t = next;
+        }
+        None
+    }
+}
+
+/// How many suppressed fires in a row a preview skips before it gives up
+/// (a calendar may exclude every fire of a job).
+pub const MAX_SUPPRESSED_SEARCH: usize = 10_000;
+
+fn excluded_by(calendars: &[Calendar], t: Timestamp) -> Option<&str> {
+    calendars.iter().find(|c| c.excludes(t)).map(|c| &*c.name)
 }
 
 /// A job's schedules in compiled form with its dates and misfire policy:
@@ -676,12 +735,23 @@ pub struct Timing {
     pub max_catchup: u32,
     /// How long before its instant a run is made (zero: at the instant).
     pub send_ahead: jiff::SignedDuration,
+    /// The bound of the schedule jitter (zero: none).
+    pub jitter: jiff::SignedDuration,
+    /// The job's identity hashed, from which each fire's jitter is derived.
+    pub jitter_seed: u64,
+    /// The calendars that suppress fires (usually none).
+    pub exclusions: Box<[Calendar]>,
 }
 
 impl Timing {
     /// The same as [`Job::next_fire_after`].
     pub fn next_fire_after(&self, t: Timestamp) -> Option<Timestamp> {
         next_fire(self.timetables.iter(), self.start_date, self.end_date, t)
+    }
+
+    /// The name of the first calendar that suppresses a fire at `t`.
+    pub fn excluded_by(&self, t: Timestamp) -> Option<&str> {
+        excluded_by(&self.exclusions, t)
     }
 
     /// The fires in `[from, to)`, by the same rule as the scheduler's (start
@@ -778,6 +848,7 @@ impl Job {
         let spec: JobSpec = serde_json::from_str(canonical).map_err(|e| e.to_string())?;
         let file = JobFile {
             namespace: namespace.to_string(),
+            calendars: vec![],
             jobs: vec![spec],
         };
         file.validate()
@@ -813,9 +884,61 @@ impl JobFile {
                 );
             }
         }
+        // The file's calendars: each checked once, at its own path; a job
+        // gets the valid ones it names.
+        let mut calendars: BTreeMap<&str, Option<&CalendarSpec>> = BTreeMap::new();
+        for (c, cal) in self.calendars.iter().enumerate() {
+            let at = format!("calendars[{c}]");
+            let valid = match Calendar::compile(cal, &at) {
+                Ok(_) => true,
+                Err(mut e) => {
+                    errors.append(&mut e);
+                    false
+                }
+            };
+            if calendars.insert(&cal.name, valid.then_some(cal)).is_some() {
+                errors.push(ValidationError {
+                    path: format!("{at}.name"),
+                    message: format!("calendar {:?} is declared twice", cal.name),
+                    span: None,
+                });
+            }
+        }
         let mut jobs = Vec::new();
         for (i, spec) in self.jobs.iter().enumerate() {
-            match validate_job(&self.namespace, spec, &format!("jobs[{i}]")) {
+            let mut spec = spec.clone();
+            let mut exclude = Vec::new();
+            for (k, e) in spec.exclude.iter().enumerate() {
+                match e {
+                    Exclude::Name(name) => match calendars.get(name.as_str()) {
+                        Some(Some(cal)) => exclude.push(Exclude::Calendar((*cal).clone())),
+                        // In error at its own path.
+                        Some(None) => {}
+                        None => errors.push(ValidationError {
+                            path: format!("jobs[{i}].exclude[{k}]"),
+                            message: format!(
+                                "unknown calendar {name:?}: {}",
+                                if calendars.is_empty() {
+                                    "declare it under `calendars` beside the jobs".to_string()
+                                } else {
+                                    format!(
+                                        "the file declares {}",
+                                        calendars
+                                            .keys()
+                                            .map(|n| format!("{n:?}"))
+                                            .collect::<Vec<_>>()
+                                            .join(", ")
+                                    )
+                                }
+                            ),
+                            span: None,
+                        }),
+                    },
+                    Exclude::Calendar(_) => exclude.push(e.clone()),
+                }
+            }
+            spec.exclude = exclude;
+            match validate_job(&self.namespace, &spec, &format!("jobs[{i}]")) {
                 Ok(job) => jobs.push(job),
                 Err(mut e) => errors.append(&mut e),
             }
@@ -844,6 +967,10 @@ fn check_anchor(text: &str) -> Result<Timestamp, String> {
     }
     Ok(t)
 }
+
+/// The longest schedule `jitter`: a fire delayed further is a different
+/// schedule.
+const MAX_JITTER: std::time::Duration = std::time::Duration::from_secs(86_400);
 
 /// The longest `send_ahead`: a run made earlier than this is more likely
 /// to outlive a change of its job than to gain precision.
@@ -928,6 +1055,58 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
             );
         }
     }
+    if let Some(d) = spec.jitter {
+        if d.0.is_zero() || d.0 > MAX_JITTER {
+            err(
+                format!("{at}.jitter"),
+                format!("must be between 1ms and {}", Dur(MAX_JITTER)),
+            );
+        }
+        if spec.schedule.is_none() {
+            err(
+                format!("{at}.jitter"),
+                "only a scheduled job has fires to delay; add a `schedule`".into(),
+            );
+        }
+        if spec.send_ahead.is_some() {
+            err(
+                format!("{at}.jitter"),
+                "`send_ahead` starts tasks precisely at the instant and `jitter` moves it: use one of them".into(),
+            );
+        }
+    }
+    if spec.exclude.len() > MAX_CALENDAR_ENTRIES {
+        err(
+            format!("{at}.exclude"),
+            format!(
+                "{} calendars; a job excludes at most {MAX_CALENDAR_ENTRIES}",
+                spec.exclude.len()
+            ),
+        );
+    }
+    let mut calendars = Vec::new();
+    let mut calendar_errors = Vec::new();
+    let mut names = std::collections::BTreeSet::new();
+    for (k, e) in spec.exclude.iter().enumerate() {
+        match e {
+            Exclude::Name(name) => err(
+                format!("{at}.exclude[{k}]"),
+                format!("unknown calendar {name:?}: declare it under `calendars` beside the jobs"),
+            ),
+            Exclude::Calendar(cal) => {
+                if !names.insert(cal.name.clone()) {
+                    err(
+                        format!("{at}.exclude[{k}]"),
+                        format!("calendar {:?} is listed twice", cal.name),
+                    );
+                }
+                match Calendar::compile(cal, &format!("{at}.exclude[{k}]")) {
+                    Ok(c) => calendars.push(c),
+                    Err(mut e) => calendar_errors.append(&mut e),
+                }
+            }
+        }
+    }
     let anchor = spec
         .anchor
         .as_deref()
@@ -1004,6 +1183,7 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
             });
         }
     }
+    errors.extend(calendar_errors);
     errors.extend(check_params(&spec.params, &format!("{at}.params")));
     let retry_errors = crate::retry::check_spec(&spec.retry, &format!("{at}.retry"));
     errors.extend(retry_errors);
@@ -1172,6 +1352,7 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
             schedules,
             tasks,
             dag,
+            calendars,
         }),
         _ => Err(errors),
     }

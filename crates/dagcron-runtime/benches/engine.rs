@@ -73,6 +73,8 @@ fn job(name: String, schedule: Option<String>, tasks: Vec<TaskSpec>) -> JobSpec 
         max_catchup: 10,
         deadline: None,
         send_ahead: None,
+        jitter: None,
+        exclude: vec![],
         params: BTreeMap::new(),
         retry: RetrySpec::default(),
         delivery: Default::default(),
@@ -190,6 +192,7 @@ async fn apply(handle: &EngineHandle, mut specs: impl Iterator<Item = JobSpec>) 
         }
         let jobs = JobFile {
             namespace: "bench".into(),
+            calendars: vec![],
             jobs: chunk,
         }
         .validate()

@@ -1520,3 +1520,115 @@ async fn backpressure_bounds_waiting_runs_and_refuses_manual_work() {
     h.idle().await;
     h.stop().await;
 }
+
+#[tokio::test]
+async fn fires_in_an_exclusion_calendar_are_suppressed_on_time_and_after_downtime() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply(concat!(
+        "namespace: t\ncalendars:\n",
+        "  - { name: quiet, timezone: Europe/Berlin, cron: ['2,3,7 * * * *'] }\n",
+        "jobs:\n",
+        "  - { name: a, schedule: '0 * * * * *', misfire: run_all, exclude: [quiet], tasks: [{ id: a, shell: 'true' }] }\n",
+    ))
+    .await;
+    for n in 1..=5 {
+        h.clock.advance(SignedDuration::from_secs(60));
+        h.until("the minute's fire recorded", async |s| {
+            s.list_fires("t", "a", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+                .await
+                .unwrap()
+                .len()
+                == n
+        })
+        .await;
+        h.idle().await;
+    }
+    use FireOutcome::*;
+    assert_eq!(
+        outcomes_of(&h.fires("a").await),
+        [Fired, Suppressed, Suppressed, Fired, Fired]
+    );
+    assert!(
+        h.fires("a").await[1..3]
+            .iter()
+            .all(|f| f.run_id.is_none() && f.calendar.as_deref() == Some("quiet")),
+        "a suppressed fire makes no run and names its calendar"
+    );
+    assert_eq!(h.fires("a").await[0].calendar, None);
+    assert_eq!(h.runs("a").await.len(), 3);
+    assert_eq!(
+        h.sample(r#"dagcron_fires_total{namespace="t",job="a",outcome="suppressed"}"#),
+        2.0
+    );
+    // Down over minutes 6 to 9: minute 7 is suppressed, the others are
+    // caught up by the misfire policy.
+    let (dir, clock) = h.stop().await;
+    clock.advance(SignedDuration::from_secs(4 * 60 + 30));
+    let config = EngineConfig {
+        misfire_grace: Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let h = start(dir, clock, config).await;
+    h.idle().await;
+    let fires = h.fires("a").await;
+    assert_eq!(
+        outcomes_of(&fires[5..]),
+        [MissedCaughtUp, Suppressed, MissedCaughtUp, MissedCaughtUp]
+    );
+    assert_eq!(fires[6].scheduled_at, ts("2026-01-01T00:07:00Z"));
+    assert_eq!(fires[6].calendar.as_deref(), Some("quiet"));
+    assert_eq!(h.runs("a").await.len(), 6);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_jittered_fire_is_made_late_by_its_amount_and_keeps_its_instant() {
+    let yaml = "namespace: t\njobs:\n  - { name: spread, schedule: '@hourly', jitter: 30m, tasks: [{ id: a, shell: 'true' }] }\n";
+    let file: JobFile = serde_saphyr::from_str(yaml).unwrap();
+    let timing = file.validate().unwrap()[0].timing();
+    let at = ts("2026-01-01T01:00:00Z");
+    let due = dagcron_core::fires::jittered(&timing, at);
+    let delay = due.duration_since(at);
+    assert!(
+        delay > SignedDuration::from_secs(1) && delay < SignedDuration::from_mins(30),
+        "{delay:?}"
+    );
+    let h = fresh("2026-01-01T00:30:00Z").await;
+    h.apply(yaml).await;
+    // At the nominal instant nothing fires yet.
+    h.clock.set(at);
+    h.handle.ping().await.unwrap();
+    h.handle.ping().await.unwrap();
+    assert!(h.fires("spread").await.is_empty());
+    h.clock.set(due);
+    h.until("the jittered fire", async |s| {
+        !s.list_runs("t", "spread", 10, None)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    })
+    .await;
+    h.idle().await;
+    let fires = h.fires("spread").await;
+    assert_eq!(fires.len(), 1);
+    assert_eq!(
+        fires[0].scheduled_at, at,
+        "the ledger keeps the nominal instant"
+    );
+    assert_eq!(fires[0].outcome, FireOutcome::Fired);
+    let run = &h.runs("spread").await[0];
+    assert_eq!(run.scheduled_at, at);
+    assert_eq!(run.created_at, due, "made at the jittered instant");
+    assert_eq!(
+        h.sample(r#"dagcron_fire_lateness_seconds_count{namespace="t"}"#),
+        1.0
+    );
+    assert_eq!(
+        h.sample(r#"dagcron_fire_lateness_seconds_sum{namespace="t"}"#),
+        0.0,
+        "the jitter is not lateness"
+    );
+    assert_eq!(run.state, RunState::Succeeded);
+    h.stop().await;
+}

@@ -30,6 +30,7 @@ struct Columns<'a> {
     int2: Vec<i64>,
     int3: Vec<i64>,
     opt: Vec<Option<i64>>,
+    opt_text: Vec<Option<&'a str>>,
 }
 
 /// Applies a batch; `None` when it must be applied one write at a time.
@@ -59,6 +60,7 @@ pub(crate) async fn apply(
             job,
             scheduled_at,
             outcome,
+            calendar,
             run,
         } = w
         {
@@ -68,14 +70,15 @@ pub(crate) async fn apply(
             fires.int1.push(scheduled_at.as_microsecond());
             fires.text3.push(outcome.as_str());
             fires.opt.push(run.as_ref().map(|r| r.id));
+            fires.opt_text.push(calendar.as_deref());
         }
     }
     let mut runs: Vec<&NewRun> = Vec::new();
     if !fires.index.is_empty() {
         *sent += 1;
         let inserted: Vec<(String, String, i64)> = sqlx::query_as(
-            "INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id, node_epoch)
-             SELECT n, j, a, o, r, $6 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[]) AS v(n, j, a, o, r)
+            "INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id, node_epoch, calendar)
+             SELECT n, j, a, o, r, $6, c FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::bigint[], $7::text[]) AS v(n, j, a, o, r, c)
              ON CONFLICT DO NOTHING RETURNING namespace, job, scheduled_at",
         )
         .bind(&fires.text1)
@@ -84,6 +87,7 @@ pub(crate) async fn apply(
         .bind(&fires.text3)
         .bind(&fires.opt)
         .bind(epoch)
+        .bind(&fires.opt_text)
         .fetch_all(&mut *conn)
         .await?;
         let inserted: HashSet<(&str, &str, i64)> = inserted

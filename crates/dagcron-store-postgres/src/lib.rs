@@ -517,10 +517,11 @@ async fn apply(
             job,
             scheduled_at,
             outcome,
+            calendar,
             run,
         } => {
             let n = sqlx::query(
-                "INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id, node_epoch) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+                "INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id, node_epoch, calendar) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
             )
             .bind(namespace)
             .bind(job)
@@ -528,6 +529,7 @@ async fn apply(
             .bind(outcome.as_str())
             .bind(run.as_ref().map(|r| r.id))
             .bind(epoch)
+            .bind(calendar)
             .execute(&mut *conn)
             .await?
             .rows_affected();
@@ -933,8 +935,8 @@ impl Store for PgStore {
         to: Timestamp,
         limit: u32,
     ) -> Result<Vec<FireRecord>> {
-        let rows: Vec<(i64, String, Option<i64>)> = sqlx::query_as(
-            "SELECT scheduled_at, outcome, run_id FROM fires WHERE namespace = $1 AND job = $2 AND scheduled_at >= $3 AND scheduled_at < $4 ORDER BY scheduled_at LIMIT $5",
+        let rows: Vec<(i64, String, Option<i64>, Option<String>)> = sqlx::query_as(
+            "SELECT scheduled_at, outcome, run_id, calendar FROM fires WHERE namespace = $1 AND job = $2 AND scheduled_at >= $3 AND scheduled_at < $4 ORDER BY scheduled_at LIMIT $5",
         )
         .bind(namespace)
         .bind(job)
@@ -945,11 +947,12 @@ impl Store for PgStore {
         .await
         .map_err(unavailable)?;
         rows.into_iter()
-            .map(|(t, o, run_id)| {
+            .map(|(t, o, run_id, calendar)| {
                 Ok(FireRecord {
                     scheduled_at: ts(t)?,
                     outcome: FireOutcome::parse(&o)
                         .ok_or_else(|| StorageError::Corrupt(format!("fire outcome {o:?}")))?,
+                    calendar,
                     run_id,
                 })
             })

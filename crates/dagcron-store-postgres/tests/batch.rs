@@ -155,6 +155,7 @@ async fn reset(store: &PgStore, url: &str) {
                 job: "j".into(),
                 scheduled_at: t(100),
                 outcome: FireOutcome::Fired,
+                calendar: None,
                 run: Some(new_run(1, 100)),
             },
             Write::Fire {
@@ -162,6 +163,7 @@ async fn reset(store: &PgStore, url: &str) {
                 job: "j".into(),
                 scheduled_at: t(200),
                 outcome: FireOutcome::Fired,
+                calendar: None,
                 run: Some(two),
             },
         ])

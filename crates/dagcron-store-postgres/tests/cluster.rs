@@ -19,6 +19,7 @@ fn fire(at: i64, run_id: i64) -> Write {
         job: "j".into(),
         scheduled_at: Timestamp::from_second(at).unwrap(),
         outcome: FireOutcome::Fired,
+        calendar: None,
         run: Some(new_run(run_id, at)),
     }
 }

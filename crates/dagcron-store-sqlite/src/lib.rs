@@ -358,8 +358,8 @@ impl Store for SqliteStore {
         to: Timestamp,
         limit: u32,
     ) -> Result<Vec<FireRecord>> {
-        let rows: Vec<(i64, String, Option<i64>)> = sqlx::query_as(
-            "SELECT scheduled_at, outcome, run_id FROM fires WHERE namespace = ? AND job = ? AND scheduled_at >= ? AND scheduled_at < ? ORDER BY scheduled_at LIMIT ?",
+        let rows: Vec<(i64, String, Option<i64>, Option<String>)> = sqlx::query_as(
+            "SELECT scheduled_at, outcome, run_id, calendar FROM fires WHERE namespace = ? AND job = ? AND scheduled_at >= ? AND scheduled_at < ? ORDER BY scheduled_at LIMIT ?",
         )
         .bind(namespace)
         .bind(job)
@@ -370,11 +370,12 @@ impl Store for SqliteStore {
         .await
         .map_err(unavailable)?;
         rows.into_iter()
-            .map(|(t, o, run_id)| {
+            .map(|(t, o, run_id, calendar)| {
                 Ok(FireRecord {
                     scheduled_at: ts(t)?,
                     outcome: FireOutcome::parse(&o)
                         .ok_or_else(|| StorageError::Corrupt(format!("fire outcome {o:?}")))?,
+                    calendar,
                     run_id,
                 })
             })

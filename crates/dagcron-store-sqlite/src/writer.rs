@@ -163,11 +163,12 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
             job,
             scheduled_at,
             outcome,
+            calendar,
             run,
         } => {
             let n = tx
-                .prepare_cached("INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING")?
-                .execute(params![namespace, job, scheduled_at.as_microsecond(), outcome.as_str(), run.as_ref().map(|r| r.id)])?;
+                .prepare_cached("INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id, calendar) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING")?
+                .execute(params![namespace, job, scheduled_at.as_microsecond(), outcome.as_str(), run.as_ref().map(|r| r.id), calendar])?;
             if n == 0 {
                 return Ok(WriteResult::fire_recorded(namespace, job, *scheduled_at));
             }

@@ -32,6 +32,7 @@ macro_rules! conformance_tests {
             attempts_and_logs,
             runs_are_paginated_newest_first,
             fires_and_recovery_queries,
+            a_suppressed_fire_keeps_its_calendar,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -86,8 +87,45 @@ fn fire(scheduled: i64, run: Option<NewRun>) -> Write {
         job: "j".into(),
         scheduled_at: t(scheduled),
         outcome,
+        calendar: None,
         run,
     }
+}
+
+/// A fire suppressed by an exclusion calendar is listed with the
+/// calendar's name, alone or in a batch of fires (grouped by a backend that
+/// groups), beside fires that have none.
+pub async fn a_suppressed_fire_keeps_its_calendar<S: Store>(s: &S) {
+    s.apply_jobs(&[job("ns", "j", "{}")], t(1)).await.unwrap();
+    let suppressed = |at: i64, calendar: &str| Write::Fire {
+        namespace: "ns".into(),
+        job: "j".into(),
+        scheduled_at: t(at),
+        outcome: FireOutcome::Suppressed,
+        calendar: Some(calendar.into()),
+        run: None,
+    };
+    s.write(&[suppressed(100, "holidays")]).await.unwrap();
+    s.write(&[
+        fire(200, Some(new_run(1, 200))),
+        suppressed(300, "maintenance"),
+        fire(400, None),
+    ])
+    .await
+    .unwrap();
+    let fires = s.list_fires("ns", "j", t(0), t(1000), 10).await.unwrap();
+    assert_eq!(
+        fires
+            .iter()
+            .map(|f| (f.scheduled_at.as_second(), f.outcome, f.calendar.as_deref()))
+            .collect::<Vec<_>>(),
+        [
+            (100, FireOutcome::Suppressed, Some("holidays")),
+            (200, FireOutcome::Fired, None),
+            (300, FireOutcome::Suppressed, Some("maintenance")),
+            (400, FireOutcome::SkippedOverlap, None),
+        ]
+    );
 }
 
 /// Applying the same spec twice changes nothing; a new spec makes a new version.

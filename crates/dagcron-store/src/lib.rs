@@ -170,6 +170,8 @@ pub enum Write {
         scheduled_at: Timestamp,
         /// What happened.
         outcome: FireOutcome,
+        /// The exclusion calendar that suppressed it (`suppressed` only).
+        calendar: Option<String>,
         /// The run it created.
         run: Option<NewRun>,
     },
@@ -476,6 +478,8 @@ pub struct FireRecord {
     pub scheduled_at: Timestamp,
     /// What happened.
     pub outcome: FireOutcome,
+    /// The exclusion calendar that suppressed it (`suppressed` only).
+    pub calendar: Option<String>,
     /// The run it created.
     pub run_id: Option<RunId>,
 }

@@ -24,7 +24,8 @@ pub struct JobAnswer {
     /// Last change.
     #[schema(value_type = String, format = DateTime)]
     pub updated_at: Timestamp,
-    /// The next scheduled fire (none: paused, unscheduled or past its end).
+    /// The next scheduled fire that no exclusion calendar suppresses (none:
+    /// paused, unscheduled, past its end, or every fire suppressed).
     #[schema(value_type = Option<String>, format = DateTime)]
     pub next_fire: Option<Timestamp>,
     /// The declaration as applied (the job file's fields).
@@ -36,7 +37,7 @@ impl JobAnswer {
     /// The answer for a stored job, its next fire computed at `now`.
     pub fn of(job: &StoredJob, now: Timestamp) -> JobAnswer {
         let next_fire = match Job::from_canonical(&job.namespace, &job.spec) {
-            Ok(j) if !job.paused => j.next_fire_after(now),
+            Ok(j) if !job.paused => j.next_unsuppressed_after(now),
             _ => None,
         };
         JobAnswer {

@@ -141,6 +141,9 @@ pub struct FireAnswer {
     pub scheduled_at: Timestamp,
     /// `fired`, `skipped_overlap`, `missed_caught_up`, `missed_skipped` or `suppressed`.
     pub outcome: String,
+    /// For a `suppressed` fire: the exclusion calendar that suppressed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<String>,
     /// The run it created.
     pub run_id: Option<i64>,
 }
@@ -150,6 +153,7 @@ impl From<&FireRecord> for FireAnswer {
         FireAnswer {
             scheduled_at: f.scheduled_at,
             outcome: f.outcome.as_str().into(),
+            calendar: f.calendar.clone(),
             run_id: f.run_id,
         }
     }

@@ -344,3 +344,107 @@ fn regression_schedules_tasks_and_parameters_per_job_are_bounded() {
         "{problems:?}"
     );
 }
+
+const CALENDARS: &str = r#"
+namespace: billing
+calendars:
+  - name: holidays
+    timezone: Europe/Berlin
+    dates: ["12-25", "12-26", "01-01"]
+    ranges: [{ from: "2026-12-24T00:00:00Z", to: "2027-01-02T00:00:00Z" }]
+  - name: maintenance
+    timezone: UTC
+    weekly: [{ days: [SUN], from: "02:00", to: "04:00" }]
+    cron: ["* 3 1 * *"]
+jobs:
+  - name: nightly-reconcile
+    schedule: "0 30 2 * * *"
+    exclude: [holidays, maintenance]
+    jitter: 30s
+    tasks: [{ id: a, noop: true }]
+  - name: other
+    schedule: "@hourly"
+    tasks: [{ id: a, noop: true }]
+"#;
+
+#[test]
+fn calendars_are_resolved_into_the_jobs_that_exclude_them() {
+    let jobs = load(CALENDARS).validate().unwrap();
+    let job = &jobs[0];
+    assert_eq!(job.calendars.len(), 2);
+    assert_eq!(
+        job.excluded_by(ts("2026-12-25T02:30:00Z")),
+        Some("holidays")
+    );
+    assert_eq!(
+        job.excluded_by(ts("2026-12-06T02:30:00Z")),
+        Some("maintenance")
+    );
+    assert_eq!(job.excluded_by(ts("2026-12-07T02:30:00Z")), None);
+    assert_eq!(jobs[1].excluded_by(ts("2026-12-25T02:30:00Z")), None);
+    // The preview's next fire skips the holidays.
+    assert_eq!(
+        job.next_unsuppressed_after(ts("2026-12-23T12:00:00Z")),
+        Some(ts("2027-01-02T02:30:00Z"))
+    );
+    // The stored form carries the calendars, and rebuilds the same job.
+    let canonical = job.canonical();
+    assert!(
+        canonical.contains(r#""exclude":[{"name":"holidays","timezone":"Europe/Berlin""#),
+        "{canonical}"
+    );
+    let back = dagcron_core::Job::from_canonical("billing", &canonical).unwrap();
+    assert_eq!(back.canonical(), canonical);
+    assert_eq!(
+        back.excluded_by(ts("2026-12-25T02:30:00Z")),
+        Some("holidays")
+    );
+    assert_eq!(back.timing().jitter, jiff::SignedDuration::from_secs(30));
+    // A job without calendars or jitter keeps its stored form (and version).
+    let plain: serde_json::Value = serde_json::from_str(&jobs[1].canonical()).unwrap();
+    assert!(plain.get("exclude").is_none() && plain.get("jitter").is_none());
+    // Changing a calendar changes the jobs that use it, and only those.
+    let changed = load(&CALENDARS.replace("\"01-01\"", "\"01-01\", \"05-01\""))
+        .validate()
+        .unwrap();
+    assert_ne!(changed[0].canonical(), canonical);
+    assert_eq!(changed[1].canonical(), jobs[1].canonical());
+}
+
+#[test]
+fn calendars_and_jitter_are_checked_with_their_paths() {
+    let yaml = r#"
+namespace: billing
+calendars:
+  - name: holidays
+    dates: ["13-01"]
+  - name: holidays
+    weekly: [{ days: [SUN], from: "02:00", to: "4am" }]
+  - name: empty
+jobs:
+  - name: a
+    schedule: "@hourly"
+    exclude: [holidays, maintenance]
+    jitter: 0s
+    tasks: [{ id: a, noop: true }]
+  - name: b
+    jitter: 2d
+    send_ahead: 1s
+    tasks: [{ id: a, noop: true }]
+"#;
+    expect_test::expect![[r#"
+        [
+            "calendars[0].dates[0]: \"13-01\" is not a day of any year",
+            "calendars[1].weekly[0].to: invalid time \"4am\": use HH:MM or HH:MM:SS, such as \"02:00\" (or 24:00)",
+            "calendars[1].name: calendar \"holidays\" is declared twice",
+            "calendars[2]: an empty calendar excludes nothing: give it `dates`, `ranges`, `weekly` or `cron`",
+            "jobs[0].exclude[1]: unknown calendar \"maintenance\": the file declares \"empty\", \"holidays\"",
+            "jobs[0].jitter: must be between 1ms and 1d",
+            "jobs[1].send_ahead: only a scheduled job has instants to send ahead of; add a `schedule`",
+            "jobs[1].jitter: must be between 1ms and 1d",
+            "jobs[1].jitter: only a scheduled job has fires to delay; add a `schedule`",
+            "jobs[1].jitter: `send_ahead` starts tasks precisely at the instant and `jitter` moves it: use one of them",
+        ]
+    "#]]
+    .assert_debug_eq(&errors(yaml));
+}

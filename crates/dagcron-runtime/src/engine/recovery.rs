@@ -189,6 +189,14 @@ impl<S: Store> Engine<S> {
                 }
                 // Deleted meanwhile (through another node).
                 (FireOutcome::MissedCaughtUp, None) => {}
+                (FireOutcome::Suppressed, _) => {
+                    let calendar = self.jobs[key]
+                        .timing
+                        .excluded_by(at)
+                        .unwrap_or_default()
+                        .to_string();
+                    self.record_suppressed(key, at, &calendar);
+                }
                 (other, _) => self.record_fire(key, at, other, None),
             }
         }

@@ -96,12 +96,45 @@ impl<S: Store> Engine<S> {
         outcome: FireOutcome,
         run: Option<NewRun>,
     ) {
+        self.record_fire_of(key, at, outcome, None, run);
+    }
+
+    /// Records a fire of `key` at `at` suppressed by the job's exclusion
+    /// calendar `calendar`: no run.
+    pub(super) fn record_suppressed(&mut self, key: &JobKey, at: Timestamp, calendar: &str) {
+        tracing::info!(
+            job = %format!("{}/{}", key.0, key.1),
+            calendar,
+            "fire of {at} suppressed by a calendar"
+        );
+        self.record_fire_of(
+            key,
+            at,
+            FireOutcome::Suppressed,
+            Some(calendar.to_string()),
+            None,
+        );
+    }
+
+    fn record_fire_of(
+        &mut self,
+        key: &JobKey,
+        at: Timestamp,
+        outcome: FireOutcome,
+        calendar: Option<String>,
+        run: Option<NewRun>,
+    ) {
         if let Some(m) = &self.config.metrics {
-            // Lateness of the fires made on time, not of those caught up.
+            // Lateness of the fires made on time, not of those caught up,
+            // counted from the instant a jittered fire was due.
+            let due = self
+                .jobs
+                .get(key)
+                .map_or(at, |e| fires::jittered(&e.timing, at));
             let lateness = run
                 .as_ref()
                 .filter(|r| outcome == FireOutcome::Fired && r.trigger == Trigger::Schedule)
-                .map(|r| r.created_at.duration_since(at).as_secs_f64());
+                .map(|r| r.created_at.duration_since(due).as_secs_f64());
             if let Some(series) = self.jobs.get(key).and_then(|e| e.series.as_deref()) {
                 m.fire(series, outcome, lateness);
             } else if let Some((key, _)) = self.jobs.get_key_value(key) {
@@ -117,6 +150,7 @@ impl<S: Store> Engine<S> {
             job: key.1.clone(),
             scheduled_at: at,
             outcome,
+            calendar,
             run,
         });
     }

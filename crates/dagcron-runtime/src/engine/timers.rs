@@ -54,7 +54,9 @@ impl<S: Store> Engine<S> {
                     // Ordinary delays (a busy loop, a slow commit) never
                     // count: at least RUNNING_GRACE_FLOOR.
                     let grace = self.config.misfire_grace.max(RUNNING_GRACE_FLOOR);
-                    if now.duration_since(at)
+                    // A jittered fire is due at its delayed instant.
+                    let due = fires::jittered(&self.jobs[&*key].timing, at);
+                    if now.duration_since(due)
                         > SignedDuration::try_from(grace).unwrap_or(SignedDuration::MAX)
                     {
                         // The process was suspended or the wall clock
@@ -68,6 +70,15 @@ impl<S: Store> Engine<S> {
                         );
                         let since = at.checked_sub(SignedDuration::from_nanos(1)).unwrap_or(at);
                         self.catch_up_beside(&key, since, now, grace);
+                        continue;
+                    }
+                    let excluded = self.jobs[&*key].timing.excluded_by(at).map(str::to_string);
+                    if let Some(calendar) = excluded {
+                        // Suppressed by an exclusion calendar: recorded
+                        // with its name, and no run.
+                        self.record_suppressed(&key, at, &calendar);
+                        self.jobs.get_mut(&*key).expect("job").last_fire = Some(at);
+                        self.arm_next_fire(&key, at);
                         continue;
                     }
                     let Some(job) = self.jobs[&*key].job.clone() else {
@@ -130,7 +141,7 @@ impl<S: Store> Engine<S> {
             return;
         }
         let entry = self.jobs.get_mut(&*key).expect("current");
-        let fire_at = at.checked_sub(entry.timing.send_ahead).unwrap_or(at);
+        let fire_at = fires::handle_at(&entry.timing, at);
         let when = match job {
             Ok(Some(job)) => {
                 entry.job.get_or_insert(job);
