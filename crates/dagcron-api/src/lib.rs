@@ -8,10 +8,12 @@ pub mod audit;
 pub mod auth;
 mod error;
 mod metrics;
+mod reruns;
 mod routes;
 pub mod schedules;
 pub mod secrets;
 pub mod tokens;
+mod versions;
 pub mod wire;
 
 use std::sync::Arc;
