@@ -30,7 +30,11 @@ fn no_version(ns: &str, name: &str, v: i64) -> ApiError {
 }
 
 /// The version a job is at now (none: deleted).
-async fn current<S: Store>(st: &AppState<S>, ns: &str, name: &str) -> Result<Option<i64>, ApiError> {
+async fn current<S: Store>(
+    st: &AppState<S>,
+    ns: &str,
+    name: &str,
+) -> Result<Option<i64>, ApiError> {
     Ok(st.store.get_job(ns, name).await?.map(|j| j.version))
 }
 

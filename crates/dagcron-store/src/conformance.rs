@@ -12,8 +12,7 @@ use jiff::Timestamp;
 use dagcron_core::Rules;
 
 use crate::{
-    Actor, ApplyResult, JobUpsert, NewRun, Origin, StorageError, Store, Trigger, Write,
-    WriteResult,
+    Actor, ApplyResult, JobUpsert, NewRun, Origin, StorageError, Store, Trigger, Write, WriteResult,
 };
 
 /// Generates one `#[tokio::test]` per conformance case.
@@ -206,7 +205,11 @@ pub async fn versions_record_who_when_and_rollbacks<S: Store>(s: &S) {
             .await
             .unwrap();
         seen.extend(page.items.iter().map(|v| v.version));
-        assert!(page.items.iter().all(|v| v.namespace == "ns" && v.name == "j"));
+        assert!(
+            page.items
+                .iter()
+                .all(|v| v.namespace == "ns" && v.name == "j")
+        );
         match page.next_cursor {
             Some(c) => cursor = Some(c),
             None => break,
@@ -256,7 +259,10 @@ pub async fn new_rules_make_a_new_version_and_old_versions_are_stamped<S: Store>
         (job.version, job.rules, version.info.rules)
     };
     let same_zones = rules(1, "2026b", "aa");
-    let r = s.apply_jobs(&[under(Some(same_zones))], t(2)).await.unwrap();
+    let r = s
+        .apply_jobs(&[under(Some(same_zones))], t(2))
+        .await
+        .unwrap();
     assert_eq!(r, [ApplyResult::Unchanged(1)]);
     let berlin_moved = rules(1, "2026b", "bb");
     let r = s
@@ -275,19 +281,26 @@ pub async fn new_rules_make_a_new_version_and_old_versions_are_stamped<S: Store>
     assert_eq!(r, [ApplyResult::Updated(3)], "new cron semantics");
 
     // A version without rules (none known when applied).
-    s.apply_jobs(&[JobUpsert {
-        rules: None,
-        ..job("ns", "old", "{1}")
-    }], t(5))
-        .await
-        .unwrap();
+    s.apply_jobs(
+        &[JobUpsert {
+            rules: None,
+            ..job("ns", "old", "{1}")
+        }],
+        t(5),
+    )
+    .await
+    .unwrap();
     let old = s.get_job("ns", "old").await.unwrap().unwrap();
     assert_eq!(old.rules, None);
     let r = s
         .apply_jobs(&[job("ns", "old", "{1}")], t(6))
         .await
         .unwrap();
-    assert_eq!(r, [ApplyResult::Unchanged(1)], "unknown rules count as the same");
+    assert_eq!(
+        r,
+        [ApplyResult::Unchanged(1)],
+        "unknown rules count as the same"
+    );
     let stamp = rules(1, "2026c", "cc");
     s.stamp_rules(&[
         ("ns".into(), "old".into(), 1, stamp.clone()),

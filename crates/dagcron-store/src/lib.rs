@@ -247,7 +247,10 @@ impl NewRun {
         if self.state.is_terminal() {
             TaskState::Skipped
         } else {
-            self.carried.get(task).copied().unwrap_or(TaskState::Pending)
+            self.carried
+                .get(task)
+                .copied()
+                .unwrap_or(TaskState::Pending)
         }
     }
 }

@@ -74,7 +74,11 @@ fn versions_are_listed_diffed_and_rolled_back_from_the_command_line() {
         diff.starts_with("--- e2e/report version 1\n+++ e2e/report version 2\n@@ "),
         "{diff}"
     );
-    for line in ["-schedule: 0 0 3 * * *", "+schedule: 0 30 4 * * *", "+- id: send"] {
+    for line in [
+        "-schedule: 0 0 3 * * *",
+        "+schedule: 0 30 4 * * *",
+        "+- id: send",
+    ] {
         assert!(diff.lines().any(|l| l == line), "{line:?} in\n{diff}");
     }
     assert!(
@@ -102,11 +106,19 @@ fn versions_are_listed_diffed_and_rolled_back_from_the_command_line() {
         ok(&server, &["jobs", "diff", "e2e/report", "1", "3"]),
         "versions 1 and 3 of e2e/report are the same\n"
     );
-    let json: Value =
-        serde_json::from_str(&ok(&server, &["--json", "jobs", "diff", "e2e/report", "3", "2"]))
-            .unwrap();
-    assert_eq!((json["from"].clone(), json["to"].clone()), (json!(3), json!(2)));
-    assert!(json["diff"].as_str().unwrap().contains("+- id: send"), "{json}");
+    let json: Value = serde_json::from_str(&ok(
+        &server,
+        &["--json", "jobs", "diff", "e2e/report", "3", "2"],
+    ))
+    .unwrap();
+    assert_eq!(
+        (json["from"].clone(), json["to"].clone()),
+        (json!(3), json!(2))
+    );
+    assert!(
+        json["diff"].as_str().unwrap().contains("+- id: send"),
+        "{json}"
+    );
     assert_eq!(
         ok(&server, &["jobs", "rollback", "e2e/report", "--to", "3"]),
         "e2e/report is already equal to version 3 (it stays at version 3)\n"
@@ -114,7 +126,10 @@ fn versions_are_listed_diffed_and_rolled_back_from_the_command_line() {
 
     // Versions that do not exist, or that are not numbers: a clear error.
     let (success, _, err) = cli(&server, &["jobs", "rollback", "e2e/report", "--to", "99"]);
-    assert!(!success && err.contains("404") && err.contains("no version 99"), "{err}");
+    assert!(
+        !success && err.contains("404") && err.contains("no version 99"),
+        "{err}"
+    );
     for bad in ["0", "latest", "99999999999999999999"] {
         let (success, _, err) = cli(&server, &["jobs", "diff", "e2e/report", "1", bad]);
         assert!(!success && err.contains("invalid value"), "{bad}: {err}");
@@ -139,10 +154,20 @@ fn a_failed_run_is_rerun_from_its_failed_tasks_from_the_command_line() {
         "namespace: e2e\njobs:\n  - name: etl\n    params: {{ region: eu }}\n    tasks:\n      - {{ id: extract, shell: 'true' }}\n      - {{ id: load, depends_on: [extract], shell: 'test -e {}' }}\n",
         fixed.display()
     );
-    ok(&server, &["apply", "-f", &write(dir.path(), "etl.yaml", &file)]);
+    ok(
+        &server,
+        &["apply", "-f", &write(dir.path(), "etl.yaml", &file)],
+    );
     let triggered = ok(
         &server,
-        &["--json", "jobs", "trigger", "e2e/etl", "--param", "region=us"],
+        &[
+            "--json",
+            "jobs",
+            "trigger",
+            "e2e/etl",
+            "--param",
+            "region=us",
+        ],
     );
     let first = serde_json::from_str::<Value>(&triggered).unwrap()["id"]
         .as_i64()
@@ -157,9 +182,9 @@ fn a_failed_run_is_rerun_from_its_failed_tasks_from_the_command_line() {
         "{shown}"
     );
     assert!(
-        shown
-            .lines()
-            .any(|l| l.contains("extract") && l.contains("succeeded") && l.contains("carried over")),
+        shown.lines().any(|l| l.contains("extract")
+            && l.contains("succeeded")
+            && l.contains("carried over")),
         "{shown}"
     );
     let again: i64 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
@@ -172,7 +197,10 @@ fn a_failed_run_is_rerun_from_its_failed_tasks_from_the_command_line() {
 
     // Nothing failed: asked for its failed tasks, the re-run is refused.
     let (success, _, err) = cli(&server, &["runs", "rerun", &again.to_string(), "--failed"]);
-    assert!(!success && err.contains("409") && err.contains("re-run it whole"), "{err}");
+    assert!(
+        !success && err.contains("409") && err.contains("re-run it whole"),
+        "{err}"
+    );
     let whole: Value = serde_json::from_str(&ok(
         &server,
         &["--json", "runs", "rerun", &again.to_string()],
@@ -181,15 +209,17 @@ fn a_failed_run_is_rerun_from_its_failed_tasks_from_the_command_line() {
     assert_eq!(whole["rerun_of"], again);
     server.wait_run(whole["id"].as_i64().unwrap(), "succeeded");
     let (success, _, err) = cli(&server, &["runs", "rerun", "123"]);
-    assert!(!success && err.contains("404") && err.contains("no run 123"), "{err}");
+    assert!(
+        !success && err.contains("404") && err.contains("no run 123"),
+        "{err}"
+    );
     assert_eq!(server.all_runs("etl").len(), 3);
 }
 
 /// The rules a version of a job was stored with, as a server of another
 /// release (another time zone database, in which Europe/Berlin's rules
 /// were other) would have written them.
-const OLD_RULES: &str =
-    r#"{"cron":1,"tzdb":"2000a","zones":{"Europe/Berlin":"0123456789abcdef"}}"#;
+const OLD_RULES: &str = r#"{"cron":1,"tzdb":"2000a","zones":{"Europe/Berlin":"0123456789abcdef"}}"#;
 
 #[test]
 fn an_upgrade_that_changes_a_zones_rules_is_reported_at_start() {
@@ -222,23 +252,36 @@ fn an_upgrade_that_changes_a_zones_rules_is_reported_at_start() {
     };
     assert!(
         warning.contains("WARN")
-            && warning.contains("e2e/berlin (rules of Europe/Berlin changed (time zone database 2000a -> ")
+            && warning.contains(
+                "e2e/berlin (rules of Europe/Berlin changed (time zone database 2000a -> "
+            )
             && !warning.contains("e2e/utc"),
         "{warning}"
     );
     let job = server.get("/api/v1/namespaces/e2e/jobs/berlin");
-    assert_eq!(job["rules_changed"]["zones"], json!(["Europe/Berlin"]), "{job}");
+    assert_eq!(
+        job["rules_changed"]["zones"],
+        json!(["Europe/Berlin"]),
+        "{job}"
+    );
     assert!(
-        server.get("/api/v1/namespaces/e2e/jobs/utc").get("rules_changed").is_none()
+        server
+            .get("/api/v1/namespaces/e2e/jobs/utc")
+            .get("rules_changed")
+            .is_none()
     );
     // Applying the job again accepts the new rules: a new version.
     let applied = ok(&server, &["apply", "-f", &path]);
     assert!(
-        applied.lines().any(|l| l.starts_with("e2e/berlin") && l.contains("updated (version 2)")),
+        applied
+            .lines()
+            .any(|l| l.starts_with("e2e/berlin") && l.contains("updated (version 2)")),
         "{applied}"
     );
     assert!(
-        applied.lines().any(|l| l.starts_with("e2e/utc") && l.contains("unchanged (version 1)")),
+        applied
+            .lines()
+            .any(|l| l.starts_with("e2e/utc") && l.contains("unchanged (version 1)")),
         "{applied}"
     );
     let job = server.get("/api/v1/namespaces/e2e/jobs/berlin");

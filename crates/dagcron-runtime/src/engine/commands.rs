@@ -308,14 +308,13 @@ impl<S: Store> Engine<S> {
                 }
                 // The run and its version's spec are read beside the loop.
                 let store = self.store.clone();
-                self.beside(
-                    async move { read_rerun(&*store, run).await },
-                    move |read| Command::RerunRead {
+                self.beside(async move { read_rerun(&*store, run).await }, move |read| {
+                    Command::RerunRead {
                         read: Box::new(read),
                         failed_only,
                         reply,
-                    },
-                );
+                    }
+                });
             }
             Command::RerunRead {
                 read,
@@ -512,13 +511,7 @@ impl<S: Store> Engine<S> {
         let before: Vec<Option<TaskState>> = job
             .tasks
             .iter()
-            .map(|t| {
-                record
-                    .tasks
-                    .iter()
-                    .find(|r| r.id == t.id)
-                    .map(|r| r.state)
-            })
+            .map(|t| record.tasks.iter().find(|r| r.id == t.id).map(|r| r.state))
             .collect();
         let starts = match dagcron_core::rerun::start_states(&job, &before, failed_only) {
             Ok(starts) => starts,

@@ -100,8 +100,7 @@ pub(crate) enum Command {
     /// The jobs of runs taken over, read beside the loop.
     Adopted {
         runs: Vec<RunRecord>,
-        /// By job and version.
-        jobs: Result<HashMap<(JobKey, i64), Option<Arc<Job>>>, StorageError>,
+        jobs: Result<JobsAt, StorageError>,
         alive: HashSet<i64>,
         reply: Reply<()>,
     },
@@ -147,6 +146,9 @@ pub(crate) enum Command {
         reply: Reply<()>,
     },
 }
+
+/// Jobs as runs of them have them: by job and version.
+pub(crate) type JobsAt = HashMap<(JobKey, i64), Option<Arc<Job>>>;
 
 /// A finished run to re-run, and its job as it was at the run's version.
 pub(crate) struct RerunRead {

@@ -181,7 +181,6 @@ impl<S: Store> Engine<S> {
                 .unwrap_or_default(),
         }
     }
-
 }
 
 /// What makes a new run a re-run.

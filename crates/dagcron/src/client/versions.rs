@@ -110,7 +110,13 @@ pub(super) async fn list(c: &Client, job: &str, out: &mut Output) -> Result<()> 
 }
 
 /// `dagcron jobs diff JOB A B`.
-pub(super) async fn diff(c: &Client, job: &str, from: i64, to: i64, out: &mut Output) -> Result<()> {
+pub(super) async fn diff(
+    c: &Client,
+    job: &str,
+    from: i64,
+    to: i64,
+    out: &mut Output,
+) -> Result<()> {
     let base = format!("{}/versions", job_path(job)?);
     let a: VersionAnswer = c.get(&format!("{base}/{from}")).await?;
     let b: VersionAnswer = c.get(&format!("{base}/{to}")).await?;
@@ -218,9 +224,13 @@ mod tests {
         let name = yaml.find("name: j").unwrap();
         let tasks = yaml.find("tasks:").unwrap();
         assert!(name < tasks, "{yaml}");
-        assert!(!yaml.contains("deadline"), "unset fields are left out: {yaml}");
         assert!(
-            yaml.lines().any(|l| l.trim() == "x: 'null'" || l.trim() == "x: \"null\""),
+            !yaml.contains("deadline"),
+            "unset fields are left out: {yaml}"
+        );
+        assert!(
+            yaml.lines()
+                .any(|l| l.trim() == "x: 'null'" || l.trim() == "x: \"null\""),
             "a string null stays: {yaml}"
         );
         assert!(canonical_yaml(None).is_err());
