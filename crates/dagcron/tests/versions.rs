@@ -194,6 +194,11 @@ fn a_failed_run_is_rerun_from_its_failed_tasks_from_the_command_line() {
         (json!(first), json!({ "region": "us" }))
     );
     assert_eq!(run["tasks"][1]["attempts"][0]["state"], "succeeded");
+    let (success, _, err) = cli(&server, &["logs", &again.to_string(), "extract"]);
+    assert!(
+        !success && err.contains(&format!("carried over from run {first}")),
+        "{err}"
+    );
 
     // Nothing failed: asked for its failed tasks, the re-run is refused.
     let (success, _, err) = cli(&server, &["runs", "rerun", &again.to_string(), "--failed"]);

@@ -142,6 +142,11 @@ pub(super) async fn logs(
                 .iter()
                 .find(|t| t.id == task)
                 .with_context(|| format!("run {run} has no task {task}"))?;
+            if let (true, Some(of)) = (t.carried, r.rerun_of) {
+                bail!(
+                    "task {task} of run {run} did not run: its outcome was carried over from run {of}, whose log it is (dagcron logs {of} {task})"
+                );
+            }
             t.attempts.len() as u32
         }
     };
