@@ -97,9 +97,20 @@ impl IntoResponse for ApiError {
                 details: self.details,
             },
         };
-        (self.status, Json(body)).into_response()
+        let mut resp = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            // When to come back: the backlog drains at the pace of the pool.
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_SECONDS),
+            );
+        }
+        resp
     }
 }
+
+/// The `Retry-After` of a `429`.
+const RETRY_AFTER_SECONDS: &str = "5";
 
 impl From<StorageError> for ApiError {
     fn from(e: StorageError) -> ApiError {
@@ -120,6 +131,7 @@ impl From<EngineError> for ApiError {
             EngineError::NotFound(m) => ApiError::not_found(m),
             EngineError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
             EngineError::Invalid(m) => ApiError::bad_request(m),
+            EngineError::Busy(m) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", m),
             EngineError::Storage(s) => s.into(),
             EngineError::Stopped => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,

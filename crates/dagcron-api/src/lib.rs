@@ -8,6 +8,8 @@ pub mod audit;
 pub mod auth;
 mod error;
 mod metrics;
+mod operations;
+pub mod quotas;
 mod reruns;
 mod routes;
 pub mod schedules;
@@ -44,6 +46,8 @@ pub struct AppState<S: Store> {
     /// The series kept between scrapes of `/metrics` (the engine's
     /// counters); the gauges of the moment are added at each scrape.
     pub metrics: Option<Arc<prometheus_client::registry::Registry>>,
+    /// The trigger buckets of the namespaces' quotas, and their refusals.
+    pub quota: Arc<quotas::QuotaState>,
 }
 
 /// The default of [`AppState::max_body_bytes`]: 2 MiB, room for a job file
@@ -61,6 +65,7 @@ impl<S: Store> Clone for AppState<S> {
             keyring: self.keyring.clone(),
             master_key: self.master_key.clone(),
             metrics: self.metrics.clone(),
+            quota: self.quota.clone(),
         }
     }
 }

@@ -33,7 +33,10 @@ use dagcron_core::authz::Need;
         crate::versions::list_versions, crate::versions::get_version, crate::versions::rollback,
         crate::tokens::create_token, crate::tokens::list_tokens, crate::tokens::revoke_token,
         crate::audit::list_audit, crate::schedules::hotspots, crate::secrets::put_secret, crate::secrets::list_secrets,
-        crate::secrets::delete_secret, crate::secrets::list_keys, crate::secrets::rotate_key
+        crate::secrets::delete_secret, crate::secrets::list_keys, crate::secrets::rotate_key,
+        crate::operations::get_read_only, crate::operations::put_read_only,
+        crate::operations::pause_all, crate::operations::resume_all,
+        crate::quotas::get_quotas, crate::quotas::put_quotas
     ),
     components(schemas(ErrorBody)),
     modifiers(&BearerAuth),
@@ -87,6 +90,22 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
         .route("/api/v1/cluster", get(cluster::<S>))
         .route("/api/v1/workers", get(workers::<S>))
         .route("/api/v1/apply", post(apply::<S>))
+        .route(
+            "/api/v1/admin/read-only",
+            get(crate::operations::get_read_only::<S>).put(crate::operations::put_read_only::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/quotas",
+            get(crate::quotas::get_quotas::<S>).put(crate::quotas::put_quotas::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/pause",
+            post(crate::operations::pause_all::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/resume",
+            post(crate::operations::resume_all::<S>),
+        )
         .route("/api/v1/namespaces/{ns}/jobs", get(list_jobs::<S>))
         .route(
             "/api/v1/namespaces/{ns}/jobs/{name}",
@@ -372,7 +391,9 @@ async fn apply<S: Store>(
             format!("this token may not apply jobs to namespace {ns}"),
         )
     })?;
+    crate::operations::refuse_when_read_only(&st).await?;
     let jobs = validate(&file)?;
+    crate::quotas::check_jobs(&st, &ns, &jobs).await?;
     let origin = dagcron_store::Origin {
         by: Some(who.actor()),
         rollback_of: None,
@@ -482,6 +503,7 @@ async fn put_job<S: Store>(
     body: Bytes,
 ) -> Result<Json<JobAnswer>, ApiError> {
     who.allow(Need::Develop, Some(&ns), no_job(&ns, &name))?;
+    crate::operations::refuse_when_read_only(&st).await?;
     let spec: JobSpec = parse_body(&headers, &body)?;
     if spec.name != name {
         return Err(ApiError::bad_request(format!(
@@ -493,6 +515,7 @@ async fn put_job<S: Store>(
         namespace: ns.clone(),
         jobs: vec![spec],
     })?;
+    crate::quotas::check_jobs(&st, &ns, &jobs).await?;
     let origin = dagcron_store::Origin {
         by: Some(who.actor()),
         rollback_of: None,
@@ -511,6 +534,7 @@ async fn delete_job<S: Store>(
     Path((ns, name)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     who.allow(Need::Develop, Some(&ns), no_job(&ns, &name))?;
+    crate::operations::refuse_when_read_only(&st).await?;
     st.engine.delete(&ns, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -569,6 +593,8 @@ async fn trigger<S: Store>(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     who.allow(Need::Operate, Some(&ns), no_job(&ns, &name))?;
+    crate::operations::refuse_when_read_only(&st).await?;
+    crate::quotas::check_trigger(&st, &ns).await?;
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let caller = header("traceparent")
         .and_then(|p| dagcron_runtime::trace::TraceParent::parse(p, header("tracestate")));
@@ -611,6 +637,8 @@ async fn backfill<S: Store>(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     who.allow(Need::Operate, Some(&ns), no_job(&ns, &name))?;
+    crate::operations::refuse_when_read_only(&st).await?;
+    crate::quotas::check_trigger(&st, &ns).await?;
     let body: BackfillBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected {{\"from\": RFC 3339, \"to\": RFC 3339}}: {e}"

@@ -52,6 +52,7 @@ async fn api() -> Api {
                 dagcron_api::secrets::MasterKey::from_bytes([9; 32]),
             ))),
             metrics: None,
+            quota: Default::default(),
         }),
         store,
         keyring,
@@ -632,7 +633,14 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
     use Role::*;
     Some(match (method, path) {
         ("get", "/healthz" | "/readyz" | "/api/v1/openapi.json") => Public,
-        ("get", "/api/v1/cluster" | "/api/v1/workers" | "/metrics") => Instance(Viewer),
+        ("get", "/api/v1/cluster" | "/api/v1/workers" | "/metrics" | "/api/v1/admin/read-only") => {
+            Instance(Viewer)
+        }
+        ("put", "/api/v1/admin/read-only" | "/api/v1/namespaces/{ns}/quotas") => Instance(Admin),
+        ("get", "/api/v1/namespaces/{ns}/quotas") => Namespace(Viewer),
+        ("post", "/api/v1/namespaces/{ns}/pause" | "/api/v1/namespaces/{ns}/resume") => {
+            Namespace(Operator)
+        }
         ("post", "/api/v1/apply") => Namespace(Developer),
         ("get", "/api/v1/namespaces/{ns}/jobs") => Namespace(Viewer),
         ("get", "/api/v1/namespaces/{ns}/jobs/{name}") => Namespace(Viewer),
@@ -701,6 +709,7 @@ async fn every_route_is_guarded_for_every_role() {
             r#"{"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"}"#.into()
         }
         "/api/v1/tokens" => r#"{"name": "x", "role": "viewer", "namespace": "a"}"#.into(),
+        "/api/v1/admin/read-only" => r#"{"read_only": false}"#.into(),
         _ => "{}".into(),
     };
     let mut grants: Vec<Option<(Role, Option<&str>)>> = vec![None];
@@ -1402,4 +1411,231 @@ async fn reruns_by_role_and_hostile_ids() {
     assert_eq!(busy["error"]["code"], "conflict");
     std::fs::write(&gate, "").unwrap();
     api.wait_run(&going["id"]).await;
+}
+
+/// The read-only mode: stored (so every node obeys it), it refuses applies,
+/// edits, deletions, triggers and backfills with `503 read_only` and the
+/// reason, and changes nothing; pauses stay open; off, all works again.
+/// Bulk pause and resume change each job of the namespace once.
+#[tokio::test]
+async fn read_only_refuses_changes_and_pausing_a_namespace_pauses_its_jobs() {
+    let api = api().await;
+    let file = "namespace: a\njobs:\n  - { name: j, tasks: [{ id: t, noop: true }] }\n  - { name: k, tasks: [{ id: t, noop: true }] }\n";
+    let (status, _) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", file)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = api
+        .call(
+            Method::PUT,
+            "/api/v1/admin/read-only",
+            "application/json",
+            r#"{"read_only": true, "reason": "database migration"}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (&body["read_only"], &body["reason"]),
+        (&json!(true), &json!("database migration"))
+    );
+    assert!(
+        api.store.get_setting("read_only").await.unwrap().is_some(),
+        "stored, for every node"
+    );
+    let changed = "namespace: a\njobs:\n  - { name: j, tasks: [{ id: u, noop: true }] }\n";
+    for (method, uri, body) in [
+        (Method::POST, "/api/v1/apply", changed),
+        (
+            Method::PUT,
+            "/api/v1/namespaces/a/jobs/j",
+            r#"{"name": "j", "tasks": [{"id": "u", "noop": true}]}"#,
+        ),
+        (Method::DELETE, "/api/v1/namespaces/a/jobs/k", ""),
+        (Method::POST, "/api/v1/namespaces/a/jobs/j/trigger", "{}"),
+        (
+            Method::POST,
+            "/api/v1/namespaces/a/jobs/j/backfill",
+            r#"{"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"}"#,
+        ),
+    ] {
+        let kind = if uri.ends_with("/apply") {
+            "application/yaml"
+        } else {
+            "application/json"
+        };
+        let (status, answer) = api.call(method.clone(), uri, kind, body).await;
+        assert_eq!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{method} {uri}: {answer}"
+        );
+        assert_eq!(answer["error"]["code"], "read_only");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("database migration"),
+            "{answer}"
+        );
+    }
+    let (_, job) = api.get("/api/v1/namespaces/a/jobs/j").await;
+    assert_eq!(job["version"], 1, "nothing changed: {job}");
+    let (_, jobs) = api.get("/api/v1/namespaces/a/jobs").await;
+    assert_eq!(
+        jobs["items"].as_array().unwrap().len(),
+        2,
+        "nothing deleted"
+    );
+    // Pausing is how an operator calms things down: open, in bulk too.
+    let (status, answer) = api.post("/api/v1/namespaces/a/pause", "").await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        (&answer["changed"], &answer["unchanged"]),
+        (&json!(2), &json!(0))
+    );
+    let (_, answer) = api.post("/api/v1/namespaces/a/pause", "").await;
+    assert_eq!(
+        (&answer["changed"], &answer["unchanged"]),
+        (&json!(0), &json!(2))
+    );
+    let (_, jobs) = api.get("/api/v1/namespaces/a/jobs").await;
+    assert!(
+        jobs["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|j| j["paused"] == true)
+    );
+    // A reason too long, or with control characters, is refused.
+    for body in [
+        format!(r#"{{"read_only": true, "reason": "{}"}}"#, "x".repeat(501)),
+        r#"{"read_only": true, "reason": "a\u0007b"}"#.to_string(),
+        r#"{"read_only": "yes"}"#.to_string(),
+    ] {
+        let (status, _) = api
+            .call(
+                Method::PUT,
+                "/api/v1/admin/read-only",
+                "application/json",
+                &body,
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    }
+    // Off: changes go through again, and the jobs resume in bulk.
+    let (status, body) = api
+        .call(
+            Method::PUT,
+            "/api/v1/admin/read-only",
+            "application/json",
+            r#"{"read_only": false}"#,
+        )
+        .await;
+    assert_eq!(
+        (status, &body["read_only"]),
+        (StatusCode::OK, &json!(false))
+    );
+    let (status, _) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", changed)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, answer) = api.post("/api/v1/namespaces/a/resume", "").await;
+    assert_eq!(answer["changed"], 2);
+    let (_, status_now) = api.get("/api/v1/admin/read-only").await;
+    assert_eq!(status_now["read_only"], false);
+}
+
+/// Quotas per namespace, set by an instance admin: a file past the jobs or
+/// schedules quota is refused (400, with the path), a trigger past the
+/// rate or the unfinished runs gets 429; each refusal is counted; another
+/// namespace is not limited.
+#[tokio::test]
+async fn quotas_refuse_what_would_pass_them() {
+    let api = api().await;
+    let put = |body: &'static str| {
+        let api = &api;
+        async move {
+            api.call(
+                Method::PUT,
+                "/api/v1/namespaces/a/quotas",
+                "application/json",
+                body,
+            )
+            .await
+        }
+    };
+    let (status, body) =
+        put(r#"{"max_jobs": 2, "max_schedules_per_job": 1, "max_active_runs": 1}"#).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, read) = api.get("/api/v1/namespaces/a/quotas").await;
+    assert_eq!(read["max_jobs"], 2);
+    for bad in [
+        r#"{"max_jobs": 0}"#,
+        r#"{"max_jobs": -1}"#,
+        r#"{"max_triggers_per_second": 100000}"#,
+        r#"{"nope": 1}"#,
+    ] {
+        let (status, _) = put(bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    let (status, _) = api.get("/api/v1/namespaces/a/quotas").await;
+    assert_eq!(status, StatusCode::OK, "a refused change changed nothing");
+    let apply = |file: String| {
+        let api = &api;
+        async move {
+            api.call(Method::POST, "/api/v1/apply", "application/yaml", &file)
+                .await
+        }
+    };
+    let two = "namespace: a\njobs:\n  - { name: slow, tasks: [{ id: t, shell: 'sleep 30' }] }\n  - { name: j2, schedule: '0 * * * *', tasks: [{ id: t, noop: true }] }\n";
+    assert_eq!(apply(two.into()).await.0, StatusCode::OK);
+    let (status, body) = apply(format!(
+        "{two}  - {{ name: j3, tasks: [{{ id: t, noop: true }}] }}\n"
+    ))
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["code"], "quota_exceeded");
+    assert_eq!(body["error"]["details"][0]["path"], "jobs");
+    let (status, body) = apply("namespace: a\njobs:\n  - { name: j2, schedule: ['0 * * * *', '30 * * * *'], tasks: [{ id: t, noop: true }] }\n".into()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["details"][0]["path"], "jobs[0].schedule");
+    // The stored jobs are the same two: the same file again is accepted.
+    assert_eq!(apply(two.into()).await.0, StatusCode::OK);
+    // One unfinished run at most.
+    let (status, run) = api
+        .post("/api/v1/namespaces/a/jobs/slow/trigger", "{}")
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    let (status, body) = api
+        .post("/api/v1/namespaces/a/jobs/slow/trigger", "{}")
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unfinished")
+    );
+    let (status, _) = api
+        .post(&format!("/api/v1/runs/{}/cancel", run["id"]), "")
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    api.wait_run(&run["id"]).await;
+    // One trigger a second.
+    let (status, _) = put(r#"{"max_triggers_per_second": 1}"#).await;
+    assert_eq!(status, StatusCode::OK);
+    let (first, _) = api.post("/api/v1/namespaces/a/jobs/j2/trigger", "{}").await;
+    let (second, body) = api.post("/api/v1/namespaces/a/jobs/j2/trigger", "{}").await;
+    assert_eq!(
+        (first, second),
+        (StatusCode::CREATED, StatusCode::TOO_MANY_REQUESTS),
+        "{body}"
+    );
+    // Another namespace has no quota.
+    let other = "namespace: b\njobs:\n  - { name: x, schedule: ['0 * * * *', '30 * * * *'], tasks: [{ id: t, noop: true }] }\n";
+    assert_eq!(apply(other.into()).await.0, StatusCode::OK);
+    // Cleared: no limit.
+    let (status, _) = put("{}").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(api.store.get_setting("quotas/a").await.unwrap().is_none());
 }

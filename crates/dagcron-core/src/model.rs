@@ -64,6 +64,9 @@ pub enum Concurrency {
     Replace,
     /// Queue the run until a slot frees.
     Queue,
+    /// Temporal's `BufferOne`: one run at a time, and at most one more
+    /// waiting behind it; a fire while one waits is skipped, recording why.
+    BufferOne,
 }
 
 /// What happens to fires missed during downtime or a pause.
@@ -90,19 +93,77 @@ pub enum Delivery {
     AtMostOnce,
 }
 
-/// When a task may start, given its upstream tasks' outcomes.
+/// When a task may start, given its upstream tasks' outcomes: Airflow's
+/// rules, with Airflow's semantics (see [`crate::dag::decide`] for what each
+/// does when it can no longer be met). "Failed" counts `failed` and
+/// `upstream_failed` upstream tasks alike unless a rule says otherwise.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TriggerRule {
     /// Every upstream task succeeded (a skipped upstream skips this task).
     #[default]
     AllSuccess,
+    /// Every upstream task failed.
+    AllFailed,
     /// Every upstream task finished, whatever its outcome.
     AllDone,
-    /// At least one upstream task failed (for failure handlers).
+    /// Every upstream task finished, none was skipped, and at least one
+    /// succeeded.
+    AllDoneMinOneSuccess,
+    /// Every upstream task was skipped.
+    AllSkipped,
+    /// At least one upstream task failed (for failure handlers); does not
+    /// wait for the others.
     OneFailed,
+    /// At least one upstream task succeeded; does not wait for the others.
+    OneSuccess,
+    /// At least one upstream task succeeded or failed (`upstream_failed`
+    /// does not count); does not wait for the others.
+    OneDone,
+    /// No upstream task failed: each succeeded or was skipped.
+    NoneFailed,
+    /// No upstream task failed, and at least one succeeded.
+    NoneFailedMinOneSuccess,
+    /// Every upstream task finished and none was skipped.
+    NoneSkipped,
     /// Starts without waiting for upstream tasks.
     Always,
+}
+
+impl TriggerRule {
+    /// Every rule.
+    pub const ALL: [TriggerRule; 12] = [
+        TriggerRule::AllSuccess,
+        TriggerRule::AllFailed,
+        TriggerRule::AllDone,
+        TriggerRule::AllDoneMinOneSuccess,
+        TriggerRule::AllSkipped,
+        TriggerRule::OneFailed,
+        TriggerRule::OneSuccess,
+        TriggerRule::OneDone,
+        TriggerRule::NoneFailed,
+        TriggerRule::NoneFailedMinOneSuccess,
+        TriggerRule::NoneSkipped,
+        TriggerRule::Always,
+    ];
+
+    /// The name written in job files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TriggerRule::AllSuccess => "all_success",
+            TriggerRule::AllFailed => "all_failed",
+            TriggerRule::AllDone => "all_done",
+            TriggerRule::AllDoneMinOneSuccess => "all_done_min_one_success",
+            TriggerRule::AllSkipped => "all_skipped",
+            TriggerRule::OneFailed => "one_failed",
+            TriggerRule::OneSuccess => "one_success",
+            TriggerRule::OneDone => "one_done",
+            TriggerRule::NoneFailed => "none_failed",
+            TriggerRule::NoneFailedMinOneSuccess => "none_failed_min_one_success",
+            TriggerRule::NoneSkipped => "none_skipped",
+            TriggerRule::Always => "always",
+        }
+    }
 }
 
 /// The daylight-saving gap policy, as written in job files.
@@ -341,6 +402,15 @@ pub struct JobSpec {
     pub dst_gap: Option<GapPolicy>,
     /// Fall-back policy override.
     pub dst_overlap: Option<OverlapPolicy>,
+    /// The instant (RFC 3339, whole seconds) the job's `@every` schedules
+    /// count their periods from, instead of the Unix epoch: it sets their
+    /// phase (fires fall on the anchor plus whole periods, before it as
+    /// after it). Written as text and checked by validation, so that a
+    /// malformed one is reported with its path; a valid one is kept in
+    /// UTC (`2026-01-01T00:00:00Z`), so two spellings of one instant are
+    /// the same job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor: Option<String>,
     /// Overlap policy.
     #[serde(default)]
     pub concurrency: Concurrency,
@@ -348,6 +418,9 @@ pub struct JobSpec {
     /// [`JobSpec::max_active`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_active_runs: Option<u32>,
+    /// Runs that may wait for a slot (see [`JobSpec::max_pending`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pending_runs: Option<u32>,
     /// Missed-fire policy.
     #[serde(default)]
     pub misfire: Misfire,
@@ -395,16 +468,26 @@ pub const DEFAULT_MAX_ACTIVE_RUNS: u32 = 16;
 impl JobSpec {
     /// Runs active at once: under `allow` and `queue`, `max_active_runs`
     /// if set, otherwise [`DEFAULT_MAX_ACTIVE_RUNS`] under `allow` and 1
-    /// under `queue`; always 1 under `forbid` and `replace`, which are about
-    /// one run at a time.
+    /// under `queue`; always 1 under `forbid`, `replace` and `buffer_one`,
+    /// which are about one run at a time.
     pub fn max_active(&self) -> u32 {
         match self.concurrency {
             Concurrency::Allow => self.max_active_runs.unwrap_or(DEFAULT_MAX_ACTIVE_RUNS),
             Concurrency::Queue => self.max_active_runs.unwrap_or(1),
-            Concurrency::Forbid | Concurrency::Replace => 1,
+            Concurrency::Forbid | Concurrency::Replace | Concurrency::BufferOne => 1,
         }
     }
+
+    /// Runs that may wait for a slot at once: `max_pending_runs` if set,
+    /// otherwise [`DEFAULT_MAX_PENDING_RUNS`]. A fire beyond it makes no
+    /// run (`skipped_backlog` in the ledger), a manual trigger is refused.
+    pub fn max_pending(&self) -> u32 {
+        self.max_pending_runs.unwrap_or(DEFAULT_MAX_PENDING_RUNS)
+    }
 }
+
+/// Runs of one job that may wait for a slot unless it says otherwise.
+pub const DEFAULT_MAX_PENDING_RUNS: u32 = 100;
 
 /// The most schedules one job may have: each fire searches all of them, so
 /// a job with thousands would slow every fire, backfill and catch-up.
@@ -745,6 +828,23 @@ impl JobFile {
     }
 }
 
+/// Reads an anchor: an RFC 3339 instant with its offset, on a whole second
+/// (`@every` fires on whole seconds).
+fn check_anchor(text: &str) -> Result<Timestamp, String> {
+    let t: Timestamp = text.parse().map_err(|e: jiff::Error| {
+        format!(
+            "invalid anchor {text:?}: use an RFC 3339 instant with its offset, such as \"2026-01-01T00:00:00Z\" ({e})"
+        )
+    })?;
+    if t.subsec_nanosecond() != 0 {
+        return Err(format!(
+            "the anchor {text:?} has a fraction of a second; `@every` fires on whole seconds, so use a whole second such as {:?}",
+            Timestamp::from_second(t.as_second()).map_or_else(|_| String::new(), |w| w.to_string())
+        ));
+    }
+    Ok(t)
+}
+
 /// The longest `send_ahead`: a run made earlier than this is more likely
 /// to outlive a change of its job than to gain precision.
 const MAX_SEND_AHEAD: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -777,6 +877,12 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
             None
         }
     };
+    if spec.max_pending_runs == Some(0) {
+        err(
+            format!("{at}.max_pending_runs"),
+            "must be at least 1".into(),
+        );
+    }
     if spec.max_active_runs == Some(0) {
         err(format!("{at}.max_active_runs"), "must be at least 1".into());
     }
@@ -822,6 +928,22 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
             );
         }
     }
+    let anchor = spec
+        .anchor
+        .as_deref()
+        .and_then(|text| match check_anchor(text) {
+            Ok(t) => Some(t),
+            Err(message) => {
+                err(format!("{at}.anchor"), message);
+                None
+            }
+        });
+    if spec.anchor.is_some() && spec.schedule.is_none() {
+        err(
+            format!("{at}.anchor"),
+            "an anchor sets where `@every` schedules count from, and the job has no schedule: add an `@every` schedule or drop `anchor`".into(),
+        );
+    }
     let mut schedules = Vec::new();
     if let (Some(list), Some(tz)) = (&spec.schedule, &tz) {
         if list.as_slice().is_empty() {
@@ -839,7 +961,7 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
         let options = Options {
             time_zone: tz.clone(),
             hash_seed: seed_from_key(&format!("{namespace}/{}", spec.name)),
-            anchor: None,
+            anchor,
             dst_gap: spec.dst_gap.map(|g| match g {
                 GapPolicy::Shift => DstGap::Shift,
                 GapPolicy::Skip => DstGap::Skip,
@@ -870,6 +992,16 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
                     });
                 }
             }
+        }
+        // Said only when every schedule could be read: a schedule in error
+        // may have been meant as the `@every`.
+        let every = schedules.iter().any(|s| s.ast().every_seconds().is_some());
+        if spec.anchor.is_some() && !every && schedules.len() == list.as_slice().len() {
+            errors.push(ValidationError {
+                path: format!("{at}.anchor"),
+                message: "an anchor sets where `@every` schedules count from, and none of the job's schedules is `@every`: drop `anchor`, or use `@every <duration>`".into(),
+                span: None,
+            });
         }
     }
     errors.extend(check_params(&spec.params, &format!("{at}.params")));
@@ -1030,10 +1162,13 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
             None
         }
     };
+    // The canonical spelling of the anchor (see `JobSpec::anchor`).
+    let mut spec = spec.clone();
+    spec.anchor = anchor.map(|t| t.to_string());
     match dag {
         Some(dag) if errors.is_empty() => Ok(Job {
             namespace: namespace.to_string(),
-            spec: spec.clone(),
+            spec,
             schedules,
             tasks,
             dag,

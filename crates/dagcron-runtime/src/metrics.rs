@@ -396,7 +396,7 @@ pub struct JobSeries {
     /// Its own series, or its namespace's [`OTHER_JOBS`].
     own: bool,
     /// By outcome, in the order of [`FireOutcome::ALL`].
-    fires: [Counter; 5],
+    fires: [Counter; FireOutcome::ALL.len()],
     lateness: Histogram,
     /// While the gauge is exported.
     next_fire: Option<Gauge<f64, AtomicU64>>,

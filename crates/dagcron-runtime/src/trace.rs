@@ -17,6 +17,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use dagcron_core::{AttemptState, RunState};
 use jiff::Timestamp;
 
 /// A W3C trace context: `traceparent` (`00-<trace id>-<span id>-<flags>`)
@@ -248,29 +249,190 @@ pub struct Span {
     pub error: Option<String>,
 }
 
-/// Takes finished spans (it must be quick: it runs on the engine's task).
+/// Takes what ended, to make spans of (it must be quick: it runs on the
+/// engine's task; [`Ended::span`] does the formatting, on the sink's side).
 pub trait SpanSink: Send + Sync + 'static {
-    /// One finished span.
-    fn export(&self, span: Span);
+    /// A sampled run or attempt that ended.
+    fn export(&self, ended: Ended);
 }
 
 /// What the engine needs to trace runs.
 #[derive(Clone)]
 pub struct Tracing {
-    /// Where finished spans go.
+    /// Where what ended goes.
     pub sink: Arc<dyn SpanSink>,
     /// Which traces are recorded.
     pub sampler: Sampler,
-    /// This node's name, an attribute of the spans it makes.
-    pub node: String,
 }
 
 impl fmt::Debug for Tracing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tracing")
             .field("sampler", &self.sampler)
-            .field("node", &self.node)
             .finish_non_exhaustive()
+    }
+}
+
+/// A job: (namespace, name).
+type JobKey = (String, String);
+
+/// A run that ended, as the engine hands it over.
+#[derive(Clone, Debug)]
+pub struct RunEnded {
+    /// Its trace.
+    pub trace: RunTrace,
+    /// Its job.
+    pub key: Arc<JobKey>,
+    /// Its id.
+    pub run: i64,
+    /// Its fire instant.
+    pub scheduled_at: Timestamp,
+    /// When it was created.
+    pub start: Timestamp,
+    /// When it ended.
+    pub end: Timestamp,
+    /// How.
+    pub state: RunState,
+}
+
+/// An attempt that ended, as the engine hands it over.
+#[derive(Clone, Debug)]
+pub struct AttemptEnded {
+    /// Its run's trace.
+    pub trace: RunTrace,
+    /// Its job.
+    pub key: Arc<JobKey>,
+    /// Its run.
+    pub run: i64,
+    /// The run's fire instant.
+    pub scheduled_at: Timestamp,
+    /// Its task's id.
+    pub task: String,
+    /// `shell`, `http` or `noop`.
+    pub executor: &'static str,
+    /// Its number.
+    pub number: u32,
+    /// When its task became ready (the queue wait ends at `start`).
+    pub ready: Option<Timestamp>,
+    /// When it started.
+    pub start: Timestamp,
+    /// When it ended.
+    pub end: Timestamp,
+    /// How.
+    pub state: AttemptState,
+    /// What went wrong.
+    pub error: Option<String>,
+    /// The remote agent it ran on.
+    pub agent: Option<String>,
+}
+
+/// A run or an attempt that ended.
+#[derive(Clone, Debug)]
+pub enum Ended {
+    /// A run.
+    Run(RunEnded),
+    /// An attempt.
+    Attempt(Box<AttemptEnded>),
+}
+
+/// The result of a task run in the OpenTelemetry CI/CD vocabulary.
+fn attempt_result(state: AttemptState) -> &'static str {
+    match state {
+        AttemptState::Succeeded => "success",
+        AttemptState::TimedOut => "timeout",
+        AttemptState::Cancelled => "cancellation",
+        AttemptState::Lost => "error",
+        _ => "failure",
+    }
+}
+
+/// The result of a pipeline run in the OpenTelemetry CI/CD vocabulary.
+fn run_result(state: RunState) -> &'static str {
+    match state {
+        RunState::Succeeded => "success",
+        RunState::Cancelled => "cancellation",
+        RunState::Skipped => "skip",
+        _ => "failure",
+    }
+}
+
+impl Ended {
+    /// Its span, made by node `node`: attributes following the
+    /// OpenTelemetry CI/CD conventions and dagcron's own.
+    pub fn span(self, node: &str) -> Span {
+        match self {
+            Ended::Run(r) => Span {
+                trace_id: r.trace.trace_id,
+                span_id: r.trace.span_id,
+                parent: r.trace.parent,
+                parent_remote: r.trace.parent.is_some(),
+                name: format!("RUN {}/{}", r.key.0, r.key.1),
+                start: r.start,
+                end: r.end.max(r.start),
+                attributes: vec![
+                    ("cicd.pipeline.name", r.key.1.as_str().into()),
+                    ("cicd.pipeline.run.id", r.run.to_string().into()),
+                    ("cicd.pipeline.result", run_result(r.state).into()),
+                    ("dagcron.namespace", r.key.0.as_str().into()),
+                    ("dagcron.scheduled_at", r.scheduled_at.to_string().into()),
+                    ("dagcron.node", node.into()),
+                ],
+                events: vec![],
+                error: (r.state != RunState::Succeeded && r.state != RunState::Skipped)
+                    .then(|| format!("the run ended {}", r.state.as_str())),
+                state: r.trace.state,
+            },
+            Ended::Attempt(a) => {
+                let mut events = Vec::new();
+                if let Some(ready) = a.ready.filter(|r| *r <= a.start) {
+                    let wait = a.start.duration_since(ready).as_millis();
+                    events.push(SpanEvent {
+                        name: "ready",
+                        at: ready,
+                        attributes: vec![(
+                            "dagcron.queue_wait_ms",
+                            Value::Int(i64::try_from(wait).unwrap_or(i64::MAX)),
+                        )],
+                    });
+                }
+                let mut attributes = vec![
+                    ("cicd.pipeline.name", a.key.1.as_str().into()),
+                    ("cicd.pipeline.run.id", a.run.to_string().into()),
+                    ("cicd.pipeline.task.name", a.task.as_str().into()),
+                    (
+                        "cicd.pipeline.task.run.id",
+                        format!("{}/{}/{}", a.run, a.task, a.number).into(),
+                    ),
+                    (
+                        "cicd.pipeline.task.run.result",
+                        attempt_result(a.state).into(),
+                    ),
+                    ("dagcron.namespace", a.key.0.as_str().into()),
+                    ("dagcron.scheduled_at", a.scheduled_at.to_string().into()),
+                    ("dagcron.attempt", i64::from(a.number).into()),
+                    ("dagcron.executor", a.executor.into()),
+                    ("dagcron.node", node.into()),
+                ];
+                if let Some(agent) = &a.agent {
+                    attributes.push(("dagcron.agent", agent.as_str().into()));
+                }
+                let error = (a.state != AttemptState::Succeeded)
+                    .then(|| a.error.clone().unwrap_or_else(|| a.state.as_str().into()));
+                Span {
+                    trace_id: a.trace.trace_id,
+                    span_id: a.trace.attempt_span(&a.task, a.number),
+                    parent: Some(a.trace.span_id),
+                    parent_remote: false,
+                    name: a.task.clone(),
+                    start: a.start,
+                    end: a.end.max(a.start),
+                    attributes,
+                    events,
+                    error,
+                    state: a.trace.state.clone(),
+                }
+            }
+        }
     }
 }
 

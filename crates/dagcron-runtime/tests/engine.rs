@@ -139,7 +139,8 @@ impl Harness {
 #[tokio::test]
 async fn a_year_of_daily_fires_across_dst_in_one_jump() {
     let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;
-    h.apply("namespace: t\njobs:\n  - name: daily\n    schedule: '0 30 2 * * *'\n    timezone: Europe/Berlin\n    tasks: [{ id: a, shell: 'true' }]\n").await;
+    // The year's 365 fires come due at once: room for all of them to wait.
+    h.apply("namespace: t\njobs:\n  - name: daily\n    schedule: '0 30 2 * * *'\n    timezone: Europe/Berlin\n    max_pending_runs: 1000\n    tasks: [{ id: a, shell: 'true' }]\n").await;
     h.clock.set(ts("2027-01-01T00:00:00Z"));
     h.until("365 runs finished", async |s| {
         let runs = s.list_runs("t", "daily", 1000, None).await.unwrap().items;
@@ -389,6 +390,174 @@ async fn queue_runs_one_after_another() {
             "runs overlapped"
         );
     }
+    h.stop().await;
+}
+
+/// Airflow's other trigger rules through the engine: skips and failures
+/// propagate as each rule says, and joins after a skipped branch run.
+#[tokio::test]
+async fn airflow_trigger_rules_propagate_skips_and_failures() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply(
+        r#"
+namespace: t
+jobs:
+  - name: rules
+    tasks:
+      - { id: ok, noop: true }
+      - { id: bad, shell: "exit 1" }
+      - { id: on-bad, depends_on: [ok], trigger_rule: one_failed, noop: true }
+      - { id: join, depends_on: [ok, on-bad], trigger_rule: none_failed_min_one_success, noop: true }
+      - { id: any, depends_on: [ok, bad], trigger_rule: one_success, noop: true }
+      - { id: when-skipped, depends_on: [on-bad], trigger_rule: all_skipped, noop: true }
+      - { id: no-skip, depends_on: [ok, bad], trigger_rule: none_skipped, noop: true }
+      - { id: strict, depends_on: [ok, on-bad], trigger_rule: all_done_min_one_success, noop: true }
+      - { id: clean, depends_on: [bad], trigger_rule: none_failed, noop: true }
+      - { id: all-bad, depends_on: [bad], trigger_rule: all_failed, noop: true }
+      - { id: done, depends_on: [bad, on-bad], trigger_rule: one_done, noop: true }
+"#,
+    )
+    .await;
+    let run = h
+        .handle
+        .trigger("t", "rules", BTreeMap::new())
+        .await
+        .unwrap();
+    h.idle().await;
+    let r = h.store.get_run(run).await.unwrap().unwrap();
+    let states: Vec<(&str, TaskState)> = r.tasks.iter().map(|t| (t.id.as_str(), t.state)).collect();
+    assert_eq!(
+        states,
+        [
+            ("ok", TaskState::Succeeded),
+            ("bad", TaskState::Failed),
+            ("on-bad", TaskState::Skipped),
+            ("join", TaskState::Succeeded),
+            ("any", TaskState::Succeeded),
+            ("when-skipped", TaskState::Succeeded),
+            ("no-skip", TaskState::Succeeded),
+            ("strict", TaskState::Skipped),
+            ("clean", TaskState::UpstreamFailed),
+            ("all-bad", TaskState::Succeeded),
+            ("done", TaskState::Succeeded),
+        ]
+    );
+    assert_eq!(r.state, RunState::Failed);
+    h.stop().await;
+}
+
+/// `buffer_one`: one run going on and one waiting behind it; the fires
+/// that come while one waits are skipped and recorded, and the waiting run
+/// starts when the first ends.
+#[tokio::test]
+async fn buffer_one_keeps_one_run_waiting_and_skips_the_fires_beyond() {
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    h.apply(&format!(
+        "namespace: t\njobs:\n  - name: slow\n    schedule: '* * * * * *'\n    concurrency: buffer_one\n    tasks: [{{ id: a, shell: 'while [ ! -e {} ]; do sleep 0.01; done' }}]\n",
+        gate.display()
+    ))
+    .await;
+    h.clock.advance(SignedDuration::from_secs(1));
+    h.until("first run running", async |s| {
+        s.active_runs().await.unwrap().len() == 1
+    })
+    .await;
+    for _ in 0..3 {
+        h.clock.advance(SignedDuration::from_secs(1));
+    }
+    h.until("4 fires recorded", async |s| {
+        s.list_fires("t", "slow", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+            .await
+            .unwrap()
+            .len()
+            == 4
+    })
+    .await;
+    let fires = h
+        .store
+        .list_fires("t", "slow", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes_of(&fires),
+        [
+            FireOutcome::Fired,
+            FireOutcome::Fired,
+            FireOutcome::SkippedOverlap,
+            FireOutcome::SkippedOverlap
+        ]
+    );
+    let runs = h.runs("slow").await;
+    let states: Vec<(RunState, bool)> = runs
+        .iter()
+        .map(|r| (r.state, r.started_at.is_some()))
+        .collect();
+    assert_eq!(
+        states,
+        [(RunState::Running, true), (RunState::Pending, false)],
+        "one running, one waiting"
+    );
+    assert_eq!(runs[1].scheduled_at, fires[1].scheduled_at);
+    std::fs::write(&gate, "").unwrap();
+    h.until("both runs succeeded", async |s| {
+        let runs = s.list_runs("t", "slow", 100, None).await.unwrap().items;
+        runs.len() == 2 && runs.iter().all(|r| r.state == RunState::Succeeded)
+    })
+    .await;
+    let runs = h.runs("slow").await;
+    assert!(
+        runs[1].started_at.unwrap() >= runs[0].finished_at.unwrap(),
+        "the waiting run started once the first had ended"
+    );
+    let fires = |outcome: &str| {
+        h.sample(&format!(
+            "dagcron_fires_total{{namespace=\"t\",job=\"slow\",outcome=\"{outcome}\"}}"
+        ))
+    };
+    assert_eq!((fires("fired"), fires("skipped_overlap")), (2.0, 2.0));
+    h.stop().await;
+}
+
+/// A manual trigger of a `buffer_one` job: it starts, or waits behind the
+/// running run; while one waits, it is refused (409 through the API) and
+/// makes no run.
+#[tokio::test]
+async fn buffer_one_refuses_a_trigger_while_a_run_waits() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    h.apply(&format!(
+        "namespace: t\njobs:\n  - name: b\n    concurrency: buffer_one\n    tasks: [{{ id: a, shell: 'while [ ! -e {} ]; do sleep 0.01; done' }}]\n",
+        gate.display()
+    ))
+    .await;
+    let first = h.handle.trigger("t", "b", BTreeMap::new()).await.unwrap();
+    let second = h.handle.trigger("t", "b", BTreeMap::new()).await.unwrap();
+    let err = h
+        .handle
+        .trigger("t", "b", BTreeMap::new())
+        .await
+        .unwrap_err();
+    match err {
+        dagcron_runtime::EngineError::Conflict(message) => assert_eq!(
+            message,
+            "t/b has a run active and one waiting behind it, and its concurrency policy buffer_one keeps at most one waiting; trigger again once the waiting run has started"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let state = async |run| h.store.get_run(run).await.unwrap().unwrap().state;
+    assert_eq!(state(first).await, RunState::Running);
+    assert_eq!(state(second).await, RunState::Pending);
+    assert_eq!(
+        h.runs("b").await.len(),
+        2,
+        "the refused trigger made no run"
+    );
+    std::fs::write(&gate, "").unwrap();
+    h.idle().await;
+    assert_eq!(state(second).await, RunState::Succeeded);
     h.stop().await;
 }
 
@@ -800,7 +969,7 @@ async fn a_job_far_from_its_next_fire_is_read_from_the_store_ahead_of_it() {
     let h = fresh("2026-01-01T00:00:30Z").await;
     let file = |task: &str| {
         format!(
-            "namespace: t\njobs:\n  - {{ name: hourly, schedule: '0 0 * * * *', tasks: [{{ id: {task}, noop: true }}] }}\n  - {{ name: busy, schedule: '* * * * * *', tasks: [{{ id: {task}, noop: true }}] }}\n"
+            "namespace: t\njobs:\n  - {{ name: hourly, schedule: '0 0 * * * *', tasks: [{{ id: {task}, noop: true }}] }}\n  - {{ name: busy, schedule: '* * * * * *', max_pending_runs: 10000, tasks: [{{ id: {task}, noop: true }}] }}\n"
         )
     };
     h.apply(&file("a")).await;
@@ -1514,5 +1683,127 @@ async fn versions_stored_without_rules_are_stamped_at_start() {
     assert_eq!(version.info.rules, Some(jobs[0].rules()));
     let kept = h.store.get_job("t", "odd").await.unwrap().unwrap();
     assert_eq!(kept.rules, Some(odd), "recorded rules are never rewritten");
+    h.stop().await;
+}
+
+/// A job's `anchor` reaches the timing the engine fires by (and the job it
+/// reads back from the store ahead of each fire): `@every 90m` anchored at
+/// 00:10 fires at 00:10 and 01:40, not on the epoch's 00:00 and 01:30.
+#[tokio::test]
+async fn an_anchored_every_schedule_fires_from_its_anchor() {
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;
+    h.apply("namespace: t\njobs:\n  - { name: e, schedule: '@every 90m', anchor: '2026-01-01T08:10:00+08:00', tasks: [{ id: a, noop: true }] }\n").await;
+    h.clock.advance(SignedDuration::from_mins(100));
+    h.until("two fires", async |s| {
+        s.list_fires("t", "e", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+            .await
+            .unwrap()
+            .len()
+            == 2
+    })
+    .await;
+    h.idle().await;
+    let fires = h.fires("e").await;
+    let at: Vec<String> = fires.iter().map(|f| f.scheduled_at.to_string()).collect();
+    assert_eq!(at, ["2026-01-01T00:10:00Z", "2026-01-01T01:40:00Z"]);
+    assert_eq!(
+        outcomes_of(&fires),
+        [FireOutcome::Fired, FireOutcome::Fired]
+    );
+    h.stop().await;
+}
+
+/// Backpressure: a job's waiting runs are bounded (`max_pending_runs`): a
+/// fire beyond it makes no run and is recorded `skipped_backlog`, a manual
+/// trigger is refused as busy; past the ready backlog of the server,
+/// triggers and backfills are refused while scheduled fires go on.
+#[tokio::test]
+async fn backpressure_bounds_waiting_runs_and_refuses_manual_work() {
+    let config = EngineConfig {
+        misfire_grace: LONG_GRACE,
+        pool_size: 1,
+        max_ready_backlog: 2,
+        ..EngineConfig::default()
+    };
+    let h = start(
+        Arc::new(tempfile::tempdir().unwrap()),
+        ManualClock::new(ts("2026-01-01T00:00:00Z")),
+        config,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("gate");
+    let wait = format!("while [ ! -e {} ]; do sleep 0.01; done", gate.display());
+    h.apply(&format!(
+        concat!(
+            "namespace: t\njobs:\n",
+            "  - {{ name: q, schedule: '* * * * * *', concurrency: queue, max_pending_runs: 2, tasks: [{{ id: a, shell: '{wait}' }}] }}\n",
+            "  - {{ name: wide, tasks: [{{ id: a, shell: '{wait}' }}, {{ id: b, shell: '{wait}' }}, {{ id: c, shell: '{wait}' }}] }}\n",
+        ),
+        wait = wait
+    ))
+    .await;
+    for _ in 0..5 {
+        h.clock.advance(SignedDuration::from_secs(1));
+    }
+    h.until("5 fires recorded", async |s| {
+        s.list_fires("t", "q", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+            .await
+            .unwrap()
+            .len()
+            == 5
+    })
+    .await;
+    assert_eq!(
+        outcomes_of(&h.fires("q").await),
+        [
+            FireOutcome::Fired,
+            FireOutcome::Fired,
+            FireOutcome::Fired,
+            FireOutcome::SkippedBacklog,
+            FireOutcome::SkippedBacklog
+        ],
+        "one runs, two wait, the next fires are the backlog's"
+    );
+    assert!(matches!(
+        h.handle.trigger("t", "q", BTreeMap::new()).await,
+        Err(dagcron_runtime::EngineError::Busy(_))
+    ));
+    // The pool (1) is taken by q's run: wide's three tasks wait, past the
+    // server's ready backlog (2).
+    h.handle
+        .trigger("t", "wide", BTreeMap::new())
+        .await
+        .unwrap();
+    let busy = h.handle.trigger("t", "wide", BTreeMap::new()).await;
+    assert!(
+        matches!(&busy, Err(dagcron_runtime::EngineError::Busy(m)) if m.contains("ready")),
+        "{busy:?}"
+    );
+    let backfill = h
+        .handle
+        .backfill(
+            "t",
+            "q",
+            ts("2025-12-31T00:00:00Z"),
+            ts("2025-12-31T00:00:02Z"),
+        )
+        .await;
+    assert!(matches!(
+        backfill,
+        Err(dagcron_runtime::EngineError::Busy(_))
+    ));
+    // Scheduled fires go on meanwhile (recorded, here as the job's backlog).
+    h.clock.advance(SignedDuration::from_secs(1));
+    h.until("the next scheduled fire is recorded", async |s| {
+        s.list_fires("t", "q", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+            .await
+            .unwrap()
+            .len()
+            == 6
+    })
+    .await;
+    std::fs::write(&gate, "").unwrap();
+    h.idle().await;
     h.stop().await;
 }

@@ -1095,6 +1095,17 @@ impl Store for PgStore {
         .await
     }
 
+    async fn count_unfinished_runs(&self, namespace: &str) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM runs WHERE namespace = $1 AND state IN ('pending', 'running')",
+        )
+        .bind(namespace)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(n as u64)
+    }
+
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
         Ok(self
             .load_runs(
@@ -1241,6 +1252,29 @@ impl Store for PgStore {
         .await
         .map_err(unavailable)?;
         rows.iter().map(secret_from_row).collect()
+    }
+
+    async fn get_setting(&self, key: &str) -> Result<Option<String>> {
+        sqlx::query_scalar("SELECT value FROM settings WHERE key = $1")
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn set_setting(&self, key: &str, value: Option<&str>, at: Timestamp) -> Result<()> {
+        let query = match value {
+            Some(value) => sqlx::query(
+                "INSERT INTO settings (key, value, updated_at) VALUES ($1, $2, $3)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+            )
+            .bind(key)
+            .bind(value)
+            .bind(at.as_microsecond()),
+            None => sqlx::query("DELETE FROM settings WHERE key = $1").bind(key),
+        };
+        query.execute(&self.pool).await.map_err(unavailable)?;
+        Ok(())
     }
 
     async fn count_secrets(&self) -> Result<u64> {

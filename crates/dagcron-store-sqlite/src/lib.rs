@@ -477,6 +477,17 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn count_unfinished_runs(&self, namespace: &str) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM runs WHERE namespace = ? AND state IN ('pending', 'running')",
+        )
+        .bind(namespace)
+        .fetch_one(&self.reader)
+        .await
+        .map_err(unavailable)?;
+        Ok(n as u64)
+    }
+
     async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
         let query = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {RUN_COLUMNS} FROM runs WHERE id = ?"
@@ -624,6 +635,29 @@ impl Store for SqliteStore {
         .await
         .map_err(unavailable)?;
         rows.iter().map(secret_from_row).collect()
+    }
+
+    async fn get_setting(&self, key: &str) -> Result<Option<String>> {
+        sqlx::query_scalar("SELECT value FROM settings WHERE key = ?")
+            .bind(key)
+            .fetch_optional(&self.reader)
+            .await
+            .map_err(unavailable)
+    }
+
+    async fn set_setting(&self, key: &str, value: Option<&str>, at: Timestamp) -> Result<()> {
+        let (key, value) = (key.to_string(), value.map(str::to_string));
+        self.writer
+            .transaction(move |tx| match value {
+                Some(value) => tx.execute(
+                    "INSERT INTO settings (key, value, updated_at) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+                    rusqlite::params![key, value, at.as_microsecond()],
+                ),
+                None => tx.execute("DELETE FROM settings WHERE key = ?1", rusqlite::params![key]),
+            })
+            .await?;
+        Ok(())
     }
 
     async fn count_secrets(&self) -> Result<u64> {

@@ -29,6 +29,7 @@ macro_rules! conformance_tests {
             tokens_are_found_by_their_hash_and_revoked,
             the_audit_log_is_one_chain,
             secrets_are_kept_per_namespace,
+            settings_are_set_replaced_and_cleared,
             a_fire_is_recorded_once,
             concurrent_fires_create_one_run,
             state_changes_are_compare_and_set,
@@ -517,6 +518,27 @@ pub async fn tokens_are_found_by_their_hash_and_revoked<S: Store>(s: &S) {
     );
 }
 
+/// A setting of the instance is set, replaced and cleared.
+pub async fn settings_are_set_replaced_and_cleared<S: Store>(s: &S) {
+    assert_eq!(s.get_setting("read_only").await.unwrap(), None);
+    s.set_setting("read_only", Some("{\"reason\":\"a\"}"), t(1))
+        .await
+        .unwrap();
+    s.set_setting("read_only", Some("{\"reason\":\"b\"}"), t(2))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.get_setting("read_only").await.unwrap().as_deref(),
+        Some("{\"reason\":\"b\"}")
+    );
+    assert_eq!(s.get_setting("other").await.unwrap(), None);
+    s.set_setting("read_only", None, t(3)).await.unwrap();
+    assert_eq!(s.count_unfinished_runs("ns").await.unwrap(), 0);
+    assert_eq!(s.get_setting("read_only").await.unwrap(), None);
+    // Clearing what is not set is no error.
+    s.set_setting("read_only", None, t(4)).await.unwrap();
+}
+
 /// A secret's value is replaced in place (a new version) and deleted; one
 /// namespace's secrets are not another's.
 pub async fn secrets_are_kept_per_namespace<S: Store>(s: &S) {
@@ -992,6 +1014,9 @@ pub async fn runs_are_paginated_newest_first<S: Store>(s: &S) {
     }
     assert_eq!(seen, [7, 6, 5, 4, 3, 2, 1]);
     assert_eq!(s.max_run_id().await.unwrap(), 7);
+    // All seven are running: the namespace's quota counts them.
+    assert_eq!(s.count_unfinished_runs("ns").await.unwrap(), 7);
+    assert_eq!(s.count_unfinished_runs("other").await.unwrap(), 0);
     assert!(matches!(
         s.list_runs("ns", "j", 3, Some("not-a-cursor")).await,
         Err(StorageError::Invalid(_))

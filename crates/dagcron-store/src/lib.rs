@@ -870,6 +870,9 @@ pub trait Store: Send + Sync + 'static {
     fn active_runs(&self) -> impl Future<Output = Result<Vec<RunRecord>>> + Send;
     /// One run.
     fn get_run(&self, id: RunId) -> impl Future<Output = Result<Option<RunRecord>>> + Send;
+    /// How many runs of `namespace` are unfinished (`pending` or
+    /// `running`), on every node: what its quota of active runs counts.
+    fn count_unfinished_runs(&self, namespace: &str) -> impl Future<Output = Result<u64>> + Send;
     /// Runs of a job, newest first, paginated.
     fn list_runs(
         &self,
@@ -916,6 +919,17 @@ pub trait Store: Send + Sync + 'static {
         namespace: &str,
         name: &str,
     ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// A setting of the instance (such as the read-only mode), shared by
+    /// every node of a cluster; `None` if it is not set.
+    fn get_setting(&self, key: &str) -> impl Future<Output = Result<Option<String>>> + Send;
+    /// Sets a setting of the instance, or clears it (`None`).
+    fn set_setting(
+        &self,
+        key: &str,
+        value: Option<&str>,
+        at: Timestamp,
+    ) -> impl Future<Output = Result<()>> + Send;
 
     /// Appends a row to the audit log, chained after the last one (see
     /// [`AuditEntry::chain_after`]); appends take turns, so the chain has

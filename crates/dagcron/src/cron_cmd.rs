@@ -53,6 +53,10 @@ pub(crate) struct ExprArgs {
     /// Override the fall-back policy.
     #[arg(long, value_enum)]
     dst_overlap: Option<OverlapArg>,
+    /// Where an `@every` expression counts from, as a job's `anchor` (RFC
+    /// 3339, such as 2026-01-01T00:10:00Z); default: the Unix epoch.
+    #[arg(long)]
+    anchor: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -72,10 +76,16 @@ pub(crate) enum OverlapArg {
 fn parse(args: &ExprArgs) -> Result<Option<Schedule>> {
     let time_zone = TimeZone::get(&args.tz)
         .with_context(|| format!("unknown time zone {:?} given to --tz", args.tz))?;
+    let anchor = match &args.anchor {
+        Some(a) => Some(a.parse::<Timestamp>().with_context(|| {
+            format!("--anchor {a:?} is not an RFC 3339 instant (accepted: such as 2026-01-01T00:10:00Z or 2026-01-01T08:10:00+08:00)")
+        })?),
+        None => None,
+    };
     let options = Options {
         time_zone,
         hash_seed: seed_from_key(&args.hash_key),
-        anchor: None,
+        anchor,
         dst_gap: args.dst_gap.map(|g| match g {
             GapArg::Shift => DstGap::Shift,
             GapArg::Skip => DstGap::Skip,

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail};
-use dagcron_runtime::trace::{Sampler, Span, SpanSink, Tracing, Value};
+use dagcron_runtime::trace::{Ended, Sampler, Span, SpanSink, Tracing, Value};
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
 };
@@ -34,13 +34,13 @@ const BATCH: usize = 512;
 
 /// The sink the engine writes to.
 struct Queue {
-    tx: mpsc::Sender<Span>,
+    tx: mpsc::Sender<Ended>,
     dropped: Arc<AtomicU64>,
 }
 
 impl SpanSink for Queue {
-    fn export(&self, span: Span) {
-        if self.tx.try_send(span).is_err() {
+    fn export(&self, ended: Ended) {
+        if self.tx.try_send(ended).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -107,7 +107,8 @@ pub(crate) fn from_env(node: &str) -> Result<Option<(Tracing, Exporter)>> {
         ))
         .build();
     exporter.set_resource(&resource);
-    let (tx, mut rx) = mpsc::channel::<Span>(QUEUE);
+    let (tx, mut rx) = mpsc::channel::<Ended>(QUEUE);
+    let node = node.to_string();
     let dropped = Arc::new(AtomicU64::new(0));
     let lost = dropped.clone();
     let task = tokio::spawn(async move {
@@ -116,7 +117,10 @@ pub(crate) fn from_env(node: &str) -> Result<Option<(Tracing, Exporter)>> {
             .build();
         let mut spans = Vec::with_capacity(BATCH);
         while rx.recv_many(&mut spans, BATCH).await > 0 {
-            let batch = spans.drain(..).map(|s| span_data(s, &scope)).collect();
+            let batch = spans
+                .drain(..)
+                .map(|ended| span_data(ended.span(&node), &scope))
+                .collect();
             if let Err(e) = exporter.export(batch).await {
                 tracing::warn!("sending spans to {endpoint} failed: {e}");
             }
@@ -136,7 +140,6 @@ pub(crate) fn from_env(node: &str) -> Result<Option<(Tracing, Exporter)>> {
     let tracing = Tracing {
         sink: Arc::new(Queue { tx, dropped }),
         sampler,
-        node: node.to_string(),
     };
     Ok(Some((tracing, Exporter { task })))
 }

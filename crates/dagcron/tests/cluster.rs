@@ -974,3 +974,95 @@ fn regression_a_partitioned_node_kills_its_attempts_before_its_lease_ends() {
     let checked = assert_exactly_once(survivor, &jobs, from, to);
     eprintln!("partition: {checked} (job, second) pairs checked, no retry overlapped");
 }
+
+/// The read-only mode is stored in the database: set through one node, it
+/// refuses a trigger through the other (and scheduled fires go on), and
+/// `dagcron jobs pause --all` through either pauses the namespace's jobs
+/// for both.
+#[test]
+fn read_only_set_through_one_node_holds_on_every_node() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::new("read-only", 2, 5000);
+    cluster.wait_converged(0);
+    let (status, body) = cluster.node(0).post(
+        "/api/v1/apply",
+        "namespace: c\njobs:\n  - { name: tick, schedule: '* * * * * *', tasks: [{ id: t, noop: true }] }\n  - { name: once, tasks: [{ id: t, noop: true }] }\n",
+        "application/yaml",
+    );
+    assert_eq!(status, 200, "{body}");
+    let out = cluster
+        .node(0)
+        .cli()
+        .args([
+            "admin",
+            "read-only",
+            "on",
+            "--reason",
+            "moving the database",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("read-only: on"));
+    let (status, body) = cluster.node(1).post(
+        "/api/v1/namespaces/c/jobs/once/trigger",
+        "{}",
+        "application/json",
+    );
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "read_only");
+    let refused = cluster
+        .node(1)
+        .cli()
+        .args(["jobs", "trigger", "c/once"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("moving the database"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    // Schedules keep firing meanwhile.
+    let fired = |node: &Server| {
+        node.get("/api/v1/namespaces/c/jobs/tick/fires")["items"]
+            .as_array()
+            .map_or(0, Vec::len)
+    };
+    let before = fired(cluster.node(1));
+    wait_until("the scheduled job fires while read-only", || {
+        fired(cluster.node(1)) > before
+    });
+    let paused = cluster
+        .node(1)
+        .cli()
+        .args(["jobs", "pause", "--all", "c"])
+        .output()
+        .unwrap();
+    assert!(
+        paused.status.success(),
+        "{}",
+        String::from_utf8_lossy(&paused.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&paused.stdout).trim(),
+        "c: 2 job(s) paused, 0 already so"
+    );
+    let off = cluster
+        .node(1)
+        .cli()
+        .args(["admin", "read-only", "off"])
+        .output()
+        .unwrap();
+    assert!(off.status.success());
+    let (status, body) = cluster.node(0).post(
+        "/api/v1/namespaces/c/jobs/once/trigger",
+        "{}",
+        "application/json",
+    );
+    assert_eq!(status, 201, "{body}");
+}

@@ -901,3 +901,86 @@ fn logs_can_be_json_one_object_per_line() {
         "{ended}"
     );
 }
+
+/// The offline commands know anchors: `cron next --anchor` counts an
+/// `@every` expression from one, as a job's `anchor` does, and `dag
+/// validate` reports a malformed anchor with its path.
+#[test]
+fn the_offline_commands_count_every_from_an_anchor_and_check_it() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+        .args([
+            "cron",
+            "next",
+            "@every 90m",
+            "--anchor",
+            "2026-01-01T00:10:00Z",
+            "--from",
+            "2026-01-01T00:00:00Z",
+            "--count",
+            "3",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        r#"["2026-01-01T00:10:00+00:00","2026-01-01T01:40:00+00:00","2026-01-01T03:10:00+00:00"]"#
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jobs.yaml");
+    std::fs::write(
+        &file,
+        "namespace: a\njobs:\n  - name: j\n    schedule: '@every 90m'\n    anchor: '2026-01-01 at ten past midnight'\n    tasks: [{ id: t, shell: 'true' }]\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+        .args(["dag", "validate", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("jobs[0].anchor: invalid anchor \"2026-01-01 at ten past midnight\""),
+        "{stderr}"
+    );
+}
+
+/// Past the ready backlog, a manual trigger gets 429 with `Retry-After`
+/// and the code `busy`, and makes no run.
+#[test]
+fn a_trigger_past_the_ready_backlog_is_told_to_come_back() {
+    let (dir, data) = setup();
+    let server = InProcess::start(&data, &["--pool-size", "1", "--max-ready-backlog", "1"]);
+    let gate = dir.path().join("gate");
+    let wait = format!("while [ ! -e {} ]; do sleep 0.01; done", gate.display());
+    let file = format!(
+        "namespace: e2e\njobs:\n  - {{ name: wide, tasks: [{{ id: a, shell: '{wait}' }}, {{ id: b, shell: '{wait}' }}] }}\n"
+    );
+    assert_eq!(
+        server.post("/api/v1/apply", &file, "application/yaml").0,
+        200
+    );
+    let first = server.trigger("wide");
+    let refused = server
+        .http()
+        .post(format!(
+            "{}/api/v1/namespaces/e2e/jobs/wide/trigger",
+            server.url
+        ))
+        .body("{}")
+        .send()
+        .unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["retry-after"], "5");
+    let body: Value = refused.json().unwrap();
+    assert_eq!(body["error"]["code"], "busy", "{body}");
+    std::fs::write(&gate, "").unwrap();
+    server.wait_run(first, "succeeded");
+    assert_eq!(
+        server.all_runs("wide").len(),
+        1,
+        "the refused trigger made no run"
+    );
+    server.stop();
+}

@@ -102,6 +102,32 @@ fn metrics_are_scraped_with_a_token_or_on_their_own_address() {
     assert_eq!(status, 200);
     let run = server.trigger("once");
     server.wait_run(run, "succeeded");
+    // A trigger refused by a quota is counted (of a job that does not
+    // exist, so that the one allowed makes no run).
+    let quota = server
+        .http()
+        .put(format!("{}/api/v1/namespaces/e2e/quotas", server.url))
+        .header("content-type", "application/json")
+        .body(r#"{"max_triggers_per_second": 1}"#)
+        .send()
+        .unwrap();
+    assert_eq!(quota.status(), 200);
+    let refused = (0..3)
+        .map(|_| {
+            server
+                .http()
+                .post(format!(
+                    "{}/api/v1/namespaces/e2e/jobs/nope/trigger",
+                    server.url
+                ))
+                .body("{}")
+                .send()
+                .unwrap()
+                .status()
+        })
+        .filter(|s| *s == 429)
+        .count();
+    assert!(refused >= 1, "three triggers at once, one a second allowed");
 
     // On the API's address: a token is needed.
     let anonymous = reqwest::blocking::get(format!("{}/metrics", server.url)).unwrap();
@@ -123,6 +149,7 @@ fn metrics_are_scraped_with_a_token_or_on_their_own_address() {
         "dagcron_engine_up 1",
         "dagcron_build_info{version=",
         "dagcron_pool_slots 64",
+        "dagcron_quota_refusals_total{namespace=\"e2e\",quota=\"max_triggers_per_second\"}",
     ] {
         assert!(text.contains(series), "{series} is not in:\n{text}");
     }

@@ -8,6 +8,7 @@
 mod audit;
 mod cluster;
 mod jobs;
+mod operations;
 mod runs;
 mod schedules;
 mod secrets;
@@ -26,6 +27,7 @@ pub use jobs::{
     ApplyAnswer, ApplyItem, ApplyOutcome, BackfillAnswer, BackfillBody, JobAnswer, JobPage,
     TriggerBody,
 };
+pub use operations::{BulkPauseAnswer, Quotas, ReadOnlyAnswer, ReadOnlyBody};
 pub use runs::{AttemptAnswer, FireAnswer, FirePage, RerunBody, RunAnswer, RunPage, TaskAnswer};
 pub use schedules::{HotJobAnswer, HotspotAnswer, HotspotReport};
 pub use secrets::{KeyUse, KeysAnswer, SecretAnswer, SecretBody, SecretList};
@@ -104,6 +106,10 @@ pub(crate) enum Errors {
     /// The body is larger than the server's `max_body_bytes`.
     #[response(status = 413)]
     TooLarge(#[to_schema] ErrorBody),
+    /// Too much work waits (the ready backlog, or a job's pending runs):
+    /// try again after `Retry-After` seconds.
+    #[response(status = 429)]
+    TooMany(#[to_schema] ErrorBody),
     /// The store is unavailable or the server is shutting down.
     #[response(status = 503)]
     Unavailable(#[to_schema] ErrorBody),

@@ -3,7 +3,7 @@
 //! let every task end.
 
 use super::*;
-use crate::JobFile;
+use crate::{JobFile, TriggerRule};
 use proptest::prelude::*;
 
 fn job(tasks: &str, extra: &str) -> Job {
@@ -430,7 +430,12 @@ fn an_abandoned_attempt_is_lost_and_nothing_follows() {
 /// A job of up to six tasks, each depending on some earlier ones, with
 /// random trigger rules, retries and delivery.
 fn any_job() -> impl Strategy<Value = Job> {
-    let rules = prop::sample::select(vec!["all_success", "all_done", "one_failed", "always"]);
+    let rules = prop::sample::select(
+        TriggerRule::ALL
+            .iter()
+            .map(|r| r.as_str())
+            .collect::<Vec<_>>(),
+    );
     let task = (rules, 1..4u32, any::<u8>());
     (
         prop::collection::vec(task, 1..7),

@@ -124,6 +124,116 @@ fn cron_errors_carry_their_span() {
     );
 }
 
+fn ts(s: &str) -> jiff::Timestamp {
+    s.parse().unwrap()
+}
+
+fn anchored(schedule: &str, anchor: &str) -> String {
+    format!(
+        "namespace: a\njobs:\n  - name: j\n    schedule: {schedule}\n    anchor: '{anchor}'\n    tasks: [{{ id: t, shell: 'true' }}]\n"
+    )
+}
+
+#[test]
+fn every_counts_from_the_anchor_of_its_job() {
+    let job = &load(&anchored("'@every 90m'", "2026-01-01T00:10:00Z"))
+        .validate()
+        .unwrap()[0];
+    let fires = |job: &dagcron_core::Job| -> Vec<String> {
+        job.timing()
+            .fires_in(ts("2026-01-01T00:00:00Z"), ts("2026-01-01T06:00:00Z"), 100)
+            .unwrap()
+            .iter()
+            .map(|t| t.to_string())
+            .collect()
+    };
+    // The compiled timing the scheduler keeps counts from the anchor.
+    assert_eq!(
+        fires(job),
+        [
+            "2026-01-01T00:10:00Z",
+            "2026-01-01T01:40:00Z",
+            "2026-01-01T03:10:00Z",
+            "2026-01-01T04:40:00Z"
+        ]
+    );
+    // Without one, from the Unix epoch (on which 00:00 falls).
+    let epoch = &load("namespace: a\njobs:\n  - name: j\n    schedule: '@every 90m'\n    tasks: [{ id: t, shell: 'true' }]\n").validate().unwrap()[0];
+    assert_eq!(
+        fires(epoch),
+        [
+            "2026-01-01T00:00:00Z",
+            "2026-01-01T01:30:00Z",
+            "2026-01-01T03:00:00Z",
+            "2026-01-01T04:30:00Z"
+        ]
+    );
+    assert!(
+        !epoch.canonical().contains("anchor"),
+        "{}",
+        epoch.canonical()
+    );
+    // The anchor is a phase, not a start: fires before it exist too.
+    assert_eq!(
+        job.timing().next_fire_after(ts("2025-12-31T22:00:00Z")),
+        Some(ts("2025-12-31T22:40:00Z"))
+    );
+    assert_eq!(
+        job.schedules[0].explain(),
+        "every 1 hour and 30 minutes, counted from 2026-01-01T00:10:00Z"
+    );
+    // The stored (canonical) form keeps it, and reads back the same fires;
+    // another spelling of the same instant is the same job.
+    assert!(
+        job.canonical()
+            .contains(r#""anchor":"2026-01-01T00:10:00Z""#)
+    );
+    let again = dagcron_core::Job::from_canonical("a", &job.canonical()).unwrap();
+    assert_eq!(again.canonical(), job.canonical());
+    assert_eq!(fires(&again), fires(job));
+    let other = &load("namespace: a\njobs:\n  - name: j\n    schedule: '@every 90m'\n    anchor: 2026-01-01T08:10:00+08:00\n    tasks: [{ id: t, shell: 'true' }]\n")
+        .validate()
+        .unwrap()[0];
+    assert_eq!(other.canonical(), job.canonical());
+    // Only the `@every` schedules of a list count from it.
+    let both = &load(&anchored(
+        "['@every 90m', '0 0 5 * * *']",
+        "2026-01-01T00:10:00Z",
+    ))
+    .validate()
+    .unwrap()[0];
+    assert_eq!(
+        fires(both)[3..],
+        ["2026-01-01T04:40:00Z", "2026-01-01T05:00:00Z"]
+    );
+}
+
+#[test]
+fn anchors_are_checked_with_their_path() {
+    let cases = [
+        anchored("'@every 90m'", "tomorrow"),
+        anchored("'@every 90m'", "2026-01-01T00:00:00"),
+        anchored("'@every 90m'", "2026-01-01T00:00:00.250Z"),
+        anchored("'0 * * * *'", "2026-01-01T00:00:00Z"),
+        anchored("['0 * * * *', '@daily']", "2026-01-01T00:00:00Z"),
+        "namespace: a\njobs:\n  - name: j\n    anchor: '2026-01-01T00:00:00Z'\n    tasks: [{ id: t, shell: 'true' }]\n".to_string(),
+        // A schedule in error may have been meant as the `@every`: only it is reported.
+        anchored("['0 * * * *', '@every 0s']", "2026-01-01T00:00:00Z"),
+    ];
+    let errors: Vec<String> = cases.iter().flat_map(|y| errors(y)).collect();
+    expect_test::expect![[r#"
+        [
+            "jobs[0].anchor: invalid anchor \"tomorrow\": use an RFC 3339 instant with its offset, such as \"2026-01-01T00:00:00Z\" (failed to parse four digit integer as year: invalid digit, expected 0-9 but got t)",
+            "jobs[0].anchor: invalid anchor \"2026-01-01T00:00:00\": use an RFC 3339 instant with its offset, such as \"2026-01-01T00:00:00Z\" (failed to find offset component, which is required for parsing a timestamp)",
+            "jobs[0].anchor: the anchor \"2026-01-01T00:00:00.250Z\" has a fraction of a second; `@every` fires on whole seconds, so use a whole second such as \"2026-01-01T00:00:00Z\"",
+            "jobs[0].anchor: an anchor sets where `@every` schedules count from, and none of the job's schedules is `@every`: drop `anchor`, or use `@every <duration>`",
+            "jobs[0].anchor: an anchor sets where `@every` schedules count from, and none of the job's schedules is `@every`: drop `anchor`, or use `@every <duration>`",
+            "jobs[0].anchor: an anchor sets where `@every` schedules count from, and the job has no schedule: add an `@every` schedule or drop `anchor`",
+            "jobs[0].schedule[1]: invalid cron expression \"@every 0s\": the period must be at least one second (for example `@every 1s`)",
+        ]
+    "#]].assert_debug_eq(&errors);
+}
+
 #[test]
 fn unknown_fields_are_rejected() {
     let err = serde_saphyr::from_str::<JobFile>(
@@ -147,7 +257,7 @@ mod props {
     fn task(ids: Vec<String>) -> impl Strategy<Value = String> {
         let max = ids.len().min(2);
         let deps = prop::sample::subsequence(ids, 0..=max);
-        (name(), deps, prop_oneof![Just("all_success"), Just("all_done"), Just("one_failed"), Just("always"), Just("bogus")], 0..4u8, prop_oneof![Just("5s"), Just("0s"), Just("x"), Just("1h30m")])
+        (name(), deps, prop_oneof![Just("all_success"), Just("all_done"), Just("one_failed"), Just("always"), Just("none_failed_min_one_success"), Just("all_skipped"), Just("one_done"), Just("bogus")], 0..4u8, prop_oneof![Just("5s"), Just("0s"), Just("x"), Just("1h30m")])
             .prop_map(|(id, deps, rule, exec, timeout)| {
                 let exec = match exec {
                     0 => "shell: \"echo hi\"".to_string(),
@@ -161,12 +271,19 @@ mod props {
 
     fn job_file() -> impl Strategy<Value = String> {
         let ids = prop::collection::vec("[a-z]{1,3}", 1..6);
-        (name(), prop_oneof![Just("* * * * *"), Just("0 0 30 2 *"), Just("@daily"), Just("H H * * *"), Just("nonsense")], prop_oneof![Just("UTC"), Just("Europe/Berlin"), Just("Mars/Base")], 0..5u32, ids)
-            .prop_flat_map(|(job, sched, tz, attempts, ids)| {
+        let anchor = prop_oneof![
+            Just(""),
+            Just("    anchor: '2026-01-01T00:10:00Z'\n"),
+            Just("    anchor: '2026-01-01T08:10:00+08:00'\n"),
+            Just("    anchor: '2026-01-01T00:10:00.5Z'\n"),
+            Just("    anchor: nonsense\n")
+        ];
+        (name(), prop_oneof![Just("* * * * *"), Just("0 0 30 2 *"), Just("@daily"), Just("H H * * *"), Just("@every 90m"), Just("nonsense")], prop_oneof![Just("UTC"), Just("Europe/Berlin"), Just("Mars/Base")], 0..5u32, ids, anchor)
+            .prop_flat_map(|(job, sched, tz, attempts, ids, anchor)| {
                 let n = ids.len();
                 prop::collection::vec(task(ids), 1..=n).prop_map(move |tasks| {
                     format!(
-                        "namespace: ns\njobs:\n  - name: \"{job}\"\n    schedule: \"{sched}\"\n    timezone: {tz}\n    retry: {{ max_attempts: {attempts} }}\n    tasks:\n{}",
+                        "namespace: ns\njobs:\n  - name: \"{job}\"\n    schedule: \"{sched}\"\n{anchor}    timezone: {tz}\n    retry: {{ max_attempts: {attempts} }}\n    tasks:\n{}",
                         tasks.concat()
                     )
                 })
@@ -183,6 +300,7 @@ mod props {
                         let again = Job::from_canonical(&job.namespace, &job.canonical()).expect("a valid job's canonical form is valid");
                         prop_assert_eq!(again.canonical(), job.canonical());
                         prop_assert_eq!(again.dag, job.dag);
+                        prop_assert_eq!(&again.schedules, &job.schedules);
                     }
                 }
                 Err(errors) => prop_assert!(errors.0.iter().all(|e| !e.path.is_empty() && !e.message.is_empty())),

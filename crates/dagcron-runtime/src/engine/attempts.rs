@@ -315,18 +315,22 @@ impl<S: Store> Engine<S> {
                 m.attempt_ended(&foreign.key, foreign.executor, to);
             }
             if let (Some(tracing), Some(trace)) = (&self.config.tracing, &foreign.trace) {
-                let attempt = spans::Attempt {
-                    key: &foreign.key,
+                let ended = crate::trace::AttemptEnded {
+                    trace: trace.clone(),
+                    key: foreign.key.clone(),
                     run: id,
                     scheduled_at: foreign.scheduled_at,
-                    task: &foreign.task,
+                    task: foreign.task.clone(),
                     executor: foreign.executor,
                     number: foreign.number,
                     ready: None,
-                    started: foreign.started,
-                    agent: agent.as_deref(),
+                    start: foreign.started,
+                    end: at,
+                    state: to,
+                    error: outcome.error.clone(),
+                    agent,
                 };
-                spans::attempt(tracing, trace, attempt, at, to, outcome.error.as_deref());
+                spans::attempt(tracing, ended);
             }
             self.writes.push(Write::AttemptEnd {
                 run: id,

@@ -196,6 +196,10 @@ impl<S: Store> Engine<S> {
                     ))));
                     return;
                 }
+                if let Err(e) = self.backlog_allows() {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
                 // A job applied through another node and not yet announced
                 // here is read through at once; a known one beside the loop.
                 let known = if self.jobs.contains_key(&key) {
@@ -409,6 +413,20 @@ impl<S: Store> Engine<S> {
     }
 
     /// Starts a run of `job` now by hand, with `params` over its defaults.
+    /// Whether the ready backlog leaves room for more manual work: past
+    /// `max_ready_backlog` tasks waiting, triggers and backfills are
+    /// refused (scheduled fires go on).
+    pub(super) fn backlog_allows(&self) -> Result<(), EngineError> {
+        let waiting = self.ready.local.len() + self.ready.remote.len();
+        if waiting < self.config.max_ready_backlog {
+            return Ok(());
+        }
+        Err(EngineError::Busy(format!(
+            "{waiting} tasks are ready and waiting for a worker, over this server's limit of {}; scheduled fires go on, manual triggers and backfills are refused until the backlog drains",
+            self.config.max_ready_backlog
+        )))
+    }
+
     /// What is running and waiting now (see [`crate::EngineGauges`]).
     fn gauges(&self, now: Timestamp) -> crate::EngineGauges {
         let mut runs: HashMap<(&str, &'static str), u64> = HashMap::new();
@@ -448,18 +466,13 @@ impl<S: Store> Engine<S> {
         reply: Reply<RunId>,
         now: Timestamp,
     ) {
-        let decision = policy::on_fire(
-            job.spec.concurrency,
-            job.spec.max_active(),
-            self.jobs[&key].active.len() as u32,
-        );
-        if decision == FireDecision::Skip {
-            let _ = reply.send(Err(EngineError::Conflict(format!(
-                "{}/{} has a run active and its concurrency policy is forbid",
-                key.0, key.1
-            ))));
-            return;
-        }
+        let decision = match self.admit(&key, &job) {
+            Ok(decision) => decision,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
         let mut merged = job.spec.params.clone();
         merged.extend(params);
         let run = self.new_run(
@@ -477,6 +490,41 @@ impl<S: Store> Engine<S> {
         self.writes.push(Write::Run(run));
         self.after_new_run(&key, id, decision, now);
         self.reply_after_commit(reply, Ok(id));
+    }
+
+    /// What a run made by hand (a trigger, a re-run) of `job` does by its
+    /// overlap policy, or why it is refused: the server's ready backlog is
+    /// full or the job has as many runs waiting as it may (`Busy`), or its
+    /// policy declines it while a run goes on (`Conflict`).
+    fn admit(&self, key: &JobKey, job: &Job) -> Result<FireDecision, EngineError> {
+        let entry = &self.jobs[key];
+        let decision = policy::on_fire(
+            job.spec.concurrency,
+            job.spec.max_active(),
+            entry.active.len() as u32,
+            entry.queued.len() as u32,
+            job.spec.max_pending(),
+        );
+        self.backlog_allows()?;
+        match decision {
+            FireDecision::Backlog => Err(EngineError::Busy(format!(
+                "{}/{} has {} runs waiting already, as many as its max_pending_runs allows; trigger again once some have started",
+                key.0,
+                key.1,
+                job.spec.max_pending()
+            ))),
+            FireDecision::Skip => Err(EngineError::Conflict(match job.spec.concurrency {
+                dagcron_core::Concurrency::BufferOne => format!(
+                    "{}/{} has a run active and one waiting behind it, and its concurrency policy buffer_one keeps at most one waiting; trigger again once the waiting run has started",
+                    key.0, key.1
+                ),
+                _ => format!(
+                    "{}/{} has a run active and its concurrency policy is forbid",
+                    key.0, key.1
+                ),
+            })),
+            decision => Ok(decision),
+        }
     }
 
     /// Re-runs a finished run (see [`EngineHandle::rerun`]), its record and
@@ -523,18 +571,14 @@ impl<S: Store> Engine<S> {
                 return;
             }
         };
-        let decision = policy::on_fire(
-            job.spec.concurrency,
-            job.spec.max_active(),
-            self.jobs[&key].active.len() as u32,
-        );
-        if decision == FireDecision::Skip {
-            let _ = reply.send(Err(EngineError::Conflict(format!(
-                "{}/{} has a run active and its concurrency policy is forbid",
-                key.0, key.1
-            ))));
-            return;
-        }
+        // Admitted as a trigger is, by its own version's policy.
+        let decision = match self.admit(&key, &job) {
+            Ok(decision) => decision,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
         let rerun = Rerun {
             version: record.job_version,
             of: record.id,

@@ -87,6 +87,9 @@ pub struct EngineConfig {
     pub max_missed_per_job: usize,
     /// At most this many runs one backfill creates.
     pub max_backfill: usize,
+    /// Past this many tasks ready and waiting for a worker, manual
+    /// triggers and backfills are refused ([`EngineError::Busy`]).
+    pub max_ready_backlog: usize,
     /// Told about fires and attempts.
     pub observer: Option<Observer>,
     /// Counts fires, runs, attempts and commits for Prometheus.
@@ -260,6 +263,7 @@ impl Default for EngineConfig {
             max_output: 1 << 20,
             max_missed_per_job: 10_000,
             max_backfill: 10_000,
+            max_ready_backlog: 10_000,
             observer: None,
             metrics: None,
             tracing: None,
@@ -276,10 +280,13 @@ pub enum EngineError {
     /// No such job or run.
     NotFound(String),
     /// The request conflicts with the current state (for example, triggering
-    /// a `forbid` job while it runs).
+    /// a `forbid` job while it runs, or a `buffer_one` job while a run waits).
     Conflict(String),
     /// The request is invalid.
     Invalid(String),
+    /// Too much work waits: try again later (a manual trigger or backfill
+    /// past the ready backlog, or past a job's `max_pending_runs`).
+    Busy(String),
     /// The store failed.
     Storage(StorageError),
     /// The engine has stopped.
@@ -289,9 +296,10 @@ pub enum EngineError {
 impl std::fmt::Display for EngineError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            EngineError::NotFound(m) | EngineError::Conflict(m) | EngineError::Invalid(m) => {
-                f.write_str(m)
-            }
+            EngineError::NotFound(m)
+            | EngineError::Conflict(m)
+            | EngineError::Invalid(m)
+            | EngineError::Busy(m) => f.write_str(m),
             EngineError::Storage(e) => write!(f, "{e}"),
             EngineError::Stopped => f.write_str("the engine has stopped"),
         }

@@ -34,13 +34,21 @@ impl<S: Store> Engine<S> {
                 at: now,
             });
         }
+        let entry = &self.jobs[key];
         let decision = policy::on_fire(
             job.spec.concurrency,
             job.spec.max_active(),
-            self.jobs[key].active.len() as u32,
+            entry.active.len() as u32,
+            entry.queued.len() as u32,
+            job.spec.max_pending(),
         );
         if decision == FireDecision::Skip {
             self.record_fire(key, at, FireOutcome::SkippedOverlap, None);
+            return;
+        }
+        if decision == FireDecision::Backlog {
+            tracing::warn!(namespace = %key.0, job = %key.1, "fire of {at} skipped: {} runs of the job wait already (max_pending_runs)", job.spec.max_pending());
+            self.record_fire(key, at, FireOutcome::SkippedBacklog, None);
             return;
         }
         let run = self.new_run(
@@ -217,7 +225,7 @@ impl<S: Store> Engine<S> {
             FireDecision::Queue => {
                 self.jobs.get_mut(key).expect("job").queued.push_back(id);
             }
-            FireDecision::Start | FireDecision::Skip => self.begin(id, now),
+            FireDecision::Start | FireDecision::Skip | FireDecision::Backlog => self.begin(id, now),
         }
     }
 
@@ -330,30 +338,27 @@ impl<S: Store> Engine<S> {
                 if let Some(m) = &self.config.metrics {
                     m.attempt_ended(&run.key, job.tasks[task].executor.kind(), to);
                 }
+                let run = self.runs.get_mut(&id).expect("run");
+                let times = std::mem::take(&mut run.times[task]);
+                run.times[task].ready = times.ready;
                 if let (Some(tracing), Some(trace)) = (&self.config.tracing, &run.trace) {
-                    let times = &run.times[task];
-                    spans::attempt(
-                        tracing,
-                        trace,
-                        spans::Attempt {
-                            key: &run.key,
-                            run: id,
-                            scheduled_at: run.scheduled_at,
-                            task: &job.tasks[task].id,
-                            executor: job.tasks[task].executor.kind(),
-                            number,
-                            ready: times.ready,
-                            started: times.started.unwrap_or(now),
-                            agent: times.agent.as_deref(),
-                        },
-                        now,
-                        to,
-                        o.error.as_deref(),
-                    );
+                    let ended = crate::trace::AttemptEnded {
+                        trace: trace.clone(),
+                        key: run.key.clone(),
+                        run: id,
+                        scheduled_at: run.scheduled_at,
+                        task: job.tasks[task].id.clone(),
+                        executor: job.tasks[task].executor.kind(),
+                        number,
+                        ready: times.ready,
+                        start: times.started.unwrap_or(now),
+                        end: now,
+                        state: to,
+                        error: o.error.clone(),
+                        agent: times.agent,
+                    };
+                    spans::attempt(tracing, ended);
                 }
-                let times = &mut self.runs.get_mut(&id).expect("run").times[task];
-                times.started = None;
-                times.agent = None;
                 self.writes.push(Write::AttemptEnd {
                     run: id,
                     task: name(task),

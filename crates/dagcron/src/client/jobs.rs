@@ -5,7 +5,9 @@ use std::path::Path;
 
 use anyhow::Result;
 use clap::Subcommand;
-use dagcron_api::wire::{ApplyAnswer, BackfillAnswer, JobAnswer, JobPage, RunAnswer, TriggerBody};
+use dagcron_api::wire::{
+    ApplyAnswer, BackfillAnswer, BulkPauseAnswer, JobAnswer, JobPage, RunAnswer, TriggerBody,
+};
 use serde::Serialize;
 
 use super::output::{Output, Show, or_dash};
@@ -22,9 +24,23 @@ pub(crate) enum JobsCommand {
     /// One job, with its next fire.
     Show { job: String },
     /// Stop firing (fires due while paused follow the misfire policy on resume).
-    Pause { job: String },
+    Pause {
+        /// NAMESPACE/JOB.
+        #[arg(required_unless_present = "all")]
+        job: Option<String>,
+        /// Every job of this namespace instead.
+        #[arg(long, value_name = "NAMESPACE", conflicts_with = "job")]
+        all: Option<String>,
+    },
     /// Fire again.
-    Resume { job: String },
+    Resume {
+        /// NAMESPACE/JOB.
+        #[arg(required_unless_present = "all")]
+        job: Option<String>,
+        /// Every job of this namespace instead.
+        #[arg(long, value_name = "NAMESPACE", conflicts_with = "job")]
+        all: Option<String>,
+    },
     /// Start a run now.
     Trigger {
         job: String,
@@ -150,13 +166,17 @@ pub(super) async fn run(c: &Client, cmd: JobsCommand, out: &mut Output) -> Resul
             out.show(&Jobs(all))
         }
         JobsCommand::Show { job } => out.json(&c.get::<JobAnswer>(&job_path(&job)?).await?),
-        JobsCommand::Pause { job } => {
+        JobsCommand::Pause { all: Some(ns), .. } => bulk(c, &ns, "pause", "paused", out).await,
+        JobsCommand::Resume { all: Some(ns), .. } => bulk(c, &ns, "resume", "resumed", out).await,
+        JobsCommand::Pause { job, .. } => {
+            let job = job.unwrap_or_default();
             let j: JobAnswer = c
                 .post(&format!("{}/pause", job_path(&job)?), &Empty {})
                 .await?;
             out.say(format_args!("{}/{} paused", j.namespace, j.name))
         }
-        JobsCommand::Resume { job } => {
+        JobsCommand::Resume { job, .. } => {
+            let job = job.unwrap_or_default();
             let j: JobAnswer = c
                 .post(&format!("{}/resume", job_path(&job)?), &Empty {})
                 .await?;
@@ -206,4 +226,33 @@ pub(super) async fn backfill(
         .post(&format!("{}/backfill", job_path(job)?), &Range { from, to })
         .await?;
     out.show(&answer)
+}
+
+/// What `jobs pause|resume --all` changed.
+#[derive(Serialize)]
+struct Bulk<'a> {
+    #[serde(flatten)]
+    answer: BulkPauseAnswer,
+    #[serde(skip)]
+    ns: &'a str,
+    #[serde(skip)]
+    done: &'a str,
+}
+
+impl Show for Bulk<'_> {
+    fn text(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(
+            out,
+            "{}: {} job(s) {}, {} already so",
+            self.ns, self.answer.changed, self.done, self.answer.unchanged
+        )
+    }
+}
+
+/// `dagcron jobs pause|resume --all NAMESPACE`.
+async fn bulk(c: &Client, ns: &str, verb: &str, done: &str, out: &mut Output) -> Result<()> {
+    let answer: BulkPauseAnswer = c
+        .post(&format!("/api/v1/namespaces/{ns}/{verb}"), &Empty {})
+        .await?;
+    out.show(&Bulk { answer, ns, done })
 }

@@ -3,6 +3,7 @@
 //! (`dagcron_api::wire`), and printed by [`output`]: the JSON with
 //! `--json`, text otherwise.
 
+mod admin;
 mod audit;
 mod cluster;
 mod jobs;
@@ -110,6 +111,9 @@ pub(crate) enum ClientCommand {
     /// Secrets of a namespace: set (the value from standard input), list, delete.
     #[command(subcommand)]
     Secrets(secrets::SecretsCommand),
+    /// The instance: its read-only mode.
+    #[command(subcommand)]
+    Admin(admin::AdminCommand),
     /// The audit log: every change and every refused call.
     Audit {
         /// Only this namespace's rows.
@@ -154,6 +158,7 @@ pub(crate) async fn run(cmd: ClientCommand, conn: Conn) -> Result<ExitCode> {
         ClientCommand::Cluster(cmd) => cluster::cluster(&c, cmd, &mut out).await?,
         ClientCommand::Tokens(cmd) => tokens::run(&c, cmd, &mut out).await?,
         ClientCommand::Secrets(cmd) => secrets::run(&c, cmd, &mut out).await?,
+        ClientCommand::Admin(cmd) => admin::run(&c, cmd, &mut out).await?,
         ClientCommand::Audit { namespace, verify } => {
             return audit::run(&c, namespace, verify, &mut out).await;
         }

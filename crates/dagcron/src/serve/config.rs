@@ -80,6 +80,10 @@ pub struct ServeArgs {
     /// The largest API request body, in bytes; larger ones get 413 [default: 2097152].
     #[arg(long, env = "DAGCRON_MAX_BODY_BYTES")]
     max_body_bytes: Option<usize>,
+    /// Past this many tasks ready and waiting for a worker, manual triggers
+    /// and backfills get 429 (scheduled fires go on) [default: 10000].
+    #[arg(long, env = "DAGCRON_MAX_READY_BACKLOG")]
+    max_ready_backlog: Option<usize>,
     /// The server key that API tokens are hashed under (32 bytes) [default:
     /// DATA_DIR/server.key, created on the first start; required in a
     /// cluster, the same file on every node: `dagcron tokens bootstrap` makes one].
@@ -132,6 +136,7 @@ struct FileConfig {
     misfire_grace: Option<u64>,
     shutdown_grace: Option<u64>,
     max_body_bytes: Option<usize>,
+    max_ready_backlog: Option<usize>,
     key_file: Option<PathBuf>,
     master_key_file: Option<PathBuf>,
     tls_cert: Option<PathBuf>,
@@ -156,6 +161,7 @@ pub struct Config {
     pub(super) misfire_grace: Duration,
     pub(super) shutdown_grace: Duration,
     pub(super) max_body_bytes: usize,
+    pub(super) max_ready_backlog: usize,
     pub(super) agents: PoolConfig,
     pub(super) tls: Option<Arc<rustls::ServerConfig>>,
     pass_env: Vec<String>,
@@ -264,6 +270,10 @@ impl ServeArgs {
             shutdown_grace: Duration::from_secs(
                 self.shutdown_grace.or(file.shutdown_grace).unwrap_or(10),
             ),
+            max_ready_backlog: self
+                .max_ready_backlog
+                .or(file.max_ready_backlog)
+                .unwrap_or(10_000),
             max_body_bytes: self
                 .max_body_bytes
                 .or(file.max_body_bytes)

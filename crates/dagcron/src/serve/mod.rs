@@ -114,12 +114,15 @@ impl<S: Store> Node<S> {
         let mut registry = prometheus_client::registry::Registry::default();
         metrics.register(&mut registry);
         let peak = dagcron_api::schedules::register_peak(&mut registry);
+        let quota = Arc::new(dagcron_api::quotas::QuotaState::default());
+        quota.register(&mut registry);
         let peak_task = tokio::spawn(dagcron_api::schedules::keep_peak(self.store.clone(), peak));
         let _peak_task = AbortOnDrop(peak_task);
         let engine_config = EngineConfig {
             metrics: Some(metrics),
             tracing: traced,
             pool_size: config.pool_size,
+            max_ready_backlog: config.max_ready_backlog,
             misfire_grace: config.misfire_grace,
             remote: Some(RemoteWorkers(Arc::new(agents.clone()))),
             secrets: Some(SecretSource(Arc::new(StoredSecrets {
@@ -164,6 +167,7 @@ impl<S: Store> Node<S> {
             keyring: self.keyring,
             master_key: self.master_key,
             metrics: Some(Arc::new(registry)),
+            quota,
         };
         if let Some(at) = config.metrics_listen {
             serve_metrics(at, state.clone(), api_stop.clone()).await?;

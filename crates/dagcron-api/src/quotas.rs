@@ -1,0 +1,303 @@
+//! Quotas per namespace: jobs, schedules per job, unfinished runs, and
+//! manual triggers per second. Set by an instance admin (a tenant may not
+//! lift its own limits), read by anyone of the namespace, stored as a
+//! setting of the instance so that every node applies them.
+//!
+//! A job file past a quota is refused with `400` and the code
+//! `quota_exceeded` (with the path of each problem); a trigger or backfill
+//! past one with `429`, the same code and `Retry-After`. Each refusal is
+//! counted in `dagcron_quota_refusals_total{namespace,quota}`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use axum::Json;
+use axum::extract::{Extension, Path, State};
+use axum::http::StatusCode;
+use dagcron_core::Job;
+use dagcron_core::authz::Need;
+use dagcron_store::Store;
+use jiff::Timestamp;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+use crate::auth::Principal;
+use crate::wire::{Errors, Problem, Quotas};
+use crate::{ApiError, AppState};
+
+/// Jobs read from the store at a time when counting them.
+const PAGE: u32 = 1000;
+
+/// The most triggers per second a quota may allow.
+const MAX_RATE: u32 = 10_000;
+
+/// The per-server side of the quotas: the trigger buckets and the count of
+/// refusals.
+#[derive(Debug, Default)]
+pub struct QuotaState {
+    buckets: Mutex<HashMap<String, Bucket>>,
+    refusals: Family<Vec<(&'static str, String)>, Counter>,
+}
+
+impl QuotaState {
+    /// Registers `dagcron_quota_refusals_total`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "dagcron_quota_refusals",
+            "Calls refused because they would pass a quota of their namespace",
+            self.refusals.clone(),
+        );
+    }
+
+    fn refused(&self, namespace: &str, quota: &'static str) {
+        self.refusals
+            .get_or_create(&vec![
+                ("namespace", namespace.to_string()),
+                ("quota", quota.to_string()),
+            ])
+            .inc();
+    }
+}
+
+/// A token bucket holding at most one second's worth of triggers.
+#[derive(Clone, Copy, Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+/// Takes one token from `bucket` at `now` if it has one, refilled at `rate`
+/// per second since it was last seen (never above `rate`).
+fn take(bucket: &mut Bucket, rate: u32, now: Instant) -> bool {
+    let rate = f64::from(rate);
+    let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
+    bucket.tokens = (bucket.tokens + elapsed * rate).min(rate);
+    bucket.at = now;
+    if bucket.tokens >= 1.0 {
+        bucket.tokens -= 1.0;
+        true
+    } else {
+        false
+    }
+}
+
+fn key(namespace: &str) -> String {
+    format!("quotas/{namespace}")
+}
+
+/// The quotas of `namespace` (none set: no limit).
+async fn quotas_of<S: Store>(st: &AppState<S>, namespace: &str) -> Result<Quotas, ApiError> {
+    match st.store.get_setting(&key(namespace)).await? {
+        None => Ok(Quotas::default()),
+        Some(text) => serde_json::from_str(&text).map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                format!("the stored quotas of {namespace} do not read back: {e}"),
+            )
+        }),
+    }
+}
+
+/// A namespace's quotas (each one absent means no limit).
+#[utoipa::path(get, path = "/api/v1/namespaces/{ns}/quotas", tag = "admin",
+    params(("ns" = String, Path, description = "Namespace")),
+    responses((status = 200, body = Quotas), Errors))]
+pub(crate) async fn get_quotas<S: Store>(
+    State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
+    Path(ns): Path<String>,
+) -> Result<Json<Quotas>, ApiError> {
+    who.allow(Need::Read, Some(&ns), || {
+        ApiError::not_found(format!("no namespace {ns}"))
+    })?;
+    Ok(Json(quotas_of(&st, &ns).await?))
+}
+
+/// Sets a namespace's quotas, all at once (an instance admin's call).
+#[utoipa::path(put, path = "/api/v1/namespaces/{ns}/quotas", tag = "admin",
+    params(("ns" = String, Path, description = "Namespace")),
+    request_body(content = Quotas, content_type = "application/json"),
+    responses((status = 200, body = Quotas), Errors))]
+pub(crate) async fn put_quotas<S: Store>(
+    State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
+    Path(ns): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Quotas>, ApiError> {
+    who.allow(Need::Administer, None, || {
+        ApiError::not_found("no such path")
+    })?;
+    if !dagcron_core::model::valid_name(&ns) {
+        return Err(ApiError::bad_request(format!(
+            "{ns:?} is not a namespace name"
+        )));
+    }
+    let quotas: Quotas = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "expected {{\"max_jobs\", \"max_schedules_per_job\", \"max_active_runs\", \"max_triggers_per_second\"}} (each a number or null): {e}"
+        ))
+    })?;
+    let limits = [
+        quotas.max_jobs,
+        quotas.max_schedules_per_job,
+        quotas.max_active_runs,
+        quotas.max_triggers_per_second,
+    ];
+    if limits.contains(&Some(0)) {
+        return Err(ApiError::bad_request(
+            "a quota is at least 1 (null: no limit)",
+        ));
+    }
+    if quotas.max_triggers_per_second.is_some_and(|r| r > MAX_RATE) {
+        return Err(ApiError::bad_request(format!(
+            "max_triggers_per_second is at most {MAX_RATE}"
+        )));
+    }
+    let text = serde_json::to_string(&quotas).expect("quotas serialize");
+    let value = (quotas != Quotas::default()).then_some(text.as_str());
+    st.store
+        .set_setting(&key(&ns), value, Timestamp::now())
+        .await?;
+    Ok(Json(quotas))
+}
+
+fn exceeded(problems: Vec<Problem>, message: String) -> ApiError {
+    let mut err = ApiError::new(StatusCode::BAD_REQUEST, "quota_exceeded", message);
+    err.details = Some(problems);
+    err
+}
+
+/// Refuses jobs of `namespace` (the file's, in its order) that would pass
+/// its quotas of jobs or of schedules per job.
+pub(crate) async fn check_jobs<S: Store>(
+    st: &AppState<S>,
+    namespace: &str,
+    jobs: &[Job],
+) -> Result<(), ApiError> {
+    let quotas = quotas_of(st, namespace).await?;
+    if let Some(max) = quotas.max_schedules_per_job {
+        let problems: Vec<Problem> = jobs
+            .iter()
+            .enumerate()
+            .filter(|(_, j)| j.schedules.len() > max as usize)
+            .map(|(i, j)| Problem {
+                path: format!("jobs[{i}].schedule"),
+                message: format!(
+                    "{} schedules, over the namespace's quota of {max} per job",
+                    j.schedules.len()
+                ),
+                span: None,
+            })
+            .collect();
+        if !problems.is_empty() {
+            st.quota.refused(namespace, "max_schedules_per_job");
+            return Err(exceeded(
+                problems,
+                format!("a job of {namespace} has more schedules than its quota allows"),
+            ));
+        }
+    }
+    let Some(max) = quotas.max_jobs else {
+        return Ok(());
+    };
+    // The names stored, read until they alone pass the quota.
+    let mut stored = HashSet::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = st
+            .store
+            .list_jobs(namespace, PAGE, cursor.as_deref())
+            .await?;
+        stored.extend(page.items.into_iter().map(|j| j.name));
+        cursor = page.next_cursor;
+        if cursor.is_none() || stored.len() > max as usize {
+            break;
+        }
+    }
+    let new = jobs
+        .iter()
+        .filter(|j| !stored.contains(&j.spec.name))
+        .count();
+    if new > 0 && stored.len() + new > max as usize {
+        st.quota.refused(namespace, "max_jobs");
+        return Err(exceeded(
+            vec![Problem {
+                path: "jobs".into(),
+                message: format!(
+                    "{new} new job(s) beside the {} stored, over the namespace's quota of {max}",
+                    stored.len()
+                ),
+                span: None,
+            }],
+            format!("{namespace} would hold more jobs than its quota of {max}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a manual trigger or a backfill in `namespace` past its quotas
+/// of triggers per second or of unfinished runs: `429`.
+pub(crate) async fn check_trigger<S: Store>(
+    st: &AppState<S>,
+    namespace: &str,
+) -> Result<(), ApiError> {
+    let quotas = quotas_of(st, namespace).await?;
+    let busy = |quota: &'static str, message: String| {
+        st.quota.refused(namespace, quota);
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
+    };
+    if let Some(rate) = quotas.max_triggers_per_second {
+        let now = Instant::now();
+        let mut buckets = st.quota.buckets.lock().expect("quota lock");
+        let bucket = buckets.entry(namespace.to_string()).or_insert(Bucket {
+            tokens: f64::from(rate),
+            at: now,
+        });
+        if !take(bucket, rate, now) {
+            return Err(busy(
+                "max_triggers_per_second",
+                format!("{namespace} is limited to {rate} trigger(s) per second"),
+            ));
+        }
+    }
+    if let Some(max) = quotas.max_active_runs {
+        let unfinished = st.store.count_unfinished_runs(namespace).await?;
+        if unfinished >= u64::from(max) {
+            return Err(busy(
+                "max_active_runs",
+                format!(
+                    "{namespace} has {unfinished} unfinished runs, as many as its quota of {max} allows"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn the_bucket_allows_its_rate_and_refills_with_time() {
+        let t0 = Instant::now();
+        let mut b = Bucket {
+            tokens: 2.0,
+            at: t0,
+        };
+        assert!(take(&mut b, 2, t0));
+        assert!(take(&mut b, 2, t0));
+        assert!(!take(&mut b, 2, t0), "two a second");
+        assert!(!take(&mut b, 2, t0 + Duration::from_millis(400)));
+        assert!(take(&mut b, 2, t0 + Duration::from_millis(500)), "refilled");
+        // A long pause refills to one second's worth, no more.
+        let later = t0 + Duration::from_secs(60);
+        assert!(take(&mut b, 2, later) && take(&mut b, 2, later));
+        assert!(!take(&mut b, 2, later));
+    }
+}

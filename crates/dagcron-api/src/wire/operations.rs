@@ -1,0 +1,65 @@
+//! Operating the instance: the read-only mode, and pausing or resuming a
+//! namespace's jobs at once.
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Whether the instance is read-only, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ReadOnlyAnswer {
+    /// While on, schedules keep firing and runs go on; applies, edits,
+    /// manual triggers and backfills are refused (`503`, code `read_only`).
+    pub read_only: bool,
+    /// Why, as the operator who turned it on said.
+    pub reason: Option<String>,
+    /// Since when.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub since: Option<Timestamp>,
+    /// Who turned it on (a token's name).
+    pub by: Option<String>,
+}
+
+/// Turns the read-only mode on or off.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadOnlyBody {
+    /// On or off.
+    pub read_only: bool,
+    /// Why (shown to everyone refused; at most 500 characters).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// What pausing or resuming every job of a namespace changed.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BulkPauseAnswer {
+    /// Jobs paused (or resumed) now.
+    pub changed: u64,
+    /// Jobs that were already so.
+    pub unchanged: u64,
+}
+
+/// A namespace's quotas; each one unset means no limit.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Quotas {
+    /// Jobs the namespace may hold.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub max_jobs: Option<u32>,
+    /// Schedules one job may have.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub max_schedules_per_job: Option<u32>,
+    /// Runs of the namespace unfinished at once (pending or running, on
+    /// every node) for a manual trigger or a backfill to be accepted.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub max_active_runs: Option<u32>,
+    /// Manual triggers and backfills per second, per server (a token bucket
+    /// that holds one second's worth).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 10000)]
+    pub max_triggers_per_second: Option<u32>,
+}
