@@ -1414,7 +1414,7 @@ async fn reruns_by_role_and_hostile_ids() {
 }
 
 /// The read-only mode: stored (so every node obeys it), it refuses applies,
-/// edits, deletions, triggers and backfills with `503 read_only` and the
+/// edits, deletions, rollbacks, triggers, re-runs and backfills with `503 read_only` and the
 /// reason, and changes nothing; pauses stay open; off, all works again.
 /// Bulk pause and resume change each job of the namespace once.
 #[tokio::test]
@@ -1425,6 +1425,9 @@ async fn read_only_refuses_changes_and_pausing_a_namespace_pauses_its_jobs() {
         .call(Method::POST, "/api/v1/apply", "application/yaml", file)
         .await;
     assert_eq!(status, StatusCode::OK);
+    let (_, run) = api.post("/api/v1/namespaces/a/jobs/j/trigger", "").await;
+    api.wait_run(&run["id"]).await;
+    let rerun = format!("/api/v1/runs/{}/rerun", run["id"]);
     let (status, body) = api
         .call(
             Method::PUT,
@@ -1457,6 +1460,12 @@ async fn read_only_refuses_changes_and_pausing_a_namespace_pauses_its_jobs() {
             "/api/v1/namespaces/a/jobs/j/backfill",
             r#"{"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"}"#,
         ),
+        (
+            Method::POST,
+            "/api/v1/namespaces/a/jobs/j/versions/1/rollback",
+            "",
+        ),
+        (Method::POST, rerun.as_str(), "{}"),
     ] {
         let kind = if uri.ends_with("/apply") {
             "application/yaml"
@@ -1480,6 +1489,8 @@ async fn read_only_refuses_changes_and_pausing_a_namespace_pauses_its_jobs() {
     }
     let (_, job) = api.get("/api/v1/namespaces/a/jobs/j").await;
     assert_eq!(job["version"], 1, "nothing changed: {job}");
+    let (_, runs) = api.get("/api/v1/namespaces/a/jobs/j/runs").await;
+    assert_eq!(runs["items"].as_array().unwrap().len(), 1, "no run made");
     let (_, jobs) = api.get("/api/v1/namespaces/a/jobs").await;
     assert_eq!(
         jobs["items"].as_array().unwrap().len(),

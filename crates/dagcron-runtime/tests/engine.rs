@@ -1481,6 +1481,7 @@ jobs:
       - {{ id: load, depends_on: [transform], shell: "echo load >> {t}" }}
       - {{ id: page, depends_on: [load], trigger_rule: one_failed, shell: "echo page >> {t}" }}
   - name: gated
+    concurrency: forbid
     tasks: [{{ id: a, shell: "while [ ! -e {g} ]; do sleep 0.01; done" }}]
 "#,
             t = trace.display(),
@@ -1556,7 +1557,16 @@ jobs:
     seen.sort();
     assert_eq!(seen, ["extract-v1", "load", "side", "transform-us"]);
 
-    // A run still going is refused, and so is one that does not exist.
+    // A run still going is refused, and so is a re-run that its version's
+    // concurrency policy declines, and a run that does not exist.
+    std::fs::write(&gate, "").unwrap();
+    let done = h
+        .handle
+        .trigger("t", "gated", BTreeMap::new())
+        .await
+        .unwrap();
+    h.idle().await;
+    std::fs::remove_file(&gate).unwrap();
     let going = h
         .handle
         .trigger("t", "gated", BTreeMap::new())
@@ -1565,6 +1575,11 @@ jobs:
     let refused = h.handle.rerun(going, false).await;
     assert!(
         matches!(&refused, Err(EngineError::Conflict(m)) if m.contains("has not finished")),
+        "{refused:?}"
+    );
+    let refused = h.handle.rerun(done, false).await;
+    assert!(
+        matches!(&refused, Err(EngineError::Conflict(m)) if m.contains("forbid")),
         "{refused:?}"
     );
     std::fs::write(&gate, "").unwrap();
@@ -1580,7 +1595,7 @@ jobs:
         matches!(&refused, Err(EngineError::Conflict(m)) if m.contains("deleted")),
         "{refused:?}"
     );
-    assert_eq!(h.runs("gated").await.len(), 1, "nothing was created");
+    assert_eq!(h.runs("gated").await.len(), 2, "nothing was created");
     h.stop().await;
 }
 
