@@ -135,7 +135,7 @@ pub(crate) async fn put_quotas<S: Store>(
             "{ns:?} is not a namespace name"
         )));
     }
-    let quotas: Quotas = serde_json::from_slice(&body).map_err(|e| {
+    let quotas: Quotas = crate::routes::json_object(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected {{\"max_jobs\", \"max_schedules_per_job\", \"max_active_runs\", \"max_triggers_per_second\"}} (each a number or null): {e}"
         ))

@@ -1318,6 +1318,7 @@ async fn reruns_by_role_and_hostile_ids() {
         ),
         (rerun.clone(), r#"{"only": true}"#, StatusCode::BAD_REQUEST),
         (rerun.clone(), "[", StatusCode::BAD_REQUEST),
+        (rerun.clone(), "[true]", StatusCode::BAD_REQUEST),
         (
             "/api/v1/runs/abc/rerun".into(),
             "{}",
