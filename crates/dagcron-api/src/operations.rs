@@ -37,6 +37,16 @@ struct Stored {
     by: String,
 }
 
+/// A JSON object read into `T` (serde would also read a struct from an
+/// array of its fields, which the API does not accept).
+pub(crate) fn object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    if !value.is_object() {
+        return Err("the body must be a JSON object".into());
+    }
+    serde_json::from_value(value).map_err(|e| e.to_string())
+}
+
 /// The read-only mode now.
 async fn read_only<S: Store>(st: &AppState<S>) -> Result<Option<Stored>, ApiError> {
     let Some(text) = st.store.get_setting(READ_ONLY).await? else {
@@ -108,7 +118,7 @@ pub(crate) async fn put_read_only<S: Store>(
     who.allow(Need::Administer, None, || {
         ApiError::not_found("no such path")
     })?;
-    let body: ReadOnlyBody = serde_json::from_slice(&body).map_err(|e| {
+    let body: ReadOnlyBody = object(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected {{\"read_only\": true|false, \"reason\": \"...\"}}: {e}"
         ))

@@ -30,6 +30,9 @@ use crate::{ApiError, AppState};
 /// Jobs read from the store at a time when counting them.
 const PAGE: u32 = 1000;
 
+/// The largest quota.
+const MAX_QUOTA: u32 = 1_000_000_000;
+
 /// The most triggers per second a quota may allow.
 const MAX_RATE: u32 = 10_000;
 
@@ -135,7 +138,7 @@ pub(crate) async fn put_quotas<S: Store>(
             "{ns:?} is not a namespace name"
         )));
     }
-    let quotas: Quotas = crate::routes::json_object(&body).map_err(|e| {
+    let quotas: Quotas = crate::operations::object(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected {{\"max_jobs\", \"max_schedules_per_job\", \"max_active_runs\", \"max_triggers_per_second\"}} (each a number or null): {e}"
         ))
@@ -146,10 +149,14 @@ pub(crate) async fn put_quotas<S: Store>(
         quotas.max_active_runs,
         quotas.max_triggers_per_second,
     ];
-    if limits.contains(&Some(0)) {
-        return Err(ApiError::bad_request(
-            "a quota is at least 1 (null: no limit)",
-        ));
+    if limits
+        .iter()
+        .flatten()
+        .any(|q| !(1..=MAX_QUOTA).contains(q))
+    {
+        return Err(ApiError::bad_request(format!(
+            "a quota is from 1 to {MAX_QUOTA} (null: no limit)"
+        )));
     }
     if quotas.max_triggers_per_second.is_some_and(|r| r > MAX_RATE) {
         return Err(ApiError::bad_request(format!(

@@ -37,7 +37,7 @@ pub(crate) async fn rerun<S: Store>(
     let body: RerunBody = if body.iter().all(u8::is_ascii_whitespace) {
         RerunBody::default()
     } else {
-        crate::routes::json_object(&body).map_err(|e| {
+        crate::operations::object(&body).map_err(|e| {
             ApiError::bad_request(format!("expected {{\"failed_only\": true or false}}: {e}"))
         })?
     };

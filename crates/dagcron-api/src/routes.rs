@@ -333,17 +333,6 @@ async fn cluster<S: Store>(
     }))
 }
 
-/// Reads a JSON body that must be an object: serde would also read a
-/// struct from an array of its fields in order (`[true]`), which no
-/// documented body is.
-pub(crate) fn json_object<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, String> {
-    let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
-    if !value.is_object() {
-        return Err("the body must be a JSON object".into());
-    }
-    serde_json::from_value(value).map_err(|e| e.to_string())
-}
-
 /// Parses a body as JSON (by content type) or YAML.
 fn parse_body<T: for<'de> Deserialize<'de>>(
     headers: &HeaderMap,

@@ -99,6 +99,19 @@ impl Harness {
         }
     }
 
+    /// Waits (bounded) until the ledger of job `job` of namespace `t` has
+    /// `n` fires.
+    async fn until_fires(&self, job: &str, n: usize) {
+        self.until(&format!("{n} fires of {job} recorded"), async |s| {
+            s.list_fires("t", job, Timestamp::UNIX_EPOCH, Timestamp::MAX, 10_000)
+                .await
+                .unwrap()
+                .len()
+                == n
+        })
+        .await;
+    }
+
     async fn idle(&self) {
         self.until("no active runs", async |s| {
             s.active_runs().await.unwrap().is_empty()
@@ -335,14 +348,7 @@ async fn forbid_skips_overlapping_fires_and_records_them() {
     for _ in 0..3 {
         h.clock.advance(SignedDuration::from_secs(1));
     }
-    h.until("4 fires recorded", async |s| {
-        s.list_fires("t", "slow", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
-            .await
-            .unwrap()
-            .len()
-            == 4
-    })
-    .await;
+    h.until_fires("slow", 4).await;
     std::fs::write(&gate, "").unwrap();
     h.idle().await;
     let fires = h
@@ -467,14 +473,7 @@ async fn buffer_one_keeps_one_run_waiting_and_skips_the_fires_beyond() {
     for _ in 0..3 {
         h.clock.advance(SignedDuration::from_secs(1));
     }
-    h.until("4 fires recorded", async |s| {
-        s.list_fires("t", "slow", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
-            .await
-            .unwrap()
-            .len()
-            == 4
-    })
-    .await;
+    h.until_fires("slow", 4).await;
     let fires = h
         .store
         .list_fires("t", "slow", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
@@ -810,14 +809,7 @@ async fn pause_suppresses_and_resume_catches_up() {
     );
     h.handle.pause("t", "p", false).await.unwrap();
     // The missed fires are caught up beside the loop, after the resume.
-    h.until("the fires missed while paused", async |s| {
-        s.list_fires("t", "p", Timestamp::UNIX_EPOCH, Timestamp::MAX, 10)
-            .await
-            .unwrap()
-            .len()
-            == 4
-    })
-    .await;
+    h.until_fires("p", 4).await;
     h.idle().await;
     let outcomes: Vec<FireOutcome> = h
         .store
@@ -1129,14 +1121,7 @@ async fn regression_fires_due_while_paused_before_the_first_fire_are_recorded() 
     h.clock.advance(SignedDuration::from_secs(180));
     h.handle.pause("t", "p", false).await.unwrap();
     // The missed fires are caught up beside the loop, after the resume.
-    h.until("the fires missed while paused", async |s| {
-        s.list_fires("t", "p", Timestamp::UNIX_EPOCH, Timestamp::MAX, 10)
-            .await
-            .unwrap()
-            .len()
-            == 3
-    })
-    .await;
+    h.until_fires("p", 3).await;
     h.idle().await;
     assert_eq!(
         outcomes_of(&h.fires("p").await),
@@ -1222,14 +1207,7 @@ async fn regression_a_clock_step_forward_follows_the_misfire_policy() {
     .await;
     // The process "wakes up" 40 s later.
     h.clock.advance(SignedDuration::from_secs(40));
-    h.until("41 fires recorded", async |s| {
-        s.list_fires("t", "s", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
-            .await
-            .unwrap()
-            .len()
-            == 41
-    })
-    .await;
+    h.until_fires("s", 41).await;
     h.idle().await;
     let fires = h.fires("s").await;
     let count = |o: FireOutcome| fires.iter().filter(|f| f.outcome == o).count();
@@ -1709,14 +1687,7 @@ async fn an_anchored_every_schedule_fires_from_its_anchor() {
     let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;
     h.apply("namespace: t\njobs:\n  - { name: e, schedule: '@every 90m', anchor: '2026-01-01T08:10:00+08:00', tasks: [{ id: a, noop: true }] }\n").await;
     h.clock.advance(SignedDuration::from_mins(100));
-    h.until("two fires", async |s| {
-        s.list_fires("t", "e", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
-            .await
-            .unwrap()
-            .len()
-            == 2
-    })
-    .await;
+    h.until_fires("e", 2).await;
     h.idle().await;
     let fires = h.fires("e").await;
     let at: Vec<String> = fires.iter().map(|f| f.scheduled_at.to_string()).collect();
@@ -1761,14 +1732,7 @@ async fn backpressure_bounds_waiting_runs_and_refuses_manual_work() {
     for _ in 0..5 {
         h.clock.advance(SignedDuration::from_secs(1));
     }
-    h.until("5 fires recorded", async |s| {
-        s.list_fires("t", "q", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
-            .await
-            .unwrap()
-            .len()
-            == 5
-    })
-    .await;
+    h.until_fires("q", 5).await;
     assert_eq!(
         outcomes_of(&h.fires("q").await),
         [
@@ -1810,14 +1774,7 @@ async fn backpressure_bounds_waiting_runs_and_refuses_manual_work() {
     ));
     // Scheduled fires go on meanwhile (recorded, here as the job's backlog).
     h.clock.advance(SignedDuration::from_secs(1));
-    h.until("the next scheduled fire is recorded", async |s| {
-        s.list_fires("t", "q", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
-            .await
-            .unwrap()
-            .len()
-            == 6
-    })
-    .await;
+    h.until_fires("q", 6).await;
     std::fs::write(&gate, "").unwrap();
     h.idle().await;
     h.stop().await;

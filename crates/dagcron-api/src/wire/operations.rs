@@ -40,24 +40,22 @@ pub struct BulkPauseAnswer {
     pub unchanged: u64,
 }
 
-/// A namespace's quotas; each one unset means no limit. (Each is a 32-bit
-/// unsigned number: the document says so with its bounds, since `int32`
-/// would tell a client that 2^31 and above are refused.)
+/// A namespace's quotas; each one unset means no limit.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Quotas {
     /// Jobs the namespace may hold.
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 4294967295_u64, format = Int64)]
+    #[schema(minimum = 1, maximum = 1000000000)]
     pub max_jobs: Option<u32>,
     /// Schedules one job may have.
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 4294967295_u64, format = Int64)]
+    #[schema(minimum = 1, maximum = 1000000000)]
     pub max_schedules_per_job: Option<u32>,
     /// Runs of the namespace unfinished at once (pending or running, on
     /// every node) for a manual trigger or a backfill to be accepted.
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 4294967295_u64, format = Int64)]
+    #[schema(minimum = 1, maximum = 1000000000)]
     pub max_active_runs: Option<u32>,
     /// Manual triggers and backfills per second, per server (a token bucket
     /// that holds one second's worth).
