@@ -195,6 +195,14 @@ impl Principal {
 }
 
 impl Principal {
+    /// Who it is, as a version of a job records it.
+    pub fn actor(&self) -> dagcron_store::Actor {
+        dagcron_store::Actor {
+            id: self.token_id.clone(),
+            name: self.name.clone(),
+        }
+    }
+
     /// For a listing of `namespace`: `Ok(true)` to list it, `Ok(false)` to
     /// answer an empty list (another namespace than a scoped token's, so
     /// that it learns nothing of it), `403` for a role too weak.

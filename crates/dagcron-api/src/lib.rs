@@ -10,10 +10,12 @@ mod error;
 mod metrics;
 mod operations;
 pub mod quotas;
+mod reruns;
 mod routes;
 pub mod schedules;
 pub mod secrets;
 pub mod tokens;
+mod versions;
 pub mod wire;
 
 use std::sync::Arc;

@@ -29,7 +29,8 @@ use dagcron_core::authz::Need;
     ),
     paths(
         health, ready, crate::metrics::metrics, openapi, cluster, workers, apply, list_jobs, get_job, put_job, delete_job, pause,
-        resume, trigger, backfill, list_runs, list_fires, get_run, cancel, get_log,
+        resume, trigger, backfill, list_runs, list_fires, get_run, cancel, crate::reruns::rerun, get_log,
+        crate::versions::list_versions, crate::versions::get_version, crate::versions::rollback,
         crate::tokens::create_token, crate::tokens::list_tokens, crate::tokens::revoke_token,
         crate::audit::list_audit, crate::schedules::hotspots, crate::secrets::put_secret, crate::secrets::list_secrets,
         crate::secrets::delete_secret, crate::secrets::list_keys, crate::secrets::rotate_key,
@@ -70,12 +71,12 @@ impl utoipa::Modify for BearerAuth {
     }
 }
 
-fn no_job(ns: &str, name: &str) -> impl FnOnce() -> ApiError + use<> {
+pub(crate) fn no_job(ns: &str, name: &str) -> impl FnOnce() -> ApiError + use<> {
     let message = format!("no job {ns}/{name}");
     move || ApiError::not_found(message)
 }
 
-fn no_run(id: RunId) -> impl FnOnce() -> ApiError {
+pub(crate) fn no_run(id: RunId) -> impl FnOnce() -> ApiError {
     move || ApiError::not_found(format!("no run {id}"))
 }
 
@@ -135,11 +136,24 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
             get(list_fires::<S>),
         )
         .route(
+            "/api/v1/namespaces/{ns}/jobs/{name}/versions",
+            get(crate::versions::list_versions::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/jobs/{name}/versions/{version}",
+            get(crate::versions::get_version::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/jobs/{name}/versions/{version}/rollback",
+            post(crate::versions::rollback::<S>),
+        )
+        .route(
             "/api/v1/schedules/hotspots",
             get(crate::schedules::hotspots::<S>),
         )
         .route("/api/v1/runs/{id}", get(get_run::<S>))
         .route("/api/v1/runs/{id}/cancel", post(cancel::<S>))
+        .route("/api/v1/runs/{id}/rerun", post(crate::reruns::rerun::<S>))
         .route(
             "/api/v1/runs/{id}/tasks/{task}/attempts/{n}/log",
             get(get_log::<S>),
@@ -380,7 +394,11 @@ async fn apply<S: Store>(
     crate::operations::refuse_when_read_only(&st).await?;
     let jobs = validate(&file)?;
     crate::quotas::check_jobs(&st, &ns, &jobs).await?;
-    let results = st.engine.apply(jobs).await?;
+    let origin = dagcron_store::Origin {
+        by: Some(who.actor()),
+        rollback_of: None,
+    };
+    let results = st.engine.apply_as(jobs, origin).await?;
     let jobs = results
         .into_iter()
         .map(|(job, r)| ApplyItem {
@@ -404,15 +422,15 @@ fn job_json(job: &StoredJob) -> JobAnswer {
 /// A page of a listing.
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
-struct PageQuery {
+pub(crate) struct PageQuery {
     /// At most this many items (1 to 1000, default 50).
     #[param(minimum = 1, maximum = 1000)]
-    limit: Option<u32>,
+    pub(crate) limit: Option<u32>,
     /// Where the previous page ended (its `next_cursor`).
-    cursor: Option<String>,
+    pub(crate) cursor: Option<String>,
 }
 
-fn limit(q: Option<u32>) -> Result<u32, ApiError> {
+pub(crate) fn limit(q: Option<u32>) -> Result<u32, ApiError> {
     match q {
         None => Ok(50),
         Some(n) if (1..=1000).contains(&n) => Ok(n),
@@ -499,7 +517,11 @@ async fn put_job<S: Store>(
         jobs: vec![spec],
     })?;
     crate::quotas::check_jobs(&st, &ns, &jobs).await?;
-    st.engine.apply(jobs).await?;
+    let origin = dagcron_store::Origin {
+        by: Some(who.actor()),
+        rollback_of: None,
+    };
+    st.engine.apply_as(jobs, origin).await?;
     Ok(Json(job_json(&stored_job(&st, &ns, &name).await?)))
 }
 
@@ -546,7 +568,7 @@ async fn resume<S: Store>(
     Ok(Json(job_json(&stored_job(&st, &ns, &name).await?)))
 }
 
-async fn run_json<S: Store>(st: &AppState<S>, id: RunId) -> Result<RunAnswer, ApiError> {
+pub(crate) async fn run_json<S: Store>(st: &AppState<S>, id: RunId) -> Result<RunAnswer, ApiError> {
     let run = st
         .store
         .get_run(id)

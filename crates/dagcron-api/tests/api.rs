@@ -614,7 +614,8 @@ async fn the_openapi_document_describes_every_route() {
             .replace("{name}", "j")
             .replace("{id}", "1")
             .replace("{task}", "t")
-            .replace("{n}", "1");
+            .replace("{n}", "1")
+            .replace("{version}", "1");
         let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
         let (status, value) = api
             .call(method.clone(), &uri, "application/json", "{}")
@@ -681,12 +682,17 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
         (
             "get",
             "/api/v1/namespaces/{ns}/jobs/{name}/runs"
-            | "/api/v1/namespaces/{ns}/jobs/{name}/fires",
+            | "/api/v1/namespaces/{ns}/jobs/{name}/fires"
+            | "/api/v1/namespaces/{ns}/jobs/{name}/versions"
+            | "/api/v1/namespaces/{ns}/jobs/{name}/versions/{version}",
         ) => Namespace(Viewer),
+        ("post", "/api/v1/namespaces/{ns}/jobs/{name}/versions/{version}/rollback") => {
+            Namespace(Developer)
+        }
         ("get", "/api/v1/runs/{id}" | "/api/v1/runs/{id}/tasks/{task}/attempts/{n}/log") => {
             Namespace(Viewer)
         }
-        ("post", "/api/v1/runs/{id}/cancel") => Namespace(Operator),
+        ("post", "/api/v1/runs/{id}/cancel" | "/api/v1/runs/{id}/rerun") => Namespace(Operator),
         ("post" | "get", "/api/v1/tokens") | ("delete", "/api/v1/tokens/{id}") => Tokens,
         ("get", "/api/v1/audit") => Tokens,
         ("get", "/api/v1/schedules/hotspots") => Scoped(Viewer),
@@ -759,7 +765,8 @@ async fn every_route_is_guarded_for_every_role() {
                     },
                 )
                 .replace("{task}", "t")
-                .replace("{n}", "1");
+                .replace("{n}", "1")
+                .replace("{version}", "1");
             let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
             let (status, value) = api
                 .call_as(
@@ -1056,8 +1063,386 @@ async fn readiness_checks_the_store_and_the_engine() {
     );
 }
 
+/// A call with a token of this grant.
+async fn call_with(
+    api: &Api,
+    token: &str,
+    method: Method,
+    uri: &str,
+    body: &str,
+) -> (StatusCode, Value) {
+    api.call_as(Some(token), method, uri, "application/json", body)
+        .await
+}
+
+/// Versions: listed newest first with who applied each and when, read one
+/// at a time with their spec (viewer), rolled back (developer: a new
+/// version equal to the old one, recorded as a rollback); another
+/// namespace's are absent; hostile version numbers are refused and change
+/// nothing.
+#[tokio::test]
+async fn versions_are_listed_read_and_rolled_back_by_role() {
+    let api = api().await;
+    let developer = api.token_with(Role::Developer, Some("team")).await;
+    let operator = api.token_with(Role::Operator, Some("team")).await;
+    let viewer = api.token_with(Role::Viewer, Some("team")).await;
+    let outsider = api.token_with(Role::Admin, Some("other")).await;
+    let apply = async |file: &str| {
+        api.call_as(
+            Some(&developer),
+            Method::POST,
+            "/api/v1/apply",
+            "application/yaml",
+            file,
+        )
+        .await
+    };
+    let (status, _) = apply(FILE).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = apply(&FILE.replace("region: eu", "region: us")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let base = "/api/v1/namespaces/team/jobs/report/versions";
+
+    let (status, page) = call_with(&api, &viewer, Method::GET, base, "").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let items = page["items"].as_array().unwrap();
+    assert_eq!(
+        items
+            .iter()
+            .map(|v| (v["version"].clone(), v["current"].clone()))
+            .collect::<Vec<_>>(),
+        [(json!(2), json!(true)), (json!(1), json!(false))]
+    );
+    assert!(
+        items[0]["applied_by"]["token_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("tok_")
+    );
+    assert_eq!(items[0]["applied_by"]["name"], "developer Some(\"team\")");
+    assert_eq!(items[0]["rollback_of"], Value::Null);
+    assert_eq!(items[0]["rules"]["cron_semantics"], 1);
+    assert!(items[0]["rules"]["tzdb"].as_str().unwrap().len() >= 5);
+    assert!(items[0].get("spec").is_none(), "a listing leaves specs out");
+    let (_, one) = call_with(&api, &viewer, Method::GET, &format!("{base}/1"), "").await;
+    assert_eq!(one["spec"]["params"], json!({ "region": "eu" }));
+    assert_eq!(one["current"], false);
+
+    // Only a developer rolls back.
+    for token in [&viewer, &operator] {
+        let (status, _) =
+            call_with(&api, token, Method::POST, &format!("{base}/1/rollback"), "").await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+    }
+    let (status, done) = call_with(
+        &api,
+        &developer,
+        Method::POST,
+        &format!("{base}/1/rollback"),
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert_eq!(
+        done,
+        json!({ "job": "team/report", "result": "updated", "version": 3, "rolled_back_to": 1 })
+    );
+    let (_, job) = api.get("/api/v1/namespaces/team/jobs/report").await;
+    assert_eq!(
+        (job["version"].clone(), job["spec"]["params"].clone()),
+        (json!(3), json!({ "region": "eu" }))
+    );
+    let (_, v3) = api.get(&format!("{base}/3")).await;
+    assert_eq!(
+        (v3["rollback_of"].clone(), v3["current"].clone()),
+        (json!(1), json!(true))
+    );
+    assert_eq!(v3["spec"], one["spec"]);
+    assert_eq!(v3["applied_by"], items[0]["applied_by"]);
+    let (_, again) = call_with(
+        &api,
+        &developer,
+        Method::POST,
+        &format!("{base}/1/rollback"),
+        "",
+    )
+    .await;
+    assert_eq!(again["result"], "unchanged", "{again}");
+
+    // Pages.
+    let (_, first) = api.get(&format!("{base}?limit=2")).await;
+    assert_eq!(first["items"].as_array().unwrap().len(), 2);
+    let cursor = first["next_cursor"].as_str().unwrap();
+    let (_, rest) = api.get(&format!("{base}?limit=2&cursor={cursor}")).await;
+    assert_eq!(rest["items"][0]["version"], 1);
+    assert_eq!(rest["next_cursor"], Value::Null);
+
+    // Hostile numbers and other namespaces: a clear 4xx, nothing changes.
+    for (uri, status) in [
+        (format!("{base}/0"), StatusCode::BAD_REQUEST),
+        (format!("{base}/-1"), StatusCode::BAD_REQUEST),
+        (format!("{base}/abc"), StatusCode::BAD_REQUEST),
+        (
+            format!("{base}/99999999999999999999999"),
+            StatusCode::BAD_REQUEST,
+        ),
+        (format!("{base}/9223372036854775807"), StatusCode::NOT_FOUND),
+        (format!("{base}/4"), StatusCode::NOT_FOUND),
+        (format!("{base}?cursor=nonsense"), StatusCode::BAD_REQUEST),
+        (format!("{base}?limit=0"), StatusCode::BAD_REQUEST),
+        (
+            "/api/v1/namespaces/team/jobs/none/versions".into(),
+            StatusCode::NOT_FOUND,
+        ),
+    ] {
+        let (got, value) = api.get(&uri).await;
+        assert_eq!(got, status, "{uri}: {value}");
+        assert!(
+            value["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{uri}: {value}"
+        );
+        let rollback = if uri.contains('?') || uri.ends_with("/versions") {
+            continue;
+        } else {
+            format!("{uri}/rollback")
+        };
+        let (got, value) = call_with(&api, &developer, Method::POST, &rollback, "").await;
+        assert_eq!(got, status, "{rollback}: {value}");
+    }
+    for uri in [base.to_string(), format!("{base}/1")] {
+        let (status, _) = call_with(&api, &outsider, Method::GET, &uri, "").await;
+        assert_eq!(
+            status,
+            StatusCode::NOT_FOUND,
+            "another namespace's versions are absent"
+        );
+    }
+    let (status, _) = call_with(
+        &api,
+        &outsider,
+        Method::POST,
+        &format!("{base}/2/rollback"),
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, job) = api.get("/api/v1/namespaces/team/jobs/report").await;
+    assert_eq!(job["version"], 3, "nothing changed");
+
+    // The audit log has the rollback, by whom.
+    let (_, audit) = api.get("/api/v1/audit?namespace=team").await;
+    assert!(
+        audit["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["action"] == format!("POST {base}/1/rollback")
+                && r["outcome"] == 200
+                && r["principal_name"] == "developer Some(\"team\")"),
+        "{audit}"
+    );
+}
+
+/// A job whose version was applied under other scheduling rules than the
+/// server's (here, other rules for its zone) says so, until it is applied
+/// again: a new version recorded with the server's rules.
+#[tokio::test]
+async fn a_job_applied_under_other_rules_says_so_until_applied_again() {
+    let api = api().await;
+    let file = "namespace: team\njobs:\n  - { name: berlin, schedule: '0 30 2 * * *', timezone: Europe/Berlin, tasks: [{ id: t, noop: true }] }\n";
+    let parsed: dagcron_core::JobFile = serde_saphyr::from_str(file).unwrap();
+    let job = parsed.validate().unwrap().pop().unwrap();
+    let now = job.rules();
+    let then = dagcron_core::Rules {
+        tzdb: "2000a".into(),
+        zones: [("Europe/Berlin".to_string(), "0123456789abcdef".to_string())].into(),
+        ..now.clone()
+    };
+    api.store
+        .apply_jobs(
+            &[dagcron_store::JobUpsert {
+                rules: Some(then),
+                ..dagcron_store::JobUpsert::of(&job)
+            }],
+            jiff::Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    let (_, answer) = api.get("/api/v1/namespaces/team/jobs/berlin").await;
+    let change = &answer["rules_changed"];
+    assert_eq!(change["zones"], json!(["Europe/Berlin"]), "{answer}");
+    assert_eq!(change["stored"]["tzdb"], "2000a");
+    assert_eq!(change["now"]["tzdb"], now.tzdb);
+    assert!(
+        change["message"]
+            .as_str()
+            .unwrap()
+            .contains("Europe/Berlin"),
+        "{change}"
+    );
+    let (_, list) = api.get("/api/v1/namespaces/team/jobs").await;
+    assert_eq!(list["items"][0]["rules_changed"], *change);
+    let (_, applied) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", file)
+        .await;
+    assert_eq!(
+        applied["jobs"][0]["result"],
+        json!({ "result": "updated", "version": 2 })
+    );
+    let (_, answer) = api.get("/api/v1/namespaces/team/jobs/berlin").await;
+    assert!(answer.get("rules_changed").is_none(), "{answer}");
+    let (_, again) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", file)
+        .await;
+    assert_eq!(again["jobs"][0]["result"]["result"], "unchanged");
+}
+
+/// Re-runs: an operator re-runs a finished run, whole or from its failed
+/// tasks (the others carried over); a viewer may not; another namespace's
+/// run is absent; a run still going, or with nothing failed (from its
+/// failed tasks), is a conflict; hostile ids and bodies are refused, and
+/// none of them creates a run.
+#[tokio::test]
+async fn reruns_by_role_and_hostile_ids() {
+    let api = api().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (fixed, gate) = (dir.path().join("fixed"), dir.path().join("gate"));
+    let file = format!(
+        "namespace: team\njobs:\n  - name: etl\n    tasks:\n      - {{ id: a, shell: 'true' }}\n      - {{ id: b, depends_on: [a], shell: 'test -e {}' }}\n  - name: slow\n    tasks: [{{ id: a, shell: 'while [ ! -e {} ]; do sleep 0.01; done' }}]\n",
+        fixed.display(),
+        gate.display()
+    );
+    let (status, _) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", &file)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, run) = api
+        .post("/api/v1/namespaces/team/jobs/etl/trigger", "")
+        .await;
+    let failed = api.wait_run(&run["id"]).await;
+    assert_eq!(failed["state"], "failed");
+    let id = failed["id"].as_i64().unwrap();
+    let operator = api.token_with(Role::Operator, Some("team")).await;
+    let viewer = api.token_with(Role::Viewer, Some("team")).await;
+    let outsider = api.token_with(Role::Admin, Some("other")).await;
+    let rerun = format!("/api/v1/runs/{id}/rerun");
+    let runs = async || {
+        let (_, page) = api.get("/api/v1/namespaces/team/jobs/etl/runs").await;
+        page["items"].as_array().unwrap().len()
+    };
+
+    let (status, _) = call_with(&api, &viewer, Method::POST, &rerun, "{}").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, hidden) = call_with(&api, &outsider, Method::POST, &rerun, "{}").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{hidden}");
+    for (uri, body, status) in [
+        (
+            rerun.clone(),
+            r#"{"failed_only": "yes"}"#,
+            StatusCode::BAD_REQUEST,
+        ),
+        (rerun.clone(), r#"{"only": true}"#, StatusCode::BAD_REQUEST),
+        (rerun.clone(), "[", StatusCode::BAD_REQUEST),
+        (rerun.clone(), "[true]", StatusCode::BAD_REQUEST),
+        (
+            "/api/v1/runs/abc/rerun".into(),
+            "{}",
+            StatusCode::BAD_REQUEST,
+        ),
+        ("/api/v1/runs/-5/rerun".into(), "{}", StatusCode::NOT_FOUND),
+        (
+            "/api/v1/runs/99999999999999999999999/rerun".into(),
+            "{}",
+            StatusCode::BAD_REQUEST,
+        ),
+        ("/api/v1/runs/1/rerun".into(), "{}", StatusCode::NOT_FOUND),
+    ] {
+        let (got, value) = call_with(&api, &operator, Method::POST, &uri, body).await;
+        assert_eq!(got, status, "{uri} {body}: {value}");
+        assert!(
+            value["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{value}"
+        );
+    }
+    assert_eq!(runs().await, 1, "nothing was created");
+
+    std::fs::write(&fixed, "").unwrap();
+    let (status, again) = call_with(
+        &api,
+        &operator,
+        Method::POST,
+        &rerun,
+        r#"{"failed_only": true}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{again}");
+    assert_eq!(
+        (
+            again["trigger"].clone(),
+            again["rerun_of"].clone(),
+            again["job_version"].clone()
+        ),
+        (json!("rerun"), json!(id), json!(1))
+    );
+    let again = api.wait_run(&again["id"]).await;
+    assert_eq!(again["state"], "succeeded", "{again}");
+    assert_eq!(again["tasks"][0]["carried"], true);
+    assert_eq!(again["tasks"][0]["attempts"], json!([]));
+    assert!(again["tasks"][1].get("carried").is_none());
+    assert_eq!(again["tasks"][1]["attempts"][0]["state"], "succeeded");
+    let (status, nothing) = call_with(
+        &api,
+        &operator,
+        Method::POST,
+        &format!("/api/v1/runs/{}/rerun", again["id"]),
+        r#"{"failed_only": true}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{nothing}");
+    let (status, whole) = call_with(
+        &api,
+        &operator,
+        Method::POST,
+        &format!("/api/v1/runs/{}/rerun", again["id"]),
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{whole}");
+    let whole = api.wait_run(&whole["id"]).await;
+    assert_eq!(whole["state"], "succeeded");
+    assert!(
+        whole["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t.get("carried").is_none())
+    );
+    assert_eq!(runs().await, 3);
+
+    // A run still going.
+    let (_, going) = api
+        .post("/api/v1/namespaces/team/jobs/slow/trigger", "")
+        .await;
+    let (status, busy) = call_with(
+        &api,
+        &operator,
+        Method::POST,
+        &format!("/api/v1/runs/{}/rerun", going["id"]),
+        "{}",
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{busy}");
+    assert_eq!(busy["error"]["code"], "conflict");
+    std::fs::write(&gate, "").unwrap();
+    api.wait_run(&going["id"]).await;
+}
+
 /// The read-only mode: stored (so every node obeys it), it refuses applies,
-/// edits, deletions, triggers and backfills with `503 read_only` and the
+/// edits, deletions, rollbacks, triggers, re-runs and backfills with `503 read_only` and the
 /// reason, and changes nothing; pauses stay open; off, all works again.
 /// Bulk pause and resume change each job of the namespace once.
 #[tokio::test]
@@ -1068,6 +1453,9 @@ async fn read_only_refuses_changes_and_pausing_a_namespace_pauses_its_jobs() {
         .call(Method::POST, "/api/v1/apply", "application/yaml", file)
         .await;
     assert_eq!(status, StatusCode::OK);
+    let (_, run) = api.post("/api/v1/namespaces/a/jobs/j/trigger", "").await;
+    api.wait_run(&run["id"]).await;
+    let rerun = format!("/api/v1/runs/{}/rerun", run["id"]);
     let (status, body) = api
         .call(
             Method::PUT,
@@ -1100,6 +1488,12 @@ async fn read_only_refuses_changes_and_pausing_a_namespace_pauses_its_jobs() {
             "/api/v1/namespaces/a/jobs/j/backfill",
             r#"{"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"}"#,
         ),
+        (
+            Method::POST,
+            "/api/v1/namespaces/a/jobs/j/versions/1/rollback",
+            "",
+        ),
+        (Method::POST, rerun.as_str(), "{}"),
     ] {
         let kind = if uri.ends_with("/apply") {
             "application/yaml"
@@ -1123,6 +1517,8 @@ async fn read_only_refuses_changes_and_pausing_a_namespace_pauses_its_jobs() {
     }
     let (_, job) = api.get("/api/v1/namespaces/a/jobs/j").await;
     assert_eq!(job["version"], 1, "nothing changed: {job}");
+    let (_, runs) = api.get("/api/v1/namespaces/a/jobs/j/runs").await;
+    assert_eq!(runs["items"].as_array().unwrap().len(), 1, "no run made");
     let (_, jobs) = api.get("/api/v1/namespaces/a/jobs").await;
     assert_eq!(
         jobs["items"].as_array().unwrap().len(),

@@ -1,6 +1,7 @@
 //! dagcron's domain core: the job model and its validation, DAG planning, the
 //! run/task/attempt state machines, retry with backoff and jitter, the
-//! overlap and misfire policies, and the hot-spot report of schedules that
+//! overlap and misfire policies, which tasks a re-run runs again, the
+//! rules fires are computed with, and the hot-spot report of schedules that
 //! fire together.
 //!
 //! **No I/O, no clock, no randomness of its own:** time and random numbers
@@ -14,8 +15,10 @@ pub mod fires;
 pub mod hotspots;
 pub mod model;
 pub mod policy;
+pub mod rerun;
 pub mod retry;
 pub mod ring;
+pub mod rules;
 pub mod run;
 pub mod state;
 
@@ -29,5 +32,6 @@ pub use model::{
 pub use policy::{FireDecision, FireOutcome};
 pub use retry::{Failure, RetryDecision, RetryPolicy};
 pub use ring::Ring;
+pub use rules::{Rules, RulesChange};
 pub use run::{Effect, End, Event, RunMachine};
 pub use state::{AttemptState, IllegalTransition, RunState, TaskState};

@@ -250,6 +250,23 @@ impl RunMachine {
         }
     }
 
+    /// A new run whose tasks start in `tasks`: `pending`, or for a re-run
+    /// the `succeeded` or `skipped` outcome a task keeps from the run it
+    /// re-runs (see [`crate::rerun::start_states`]); `pending` or `running`.
+    pub fn carrying(state: RunState, tasks: Vec<TaskState>) -> RunMachine {
+        debug_assert!(tasks.iter().all(|t| matches!(
+            t,
+            TaskState::Pending | TaskState::Succeeded | TaskState::Skipped
+        )));
+        RunMachine {
+            state,
+            attempts: vec![0; tasks.len()],
+            current: vec![None; tasks.len()],
+            tasks,
+            closing: None,
+        }
+    }
+
     /// A run rebuilt from the store. Its tasks' attempts that do not go on
     /// must be ended by the caller first ([`Event::AttemptEnded`] of a
     /// [`Failure::Lost`] for the task's current attempt).

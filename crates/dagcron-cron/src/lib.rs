@@ -31,6 +31,7 @@ mod hash;
 mod normal;
 mod parse;
 mod schedule;
+mod tzdb;
 mod zone;
 
 pub use ast::{Ast, Descriptor, Field, FieldKind, Item, ItemKind, StepBase};
@@ -38,6 +39,7 @@ pub use error::{ErrorKind, ParseError, Span};
 pub use hash::seed_from_key;
 pub use parse::MAX_EXPRESSION_LEN;
 pub use schedule::{Fire, Fires, Options, Schedule, Timetable};
+pub use tzdb::{tzdb_version, zone_digest};
 pub use zone::{DstGap, DstNote, DstOverlap};
 
 /// The version of the cron semantics. Stored with every schedule so that an

@@ -1420,6 +1420,265 @@ async fn per_job_series_collapse_into_the_namespace_past_the_bound() {
     h.stop().await;
 }
 
+/// The states of a run's tasks, whether each was carried over, and how
+/// many attempts it had.
+fn task_states(r: &RunRecord) -> Vec<(&str, TaskState, bool, usize)> {
+    r.tasks
+        .iter()
+        .map(|t| (t.id.as_str(), t.state, t.carried, t.attempts.len()))
+        .collect()
+}
+
+/// A re-run runs the job version and parameters of the run it re-runs,
+/// linked to it: from its failed tasks (and everything downstream of them,
+/// a failure handler included), the others carried over with their
+/// outcome and no attempt; or whole. A run still going, a run with
+/// nothing failed (asked for its failed tasks), a run of a deleted job and
+/// a run that does not exist are refused.
+#[tokio::test]
+async fn a_rerun_runs_the_failed_tasks_of_the_same_version_again() {
+    use dagcron_runtime::EngineError;
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (trace, fixed, gate) = (
+        dir.path().join("trace"),
+        dir.path().join("fixed"),
+        dir.path().join("gate"),
+    );
+    let file = |extract: &str| {
+        format!(
+            r#"
+namespace: t
+jobs:
+  - name: etl
+    params: {{ region: eu }}
+    tasks:
+      - {{ id: extract, shell: "echo {extract} >> {t}" }}
+      - {{ id: side, shell: "echo side >> {t}" }}
+      - {{ id: transform, depends_on: [extract], shell: "test -e {f} && echo transform-$DAGCRON_PARAM_REGION >> {t}" }}
+      - {{ id: load, depends_on: [transform], shell: "echo load >> {t}" }}
+      - {{ id: page, depends_on: [load], trigger_rule: one_failed, shell: "echo page >> {t}" }}
+  - name: gated
+    concurrency: forbid
+    tasks: [{{ id: a, shell: "while [ ! -e {g} ]; do sleep 0.01; done" }}]
+"#,
+            t = trace.display(),
+            f = fixed.display(),
+            g = gate.display(),
+        )
+    };
+    h.apply(&file("extract-v1")).await;
+    let params = BTreeMap::from([("region".to_string(), "us".to_string())]);
+    let first = h.handle.trigger("t", "etl", params.clone()).await.unwrap();
+    h.until("first run failed", async |s| {
+        s.get_run(first).await.unwrap().unwrap().state == RunState::Failed
+    })
+    .await;
+    let lines = || -> Vec<String> {
+        let text = std::fs::read_to_string(&trace).unwrap_or_default();
+        text.lines().map(str::to_string).collect()
+    };
+    let mut seen = lines();
+    seen.sort();
+    assert_eq!(seen, ["extract-v1", "page", "side"]);
+    // The job changes; the fix arrives; the failed part runs again, as it was.
+    h.apply(&file("extract-v2")).await;
+    std::fs::write(&fixed, "").unwrap();
+    std::fs::remove_file(&trace).unwrap();
+    let again = h.handle.rerun(first, true).await.unwrap();
+    h.until("the re-run succeeded", async |s| {
+        s.get_run(again).await.unwrap().unwrap().state == RunState::Succeeded
+    })
+    .await;
+    let r = h.store.get_run(again).await.unwrap().unwrap();
+    let f = h.store.get_run(first).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            r.trigger,
+            r.rerun_of,
+            r.job_version,
+            &r.params,
+            r.scheduled_at
+        ),
+        (Trigger::Rerun, Some(first), 1, &params, f.scheduled_at),
+        "the same version, parameters and instant as the run re-run"
+    );
+    assert_eq!(
+        task_states(&r),
+        [
+            ("extract", TaskState::Succeeded, true, 0),
+            ("side", TaskState::Succeeded, true, 0),
+            ("transform", TaskState::Succeeded, false, 1),
+            ("load", TaskState::Succeeded, false, 1),
+            ("page", TaskState::Skipped, false, 0),
+        ],
+        "the failure handler is decided again: nothing failed this time"
+    );
+    assert_eq!(lines(), ["transform-us", "load"]);
+    // Nothing failed: there is nothing to re-run from.
+    let refused = h.handle.rerun(again, true).await;
+    assert!(
+        matches!(&refused, Err(EngineError::Conflict(m)) if m.contains("re-run it whole")),
+        "{refused:?}"
+    );
+    // Whole, a re-run of a re-run runs every task of version 1 again.
+    std::fs::remove_file(&trace).unwrap();
+    let whole = h.handle.rerun(again, false).await.unwrap();
+    h.until("the whole re-run succeeded", async |s| {
+        s.get_run(whole).await.unwrap().unwrap().state == RunState::Succeeded
+    })
+    .await;
+    let r = h.store.get_run(whole).await.unwrap().unwrap();
+    assert_eq!((r.rerun_of, r.job_version), (Some(again), 1));
+    assert!(r.tasks.iter().all(|t| !t.carried));
+    let mut seen = lines();
+    seen.sort();
+    assert_eq!(seen, ["extract-v1", "load", "side", "transform-us"]);
+
+    // A run still going is refused, and so is a re-run that its version's
+    // concurrency policy declines, and a run that does not exist.
+    std::fs::write(&gate, "").unwrap();
+    let done = h
+        .handle
+        .trigger("t", "gated", BTreeMap::new())
+        .await
+        .unwrap();
+    h.idle().await;
+    std::fs::remove_file(&gate).unwrap();
+    let going = h
+        .handle
+        .trigger("t", "gated", BTreeMap::new())
+        .await
+        .unwrap();
+    let refused = h.handle.rerun(going, false).await;
+    assert!(
+        matches!(&refused, Err(EngineError::Conflict(m)) if m.contains("has not finished")),
+        "{refused:?}"
+    );
+    let refused = h.handle.rerun(done, false).await;
+    assert!(
+        matches!(&refused, Err(EngineError::Conflict(m)) if m.contains("forbid")),
+        "{refused:?}"
+    );
+    std::fs::write(&gate, "").unwrap();
+    h.idle().await;
+    assert!(matches!(
+        h.handle.rerun(424_242, false).await,
+        Err(EngineError::NotFound(_))
+    ));
+    // A run of a deleted job is refused with the reason.
+    h.handle.delete("t", "gated").await.unwrap();
+    let refused = h.handle.rerun(going, false).await;
+    assert!(
+        matches!(&refused, Err(EngineError::Conflict(m)) if m.contains("deleted")),
+        "{refused:?}"
+    );
+    assert_eq!(h.runs("gated").await.len(), 2, "nothing was created");
+    h.stop().await;
+}
+
+/// A re-run of an older version that the engine is restarted in the middle
+/// of goes on with that version's tasks, not the job's current ones.
+#[tokio::test]
+async fn regression_a_rerun_of_an_older_version_survives_a_restart_as_that_version() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (trace, fixed, gate) = (
+        dir.path().join("trace"),
+        dir.path().join("fixed"),
+        dir.path().join("gate"),
+    );
+    let file = |word: &str| {
+        format!(
+            "namespace: t\njobs:\n  - name: j\n    retry: {{ max_attempts: 2, backoff: fixed, initial: 1s, retry_on: {{ exit_codes: [75] }} }}\n    tasks: [{{ id: a, shell: 'test -e {f} || exit 3; while [ ! -e {g} ]; do sleep 0.01; done; echo {word} >> {t}' }}]\n",
+            f = fixed.display(),
+            g = gate.display(),
+            t = trace.display(),
+        )
+    };
+    h.apply(&file("v1")).await;
+    let first = h.handle.trigger("t", "j", BTreeMap::new()).await.unwrap();
+    h.idle().await;
+    h.apply(&file("v2")).await;
+    std::fs::write(&fixed, "").unwrap();
+    let again = h.handle.rerun(first, true).await.unwrap();
+    h.until("the re-run's attempt runs", async |s| {
+        !s.get_run(again).await.unwrap().unwrap().tasks[0]
+            .attempts
+            .is_empty()
+    })
+    .await;
+    h.task.abort();
+    let (dir2, clock) = (h._dir.clone(), h.clock.clone());
+    drop(h);
+    let h = start(dir2, clock, EngineConfig::default()).await;
+    // The lost attempt is retried after its backoff.
+    h.clock.advance(SignedDuration::from_secs(5));
+    std::fs::write(&gate, "").unwrap();
+    h.until("the re-run succeeded", async |s| {
+        s.get_run(again).await.unwrap().unwrap().state == RunState::Succeeded
+    })
+    .await;
+    let r = h.store.get_run(again).await.unwrap().unwrap();
+    assert_eq!(r.job_version, 1);
+    assert_eq!(
+        r.tasks[0]
+            .attempts
+            .iter()
+            .map(|a| a.state)
+            .collect::<Vec<_>>(),
+        [AttemptState::Lost, AttemptState::Succeeded]
+    );
+    assert_eq!(std::fs::read_to_string(&trace).unwrap(), "v1\n");
+    h.stop().await;
+}
+
+/// Versions stored before versions recorded their rules get the rules of
+/// the first start that sees them; a version with rules keeps them.
+#[tokio::test]
+async fn versions_stored_without_rules_are_stamped_at_start() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    let file: JobFile = serde_saphyr::from_str(
+        "namespace: t\njobs:\n  - { name: old, schedule: '0 0 * * *', timezone: Europe/Berlin, tasks: [{ id: a, noop: true }] }\n  - { name: odd, schedule: '0 0 * * *', tasks: [{ id: a, noop: true }] }\n",
+    )
+    .unwrap();
+    let jobs = file.validate().unwrap();
+    let odd = dagcron_core::Rules {
+        tzdb: "2000a".into(),
+        ..jobs[1].rules()
+    };
+    h.store
+        .apply_jobs(
+            &[
+                JobUpsert {
+                    rules: None,
+                    ..JobUpsert::of(&jobs[0])
+                },
+                JobUpsert {
+                    rules: Some(odd.clone()),
+                    ..JobUpsert::of(&jobs[1])
+                },
+            ],
+            ts("2026-01-01T00:00:00Z"),
+        )
+        .await
+        .unwrap();
+    let (dir, clock) = h.stop().await;
+    let h = start(dir, clock, EngineConfig::default()).await;
+    let old = h.store.get_job("t", "old").await.unwrap().unwrap();
+    assert_eq!(old.rules, Some(jobs[0].rules()));
+    let version = h
+        .store
+        .get_job_version("t", "old", 1)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(version.info.rules, Some(jobs[0].rules()));
+    let kept = h.store.get_job("t", "odd").await.unwrap().unwrap();
+    assert_eq!(kept.rules, Some(odd), "recorded rules are never rewritten");
+    h.stop().await;
+}
+
 /// A job's `anchor` reaches the timing the engine fires by (and the job it
 /// reads back from the store ahead of each fire): `@every 90m` anchored at
 /// 00:10 fires at 00:10 and 01:40, not on the epoch's 00:00 and 01:30.

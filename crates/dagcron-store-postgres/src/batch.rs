@@ -13,7 +13,7 @@
 
 use std::collections::HashSet;
 
-use dagcron_core::{RunState, TaskState};
+use dagcron_core::RunState;
 use dagcron_store::plan::{AsStateName, Plan, plan};
 use dagcron_store::{NewRun, Write, WriteResult};
 use sqlx::postgres::PgConnection;
@@ -347,10 +347,10 @@ async fn insert_runs(
         .collect();
     *sent += 1;
     sqlx::query(
-        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, owner_epoch, trace)
-         SELECT id, n, j, v, t, s, st, p, c, sa, fa, $12, tr
-         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[], $13::text[])
-            AS x(id, n, j, v, t, s, st, p, c, sa, fa, tr)",
+        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, owner_epoch, trace, rerun_of)
+         SELECT id, n, j, v, t, s, st, p, c, sa, fa, $12, tr, ro
+         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[], $13::text[], $14::bigint[])
+            AS x(id, n, j, v, t, s, st, p, c, sa, fa, tr, ro)",
     )
     .bind(runs.iter().map(|r| r.id).collect::<Vec<_>>())
     .bind(runs.iter().map(|r| r.namespace.as_str()).collect::<Vec<_>>())
@@ -373,35 +373,34 @@ async fn insert_runs(
     )
     .bind(epoch)
     .bind(runs.iter().map(|r| r.trace.as_deref()).collect::<Vec<_>>())
+    .bind(runs.iter().map(|r| r.rerun_of).collect::<Vec<_>>())
     .execute(&mut *conn)
     .await?;
     let mut run_ids = Vec::new();
     let mut task_ids = Vec::new();
     let mut positions = Vec::new();
     let mut states = Vec::new();
+    let mut carried = Vec::new();
     for r in runs {
-        let state = if r.state.is_terminal() {
-            TaskState::Skipped
-        } else {
-            TaskState::Pending
-        };
         for (p, t) in r.tasks.iter().enumerate() {
             run_ids.push(r.id);
             task_ids.push(t.as_str());
             positions.push(p as i32);
-            states.push(state.as_str());
+            states.push(r.task_start(t).as_str());
+            carried.push(r.carried.contains_key(t));
         }
     }
     if !run_ids.is_empty() {
         *sent += 1;
         sqlx::query(
-            "INSERT INTO tasks (run_id, task_id, position, state)
-             SELECT * FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[])",
+            "INSERT INTO tasks (run_id, task_id, position, state, carried)
+             SELECT * FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::bool[])",
         )
         .bind(run_ids)
         .bind(task_ids)
         .bind(positions)
         .bind(states)
+        .bind(carried)
         .execute(&mut *conn)
         .await?;
     }

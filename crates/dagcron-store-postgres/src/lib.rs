@@ -13,11 +13,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use dagcron_core::{AttemptState, FireOutcome, RunState, TaskState};
+use dagcron_core::{AttemptState, FireOutcome, RunState};
 use dagcron_store::{
     ApplyResult, AttemptKey, AttemptRecord, AuditEntry, ClaimedAttempt, FireRecord, JobUpsert,
-    NewRun, Page, RemoteAttempt, Result, RunId, RunRecord, SecretRecord, StorageError, Store,
-    StoredJob, TaskRecord, TokenRecord, Trigger, Write, WriteResult,
+    JobVersion, NewRun, Origin, Page, RemoteAttempt, Result, RunId, RunRecord, SecretRecord,
+    StorageError, Store, StoredJob, TaskRecord, TokenRecord, Trigger, VersionRecord, Write,
+    WriteResult,
 };
 use jiff::Timestamp;
 use sqlx::Row;
@@ -78,8 +79,25 @@ fn parse<T: FromStr<Err = String>>(s: &str) -> Result<T> {
     s.parse().map_err(StorageError::Corrupt)
 }
 
-const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing, trace";
-pub(crate) const JOB_COLUMNS: &str = "namespace, name, version, spec, paused, updated_at";
+const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing, trace, rerun_of";
+pub(crate) const JOB_COLUMNS: &str = "namespace, name, version, spec, paused, updated_at, rules";
+
+const VERSION_COLUMNS: &str =
+    "namespace, name, version, created_at, applied_by, applied_by_name, rollback_of, rules";
+
+fn version_from_row(row: &PgRow) -> Result<VersionRecord> {
+    Ok(VersionRecord {
+        namespace: row.get(0),
+        name: row.get(1),
+        version: row.get(2),
+        applied_at: ts(row.get(3))?,
+        origin: Origin {
+            by: dagcron_store::actor_of(row.get(4), row.get(5)),
+            rollback_of: row.get(6),
+        },
+        rules: dagcron_store::parse_rules(row.get(7))?,
+    })
+}
 
 pub(crate) fn job_from_row(row: &PgRow) -> Result<StoredJob> {
     Ok(StoredJob {
@@ -89,6 +107,7 @@ pub(crate) fn job_from_row(row: &PgRow) -> Result<StoredJob> {
         spec: row.get(3),
         paused: row.get(4),
         updated_at: ts(row.get(5))?,
+        rules: dagcron_store::parse_rules(row.get(6))?,
     })
 }
 
@@ -204,7 +223,7 @@ impl PgStore {
             return Ok(out);
         }
         let tasks = sqlx::query(
-            "SELECT run_id, task_id, state FROM tasks WHERE run_id = ANY($1) ORDER BY run_id, position",
+            "SELECT run_id, task_id, state, carried FROM tasks WHERE run_id = ANY($1) ORDER BY run_id, position",
         )
         .bind(ids)
         .fetch_all(&mut *conn)
@@ -215,6 +234,7 @@ impl PgStore {
                 id: row.get(1),
                 state: parse(row.get::<&str, _>(2))?,
                 attempts: vec![],
+                carried: row.get(3),
             });
         }
         let attempts = sqlx::query(
@@ -287,6 +307,7 @@ impl PgStore {
                     finished_at: opt_ts(row.get(10))?,
                     closing: row.get::<Option<&str>, _>(11).map(parse).transpose()?,
                     trace: row.get(12),
+                    rerun_of: row.get(13),
                     tasks: tasks.remove(&id).unwrap_or_default(),
                 })
             })
@@ -347,6 +368,7 @@ type Claimed = (
     i64,
     String,
     Option<String>,
+    i64,
 );
 
 async fn claim_some(
@@ -371,7 +393,7 @@ async fn claim_some(
             WHERE t.run_id = a.run_id AND t.task_id = a.task_id AND t.state = 'dispatching'
             RETURNING t.run_id
          )
-         SELECT a.run_id, r.namespace, r.job, a.task_id, a.number, r.scheduled_at, r.params, r.trace
+         SELECT a.run_id, r.namespace, r.job, a.task_id, a.number, r.scheduled_at, r.params, r.trace, r.job_version
          FROM a JOIN runs r ON r.id = a.run_id ORDER BY a.run_id",
     )
     .bind(limit)
@@ -406,8 +428,8 @@ async fn insert_run(
     let finished = run.state.is_terminal().then_some(created);
     let params_json = serde_json::to_string(&run.params).expect("params serialize");
     sqlx::query(
-        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, owner_epoch, trace)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, owner_epoch, trace, rerun_of)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
     )
     .bind(run.id)
     .bind(&run.namespace)
@@ -422,20 +444,27 @@ async fn insert_run(
     .bind(finished)
     .bind(owner)
     .bind(&run.trace)
+    .bind(run.rerun_of)
     .execute(&mut *conn)
     .await?;
-    let task_state = if run.state.is_terminal() {
-        TaskState::Skipped
-    } else {
-        TaskState::Pending
-    };
+    let states: Vec<&str> = run
+        .tasks
+        .iter()
+        .map(|t| run.task_start(t).as_str())
+        .collect();
+    let carried: Vec<bool> = run
+        .tasks
+        .iter()
+        .map(|t| run.carried.contains_key(t))
+        .collect();
     sqlx::query(
-        "INSERT INTO tasks (run_id, task_id, position, state)
-         SELECT $1, t, p - 1, $3 FROM unnest($2::text[]) WITH ORDINALITY AS x(t, p)",
+        "INSERT INTO tasks (run_id, task_id, position, state, carried)
+         SELECT $1, t, p - 1, s, c FROM unnest($2::text[], $3::text[], $4::bool[]) WITH ORDINALITY AS x(t, s, c, p)",
     )
     .bind(run.id)
     .bind(&run.tasks)
-    .bind(task_state.as_str())
+    .bind(states)
+    .bind(carried)
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -715,19 +744,22 @@ impl Store for PgStore {
                     .bind(&j.name)
                     .execute(&mut *conn)
                     .await?;
-                let current: Option<(i64, String, bool)> = sqlx::query_as(
-                    "SELECT version, spec, paused FROM jobs WHERE namespace = $1 AND name = $2",
+                let current: Option<(i64, String, bool, Option<String>)> = sqlx::query_as(
+                    "SELECT version, spec, paused, rules FROM jobs WHERE namespace = $1 AND name = $2",
                 )
                 .bind(&j.namespace)
                 .bind(&j.name)
                 .fetch_optional(&mut *conn)
                 .await?;
+                let rules = j.rules_json();
                 let result = match current {
-                    Some((v, spec, _)) if spec == j.spec => ApplyResult::Unchanged(v),
-                    Some((v, spec, paused)) => {
+                    Some((v, spec, _, stored)) if !j.changes(&spec, stored.as_deref()) => {
+                        ApplyResult::Unchanged(v)
+                    }
+                    Some((v, spec, paused, _)) => {
                         let paused = j.paused_over(Some((paused, &spec)));
-                        sqlx::query("UPDATE jobs SET version = $1, spec = $2, updated_at = $3, paused = $4 WHERE namespace = $5 AND name = $6")
-                                .bind(v + 1).bind(&j.spec).bind(at).bind(paused).bind(&j.namespace).bind(&j.name)
+                        sqlx::query("UPDATE jobs SET version = $1, spec = $2, updated_at = $3, paused = $4, rules = $5 WHERE namespace = $6 AND name = $7")
+                                .bind(v + 1).bind(&j.spec).bind(at).bind(paused).bind(&rules).bind(&j.namespace).bind(&j.name)
                                 .execute(&mut *conn).await?;
                         ApplyResult::Updated(v + 1)
                     }
@@ -741,16 +773,32 @@ impl Store for PgStore {
                             .fetch_one(&mut *conn)
                             .await?;
                         let v = last.unwrap_or(0) + 1;
-                        sqlx::query("INSERT INTO jobs (namespace, name, version, spec, paused, updated_at) VALUES ($1, $2, $3, $4, $5, $6)")
-                                .bind(&j.namespace).bind(&j.name).bind(v).bind(&j.spec).bind(j.paused_over(None)).bind(at)
+                        sqlx::query("INSERT INTO jobs (namespace, name, version, spec, paused, updated_at, rules) VALUES ($1, $2, $3, $4, $5, $6, $7)")
+                                .bind(&j.namespace).bind(&j.name).bind(v).bind(&j.spec).bind(j.paused_over(None)).bind(at).bind(&rules)
                                 .execute(&mut *conn).await?;
                         ApplyResult::Created(v)
                     }
                 };
                 if let ApplyResult::Created(v) | ApplyResult::Updated(v) = result {
-                    sqlx::query("INSERT INTO job_versions (namespace, name, version, spec, created_at) VALUES ($1, $2, $3, $4, $5) ON CONFLICT (namespace, name, version) DO UPDATE SET spec = EXCLUDED.spec, created_at = EXCLUDED.created_at")
-                            .bind(&j.namespace).bind(&j.name).bind(v).bind(&j.spec).bind(at)
-                            .execute(&mut *conn).await?;
+                    let by = j.origin.by.as_ref();
+                    sqlx::query(
+                        "INSERT INTO job_versions (namespace, name, version, spec, created_at, applied_by, applied_by_name, rollback_of, rules)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                         ON CONFLICT (namespace, name, version) DO UPDATE SET spec = EXCLUDED.spec, created_at = EXCLUDED.created_at,
+                            applied_by = EXCLUDED.applied_by, applied_by_name = EXCLUDED.applied_by_name,
+                            rollback_of = EXCLUDED.rollback_of, rules = EXCLUDED.rules",
+                    )
+                    .bind(&j.namespace)
+                    .bind(&j.name)
+                    .bind(v)
+                    .bind(&j.spec)
+                    .bind(at)
+                    .bind(by.map(|a| a.id.as_str()))
+                    .bind(by.map(|a| a.name.as_str()))
+                    .bind(j.origin.rollback_of)
+                    .bind(&rules)
+                    .execute(&mut *conn)
+                    .await?;
                 }
                 out.push(result);
             }
@@ -852,6 +900,88 @@ impl Store for PgStore {
                 PgStore::job_changes(conn, &[(namespace, name)], &[]).await?;
             }
             Ok(n == 1)
+        })
+    }
+
+    async fn list_job_versions(
+        &self,
+        namespace: &str,
+        name: &str,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<Page<VersionRecord>> {
+        let before = dagcron_store::versions_before(cursor)?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {VERSION_COLUMNS} FROM job_versions WHERE namespace = $1 AND name = $2 AND version < $3 ORDER BY version DESC LIMIT $4"
+        )))
+        .bind(namespace)
+        .bind(name)
+        .bind(before)
+        .bind(i64::from(limit) + 1)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        let items = rows
+            .iter()
+            .map(version_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Page::from_overfetch(
+            items,
+            limit,
+            dagcron_store::version_cursor,
+        ))
+    }
+
+    async fn get_job_version(
+        &self,
+        namespace: &str,
+        name: &str,
+        version: i64,
+    ) -> Result<Option<JobVersion>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {VERSION_COLUMNS}, spec FROM job_versions WHERE namespace = $1 AND name = $2 AND version = $3"
+        )))
+        .bind(namespace)
+        .bind(name)
+        .bind(version)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        row.map(|r| {
+            Ok(JobVersion {
+                info: version_from_row(&r)?,
+                spec: r.get(8),
+            })
+        })
+        .transpose()
+    }
+
+    async fn stamp_rules(
+        &self,
+        versions: &[(String, String, i64, dagcron_core::Rules)],
+    ) -> Result<()> {
+        if versions.is_empty() {
+            return Ok(());
+        }
+        let namespaces: Vec<&str> = versions.iter().map(|v| v.0.as_str()).collect();
+        let names: Vec<&str> = versions.iter().map(|v| v.1.as_str()).collect();
+        let numbers: Vec<i64> = versions.iter().map(|v| v.2).collect();
+        let rules: Vec<String> = versions.iter().map(|v| v.3.to_json()).collect();
+        transaction!(self, fenced = false, |conn| {
+            for table in ["job_versions", "jobs"] {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE {table} t SET rules = k.r
+                     FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS k(ns, n, v, r)
+                     WHERE t.namespace = k.ns AND t.name = k.n AND t.version = k.v AND t.rules IS NULL"
+                )))
+                .bind(&namespaces)
+                .bind(&names)
+                .bind(&numbers)
+                .bind(&rules)
+                .execute(&mut *conn)
+                .await?;
+            }
+            Ok(())
         })
     }
 
@@ -1288,7 +1418,7 @@ impl Store for PgStore {
         })?;
         rows.into_iter()
             .map(
-                |(run, namespace, job, task, number, scheduled_at, params, trace)| {
+                |(run, namespace, job, task, number, scheduled_at, params, trace, job_version)| {
                     Ok(ClaimedAttempt {
                         run,
                         namespace,
@@ -1299,6 +1429,7 @@ impl Store for PgStore {
                         params: serde_json::from_str(&params)
                             .map_err(|e| StorageError::Corrupt(format!("run {run} params: {e}")))?,
                         trace,
+                        job_version,
                     })
                 },
             )

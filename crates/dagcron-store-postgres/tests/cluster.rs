@@ -210,6 +210,8 @@ async fn job_changes_bump_the_revision_and_wake_listeners() {
         name: "j".into(),
         spec: "{}".into(),
         paused: false,
+        origin: Default::default(),
+        rules: None,
     };
     a.apply_jobs(
         std::slice::from_ref(&job),
@@ -249,6 +251,8 @@ async fn a_node_reads_only_the_jobs_changed_since_its_revision() {
         name: name.into(),
         spec: spec.into(),
         paused: false,
+        origin: Default::default(),
+        rules: None,
     };
     let at = Timestamp::from_second(1).unwrap();
     let since = async |revision: i64| {

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use dagcron_core::{AttemptState, FireOutcome};
 use dagcron_store::{
-    ApplyResult, AttemptRecord, AuditEntry, FireRecord, JobUpsert, Page, Result, RunId, RunRecord,
-    SecretRecord, StorageError, Store, StoredJob, TaskRecord, TokenRecord, Trigger, Write,
-    WriteResult,
+    ApplyResult, AttemptRecord, AuditEntry, FireRecord, JobUpsert, JobVersion, Origin, Page,
+    Result, RunId, RunRecord, SecretRecord, StorageError, Store, StoredJob, TaskRecord,
+    TokenRecord, Trigger, VersionRecord, Write, WriteResult,
 };
 use jiff::Timestamp;
 use sqlx::sqlite::{
@@ -98,7 +98,7 @@ impl SqliteStore {
             .collect::<Vec<_>>()
             .join(",");
         // The ids are integers we produced, so they are safe to inline.
-        let tasks = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT run_id, task_id, state FROM tasks WHERE run_id IN ({list}) ORDER BY run_id, position")))
+        let tasks = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT run_id, task_id, state, carried FROM tasks WHERE run_id IN ({list}) ORDER BY run_id, position")))
             .fetch_all(&mut *conn)
             .await
             .map_err(unavailable)?;
@@ -107,6 +107,7 @@ impl SqliteStore {
                 id: row.get(1),
                 state: parse(row.get::<&str, _>(2))?,
                 attempts: vec![],
+                carried: row.get::<i64, _>(3) != 0,
             });
         }
         let attempts = sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -169,6 +170,7 @@ impl SqliteStore {
                     finished_at: opt_ts(row.get(10))?,
                     closing: row.get::<Option<&str>, _>(11).map(parse).transpose()?,
                     trace: row.get(12),
+                    rerun_of: row.get(13),
                     tasks: tasks.remove(&id).unwrap_or_default(),
                 })
             })
@@ -176,7 +178,7 @@ impl SqliteStore {
     }
 }
 
-const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing, trace";
+const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing, trace, rerun_of";
 
 const TOKEN_COLUMNS: &str = "id, name, role, namespace, created_at, expires_at, last_used_at, revoked_at, created_by, labels";
 
@@ -219,10 +221,28 @@ fn job_from_row(row: &SqliteRow) -> Result<StoredJob> {
         spec: row.get(3),
         paused: row.get::<i64, _>(4) != 0,
         updated_at: ts(row.get(5))?,
+        rules: dagcron_store::parse_rules(row.get(6))?,
     })
 }
 
-const JOB_COLUMNS: &str = "namespace, name, version, spec, paused, updated_at";
+const JOB_COLUMNS: &str = "namespace, name, version, spec, paused, updated_at, rules";
+
+const VERSION_COLUMNS: &str =
+    "namespace, name, version, created_at, applied_by, applied_by_name, rollback_of, rules";
+
+fn version_from_row(row: &SqliteRow) -> Result<VersionRecord> {
+    Ok(VersionRecord {
+        namespace: row.get(0),
+        name: row.get(1),
+        version: row.get(2),
+        applied_at: ts(row.get(3))?,
+        origin: Origin {
+            by: dagcron_store::actor_of(row.get(4), row.get(5)),
+            rollback_of: row.get(6),
+        },
+        rules: dagcron_store::parse_rules(row.get(7))?,
+    })
+}
 
 impl Store for SqliteStore {
     async fn apply_jobs(&self, jobs: &[JobUpsert], at: Timestamp) -> Result<Vec<ApplyResult>> {
@@ -313,6 +333,75 @@ impl Store for SqliteStore {
             })
             .await?;
         Ok(n == 1)
+    }
+
+    async fn list_job_versions(
+        &self,
+        namespace: &str,
+        name: &str,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<Page<VersionRecord>> {
+        let before = dagcron_store::versions_before(cursor)?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {VERSION_COLUMNS} FROM job_versions WHERE namespace = ? AND name = ? AND version < ? ORDER BY version DESC LIMIT ?"
+        )))
+        .bind(namespace)
+        .bind(name)
+        .bind(before)
+        .bind(i64::from(limit) + 1)
+        .fetch_all(&self.reader)
+        .await
+        .map_err(unavailable)?;
+        let items = rows
+            .iter()
+            .map(version_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Page::from_overfetch(
+            items,
+            limit,
+            dagcron_store::version_cursor,
+        ))
+    }
+
+    async fn get_job_version(
+        &self,
+        namespace: &str,
+        name: &str,
+        version: i64,
+    ) -> Result<Option<JobVersion>> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {VERSION_COLUMNS}, spec FROM job_versions WHERE namespace = ? AND name = ? AND version = ?"
+        )))
+        .bind(namespace)
+        .bind(name)
+        .bind(version)
+        .fetch_optional(&self.reader)
+        .await
+        .map_err(unavailable)?;
+        row.map(|r| {
+            Ok(JobVersion {
+                info: version_from_row(&r)?,
+                spec: r.get(8),
+            })
+        })
+        .transpose()
+    }
+
+    async fn stamp_rules(
+        &self,
+        versions: &[(String, String, i64, dagcron_core::Rules)],
+    ) -> Result<()> {
+        if versions.is_empty() {
+            return Ok(());
+        }
+        let versions: Vec<(String, String, i64, String)> = versions
+            .iter()
+            .map(|(ns, name, v, rules)| (ns.clone(), name.clone(), *v, rules.to_json()))
+            .collect();
+        self.writer
+            .transaction(move |tx| writer::stamp_rules(tx, &versions))
+            .await
     }
 
     async fn write(&self, batch: &[Write]) -> Result<Vec<WriteResult>> {

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use dagcron_core::{RunState, TaskState};
+use dagcron_core::RunState;
 use dagcron_store::{ApplyResult, JobUpsert, NewRun, Result, StorageError, Write, WriteResult};
 use jiff::Timestamp;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
@@ -80,20 +80,23 @@ pub(crate) fn apply_jobs(
     let at = at.as_microsecond();
     let mut out = Vec::with_capacity(jobs.len());
     for j in jobs {
-        let current: Option<(i64, String, bool)> = tx
+        let current: Option<(i64, String, bool, Option<String>)> = tx
             .prepare_cached(
-                "SELECT version, spec, paused FROM jobs WHERE namespace = ?1 AND name = ?2",
+                "SELECT version, spec, paused, rules FROM jobs WHERE namespace = ?1 AND name = ?2",
             )?
             .query_row(params![j.namespace, j.name], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
             })
             .optional()?;
+        let rules = j.rules_json();
         let result = match current {
-            Some((v, spec, _)) if spec == j.spec => ApplyResult::Unchanged(v),
-            Some((v, spec, paused)) => {
+            Some((v, spec, _, stored)) if !j.changes(&spec, stored.as_deref()) => {
+                ApplyResult::Unchanged(v)
+            }
+            Some((v, spec, paused, _)) => {
                 let paused = j.paused_over(Some((paused, &spec)));
-                tx.prepare_cached("UPDATE jobs SET version = ?1, spec = ?2, updated_at = ?3, paused = ?4 WHERE namespace = ?5 AND name = ?6")?
-                    .execute(params![v + 1, j.spec, at, paused, j.namespace, j.name])?;
+                tx.prepare_cached("UPDATE jobs SET version = ?1, spec = ?2, updated_at = ?3, paused = ?4, rules = ?5 WHERE namespace = ?6 AND name = ?7")?
+                    .execute(params![v + 1, j.spec, at, paused, rules, j.namespace, j.name])?;
                 ApplyResult::Updated(v + 1)
             }
             None => {
@@ -104,18 +107,47 @@ pub(crate) fn apply_jobs(
                     )?
                     .query_row(params![j.namespace, j.name], |r| r.get(0))?;
                 let v = last.unwrap_or(0) + 1;
-                tx.prepare_cached("INSERT INTO jobs (namespace, name, version, spec, paused, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")?
-                    .execute(params![j.namespace, j.name, v, j.spec, j.paused_over(None), at])?;
+                tx.prepare_cached("INSERT INTO jobs (namespace, name, version, spec, paused, updated_at, rules) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?
+                    .execute(params![j.namespace, j.name, v, j.spec, j.paused_over(None), at, rules])?;
                 ApplyResult::Created(v)
             }
         };
         if let ApplyResult::Created(v) | ApplyResult::Updated(v) = result {
-            tx.prepare_cached("INSERT OR REPLACE INTO job_versions (namespace, name, version, spec, created_at) VALUES (?1, ?2, ?3, ?4, ?5)")?
-                .execute(params![j.namespace, j.name, v, j.spec, at])?;
+            let by = j.origin.by.as_ref();
+            tx.prepare_cached("INSERT OR REPLACE INTO job_versions (namespace, name, version, spec, created_at, applied_by, applied_by_name, rollback_of, rules) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")?
+                .execute(params![
+                    j.namespace,
+                    j.name,
+                    v,
+                    j.spec,
+                    at,
+                    by.map(|a| &a.id),
+                    by.map(|a| &a.name),
+                    j.origin.rollback_of,
+                    rules
+                ])?;
         }
         out.push(result);
     }
     Ok(out)
+}
+
+/// See [`dagcron_store::Store::stamp_rules`].
+pub(crate) fn stamp_rules(
+    tx: &Transaction<'_>,
+    versions: &[(String, String, i64, String)],
+) -> rusqlite::Result<()> {
+    for (ns, name, version, rules) in versions {
+        tx.prepare_cached(
+            "UPDATE job_versions SET rules = ?1 WHERE namespace = ?2 AND name = ?3 AND version = ?4 AND rules IS NULL",
+        )?
+        .execute(params![rules, ns, name, version])?;
+        tx.prepare_cached(
+            "UPDATE jobs SET rules = ?1 WHERE namespace = ?2 AND name = ?3 AND version = ?4 AND rules IS NULL",
+        )?
+        .execute(params![rules, ns, name, version])?;
+    }
+    Ok(())
 }
 
 fn insert_run(tx: &Transaction<'_>, run: &NewRun) -> rusqlite::Result<()> {
@@ -124,8 +156,8 @@ fn insert_run(tx: &Transaction<'_>, run: &NewRun) -> rusqlite::Result<()> {
     let finished = run.state.is_terminal().then_some(created);
     let params_json = serde_json::to_string(&run.params).expect("params serialize");
     tx.prepare_cached(
-        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, trace)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, trace, rerun_of)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
     )?
     .execute(params![
         run.id,
@@ -139,18 +171,20 @@ fn insert_run(tx: &Transaction<'_>, run: &NewRun) -> rusqlite::Result<()> {
         created,
         started,
         finished,
-        run.trace
+        run.trace,
+        run.rerun_of
     ])?;
-    let task_state = if run.state.is_terminal() {
-        TaskState::Skipped
-    } else {
-        TaskState::Pending
-    };
     let mut insert = tx.prepare_cached(
-        "INSERT INTO tasks (run_id, task_id, position, state) VALUES (?1, ?2, ?3, ?4)",
+        "INSERT INTO tasks (run_id, task_id, position, state, carried) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?;
     for (position, task) in run.tasks.iter().enumerate() {
-        insert.execute(params![run.id, task, position as i64, task_state.as_str()])?;
+        insert.execute(params![
+            run.id,
+            task,
+            position as i64,
+            run.task_start(task).as_str(),
+            run.carried.contains_key(task)
+        ])?;
     }
     Ok(())
 }

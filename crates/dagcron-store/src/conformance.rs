@@ -9,7 +9,11 @@ use std::collections::BTreeMap;
 use dagcron_core::{AttemptState, FireOutcome, RunState, TaskState};
 use jiff::Timestamp;
 
-use crate::{ApplyResult, JobUpsert, NewRun, StorageError, Store, Trigger, Write, WriteResult};
+use dagcron_core::Rules;
+
+use crate::{
+    Actor, ApplyResult, JobUpsert, NewRun, Origin, StorageError, Store, Trigger, Write, WriteResult,
+};
 
 /// Generates one `#[tokio::test]` per conformance case.
 #[macro_export]
@@ -17,6 +21,9 @@ macro_rules! conformance_tests {
     ($make:expr) => {
         $crate::conformance_tests!(@cases $make;
             apply_is_idempotent_and_versioned,
+            versions_record_who_when_and_rollbacks,
+            new_rules_make_a_new_version_and_old_versions_are_stamped,
+            a_rerun_starts_with_the_outcomes_it_carries,
             pause_delete_and_list_jobs,
             paused_in_a_file_and_through_the_api,
             tokens_are_found_by_their_hash_and_revoked,
@@ -56,7 +63,25 @@ fn job(ns: &str, name: &str, spec: &str) -> JobUpsert {
         name: name.into(),
         spec: spec.into(),
         paused: false,
+        origin: Origin::default(),
+        rules: Some(rules(1, "2026a", "aa")),
     }
+}
+
+/// Rules of cron semantics `cron`, database `tzdb`, Europe/Berlin's digest `berlin`.
+fn rules(cron: u32, tzdb: &str, berlin: &str) -> Rules {
+    Rules {
+        cron,
+        tzdb: tzdb.into(),
+        zones: BTreeMap::from([("Europe/Berlin".to_string(), berlin.to_string())]),
+    }
+}
+
+fn by(id: &str) -> Option<Actor> {
+    Some(Actor {
+        id: id.into(),
+        name: format!("name of {id}"),
+    })
 }
 
 /// A run of job `ns/j` with tasks a and b.
@@ -73,6 +98,8 @@ pub fn new_run(id: i64, scheduled: i64) -> NewRun {
         tasks: vec!["a".into(), "b".into()],
         created_at: t(scheduled),
         trace: None,
+        rerun_of: None,
+        carried: BTreeMap::new(),
     }
 }
 
@@ -153,6 +180,237 @@ pub async fn apply_is_idempotent_and_versioned<S: Store>(s: &S) {
     assert!(
         s.get_job("other", "a").await.unwrap().is_none(),
         "namespaces are separate"
+    );
+}
+
+/// Every version records when and by whom it was applied, and whether it
+/// rolled back to an older one; versions list newest first, page by page,
+/// survive the job's deletion and continue when it is created again.
+pub async fn versions_record_who_when_and_rollbacks<S: Store>(s: &S) {
+    let as_of = |spec: &str, who: &str, rollback_of: Option<i64>| JobUpsert {
+        origin: Origin {
+            by: by(who),
+            rollback_of,
+        },
+        ..job("ns", "j", spec)
+    };
+    s.apply_jobs(&[as_of("{1}", "tok_a", None)], t(10))
+        .await
+        .unwrap();
+    s.apply_jobs(&[as_of("{1}", "tok_b", None)], t(15))
+        .await
+        .unwrap();
+    s.apply_jobs(&[as_of("{2}", "tok_b", None)], t(20))
+        .await
+        .unwrap();
+    let r = s
+        .apply_jobs(&[as_of("{1}", "tok_c", Some(1))], t(30))
+        .await
+        .unwrap();
+    assert_eq!(r, [ApplyResult::Updated(3)], "a rollback is a new version");
+    s.apply_jobs(&[job("other", "j", "{9}")], t(30))
+        .await
+        .unwrap();
+
+    let v3 = s.get_job_version("ns", "j", 3).await.unwrap().unwrap();
+    assert_eq!(v3.spec, "{1}");
+    assert_eq!(
+        (v3.info.version, v3.info.applied_at, &v3.info.origin),
+        (
+            3,
+            t(30),
+            &Origin {
+                by: by("tok_c"),
+                rollback_of: Some(1)
+            }
+        )
+    );
+    assert_eq!(v3.info.rules, Some(rules(1, "2026a", "aa")));
+    let v1 = s.get_job_version("ns", "j", 1).await.unwrap().unwrap();
+    assert_eq!(
+        (v1.spec.as_str(), v1.info.applied_at, v1.info.origin.by),
+        ("{1}", t(10), by("tok_a")),
+        "an unchanged apply records nothing"
+    );
+    assert_eq!(s.get_job_version("ns", "j", 4).await.unwrap(), None);
+    assert_eq!(s.get_job_version("ns", "j", 0).await.unwrap(), None);
+    assert_eq!(s.get_job_version("nope", "j", 1).await.unwrap(), None);
+
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = s
+            .list_job_versions("ns", "j", 2, cursor.as_deref())
+            .await
+            .unwrap();
+        seen.extend(page.items.iter().map(|v| v.version));
+        assert!(
+            page.items
+                .iter()
+                .all(|v| v.namespace == "ns" && v.name == "j")
+        );
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(seen, [3, 2, 1], "newest first");
+    assert!(matches!(
+        s.list_job_versions("ns", "j", 2, Some("job:x")).await,
+        Err(StorageError::Invalid(_))
+    ));
+
+    // Deleted, the job keeps its versions; created again, it continues them.
+    assert!(s.delete_job("ns", "j").await.unwrap());
+    let kept = s.list_job_versions("ns", "j", 10, None).await.unwrap();
+    assert_eq!(kept.items.len(), 3);
+    let r = s
+        .apply_jobs(&[as_of("{2}", "tok_a", None)], t(40))
+        .await
+        .unwrap();
+    assert_eq!(r, [ApplyResult::Created(4)]);
+    let newest = &s.list_job_versions("ns", "j", 1, None).await.unwrap().items[0];
+    assert_eq!((newest.version, newest.origin.by.clone()), (4, by("tok_a")));
+    assert!(
+        s.list_job_versions("nope", "j", 10, None)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+}
+
+/// A spec applied again under other rules for one of its zones (or other
+/// cron semantics) is a new version recorded with them; a new database
+/// that leaves its zones as they were is not. Versions stored without
+/// rules are stamped once, and keep the rules they have.
+pub async fn new_rules_make_a_new_version_and_old_versions_are_stamped<S: Store>(s: &S) {
+    let under = |rules: Option<Rules>| JobUpsert {
+        rules,
+        ..job("ns", "j", "{1}")
+    };
+    s.apply_jobs(&[under(Some(rules(1, "2026a", "aa")))], t(1))
+        .await
+        .unwrap();
+    let stored = |v: i64| async move {
+        let job = s.get_job("ns", "j").await.unwrap().unwrap();
+        let version = s.get_job_version("ns", "j", v).await.unwrap().unwrap();
+        (job.version, job.rules, version.info.rules)
+    };
+    let same_zones = rules(1, "2026b", "aa");
+    let r = s
+        .apply_jobs(&[under(Some(same_zones))], t(2))
+        .await
+        .unwrap();
+    assert_eq!(r, [ApplyResult::Unchanged(1)]);
+    let berlin_moved = rules(1, "2026b", "bb");
+    let r = s
+        .apply_jobs(&[under(Some(berlin_moved.clone()))], t(3))
+        .await
+        .unwrap();
+    assert_eq!(r, [ApplyResult::Updated(2)]);
+    assert_eq!(
+        stored(2).await,
+        (2, Some(berlin_moved.clone()), Some(berlin_moved.clone()))
+    );
+    let r = s
+        .apply_jobs(&[under(Some(rules(2, "2026b", "bb")))], t(4))
+        .await
+        .unwrap();
+    assert_eq!(r, [ApplyResult::Updated(3)], "new cron semantics");
+
+    // A version without rules (none known when applied).
+    s.apply_jobs(
+        &[JobUpsert {
+            rules: None,
+            ..job("ns", "old", "{1}")
+        }],
+        t(5),
+    )
+    .await
+    .unwrap();
+    let old = s.get_job("ns", "old").await.unwrap().unwrap();
+    assert_eq!(old.rules, None);
+    let r = s
+        .apply_jobs(&[job("ns", "old", "{1}")], t(6))
+        .await
+        .unwrap();
+    assert_eq!(
+        r,
+        [ApplyResult::Unchanged(1)],
+        "unknown rules count as the same"
+    );
+    let stamp = rules(1, "2026c", "cc");
+    s.stamp_rules(&[
+        ("ns".into(), "old".into(), 1, stamp.clone()),
+        ("ns".into(), "j".into(), 3, stamp.clone()),
+        ("ns".into(), "missing".into(), 1, stamp.clone()),
+    ])
+    .await
+    .unwrap();
+    let old = s.get_job("ns", "old").await.unwrap().unwrap();
+    assert_eq!(old.rules.as_ref(), Some(&stamp));
+    let v = s.get_job_version("ns", "old", 1).await.unwrap().unwrap();
+    assert_eq!(v.info.rules.as_ref(), Some(&stamp));
+    assert_eq!(
+        stored(3).await.2,
+        Some(rules(2, "2026b", "bb")),
+        "recorded rules stay"
+    );
+}
+
+/// A re-run records the run it re-runs and starts its carried tasks in
+/// their outcome, with no attempt; it moves on like any run.
+pub async fn a_rerun_starts_with_the_outcomes_it_carries<S: Store>(s: &S) {
+    s.write(&[fire(100, Some(new_run(1, 100)))]).await.unwrap();
+    let rerun = NewRun {
+        id: 2,
+        trigger: Trigger::Rerun,
+        created_at: t(500),
+        rerun_of: Some(1),
+        carried: BTreeMap::from([("a".to_string(), TaskState::Succeeded)]),
+        ..new_run(2, 100)
+    };
+    s.write(&[Write::Run(rerun)]).await.unwrap();
+    let r = s.get_run(2).await.unwrap().unwrap();
+    assert_eq!(
+        (r.trigger, r.rerun_of, r.scheduled_at, r.created_at),
+        (Trigger::Rerun, Some(1), t(100), t(500))
+    );
+    let tasks: Vec<(&str, TaskState, bool, usize)> = r
+        .tasks
+        .iter()
+        .map(|t| (t.id.as_str(), t.state, t.carried, t.attempts.len()))
+        .collect();
+    assert_eq!(
+        tasks,
+        [
+            ("a", TaskState::Succeeded, true, 0),
+            ("b", TaskState::Pending, false, 0)
+        ]
+    );
+    assert_eq!(s.get_run(1).await.unwrap().unwrap().rerun_of, None);
+    let results = s
+        .write(&[
+            Write::TaskState {
+                run: 2,
+                task: "b".into(),
+                from: TaskState::Pending,
+                to: TaskState::Ready,
+            },
+            Write::TaskState {
+                run: 2,
+                task: "a".into(),
+                from: TaskState::Pending,
+                to: TaskState::Ready,
+            },
+        ])
+        .await
+        .unwrap();
+    assert_eq!(results[0], WriteResult::Done);
+    assert!(
+        matches!(&results[1], WriteResult::Conflict(_)),
+        "a carried task is finished: {results:?}"
     );
 }
 

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 
-use dagcron_core::{AttemptState, FireOutcome, RunState, TaskState};
+use dagcron_core::{AttemptState, FireOutcome, Rules, RunState, TaskState};
 use jiff::Timestamp;
 
 /// A run's identity: unique, and increasing with creation time.
@@ -34,6 +34,8 @@ pub enum Trigger {
     Manual,
     /// A backfill over a time range.
     Backfill,
+    /// A re-run of a finished run (see [`NewRun::rerun_of`]).
+    Rerun,
 }
 
 impl Trigger {
@@ -44,6 +46,7 @@ impl Trigger {
             Trigger::Catchup => "catchup",
             Trigger::Manual => "manual",
             Trigger::Backfill => "backfill",
+            Trigger::Rerun => "rerun",
         }
     }
 
@@ -54,6 +57,7 @@ impl Trigger {
             Trigger::Catchup,
             Trigger::Manual,
             Trigger::Backfill,
+            Trigger::Rerun,
         ]
         .into_iter()
         .find(|t| t.as_str() == s)
@@ -75,6 +79,53 @@ pub struct StoredJob {
     pub paused: bool,
     /// Last change.
     pub updated_at: Timestamp,
+    /// The rules its current version was applied under (none: applied
+    /// before versions recorded them, and not stamped since).
+    pub rules: Option<Rules>,
+}
+
+/// Who applied a version of a job: the API token's id and name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Actor {
+    /// The token's id, such as `tok_3f9a0c1d2e4b`.
+    pub id: String,
+    /// The token's name.
+    pub name: String,
+}
+
+/// How a version of a job came to be.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// Who applied it (none: not through the API, such as in a test).
+    pub by: Option<Actor>,
+    /// For a rollback: the older version whose spec it takes again.
+    pub rollback_of: Option<i64>,
+}
+
+/// One version of a job, as recorded when it was applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VersionRecord {
+    /// Tenant.
+    pub namespace: String,
+    /// Job.
+    pub name: String,
+    /// From 1, one more with every apply that changes the job.
+    pub version: i64,
+    /// When it was applied.
+    pub applied_at: Timestamp,
+    /// Who applied it and whether it was a rollback.
+    pub origin: Origin,
+    /// The rules its fires were computed with (none: not recorded).
+    pub rules: Option<Rules>,
+}
+
+/// A version with its spec.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobVersion {
+    /// What was recorded of it.
+    pub info: VersionRecord,
+    /// The canonical JSON of the spec of that version.
+    pub spec: String,
 }
 
 /// A job to create or update.
@@ -88,6 +139,12 @@ pub struct JobUpsert {
     pub spec: String,
     /// The file's `paused`.
     pub paused: bool,
+    /// Who applies it, and whether it rolls back to an older version.
+    pub origin: Origin,
+    /// The rules its fires are computed with now (none: not known). A
+    /// spec applied again under other rules than its version's, for one of
+    /// its zones or the cron semantics, makes a new version.
+    pub rules: Option<Rules>,
 }
 
 impl JobUpsert {
@@ -98,7 +155,29 @@ impl JobUpsert {
             name: job.spec.name.clone(),
             spec: job.canonical(),
             paused: job.spec.paused,
+            origin: Origin::default(),
+            rules: Some(job.rules()),
         }
+    }
+
+    /// Whether applying this changes a stored job whose spec is `spec`,
+    /// its version applied under `rules` (the stored form; none: not
+    /// recorded, which counts as the same rules).
+    pub fn changes(&self, spec: &str, rules: Option<&str>) -> bool {
+        if spec != self.spec {
+            return true;
+        }
+        match (rules, &self.rules) {
+            (Some(stored), Some(now)) => {
+                Rules::from_json(stored).map_or(true, |stored| stored.changes(now).is_some())
+            }
+            _ => false,
+        }
+    }
+
+    /// The stored form of its rules.
+    pub fn rules_json(&self) -> Option<String> {
+        self.rules.as_ref().map(Rules::to_json)
     }
 
     /// Whether the job is paused once this upsert is applied over a stored
@@ -154,6 +233,26 @@ pub struct NewRun {
     /// one (its `traceparent`, then a newline and its `tracestate` if any):
     /// the run's trace joins the caller's.
     pub trace: Option<String>,
+    /// For a re-run: the run it re-runs.
+    pub rerun_of: Option<RunId>,
+    /// For a re-run of the failed tasks: the tasks that keep their outcome
+    /// from the run re-run (`succeeded` or `skipped`), with it; they start
+    /// in that state, with no attempt, and are marked carried over.
+    pub carried: BTreeMap<String, TaskState>,
+}
+
+impl NewRun {
+    /// The state task `task` starts in.
+    pub fn task_start(&self, task: &str) -> TaskState {
+        if self.state.is_terminal() {
+            TaskState::Skipped
+        } else {
+            self.carried
+                .get(task)
+                .copied()
+                .unwrap_or(TaskState::Pending)
+        }
+    }
 }
 
 /// One change in a batch.
@@ -346,6 +445,8 @@ pub struct ClaimedAttempt {
     pub params: BTreeMap<String, String>,
     /// The run's caller's trace context (see [`NewRun::trace`]).
     pub trace: Option<String>,
+    /// The version of the job the run runs.
+    pub job_version: i64,
 }
 
 /// An attempt of one of this node's runs that another node claimed.
@@ -379,6 +480,9 @@ pub struct TaskRecord {
     pub state: TaskState,
     /// Attempts, oldest first.
     pub attempts: Vec<AttemptRecord>,
+    /// Its outcome was carried over from the run this one re-runs (it has
+    /// no attempt here).
+    pub carried: bool,
 }
 
 /// A run as stored, with its tasks and attempts.
@@ -410,6 +514,8 @@ pub struct RunRecord {
     pub closing: Option<RunState>,
     /// The caller's trace context (see [`NewRun::trace`]).
     pub trace: Option<String>,
+    /// For a re-run: the run it re-runs.
+    pub rerun_of: Option<RunId>,
     /// Tasks in declaration order.
     pub tasks: Vec<TaskRecord>,
 }
@@ -561,6 +667,37 @@ pub fn runs_before(cursor: Option<&str>) -> Result<RunId> {
     }
 }
 
+/// The cursor of the page of versions after `v` (older ones).
+pub fn version_cursor(v: &VersionRecord) -> String {
+    format!("version:{}", v.version)
+}
+
+/// The version a page of versions starts before.
+pub fn versions_before(cursor: Option<&str>) -> Result<i64> {
+    match cursor {
+        None => Ok(i64::MAX),
+        Some(c) => c
+            .strip_prefix("version:")
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| StorageError::Invalid(format!("bad cursor {c:?}"))),
+    }
+}
+
+/// Reads the stored form of a version's rules (none: not recorded).
+pub fn parse_rules(text: Option<&str>) -> Result<Option<Rules>> {
+    text.map(Rules::from_json)
+        .transpose()
+        .map_err(StorageError::Corrupt)
+}
+
+/// Who applied a version, from its stored (token id, token name).
+pub fn actor_of(id: Option<String>, name: Option<String>) -> Option<Actor> {
+    id.map(|id| Actor {
+        id,
+        name: name.unwrap_or_default(),
+    })
+}
+
 impl WriteResult {
     /// A refused run change, saying what was found (`None`: no such run).
     pub fn run_conflict(run: RunId, found: Option<&str>, from: RunState) -> WriteResult {
@@ -687,6 +824,29 @@ pub trait Store: Send + Sync + 'static {
         name: &str,
         paused: bool,
     ) -> impl Future<Output = Result<bool>> + Send;
+    /// The versions of a job, newest first, paginated (a deleted job's
+    /// stay, and a job created again continues them).
+    fn list_job_versions(
+        &self,
+        namespace: &str,
+        name: &str,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> impl Future<Output = Result<Page<VersionRecord>>> + Send;
+    /// One version of a job, with its spec.
+    fn get_job_version(
+        &self,
+        namespace: &str,
+        name: &str,
+        version: i64,
+    ) -> impl Future<Output = Result<Option<JobVersion>>> + Send;
+    /// Records the rules of versions that have none (applied before
+    /// versions recorded them): each (namespace, name, version, rules);
+    /// a version that has rules keeps them.
+    fn stamp_rules(
+        &self,
+        versions: &[(String, String, i64, Rules)],
+    ) -> impl Future<Output = Result<()>> + Send;
 
     /// Applies a batch in one transaction; one result per write, in order.
     fn write(&self, batch: &[Write]) -> impl Future<Output = Result<Vec<WriteResult>>> + Send;

@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
+use super::RulesChangeAnswer;
+
 /// A job as stored, with its next fire.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct JobAnswer {
@@ -31,15 +33,26 @@ pub struct JobAnswer {
     /// The declaration as applied (the job file's fields).
     #[schema(value_type = Value)]
     pub spec: Value,
+    /// Set when its version was applied under other scheduling rules than
+    /// this server's (cron semantics, or a zone's rules in the time zone
+    /// database): its fires may come at other instants than they did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules_changed: Option<RulesChangeAnswer>,
 }
 
 impl JobAnswer {
     /// The answer for a stored job, its next fire computed at `now`.
     pub fn of(job: &StoredJob, now: Timestamp) -> JobAnswer {
-        let next_fire = match Job::from_canonical(&job.namespace, &job.spec) {
-            Ok(j) if !job.paused => j.next_unsuppressed_after(now),
+        let parsed = Job::from_canonical(&job.namespace, &job.spec).ok();
+        let next_fire = match &parsed {
+            Some(j) if !job.paused => j.next_unsuppressed_after(now),
             _ => None,
         };
+        let rules_changed = parsed.zip(job.rules.as_ref()).and_then(|(j, stored)| {
+            let rules = j.rules();
+            let change = stored.changes(&rules)?;
+            Some(RulesChangeAnswer::of(&change, stored, &rules))
+        });
         JobAnswer {
             namespace: job.namespace.clone(),
             name: job.name.clone(),
@@ -48,6 +61,7 @@ impl JobAnswer {
             updated_at: job.updated_at,
             next_fire,
             spec: serde_json::from_str(&job.spec).unwrap_or(Value::Null),
+            rules_changed,
         }
     }
 }

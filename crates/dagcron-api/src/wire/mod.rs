@@ -13,6 +13,7 @@ mod runs;
 mod schedules;
 mod secrets;
 mod tokens;
+mod versions;
 
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoResponses, ToSchema};
@@ -27,10 +28,13 @@ pub use jobs::{
     TriggerBody,
 };
 pub use operations::{BulkPauseAnswer, Quotas, ReadOnlyAnswer, ReadOnlyBody};
-pub use runs::{AttemptAnswer, FireAnswer, FirePage, RunAnswer, RunPage, TaskAnswer};
+pub use runs::{AttemptAnswer, FireAnswer, FirePage, RerunBody, RunAnswer, RunPage, TaskAnswer};
 pub use schedules::{HotJobAnswer, HotspotAnswer, HotspotReport};
 pub use secrets::{KeyUse, KeysAnswer, SecretAnswer, SecretBody, SecretList};
 pub use tokens::{CreatedToken, NewTokenBody, TokenAnswer, TokenList};
+pub use versions::{
+    ApplierAnswer, RollbackAnswer, RulesAnswer, RulesChangeAnswer, VersionAnswer, VersionPage,
+};
 
 /// Every error answer.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

@@ -18,7 +18,7 @@ pub struct RunAnswer {
     pub job: String,
     /// The version of the job it runs.
     pub job_version: i64,
-    /// `schedule`, `catchup`, `manual` or `backfill`.
+    /// `schedule`, `catchup`, `manual`, `backfill` or `rerun`.
     pub trigger: String,
     /// The fire instant (for a manual run, when it was triggered).
     #[schema(value_type = String, format = DateTime)]
@@ -39,6 +39,9 @@ pub struct RunAnswer {
     /// Set once the run was asked to stop: the state it ends in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub closing: Option<String>,
+    /// For a re-run: the run it re-runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<i64>,
     /// Tasks in declaration order.
     pub tasks: Vec<TaskAnswer>,
 }
@@ -52,6 +55,10 @@ pub struct TaskAnswer {
     pub state: String,
     /// Attempts, oldest first.
     pub attempts: Vec<AttemptAnswer>,
+    /// In a re-run of the failed tasks: its outcome was carried over from
+    /// the run re-run (it did not run here, and has no attempt).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub carried: bool,
 }
 
 /// One attempt of a task.
@@ -100,6 +107,7 @@ impl From<&TaskRecord> for TaskAnswer {
             id: t.id.clone(),
             state: t.state.as_str().into(),
             attempts: t.attempts.iter().map(AttemptAnswer::from).collect(),
+            carried: t.carried,
         }
     }
 }
@@ -119,9 +127,21 @@ impl From<&RunRecord> for RunAnswer {
             started_at: r.started_at,
             finished_at: r.finished_at,
             closing: r.closing.map(|c| c.as_str().into()),
+            rerun_of: r.rerun_of,
             tasks: r.tasks.iter().map(TaskAnswer::from).collect(),
         }
     }
+}
+
+/// A re-run of a finished run.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RerunBody {
+    /// Run only the tasks that did not end well (failed, upstream_failed,
+    /// cancelled) and everything downstream of them; the others keep their
+    /// outcome. Default: every task runs again.
+    #[serde(default)]
+    pub failed_only: bool,
 }
 
 /// A page of runs, newest first.
@@ -191,6 +211,7 @@ mod tests {
             finished_at: None,
             closing: Some(RunState::Cancelled),
             trace: None,
+            rerun_of: Some(32),
             tasks: vec![TaskRecord {
                 id: "t".into(),
                 state: TaskState::Running,
@@ -204,10 +225,13 @@ mod tests {
                     node_epoch: Some(3),
                     start_error_us: None,
                 }],
+                carried: false,
             }],
         };
         let written = serde_json::to_value(RunAnswer::from(&record)).unwrap();
         assert_eq!(written["closing"], "cancelled");
+        assert_eq!(written["rerun_of"], 32);
+        assert!(written["tasks"][0].get("carried").is_none());
         assert_eq!(written["tasks"][0]["attempts"][0]["node_epoch"], 3);
         assert!(
             written["tasks"][0]["attempts"][0]

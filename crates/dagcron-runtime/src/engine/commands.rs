@@ -1,15 +1,26 @@
 //! What the API and the coordinator ask of the engine.
 
 use super::*;
+use runs::Rerun;
 
 impl<S: Store> Engine<S> {
     pub(super) async fn on_command(&mut self, cmd: Command) {
         let now = self.clock.now();
         match cmd {
-            Command::Apply { jobs, reply } => {
+            Command::Apply {
+                jobs,
+                origin,
+                reply,
+            } => {
                 // Applying is committed on its own, beside the loop, before
                 // the engine changes its timers.
-                let upserts: Vec<JobUpsert> = jobs.iter().map(JobUpsert::of).collect();
+                let upserts: Vec<JobUpsert> = jobs
+                    .iter()
+                    .map(|job| JobUpsert {
+                        origin: origin.clone(),
+                        ..JobUpsert::of(job)
+                    })
+                    .collect();
                 let store = self.store.clone();
                 self.beside(
                     async move { store.apply_jobs(&upserts, now).await },
@@ -264,6 +275,7 @@ impl<S: Store> Engine<S> {
                         FireDecision::Queue,
                         now,
                         None,
+                        None,
                     );
                     let id = run.id;
                     // A fire recorded meanwhile is refused by the store, and
@@ -289,6 +301,35 @@ impl<S: Store> Engine<S> {
                     let _ = reply.send(request_cancel(&*store, run).await);
                 });
             }
+            Command::Rerun {
+                run,
+                failed_only,
+                reply,
+            } => {
+                if self.runs.contains_key(&run) {
+                    let _ = reply.send(Err(still_going(run)));
+                    return;
+                }
+                // The run and its version's spec are read beside the loop.
+                let store = self.store.clone();
+                self.beside(async move { read_rerun(&*store, run).await }, move |read| {
+                    Command::RerunRead {
+                        read: Box::new(read),
+                        failed_only,
+                        reply,
+                    }
+                });
+            }
+            Command::RerunRead {
+                read,
+                failed_only,
+                reply,
+            } => match *read {
+                Ok(read) => self.rerun(read, failed_only, reply, now).await,
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
             Command::Own { owns, reply } => self.set_ownership(owns, reply),
             Command::Owned {
                 gained,
@@ -314,8 +355,9 @@ impl<S: Store> Engine<S> {
                 let mut seen = HashSet::new();
                 for r in &runs {
                     let key = (r.namespace.clone(), r.job.clone());
-                    if self.jobs.contains_key(&key) && seen.insert(key.clone()) {
-                        reads.push((key.clone(), self.job_of(&key)));
+                    let at = (key.clone(), r.job_version);
+                    if self.jobs.contains_key(&key) && seen.insert(at.clone()) {
+                        reads.push((at, self.job_at(&key, r.job_version)));
                     }
                 }
                 let read = async move {
@@ -350,8 +392,11 @@ impl<S: Store> Engine<S> {
                         continue;
                     }
                     tracing::info!(run = record.id, job = %format!("{}/{}", record.namespace, record.job), "taking over a run of a node that is gone");
-                    let key = (record.namespace.clone(), record.job.clone());
-                    let job = jobs.get_mut(&key).and_then(|j| j.clone());
+                    let at = (
+                        (record.namespace.clone(), record.job.clone()),
+                        record.job_version,
+                    );
+                    let job = jobs.get_mut(&at).and_then(|j| j.clone());
                     self.rebuild_run(record, job, &alive, now);
                 }
                 self.reply_after_commit(reply, Ok(()));
@@ -421,42 +466,13 @@ impl<S: Store> Engine<S> {
         reply: Reply<RunId>,
         now: Timestamp,
     ) {
-        let entry = &self.jobs[&key];
-        let decision = policy::on_fire(
-            job.spec.concurrency,
-            job.spec.max_active(),
-            entry.active.len() as u32,
-            entry.queued.len() as u32,
-            job.spec.max_pending(),
-        );
-        if let Err(e) = self.backlog_allows() {
-            let _ = reply.send(Err(e));
-            return;
-        }
-        if decision == FireDecision::Backlog {
-            let why = format!(
-                "{}/{} has {} runs waiting already, as many as its max_pending_runs allows; trigger again once some have started",
-                key.0,
-                key.1,
-                job.spec.max_pending()
-            );
-            let _ = reply.send(Err(EngineError::Busy(why)));
-            return;
-        }
-        if decision == FireDecision::Skip {
-            let why = match job.spec.concurrency {
-                dagcron_core::Concurrency::BufferOne => format!(
-                    "{}/{} has a run active and one waiting behind it, and its concurrency policy buffer_one keeps at most one waiting; trigger again once the waiting run has started",
-                    key.0, key.1
-                ),
-                _ => format!(
-                    "{}/{} has a run active and its concurrency policy is forbid",
-                    key.0, key.1
-                ),
-            };
-            let _ = reply.send(Err(EngineError::Conflict(why)));
-            return;
-        }
+        let decision = match self.admit(&key, &job) {
+            Ok(decision) => decision,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
         let mut merged = job.spec.params.clone();
         merged.extend(params);
         let run = self.new_run(
@@ -468,8 +484,119 @@ impl<S: Store> Engine<S> {
             decision,
             now,
             caller,
+            None,
         );
         let id = run.id;
+        self.writes.push(Write::Run(run));
+        self.after_new_run(&key, id, decision, now);
+        self.reply_after_commit(reply, Ok(id));
+    }
+
+    /// What a run made by hand (a trigger, a re-run) of `job` does by its
+    /// overlap policy, or why it is refused: the server's ready backlog is
+    /// full or the job has as many runs waiting as it may (`Busy`), or its
+    /// policy declines it while a run goes on (`Conflict`).
+    fn admit(&self, key: &JobKey, job: &Job) -> Result<FireDecision, EngineError> {
+        let entry = &self.jobs[key];
+        let decision = policy::on_fire(
+            job.spec.concurrency,
+            job.spec.max_active(),
+            entry.active.len() as u32,
+            entry.queued.len() as u32,
+            job.spec.max_pending(),
+        );
+        self.backlog_allows()?;
+        match decision {
+            FireDecision::Backlog => Err(EngineError::Busy(format!(
+                "{}/{} has {} runs waiting already, as many as its max_pending_runs allows; trigger again once some have started",
+                key.0,
+                key.1,
+                job.spec.max_pending()
+            ))),
+            FireDecision::Skip => Err(EngineError::Conflict(match job.spec.concurrency {
+                dagcron_core::Concurrency::BufferOne => format!(
+                    "{}/{} has a run active and one waiting behind it, and its concurrency policy buffer_one keeps at most one waiting; trigger again once the waiting run has started",
+                    key.0, key.1
+                ),
+                _ => format!(
+                    "{}/{} has a run active and its concurrency policy is forbid",
+                    key.0, key.1
+                ),
+            })),
+            decision => Ok(decision),
+        }
+    }
+
+    /// Re-runs a finished run (see [`EngineHandle::rerun`]), its record and
+    /// its version's job read beside the loop.
+    async fn rerun(
+        &mut self,
+        read: RerunRead,
+        failed_only: bool,
+        reply: Reply<RunId>,
+        now: Timestamp,
+    ) {
+        let RerunRead { record, job } = read;
+        let key = (record.namespace.clone(), record.job.clone());
+        if self.runs.contains_key(&record.id) || !record.state.is_terminal() {
+            // Taken over meanwhile, or going on on another node.
+            let _ = reply.send(Err(still_going(record.id)));
+            return;
+        }
+        if !self.jobs.contains_key(&key) {
+            // Applied through another node and not announced here yet, or deleted.
+            if let Err(e) = self.known_job(&key).await {
+                let _ = reply.send(Err(match e {
+                    EngineError::NotFound(_) => EngineError::Conflict(format!(
+                        "run {} is a run of job {}/{}, which was deleted: it cannot run again (apply the job again first)",
+                        record.id, key.0, key.1
+                    )),
+                    other => other,
+                }));
+                return;
+            }
+        }
+        let before: Vec<Option<TaskState>> = job
+            .tasks
+            .iter()
+            .map(|t| record.tasks.iter().find(|r| r.id == t.id).map(|r| r.state))
+            .collect();
+        let starts = match dagcron_core::rerun::start_states(&job, &before, failed_only) {
+            Ok(starts) => starts,
+            Err(e) => {
+                let _ = reply.send(Err(EngineError::Conflict(format!(
+                    "run {} cannot re-run its failed tasks: {e}",
+                    record.id
+                ))));
+                return;
+            }
+        };
+        // Admitted as a trigger is, by its own version's policy.
+        let decision = match self.admit(&key, &job) {
+            Ok(decision) => decision,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let rerun = Rerun {
+            version: record.job_version,
+            of: record.id,
+            starts,
+        };
+        let run = self.new_run(
+            &key,
+            &job,
+            Trigger::Rerun,
+            record.scheduled_at,
+            record.params,
+            decision,
+            now,
+            None,
+            Some(rerun),
+        );
+        let id = run.id;
+        tracing::info!(namespace = %key.0, job = %key.1, run = id, "re-running run {}{}", record.id, if failed_only { " from its failed tasks" } else { "" });
         self.writes.push(Write::Run(run));
         self.after_new_run(&key, id, decision, now);
         self.reply_after_commit(reply, Ok(id));
@@ -491,6 +618,44 @@ impl<S: Store> Engine<S> {
             let _ = tx.send(back(out)).await;
         });
     }
+}
+
+/// What a re-run answers for a run that has not ended.
+fn still_going(run: RunId) -> EngineError {
+    EngineError::Conflict(format!(
+        "run {run} has not finished: wait for it to end, or cancel it, before running it again"
+    ))
+}
+
+/// The run to re-run and its job at the run's version, from the store.
+async fn read_rerun<S: Store>(store: &S, run: RunId) -> Result<RerunRead, EngineError> {
+    let record = store
+        .get_run(run)
+        .await
+        .map_err(EngineError::Storage)?
+        .ok_or_else(|| EngineError::NotFound(format!("no run {run}")))?;
+    if !record.state.is_terminal() {
+        return Err(still_going(run));
+    }
+    let (ns, name, v) = (&record.namespace, &record.job, record.job_version);
+    let version = store
+        .get_job_version(ns, name, v)
+        .await
+        .map_err(EngineError::Storage)?
+        .ok_or_else(|| {
+            EngineError::Conflict(format!(
+                "run {run} ran version {v} of {ns}/{name}, which is no longer stored: it cannot run again"
+            ))
+        })?;
+    let job = Job::from_canonical(ns, &version.spec).map_err(|e| {
+        EngineError::Conflict(format!(
+            "run {run} ran version {v} of {ns}/{name}, which this server no longer accepts ({e}): it cannot run again"
+        ))
+    })?;
+    Ok(RerunRead {
+        record,
+        job: Arc::new(job),
+    })
 }
 
 /// Asks the node running `run` to cancel it, through the store.

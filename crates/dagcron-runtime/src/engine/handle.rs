@@ -7,6 +7,7 @@ use super::*;
 pub(crate) enum Command {
     Apply {
         jobs: Vec<Job>,
+        origin: Origin,
         reply: Reply<Vec<(String, ApplyResult)>>,
     },
     Delete {
@@ -45,6 +46,18 @@ pub(crate) enum Command {
     Cancel {
         run: RunId,
         reply: Reply<()>,
+    },
+    /// A new run of a finished run's job version and parameters.
+    Rerun {
+        run: RunId,
+        failed_only: bool,
+        reply: Reply<RunId>,
+    },
+    /// The run to re-run and the spec of its version, read beside the loop.
+    RerunRead {
+        read: Box<Result<RerunRead, EngineError>>,
+        failed_only: bool,
+        reply: Reply<RunId>,
     },
     /// The store's answer to an apply, done beside the loop.
     Applied {
@@ -87,7 +100,7 @@ pub(crate) enum Command {
     /// The jobs of runs taken over, read beside the loop.
     Adopted {
         runs: Vec<RunRecord>,
-        jobs: Result<HashMap<JobKey, Option<Arc<Job>>>, StorageError>,
+        jobs: Result<JobsAt, StorageError>,
         alive: HashSet<i64>,
         reply: Reply<()>,
     },
@@ -132,6 +145,15 @@ pub(crate) enum Command {
     Work {
         reply: Reply<()>,
     },
+}
+
+/// Jobs as runs of them have them: by job and version.
+pub(crate) type JobsAt = HashMap<(JobKey, i64), Option<Arc<Job>>>;
+
+/// A finished run to re-run, and its job as it was at the run's version.
+pub(crate) struct RerunRead {
+    pub(super) record: RunRecord,
+    pub(super) job: Arc<Job>,
 }
 
 /// Missed fires of a job, and its job read beside the loop to run them.
@@ -181,7 +203,22 @@ impl EngineHandle {
 
     /// Creates or updates jobs (already validated); answers after commit.
     pub async fn apply(&self, jobs: Vec<Job>) -> Result<Vec<(String, ApplyResult)>, EngineError> {
-        self.ask(|reply| Command::Apply { jobs, reply }).await
+        self.apply_as(jobs, Origin::default()).await
+    }
+
+    /// [`EngineHandle::apply`], recording who applies the jobs and, for a
+    /// rollback, the version they take again with each new version.
+    pub async fn apply_as(
+        &self,
+        jobs: Vec<Job>,
+        origin: Origin,
+    ) -> Result<Vec<(String, ApplyResult)>, EngineError> {
+        self.ask(|reply| Command::Apply {
+            jobs,
+            origin,
+            reply,
+        })
+        .await
     }
 
     /// Deletes a job; its history stays.
@@ -322,6 +359,22 @@ impl EngineHandle {
     /// ready queues, the pool), for the metrics.
     pub async fn gauges(&self) -> Result<crate::EngineGauges, EngineError> {
         self.ask(|reply| Command::Gauges { reply }).await
+    }
+
+    /// A new run of a finished run: the same job version and parameters,
+    /// linked to it, triggered `rerun`. Every task runs again, or with
+    /// `failed_only` those that did not end well and the tasks downstream
+    /// of them, the others keeping their outcome (see
+    /// [`dagcron_core::rerun`]). Refused while the run goes on, for a run
+    /// of a deleted job or of a version no longer stored, and as a trigger
+    /// is by the version's concurrency policy.
+    pub async fn rerun(&self, run: RunId, failed_only: bool) -> Result<RunId, EngineError> {
+        self.ask(|reply| Command::Rerun {
+            run,
+            failed_only,
+            reply,
+        })
+        .await
     }
 
     /// Cancels a run: running attempts are stopped, pending tasks cancelled.

@@ -286,6 +286,30 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// Job `key` as a run of `version` runs it: the job itself while it
+    /// is at that version, otherwise that version as stored (a run made
+    /// before a change, a re-run of an older version).
+    pub(super) fn job_at(
+        &self,
+        key: &JobKey,
+        version: i64,
+    ) -> impl Future<Output = Result<Option<Arc<Job>>, StorageError>> + Send + 'static {
+        let current = self.jobs.get(key).is_some_and(|e| e.version == version);
+        let now = current.then(|| self.job_of(key));
+        let store = self.store.clone();
+        let key = key.clone();
+        async move {
+            match now {
+                Some(read) => read.await,
+                // A version no longer stored: the job as it is now.
+                None => match read_version(&*store, &key, version).await? {
+                    Some(job) => Ok(Some(job)),
+                    None => read_job(&*store, &key).await,
+                },
+            }
+        }
+    }
+
     /// The whole job of `key`, for a command: not found unless this engine
     /// schedules it.
     ///
@@ -329,6 +353,26 @@ impl<S: Store> Engine<S> {
         }
         if !fires::keep_idle_job(&entry.timing, now, !entry.paused && entry.owned) {
             entry.job = None;
+        }
+    }
+}
+
+/// Job `key` as it was at `version` (what a run of that version runs),
+/// from the store (`None` if the version is not stored or no longer
+/// validates).
+pub(super) async fn read_version<S: Store>(
+    store: &S,
+    key: &JobKey,
+    version: i64,
+) -> Result<Option<Arc<Job>>, StorageError> {
+    let Some(stored) = store.get_job_version(&key.0, &key.1, version).await? else {
+        return Ok(None);
+    };
+    match Job::from_canonical(&key.0, &stored.spec) {
+        Ok(job) => Ok(Some(Arc::new(job))),
+        Err(e) => {
+            tracing::error!(namespace = %key.0, job = %key.1, version, "stored version no longer validates: {e}");
+            Ok(None)
         }
     }
 }

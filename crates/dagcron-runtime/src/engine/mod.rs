@@ -20,8 +20,8 @@ use dagcron_core::run::{Attempt, Effect, End, Event, RunMachine, StoredTask};
 use dagcron_core::{AttemptState, Failure, Job, RunState, TaskState, Timing};
 use dagcron_exec::{AttemptContext, Ending, Limits, Outcome};
 use dagcron_store::{
-    ApplyResult, AttemptKey, ClaimedAttempt, JobUpsert, NewRun, RemoteAttempt, RunId, RunRecord,
-    StorageError, Store, StoredJob, Trigger, Write, WriteResult,
+    ApplyResult, AttemptKey, ClaimedAttempt, JobUpsert, NewRun, Origin, RemoteAttempt, RunId,
+    RunRecord, StorageError, Store, StoredJob, Trigger, Write, WriteResult,
 };
 use jiff::{SignedDuration, Timestamp};
 use tokio::sync::{mpsc, oneshot};
@@ -46,7 +46,7 @@ mod timers;
 mod tests;
 
 pub use handle::EngineHandle;
-pub(crate) use handle::{CaughtUp, Command, LiveLogs, SharedNews};
+pub(crate) use handle::{CaughtUp, Command, LiveLogs, RerunRead, SharedNews};
 pub use lease::Lease;
 use lease::lease_watchdog;
 

@@ -7,6 +7,7 @@ impl<S: Store> Engine<S> {
     pub(super) async fn recover(&mut self, now: Timestamp) -> Result<(), StorageError> {
         // A cluster node owns nothing until its first ring.
         let owned = self.config.node.is_none();
+        let mut rules = RulesCheck::default();
         dagcron_store::load_all_jobs(&*self.store.clone(), |stored| {
             let job = match Job::from_canonical(&stored.namespace, &stored.spec) {
                 Ok(job) => job,
@@ -15,6 +16,7 @@ impl<S: Store> Engine<S> {
                     return;
                 }
             };
+            rules.see(&stored, &job);
             let mut entry = JobEntry::new(
                 job.timing(),
                 stored.version,
@@ -26,6 +28,7 @@ impl<S: Store> Engine<S> {
             self.jobs.insert(Arc::new(key_of(&job)), entry);
         })
         .await?;
+        rules.report(&*self.store).await;
         // Where each job resumes: its last recorded fire. (A cluster node
         // learns it when it comes to own the job.)
         if self.config.node.is_none() {
@@ -217,7 +220,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<(), StorageError> {
         let key = (record.namespace.clone(), record.job.clone());
         let job = if self.jobs.contains_key(&key) {
-            self.job_of(&key).await?
+            self.job_at(&key, record.job_version).await?
         } else {
             None
         };
@@ -377,3 +380,68 @@ impl<S: Store> Engine<S> {
 }
 
 const LOST_WITH_PROCESS: &str = "the process running this attempt stopped";
+
+/// The jobs whose current version was applied under other rules than this
+/// server's (a new cron semantics version, or new rules for one of their
+/// zones in a new time zone database), and the versions stored before
+/// versions recorded their rules, seen as the jobs are loaded at start.
+#[derive(Default)]
+struct RulesCheck {
+    changed: Vec<(String, dagcron_core::RulesChange)>,
+    unstamped: Vec<(String, String, i64, dagcron_core::Rules)>,
+}
+
+/// The most jobs a start-up warning names (it counts the rest).
+const NAMED: usize = 50;
+
+impl RulesCheck {
+    fn see(&mut self, stored: &StoredJob, job: &Job) {
+        match &stored.rules {
+            // The common case, without computing the job's rules.
+            Some(r)
+                if r.cron == dagcron_cron::SEMANTICS_VERSION
+                    && r.tzdb == dagcron_cron::tzdb_version() => {}
+            Some(r) => {
+                if let Some(change) = r.changes(&job.rules()) {
+                    let key = format!("{}/{}", stored.namespace, stored.name);
+                    self.changed.push((key, change));
+                }
+            }
+            None => self.unstamped.push((
+                stored.namespace.clone(),
+                stored.name.clone(),
+                stored.version,
+                job.rules(),
+            )),
+        }
+    }
+
+    /// Says which jobs may fire at other instants than when they were
+    /// applied, and records the rules of the versions that have none
+    /// (those of this start: nothing tells what they were before).
+    async fn report<S: Store>(self, store: &S) {
+        if !self.changed.is_empty() {
+            let n = self.changed.len();
+            let mut named: Vec<String> = self
+                .changed
+                .iter()
+                .take(NAMED)
+                .map(|(job, change)| format!("{job} ({change})"))
+                .collect();
+            if n > NAMED {
+                named.push(format!("and {} more", n - NAMED));
+            }
+            tracing::warn!(
+                jobs = n,
+                "{n} job(s) were applied under other scheduling rules than this server's and may fire at other instants than they did: {}; apply them again to accept the new rules (GET /api/v1/namespaces/NS/jobs/NAME shows `rules_changed`)",
+                named.join(", ")
+            );
+        }
+        for chunk in self.unstamped.chunks(1000) {
+            if let Err(e) = store.stamp_rules(chunk).await {
+                tracing::warn!("cannot record the rules of versions stored without them: {e}");
+                return;
+            }
+        }
+    }
+}

@@ -60,6 +60,7 @@ impl<S: Store> Engine<S> {
             decision,
             now,
             None,
+            None,
         );
         let id = run.id;
         if at > now {
@@ -155,6 +156,7 @@ impl<S: Store> Engine<S> {
         });
     }
 
+    /// A new run of `job` (at the version the job is at, or a re-run's).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new_run(
         &mut self,
@@ -166,10 +168,12 @@ impl<S: Store> Engine<S> {
         decision: FireDecision,
         now: Timestamp,
         caller: Option<TraceParent>,
+        rerun: Option<Rerun>,
     ) -> NewRun {
         let id = self.run_id();
         let (key, entry) = self.jobs.get_key_value(key).expect("job");
-        let (key, version) = (key.clone(), entry.version);
+        let key = key.clone();
+        let version = rerun.as_ref().map_or(entry.version, |r| r.version);
         let trace = self.trace_of(id, &key, caller.as_ref());
         let state = if matches!(decision, FireDecision::Queue | FireDecision::Replace) {
             RunState::Pending
@@ -183,7 +187,10 @@ impl<S: Store> Engine<S> {
                 job: job.clone(),
                 scheduled_at: at,
                 params: params.clone(),
-                machine: RunMachine::new(job.tasks.len(), state),
+                machine: match &rerun {
+                    Some(r) => RunMachine::carrying(state, r.starts.clone()),
+                    None => RunMachine::new(job.tasks.len(), state),
+                },
                 tokens: vec![None; job.tasks.len()],
                 start_at: None,
                 created_at: now,
@@ -203,9 +210,32 @@ impl<S: Store> Engine<S> {
             tasks: job.tasks.iter().map(|t| t.id.clone()).collect(),
             created_at: now,
             trace: caller.map(|c| c.stored()),
+            rerun_of: rerun.as_ref().map(|r| r.of),
+            carried: rerun
+                .map(|r| {
+                    job.tasks
+                        .iter()
+                        .zip(r.starts)
+                        .filter(|(_, s)| *s != TaskState::Pending)
+                        .map(|(t, s)| (t.id.clone(), s))
+                        .collect()
+                })
+                .unwrap_or_default(),
         }
     }
+}
 
+/// What makes a new run a re-run.
+pub(super) struct Rerun {
+    /// The version of the job it runs (the run re-run's).
+    pub(super) version: i64,
+    /// The run re-run.
+    pub(super) of: RunId,
+    /// The state each task starts in (see [`dagcron_core::rerun::start_states`]).
+    pub(super) starts: Vec<TaskState>,
+}
+
+impl<S: Store> Engine<S> {
     pub(super) fn after_new_run(
         &mut self,
         key: &JobKey,

@@ -2,7 +2,7 @@
 //! outcome of this node's attempts others ran, and withdrawals.
 
 use super::*;
-use jobs::read_job;
+use jobs::read_version;
 
 impl<S: Store> Engine<S> {
     /// See [`EngineHandle::share_work`]: the store is asked beside the
@@ -40,14 +40,16 @@ impl<S: Store> Engine<S> {
                 let claims = store.claim_attempts(room, &agents, now).await?;
                 // The jobs of the claims, read once each (a claim of this
                 // node's own run, which is rare, uses its run's job instead).
-                let mut jobs: HashMap<JobKey, Option<Arc<Job>>> = HashMap::new();
+                // The job as the claim's run has it: at the run's version.
+                let mut jobs: HashMap<(JobKey, i64), Option<Arc<Job>>> = HashMap::new();
                 for claim in claims {
                     let key = (claim.namespace.clone(), claim.job.clone());
-                    let job = match jobs.get(&key) {
+                    let at = (key, claim.job_version);
+                    let job = match jobs.get(&at) {
                         Some(job) => job.clone(),
                         None => {
-                            let job = read_job(&*store, &key).await?;
-                            jobs.insert(key, job.clone());
+                            let job = read_version(&*store, &at.0, at.1).await?;
+                            jobs.insert(at, job.clone());
                             job
                         }
                     };

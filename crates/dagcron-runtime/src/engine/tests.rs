@@ -18,7 +18,13 @@ async fn apply<S: Store>(
     jobs: Vec<Job>,
 ) {
     let (reply, applied) = oneshot::channel();
-    engine.on_command(Command::Apply { jobs, reply }).await;
+    engine
+        .on_command(Command::Apply {
+            jobs,
+            origin: Origin::default(),
+            reply,
+        })
+        .await;
     assert!(
         engine.jobs.is_empty(),
         "nothing changes before the store answers"

@@ -50,6 +50,28 @@ pub(crate) enum JobsCommand {
     },
     /// Delete a job (its history stays).
     Delete { job: String },
+    /// The versions of a job, newest first (`*`: the current one): when and
+    /// by whom each was applied, rollbacks, the rules its fires were
+    /// computed with.
+    Versions { job: String },
+    /// What changed between two versions of a job: a unified diff of their
+    /// canonical YAML.
+    Diff {
+        job: String,
+        /// The older version.
+        #[arg(value_parser = clap::value_parser!(i64).range(1..))]
+        from: i64,
+        /// The newer version.
+        #[arg(value_parser = clap::value_parser!(i64).range(1..))]
+        to: i64,
+    },
+    /// Roll a job back to an older version: a new version equal to it.
+    Rollback {
+        job: String,
+        /// The version to roll back to.
+        #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+        to: i64,
+    },
 }
 
 impl Show for ApplyAnswer {
@@ -178,6 +200,9 @@ pub(super) async fn run(c: &Client, cmd: JobsCommand, out: &mut Output) -> Resul
             c.delete(&job_path(&job)?).await?;
             out.say(format_args!("deleted {job}"))
         }
+        JobsCommand::Versions { job } => super::versions::list(c, &job, out).await,
+        JobsCommand::Diff { job, from, to } => super::versions::diff(c, &job, from, to, out).await,
+        JobsCommand::Rollback { job, to } => super::versions::rollback(c, &job, to, out).await,
     }
 }
 

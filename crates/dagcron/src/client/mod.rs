@@ -12,6 +12,7 @@ mod runs;
 mod schedules;
 mod secrets;
 mod tokens;
+mod versions;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -76,10 +77,10 @@ pub(crate) enum ClientCommand {
         #[arg(short = 'f', long = "file")]
         file: PathBuf,
     },
-    /// Jobs: list, show, pause, resume, trigger, delete.
+    /// Jobs: list, show, pause, resume, trigger, delete; versions, diff, rollback.
     #[command(subcommand)]
     Jobs(jobs::JobsCommand),
-    /// Runs: list, show, cancel.
+    /// Runs: list, show, cancel, rerun.
     #[command(subcommand)]
     Runs(runs::RunsCommand),
     /// Print the output of one attempt of a task (the latest attempt by default).

@@ -4,7 +4,7 @@ use std::io::{self, Write};
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
-use dagcron_api::wire::{RunAnswer, RunPage};
+use dagcron_api::wire::{RerunBody, RunAnswer, RunPage};
 
 use super::output::{Output, Show, instant, or_dash};
 use super::{Client, Empty, job_path};
@@ -21,17 +21,42 @@ pub(crate) enum RunsCommand {
     Show { run: i64 },
     /// Cancel a run.
     Cancel { run: i64 },
+    /// Run a finished run again: the same job version and parameters. Every
+    /// task runs again, or with --failed only those that failed (or did
+    /// not run because of them) and what depends on them; the others keep
+    /// their outcome.
+    Rerun {
+        run: i64,
+        /// Only the failed tasks and what is downstream of them.
+        #[arg(long)]
+        failed: bool,
+    },
 }
 
 impl Show for RunAnswer {
     fn text(&self, out: &mut dyn Write) -> io::Result<()> {
-        writeln!(
+        write!(
             out,
-            "run {}  {}/{}  {}  trigger={}  scheduled={}",
-            self.id, self.namespace, self.job, self.state, self.trigger, self.scheduled_at
+            "run {}  {}/{}  {}  trigger={}  scheduled={}  version={}",
+            self.id,
+            self.namespace,
+            self.job,
+            self.state,
+            self.trigger,
+            self.scheduled_at,
+            self.job_version
         )?;
+        match self.rerun_of {
+            Some(of) => writeln!(out, "  rerun of {of}")?,
+            None => writeln!(out)?,
+        }
         for t in &self.tasks {
-            writeln!(out, "  {:<20} {}", t.id, t.state)?;
+            let carried = if t.carried {
+                "  (carried over from the run re-run)"
+            } else {
+                ""
+            };
+            writeln!(out, "  {:<20} {}{carried}", t.id, t.state)?;
             for a in &t.attempts {
                 writeln!(
                     out,
@@ -88,6 +113,13 @@ pub(super) async fn run(c: &Client, cmd: RunsCommand, out: &mut Output) -> Resul
                 .await?;
             out.say(format_args!("run {} cancelling: {}", r.id, r.state))
         }
+        RunsCommand::Rerun { run, failed } => {
+            let body = RerunBody {
+                failed_only: failed,
+            };
+            let r: RunAnswer = c.post(&format!("/api/v1/runs/{run}/rerun"), &body).await?;
+            out.show(&r)
+        }
     }
 }
 
@@ -110,6 +142,11 @@ pub(super) async fn logs(
                 .iter()
                 .find(|t| t.id == task)
                 .with_context(|| format!("run {run} has no task {task}"))?;
+            if let (true, Some(of)) = (t.carried, r.rerun_of) {
+                bail!(
+                    "task {task} of run {run} did not run: its outcome was carried over from run {of}, whose log it is (dagcron logs {of} {task})"
+                );
+            }
             t.attempts.len() as u32
         }
     };

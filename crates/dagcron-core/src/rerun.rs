@@ -1,0 +1,148 @@
+//! Re-runs: which tasks of a finished run run again, and which keep the
+//! outcome they had.
+//!
+//! A whole re-run starts every task over. A re-run of the failed tasks
+//! starts over every task that did not end well (`failed`,
+//! `upstream_failed`, `cancelled`, or anything not finished) and every task
+//! downstream of one of those, whatever it ended as (a failure handler
+//! that ran, a cleanup that ran anyway: their rules are decided again); the
+//! others keep their `succeeded` or `skipped` outcome, carried over with no
+//! attempt.
+
+use std::fmt;
+
+use crate::model::Job;
+use crate::state::TaskState;
+
+/// Why a re-run is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RerunError {
+    /// Only the failed tasks were asked for, and none failed.
+    NothingFailed,
+}
+
+impl fmt::Display for RerunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RerunError::NothingFailed => f.write_str(
+                "no task of it failed, was cancelled or did not run: re-run it whole instead",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RerunError {}
+
+/// The states the tasks of a re-run of `job` start in, by index: `pending`
+/// for those that run again, the carried outcome for the others. `before`
+/// holds each task's state in the run re-run (`None`: the run has no such
+/// task, so it runs).
+pub fn start_states(
+    job: &Job,
+    before: &[Option<TaskState>],
+    failed_only: bool,
+) -> Result<Vec<TaskState>, RerunError> {
+    let n = job.tasks.len();
+    if !failed_only {
+        return Ok(vec![TaskState::Pending; n]);
+    }
+    let kept = |i: usize| {
+        matches!(
+            before.get(i).copied().flatten(),
+            Some(TaskState::Succeeded | TaskState::Skipped)
+        )
+    };
+    let mut again = vec![false; n];
+    let mut stack: Vec<usize> = (0..n).filter(|&i| !kept(i)).collect();
+    if stack.is_empty() {
+        return Err(RerunError::NothingFailed);
+    }
+    while let Some(i) = stack.pop() {
+        if std::mem::replace(&mut again[i], true) {
+            continue;
+        }
+        stack.extend(job.dag.downstream[i].iter().copied());
+    }
+    Ok((0..n)
+        .map(|i| {
+            if again[i] {
+                TaskState::Pending
+            } else {
+                before[i].expect("kept tasks have a state")
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use TaskState::*;
+
+    fn job() -> Job {
+        let file: crate::JobFile = serde_json::from_value(serde_json::json!({
+            "namespace": "n",
+            "jobs": [{
+                "name": "etl",
+                "tasks": [
+                    { "id": "extract", "noop": true },
+                    { "id": "other", "noop": true },
+                    { "id": "transform", "depends_on": ["extract"], "noop": true },
+                    { "id": "load", "depends_on": ["transform"], "noop": true },
+                    { "id": "page", "depends_on": ["load"], "trigger_rule": "one_failed", "noop": true },
+                    { "id": "report", "depends_on": ["other"], "trigger_rule": "all_done", "noop": true },
+                ]
+            }]
+        }))
+        .unwrap();
+        file.validate().unwrap().pop().unwrap()
+    }
+
+    #[test]
+    fn the_failed_tasks_and_everything_downstream_run_again() {
+        let job = job();
+        let before = [
+            Some(Succeeded),
+            Some(Succeeded),
+            Some(Failed),
+            Some(UpstreamFailed),
+            Some(Succeeded),
+            Some(Skipped),
+        ];
+        assert_eq!(
+            start_states(&job, &before, true).unwrap(),
+            [Succeeded, Succeeded, Pending, Pending, Pending, Skipped],
+            "the failure handler that ran is decided again; the rest is carried over"
+        );
+        assert_eq!(start_states(&job, &before, false).unwrap(), [Pending; 6]);
+    }
+
+    #[test]
+    fn cancelled_and_missing_tasks_run_again_and_a_clean_run_has_nothing_to_rerun() {
+        let job = job();
+        let cancelled = [
+            Some(Succeeded),
+            Some(Cancelled),
+            Some(Succeeded),
+            Some(Succeeded),
+            Some(Skipped),
+            None,
+        ];
+        assert_eq!(
+            start_states(&job, &cancelled, true).unwrap(),
+            [Succeeded, Pending, Succeeded, Succeeded, Skipped, Pending]
+        );
+        let clean = [
+            Some(Succeeded),
+            Some(Succeeded),
+            Some(Succeeded),
+            Some(Succeeded),
+            Some(Skipped),
+            Some(Succeeded),
+        ];
+        assert_eq!(
+            start_states(&job, &clean, true),
+            Err(RerunError::NothingFailed)
+        );
+    }
+}
