@@ -984,3 +984,39 @@ fn a_trigger_past_the_ready_backlog_is_told_to_come_back() {
     );
     server.stop();
 }
+
+/// `dagcron admin quotas`: shows a namespace's quotas, changes those named
+/// and keeps the others, clears them; a file past one is refused.
+#[test]
+fn quotas_are_read_and_set_from_the_command_line() {
+    let (_dir, data) = setup();
+    let server = InProcess::start(&data, &[]);
+    let cli = |args: &[&str]| {
+        let out = server.cli().args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert!(cli(&["admin", "quotas", "e2e"]).contains("max_jobs                 no limit"));
+    cli(&["admin", "quotas", "e2e", "--max-jobs", "1"]);
+    let shown = cli(&["admin", "quotas", "e2e", "--max-active-runs", "5"]);
+    assert!(
+        shown.contains("max_jobs                 1"),
+        "kept: {shown}"
+    );
+    assert!(shown.contains("max_active_runs          5"), "{shown}");
+    let two = "namespace: e2e\njobs:\n  - { name: a, tasks: [{ id: t, noop: true }] }\n  - { name: b, tasks: [{ id: t, noop: true }] }\n";
+    let (status, body) = server.post("/api/v1/apply", two, "application/yaml");
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (400, &json!("quota_exceeded")),
+        "{body}"
+    );
+    let cleared = cli(&["admin", "quotas", "e2e", "--clear"]);
+    assert!(!cleared.contains("max_jobs                 1"), "{cleared}");
+    assert_eq!(server.post("/api/v1/apply", two, "application/yaml").0, 200);
+    server.stop();
+}

@@ -1,10 +1,11 @@
-//! `dagcron admin ...`: the instance's read-only mode.
+//! `dagcron admin ...`: the instance's read-only mode, and the quotas of
+//! a namespace.
 
 use std::io::{self, Write};
 
 use anyhow::Result;
 use clap::{Subcommand, ValueEnum};
-use dagcron_api::wire::{ReadOnlyAnswer, ReadOnlyBody};
+use dagcron_api::wire::{Quotas, ReadOnlyAnswer, ReadOnlyBody};
 
 use super::Client;
 use super::output::{Output, Show, or_dash};
@@ -21,6 +22,49 @@ pub(crate) enum AdminCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// The quotas of a namespace; with flags, changes those named (an
+    /// instance admin), keeping the others.
+    Quotas {
+        /// Namespace.
+        namespace: String,
+        /// Jobs the namespace may hold.
+        #[arg(long)]
+        max_jobs: Option<u32>,
+        /// Schedules one job may have.
+        #[arg(long)]
+        max_schedules_per_job: Option<u32>,
+        /// Runs unfinished at once for a trigger to be accepted.
+        #[arg(long)]
+        max_active_runs: Option<u32>,
+        /// Manual triggers and backfills per second, per server.
+        #[arg(long)]
+        max_triggers_per_second: Option<u32>,
+        /// Remove every quota of the namespace first.
+        #[arg(long)]
+        clear: bool,
+    },
+}
+
+impl Show for Quotas {
+    fn text(&self, out: &mut dyn Write) -> io::Result<()> {
+        let show = |v: Option<u32>| v.map_or_else(|| "no limit".to_string(), |v| v.to_string());
+        writeln!(out, "max_jobs                 {}", show(self.max_jobs))?;
+        writeln!(
+            out,
+            "max_schedules_per_job    {}",
+            show(self.max_schedules_per_job)
+        )?;
+        writeln!(
+            out,
+            "max_active_runs          {}",
+            show(self.max_active_runs)
+        )?;
+        writeln!(
+            out,
+            "max_triggers_per_second  {}",
+            show(self.max_triggers_per_second)
+        )
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -61,6 +105,34 @@ pub(crate) async fn run(c: &Client, cmd: AdminCommand, out: &mut Output) -> Resu
                 &c.put::<ReadOnlyAnswer>("/api/v1/admin/read-only", &body)
                     .await?,
             )
+        }
+        AdminCommand::Quotas {
+            namespace,
+            max_jobs,
+            max_schedules_per_job,
+            max_active_runs,
+            max_triggers_per_second,
+            clear,
+        } => {
+            let path = format!("/api/v1/namespaces/{namespace}/quotas");
+            let current: Quotas = c.get(&path).await?;
+            let asked = [
+                max_jobs,
+                max_schedules_per_job,
+                max_active_runs,
+                max_triggers_per_second,
+            ];
+            if !clear && asked.iter().all(Option::is_none) {
+                return out.show(&current);
+            }
+            let base = if clear { Quotas::default() } else { current };
+            let wanted = Quotas {
+                max_jobs: max_jobs.or(base.max_jobs),
+                max_schedules_per_job: max_schedules_per_job.or(base.max_schedules_per_job),
+                max_active_runs: max_active_runs.or(base.max_active_runs),
+                max_triggers_per_second: max_triggers_per_second.or(base.max_triggers_per_second),
+            };
+            out.show(&c.put::<Quotas>(&path, &wanted).await?)
         }
     }
 }
