@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::Result;
 use clap::Subcommand;
 use dagcron_api::wire::{
-    ApplyAnswer, BackfillAnswer, BulkPauseAnswer, JobAnswer, JobPage, RunAnswer, TriggerBody,
+    ApplyAnswer, BackfillAnswer, BulkPauseAnswer, JobAnswer, RunAnswer, TriggerBody,
 };
 use serde::Serialize;
 
@@ -145,25 +145,8 @@ pub(super) async fn apply(c: &Client, file: &Path, out: &mut Output) -> Result<(
 pub(super) async fn run(c: &Client, cmd: JobsCommand, out: &mut Output) -> Result<()> {
     match cmd {
         JobsCommand::List { namespace } => {
-            let mut cursor: Option<String> = None;
-            let mut all = Vec::new();
-            loop {
-                let q = cursor
-                    .as_ref()
-                    .map(|c| format!("&cursor={c}"))
-                    .unwrap_or_default();
-                let page: JobPage = c
-                    .get(&format!(
-                        "/api/v1/namespaces/{namespace}/jobs?limit=1000{q}"
-                    ))
-                    .await?;
-                all.extend(page.items);
-                match page.next_cursor {
-                    Some(next) => cursor = Some(next),
-                    None => break,
-                }
-            }
-            out.show(&Jobs(all))
+            let path = format!("/api/v1/namespaces/{namespace}/jobs");
+            out.show(&Jobs(c.all_pages(&path).await?))
         }
         JobsCommand::Show { job } => out.json(&c.get::<JobAnswer>(&job_path(&job)?).await?),
         JobsCommand::Pause { all: Some(ns), .. } => bulk(c, &ns, "pause", "paused", out).await,

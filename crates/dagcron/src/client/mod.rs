@@ -259,6 +259,30 @@ impl Client {
         Ok(self.send(req).await?.json().await?)
     }
 
+    /// Every item of a listing paginated by `next_cursor`, all pages,
+    /// read 1,000 at a time.
+    async fn all_pages<T: DeserializeOwned>(&self, path: &str) -> Result<Vec<T>> {
+        #[derive(serde::Deserialize)]
+        struct Page<T> {
+            items: Vec<T>,
+            next_cursor: Option<String>,
+        }
+        let mut all = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let q = cursor
+                .as_ref()
+                .map(|c| format!("&cursor={c}"))
+                .unwrap_or_default();
+            let page: Page<T> = self.get(&format!("{path}?limit=1000{q}")).await?;
+            all.extend(page.items);
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(all),
+            }
+        }
+    }
+
     async fn put<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T> {
         let req = self.http.put(self.url(path)).json(body);
         Ok(self.send(req).await?.json().await?)

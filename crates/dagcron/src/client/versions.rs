@@ -5,7 +5,7 @@
 use std::io::{self, Write};
 
 use anyhow::{Context, Result};
-use dagcron_api::wire::{RollbackAnswer, VersionAnswer, VersionPage};
+use dagcron_api::wire::{RollbackAnswer, VersionAnswer};
 use serde::Serialize;
 
 use super::output::{Output, Show, instant};
@@ -91,22 +91,8 @@ impl Show for Diff {
 
 /// `dagcron jobs versions JOB`.
 pub(super) async fn list(c: &Client, job: &str, out: &mut Output) -> Result<()> {
-    let base = format!("{}/versions", job_path(job)?);
-    let mut cursor: Option<String> = None;
-    let mut all = Vec::new();
-    loop {
-        let q = cursor
-            .as_ref()
-            .map(|c| format!("&cursor={c}"))
-            .unwrap_or_default();
-        let page: VersionPage = c.get(&format!("{base}?limit=1000{q}")).await?;
-        all.extend(page.items);
-        match page.next_cursor {
-            Some(next) => cursor = Some(next),
-            None => break,
-        }
-    }
-    out.show(&Versions(all))
+    let path = format!("{}/versions", job_path(job)?);
+    out.show(&Versions(c.all_pages(&path).await?))
 }
 
 /// `dagcron jobs diff JOB A B`.
