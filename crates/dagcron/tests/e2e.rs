@@ -24,6 +24,9 @@ jobs:
     misfire: run_all
     max_catchup: 1000
     max_active_runs: 50
+    # A kill can land while one of these attempts runs: it is lost, and
+    # retried, like any attempt caught by a crash.
+    retry: { max_attempts: 3, backoff: fixed, initial: 1s, max: 1s }
     tasks:
       - { id: a, shell: "true" }
       - { id: b, depends_on: [a], shell: "true" }
@@ -144,10 +147,9 @@ fn kill_nine_loses_and_doubles_nothing() {
             "run left active: {r}"
         );
     }
-    assert!(
-        runs.iter().all(|r| r["state"] == "succeeded"),
-        "every tick run succeeded"
-    );
+    for r in &runs {
+        assert_eq!(r["state"], "succeeded", "a tick run did not succeed: {r}");
+    }
     // Attempts killed with the process were recorded lost and retried.
     let long = server.all_runs("long");
     let lost: Vec<&Value> = long
