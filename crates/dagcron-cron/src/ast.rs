@@ -237,6 +237,8 @@ pub(crate) enum Body {
     },
     /// `@every <duration>`, in whole seconds.
     Every { seconds: i64, span: Span },
+    /// `@at <RFC 3339 instant>`: one fire, at this Unix second.
+    At { second: i64, span: Span },
 }
 
 /// A parsed cron expression.
@@ -265,7 +267,7 @@ impl Ast {
                     written: slot.written,
                 })
             }
-            Body::Every { .. } => None,
+            Body::Every { .. } | Body::At { .. } => None,
         }
     }
 
@@ -286,7 +288,7 @@ impl Ast {
     pub fn descriptor(&self) -> Option<Descriptor> {
         match &self.body {
             Body::Fields { descriptor, .. } => *descriptor,
-            Body::Every { .. } => None,
+            Body::Every { .. } | Body::At { .. } => None,
         }
     }
 
@@ -294,7 +296,15 @@ impl Ast {
     pub fn every_seconds(&self) -> Option<i64> {
         match &self.body {
             Body::Every { seconds, .. } => Some(*seconds),
-            Body::Fields { .. } => None,
+            Body::Fields { .. } | Body::At { .. } => None,
+        }
+    }
+
+    /// The instant of an `@at` expression.
+    pub fn at(&self) -> Option<jiff::Timestamp> {
+        match &self.body {
+            Body::At { second, .. } => jiff::Timestamp::from_second(*second).ok(),
+            _ => None,
         }
     }
 }

@@ -51,6 +51,8 @@ pub enum ErrorKind {
     Descriptor,
     /// A malformed `@every` duration.
     Duration,
+    /// A malformed `@at` instant.
+    Instant,
     /// A time zone that is not in the IANA database.
     TimeZone,
     /// A valid expression that can never fire.

@@ -294,6 +294,10 @@ fn duration_phrase(secs: i64) -> String {
 /// The explanation of a schedule.
 pub(crate) fn explain(schedule: &Schedule) -> String {
     let ast = schedule.ast();
+    if let Some(at) = schedule.once() {
+        let at = jiff::Timestamp::from_second(at).expect("a parsed instant");
+        return format!("once, at {at}");
+    }
     let mut out = if let Some((period, anchor)) = schedule.every() {
         let mut s = if period == 1 {
             "every second".to_string()

@@ -140,6 +140,11 @@ pub(crate) fn normalized(schedule: &Schedule) -> String {
     if let Some(name) = tz.iana_name().filter(|n| *n != "UTC") {
         out.push_str(&format!("CRON_TZ={name} "));
     }
+    if let Some(at) = schedule.once() {
+        let at = jiff::Timestamp::from_second(at).expect("a parsed instant");
+        // The instant is absolute: no zone prefix.
+        return format!("@at {at}");
+    }
     let Some(c) = schedule.compiled() else {
         let (period, _) = schedule.every().expect("every");
         out.push_str(&format!("@every {period}s"));

@@ -11,7 +11,7 @@ const MONTHS: [&str; 12] = [
     "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC",
 ];
 const WEEKDAYS: [&str; 7] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
-const DESCRIPTORS: [&str; 9] = [
+const DESCRIPTORS: [&str; 10] = [
     "@yearly",
     "@annually",
     "@monthly",
@@ -20,6 +20,7 @@ const DESCRIPTORS: [&str; 9] = [
     "@midnight",
     "@hourly",
     "@every",
+    "@at",
     "@reboot",
 ];
 const FIELD_COUNTS: &str = "5 fields (minute hour day-of-month month day-of-week), 6 fields \
@@ -157,6 +158,7 @@ fn parse_descriptor(src: &str, pos: usize, end: usize, seed: u64) -> Result<Body
         "@daily" | "@midnight" => ("0 0 0 * * *", Descriptor::Daily),
         "@hourly" => ("0 0 * * * *", Descriptor::Hourly),
         "@every" => return parse_every(src, word_end, end, span),
+        "@at" => return parse_at(src, word_end, end, span),
         "@reboot" => {
             return Err(ParseError::new(ErrorKind::Descriptor, span, "`@reboot` is not a schedule: a dagcron job does not belong to one machine's boot")
                 .help("trigger the job through the API or `dagcron jobs trigger` when your service starts"));
@@ -169,7 +171,7 @@ fn parse_descriptor(src: &str, pos: usize, end: usize, seed: u64) -> Result<Body
             );
             return Err(match closest(&lower, DESCRIPTORS.iter().copied().filter(|d| *d != "@reboot")) {
                 Some(best) => err.help(format!("did you mean `{best}`?")),
-                None => err.help("accepted: @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly, @every <duration>"),
+                None => err.help("accepted: @yearly, @annually, @monthly, @weekly, @daily, @midnight, @hourly, @every <duration>, @at <instant>"),
             });
         }
     };
@@ -231,6 +233,50 @@ fn parse_every(
     }
     let seconds = parse_duration_secs(&src[start..dur_end], start)?;
     Ok(Body::Every { seconds, span })
+}
+
+/// `@at <instant>`: one fire at an RFC 3339 instant with its offset, on a
+/// whole second.
+fn parse_at(src: &str, word_end: usize, end: usize, word_span: Span) -> Result<Body, ParseError> {
+    let bytes = src.as_bytes();
+    let start = skip_ws(bytes, word_end, end);
+    let example = "for example `@at 2027-01-15T09:30:00Z` or `@at 2027-01-15T09:30:00+01:00`";
+    if start == end {
+        return Err(
+            ParseError::new(ErrorKind::Instant, word_span, "`@at` needs an instant").help(example),
+        );
+    }
+    let text_end = next_ws(bytes, start, end);
+    let span = Span::new(start, text_end);
+    if skip_ws(bytes, text_end, end) < end {
+        return Err(ParseError::new(
+            ErrorKind::UnexpectedChar,
+            Span::new(skip_ws(bytes, text_end, end), end),
+            "unexpected text after the instant",
+        )
+        .help("write the instant without spaces, with a `T` between date and time"));
+    }
+    let text = &src[start..text_end];
+    let at: jiff::Timestamp = text.parse().map_err(|_| {
+        ParseError::new(
+            ErrorKind::Instant,
+            span,
+            format!("`{text}` is not an RFC 3339 instant with its offset"),
+        )
+        .help(example)
+    })?;
+    if at.subsec_nanosecond() != 0 {
+        return Err(ParseError::new(
+            ErrorKind::Instant,
+            span,
+            "`@at` fires on whole seconds; fractions of a second are not supported",
+        )
+        .help("drop the fraction of the second"));
+    }
+    Ok(Body::At {
+        second: at.as_second(),
+        span,
+    })
 }
 
 /// Parses `1h30m`-style durations in whole seconds (units d, h, m, s).

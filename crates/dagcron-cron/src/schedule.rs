@@ -49,6 +49,7 @@ pub struct Fire {
 enum Kind {
     Cron(Compiled),
     Every { period: i64, anchor: i64 },
+    At(i64),
 }
 
 /// A cron expression ready to answer "when does it fire?".
@@ -116,6 +117,7 @@ impl Schedule {
                     false,
                 )
             }
+            Body::At { second, .. } => (Kind::At(*second), false),
             Body::Fields { .. } => {
                 let compiled = Compiled::new(&ast)?;
                 let plain = [FieldKind::Second, FieldKind::Minute, FieldKind::Hour]
@@ -190,14 +192,22 @@ impl Timetable {
     pub(crate) fn compiled(&self) -> Option<&Compiled> {
         match &self.kind {
             Kind::Cron(c) => Some(c),
-            Kind::Every { .. } => None,
+            Kind::Every { .. } | Kind::At(_) => None,
         }
     }
 
     pub(crate) fn every(&self) -> Option<(i64, i64)> {
         match self.kind {
             Kind::Every { period, anchor } => Some((period, anchor)),
-            Kind::Cron(_) => None,
+            Kind::Cron(_) | Kind::At(_) => None,
+        }
+    }
+
+    /// The one instant of an `@at` schedule, in Unix seconds.
+    pub(crate) fn once(&self) -> Option<i64> {
+        match self.kind {
+            Kind::At(at) => Some(at),
+            _ => None,
         }
     }
 
@@ -254,6 +264,7 @@ impl Timetable {
         let state = match &self.kind {
             Kind::Cron(_) => State::Cron(self.walker()),
             Kind::Every { .. } => State::Every,
+            Kind::At(_) => State::At,
         };
         Fires {
             schedule: self,
@@ -276,6 +287,7 @@ impl Timetable {
 enum State<'a> {
     Cron(Walker<'a>),
     Every,
+    At,
 }
 
 /// An iterator over fires, forward or backward; see [`Timetable::fires_after`].
@@ -314,6 +326,11 @@ impl Iterator for Fires<'_> {
                     i128::from(anchor) + k * i128::from(period)
                 };
                 i64::try_from(at).ok().map(|at| (at, None))
+            }
+            State::At => {
+                let at = self.schedule.once().expect("at");
+                let ahead = if self.forward { at >= from } else { at <= from };
+                ahead.then_some((at, None))
             }
         };
         let Some((at, dst)) = found else {

@@ -1891,3 +1891,54 @@ async fn a_jittered_fire_is_made_late_by_its_amount_and_keeps_its_instant() {
     assert_eq!(run.state, RunState::Succeeded);
     h.stop().await;
 }
+
+/// `@at` fires once at its instant; one that falls while the engine is down
+/// follows the misfire policy when it comes back, and nothing fires again.
+#[tokio::test]
+async fn an_at_schedule_fires_once_and_late_by_the_misfire_policy() {
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", Duration::from_secs(60)).await;
+    h.apply(concat!(
+        "namespace: t\njobs:\n",
+        "  - { name: soon, schedule: '@at 2026-01-01T00:00:30Z', tasks: [{ id: a, noop: true }] }\n",
+        "  - { name: late, schedule: '@at 2026-01-01T01:05:00+01:00', misfire: run_once, tasks: [{ id: a, noop: true }] }\n",
+        "  - { name: dropped, schedule: '@at 2026-01-01T00:06:00Z', misfire: skip, tasks: [{ id: a, noop: true }] }\n",
+        "  - { name: past, schedule: '@at 2025-12-31T23:00:00Z', tasks: [{ id: a, noop: true }] }\n",
+    ))
+    .await;
+    h.clock.advance(SignedDuration::from_secs(40));
+    h.until_fires("soon", 1).await;
+    h.idle().await;
+    let (dir, clock) = h.stop().await;
+    // Down across the instants of `late` (00:05 UTC) and `dropped`.
+    clock.advance(SignedDuration::from_mins(10));
+    let config = EngineConfig {
+        misfire_grace: Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let h = start(dir, clock, config).await;
+    h.until_fires("late", 1).await;
+    h.until_fires("dropped", 1).await;
+    h.idle().await;
+    // Two days on: none fires again.
+    h.clock.advance(SignedDuration::from_hours(48));
+    h.handle.ping().await.unwrap();
+    h.idle().await;
+    let soon = h.fires("soon").await;
+    assert_eq!(outcomes_of(&soon), [FireOutcome::Fired]);
+    assert_eq!(soon[0].scheduled_at, ts("2026-01-01T00:00:30Z"));
+    assert_eq!(h.runs("soon").await.len(), 1);
+    let late = h.fires("late").await;
+    assert_eq!(outcomes_of(&late), [FireOutcome::MissedCaughtUp]);
+    assert_eq!(late[0].scheduled_at, ts("2026-01-01T00:05:00Z"));
+    let runs = h.runs("late").await;
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].trigger, Trigger::Catchup);
+    assert_eq!(
+        outcomes_of(&h.fires("dropped").await),
+        [FireOutcome::MissedSkipped]
+    );
+    assert!(h.runs("dropped").await.is_empty());
+    // Applied after its instant: it has nothing left to fire.
+    assert!(h.fires("past").await.is_empty());
+    h.stop().await;
+}

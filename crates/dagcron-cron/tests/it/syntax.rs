@@ -388,6 +388,27 @@ fn every_is_aligned_to_the_epoch_or_an_anchor() {
 }
 
 #[test]
+fn at_fires_once_at_its_instant() {
+    let s = schedule("@at 2027-01-15T09:30:00+01:00", "America/New_York");
+    let at = crate::ts("2027-01-15T08:30:00Z");
+    assert_eq!(s.next_after(crate::ts("2000-01-01T00:00:00Z")), Some(at));
+    assert_eq!(s.next_after(at), None, "it fires once");
+    assert_eq!(s.prev_before(crate::ts("2030-01-01T00:00:00Z")), Some(at));
+    assert_eq!(s.prev_before(at), None);
+    assert!(s.matches(at));
+    assert!(!s.matches(crate::ts("2027-01-15T08:30:01Z")));
+    assert_eq!(s.fires_after(crate::ts("2000-01-01T00:00:00Z")).count(), 1);
+    // The instant is absolute: the zone does not move it, and the normal
+    // form names it in UTC.
+    assert_eq!(s.normalized(), "@at 2027-01-15T08:30:00Z");
+    assert_eq!(s.explain(), "once, at 2027-01-15T08:30:00Z");
+    assert_eq!(
+        schedule(&s.normalized(), "UTC").next_after(crate::ts("2000-01-01T00:00:00Z")),
+        Some(at)
+    );
+}
+
+#[test]
 fn time_zone_prefixes_override_the_option() {
     let s = schedule("CRON_TZ=Asia/Tokyo 0 9 * * *", "America/New_York");
     assert_eq!(
