@@ -15,6 +15,7 @@ mod routes;
 pub mod schedules;
 pub mod secrets;
 pub mod tokens;
+mod upcoming;
 mod versions;
 pub mod wire;
 

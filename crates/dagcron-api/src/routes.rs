@@ -36,7 +36,7 @@ use dagcron_core::authz::Need;
         crate::secrets::delete_secret, crate::secrets::list_keys, crate::secrets::rotate_key,
         crate::operations::get_read_only, crate::operations::put_read_only,
         crate::operations::pause_all, crate::operations::resume_all,
-        crate::quotas::get_quotas, crate::quotas::put_quotas
+        crate::quotas::get_quotas, crate::quotas::put_quotas, crate::upcoming::upcoming
     ),
     components(schemas(ErrorBody)),
     modifiers(&BearerAuth),
@@ -122,6 +122,10 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
         .route(
             "/api/v1/namespaces/{ns}/jobs/{name}/trigger",
             post(trigger::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/jobs/{name}/upcoming",
+            get(crate::upcoming::upcoming::<S>),
         )
         .route(
             "/api/v1/namespaces/{ns}/jobs/{name}/backfill",
@@ -464,7 +468,7 @@ async fn list_jobs<S: Store>(
     }))
 }
 
-async fn stored_job<S: Store>(
+pub(crate) async fn stored_job<S: Store>(
     st: &AppState<S>,
     ns: &str,
     name: &str,
@@ -578,8 +582,12 @@ pub(crate) async fn run_json<S: Store>(st: &AppState<S>, id: RunId) -> Result<Ru
 }
 
 /// Starts a run now, with parameters over the job's defaults (an empty
-/// body: none). With a W3C `traceparent` header, the run's trace is a child
-/// of the caller's span (a malformed one is ignored, as the W3C says).
+/// body: none), or records one to be made `at` an instant: it is `planned`
+/// until then (listed among the job's upcoming fires, cancellable), made
+/// exactly once at its instant, and, if the server was down then, when it
+/// is back by the job's misfire policy. With a W3C `traceparent` header,
+/// the run's trace is a child of the caller's span (a malformed one is
+/// ignored, as the W3C says).
 #[utoipa::path(post, path = "/api/v1/namespaces/{ns}/jobs/{name}/trigger", tag = "runs",
     params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Job"),
         ("traceparent" = Option<String>, Header, description = "The caller's W3C trace context"),
@@ -602,9 +610,15 @@ async fn trigger<S: Store>(
     let body: TriggerBody = if body.iter().all(u8::is_ascii_whitespace) {
         TriggerBody::default()
     } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("expected {{\"params\": {{...}}}}: {e}")))?
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "expected {{\"params\": {{...}}, \"at\": RFC 3339 (optional)}}: {e}"
+            ))
+        })?
     };
+    if let Some(at) = body.at {
+        check_planned_instant(at, Timestamp::now())?;
+    }
     let problems = dagcron_core::model::check_params(&body.params, "params");
     if !problems.is_empty() {
         let mut err = ApiError::new(
@@ -621,9 +635,27 @@ async fn trigger<S: Store>(
     }
     let id = st
         .engine
-        .trigger_traced(&ns, &name, body.params, caller)
+        .trigger_traced(&ns, &name, body.params, caller, body.at)
         .await?;
     Ok((StatusCode::CREATED, Json(run_json(&st, id).await?)))
+}
+
+/// How far ahead a run may be planned.
+const MAX_PLAN_AHEAD: jiff::SignedDuration = jiff::SignedDuration::from_hours(10 * 366 * 24);
+
+/// A trigger's `at` must be ahead of `now`, and not absurdly far.
+fn check_planned_instant(at: Timestamp, now: Timestamp) -> Result<(), ApiError> {
+    if at <= now {
+        return Err(ApiError::bad_request(format!(
+            "`at` ({at}) has passed (it is {now}); leave `at` out to run now"
+        )));
+    }
+    if at.duration_since(now) > MAX_PLAN_AHEAD {
+        return Err(ApiError::bad_request(format!(
+            "`at` ({at}) is more than ten years ahead"
+        )));
+    }
+    Ok(())
 }
 
 /// Creates a run for every fire of `[from, to)` not in the ledger yet.

@@ -536,6 +536,99 @@ async fn regression_trigger_parameters_are_validated() {
     assert_eq!(status, StatusCode::CREATED);
 }
 
+/// A trigger with `at` plans a run: `planned` at that instant, listed
+/// among the job's upcoming fires beside its schedule's, cancellable
+/// before it is made; an instant that has passed, or a malformed one, is
+/// refused and plans nothing.
+#[tokio::test]
+async fn a_trigger_at_an_instant_plans_a_run_listed_with_the_upcoming_fires() {
+    let api = api().await;
+    let (status, _) = api
+        .call(
+            Method::POST,
+            "/api/v1/apply",
+            "application/yaml",
+            "namespace: p\njobs:\n  - { name: j, schedule: '0 0 12 * * *', tasks: [{ id: a, noop: true }] }\n",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let now = jiff::Timestamp::now();
+    let at = |hours: i64| {
+        (now + jiff::SignedDuration::from_hours(hours))
+            .round(jiff::Unit::Second)
+            .unwrap()
+    };
+    for (body, why) in [
+        (json!({ "at": at(-1).to_string() }), "has passed"),
+        (json!({ "at": "tomorrow" }), "RFC 3339"),
+        (json!({ "at": "2026-01-01T00:00:00" }), "RFC 3339"),
+        (json!({ "at": at(24 * 366 * 11).to_string() }), "ten years"),
+        (json!({ "at": 5 }), "RFC 3339"),
+    ] {
+        let (status, value) = api
+            .post("/api/v1/namespaces/p/jobs/j/trigger", &body.to_string())
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {value}");
+        assert!(
+            value["error"]["message"].as_str().unwrap().contains(why),
+            "{body}: {value}"
+        );
+    }
+    let (_, runs) = api.get("/api/v1/namespaces/p/jobs/j/runs").await;
+    assert_eq!(runs["items"], json!([]), "a refused plan made no run");
+
+    let body = json!({ "at": at(30).to_string(), "params": { "region": "eu" } });
+    let (status, run) = api
+        .post("/api/v1/namespaces/p/jobs/j/trigger", &body.to_string())
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    assert_eq!(run["state"], "planned");
+    assert_eq!(run["scheduled_at"], at(30).to_string());
+    assert_eq!(run["params"]["region"], "eu");
+    let id = run["id"].as_i64().unwrap();
+
+    let (status, upcoming) = api
+        .get("/api/v1/namespaces/p/jobs/j/upcoming?limit=3")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{upcoming}");
+    let items = upcoming["items"].as_array().unwrap();
+    let kinds: Vec<&str> = items.iter().map(|i| i["kind"].as_str().unwrap()).collect();
+    // Three noon fires in 3 days, and the planned run 30 hours ahead among them.
+    assert_eq!(kinds.iter().filter(|k| **k == "schedule").count(), 3);
+    let planned: Vec<&Value> = items.iter().filter(|i| i["kind"] == "planned").collect();
+    assert_eq!(planned.len(), 1);
+    assert_eq!(planned[0]["run_id"], id);
+    assert_eq!(planned[0]["at"], at(30).to_string());
+    let ats: Vec<jiff::Timestamp> = items
+        .iter()
+        .map(|i| i["at"].as_str().unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        ats.windows(2).all(|w| w[0] <= w[1]),
+        "soonest first: {upcoming}"
+    );
+    for bad in ["limit=0", "limit=101", "limit=x"] {
+        let (status, value) = api
+            .get(&format!("/api/v1/namespaces/p/jobs/j/upcoming?{bad}"))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {value}");
+    }
+
+    let (status, _) = api.post(&format!("/api/v1/runs/{id}/cancel"), "").await;
+    assert!(status.is_success(), "{status}");
+    let (_, run) = api.get(&format!("/api/v1/runs/{id}")).await;
+    assert_eq!(run["state"], "cancelled");
+    let (_, upcoming) = api.get("/api/v1/namespaces/p/jobs/j/upcoming").await;
+    assert!(
+        upcoming["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["kind"] == "schedule"),
+        "{upcoming}"
+    );
+}
+
 /// The agents' gRPC service was the fallback of every path: a typo in a
 /// REST path answered `200` with `content-type: application/grpc`.
 #[tokio::test]
@@ -683,6 +776,7 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
             "get",
             "/api/v1/namespaces/{ns}/jobs/{name}/runs"
             | "/api/v1/namespaces/{ns}/jobs/{name}/fires"
+            | "/api/v1/namespaces/{ns}/jobs/{name}/upcoming"
             | "/api/v1/namespaces/{ns}/jobs/{name}/versions"
             | "/api/v1/namespaces/{ns}/jobs/{name}/versions/{version}",
         ) => Namespace(Viewer),

@@ -708,6 +708,22 @@ impl Job {
         }
         None
     }
+
+    /// The next `limit` fires strictly after `t`, each with the name of
+    /// the exclusion calendar that suppresses it, if one does (a preview:
+    /// it shows what the calendars take away).
+    pub fn upcoming_after(&self, t: Timestamp, limit: usize) -> Vec<(Timestamp, Option<&str>)> {
+        let mut out = Vec::with_capacity(limit.min(1000));
+        let mut t = t;
+        while out.len() < limit {
+            let Some(next) = self.next_fire_after(t) else {
+                break;
+            };
+            out.push((next, self.excluded_by(next)));
+            t = next;
+        }
+        out
+    }
 }
 
 /// How many suppressed fires in a row a preview skips before it gives up

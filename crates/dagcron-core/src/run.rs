@@ -48,9 +48,18 @@ impl End {
 /// What happens to a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// The run enters `running` (from `pending`, or made running): its
+    /// The run enters `running` (from `planned` or `pending`, or made
+    /// running): its
     /// deadline is armed and its first tasks planned.
     Begin,
+    /// The instant of a `planned` run has come: it waits for a slot
+    /// (`pending`), or a policy declines it (`skipped`: its misfire policy
+    /// when the instant passed while the server was down, or its overlap
+    /// policy).
+    Due {
+        /// Declined.
+        skip: bool,
+    },
     /// A rebuilt run (after a restart, or taken over from a dead node) goes
     /// on: ready tasks are queued again, retries armed at once, the
     /// deadline armed from `started`, then the DAG is planned.
@@ -315,13 +324,26 @@ impl RunMachine {
         }
         match event {
             Event::Begin => {
-                if self.state == RunState::Pending {
+                if matches!(self.state, RunState::Planned | RunState::Pending) {
                     self.set_run(RunState::Running, out)?;
                 } else if self.state != RunState::Running {
                     return Ok(());
                 }
                 self.arm_deadline(job, now, out);
                 self.advance(job, out)
+            }
+            Event::Due { skip } => {
+                if self.state != RunState::Planned {
+                    return Ok(());
+                }
+                if skip {
+                    self.set_run(RunState::Skipped, out)?;
+                    out.push(Effect::Finished {
+                        state: RunState::Skipped,
+                    });
+                    return Ok(());
+                }
+                self.set_run(RunState::Pending, out)
             }
             Event::Resume { started } => {
                 if self.state != RunState::Running {
@@ -524,7 +546,7 @@ impl RunMachine {
 
     fn stop(&mut self, job: &Job, final_state: RunState, out: &mut Vec<Effect>) -> Step {
         match self.state {
-            RunState::Pending => {
+            RunState::Planned | RunState::Pending => {
                 self.set_run(RunState::Cancelled, out)?;
                 out.push(Effect::Finished {
                     state: RunState::Cancelled,

@@ -51,6 +51,8 @@ macro_rules! states {
 states! {
     /// The state of a run.
     RunState {
+        /// Made ahead by a trigger for an instant (`at`); waits for it.
+        Planned = "planned",
         /// Created, not started (queued behind `max_active_runs`).
         Pending = "pending",
         /// Tasks are being planned and executed.
@@ -149,7 +151,9 @@ impl RunState {
         use RunState::*;
         let ok = matches!(
             (self, next),
-            (Pending, Running | Cancelled | Skipped) | (Running, Succeeded | Failed | Cancelled)
+            (Planned, Pending | Running | Cancelled | Skipped)
+                | (Pending, Running | Cancelled | Skipped)
+                | (Running, Succeeded | Failed | Cancelled)
         );
         if ok {
             Ok(next)
@@ -247,6 +251,7 @@ mod tests {
             out
         }
         expect_test::expect![[r#"
+            planned -> pending, running, cancelled, skipped
             pending -> running, cancelled, skipped
             running -> succeeded, failed, cancelled
             succeeded -> 

@@ -1942,3 +1942,77 @@ async fn an_at_schedule_fires_once_and_late_by_the_misfire_policy() {
     assert!(h.fires("past").await.is_empty());
     h.stop().await;
 }
+
+/// A trigger `at` an instant records a `planned` run, made at its instant
+/// exactly once; it survives a restart, is made late by the misfire
+/// policy when its instant passed while the engine was down, and a cancel
+/// before its instant ends it without a task started.
+#[tokio::test]
+async fn a_run_planned_for_an_instant_is_made_then_once() {
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", Duration::from_secs(60)).await;
+    h.apply(concat!(
+        "namespace: t\njobs:\n",
+        "  - { name: once, misfire: run_once, tasks: [{ id: a, noop: true }] }\n",
+        "  - { name: skip, misfire: skip, tasks: [{ id: a, noop: true }] }\n",
+    ))
+    .await;
+    let plan = async |job: &str, at: &str| {
+        h.handle
+            .trigger_traced("t", job, Default::default(), None, Some(ts(at)))
+            .await
+            .unwrap()
+    };
+    let soon = plan("once", "2026-01-01T00:00:30Z").await;
+    let cancelled = plan("once", "2026-01-01T00:00:40Z").await;
+    let late = plan("once", "2026-01-01T00:10:00Z").await;
+    let dropped = plan("skip", "2026-01-01T00:10:00Z").await;
+    let state = async |id| h.store.get_run(id).await.unwrap().unwrap().state;
+    for id in [soon, cancelled, late, dropped] {
+        assert_eq!(state(id).await, RunState::Planned);
+    }
+    h.handle.cancel(cancelled).await.unwrap();
+    h.clock.advance(SignedDuration::from_secs(45));
+    h.until("the first planned run made", async |s| {
+        s.get_run(soon).await.unwrap().unwrap().state == RunState::Succeeded
+    })
+    .await;
+    let run = h.store.get_run(soon).await.unwrap().unwrap();
+    assert_eq!(run.scheduled_at, ts("2026-01-01T00:00:30Z"));
+    assert_eq!(run.trigger, Trigger::Manual);
+    let cancelled_run = h.store.get_run(cancelled).await.unwrap().unwrap();
+    assert_eq!(cancelled_run.state, RunState::Cancelled);
+    assert!(cancelled_run.tasks.iter().all(|t| t.attempts.is_empty()));
+    // Down from 00:00:45 to 00:20:45, across the instant of the other two.
+    let (dir, clock) = h.stop().await;
+    clock.advance(SignedDuration::from_mins(20));
+    let config = EngineConfig {
+        misfire_grace: Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let h = start(dir, clock, config).await;
+    h.idle().await;
+    let late_run = h.store.get_run(late).await.unwrap().unwrap();
+    assert_eq!(
+        late_run.state,
+        RunState::Succeeded,
+        "run_once makes it late"
+    );
+    assert_eq!(late_run.scheduled_at, ts("2026-01-01T00:10:00Z"));
+    let dropped_run = h.store.get_run(dropped).await.unwrap().unwrap();
+    assert_eq!(dropped_run.state, RunState::Skipped, "skip drops it");
+    assert!(dropped_run.tasks.iter().all(|t| t.attempts.is_empty()));
+    // Nothing is made twice, now or later.
+    h.clock.advance(SignedDuration::from_hours(1));
+    h.handle.ping().await.unwrap();
+    h.idle().await;
+    assert_eq!(h.runs("once").await.len(), 3);
+    assert_eq!(h.runs("skip").await.len(), 1);
+    assert!(
+        h.store
+            .planned_runs("t", "once", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    h.stop().await;
+}

@@ -206,10 +206,10 @@ impl Coordination for PgStore {
 
     async fn orphan_runs(&self) -> Result<Vec<OrphanRun>> {
         let rows: Vec<(RunId, String, String)> = sqlx::query_as(
-            "SELECT id, namespace, job FROM runs
-             WHERE state IN ('pending', 'running')
+            concat!("SELECT id, namespace, job FROM runs
+             WHERE state IN ", dagcron_store::run_unfinished!(), "
                AND (owner_epoch IS NULL OR owner_epoch NOT IN (SELECT epoch FROM nodes WHERE state IN ('alive', 'draining')))
-             ORDER BY id",
+             ORDER BY id"),
         )
         .fetch_all(&self.pool)
         .await
@@ -224,10 +224,10 @@ impl Coordination for PgStore {
         let fence = self.registered()?;
         let adopted: Vec<RunId> = transaction!(self, fenced = true, |conn| {
             sqlx::query_scalar(
-                        "UPDATE runs SET owner_epoch = $2
-                         WHERE id = ANY($1) AND state IN ('pending', 'running')
+                        concat!("UPDATE runs SET owner_epoch = $2
+                         WHERE id = ANY($1) AND state IN ", dagcron_store::run_unfinished!(), "
                            AND (owner_epoch IS NULL OR owner_epoch NOT IN (SELECT epoch FROM nodes WHERE state IN ('alive', 'draining')))
-                         RETURNING id",
+                         RETURNING id"),
                     )
                     .bind(ids)
                     .bind(fence.epoch)

@@ -1092,7 +1092,7 @@ impl Store for PgStore {
     async fn active_runs(&self) -> Result<Vec<RunRecord>> {
         let epoch = self.epoch();
         self.load_runs(
-            format!("SELECT {RUN_COLUMNS} FROM runs WHERE state IN ('pending', 'running') AND owner_epoch IS NOT DISTINCT FROM $1 ORDER BY id"),
+            format!("SELECT {RUN_COLUMNS} FROM runs WHERE state IN {} AND owner_epoch IS NOT DISTINCT FROM $1 ORDER BY id", dagcron_store::run_unfinished!()),
             move |q| q.bind(epoch),
         )
         .await
@@ -1139,6 +1139,15 @@ impl Store for PgStore {
             limit,
             dagcron_store::run_cursor,
         ))
+    }
+
+    async fn planned_runs(&self, namespace: &str, job: &str, limit: u32) -> Result<Vec<RunRecord>> {
+        let (namespace, job) = (namespace.to_string(), job.to_string());
+        self.load_runs(
+            format!("SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 AND job = $2 AND state = 'planned' ORDER BY scheduled_at, id LIMIT $3"),
+            move |q| q.bind(namespace).bind(job).bind(i64::from(limit)),
+        )
+        .await
     }
 
     async fn create_token(&self, token: &TokenRecord, hash: &[u8]) -> Result<()> {
@@ -1371,13 +1380,14 @@ impl Store for PgStore {
 
     async fn request_cancel(&self, run: RunId) -> Result<bool> {
         transaction!(self, fenced = false, |conn| {
-            let n = sqlx::query(
-                    "UPDATE runs SET cancel_requested = TRUE WHERE id = $1 AND state IN ('pending', 'running')",
-                )
-                .bind(run)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected();
+            let n = sqlx::query(concat!(
+                "UPDATE runs SET cancel_requested = TRUE WHERE id = $1 AND state IN ",
+                dagcron_store::run_unfinished!()
+            ))
+            .bind(run)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
             if n == 1 {
                 notify(conn, "cancel").await?;
             }

@@ -473,7 +473,8 @@ impl Store for SqliteStore {
 
     async fn active_runs(&self) -> Result<Vec<RunRecord>> {
         self.load_runs(sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {RUN_COLUMNS} FROM runs WHERE state IN ('pending', 'running') ORDER BY id"
+            "SELECT {RUN_COLUMNS} FROM runs WHERE state IN {} ORDER BY id",
+            dagcron_store::run_unfinished!()
         ))))
         .await
     }
@@ -518,6 +519,16 @@ impl Store for SqliteStore {
             limit,
             dagcron_store::run_cursor,
         ))
+    }
+
+    async fn planned_runs(&self, namespace: &str, job: &str, limit: u32) -> Result<Vec<RunRecord>> {
+        let query = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = ? AND job = ? AND state = 'planned' ORDER BY scheduled_at, id LIMIT ?"
+        )))
+        .bind(namespace.to_string())
+        .bind(job.to_string())
+        .bind(i64::from(limit));
+        self.load_runs(query).await
     }
 
     async fn create_token(&self, token: &TokenRecord, hash: &[u8]) -> Result<()> {

@@ -12,7 +12,8 @@ use jiff::Timestamp;
 use dagcron_core::Rules;
 
 use crate::{
-    Actor, ApplyResult, JobUpsert, NewRun, Origin, StorageError, Store, Trigger, Write, WriteResult,
+    Actor, ApplyResult, JobUpsert, NewRun, Origin, RunRecord, StorageError, Store, Trigger, Write,
+    WriteResult,
 };
 
 /// Generates one `#[tokio::test]` per conformance case.
@@ -40,6 +41,7 @@ macro_rules! conformance_tests {
             runs_are_paginated_newest_first,
             fires_and_recovery_queries,
             a_suppressed_fire_keeps_its_calendar,
+            planned_runs_wait_soonest_first_and_count_as_unfinished,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -1066,6 +1068,51 @@ pub async fn runs_are_paginated_newest_first<S: Store>(s: &S) {
             .items
             .is_empty()
     );
+}
+
+/// Runs planned for an instant are listed soonest first until they are
+/// made (or cancelled); recovery finds them among the unfinished runs, and
+/// the quota of active runs does not count them.
+pub async fn planned_runs_wait_soonest_first_and_count_as_unfinished<S: Store>(s: &S) {
+    let planned = |id: i64, at: i64| {
+        Write::Run(NewRun {
+            trigger: Trigger::Manual,
+            state: RunState::Planned,
+            created_at: t(10),
+            ..new_run(id, at)
+        })
+    };
+    s.write(&[planned(1, 500), planned(2, 300), planned(3, 400)])
+        .await
+        .unwrap();
+    s.write(&[fire(100, Some(new_run(4, 100)))]).await.unwrap();
+    let ids = |runs: Vec<RunRecord>| runs.iter().map(|r| r.id).collect::<Vec<_>>();
+    assert_eq!(ids(s.planned_runs("ns", "j", 10).await.unwrap()), [2, 3, 1]);
+    assert_eq!(ids(s.planned_runs("ns", "j", 2).await.unwrap()), [2, 3]);
+    assert!(s.planned_runs("ns", "other", 10).await.unwrap().is_empty());
+    let r = s.get_run(2).await.unwrap().unwrap();
+    assert_eq!((r.state, r.scheduled_at), (RunState::Planned, t(300)));
+    assert_eq!(ids(s.active_runs().await.unwrap()), [1, 2, 3, 4]);
+    assert_eq!(s.count_unfinished_runs("ns").await.unwrap(), 1);
+    // Made at its instant, or cancelled before it: no longer planned.
+    s.write(&[
+        Write::RunState {
+            run: 2,
+            from: RunState::Planned,
+            to: RunState::Pending,
+            at: t(300),
+        },
+        Write::RunState {
+            run: 3,
+            from: RunState::Planned,
+            to: RunState::Cancelled,
+            at: t(310),
+        },
+    ])
+    .await
+    .unwrap();
+    assert_eq!(ids(s.planned_runs("ns", "j", 10).await.unwrap()), [1]);
+    assert_eq!(ids(s.active_runs().await.unwrap()), [1, 2, 4]);
 }
 
 /// Recovery reads: the last fire per job, the ledger, and unfinished runs.

@@ -380,7 +380,7 @@ macro_rules! run_ended {
 #[macro_export]
 macro_rules! run_unfinished {
     () => {
-        "('pending', 'running')"
+        "('planned', 'pending', 'running')"
     };
 }
 
@@ -885,6 +885,14 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
         cursor: Option<&str>,
     ) -> impl Future<Output = Result<Page<RunRecord>>> + Send;
+    /// The `planned` runs of a job (made ahead by a trigger for an
+    /// instant), soonest first, at most `limit`.
+    fn planned_runs(
+        &self,
+        namespace: &str,
+        job: &str,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<RunRecord>>> + Send;
     /// Stores a new API token with the keyed hash of its secret.
     fn create_token(
         &self,

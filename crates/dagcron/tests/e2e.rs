@@ -1022,3 +1022,80 @@ fn quotas_are_read_and_set_from_the_command_line() {
     assert_eq!(server.post("/api/v1/apply", two, "application/yaml").0, 200);
     server.stop();
 }
+
+/// `jobs trigger --at` plans a run; the server is killed with SIGKILL
+/// before its instant and comes back after it: the run is made once, late
+/// by the misfire policy, and `jobs upcoming` lists planned runs until
+/// they are made.
+#[test]
+fn a_run_planned_from_the_command_line_survives_a_kill_and_is_made_once() {
+    let (_dir, data) = setup();
+    let mut server = Server::start(&data, &["--misfire-grace", "0"]);
+    let (status, body) = server.post(
+        "/api/v1/apply",
+        "namespace: e2e\njobs:\n  - { name: later, misfire: run_once, tasks: [{ id: a, shell: 'echo made' }] }\n",
+        "application/yaml",
+    );
+    assert_eq!(status, 200, "{body}");
+    let cli = |server: &Server, args: &[&str]| {
+        let out = server.cli().args(args).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, said) = cli(
+        &server,
+        &["jobs", "trigger", "e2e/later", "--at", "tomorrow"],
+    );
+    assert!(!ok && said.contains("RFC 3339"), "{said}");
+    let at = (jiff::Timestamp::now() + jiff::SignedDuration::from_secs(3))
+        .round(jiff::Unit::Second)
+        .unwrap();
+    let far = at + jiff::SignedDuration::from_hours(24);
+    for when in [at, far] {
+        let (ok, said) = cli(
+            &server,
+            &[
+                "--json",
+                "jobs",
+                "trigger",
+                "e2e/later",
+                "--at",
+                &when.to_string(),
+            ],
+        );
+        assert!(ok, "{said}");
+        let run: Value = serde_json::from_str(&said).unwrap();
+        assert_eq!(run["state"], "planned", "{run}");
+    }
+    let (ok, upcoming) = cli(&server, &["jobs", "upcoming", "e2e/later"]);
+    assert!(ok, "{upcoming}");
+    assert_eq!(upcoming.matches("planned").count(), 2, "{upcoming}");
+    server.signal(Signal::SIGKILL);
+    // Down across the instant.
+    while jiff::Timestamp::now() < at + jiff::SignedDuration::from_secs(1) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let server = Server::start(&data, &["--misfire-grace", "0"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let made = loop {
+        let runs = server.all_runs("later");
+        if let Some(r) = runs.iter().find(|r| r["state"] == "succeeded") {
+            break r.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the planned run was not made: {runs:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(made["scheduled_at"], at.to_string());
+    let runs = server.all_runs("later");
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let (ok, upcoming) = cli(&server, &["jobs", "upcoming", "e2e/later"]);
+    assert!(ok, "{upcoming}");
+    assert_eq!(upcoming.matches("planned").count(), 1, "{upcoming}");
+    assert!(upcoming.contains(&far.to_string()), "{upcoming}");
+}

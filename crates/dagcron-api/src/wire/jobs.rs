@@ -123,6 +123,33 @@ pub struct TriggerBody {
     /// Parameters over the job's defaults.
     #[serde(default)]
     pub params: BTreeMap<String, String>,
+    /// Make the run at this instant (RFC 3339, in the future) instead of
+    /// now: it is recorded `planned` until then, and can be cancelled.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub at: Option<Timestamp>,
+}
+
+/// When a job runs next: its scheduled fires and its planned runs.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct UpcomingAnswer {
+    /// Soonest first.
+    pub items: Vec<UpcomingFire>,
+}
+
+/// One upcoming fire of a job.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct UpcomingFire {
+    /// When.
+    #[schema(value_type = String, format = DateTime)]
+    pub at: Timestamp,
+    /// `schedule` (a fire of the job's schedules) or `planned` (a run
+    /// planned for this instant by a trigger with `at`).
+    pub kind: String,
+    /// The planned run.
+    pub run_id: Option<i64>,
+    /// The exclusion calendar that suppresses this scheduled fire.
+    pub suppressed_by: Option<String>,
 }
 
 /// A backfill over `[from, to)`.

@@ -25,7 +25,7 @@ pub use cluster::{
 };
 pub use jobs::{
     ApplyAnswer, ApplyItem, ApplyOutcome, BackfillAnswer, BackfillBody, JobAnswer, JobPage,
-    TriggerBody,
+    TriggerBody, UpcomingAnswer, UpcomingFire,
 };
 pub use operations::{BulkPauseAnswer, Quotas, ReadOnlyAnswer, ReadOnlyBody};
 pub use runs::{AttemptAnswer, FireAnswer, FirePage, RerunBody, RunAnswer, RunPage, TaskAnswer};

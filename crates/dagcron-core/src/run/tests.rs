@@ -565,12 +565,29 @@ proptest! {
     fn random_events_never_break_the_tables_and_every_task_ends(
         job in any_job(),
         pending in any::<bool>(),
+        planned in prop::option::of(any::<bool>()),
         acts in prop::collection::vec(any_act(), 0..60),
     ) {
         let n = job.tasks.len();
-        let mut run = RunMachine::new(n, if pending { RunState::Pending } else { RunState::Running });
+        let start = match planned {
+            Some(_) => RunState::Planned,
+            None if pending => RunState::Pending,
+            None => RunState::Running,
+        };
+        let mut run = RunMachine::new(n, start);
         let mut shadow = vec![TaskState::Pending; n];
         let mut finished = None;
+        if let Some(skip) = planned {
+            // A planned run's instant comes: declined, it ends untouched;
+            // otherwise it waits for a slot like any pending run.
+            step_checked(&job, &mut run, &mut shadow, &mut finished, Event::Due { skip })?;
+            if skip {
+                prop_assert_eq!(finished, Some(RunState::Skipped));
+                prop_assert!(run.tasks().iter().all(|t| *t == TaskState::Pending));
+                return Ok(());
+            }
+            prop_assert_eq!(run.state(), RunState::Pending);
+        }
         step_checked(&job, &mut run, &mut shadow, &mut finished, Event::Begin)?;
         let pick = |v: &[usize], k: u8| (!v.is_empty()).then(|| v[k as usize % v.len()]);
         for act in acts {

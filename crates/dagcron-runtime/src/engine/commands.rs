@@ -130,25 +130,27 @@ impl<S: Store> Engine<S> {
                 name,
                 params,
                 caller,
+                at,
                 reply,
             } => {
                 let key = (namespace, name);
                 match self.jobs.get(&key).map(|e| e.job.clone()) {
-                    Some(Some(job)) => self.trigger(key, job, params, caller, reply, now),
+                    Some(Some(job)) => self.trigger(key, job, params, caller, at, reply, now),
                     Some(None) => {
                         // Not in memory: read beside the loop.
                         let read = self.job_of(&key);
-                        self.beside(read, |job| Command::Loaded {
+                        self.beside(read, move |job| Command::Loaded {
                             key,
                             job,
                             params,
                             caller,
+                            at,
                             reply,
                         });
                     }
                     None => match self.known_job(&key).await {
                         // Applied through another node and just learned of.
-                        Ok(job) => self.trigger(key, job, params, caller, reply, now),
+                        Ok(job) => self.trigger(key, job, params, caller, at, reply, now),
                         Err(e) => {
                             let _ = reply.send(Err(e));
                         }
@@ -160,13 +162,14 @@ impl<S: Store> Engine<S> {
                 job,
                 params,
                 caller,
+                at,
                 reply,
             } => match job {
                 Ok(Some(job)) if self.jobs.contains_key(&key) => {
                     if let Some(entry) = self.jobs.get_mut(&key) {
                         entry.job.get_or_insert_with(|| job.clone());
                     }
-                    self.trigger(key, job, params, caller, reply, now);
+                    self.trigger(key, job, params, caller, at, reply, now);
                 }
                 Ok(_) => {
                     let _ = reply.send(Err(no_such_job(&key)));
@@ -457,15 +460,20 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn trigger(
         &mut self,
         key: JobKey,
         job: Arc<Job>,
         params: std::collections::BTreeMap<String, String>,
         caller: Option<TraceParent>,
+        at: Option<Timestamp>,
         reply: Reply<RunId>,
         now: Timestamp,
     ) {
+        if let Some(at) = at.filter(|at| *at > now) {
+            return self.plan(key, job, params, caller, at, reply, now);
+        }
         let decision = match self.admit(&key, &job) {
             Ok(decision) => decision,
             Err(e) => {
@@ -490,6 +498,84 @@ impl<S: Store> Engine<S> {
         self.writes.push(Write::Run(run));
         self.after_new_run(&key, id, decision, now);
         self.reply_after_commit(reply, Ok(id));
+    }
+
+    /// Records a run of `job` planned for `at`: `planned` until then, when
+    /// [`Engine::planned_due`] makes it. A job has at most its
+    /// `max_pending_runs` planned at once.
+    #[allow(clippy::too_many_arguments)]
+    fn plan(
+        &mut self,
+        key: JobKey,
+        job: Arc<Job>,
+        params: std::collections::BTreeMap<String, String>,
+        caller: Option<TraceParent>,
+        at: Timestamp,
+        reply: Reply<RunId>,
+        now: Timestamp,
+    ) {
+        let planned = self.jobs[&key].planned.len();
+        if planned as u32 >= job.spec.max_pending() {
+            let _ = reply.send(Err(EngineError::Busy(format!(
+                "{}/{} has {planned} runs planned already, as many as its max_pending_runs allows; cancel some or wait until they are made",
+                key.0, key.1
+            ))));
+            return;
+        }
+        let mut merged = job.spec.params.clone();
+        merged.extend(params);
+        let mut run = self.new_run(
+            &key,
+            &job,
+            Trigger::Manual,
+            at,
+            merged,
+            FireDecision::Queue,
+            now,
+            caller,
+            None,
+        );
+        let id = run.id;
+        run.state = RunState::Planned;
+        self.runs.get_mut(&id).expect("run").machine =
+            RunMachine::new(job.tasks.len(), RunState::Planned);
+        self.writes.push(Write::Run(run));
+        self.jobs.get_mut(&key).expect("job").planned.insert(id);
+        self.arm(at, Timer::Planned { run: id });
+        self.reply_after_commit(reply, Ok(id));
+    }
+
+    /// The instant of planned run `id` has come: made now by the job's
+    /// overlap policy like a fire, or skipped, when the instant passed
+    /// more than the misfire grace ago (the server was down) and the
+    /// job's misfire policy is `skip`, or its overlap policy declines it.
+    pub(super) fn planned_due(&mut self, id: RunId, now: Timestamp, grace: SignedDuration) {
+        let Some(run) = self.runs.get(&id) else {
+            return;
+        };
+        if run.machine.state() != RunState::Planned {
+            return;
+        }
+        let (key, job, at) = (run.key.clone(), run.job.clone(), run.scheduled_at);
+        let entry = self.jobs.get_mut(&*key).expect("job of a run");
+        entry.planned.remove(&id);
+        let missed = now.duration_since(at) > grace;
+        let decision = policy::on_fire(
+            job.spec.concurrency,
+            job.spec.max_active(),
+            entry.active.len() as u32,
+            entry.queued.len() as u32,
+            job.spec.max_pending(),
+        );
+        let skip = (missed && job.spec.misfire == dagcron_core::Misfire::Skip)
+            || matches!(decision, FireDecision::Skip | FireDecision::Backlog);
+        if skip {
+            tracing::warn!(namespace = %key.0, job = %key.1, run = id, "run planned for {at} skipped: {}", if missed { "its instant passed while the server was down, and the job's misfire policy is skip" } else { "the job's overlap policy declines it" });
+        }
+        self.step(id, Event::Due { skip }, now, None);
+        if !skip {
+            self.after_new_run(&key, id, decision, now);
+        }
     }
 
     /// What a run made by hand (a trigger, a re-run) of `job` does by its

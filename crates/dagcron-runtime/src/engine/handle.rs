@@ -26,6 +26,8 @@ pub(crate) enum Command {
         name: String,
         params: std::collections::BTreeMap<String, String>,
         caller: Option<TraceParent>,
+        /// Made now, or planned for this instant.
+        at: Option<Timestamp>,
         reply: Reply<RunId>,
     },
     Backfill {
@@ -112,6 +114,7 @@ pub(crate) enum Command {
         job: Result<Option<Arc<Job>>, StorageError>,
         params: std::collections::BTreeMap<String, String>,
         caller: Option<TraceParent>,
+        at: Option<Timestamp>,
         reply: Reply<RunId>,
     },
     /// A cluster node's share of the jobs changed.
@@ -254,23 +257,29 @@ impl EngineHandle {
         name: &str,
         params: std::collections::BTreeMap<String, String>,
     ) -> Result<RunId, EngineError> {
-        self.trigger_traced(namespace, name, params, None).await
+        self.trigger_traced(namespace, name, params, None, None)
+            .await
     }
 
-    /// [`EngineHandle::trigger`] by a caller that sent its trace context:
-    /// the run's trace is a child of the caller's span.
+    /// [`EngineHandle::trigger`] by a caller that sent its trace context
+    /// (the run's trace is a child of the caller's span), now or `at` an
+    /// instant: a run planned for an instant is recorded `planned` and
+    /// made at its instant (late, by the job's misfire policy, if the
+    /// server was down then); it can be cancelled until then.
     pub async fn trigger_traced(
         &self,
         namespace: &str,
         name: &str,
         params: std::collections::BTreeMap<String, String>,
         caller: Option<TraceParent>,
+        at: Option<Timestamp>,
     ) -> Result<RunId, EngineError> {
         self.ask(|reply| Command::Trigger {
             namespace: namespace.into(),
             name: name.into(),
             params,
             caller,
+            at,
             reply,
         })
         .await

@@ -55,6 +55,7 @@ impl<S: Store> Engine<S> {
                 .queued
                 .iter()
                 .chain(&entry.active)
+                .chain(&entry.planned)
                 .copied()
                 .collect::<Vec<_>>()
             {
@@ -348,7 +349,11 @@ impl<S: Store> Engine<S> {
         let Some(entry) = self.jobs.get_mut(key) else {
             return;
         };
-        if entry.job.is_none() || !entry.active.is_empty() || !entry.queued.is_empty() {
+        if entry.job.is_none()
+            || !entry.active.is_empty()
+            || !entry.queued.is_empty()
+            || !entry.planned.is_empty()
+        {
             return;
         }
         if !fires::keep_idle_job(&entry.timing, now, !entry.paused && entry.owned) {

@@ -442,6 +442,8 @@ struct JobEntry {
     active: Vec<RunId>,
     /// Runs waiting for a slot.
     queued: VecDeque<RunId>,
+    /// Runs made ahead by a trigger for an instant, waiting for it.
+    planned: HashSet<RunId>,
     /// Whether this node arms its fires (always, outside a cluster).
     owned: bool,
     /// When its spec was last applied (where catch-up starts if it never fired).
@@ -468,6 +470,7 @@ impl JobEntry {
             last_fire: None,
             active: vec![],
             queued: VecDeque::new(),
+            planned: HashSet::new(),
             owned,
             applied_at,
             series: None,
@@ -522,6 +525,10 @@ enum Timer {
         task: usize,
     },
     Deadline {
+        run: RunId,
+    },
+    /// The instant of a planned run.
+    Planned {
         run: RunId,
     },
     /// Catch up missed fires again (reading their job failed).

@@ -357,6 +357,13 @@ impl<S: Store> Engine<S> {
         self.runs.insert(id, run);
         let entry = self.jobs.get_mut(&key).expect("job");
         match record.state {
+            RunState::Planned => {
+                // Made at its instant; one that passed while the server
+                // was down comes due at once, by the misfire policy.
+                entry.planned.insert(id);
+                self.arm(record.scheduled_at, Timer::Planned { run: id });
+                return;
+            }
             RunState::Pending => entry.queued.push_back(id),
             _ => entry.active.push(id),
         }

@@ -462,6 +462,7 @@ impl<S: Store> Engine<S> {
         };
         let key = run.key;
         if let Some(entry) = self.jobs.get_mut(&*key) {
+            entry.planned.remove(&id);
             if entry.active.contains(&id) {
                 entry.active.retain(|r| *r != id);
                 self.start_queued(&key, now);

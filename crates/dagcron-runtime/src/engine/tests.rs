@@ -111,6 +111,7 @@ async fn reads_of_jobs_for_fires_and_triggers_do_not_hold_the_loop() {
             name: key.1.clone(),
             params: Default::default(),
             caller: None,
+            at: None,
             reply,
         })
         .await;

@@ -102,6 +102,13 @@ impl<S: Store> Engine<S> {
                         self.catch_up_beside(&key, since, now, grace);
                     }
                 }
+                Timer::Planned { run } => {
+                    // The same grace as a fire's: beyond it, the server was
+                    // down (or suspended) at the instant.
+                    let grace = self.config.misfire_grace.max(RUNNING_GRACE_FLOOR);
+                    let grace = SignedDuration::try_from(grace).unwrap_or(SignedDuration::MAX);
+                    self.planned_due(run, now, grace);
+                }
                 Timer::Deadline { run } => {
                     if self
                         .runs

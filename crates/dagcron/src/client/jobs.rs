@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::Result;
 use clap::Subcommand;
 use dagcron_api::wire::{
-    ApplyAnswer, BackfillAnswer, BulkPauseAnswer, JobAnswer, RunAnswer, TriggerBody,
+    ApplyAnswer, BackfillAnswer, BulkPauseAnswer, JobAnswer, RunAnswer, TriggerBody, UpcomingAnswer,
 };
 use serde::Serialize;
 
@@ -41,12 +41,25 @@ pub(crate) enum JobsCommand {
         #[arg(long, value_name = "NAMESPACE", conflicts_with = "job")]
         all: Option<String>,
     },
-    /// Start a run now.
+    /// Start a run now, or plan one for an instant (`--at`).
     Trigger {
         job: String,
         /// Parameters, `key=value`, overriding the job's defaults.
         #[arg(long = "param", value_parser = parse_kv)]
         params: Vec<(String, String)>,
+        /// Make the run at this instant (RFC 3339 with its offset, such as
+        /// 2027-01-15T09:30:00Z) instead of now; it is `planned` until
+        /// then and `dagcron runs cancel` cancels it.
+        #[arg(long, value_parser = parse_instant)]
+        at: Option<jiff::Timestamp>,
+    },
+    /// When a job runs next: its scheduled fires (suppressed ones marked)
+    /// and its planned runs, soonest first.
+    Upcoming {
+        job: String,
+        /// At most this many of each kind.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100))]
+        limit: u32,
     },
     /// Delete a job (its history stays).
     Delete { job: String },
@@ -119,6 +132,28 @@ impl Show for Jobs {
     }
 }
 
+impl Show for UpcomingAnswer {
+    fn text(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(out, "{:<25} {:<9} note", "at", "kind")?;
+        for f in &self.items {
+            let note = match (&f.run_id, &f.suppressed_by) {
+                (Some(id), _) => format!("run {id}"),
+                (None, Some(calendar)) => format!("suppressed by {calendar}"),
+                (None, None) => String::new(),
+            };
+            writeln!(out, "{:<25} {:<9} {note}", f.at.to_string(), f.kind)?;
+        }
+        Ok(())
+    }
+}
+
+/// An instant as `--at` takes it.
+fn parse_instant(s: &str) -> Result<jiff::Timestamp, String> {
+    s.parse().map_err(|_| {
+        format!("`{s}` is not an RFC 3339 instant with its offset, such as 2027-01-15T09:30:00Z")
+    })
+}
+
 impl Show for BackfillAnswer {
     fn text(&self, out: &mut dyn Write) -> io::Result<()> {
         writeln!(out, "created {} run(s)", self.runs.len())
@@ -170,14 +205,19 @@ pub(super) async fn run(c: &Client, cmd: JobsCommand, out: &mut Output) -> Resul
                 or_dash(j.next_fire.as_ref())
             ))
         }
-        JobsCommand::Trigger { job, params } => {
+        JobsCommand::Trigger { job, params, at } => {
             let body = TriggerBody {
                 params: params.into_iter().collect(),
+                at,
             };
             let run: RunAnswer = c
                 .post(&format!("{}/trigger", job_path(&job)?), &body)
                 .await?;
             out.show(&run)
+        }
+        JobsCommand::Upcoming { job, limit } => {
+            let path = format!("{}/upcoming?limit={limit}", job_path(&job)?);
+            out.show(&c.get::<UpcomingAnswer>(&path).await?)
         }
         JobsCommand::Delete { job } => {
             c.delete(&job_path(&job)?).await?;
