@@ -70,7 +70,8 @@ impl PgStore {
                 row.chain_after(prev.take());
                 prev = Some((row.seq, row.hash.clone()));
             }
-            let column = |f: fn(&AuditEntry) -> Option<String>| rows.iter().map(f).collect::<Vec<_>>();
+            let column =
+                |f: fn(&AuditEntry) -> Option<String>| rows.iter().map(f).collect::<Vec<_>>();
             sqlx::query(
                 "INSERT INTO audit (seq, at, principal, principal_name, action, namespace, outcome, address, prev_hash, hash)
                  SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[], $8::text[], $9::bytea[], $10::bytea[])",
