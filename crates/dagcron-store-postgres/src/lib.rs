@@ -24,6 +24,7 @@ use jiff::Timestamp;
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 
+mod audit;
 mod batch;
 mod cluster;
 pub use cluster::MAX_NODES;
@@ -48,6 +49,7 @@ pub struct PgStore {
     fence: Arc<RwLock<Option<Fence>>>,
     listener: Arc<tokio::sync::Mutex<Option<PgListener>>>,
     grouped: bool,
+    audit: Arc<audit::AuditQueue>,
 }
 
 /// Counts of the write path since the store was opened.
@@ -115,10 +117,19 @@ impl PgStore {
     /// Connects to `url` with a pool of up to `max_connections` and migrates
     /// the schema (concurrent nodes take turns on a lock).
     pub async fn connect(url: &str, max_connections: u32) -> Result<PgStore> {
+        let options = sqlx::postgres::PgConnectOptions::from_str(url)
+            .map_err(|e| StorageError::Unavailable(format!("connecting to PostgreSQL: {e}")))?
+            // Every statement is planned for its parameters and the tables
+            // as they are now. A cached generic plan is made after a few
+            // runs, when the tables may still be nearly empty (a new
+            // database), and kept until the next ANALYZE: its sequential
+            // scans of runs, tasks and attempts then cost more with every
+            // row added.
+            .options([("plan_cache_mode", "force_custom_plan")]);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))
-            .connect(url)
+            .connect_with(options)
             .await
             .map_err(|e| StorageError::Unavailable(format!("connecting to PostgreSQL: {e}")))?;
         MIGRATOR
@@ -131,6 +142,7 @@ impl PgStore {
             fence: Arc::new(RwLock::new(None)),
             listener: Arc::new(tokio::sync::Mutex::new(None)),
             grouped: true,
+            audit: Arc::default(),
         })
     }
 
@@ -1308,32 +1320,8 @@ impl Store for PgStore {
         Ok(n == 1)
     }
 
-    async fn append_audit(&self, mut entry: AuditEntry) -> Result<()> {
-        transaction!(self, fenced = false, |conn| {
-            // Appends from every node take turns: the chain cannot fork.
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('dagcron audit', 0))")
-                .execute(&mut *conn)
-                .await?;
-            let prev: Option<(i64, Vec<u8>)> =
-                sqlx::query_as("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1")
-                    .fetch_optional(&mut *conn)
-                    .await?;
-            entry.chain_after(prev);
-            sqlx::query("INSERT INTO audit (seq, at, principal, principal_name, action, namespace, outcome, address, prev_hash, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
-                .bind(entry.seq)
-                .bind(entry.at.as_microsecond())
-                .bind(&entry.principal)
-                .bind(&entry.principal_name)
-                .bind(&entry.action)
-                .bind(&entry.namespace)
-                .bind(i32::from(entry.outcome))
-                .bind(&entry.address)
-                .bind(&entry.prev_hash)
-                .bind(&entry.hash)
-                .execute(&mut *conn)
-                .await?;
-            Ok(())
-        })
+    async fn append_audit(&self, entry: AuditEntry) -> Result<()> {
+        self.append_audit_grouped(entry).await
     }
 
     async fn list_audit(
