@@ -92,7 +92,7 @@ fn explain(f: &FireRecord, started: &HashMap<RunId, Timestamp>) -> (&'static str
                 Some(d) => (
                     "late",
                     format!(
-                        "fired; its run started {} after the scheduled instant",
+                        "fired late: its run was created {} after the scheduled instant",
                         crate::format::duration(d)
                     ),
                 ),

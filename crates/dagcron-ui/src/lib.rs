@@ -138,7 +138,7 @@ impl Viewer {
                 None => self.who.grant.role.to_string(),
             },
             csrf: self.csrf.clone(),
-            admin: self.may(Need::Administer, None),
+            admin: self.may(Need::Administer, self.who.grant.namespace.as_deref()),
             zone: self.zone.iana_name().unwrap_or("UTC").to_string(),
         }
     }
@@ -277,4 +277,17 @@ pub(crate) fn render(t: &impl Template) -> Response {
 /// Whether a request was made by htmx (it wants a fragment, not a page).
 pub(crate) fn from_htmx(headers: &HeaderMap) -> bool {
     headers.contains_key("hx-request")
+}
+
+/// A path segment with every byte outside the unreserved set escaped.
+pub(crate) fn path_part(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
