@@ -157,7 +157,12 @@ pub(crate) async fn page<S: Store>(
         .filter(|w| WINDOWS.iter().any(|(n, _)| n == w))
         .unwrap_or_else(|| "24h".into());
     let hours = WINDOWS.iter().find(|(n, _)| *n == window).map_or(24, |w| w.1);
-    let (health, health_note) = match health_of(&ui, &job, &runs, hours, now, zone).await {
+    // Fires before the job existed were never expected.
+    let created = match store.get_job_version(&ns, &name, 1).await {
+        Ok(first) => first.map(|v| v.info.applied_at),
+        Err(e) => return unavailable(e),
+    };
+    let (health, health_note) = match health_of(&ui, &job, &runs, hours, created, now, zone).await {
         Ok(h) => h,
         Err(e) => return unavailable(e),
     };
@@ -310,14 +315,16 @@ async fn health_of<S: Store>(
     job: &Job,
     runs: &[RunRecord],
     hours: i64,
+    created: Option<Timestamp>,
     now: Timestamp,
     zone: &jiff::tz::TimeZone,
 ) -> dagcron_store::Result<(Vec<HealthLine>, String)> {
     let timing = job.timing();
     let mut span = SignedDuration::from_hours(hours);
     let mut note = String::new();
+    let since = |span: SignedDuration| (now - span).max(created.unwrap_or(Timestamp::MIN));
     let expected = loop {
-        if let Some(e) = timing.fires_in(now - span, now, HEALTH_FIRES) {
+        if let Some(e) = timing.fires_in(since(span), now, HEALTH_FIRES) {
             break e;
         }
         span /= 6;
@@ -326,7 +333,7 @@ async fn health_of<S: Store>(
             format::duration(span)
         );
         if span < SignedDuration::from_secs(60) {
-            break timing.fires_in(now - span, now, HEALTH_FIRES).unwrap_or_default();
+            break timing.fires_in(since(span), now, HEALTH_FIRES).unwrap_or_default();
         }
     };
     let ledger = ui
@@ -335,7 +342,7 @@ async fn health_of<S: Store>(
         .list_fires(
             &job.namespace,
             &job.spec.name,
-            now - span,
+            since(span),
             now,
             (HEALTH_FIRES * 2) as u32,
         )
