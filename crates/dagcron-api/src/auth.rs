@@ -368,13 +368,22 @@ pub async fn principal_of<S: Store>(
     };
     let now = Timestamp::now();
     if token.revoked_at.is_some() {
-        return Err(TokenRefused::Unauthenticated(format!("token {} was revoked", token.id)));
+        return Err(TokenRefused::Unauthenticated(format!(
+            "token {} was revoked",
+            token.id
+        )));
     }
     if token.expires_at.is_some_and(|e| e <= now) {
-        return Err(TokenRefused::Unauthenticated(format!("token {} has expired", token.id)));
+        return Err(TokenRefused::Unauthenticated(format!(
+            "token {} has expired",
+            token.id
+        )));
     }
     let Ok(role) = token.role.parse::<Role>() else {
-        return Err(TokenRefused::Unauthenticated(format!("token {} has an unknown role", token.id)));
+        return Err(TokenRefused::Unauthenticated(format!(
+            "token {} has an unknown role",
+            token.id
+        )));
     };
     if token
         .last_used_at

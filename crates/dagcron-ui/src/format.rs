@@ -6,7 +6,9 @@ use jiff::{SignedDuration, Timestamp};
 /// An instant as HTML: in the viewer's zone, with UTC on hover and the
 /// exact instant in `datetime`.
 pub(crate) fn time(t: Timestamp, zone: &TimeZone) -> String {
-    let local = t.to_zoned_datetime(zone.clone()).strftime("%Y-%m-%d %H:%M:%S %Z");
+    let local = t
+        .to_zoned_datetime(zone.clone())
+        .strftime("%Y-%m-%d %H:%M:%S %Z");
     let utc = t.strftime("%Y-%m-%d %H:%M:%S UTC");
     format!(r#"<time datetime="{t}" title="{utc}">{local}</time>"#)
 }
@@ -87,7 +89,10 @@ mod tests {
     #[test]
     fn parameters_are_key_value_lines() {
         let p = params("a=1\n\n b = two words \n").unwrap();
-        assert_eq!(serde_json::Value::from(p).to_string(), r#"{"a":"1","b":"two words"}"#);
+        assert_eq!(
+            serde_json::Value::from(p).to_string(),
+            r#"{"a":"1","b":"two words"}"#
+        );
         assert!(params("novalue").unwrap_err().contains("line 1"));
     }
 }

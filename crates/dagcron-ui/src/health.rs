@@ -177,7 +177,11 @@ mod tests {
                 (360, true, "upcoming"),
             ]
         );
-        assert!(lines[2].reason.contains("3.0 s after"), "{}", lines[2].reason);
+        assert!(
+            lines[2].reason.contains("3.0 s after"),
+            "{}",
+            lines[2].reason
+        );
         assert!(lines[5].reason.contains("holidays"));
         assert!(lines[1].reason.contains("schedule: it changed"));
     }

@@ -59,10 +59,7 @@ pub(crate) fn dag(nodes: &[DagNode], upstream: &[Vec<usize>], waves: &[Vec<usize
         order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         for (r, &(_, i)) in order.iter().enumerate() {
             row[i] = r as f64;
-            pos[i] = (
-                PAD + col * (NODE_W + COL_GAP),
-                PAD + r * (NODE_H + ROW_GAP),
-            );
+            pos[i] = (PAD + col * (NODE_W + COL_GAP), PAD + r * (NODE_H + ROW_GAP));
         }
         tallest = tallest.max(order.len());
     }
@@ -244,7 +241,10 @@ mod tests {
         }];
         let svg = gantt(&rows, t(0), t(10));
         // The attempt takes the second half of 760 px after 170 px of labels.
-        assert!(svg.contains(r#"<rect x="550.0" y="27.0" width="380.0""#), "{svg}");
+        assert!(
+            svg.contains(r#"<rect x="550.0" y="27.0" width="380.0""#),
+            "{svg}"
+        );
         assert!(svg.contains(r#"class="waitbar""#));
         assert!(svg.contains("+10.0 s"));
         assert!(svg.contains("task=extract&amp;attempt=1"));

@@ -28,9 +28,13 @@ struct Ui {
 async fn ui() -> Ui {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(SqliteStore::open(&dir.path().join("db")).await.unwrap());
-    let (engine, handle) = Engine::start(store.clone(), Arc::new(SystemClock), EngineConfig::default())
-        .await
-        .unwrap();
+    let (engine, handle) = Engine::start(
+        store.clone(),
+        Arc::new(SystemClock),
+        EngineConfig::default(),
+    )
+    .await
+    .unwrap();
     let stop = CancellationToken::new();
     tokio::spawn(engine.run(stop.clone(), Duration::from_secs(1)));
     let keyring = dagcron_api::auth::Keyring::from_bytes([7; 32]);
@@ -68,8 +72,13 @@ impl Ui {
             role,
             namespace: namespace.map(Into::into),
         };
-        let (record, secret) =
-            dagcron_api::auth::new_token(&format!("{role}"), &grant, None, None, jiff::Timestamp::now());
+        let (record, secret) = dagcron_api::auth::new_token(
+            &format!("{role}"),
+            &grant,
+            None,
+            None,
+            jiff::Timestamp::now(),
+        );
         self.store
             .create_token(&record, &self.keyring.hash(&secret))
             .await
@@ -77,7 +86,14 @@ impl Ui {
         secret
     }
 
-    async fn send(&self, method: Method, uri: &str, cookie: &str, form: &str, bearer: Option<&str>) -> Answer {
+    async fn send(
+        &self,
+        method: Method,
+        uri: &str,
+        cookie: &str,
+        form: &str,
+        bearer: Option<&str>,
+    ) -> Answer {
         let mut req = Request::builder().method(method).uri(uri);
         if !cookie.is_empty() {
             req = req.header(header::COOKIE, cookie);
@@ -121,7 +137,13 @@ impl Ui {
         let pre = form.cookies[0].split(';').next().unwrap().to_string();
         let csrf = csrf_of(&form.body);
         let a = self
-            .send(Method::POST, "/signin", &pre, &format!("csrf={csrf}&token={token}"), None)
+            .send(
+                Method::POST,
+                "/signin",
+                &pre,
+                &format!("csrf={csrf}&token={token}"),
+                None,
+            )
             .await;
         assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
         let session = a
@@ -129,21 +151,31 @@ impl Ui {
             .iter()
             .find(|c| c.starts_with("dagcron_session="))
             .unwrap();
-        assert!(session.contains("HttpOnly") && session.contains("SameSite=Strict"), "{session}");
+        assert!(
+            session.contains("HttpOnly") && session.contains("SameSite=Strict"),
+            "{session}"
+        );
         let cookie = session.split(';').next().unwrap().to_string();
         let page = self.send(Method::GET, "/", &cookie, "", None).await;
         (cookie, csrf_of(&page.body))
     }
 
     async fn apply(&self, admin: &str, ns: &str) {
-        let file = format!("namespace: {ns}\njobs:\n  - {{ name: j, tasks: [{{ id: t, noop: true }}] }}\n");
-        let a = self.send(Method::POST, "/api/v1/apply", "", &file, Some(admin)).await;
+        let file = format!(
+            "namespace: {ns}\njobs:\n  - {{ name: j, tasks: [{{ id: t, noop: true }}] }}\n"
+        );
+        let a = self
+            .send(Method::POST, "/api/v1/apply", "", &file, Some(admin))
+            .await;
         assert_eq!(a.status, StatusCode::OK, "{}", a.body);
     }
 }
 
 fn csrf_of(html: &str) -> String {
-    let at = html.find(r#"name="csrf" value=""#).expect("a form with a CSRF token") + 19;
+    let at = html
+        .find(r#"name="csrf" value=""#)
+        .expect("a form with a CSRF token")
+        + 19;
     html[at..at + 64].to_string()
 }
 
@@ -179,26 +211,47 @@ async fn without_a_session_every_page_sends_to_the_sign_in_form_and_nothing_chan
     for cookie in ["", "dagcron_session=forged"] {
         for page in PAGES {
             let a = ui.send(Method::GET, page, cookie, "", None).await;
-            assert_eq!((a.status, a.location.as_str()), (StatusCode::SEE_OTHER, "/"), "{page}");
+            assert_eq!(
+                (a.status, a.location.as_str()),
+                (StatusCode::SEE_OTHER, "/"),
+                "{page}"
+            );
         }
         for action in ACTIONS {
             let a = ui.send(Method::POST, action, cookie, "csrf=x", None).await;
-            assert_eq!((a.status, a.location.as_str()), (StatusCode::SEE_OTHER, "/"), "{action}");
+            assert_eq!(
+                (a.status, a.location.as_str()),
+                (StatusCode::SEE_OTHER, "/"),
+                "{action}"
+            );
         }
     }
     let job = ui.store.get_job("a", "j").await.unwrap().unwrap();
     assert!(!job.paused);
     // The API and the assets are where they were.
-    let api = ui.send(Method::GET, "/api/v1/namespaces/a/jobs", "", "", None).await;
+    let api = ui
+        .send(Method::GET, "/api/v1/namespaces/a/jobs", "", "", None)
+        .await;
     assert_eq!(api.status, StatusCode::UNAUTHORIZED);
     assert!(api.body.contains(r#""code":"unauthenticated""#));
-    assert_eq!(ui.send(Method::GET, "/healthz", "", "", None).await.status, StatusCode::OK);
-    let js = ui.send(Method::GET, "/assets/htmx.min.js", "", "", None).await;
+    assert_eq!(
+        ui.send(Method::GET, "/healthz", "", "", None).await.status,
+        StatusCode::OK
+    );
+    let js = ui
+        .send(Method::GET, "/assets/htmx.min.js", "", "", None)
+        .await;
     assert_eq!(js.status, StatusCode::OK);
     assert!(js.body.contains("htmx"));
     // A sign-in form not sent by this site's page is refused.
     let a = ui
-        .send(Method::POST, "/signin", "", &format!("csrf=x&token={admin}"), None)
+        .send(
+            Method::POST,
+            "/signin",
+            "",
+            &format!("csrf=x&token={admin}"),
+            None,
+        )
         .await;
     assert_eq!(a.status, StatusCode::FORBIDDEN);
     assert!(a.cookies.iter().all(|c| !c.starts_with("dagcron_session=")));
@@ -214,10 +267,19 @@ async fn a_viewer_is_offered_no_action_and_its_posted_actions_are_refused() {
     let page = ui.send(Method::GET, "/jobs/a/j", &cookie, "", None).await;
     assert_eq!(page.status, StatusCode::OK);
     assert!(page.body.contains("<svg"), "the DAG is drawn");
-    assert!(!page.body.contains(r#"method="post" action="/jobs"#), "no action form");
+    assert!(
+        !page.body.contains(r#"method="post" action="/jobs"#),
+        "no action form"
+    );
     for action in ["pause", "trigger"] {
         let a = ui
-            .send(Method::POST, &format!("/jobs/a/j/{action}"), &cookie, &format!("csrf={csrf}"), None)
+            .send(
+                Method::POST,
+                &format!("/jobs/a/j/{action}"),
+                &cookie,
+                &format!("csrf={csrf}"),
+                None,
+            )
             .await;
         assert_eq!(a.status, StatusCode::FORBIDDEN, "{action}: {}", a.body);
         assert!(a.body.contains("needs the operator role"), "{}", a.body);
@@ -227,16 +289,28 @@ async fn a_viewer_is_offered_no_action_and_its_posted_actions_are_refused() {
     assert!(runs.items.is_empty());
     // The refusals are in the audit log, as any refused call of the API.
     let log = ui.store.list_audit(0, 100, None).await.unwrap();
-    assert!(log.iter().any(|e| e.action == "POST /api/v1/namespaces/a/jobs/j/pause" && e.outcome == 403));
+    assert!(
+        log.iter()
+            .any(|e| e.action == "POST /api/v1/namespaces/a/jobs/j/pause" && e.outcome == 403)
+    );
     // An operator's pause goes through.
     let op = ui.token(Role::Operator, None).await;
     let (cookie, csrf) = ui.sign_in(&op).await;
     let page = ui.send(Method::GET, "/jobs/a/j", &cookie, "", None).await;
     assert!(page.body.contains(r#"id="pause""#));
     let a = ui
-        .send(Method::POST, "/jobs/a/j/pause", &cookie, &format!("csrf={csrf}"), None)
+        .send(
+            Method::POST,
+            "/jobs/a/j/pause",
+            &cookie,
+            &format!("csrf={csrf}"),
+            None,
+        )
         .await;
-    assert_eq!((a.status, a.location.as_str()), (StatusCode::SEE_OTHER, "/jobs/a/j"));
+    assert_eq!(
+        (a.status, a.location.as_str()),
+        (StatusCode::SEE_OTHER, "/jobs/a/j")
+    );
     assert!(ui.store.get_job("a", "j").await.unwrap().unwrap().paused);
 }
 
@@ -246,8 +320,14 @@ async fn a_form_without_the_sessions_csrf_token_is_refused() {
     let admin = ui.token(Role::Admin, None).await;
     ui.apply(&admin, "a").await;
     let (cookie, csrf) = ui.sign_in(&admin).await;
-    for form in ["", "csrf=", "csrf=0000000000000000000000000000000000000000000000000000000000000000"] {
-        let a = ui.send(Method::POST, "/jobs/a/j/pause", &cookie, form, None).await;
+    for form in [
+        "",
+        "csrf=",
+        "csrf=0000000000000000000000000000000000000000000000000000000000000000",
+    ] {
+        let a = ui
+            .send(Method::POST, "/jobs/a/j/pause", &cookie, form, None)
+            .await;
         assert_eq!(a.status, StatusCode::FORBIDDEN, "{form:?}");
         assert!(a.body.contains("CSRF"));
     }
@@ -255,16 +335,33 @@ async fn a_form_without_the_sessions_csrf_token_is_refused() {
     // Another session's token is not this session's.
     let (other, _) = ui.sign_in(&admin).await;
     let a = ui
-        .send(Method::POST, "/jobs/a/j/pause", &other, &format!("csrf={csrf}"), None)
+        .send(
+            Method::POST,
+            "/jobs/a/j/pause",
+            &other,
+            &format!("csrf={csrf}"),
+            None,
+        )
         .await;
     assert_eq!(a.status, StatusCode::FORBIDDEN);
     // Signing out needs it too, and then the session is gone.
     let a = ui.send(Method::POST, "/signout", &cookie, "", None).await;
     assert_eq!(a.status, StatusCode::FORBIDDEN);
-    let a = ui.send(Method::POST, "/signout", &cookie, &format!("csrf={csrf}"), None).await;
+    let a = ui
+        .send(
+            Method::POST,
+            "/signout",
+            &cookie,
+            &format!("csrf={csrf}"),
+            None,
+        )
+        .await;
     assert_eq!(a.status, StatusCode::SEE_OTHER);
     let a = ui.send(Method::GET, "/jobs/a/j", &cookie, "", None).await;
-    assert_eq!((a.status, a.location.as_str()), (StatusCode::SEE_OTHER, "/"));
+    assert_eq!(
+        (a.status, a.location.as_str()),
+        (StatusCode::SEE_OTHER, "/")
+    );
 }
 
 #[tokio::test]
@@ -274,7 +371,13 @@ async fn another_namespaces_jobs_and_runs_are_not_shown() {
     ui.apply(&admin, "a").await;
     ui.apply(&admin, "b").await;
     let trigger = ui
-        .send(Method::POST, "/api/v1/namespaces/b/jobs/j/trigger", "", "", Some(&admin))
+        .send(
+            Method::POST,
+            "/api/v1/namespaces/b/jobs/j/trigger",
+            "",
+            "",
+            Some(&admin),
+        )
         .await;
     assert_eq!(trigger.status, StatusCode::CREATED, "{}", trigger.body);
     let run: serde_json::Value = serde_json::from_str(&trigger.body).unwrap();
@@ -283,10 +386,16 @@ async fn another_namespaces_jobs_and_runs_are_not_shown() {
     let (cookie, _) = ui.sign_in(&scoped).await;
     let home = ui.send(Method::GET, "/", &cookie, "", None).await;
     assert!(home.body.contains("/jobs/a/j"));
-    assert!(!home.body.contains("/jobs/b/"), "only its namespace is offered");
+    assert!(
+        !home.body.contains("/jobs/b/"),
+        "only its namespace is offered"
+    );
     let other = ui.send(Method::GET, "/?ns=b", &cookie, "", None).await;
     assert_eq!(other.status, StatusCode::OK);
-    assert!(!other.body.contains("/jobs/b/j"), "another namespace lists as empty");
+    assert!(
+        !other.body.contains("/jobs/b/j"),
+        "another namespace lists as empty"
+    );
     for page in [
         "/jobs/b/j".to_string(),
         format!("/runs/{run}"),
@@ -302,9 +411,13 @@ async fn another_namespaces_jobs_and_runs_are_not_shown() {
     assert!(!audit.body.contains("/namespaces/b/"), "{}", audit.body);
     // The instance admin sees both.
     let (cookie, _) = ui.sign_in(&admin).await;
-    let a = ui.send(Method::GET, &format!("/runs/{run}"), &cookie, "", None).await;
+    let a = ui
+        .send(Method::GET, &format!("/runs/{run}"), &cookie, "", None)
+        .await;
     assert_eq!(a.status, StatusCode::OK);
     let home = ui.send(Method::GET, "/?ns=b", &cookie, "", None).await;
     assert!(home.body.contains("/jobs/b/j"));
-    assert!(home.body.contains(r#"<option value="a""#) && home.body.contains(r#"<option value="b""#));
+    assert!(
+        home.body.contains(r#"<option value="a""#) && home.body.contains(r#"<option value="b""#)
+    );
 }

@@ -28,6 +28,10 @@ const RUNS_PER_JOB: usize = 100;
 const DETAILED_RUNS: usize = 20;
 const TASKS: [&str; 4] = ["extract", "transform", "load", "report"];
 
+/// A page of the benchmark: its name, and its address (and whether htmx
+/// asks) for the i-th request.
+type Page = (&'static str, Box<dyn Fn(usize) -> (String, bool)>);
+
 fn micros(t: jiff::Timestamp) -> i64 {
     t.as_microsecond()
 }
@@ -61,7 +65,8 @@ async fn fill(path: &std::path::Path) -> Arc<SqliteStore> {
         store.apply_jobs(chunk, now).await.unwrap();
     }
     let conn = rusqlite::Connection::open(path).unwrap();
-    conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF;").unwrap();
+    conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF;")
+        .unwrap();
     conn.execute_batch("BEGIN").unwrap();
     {
         let mut run = conn
@@ -83,20 +88,34 @@ async fn fill(path: &std::path::Path) -> Arc<SqliteStore> {
             for r in 0..RUNS_PER_JOB {
                 id += 1;
                 let at = base + r as i64 * 300_000_000;
-                let state = if (j + r) % 17 == 0 { "failed" } else { "succeeded" };
-                run.execute(rusqlite::params![id, name, at, state, at + 2_000_000]).unwrap();
+                let state = if (j + r) % 17 == 0 {
+                    "failed"
+                } else {
+                    "succeeded"
+                };
+                run.execute(rusqlite::params![id, name, at, state, at + 2_000_000])
+                    .unwrap();
                 let outcome = match (j + r) % 23 {
                     0 => "skipped_overlap",
                     1 => "missed_caught_up",
                     _ => "fired",
                 };
-                fire.execute(rusqlite::params![name, at, outcome, id]).unwrap();
+                fire.execute(rusqlite::params![name, at, outcome, id])
+                    .unwrap();
                 if r + DETAILED_RUNS >= RUNS_PER_JOB {
                     for (p, t) in TASKS.iter().enumerate() {
-                        task.execute(rusqlite::params![id, t, p as i64, state]).unwrap();
+                        task.execute(rusqlite::params![id, t, p as i64, state])
+                            .unwrap();
                         let log = format!("{t} of run {id}\n").repeat(20);
                         attempt
-                            .execute(rusqlite::params![id, t, state, at, at + 500_000, log.as_bytes()])
+                            .execute(rusqlite::params![
+                                id,
+                                t,
+                                state,
+                                at,
+                                at + 500_000,
+                                log.as_bytes()
+                            ])
                             .unwrap();
                     }
                 }
@@ -119,22 +138,35 @@ async fn pages_at_ten_thousand_jobs_and_a_million_runs() {
     let path = dir.path().join("db");
     let t = Instant::now();
     let store = fill(&path).await;
-    println!("filled {JOBS} jobs and {} runs in {:.1?}", JOBS * RUNS_PER_JOB, t.elapsed());
+    println!(
+        "filled {JOBS} jobs and {} runs in {:.1?}",
+        JOBS * RUNS_PER_JOB,
+        t.elapsed()
+    );
     // The engine is started (its handle is the API's) but its loop is not
     // run: no fire competes with the pages.
-    let (_engine, handle) =
-        Engine::start(store.clone(), Arc::new(SystemClock), EngineConfig::default())
-            .await
-            .unwrap();
+    let (_engine, handle) = Engine::start(
+        store.clone(),
+        Arc::new(SystemClock),
+        EngineConfig::default(),
+    )
+    .await
+    .unwrap();
     let keyring = dagcron_api::auth::Keyring::from_bytes([7; 32]);
     let (record, secret) = dagcron_api::auth::new_token(
         "bench",
-        &Grant { role: Role::Admin, namespace: None },
+        &Grant {
+            role: Role::Admin,
+            namespace: None,
+        },
         None,
         None,
         jiff::Timestamp::now(),
     );
-    store.create_token(&record, &keyring.hash(&secret)).await.unwrap();
+    store
+        .create_token(&record, &keyring.hash(&secret))
+        .await
+        .unwrap();
     let state = AppState {
         cluster: None,
         workers: None,
@@ -192,13 +224,24 @@ async fn pages_at_ten_thousand_jobs_and_a_million_runs() {
         let job = (i * 7919) % JOBS;
         (job * RUNS_PER_JOB + RUNS_PER_JOB - DETAILED_RUNS + 1 + i % DETAILED_RUNS) as i64
     };
-    let pages: Vec<(&str, Box<dyn Fn(usize) -> (String, bool)>)> = vec![
-        ("jobs, first page", Box::new(|_| ("/?ns=bench".into(), false))),
+    let pages: Vec<Page> = vec![
+        (
+            "jobs, first page",
+            Box::new(|_| ("/?ns=bench".into(), false)),
+        ),
         (
             "jobs, a later page",
-            Box::new(|i| (format!("/?ns=bench&cursor=job%3Ajob-{:05}", (i * 37) % JOBS), false)),
+            Box::new(|i| {
+                (
+                    format!("/?ns=bench&cursor=job%3Ajob-{:05}", (i * 37) % JOBS),
+                    false,
+                )
+            }),
         ),
-        ("jobs, a search", Box::new(|i| (format!("/?ns=bench&q=job-0{}", i % 10), false))),
+        (
+            "jobs, a search",
+            Box::new(|i| (format!("/?ns=bench&q=job-0{}", i % 10), false)),
+        ),
         (
             "a job",
             Box::new(|i| (format!("/jobs/bench/job-{:05}", (i * 7919) % JOBS), false)),
@@ -210,12 +253,23 @@ async fn pages_at_ten_thousand_jobs_and_a_million_runs() {
         (
             "a log (htmx)",
             Box::new(move |i| {
-                (format!("/runs/{}/tasks/load/attempts/1/log", detailed(i)), true)
+                (
+                    format!("/runs/{}/tasks/load/attempts/1/log", detailed(i)),
+                    true,
+                )
             }),
         ),
         (
             "playground (htmx)",
-            Box::new(|i| (format!("/playground?expr=0+{}+9+*+*+MON-FRI&tz=Europe/Berlin", i % 60), true)),
+            Box::new(|i| {
+                (
+                    format!(
+                        "/playground?expr=0+{}+9+*+*+MON-FRI&tz=Europe/Berlin",
+                        i % 60
+                    ),
+                    true,
+                )
+            }),
         ),
         ("cluster", Box::new(|_| ("/cluster".into(), false))),
         ("audit log", Box::new(|_| ("/audit".into(), false))),

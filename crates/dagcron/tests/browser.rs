@@ -68,7 +68,12 @@ impl Browser {
             .unwrap();
         let base = format!("http://127.0.0.1:{port}");
         wait_for(20, "chromedriver to answer", || {
-            let v: Value = http.get(format!("{base}/status")).send().ok()?.json().ok()?;
+            let v: Value = http
+                .get(format!("{base}/status"))
+                .send()
+                .ok()?
+                .json()
+                .ok()?;
             v["value"]["ready"].as_bool().filter(|r| *r)
         });
         let caps = json!({"capabilities": {"alwaysMatch": {
@@ -153,11 +158,10 @@ impl Browser {
     /// The text of `css` once it satisfies `ok`.
     fn text_until(&self, secs: u64, css: &str, ok: impl Fn(&str) -> bool) -> String {
         wait_for(secs, &format!("{css} to read as expected"), || {
-            let t = self
-                .find_all(css)
-                .into_iter()
-                .next()
-                .map(|e| self.call(reqwest::Method::GET, &format!("/element/{e}/text"), None))?;
+            let t =
+                self.find_all(css).into_iter().next().map(|e| {
+                    self.call(reqwest::Method::GET, &format!("/element/{e}/text"), None)
+                })?;
             let t = t.as_str()?.to_string();
             ok(&t).then_some(t)
         })
@@ -165,12 +169,20 @@ impl Browser {
 
     fn click(&self, css: &str) {
         let e = self.find(css);
-        self.call(reqwest::Method::POST, &format!("/element/{e}/click"), Some(json!({})));
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{e}/click"),
+            Some(json!({})),
+        );
     }
 
     fn type_into(&self, css: &str, text: &str) {
         let e = self.find(css);
-        self.call(reqwest::Method::POST, &format!("/element/{e}/clear"), Some(json!({})));
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{e}/clear"),
+            Some(json!({})),
+        );
         self.call(
             reqwest::Method::POST,
             &format!("/element/{e}/value"),
@@ -271,15 +283,23 @@ fn the_ui_in_a_browser_signs_in_runs_a_job_follows_its_log_and_hides_actions_fro
     b.find("svg.dag");
     b.type_into("#params", "who=browser");
     b.click("#trigger");
-    wait_for(10, "the run's page", || b.url().contains("/runs/").then_some(()));
+    wait_for(10, "the run's page", || {
+        b.url().contains("/runs/").then_some(())
+    });
     let state = b.text_until(90, "#run-state", |s| {
         s == "succeeded" || s == "failed" || s == "cancelled"
     });
     assert_eq!(state, "succeeded");
     // Its Gantt timeline: four tasks, the transform's two attempts.
     b.find("svg.gantt");
-    assert!(b.find_all("svg.gantt .bar").len() >= 5, "an attempt bar each, a retry");
-    assert!(!b.find_all("svg.gantt .waitbar").is_empty(), "waits are drawn");
+    assert!(
+        b.find_all("svg.gantt .bar").len() >= 5,
+        "an attempt bar each, a retry"
+    );
+    assert!(
+        !b.find_all("svg.gantt .waitbar").is_empty(),
+        "waits are drawn"
+    );
     assert!(b.text("main").contains("who=browser"));
     b.shot("run");
     b.goto(&format!("{url}/jobs/demo/flaky-pipeline"));
@@ -295,7 +315,9 @@ fn the_ui_in_a_browser_signs_in_runs_a_job_follows_its_log_and_hides_actions_fro
     b.click("#trigger");
     b.text_until(20, "#log", |t| t.contains("Following the output live"));
     b.text_until(20, "pre.log", |t| t.contains("line 2"));
-    let full = b.text_until(30, "#log", |t| t.contains("line 8") && t.contains("has ended"));
+    let full = b.text_until(30, "#log", |t| {
+        t.contains("line 8") && t.contains("has ended")
+    });
     assert!(full.contains("line 1"), "{full}");
 
     // The playground draws an error under the expression as it is typed.
@@ -304,7 +326,11 @@ fn the_ui_in_a_browser_signs_in_runs_a_job_follows_its_log_and_hides_actions_fro
     b.type_into("#expr", "0 61 * * *");
     let drawn = b.text_until(10, "#expr-error", |t| t.contains("^^"));
     assert!(drawn.contains("0 61 * * *"), "{drawn}");
-    assert!(b.url().contains("expr=0%2061"), "the address shares it: {}", b.url());
+    assert!(
+        b.url().contains("expr=0%2061"),
+        "the address shares it: {}",
+        b.url()
+    );
     b.shot("playground");
     b.type_into("#expr", "0 30 2 * * *");
     b.text_until(10, "#explanation", |t| t.contains("02:30"));
@@ -329,12 +355,21 @@ fn the_ui_in_a_browser_signs_in_runs_a_job_follows_its_log_and_hides_actions_fro
     sign_in(&b, &url, created["token"].as_str().unwrap());
     b.goto(&format!("{url}/jobs/demo/flaky-pipeline"));
     b.find("svg.dag");
-    assert!(b.find_all("main form[method=post]").is_empty(), "no action offered");
+    assert!(
+        b.find_all("main form[method=post]").is_empty(),
+        "no action offered"
+    );
     assert!(b.find_all("#trigger, #pause, #resume").is_empty());
     let run = b.find_all(".grid thead a");
     assert!(!run.is_empty());
     b.click(".grid thead a");
     b.find("svg.gantt");
-    assert!(b.find_all("main form[method=post]").is_empty(), "no cancel, no re-run");
-    assert!(b.find_all("a[href='/audit']").is_empty(), "no audit log for a viewer");
+    assert!(
+        b.find_all("main form[method=post]").is_empty(),
+        "no cancel, no re-run"
+    );
+    assert!(
+        b.find_all("a[href='/audit']").is_empty(),
+        "no audit log for a viewer"
+    );
 }

@@ -188,7 +188,11 @@ pub(crate) async fn audit<S: Store>(
             .map(|r| AuditRow {
                 seq: r.seq,
                 at: format::time(r.at, &v.zone),
-                who: r.principal_name.clone().or(r.principal.clone()).unwrap_or_default(),
+                who: r
+                    .principal_name
+                    .clone()
+                    .or(r.principal.clone())
+                    .unwrap_or_default(),
                 action: r.action.clone(),
                 ns: r.namespace.clone().unwrap_or_default(),
                 outcome: r.outcome,

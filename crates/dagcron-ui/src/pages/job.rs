@@ -156,7 +156,10 @@ pub(crate) async fn page<S: Store>(
         .window
         .filter(|w| WINDOWS.iter().any(|(n, _)| n == w))
         .unwrap_or_else(|| "24h".into());
-    let hours = WINDOWS.iter().find(|(n, _)| *n == window).map_or(24, |w| w.1);
+    let hours = WINDOWS
+        .iter()
+        .find(|(n, _)| *n == window)
+        .map_or(24, |w| w.1);
     // Fires before the job existed were never expected.
     let created = match store.get_job_version(&ns, &name, 1).await {
         Ok(first) => first.map(|v| v.info.applied_at),
@@ -275,7 +278,9 @@ fn schedules(job: &Job, now: Timestamp) -> Vec<ScheduleView> {
                 })
                 .collect();
             ScheduleView {
-                expr: exprs.get(i).map_or_else(|| s.normalized(), |e| e.to_string()),
+                expr: exprs
+                    .get(i)
+                    .map_or_else(|| s.normalized(), |e| e.to_string()),
                 zone: tz.iana_name().unwrap_or("UTC").to_string(),
                 english: s.explain(),
                 fires,
@@ -298,9 +303,7 @@ fn grid(job: &Job, runs: &[RunRecord]) -> Vec<GridRow> {
                     GridCell {
                         run: r.id,
                         state: task.map_or("", |x| x.state.as_str()),
-                        attempt: task
-                            .and_then(|x| x.attempts.last())
-                            .map_or(0, |a| a.number),
+                        attempt: task.and_then(|x| x.attempts.last()).map_or(0, |a| a.number),
                     }
                 })
                 .collect(),
@@ -333,7 +336,9 @@ async fn health_of<S: Store>(
             format::duration(span)
         );
         if span < SignedDuration::from_secs(60) {
-            break timing.fires_in(since(span), now, HEALTH_FIRES).unwrap_or_default();
+            break timing
+                .fires_in(since(span), now, HEALTH_FIRES)
+                .unwrap_or_default();
         }
     };
     let ledger = ui
@@ -352,7 +357,11 @@ async fn health_of<S: Store>(
         .into_iter()
         .map(|l| HealthLine {
             time: format::time(l.at, zone),
-            local: l.at.to_zoned_datetime(zone.clone()).strftime("%Y-%m-%d %H:%M:%S").to_string(),
+            local: l
+                .at
+                .to_zoned_datetime(zone.clone())
+                .strftime("%Y-%m-%d %H:%M:%S")
+                .to_string(),
             what: l.what,
             reason: l.reason,
             run: l.run,
@@ -389,7 +398,10 @@ async fn diff_of<S: Store>(
                 similar::ChangeTag::Insert => ("add", "+"),
                 similar::ChangeTag::Equal => ("", " "),
             };
-            (class, format!("{sign} {}", c.value().trim_end_matches('\n')))
+            (
+                class,
+                format!("{sign} {}", c.value().trim_end_matches('\n')),
+            )
         })
         .collect();
     Ok(Some(DiffView {

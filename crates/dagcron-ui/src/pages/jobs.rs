@@ -120,12 +120,11 @@ pub(crate) async fn index<S: Store>(
             Err(e) => return error_page(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
         },
     };
-    let ns = q
-        .ns
-        .clone()
-        .filter(|n| !n.is_empty())
-        .or_else(|| namespaces.first().cloned())
-        .unwrap_or_else(|| "default".into());
+    let ns =
+        q.ns.clone()
+            .filter(|n| !n.is_empty())
+            .or_else(|| namespaces.first().cloned())
+            .unwrap_or_else(|| "default".into());
     // Another namespace than a scoped token's is shown empty, as the API
     // lists it; a role too weak is refused.
     let listed = match v.who.lists(Need::Read, &ns) {
@@ -142,42 +141,44 @@ pub(crate) async fn index<S: Store>(
     let mut scanned = 0;
     let mut next = None;
     let mut scanned_out = false;
-    while listed {
-        let page = match store.list_jobs(&ns, SCAN_PAGE, cursor.as_deref()).await {
-            Ok(p) => p,
-            Err(e) => return error_page(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-        };
-        let mut full = false;
-        for job in page.items {
-            scanned += 1;
-            let keep = (needle.is_empty() || job.name.to_lowercase().contains(&needle))
-                && match show.as_str() {
-                    "paused" => job.paused,
-                    "active" => !job.paused,
-                    _ => true,
-                };
-            cursor = Some(dagcron_store::job_cursor(&job));
-            if keep {
-                picked.push(job);
+    if listed {
+        loop {
+            let page = match store.list_jobs(&ns, SCAN_PAGE, cursor.as_deref()).await {
+                Ok(p) => p,
+                Err(e) => return error_page(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+            };
+            let mut full = false;
+            for job in page.items {
+                scanned += 1;
+                let keep = (needle.is_empty() || job.name.to_lowercase().contains(&needle))
+                    && match show.as_str() {
+                        "paused" => job.paused,
+                        "active" => !job.paused,
+                        _ => true,
+                    };
+                cursor = Some(dagcron_store::job_cursor(&job));
+                if keep {
+                    picked.push(job);
+                }
+                if picked.len() == PAGE {
+                    full = true;
+                    break;
+                }
             }
-            if picked.len() == PAGE {
-                full = true;
+            if full {
+                // More may follow the last job shown.
+                next = cursor.clone();
                 break;
             }
-        }
-        if full {
-            // More may follow the last job shown.
-            next = cursor.clone();
-            break;
-        }
-        match page.next_cursor {
-            None => break,
-            Some(c) if scanned >= SCAN_MAX => {
-                next = Some(c);
-                scanned_out = true;
-                break;
+            match page.next_cursor {
+                None => break,
+                Some(c) if scanned >= SCAN_MAX => {
+                    next = Some(c);
+                    scanned_out = true;
+                    break;
+                }
+                Some(c) => cursor = Some(c),
             }
-            Some(c) => cursor = Some(c),
         }
     }
     if next.is_some() && !scanned_out {
@@ -255,7 +256,8 @@ async fn job_rows<S: Store>(
             _ if job.paused => "paused".into(),
             _ => "—".into(),
         };
-        let count = |pick: &[FireOutcome]| fires.iter().filter(|f| pick.contains(&f.outcome)).count();
+        let count =
+            |pick: &[FireOutcome]| fires.iter().filter(|f| pick.contains(&f.outcome)).count();
         let strip: Vec<Cell> = runs
             .iter()
             .rev()

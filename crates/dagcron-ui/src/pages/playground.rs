@@ -55,7 +55,9 @@ struct PlaygroundPage {
 /// Marks `[start, end)` (bytes of `source`) with carets, counted in
 /// characters so that they fall under the right ones.
 fn marks(source: &str, start: usize, end: usize) -> String {
-    let before = source.get(..start.min(source.len())).map_or(0, |s| s.chars().count());
+    let before = source
+        .get(..start.min(source.len()))
+        .map_or(0, |s| s.chars().count());
     let inside = source
         .get(start.min(source.len())..end.min(source.len()))
         .map_or(0, |s| s.chars().count());
@@ -143,7 +145,12 @@ pub(crate) async fn page<S: Store>(
     let result = evaluate(&expr, &tz, Timestamp::now());
     let html = match result.render() {
         Ok(h) => h,
-        Err(e) => return crate::error_page(axum::http::StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        Err(e) => {
+            return crate::error_page(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                &e.to_string(),
+            );
+        }
     };
     if from_htmx(&headers) {
         return Html(html).into_response();
@@ -179,6 +186,10 @@ mod tests {
         assert!(r.english.contains("02:30"), "{}", r.english);
         assert_eq!(r.fires.len(), FIRES);
         assert!(r.fires[0].2.is_empty(), "{:?}", r.fires[0]);
-        assert!(!r.fires[1].2.is_empty(), "the gap is marked: {:?}", r.fires[1]);
+        assert!(
+            !r.fires[1].2.is_empty(),
+            "the gap is marked: {:?}",
+            r.fires[1]
+        );
     }
 }

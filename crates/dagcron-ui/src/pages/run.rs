@@ -17,7 +17,9 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::svg::{Bar, Row, gantt};
-use crate::{Chrome, Ui, Viewer, call_api, check_csrf, error_page, format, from_htmx, render, viewer};
+use crate::{
+    Chrome, Ui, Viewer, call_api, check_csrf, error_page, format, from_htmx, render, viewer,
+};
 
 /// The most of a log a page shows: its end.
 const LOG_TAIL: usize = 64 << 10;
@@ -185,7 +187,8 @@ async fn log_part<S: Store>(
         truncated: from > 0,
         shown: bytes.len() - from,
     };
-    part.render().map_err(|e| error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()))
+    part.render()
+        .map_err(|e| error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()))
 }
 
 /// `GET /runs/{id}`.
@@ -339,7 +342,10 @@ pub(crate) async fn act<S: Store>(
     let connect = parts.extensions.get().cloned();
     match call_api(&ui, &v, &parts.headers, connect, &path, body).await {
         Ok(answer) => {
-            let to = answer["id"].as_i64().filter(|_| action == "rerun").unwrap_or(id);
+            let to = answer["id"]
+                .as_i64()
+                .filter(|_| action == "rerun")
+                .unwrap_or(id);
             Redirect::to(&format!("/runs/{to}")).into_response()
         }
         Err((status, message)) => error_page(status, &message),

@@ -26,7 +26,7 @@ struct SigninPage<'a> {
 /// with the other site's token).
 pub(crate) fn form(status: StatusCode, error: Option<&str>) -> Response {
     let csrf = random_id();
-    let mut resp = (status, render(&SigninPage { csrf: &csrf, error: error.as_deref() })).into_response();
+    let mut resp = (status, render(&SigninPage { csrf: &csrf, error })).into_response();
     if let Ok(v) = set_cookie(SIGNIN_COOKIE, &csrf, Some(3600)).parse() {
         resp.headers_mut().append(header::SET_COOKIE, v);
     }
@@ -63,9 +63,10 @@ pub(crate) async fn signin<S: Store>(
             }
             resp
         }
-        Err(TokenRefused::Unauthenticated(m)) => {
-            form(StatusCode::UNAUTHORIZED, Some(&format!("Not signed in: {m}.")))
-        }
+        Err(TokenRefused::Unauthenticated(m)) => form(
+            StatusCode::UNAUTHORIZED,
+            Some(&format!("Not signed in: {m}.")),
+        ),
         Err(TokenRefused::Store(e)) => error_page(StatusCode::SERVICE_UNAVAILABLE, &e.message),
     }
 }
