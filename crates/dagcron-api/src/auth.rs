@@ -333,32 +333,57 @@ async fn authenticated<S: Store>(
             ),
         );
     };
+    let principal = match principal_of(st, secret).await {
+        Ok(p) => p,
+        Err(TokenRefused::Unauthenticated(message)) => return (None, unauthenticated(&message)),
+        Err(TokenRefused::Store(e)) => return (None, e.into_response()),
+    };
+    req.extensions_mut().insert(principal.clone());
+    (Some(principal), next.run(req).await)
+}
+
+/// Why a token does not authenticate.
+#[derive(Debug)]
+pub enum TokenRefused {
+    /// Not a token, unknown, revoked, expired: the message says which.
+    Unauthenticated(String),
+    /// The store could not be asked.
+    Store(ApiError),
+}
+
+/// The principal a token's secret authenticates: the one check of a token
+/// (its keyed hash known, not revoked, not expired, a known role), for the
+/// API's bearer tokens and the web UI's sessions alike.
+pub async fn principal_of<S: Store>(
+    st: &AppState<S>,
+    secret: &str,
+) -> Result<Principal, TokenRefused> {
     if !secret.starts_with(TOKEN_PREFIX) || secret.len() > 128 {
-        return (None, unauthenticated("not a dagcron token"));
+        return Err(TokenRefused::Unauthenticated("not a dagcron token".into()));
     }
     let token = match st.store.find_token(&st.keyring.hash(secret)).await {
         Ok(Some(t)) => t,
-        Ok(None) => return (None, unauthenticated("unknown token")),
-        Err(e) => return (None, ApiError::from(e).into_response()),
+        Ok(None) => return Err(TokenRefused::Unauthenticated("unknown token".into())),
+        Err(e) => return Err(TokenRefused::Store(ApiError::from(e))),
     };
     let now = Timestamp::now();
     if token.revoked_at.is_some() {
-        return (
-            None,
-            unauthenticated(&format!("token {} was revoked", token.id)),
-        );
+        return Err(TokenRefused::Unauthenticated(format!(
+            "token {} was revoked",
+            token.id
+        )));
     }
     if token.expires_at.is_some_and(|e| e <= now) {
-        return (
-            None,
-            unauthenticated(&format!("token {} has expired", token.id)),
-        );
+        return Err(TokenRefused::Unauthenticated(format!(
+            "token {} has expired",
+            token.id
+        )));
     }
     let Ok(role) = token.role.parse::<Role>() else {
-        return (
-            None,
-            unauthenticated(&format!("token {} has an unknown role", token.id)),
-        );
+        return Err(TokenRefused::Unauthenticated(format!(
+            "token {} has an unknown role",
+            token.id
+        )));
     };
     if token
         .last_used_at
@@ -367,16 +392,14 @@ async fn authenticated<S: Store>(
         // Best effort: a failure to note the use does not refuse the call.
         let _ = st.store.token_used(&token.id, now).await;
     }
-    let principal = Principal {
+    Ok(Principal {
         token_id: token.id,
         name: token.name,
         grant: Grant {
             role,
             namespace: token.namespace,
         },
-    };
-    req.extensions_mut().insert(principal.clone());
-    (Some(principal), next.run(req).await)
+    })
 }
 
 #[cfg(test)]

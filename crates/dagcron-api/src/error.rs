@@ -39,7 +39,9 @@ impl ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
     }
 
-    pub(crate) fn not_found(message: impl Into<String>) -> ApiError {
+    /// A `404` with this message (also what another namespace's object
+    /// answers, so that a scoped token learns nothing of it).
+    pub fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
     }
 }

@@ -340,7 +340,8 @@ async fn serve_api<S: Store>(
     // Remote agents speak gRPC on the API's port.
     let agents = state.workers.clone().expect("the server has an agent pool");
     let grpc = tonic::service::Routes::new(agents.service()).into_axum_router();
-    let app = dagcron_api::with_grpc(router(state), grpc);
+    // The web UI answers its own paths and hands the rest to the API.
+    let app = dagcron_api::with_grpc(dagcron_ui::with_ui(state.clone(), router(state)), grpc);
     if let Some(config) = tls {
         return Ok(tokio::spawn(crate::tls::serve(
             listener, app, config, shutdown,

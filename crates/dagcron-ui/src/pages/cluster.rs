@@ -1,0 +1,206 @@
+//! `/cluster`: the nodes (lease, epoch, clock skew, jobs owned) and the
+//! remote agents (labels, capacity, running attempts, clock offset), read
+//! only; and `/audit`, the audit log, for admins.
+
+use askama::Template;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use dagcron_api::ApiError;
+use dagcron_api::wire::{NodeAnswer, WorkerAnswer};
+use dagcron_core::authz::Need;
+use dagcron_store::Store;
+use serde::Deserialize;
+
+use crate::{Chrome, Ui, error_page, format, render, viewer};
+
+/// Audit rows a page shows.
+const AUDIT_PAGE: u32 = 100;
+
+struct NodeView {
+    id: String,
+    this: bool,
+    address: String,
+    state: String,
+    lease_valid: bool,
+    epoch: i64,
+    lease_until: String,
+    heartbeat: String,
+    skew: String,
+    owned: i64,
+    version: String,
+}
+
+struct AgentView {
+    id: String,
+    labels: String,
+    running: u32,
+    capacity: u32,
+    connected: bool,
+    draining: bool,
+    heartbeat: String,
+    offset: String,
+    version: String,
+}
+
+#[derive(Template)]
+#[template(path = "cluster.html")]
+struct ClusterPage {
+    chrome: Chrome,
+    nodes: Vec<NodeView>,
+    agents: Vec<AgentView>,
+}
+
+fn micros(us: i64) -> String {
+    format::duration(jiff::SignedDuration::from_micros(us))
+}
+
+/// `GET /cluster`.
+pub(crate) async fn page<S: Store>(State(ui): State<Ui<S>>, headers: HeaderMap) -> Response {
+    let v = match viewer(&ui, &headers).await {
+        Ok(v) => v,
+        Err(resp) => return resp,
+    };
+    // The instance's state: what `/api/v1/cluster` and `/api/v1/workers` ask.
+    if let Err(e) = v
+        .who
+        .allow(Need::Read, None, || ApiError::not_found("no such page"))
+    {
+        return error_page(e.status, &e.message);
+    }
+    let zone = &v.zone;
+    let mut nodes = Vec::new();
+    if let Some(cluster) = &ui.st.cluster {
+        let this = cluster.local();
+        let listed = match cluster.nodes().await {
+            Ok(n) => n,
+            Err(e) => return error_page(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        };
+        nodes = listed
+            .iter()
+            .map(NodeAnswer::from)
+            .map(|n| NodeView {
+                this: n.epoch == this.epoch,
+                id: n.id,
+                address: n.address,
+                state: n.state,
+                lease_valid: n.lease_valid,
+                epoch: n.epoch,
+                lease_until: format::time(n.lease_until, zone),
+                heartbeat: format::time(n.heartbeat_at, zone),
+                skew: micros(n.clock_skew_us),
+                owned: n.owned_jobs,
+                version: n.version,
+            })
+            .collect();
+    }
+    let agents = ui
+        .st
+        .workers
+        .as_ref()
+        .map(|p| p.workers())
+        .unwrap_or_default()
+        .iter()
+        .map(WorkerAnswer::from)
+        .map(|a| AgentView {
+            id: a.id,
+            labels: a
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            running: a.running,
+            capacity: a.capacity,
+            connected: a.connected,
+            draining: a.draining,
+            heartbeat: format::time(a.last_heartbeat, zone),
+            offset: micros(a.clock_offset_us),
+            version: a.version,
+        })
+        .collect();
+    render(&ClusterPage {
+        chrome: v.chrome("Cluster", "cluster"),
+        nodes,
+        agents,
+    })
+}
+
+#[derive(Deserialize, Default)]
+pub(crate) struct AuditQuery {
+    after: Option<i64>,
+}
+
+struct AuditRow {
+    seq: i64,
+    at: String,
+    who: String,
+    action: String,
+    ns: String,
+    outcome: u16,
+    address: String,
+}
+
+#[derive(Template)]
+#[template(path = "audit.html")]
+struct AuditPage {
+    chrome: Chrome,
+    rows: Vec<AuditRow>,
+    after: i64,
+    ns: Option<String>,
+    next: Option<i64>,
+}
+
+/// `GET /audit`: as `/api/v1/audit` decides, an instance admin reads it
+/// all, a namespace's admin that namespace's rows.
+pub(crate) async fn audit<S: Store>(
+    State(ui): State<Ui<S>>,
+    headers: HeaderMap,
+    Query(q): Query<AuditQuery>,
+) -> Response {
+    let v = match viewer(&ui, &headers).await {
+        Ok(v) => v,
+        Err(resp) => return resp,
+    };
+    let ns = v.who.grant.namespace.clone();
+    if let Err(e) = v.who.allow(Need::Administer, ns.as_deref(), || {
+        ApiError::not_found("no such namespace")
+    }) {
+        return error_page(e.status, &e.message);
+    }
+    let after = q.after.unwrap_or(0).max(0);
+    let rows = match ui
+        .st
+        .store
+        .list_audit(after, AUDIT_PAGE, ns.as_deref())
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return error_page(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    };
+    let next = (rows.len() == AUDIT_PAGE as usize)
+        .then(|| rows.last().map(|r| r.seq))
+        .flatten();
+    render(&AuditPage {
+        chrome: v.chrome("Audit log", "audit"),
+        rows: rows
+            .iter()
+            .map(|r| AuditRow {
+                seq: r.seq,
+                at: format::time(r.at, &v.zone),
+                who: r
+                    .principal_name
+                    .clone()
+                    .or(r.principal.clone())
+                    .unwrap_or_default(),
+                action: r.action.clone(),
+                ns: r.namespace.clone().unwrap_or_default(),
+                outcome: r.outcome,
+                address: r.address.clone().unwrap_or_default(),
+            })
+            .collect(),
+        after,
+        ns,
+        next,
+    })
+}

@@ -1,0 +1,476 @@
+//! A job's page: its DAG colored by the latest run, its schedule with the
+//! next fires (daylight-saving marks, calendar suppressions), the run grid,
+//! the schedule-health timeline, its versions with their diff, and the
+//! actions an operator may take (trigger, pause, resume, backfill).
+
+use std::collections::{BTreeMap, HashMap};
+
+use askama::Template;
+use axum::Form;
+use axum::extract::{Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use dagcron_core::Job;
+use dagcron_core::authz::Need;
+use dagcron_store::{RunRecord, Store};
+use jiff::{SignedDuration, Timestamp};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::svg::{DagNode, dag};
+use crate::{Chrome, Ui, call_api, check_csrf, error_page, format, health, render, viewer};
+
+/// Runs in the grid.
+pub(crate) const GRID_RUNS: u32 = 20;
+/// Next fires shown per schedule.
+const NEXT_FIRES: usize = 8;
+/// At most this many expected fires in the health timeline; a busier
+/// window is narrowed.
+const HEALTH_FIRES: usize = 500;
+/// Versions listed.
+const VERSIONS: u32 = 10;
+/// The windows of the health timeline.
+const WINDOWS: [(&str, i64); 4] = [("1h", 1), ("6h", 6), ("24h", 24), ("7d", 168)];
+
+#[derive(Deserialize, Default)]
+pub(crate) struct JobQuery {
+    window: Option<String>,
+    diff: Option<i64>,
+    notice: Option<String>,
+}
+
+struct FireLine {
+    local: String,
+    utc: String,
+    dst: &'static str,
+    suppressed: String,
+}
+
+struct ScheduleView {
+    expr: String,
+    zone: String,
+    english: String,
+    fires: Vec<FireLine>,
+}
+
+struct RunHead {
+    id: i64,
+    state: &'static str,
+    trigger: &'static str,
+}
+
+struct GridCell {
+    run: i64,
+    state: &'static str,
+    attempt: u32,
+}
+
+struct GridRow {
+    task: String,
+    cells: Vec<GridCell>,
+}
+
+struct HealthLine {
+    time: String,
+    local: String,
+    what: &'static str,
+    reason: String,
+    run: Option<i64>,
+}
+
+struct VersionView {
+    version: i64,
+    at: String,
+    by: String,
+}
+
+struct DiffView {
+    from: i64,
+    to: i64,
+    lines: Vec<(&'static str, String)>,
+}
+
+#[derive(Template)]
+#[template(path = "job.html")]
+struct JobPage {
+    chrome: Chrome,
+    ns: String,
+    name: String,
+    version: i64,
+    paused: bool,
+    notice: Option<String>,
+    operate: bool,
+    latest: Option<i64>,
+    dag: String,
+    schedules: Vec<ScheduleView>,
+    runs: Vec<RunHead>,
+    grid: Vec<GridRow>,
+    window: String,
+    windows: Vec<String>,
+    health: Vec<HealthLine>,
+    health_counts: Vec<(&'static str, usize)>,
+    health_label: String,
+    health_note: String,
+    health_open: bool,
+    versions: Vec<VersionView>,
+    diff: Option<DiffView>,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> Response {
+    error_page(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
+}
+
+/// `GET /jobs/{ns}/{name}`.
+pub(crate) async fn page<S: Store>(
+    State(ui): State<Ui<S>>,
+    headers: HeaderMap,
+    Path((ns, name)): Path<(String, String)>,
+    Query(q): Query<JobQuery>,
+) -> Response {
+    let v = match viewer(&ui, &headers).await {
+        Ok(v) => v,
+        Err(resp) => return resp,
+    };
+    let missing = || dagcron_api::ApiError::not_found(format!("no job {ns}/{name}"));
+    if let Err(e) = v.who.allow(Need::Read, Some(&ns), missing) {
+        return error_page(e.status, &e.message);
+    }
+    let store = &ui.st.store;
+    let stored = match store.get_job(&ns, &name).await {
+        Ok(Some(j)) => j,
+        Ok(None) => return error_page(StatusCode::NOT_FOUND, &format!("no job {ns}/{name}")),
+        Err(e) => return unavailable(e),
+    };
+    let job = match Job::from_canonical(&ns, &stored.spec) {
+        Ok(j) => j,
+        Err(e) => return unavailable(format!("the stored job cannot be read: {e}")),
+    };
+    let now = Timestamp::now();
+    let zone = &v.zone;
+    let runs = match store.list_runs(&ns, &name, GRID_RUNS, None).await {
+        Ok(p) => p.items,
+        Err(e) => return unavailable(e),
+    };
+    let window = q
+        .window
+        .filter(|w| WINDOWS.iter().any(|(n, _)| n == w))
+        .unwrap_or_else(|| "24h".into());
+    let hours = WINDOWS
+        .iter()
+        .find(|(n, _)| *n == window)
+        .map_or(24, |w| w.1);
+    // Fires before the job existed were never expected.
+    let created = match store.get_job_version(&ns, &name, 1).await {
+        Ok(first) => first.map(|v| v.info.applied_at),
+        Err(e) => return unavailable(e),
+    };
+    let (health, health_note) = match health_of(&ui, &job, &runs, hours, created, now, zone).await {
+        Ok(h) => h,
+        Err(e) => return unavailable(e),
+    };
+    let versions = match store.list_job_versions(&ns, &name, VERSIONS, None).await {
+        Ok(p) => p.items,
+        Err(e) => return unavailable(e),
+    };
+    let diff_to = q.diff.unwrap_or(stored.version);
+    let diff = if diff_to > 1 {
+        match diff_of(&*ui.st.store, &ns, &name, diff_to).await {
+            Ok(d) => d,
+            Err(e) => return unavailable(e),
+        }
+    } else {
+        None
+    };
+    let latest = runs.first();
+    let nodes: Vec<DagNode> = job
+        .tasks
+        .iter()
+        .map(|t| {
+            let task = latest.and_then(|r| r.tasks.iter().find(|x| x.id == t.id));
+            DagNode {
+                id: t.id.clone(),
+                state: task.map(|x| x.state.as_str().to_string()),
+                href: latest.map(|r| format!("/runs/{}?task={}", r.id, t.id)),
+            }
+        })
+        .collect();
+    let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for l in &health {
+        *counts.entry(l.what).or_default() += 1;
+    }
+    let health_label = format!(
+        "{} expected fires: {}",
+        health.len(),
+        counts
+            .iter()
+            .map(|(k, n)| format!("{n} {k}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let page = JobPage {
+        chrome: v.chrome(format!("{ns}/{name}"), "jobs"),
+        operate: v.may(Need::Operate, Some(&ns)),
+        latest: latest.map(|r| r.id),
+        dag: dag(&nodes, &job.dag.upstream, &job.dag.waves()),
+        schedules: schedules(&job, now),
+        grid: grid(&job, &runs),
+        runs: runs
+            .iter()
+            .map(|r| RunHead {
+                id: r.id,
+                state: r.state.as_str(),
+                trigger: r.trigger.as_str(),
+            })
+            .collect(),
+        windows: WINDOWS.iter().map(|w| w.0.to_string()).collect(),
+        health_open: health.len() <= 50,
+        health_counts: counts.into_iter().collect(),
+        health_label,
+        health_note,
+        health,
+        window,
+        versions: versions
+            .iter()
+            .map(|ver| VersionView {
+                version: ver.version,
+                at: format::time(ver.applied_at, zone),
+                by: match (&ver.origin.by, ver.origin.rollback_of) {
+                    (Some(a), Some(r)) => format!("{} (rollback to {r})", a.name),
+                    (Some(a), None) => a.name.clone(),
+                    (None, Some(r)) => format!("rollback to {r}"),
+                    (None, None) => "—".into(),
+                },
+            })
+            .collect(),
+        diff,
+        notice: q.notice,
+        version: stored.version,
+        paused: stored.paused,
+        ns,
+        name,
+    };
+    render(&page)
+}
+
+/// Each schedule's explanation and next fires, marked where daylight
+/// saving moved them and where a calendar suppresses them.
+fn schedules(job: &Job, now: Timestamp) -> Vec<ScheduleView> {
+    let (_, written) = super::jobs::schedule_text(Some(job));
+    let exprs: Vec<&str> = written.split(" | ").collect();
+    job.schedules
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let tz = s.time_zone().clone();
+            let fires = s
+                .fires_after(now)
+                .take(NEXT_FIRES)
+                .map(|f| FireLine {
+                    local: f
+                        .at
+                        .to_zoned_datetime(tz.clone())
+                        .strftime("%a %Y-%m-%d %H:%M:%S %Z")
+                        .to_string(),
+                    utc: f.at.strftime("%Y-%m-%d %H:%M:%SZ").to_string(),
+                    dst: f.dst.map_or("", |d| d.describe()),
+                    suppressed: job.excluded_by(f.at).unwrap_or("").to_string(),
+                })
+                .collect();
+            ScheduleView {
+                expr: exprs
+                    .get(i)
+                    .map_or_else(|| s.normalized(), |e| e.to_string()),
+                zone: tz.iana_name().unwrap_or("UTC").to_string(),
+                english: s.explain(),
+                fires,
+            }
+        })
+        .collect()
+}
+
+/// Tasks as rows, runs as columns (newest left); each cell the task's
+/// state in that run and its last attempt.
+fn grid(job: &Job, runs: &[RunRecord]) -> Vec<GridRow> {
+    job.tasks
+        .iter()
+        .map(|t| GridRow {
+            task: t.id.clone(),
+            cells: runs
+                .iter()
+                .map(|r| {
+                    let task = r.tasks.iter().find(|x| x.id == t.id);
+                    GridCell {
+                        run: r.id,
+                        state: task.map_or("", |x| x.state.as_str()),
+                        attempt: task.and_then(|x| x.attempts.last()).map_or(0, |a| a.number),
+                    }
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// The health timeline of the last `hours` (narrowed while the schedule
+/// expects more than [`HEALTH_FIRES`] fires), and a note if narrowed.
+async fn health_of<S: Store>(
+    ui: &Ui<S>,
+    job: &Job,
+    runs: &[RunRecord],
+    hours: i64,
+    created: Option<Timestamp>,
+    now: Timestamp,
+    zone: &jiff::tz::TimeZone,
+) -> dagcron_store::Result<(Vec<HealthLine>, String)> {
+    let timing = job.timing();
+    let mut span = SignedDuration::from_hours(hours);
+    let mut note = String::new();
+    let since = |span: SignedDuration| (now - span).max(created.unwrap_or(Timestamp::MIN));
+    let expected = loop {
+        if let Some(e) = timing.fires_in(since(span), now, HEALTH_FIRES) {
+            break e;
+        }
+        span /= 6;
+        note = format!(
+            "The schedule expects more than {HEALTH_FIRES} fires in that window: showing the last {}.",
+            format::duration(span)
+        );
+        if span < SignedDuration::from_secs(60) {
+            break timing
+                .fires_in(since(span), now, HEALTH_FIRES)
+                .unwrap_or_default();
+        }
+    };
+    let ledger = ui
+        .st
+        .store
+        .list_fires(
+            &job.namespace,
+            &job.spec.name,
+            since(span),
+            now,
+            (HEALTH_FIRES * 2) as u32,
+        )
+        .await?;
+    let created: HashMap<i64, Timestamp> = runs.iter().map(|r| (r.id, r.created_at)).collect();
+    let lines = health::timeline(&expected, &ledger, &created, now)
+        .into_iter()
+        .map(|l| HealthLine {
+            time: format::time(l.at, zone),
+            local: l
+                .at
+                .to_zoned_datetime(zone.clone())
+                .strftime("%Y-%m-%d %H:%M:%S")
+                .to_string(),
+            what: l.what,
+            reason: l.reason,
+            run: l.run,
+        })
+        .collect();
+    Ok((lines, note))
+}
+
+/// The diff of version `to` against the one before it, as JSON lines.
+async fn diff_of<S: Store>(
+    store: &S,
+    ns: &str,
+    name: &str,
+    to: i64,
+) -> dagcron_store::Result<Option<DiffView>> {
+    let (Some(a), Some(b)) = (
+        store.get_job_version(ns, name, to - 1).await?,
+        store.get_job_version(ns, name, to).await?,
+    ) else {
+        return Ok(None);
+    };
+    let pretty = |s: &str| {
+        serde_json::from_str::<serde_json::Value>(s)
+            .and_then(|v| serde_json::to_string_pretty(&v))
+            .unwrap_or_else(|_| s.to_string())
+    };
+    let (old, new) = (pretty(&a.spec), pretty(&b.spec));
+    let diff = similar::TextDiff::from_lines(&old, &new);
+    let lines = diff
+        .iter_all_changes()
+        .map(|c| {
+            let (class, sign) = match c.tag() {
+                similar::ChangeTag::Delete => ("del", "-"),
+                similar::ChangeTag::Insert => ("add", "+"),
+                similar::ChangeTag::Equal => ("", " "),
+            };
+            (
+                class,
+                format!("{sign} {}", c.value().trim_end_matches('\n')),
+            )
+        })
+        .collect();
+    Ok(Some(DiffView {
+        from: to - 1,
+        to,
+        lines,
+    }))
+}
+
+/// `POST /jobs/{ns}/{name}/{action}`: trigger, pause, resume or backfill,
+/// sent to the API's own route with the session's token.
+pub(crate) async fn act<S: Store>(
+    State(ui): State<Ui<S>>,
+    parts: Parts,
+    Path((ns, name, action)): Path<(String, String, String)>,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
+    let v = match viewer(&ui, &parts.headers).await {
+        Ok(v) => v,
+        Err(resp) => return resp,
+    };
+    if let Err(resp) = check_csrf(&v, &f) {
+        return resp;
+    }
+    let body = match action.as_str() {
+        "pause" | "resume" => json!({}),
+        "trigger" => match format::params(f.get("params").map_or("", String::as_str)) {
+            Ok(p) => json!({ "params": p }),
+            Err(m) => return error_page(StatusCode::BAD_REQUEST, &m),
+        },
+        "backfill" => {
+            let at = |k: &str| {
+                let text = f.get(k).map_or("", |s| s.trim());
+                text.parse::<Timestamp>()
+                    .map_err(|e| format!("{k} {text:?} is not an RFC 3339 instant: {e}"))
+            };
+            match (at("from"), at("to")) {
+                (Ok(from), Ok(to)) => json!({ "from": from, "to": to }),
+                (Err(m), _) | (_, Err(m)) => return error_page(StatusCode::BAD_REQUEST, &m),
+            }
+        }
+        _ => return error_page(StatusCode::NOT_FOUND, &format!("no action {action}")),
+    };
+    let path = format!(
+        "/api/v1/namespaces/{}/jobs/{}/{action}",
+        crate::path_part(&ns),
+        crate::path_part(&name)
+    );
+    let connect = parts.extensions.get().cloned();
+    match call_api(&ui, &v, &parts.headers, connect, &path, body).await {
+        Ok(answer) => {
+            let page = format!(
+                "/jobs/{}/{}",
+                crate::path_part(&ns),
+                crate::path_part(&name)
+            );
+            let to = match action.as_str() {
+                "trigger" => match answer["id"].as_i64() {
+                    Some(id) => format!("/runs/{id}"),
+                    None => page,
+                },
+                "backfill" => {
+                    let n = answer["runs"].as_array().map_or(0, Vec::len);
+                    format!("{page}?notice=The+backfill+created+{n}+runs.")
+                }
+                _ => page,
+            };
+            Redirect::to(&to).into_response()
+        }
+        Err((status, message)) => error_page(status, &message),
+    }
+}

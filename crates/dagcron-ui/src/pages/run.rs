@@ -1,0 +1,353 @@
+//! A run's page: its Gantt timeline (waits, attempts, retries), its tasks
+//! and attempts, an attempt's log (followed live through htmx while the
+//! attempt runs), and cancel or re-run for an operator.
+
+use std::collections::HashMap;
+
+use askama::Template;
+use axum::Form;
+use axum::extract::{Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use dagcron_core::authz::Need;
+use dagcron_store::{RunId, RunRecord, Store};
+use jiff::Timestamp;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::svg::{Bar, Row, gantt};
+use crate::{
+    Chrome, Ui, Viewer, call_api, check_csrf, error_page, format, from_htmx, render, viewer,
+};
+
+/// The most of a log a page shows: its end.
+const LOG_TAIL: usize = 64 << 10;
+
+#[derive(Deserialize, Default)]
+pub(crate) struct RunQuery {
+    task: Option<String>,
+    attempt: Option<u32>,
+}
+
+struct AttemptView {
+    number: u32,
+    state: &'static str,
+    started: String,
+    took: String,
+    exit: String,
+    error: String,
+    selected: bool,
+}
+
+struct TaskView {
+    id: String,
+    state: &'static str,
+    carried: bool,
+    attempts: Vec<AttemptView>,
+}
+
+#[derive(Template)]
+#[template(path = "run.html")]
+struct RunPage {
+    chrome: Chrome,
+    id: RunId,
+    ns: String,
+    job: String,
+    state: &'static str,
+    trigger: &'static str,
+    version: i64,
+    scheduled: String,
+    created: String,
+    started: String,
+    finished: String,
+    rerun_of: Option<RunId>,
+    params: String,
+    operate: bool,
+    ended: bool,
+    gantt: String,
+    tasks: Vec<TaskView>,
+    log_of: Option<(String, u32)>,
+    log: String,
+}
+
+#[derive(Template)]
+#[template(path = "log.html")]
+struct LogPart<'a> {
+    id: RunId,
+    task: &'a str,
+    n: u32,
+    live: bool,
+    text: String,
+    truncated: bool,
+    shown: usize,
+}
+
+/// The run, if the viewer may read it (another namespace's run is absent).
+async fn readable<S: Store>(ui: &Ui<S>, v: &Viewer, id: RunId) -> Result<RunRecord, Response> {
+    let missing = || dagcron_api::ApiError::not_found(format!("no run {id}"));
+    let run = match ui.st.store.get_run(id).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return Err(error_page(StatusCode::NOT_FOUND, &missing().message)),
+        Err(e) => return Err(error_page(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())),
+    };
+    v.who
+        .allow(Need::Read, Some(&run.namespace), missing)
+        .map_err(|e| error_page(e.status, &e.message))?;
+    Ok(run)
+}
+
+/// The Gantt rows of a run: per task, the wait before each attempt (from
+/// the run's start, or the end of the attempt before: upstream, queue,
+/// retry backoff) and the attempt itself.
+fn timeline(run: &RunRecord, now: Timestamp) -> (Vec<Row>, Timestamp, Timestamp) {
+    let start = run.started_at.unwrap_or(run.created_at);
+    let end = run.finished_at.unwrap_or(now).max(start);
+    let rows = run
+        .tasks
+        .iter()
+        .map(|t| {
+            let mut bars = Vec::new();
+            let mut since = start;
+            for a in &t.attempts {
+                if a.started_at > since {
+                    bars.push(Bar {
+                        from: since,
+                        to: a.started_at,
+                        class: "wait".into(),
+                        title: format!(
+                            "{}: waited {} before attempt {}",
+                            t.id,
+                            format::duration(a.started_at.duration_since(since)),
+                            a.number
+                        ),
+                        href: None,
+                    });
+                }
+                let to = a.finished_at.unwrap_or(end).max(a.started_at);
+                bars.push(Bar {
+                    from: a.started_at,
+                    to,
+                    class: a.state.as_str().into(),
+                    title: format!(
+                        "{}: attempt {} {} for {}",
+                        t.id,
+                        a.number,
+                        a.state,
+                        format::duration(to.duration_since(a.started_at))
+                    ),
+                    href: Some(format!(
+                        "/runs/{}?task={}&attempt={}#log",
+                        run.id,
+                        crate::path_part(&t.id),
+                        a.number
+                    )),
+                });
+                since = to;
+            }
+            Row {
+                label: t.id.clone(),
+                bars,
+            }
+        })
+        .collect();
+    (rows, start, end)
+}
+
+/// The log part of an attempt: its end, and the poll that follows it
+/// while it runs.
+async fn log_part<S: Store>(
+    ui: &Ui<S>,
+    run: &RunRecord,
+    task: &str,
+    n: u32,
+) -> Result<String, Response> {
+    let attempt = run
+        .tasks
+        .iter()
+        .find(|t| t.id == task)
+        .and_then(|t| t.attempts.iter().find(|a| a.number == n));
+    let Some(attempt) = attempt else {
+        return Err(error_page(
+            StatusCode::NOT_FOUND,
+            &format!("no attempt {n} of task {task} in run {}", run.id),
+        ));
+    };
+    let bytes = match ui.st.store.read_log(run.id, task, n).await {
+        Ok(b) => b.unwrap_or_default(),
+        Err(e) => return Err(error_page(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())),
+    };
+    let from = bytes.len().saturating_sub(LOG_TAIL);
+    let part = LogPart {
+        id: run.id,
+        task,
+        n,
+        live: !attempt.state.is_terminal(),
+        text: String::from_utf8_lossy(&bytes[from..]).into_owned(),
+        truncated: from > 0,
+        shown: bytes.len() - from,
+    };
+    part.render()
+        .map_err(|e| error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()))
+}
+
+/// `GET /runs/{id}`.
+pub(crate) async fn page<S: Store>(
+    State(ui): State<Ui<S>>,
+    headers: HeaderMap,
+    Path(id): Path<RunId>,
+    Query(q): Query<RunQuery>,
+) -> Response {
+    let v = match viewer(&ui, &headers).await {
+        Ok(v) => v,
+        Err(resp) => return resp,
+    };
+    let run = match readable(&ui, &v, id).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let now = Timestamp::now();
+    let zone = &v.zone;
+    // The attempt whose log is shown: the one asked for, else a running
+    // one, else the last one that started.
+    let chosen = match (&q.task, q.attempt) {
+        (Some(t), n) => run.tasks.iter().find(|x| &x.id == t).and_then(|x| {
+            let a = match n {
+                Some(n) => x.attempts.iter().find(|a| a.number == n),
+                None => x.attempts.last(),
+            };
+            a.map(|a| (x.id.clone(), a.number))
+        }),
+        _ => None,
+    }
+    .or_else(|| {
+        let all = run
+            .tasks
+            .iter()
+            .flat_map(|t| t.attempts.iter().map(move |a| (t, a)));
+        all.clone()
+            .find(|(_, a)| !a.state.is_terminal())
+            .or_else(|| all.max_by_key(|(_, a)| a.started_at))
+            .map(|(t, a)| (t.id.clone(), a.number))
+    });
+    let log = match &chosen {
+        Some((t, n)) => match log_part(&ui, &run, t, *n).await {
+            Ok(html) => html,
+            Err(resp) => return resp,
+        },
+        None => r#"<p class="muted">No attempt has started yet.</p>"#.to_string(),
+    };
+    let (rows, start, end) = timeline(&run, now);
+    let tasks = run
+        .tasks
+        .iter()
+        .map(|t| TaskView {
+            id: t.id.clone(),
+            state: t.state.as_str(),
+            carried: t.carried,
+            attempts: t
+                .attempts
+                .iter()
+                .map(|a| AttemptView {
+                    number: a.number,
+                    state: a.state.as_str(),
+                    started: format::time(a.started_at, zone),
+                    took: format::duration(
+                        a.finished_at.unwrap_or(now).duration_since(a.started_at),
+                    ),
+                    exit: a.exit_code.map_or(String::new(), |c| c.to_string()),
+                    error: a.error.clone().unwrap_or_default(),
+                    selected: chosen.as_ref() == Some(&(t.id.clone(), a.number)),
+                })
+                .collect(),
+        })
+        .collect();
+    let params = run
+        .params
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    render(&RunPage {
+        chrome: v.chrome(format!("Run {id}"), "jobs"),
+        id,
+        operate: v.may(Need::Operate, Some(&run.namespace)),
+        ended: run.state.is_terminal(),
+        state: run.state.as_str(),
+        trigger: run.trigger.as_str(),
+        version: run.job_version,
+        scheduled: format::time(run.scheduled_at, zone),
+        created: format::time(run.created_at, zone),
+        started: format::maybe_time(run.started_at, zone),
+        finished: format::maybe_time(run.finished_at, zone),
+        rerun_of: run.rerun_of,
+        params,
+        gantt: gantt(&rows, start, end),
+        tasks,
+        log_of: chosen,
+        log,
+        ns: run.namespace,
+        job: run.job,
+    })
+}
+
+/// `GET /runs/{id}/tasks/{task}/attempts/{n}/log`: the log part for htmx;
+/// a browser without it is sent to the run's page, which shows the log.
+pub(crate) async fn log<S: Store>(
+    State(ui): State<Ui<S>>,
+    headers: HeaderMap,
+    Path((id, task, n)): Path<(RunId, String, u32)>,
+) -> Response {
+    let v = match viewer(&ui, &headers).await {
+        Ok(v) => v,
+        Err(resp) => return resp,
+    };
+    let run = match readable(&ui, &v, id).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    if !from_htmx(&headers) {
+        return Redirect::to(&format!(
+            "/runs/{id}?task={}&attempt={n}#log",
+            crate::path_part(&task)
+        ))
+        .into_response();
+    }
+    match log_part(&ui, &run, &task, n).await {
+        Ok(html) => axum::response::Html(html).into_response(),
+        Err(resp) => resp,
+    }
+}
+
+/// `POST /runs/{id}/{action}`: cancel or re-run, sent to the API's route.
+pub(crate) async fn act<S: Store>(
+    State(ui): State<Ui<S>>,
+    parts: Parts,
+    Path((id, action)): Path<(RunId, String)>,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
+    let v = match viewer(&ui, &parts.headers).await {
+        Ok(v) => v,
+        Err(resp) => return resp,
+    };
+    if let Err(resp) = check_csrf(&v, &f) {
+        return resp;
+    }
+    let body = match action.as_str() {
+        "cancel" => json!({}),
+        "rerun" => json!({ "failed_only": f.get("failed_only").is_some_and(|x| x == "true") }),
+        _ => return error_page(StatusCode::NOT_FOUND, &format!("no action {action}")),
+    };
+    let path = format!("/api/v1/runs/{id}/{action}");
+    let connect = parts.extensions.get().cloned();
+    match call_api(&ui, &v, &parts.headers, connect, &path, body).await {
+        Ok(answer) => {
+            let to = answer["id"]
+                .as_i64()
+                .filter(|_| action == "rerun")
+                .unwrap_or(id);
+            Redirect::to(&format!("/runs/{to}")).into_response()
+        }
+        Err((status, message)) => error_page(status, &message),
+    }
+}
