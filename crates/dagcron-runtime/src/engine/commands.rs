@@ -557,16 +557,13 @@ impl<S: Store> Engine<S> {
             return;
         }
         let (key, job, at) = (run.key.clone(), run.job.clone(), run.scheduled_at);
-        let entry = self.jobs.get_mut(&*key).expect("job of a run");
-        entry.planned.remove(&id);
+        self.jobs
+            .get_mut(&*key)
+            .expect("job of a run")
+            .planned
+            .remove(&id);
         let missed = now.duration_since(at) > grace;
-        let decision = policy::on_fire(
-            job.spec.concurrency,
-            job.spec.max_active(),
-            entry.active.len() as u32,
-            entry.queued.len() as u32,
-            job.spec.max_pending(),
-        );
+        let decision = self.overlap(&key, &job);
         let skip = (missed && job.spec.misfire == dagcron_core::Misfire::Skip)
             || matches!(decision, FireDecision::Skip | FireDecision::Backlog);
         if skip {
@@ -583,14 +580,7 @@ impl<S: Store> Engine<S> {
     /// full or the job has as many runs waiting as it may (`Busy`), or its
     /// policy declines it while a run goes on (`Conflict`).
     fn admit(&self, key: &JobKey, job: &Job) -> Result<FireDecision, EngineError> {
-        let entry = &self.jobs[key];
-        let decision = policy::on_fire(
-            job.spec.concurrency,
-            job.spec.max_active(),
-            entry.active.len() as u32,
-            entry.queued.len() as u32,
-            job.spec.max_pending(),
-        );
+        let decision = self.overlap(key, job);
         self.backlog_allows()?;
         match decision {
             FireDecision::Backlog => Err(EngineError::Busy(format!(

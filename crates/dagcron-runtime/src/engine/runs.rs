@@ -34,14 +34,7 @@ impl<S: Store> Engine<S> {
                 at: now,
             });
         }
-        let entry = &self.jobs[key];
-        let decision = policy::on_fire(
-            job.spec.concurrency,
-            job.spec.max_active(),
-            entry.active.len() as u32,
-            entry.queued.len() as u32,
-            job.spec.max_pending(),
-        );
+        let decision = self.overlap(key, job);
         if decision == FireDecision::Skip {
             self.record_fire(key, at, FireOutcome::SkippedOverlap, None);
             return;
@@ -69,6 +62,18 @@ impl<S: Store> Engine<S> {
         }
         self.record_fire(key, at, outcome, Some(run));
         self.after_new_run(key, id, decision, now);
+    }
+
+    /// What the overlap policy of `job` says of one more run of `key` now.
+    pub(super) fn overlap(&self, key: &JobKey, job: &Job) -> FireDecision {
+        let entry = &self.jobs[key];
+        policy::on_fire(
+            job.spec.concurrency,
+            job.spec.max_active(),
+            entry.active.len() as u32,
+            entry.queued.len() as u32,
+            job.spec.max_pending(),
+        )
     }
 
     /// The trace of run `id` of `key` (a child of `caller`'s, if it has
