@@ -426,18 +426,23 @@ pub(crate) async fn act<S: Store>(
     if let Err(resp) = check_csrf(&v, &f) {
         return resp;
     }
+    let at = |k: &str| {
+        let text = f.get(k).map_or("", |s| s.trim());
+        text.parse::<Timestamp>()
+            .map_err(|e| format!("{k} {text:?} is not an RFC 3339 instant: {e}"))
+    };
     let body = match action.as_str() {
         "pause" | "resume" => json!({}),
         "trigger" => match format::params(f.get("params").map_or("", String::as_str)) {
+            // A planned run when an instant is given (the API checks it is ahead).
+            Ok(p) if f.get("at").is_some_and(|s| !s.trim().is_empty()) => match at("at") {
+                Ok(when) => json!({ "params": p, "at": when }),
+                Err(m) => return error_page(StatusCode::BAD_REQUEST, &m),
+            },
             Ok(p) => json!({ "params": p }),
             Err(m) => return error_page(StatusCode::BAD_REQUEST, &m),
         },
         "backfill" => {
-            let at = |k: &str| {
-                let text = f.get(k).map_or("", |s| s.trim());
-                text.parse::<Timestamp>()
-                    .map_err(|e| format!("{k} {text:?} is not an RFC 3339 instant: {e}"))
-            };
             match (at("from"), at("to")) {
                 (Ok(from), Ok(to)) => json!({ "from": from, "to": to }),
                 (Err(m), _) | (_, Err(m)) => return error_page(StatusCode::BAD_REQUEST, &m),
