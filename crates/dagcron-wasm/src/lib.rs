@@ -149,6 +149,10 @@ pub async fn resolve_hosts(hosts: &[String]) -> Result<Vec<SocketAddr>, String> 
     Ok(out)
 }
 
+/// The largest module file read (a compiler's output for a big program is
+/// tens of MiB).
+const MAX_MODULE_BYTES: u64 = 256 << 20;
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -157,12 +161,22 @@ fn hex(bytes: &[u8]) -> String {
 /// compiled), for the engine of `fuel`.
 async fn load(inv: &Invocation) -> Result<(Prepared, bool), WasmError> {
     let path = inv.module.display().to_string();
+    let unreadable = |message: String| WasmError::Read {
+        path: path.clone(),
+        message,
+    };
+    let size = tokio::fs::metadata(&inv.module)
+        .await
+        .map_err(|e| unreadable(e.to_string()))?
+        .len();
+    if size > MAX_MODULE_BYTES {
+        return Err(unreadable(format!(
+            "it is {size} bytes, more than the {MAX_MODULE_BYTES} a module may have"
+        )));
+    }
     let bytes = tokio::fs::read(&inv.module)
         .await
-        .map_err(|e| WasmError::Read {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
+        .map_err(|e| unreadable(e.to_string()))?;
     let digest: [u8; 32] = Sha256::digest(&bytes).into();
     if let Some(expected) = &inv.sha256 {
         let actual = hex(&digest);
