@@ -135,18 +135,43 @@ pub(crate) fn wasi(
             })?;
     }
     if !allowed.is_empty() {
-        // Connections go to the granted hosts' addresses only; the
-        // implicit bind of a connect asks for the wildcard address.
         b.allow_tcp(true)
             .allow_ip_name_lookup(true)
             .socket_addr_check(move |addr, usage| {
-            let ok = match usage {
-                SocketAddrUse::TcpConnect => allowed.contains(&addr),
-                SocketAddrUse::TcpBind => addr.ip().is_unspecified() && addr.port() == 0,
-                _ => false,
-            };
-            Box::pin(async move { ok })
-        });
+                let ok = may_use(&allowed, addr, usage);
+                Box::pin(async move { ok })
+            });
     }
     Ok(b)
+}
+
+/// Whether a module granted `allowed` may use `addr` so: connections go
+/// to the granted hosts' addresses only (the implicit bind of a connect
+/// asks for the wildcard address and any port); no listening, no UDP.
+fn may_use(allowed: &HashSet<SocketAddr>, addr: SocketAddr, usage: SocketAddrUse) -> bool {
+    match usage {
+        SocketAddrUse::TcpConnect => allowed.contains(&addr),
+        SocketAddrUse::TcpBind => addr.ip().is_unspecified() && addr.port() == 0,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_connections_to_granted_addresses_are_allowed() {
+        let granted: SocketAddr = "192.0.2.7:443".parse().unwrap();
+        let allowed = HashSet::from([granted]);
+        let at = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert!(may_use(&allowed, granted, SocketAddrUse::TcpConnect));
+        assert!(!may_use(&allowed, at("192.0.2.7:80"), SocketAddrUse::TcpConnect));
+        assert!(!may_use(&allowed, at("192.0.2.8:443"), SocketAddrUse::TcpConnect));
+        assert!(may_use(&allowed, at("0.0.0.0:0"), SocketAddrUse::TcpBind));
+        assert!(!may_use(&allowed, at("0.0.0.0:8080"), SocketAddrUse::TcpBind));
+        assert!(!may_use(&allowed, at("0.0.0.0:0"), SocketAddrUse::TcpListen));
+        assert!(!may_use(&allowed, granted, SocketAddrUse::UdpBind));
+        assert!(!may_use(&allowed, granted, SocketAddrUse::UdpSend));
+    }
 }

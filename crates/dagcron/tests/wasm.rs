@@ -58,6 +58,8 @@ jobs:
     tasks: [{{ id: t, wasm: {{ module: {m}/grow.wat, memory: 1MiB }} }}]
   - name: remote
     tasks: [{{ id: t, wasm: {{ module: {m}/hello.wat, fuel: 1000000 }}, run_on: {{ labels: {{ kind: wasm }} }} }}]
+  - name: remote-forever
+    tasks: [{{ id: t, wasm: {{ module: {m}/forever.wat }}, run_on: {{ labels: {{ kind: wasm }} }} }}]
 "#
     );
     let (status, body) = server.post("/api/v1/apply", &jobs, "application/yaml");
@@ -102,6 +104,14 @@ jobs:
     let run = server.wait_run(id, "succeeded");
     assert_eq!(attempt(&run)["exit_code"], 0, "{run}");
     assert_eq!(log(&server, id, "t", 1), "hello from wasm\n");
+    // A cancel reaches a module looping on the agent.
+    let id = server.trigger("remote-forever");
+    let (following, _) = server.follow_log_until(id, "t", "looping");
+    drop(following);
+    let (status, body) = server.post(&format!("/api/v1/runs/{id}/cancel"), "", "application/json");
+    assert!(status < 300, "{status} {body}");
+    let run = server.wait_run(id, "cancelled");
+    assert_eq!(attempt(&run)["state"], "cancelled", "{run}");
 }
 
 #[test]

@@ -73,12 +73,20 @@ pub const EXIT_FENCED: u8 = 75;
 /// Serves `config` on `listener` until `shutdown` completes, then drains
 /// (running attempts get the shutdown grace) and returns; or returns
 /// [`Exit::Fenced`] as soon as a cluster node's lease has ended.
+/// Sets up the WebAssembly engine beside start-up, so that the first
+/// WebAssembly attempt does not pay for it.
+pub fn warm_up_wasm() {
+    #[cfg(feature = "wasm")]
+    tokio::task::spawn_blocking(|| dagcron_wasm::warm_up(false));
+}
+
 pub async fn run(
     config: Config,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> Result<Exit> {
     let address = listener.local_addr().context("the listener's address")?;
+    warm_up_wasm();
     let agents = AgentPool::new(config.agents.clone());
     // The API and the agents' streams stay up while the engine drains, so
     // that remote attempts can report; they stop when the engine is done,
