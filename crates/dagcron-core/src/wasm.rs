@@ -224,17 +224,14 @@ pub(crate) fn check(spec: &WasmSpec, at: &str) -> Vec<ValidationError> {
         if !(PAGE..=MAX_MEMORY).contains(&memory.0) {
             err(
                 format!("{at}.memory"),
-                format!(
-                    "{memory} is out of range: a module's memory is 64KiB (one page) to 4GiB"
-                ),
+                format!("{memory} is out of range: a module's memory is 64KiB (one page) to 4GiB"),
             );
         }
     }
     if spec.fuel == Some(0) {
         err(
             format!("{at}.fuel"),
-            "a budget of 0 runs nothing: give at least 1, or leave `fuel` out for no budget"
-                .into(),
+            "a budget of 0 runs nothing: give at least 1, or leave `fuel` out for no budget".into(),
         );
     }
     for (name, value) in &spec.env {

@@ -59,8 +59,16 @@ fn spec(module: &std::path::Path) -> WasmSpec {
         sha256: None,
         args: vec!["--region".into(), "{{params.region}}".into()],
         env: BTreeMap::from([
-            ("GREETING".into(), EnvValue::Plain("hello {{params.region}}".into())),
-            ("TOKEN".into(), EnvValue::Secret { secret: "token".into() }),
+            (
+                "GREETING".into(),
+                EnvValue::Plain("hello {{params.region}}".into()),
+            ),
+            (
+                "TOKEN".into(),
+                EnvValue::Secret {
+                    secret: "token".into(),
+                },
+            ),
         ]),
         stdin: Some("input for {{params.region}}".into()),
         memory: None,
@@ -90,7 +98,9 @@ async fn a_module_gets_its_identity_parameters_and_secrets_and_its_exit_is_recor
     assert_eq!(out.ending, Ending::Failed(Failure::Exit(Some(4))));
     assert_eq!(out.exit_code, Some(4));
     assert_eq!(out.error.as_deref(), Some("exit status 4"));
-    let log = String::from_utf8(out.log.clone()).unwrap().replace('\0', "\n");
+    let log = String::from_utf8(out.log.clone())
+        .unwrap()
+        .replace('\0', "\n");
     for line in [
         "DAGCRON_NAMESPACE=billing",
         "DAGCRON_JOB=nightly",
@@ -108,7 +118,10 @@ async fn a_module_gets_its_identity_parameters_and_secrets_and_its_exit_is_recor
         assert!(log.contains(line), "{line:?} missing from {log:?}");
     }
     assert!(log.contains("\nHOME="), "a granted variable: {log:?}");
-    assert!(!log.contains("PATH="), "nothing of the host ungranted: {log:?}");
+    assert!(
+        !log.contains("PATH="),
+        "nothing of the host ungranted: {log:?}"
+    );
     assert!(!log.contains("s3cr3t-value"));
     let (followed, done) = live.read_from(0);
     assert!(done);

@@ -72,7 +72,9 @@ pub(crate) fn flavor(fuel: bool) -> Result<&'static Flavor, WasmError> {
     static METERED: OnceLock<Result<Flavor, WasmError>> = OnceLock::new();
     static PLAIN: OnceLock<Result<Flavor, WasmError>> = OnceLock::new();
     let cell = if fuel { &METERED } else { &PLAIN };
-    cell.get_or_init(|| build(fuel)).as_ref().map_err(Clone::clone)
+    cell.get_or_init(|| build(fuel))
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// Whether `bytes` (binary) is a component rather than a core module:

@@ -166,11 +166,27 @@ mod tests {
         let allowed = HashSet::from([granted]);
         let at = |s: &str| s.parse::<SocketAddr>().unwrap();
         assert!(may_use(&allowed, granted, SocketAddrUse::TcpConnect));
-        assert!(!may_use(&allowed, at("192.0.2.7:80"), SocketAddrUse::TcpConnect));
-        assert!(!may_use(&allowed, at("192.0.2.8:443"), SocketAddrUse::TcpConnect));
+        assert!(!may_use(
+            &allowed,
+            at("192.0.2.7:80"),
+            SocketAddrUse::TcpConnect
+        ));
+        assert!(!may_use(
+            &allowed,
+            at("192.0.2.8:443"),
+            SocketAddrUse::TcpConnect
+        ));
         assert!(may_use(&allowed, at("0.0.0.0:0"), SocketAddrUse::TcpBind));
-        assert!(!may_use(&allowed, at("0.0.0.0:8080"), SocketAddrUse::TcpBind));
-        assert!(!may_use(&allowed, at("0.0.0.0:0"), SocketAddrUse::TcpListen));
+        assert!(!may_use(
+            &allowed,
+            at("0.0.0.0:8080"),
+            SocketAddrUse::TcpBind
+        ));
+        assert!(!may_use(
+            &allowed,
+            at("0.0.0.0:0"),
+            SocketAddrUse::TcpListen
+        ));
         assert!(!may_use(&allowed, granted, SocketAddrUse::UdpBind));
         assert!(!may_use(&allowed, granted, SocketAddrUse::UdpSend));
     }

@@ -131,7 +131,14 @@ async fn a_module_that_never_returns_is_stopped_by_a_cancel() {
     let seen = started.clone();
     let task = tokio::spawn({
         let cancel = cancel.clone();
-        async move { run(&inv, cancel, Some(Arc::new(move |_: &[u8]| seen.notify_one()))).await }
+        async move {
+            run(
+                &inv,
+                cancel,
+                Some(Arc::new(move |_: &[u8]| seen.notify_one())),
+            )
+            .await
+        }
     });
     // Once it has printed, it is in its loop.
     tokio::time::timeout(Duration::from_secs(60), started.notified())
@@ -254,7 +261,10 @@ async fn missing_and_broken_modules_fail_with_the_reason() {
         "{:?}",
         r.ending
     );
-    let r = go(&invocation(dir.write("lib.wat", "(module (func (export \"f\")))"))).await;
+    let r = go(&invocation(
+        dir.write("lib.wat", "(module (func (export \"f\")))"),
+    ))
+    .await;
     assert!(
         matches!(&r.ending, Ending::Failed(m) if m.contains("no `_start`")),
         "{:?}",
@@ -329,10 +339,15 @@ async fn preview_2_command_components_run() {
 #[tokio::test]
 async fn traps_and_bad_exits_say_what_happened() {
     let dir = Dir::new();
-    let r = go(&invocation(dir.write("trap.wat", &printing("x", "unreachable")))).await;
+    let r = go(&invocation(
+        dir.write("trap.wat", &printing("x", "unreachable")),
+    ))
+    .await;
     assert_eq!(
         r.ending,
-        Ending::Failed("the module stopped: wasm trap: wasm `unreachable` instruction executed".into())
+        Ending::Failed(
+            "the module stopped: wasm trap: wasm `unreachable` instruction executed".into()
+        )
     );
     let r = go(&invocation(dir.write(
         "bad-exit.wat",

@@ -8,12 +8,14 @@ mod common;
 
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Agent, Api, InProcess, Killed, Server, join_token, log, setup, wait_process_gone, wait_until};
+use common::{
+    Agent, InProcess, Killed, Server, join_token, log, setup, wait_process_gone, wait_until,
+};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;

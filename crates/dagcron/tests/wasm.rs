@@ -37,7 +37,10 @@ fn wasm_tasks_run_on_the_server_and_on_agents_and_stop_at_their_timeout_or_a_can
         ("hello.wat", module("hello from wasm", "")),
         ("three.wat", module("failing", "(call $exit (i32.const 3))")),
         ("forever.wat", module("looping", forever)),
-        ("grow.wat", module("growing", "(drop (memory.grow (i32.const 64)))")),
+        (
+            "grow.wat",
+            module("growing", "(drop (memory.grow (i32.const 64)))"),
+        ),
     ] {
         std::fs::write(modules.join(name), text).unwrap();
     }
@@ -99,7 +102,13 @@ jobs:
     );
 
     // The same executor on an agent, with the module on the agent's disk.
-    let _agent = Agent::start(&server, &dir.path().join("agents"), "wasm-1", "kind=wasm", 2);
+    let _agent = Agent::start(
+        &server,
+        &dir.path().join("agents"),
+        "wasm-1",
+        "kind=wasm",
+        2,
+    );
     let id = server.trigger("remote");
     let run = server.wait_run(id, "succeeded");
     assert_eq!(attempt(&run)["exit_code"], 0, "{run}");

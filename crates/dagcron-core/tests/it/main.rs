@@ -185,7 +185,11 @@ jobs:
     let job = &load(yaml).validate().unwrap()[0];
     assert_eq!(job.tasks[0].executor.kind(), "wasm");
     assert_eq!(
-        job.tasks[0].executor.secret_refs().into_iter().collect::<Vec<_>>(),
+        job.tasks[0]
+            .executor
+            .secret_refs()
+            .into_iter()
+            .collect::<Vec<_>>(),
         ["api-token", "input", "other"]
     );
 }

@@ -70,9 +70,6 @@ pub enum Exit {
 /// renew it. Restart it (a supervisor does) and it registers again.
 pub const EXIT_FENCED: u8 = 75;
 
-/// Serves `config` on `listener` until `shutdown` completes, then drains
-/// (running attempts get the shutdown grace) and returns; or returns
-/// [`Exit::Fenced`] as soon as a cluster node's lease has ended.
 /// Sets up the WebAssembly engine beside start-up, so that the first
 /// WebAssembly attempt does not pay for it.
 pub fn warm_up_wasm() {
@@ -80,6 +77,9 @@ pub fn warm_up_wasm() {
     tokio::task::spawn_blocking(|| dagcron_wasm::warm_up(false));
 }
 
+/// Serves `config` on `listener` until `shutdown` completes, then drains
+/// (running attempts get the shutdown grace) and returns; or returns
+/// [`Exit::Fenced`] as soon as a cluster node's lease has ended.
 pub async fn run(
     config: Config,
     listener: TcpListener,
