@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Agent, InProcess, log, setup};
+use common::{Agent, Api, InProcess, log, setup};
 
 /// Writes `text` on standard output, then runs `rest`.
 fn module(text: &str, rest: &str) -> String {
@@ -23,6 +23,21 @@ fn module(text: &str, rest: &str) -> String {
     {rest}))"#,
         len = text.len() + 1
     )
+}
+
+/// Triggers `job`, whose module prints `looping` and loops forever, and
+/// cancels its run through the API once the module is in its loop.
+fn cancel_while_looping(server: &Api, job: &str) {
+    let id = server.trigger(job);
+    let (following, _) = server.follow_log_until(id, "t", "looping");
+    drop(following);
+    let (status, body) = server.post(&format!("/api/v1/runs/{id}/cancel"), "", "application/json");
+    assert!(status < 300, "{status} {body}");
+    let run = server.wait_run(id, "cancelled");
+    assert_eq!(
+        run["tasks"][0]["attempts"][0]["state"], "cancelled",
+        "{run}"
+    );
 }
 
 #[test]
@@ -84,14 +99,7 @@ jobs:
     let run = server.wait_run(id, "failed");
     assert_eq!(attempt(&run)["state"], "timed_out", "{run}");
 
-    let id = server.trigger("forever");
-    // Once its output is seen, the module is in its loop.
-    let (following, _) = server.follow_log_until(id, "t", "looping");
-    drop(following);
-    let (status, body) = server.post(&format!("/api/v1/runs/{id}/cancel"), "", "application/json");
-    assert!(status < 300, "{status} {body}");
-    let run = server.wait_run(id, "cancelled");
-    assert_eq!(attempt(&run)["state"], "cancelled", "{run}");
+    cancel_while_looping(&server, "forever");
 
     let id = server.trigger("grow");
     let run = server.wait_run(id, "failed");
@@ -114,13 +122,7 @@ jobs:
     assert_eq!(attempt(&run)["exit_code"], 0, "{run}");
     assert_eq!(log(&server, id, "t", 1), "hello from wasm\n");
     // A cancel reaches a module looping on the agent.
-    let id = server.trigger("remote-forever");
-    let (following, _) = server.follow_log_until(id, "t", "looping");
-    drop(following);
-    let (status, body) = server.post(&format!("/api/v1/runs/{id}/cancel"), "", "application/json");
-    assert!(status < 300, "{status} {body}");
-    let run = server.wait_run(id, "cancelled");
-    assert_eq!(attempt(&run)["state"], "cancelled", "{run}");
+    cancel_while_looping(&server, "remote-forever");
 }
 
 #[test]
