@@ -21,11 +21,15 @@ use crate::{Invocation, WasmError};
 const MAX_TABLE_ELEMENTS: usize = 1 << 20;
 
 /// Memory and table growth within the task's limits; a refusal traps, and
-/// is remembered so that the attempt's error can name it.
+/// is remembered so that the attempt's error can name it. The memory limit
+/// is on all of a module's (or component's) linear memories together.
 pub(crate) struct Limiter {
     memory: usize,
-    /// The size a refused growth asked for, in bytes.
+    /// Bytes of linear memory granted so far, all memories together.
+    used: usize,
+    /// The total a refused growth asked for, in bytes.
     pub(crate) refused_memory: Option<usize>,
+    /// The elements a refused table growth asked for.
     pub(crate) refused_table: Option<usize>,
 }
 
@@ -33,6 +37,7 @@ impl Limiter {
     pub(crate) fn new(memory: u64) -> Limiter {
         Limiter {
             memory: usize::try_from(memory).unwrap_or(usize::MAX),
+            used: 0,
             refused_memory: None,
             refused_table: None,
         }
@@ -42,14 +47,16 @@ impl Limiter {
 impl ResourceLimiter for Limiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.memory {
-            self.refused_memory = Some(desired);
+        let total = (self.used - current.min(self.used)).saturating_add(desired);
+        if total > self.memory {
+            self.refused_memory = Some(total);
             wasmtime::bail!("memory limit reached");
         }
+        self.used = total;
         Ok(true)
     }
 
@@ -89,7 +96,7 @@ impl WasiView for P2 {
     }
 }
 
-/// Whether the limiter of a store refused something.
+/// Store data that holds a [`Limiter`].
 pub(crate) trait Limited {
     fn limiter(&mut self) -> &mut Limiter;
 }

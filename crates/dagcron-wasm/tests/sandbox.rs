@@ -361,3 +361,23 @@ async fn traps_and_bad_exits_say_what_happened() {
         )
     );
 }
+
+#[tokio::test]
+async fn the_memory_limit_holds_for_all_memories_together() {
+    let dir = Dir::new();
+    // Two memories of 10 pages each: 1280KiB in all.
+    let mut inv = invocation(dir.write(
+        "two.wat",
+        r#"(module (memory 10) (memory 10) (func (export "_start")))"#,
+    ));
+    inv.memory = 1 << 20;
+    assert_eq!(
+        go(&inv).await.ending,
+        Ending::Failed(
+            "memory limit reached: the module asked for 1280KiB of memory, its limit is 1MiB"
+                .into()
+        )
+    );
+    inv.memory = 2 << 20;
+    assert_eq!(go(&inv).await.ending, Ending::Exited(0));
+}
