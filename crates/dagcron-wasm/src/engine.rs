@@ -3,7 +3,7 @@
 //! engine: an attempt of a cached module only instantiates.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use wasmtime::component::{Component, Linker as ComponentLinker};
@@ -49,22 +49,39 @@ fn build(fuel: bool) -> Result<Flavor, WasmError> {
     wasmtime_wasi::p1::add_to_linker_async(&mut p1, |s: &mut P1| &mut s.wasi).map_err(setup)?;
     let mut p2 = ComponentLinker::new(&engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut p2).map_err(setup)?;
-    let ticking = engine.clone();
-    std::thread::Builder::new()
-        .name(format!("wasm-epoch{}", if fuel { "-fuel" } else { "" }))
-        .spawn(move || {
-            loop {
-                std::thread::sleep(TICK);
-                ticking.increment_epoch();
-            }
-        })
-        .map_err(|e| WasmError::Engine(format!("starting the epoch ticker: {e}")))?;
+    tick(engine.clone())?;
     Ok(Flavor {
         engine,
         p1,
         p2,
         cache: Mutex::new(HashMap::new()),
     })
+}
+
+/// Advances `engine`'s epoch every [`TICK`], on the one thread that ticks
+/// every engine.
+fn tick(engine: Engine) -> Result<(), WasmError> {
+    static ENGINES: OnceLock<Arc<Mutex<Vec<Engine>>>> = OnceLock::new();
+    let mut started = Ok(());
+    let engines = ENGINES.get_or_init(|| {
+        let engines = Arc::new(Mutex::new(Vec::<Engine>::new()));
+        let ticked = engines.clone();
+        started = std::thread::Builder::new()
+            .name("wasm-epoch".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(TICK);
+                    for engine in ticked.lock().expect("engines lock").iter() {
+                        engine.increment_epoch();
+                    }
+                }
+            })
+            .map(drop);
+        engines
+    });
+    started.map_err(|e| WasmError::Engine(format!("starting the epoch ticker: {e}")))?;
+    engines.lock().expect("engines lock").push(engine);
+    Ok(())
 }
 
 /// The engine for modules with a fuel budget (`fuel: true`) or without.
