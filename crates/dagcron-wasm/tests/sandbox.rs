@@ -126,30 +126,28 @@ async fn a_module_that_never_returns_is_stopped_at_its_timeout() {
 async fn a_module_that_never_returns_is_stopped_by_a_cancel() {
     let dir = Dir::new();
     let inv = invocation(dir.write("loop.wat", &printing("looping\n", LOOP)));
+    assert_eq!(cancel_once_started(inv).await.ending, Ending::Cancelled);
+}
+
+/// Runs `inv` and cancels it once it has written something (the modules
+/// here write before they loop or wait); the report, within a minute.
+async fn cancel_once_started(inv: Invocation) -> Report {
     let cancel = CancellationToken::new();
     let started = Arc::new(tokio::sync::Notify::new());
     let seen = started.clone();
+    let on_output: dagcron_wasm::OnOutput = Arc::new(move |_: &[u8]| seen.notify_one());
     let task = tokio::spawn({
         let cancel = cancel.clone();
-        async move {
-            run(
-                &inv,
-                cancel,
-                Some(Arc::new(move |_: &[u8]| seen.notify_one())),
-            )
-            .await
-        }
+        async move { run(&inv, cancel, Some(on_output)).await }
     });
-    // Once it has printed, it is in its loop.
     tokio::time::timeout(Duration::from_secs(60), started.notified())
         .await
         .expect("the module starts");
     cancel.cancel();
-    let r = tokio::time::timeout(Duration::from_secs(60), task)
+    tokio::time::timeout(Duration::from_secs(60), task)
         .await
         .expect("a cancel stops the module")
-        .unwrap();
-    assert_eq!(r.ending, Ending::Cancelled);
+        .unwrap()
 }
 
 #[tokio::test]
@@ -380,4 +378,39 @@ async fn the_memory_limit_holds_for_all_memories_together() {
     );
     inv.memory = 2 << 20;
     assert_eq!(go(&inv).await.ending, Ending::Exited(0));
+}
+
+/// Prints `sleeping`, then waits an hour in a host call (`poll_oneoff` on
+/// the monotonic clock), where no epoch check runs.
+const SLEEPING: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 1024) "sleeping\n")
+  (func (export "_start")
+    (i32.store (i32.const 0) (i32.const 1024))
+    (i32.store (i32.const 4) (i32.const 9))
+    (drop (call $write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+    ;; One clock subscription at 256: monotonic, relative, one hour.
+    (i64.store (i32.const 256) (i64.const 0))
+    (i32.store8 (i32.const 264) (i32.const 0))
+    (i32.store (i32.const 272) (i32.const 1))
+    (i64.store (i32.const 280) (i64.const 3600000000000))
+    (i64.store (i32.const 288) (i64.const 0))
+    (i32.store16 (i32.const 296) (i32.const 0))
+    (drop (call $poll (i32.const 256) (i32.const 512) (i32.const 1) (i32.const 600)))))"#;
+
+#[tokio::test]
+async fn the_watchdog_stops_a_module_waiting_in_a_host_call() {
+    let dir = Dir::new();
+    let mut inv = invocation(dir.write("sleep.wat", SLEEPING));
+    inv.timeout = Some(Duration::from_millis(300));
+    let r = tokio::time::timeout(Duration::from_secs(60), go(&inv))
+        .await
+        .expect("the deadline holds in a host call");
+    assert_eq!(r.ending, Ending::TimedOut);
+    assert_eq!(log(&r), "sleeping\n");
+    // A cancel reaches it there too.
+    inv.timeout = None;
+    assert_eq!(cancel_once_started(inv).await.ending, Ending::Cancelled);
 }
