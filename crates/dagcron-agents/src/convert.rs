@@ -2,31 +2,89 @@
 
 use std::collections::HashMap;
 
-use dagcron_core::model::{EnvValue, HttpSpec, ShellCommand};
+use dagcron_core::model::{ByteSize, DirGrant, EnvValue, Grants, HttpSpec, ShellCommand, WasmSpec};
 use dagcron_core::{Executor, Failure};
 use dagcron_exec::{Ending, Outcome};
 use dagcron_proto::v1;
+
+/// A task's environment for the wire: a secret goes as its placeholder;
+/// its value goes with the assignment's secrets, and the agent puts it in.
+fn env_to_proto(env: &std::collections::BTreeMap<String, EnvValue>) -> HashMap<String, String> {
+    env.iter()
+        .map(|(k, v)| {
+            let text = match v {
+                EnvValue::Plain(t) => t.clone(),
+                EnvValue::Secret { secret } => format!("{{{{secrets.{secret}}}}}"),
+            };
+            (k.clone(), text)
+        })
+        .collect()
+}
+
+fn env_from_proto(env: &HashMap<String, String>) -> std::collections::BTreeMap<String, EnvValue> {
+    env.iter()
+        .map(|(k, v)| (k.clone(), EnvValue::Plain(v.clone())))
+        .collect()
+}
+
+fn wasm_to_proto(w: &WasmSpec) -> v1::Wasm {
+    v1::Wasm {
+        module: w.module.clone(),
+        sha256: w.sha256.clone().unwrap_or_default(),
+        args: w.args.clone(),
+        env: env_to_proto(&w.env),
+        stdin: w.stdin.clone(),
+        memory: w.memory.map_or(0, |m| m.0),
+        fuel: w.fuel,
+        grant_dirs: w
+            .grants
+            .dirs
+            .iter()
+            .map(|d| v1::DirGrant {
+                host: d.host.clone(),
+                guest: d.guest.clone(),
+                write: d.write,
+            })
+            .collect(),
+        grant_env: w.grants.env.clone(),
+        grant_http: w.grants.http.clone(),
+    }
+}
+
+fn wasm_from_proto(w: &v1::Wasm) -> WasmSpec {
+    WasmSpec {
+        module: w.module.clone(),
+        sha256: (!w.sha256.is_empty()).then(|| w.sha256.clone()),
+        args: w.args.clone(),
+        env: env_from_proto(&w.env),
+        stdin: w.stdin.clone(),
+        memory: (w.memory > 0).then_some(ByteSize(w.memory)),
+        fuel: w.fuel,
+        grants: Grants {
+            dirs: w
+                .grant_dirs
+                .iter()
+                .map(|d| DirGrant {
+                    host: d.host.clone(),
+                    guest: d.guest.clone(),
+                    write: d.write,
+                })
+                .collect(),
+            env: w.grant_env.clone(),
+            http: w.grant_http.clone(),
+        },
+    }
+}
 
 pub(crate) fn executor_to_proto(e: &Executor) -> v1::Executor {
     let kind = match e {
         Executor::Shell(s) => v1::executor::Kind::Shell(v1::Shell {
             command: s.command.clone(),
             args: s.args.clone(),
-            // A secret goes as its placeholder; its value goes with the
-            // assignment's secrets, and the agent puts it in.
-            env: s
-                .env
-                .iter()
-                .map(|(k, v)| {
-                    let text = match v {
-                        EnvValue::Plain(t) => t.clone(),
-                        EnvValue::Secret { secret } => format!("{{{{secrets.{secret}}}}}"),
-                    };
-                    (k.clone(), text)
-                })
-                .collect(),
+            env: env_to_proto(&s.env),
             cwd: s.cwd.clone().unwrap_or_default(),
         }),
+        Executor::Wasm(w) => v1::executor::Kind::Wasm(wasm_to_proto(w)),
         Executor::Http(h) => v1::executor::Kind::Http(v1::Http {
             method: h.method.clone(),
             url: h.url.clone(),
@@ -51,13 +109,10 @@ pub(crate) fn executor_from_proto(e: &v1::Executor) -> Result<Executor, String> 
         Some(v1::executor::Kind::Shell(s)) => Ok(Executor::Shell(ShellCommand {
             command: s.command.clone(),
             args: s.args.clone(),
-            env: s
-                .env
-                .iter()
-                .map(|(k, v)| (k.clone(), EnvValue::Plain(v.clone())))
-                .collect(),
+            env: env_from_proto(&s.env),
             cwd: (!s.cwd.is_empty()).then(|| s.cwd.clone()),
         })),
+        Some(v1::executor::Kind::Wasm(w)) => Ok(Executor::Wasm(wasm_from_proto(w))),
         Some(v1::executor::Kind::Http(h)) => Ok(Executor::Http(HttpSpec {
             method: h.method.clone(),
             url: h.url.clone(),

@@ -282,6 +282,7 @@ mod tests {
                 retry: None,
                 shell: None,
                 http: None,
+                wasm: None,
                 noop: false,
                 run_on: None,
             })
@@ -535,6 +536,7 @@ mod tests {
                         retry: None,
                         shell: None,
                         http: None,
+                        wasm: None,
                         noop: false,
                         run_on: None,
                     })

@@ -21,6 +21,7 @@ pub mod ring;
 pub mod rules;
 pub mod run;
 pub mod state;
+pub mod wasm;
 
 pub use calendar::{Calendar, CalendarSpec};
 pub use dag::Dag;

@@ -16,6 +16,7 @@ use crate::calendar::{Calendar, CalendarSpec, MAX_CALENDAR_ENTRIES};
 use crate::dag::Dag;
 use crate::duration::Dur;
 use crate::retry::{Backoff, Jitter, RetryOn, RetryPolicy};
+pub use crate::wasm::{ByteSize, DirGrant, Grants, WasmSpec};
 
 /// A job file: one namespace and its jobs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -333,6 +334,7 @@ impl Executor {
                 texts.extend(h.headers.values().map(String::as_str));
                 texts.extend(h.body.as_deref());
             }
+            Executor::Wasm(w) => crate::wasm::secret_refs(w, &mut out),
             Executor::Noop => {}
         }
         for t in texts {
@@ -385,6 +387,9 @@ pub struct TaskSpec {
     pub shell: Option<ShellSpec>,
     /// Call an HTTP endpoint.
     pub http: Option<HttpSpec>,
+    /// Run a WebAssembly module in a sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wasm: Option<WasmSpec>,
     /// Do nothing and succeed: a placeholder that gives a DAG its shape.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub noop: bool,
@@ -592,16 +597,19 @@ pub enum Executor {
     Shell(ShellCommand),
     /// An HTTP request.
     Http(HttpSpec),
+    /// A WebAssembly module in a sandbox.
+    Wasm(WasmSpec),
     /// Nothing: succeeds at once.
     Noop,
 }
 
 impl Executor {
-    /// Its kind: `shell`, `http` or `noop`.
+    /// Its kind: `shell`, `http`, `wasm` or `noop`.
     pub fn kind(&self) -> &'static str {
         match self {
             Executor::Shell(_) => "shell",
             Executor::Http(_) => "http",
+            Executor::Wasm(_) => "wasm",
             Executor::Noop => "noop",
         }
     }
@@ -1206,6 +1214,7 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
     let mut tasks = Vec::new();
     for (k, t) in spec.tasks.iter().enumerate() {
         let path = format!("{at}.tasks[{k}]");
+        let mut errors_wasm = Vec::new();
         let mut err = |p: String, m: String| {
             errors.push(ValidationError {
                 path: p,
@@ -1219,15 +1228,26 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
                 format!("invalid task id {:?}: {NAME_RULE}", t.id),
             );
         }
+        let executors = usize::from(t.shell.is_some())
+            + usize::from(t.http.is_some())
+            + usize::from(t.wasm.is_some())
+            + usize::from(t.noop);
         let executor = match (&t.shell, &t.http) {
-            (None, None) if t.noop => Some(Executor::Noop),
-            _ if t.noop => {
+            _ if executors > 1 => {
                 err(
                     path.clone(),
-                    "a task has exactly one executor: `noop: true` excludes `shell` and `http`"
+                    "a task has exactly one executor: one of `shell`, `http`, `wasm` and `noop: true`"
                         .into(),
                 );
                 None
+            }
+            (None, None) if t.noop => Some(Executor::Noop),
+            (None, None) if t.wasm.is_some() => {
+                let w = t.wasm.as_ref().expect("checked");
+                let problems = crate::wasm::check(w, &format!("{path}.wasm"));
+                let ok = problems.is_empty();
+                errors_wasm.extend(problems);
+                ok.then(|| Executor::Wasm(w.clone()))
             }
             (Some(ShellSpec::Script(s)), None) => Some(Executor::Shell(ShellCommand {
                 command: s.clone(),
@@ -1263,17 +1283,11 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
                 }
                 Some(Executor::Http(h.clone()))
             }
-            (Some(_), Some(_)) => {
-                err(
-                    path.clone(),
-                    "a task has exactly one executor: `shell` or `http`, not both".into(),
-                );
-                None
-            }
+            (Some(_), Some(_)) => unreachable!("two executors are refused above"),
             (None, None) => {
                 err(
                     path.clone(),
-                    "a task needs an executor: `shell: <command>`, `http: { url: ... }` or `noop: true`".into(),
+                    "a task needs an executor: `shell: <command>`, `http: { url: ... }`, `wasm: { module: ... }` or `noop: true`".into(),
                 );
                 None
             }
@@ -1330,6 +1344,7 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
         if t.timeout.is_some_and(|d| d.0.is_zero()) {
             err(format!("{path}.timeout"), "must be longer than 0s".into());
         }
+        errors.extend(errors_wasm);
         let merged = crate::retry::merge(&spec.retry, t.retry.as_ref());
         errors.extend(
             crate::retry::check_spec(&merged, &format!("{path}.retry"))

@@ -3,13 +3,15 @@
 //! Every attempt receives its identity (namespace, job, run, task, attempt
 //! number, scheduled time, idempotency key) and the run's parameters, as
 //! environment variables for shell tasks and `X-Dagcron-*` headers for HTTP
-//! tasks; `{{params.name}}` is substituted in commands, URLs and bodies.
+//! tasks (and as the environment of WebAssembly modules); `{{params.name}}`
+//! is substituted in commands, URLs and bodies.
 //! Timeouts and cancellation reach the work: a shell task's whole process
 //! group is killed, an HTTP request is aborted.
 
 mod http;
 mod shell;
 pub mod tree;
+mod wasm;
 
 pub use shell::PIPE_GRACE;
 
@@ -357,6 +359,7 @@ pub async fn run_live(
             }
             outcome
         }
+        Executor::Wasm(spec) => wasm::run(spec, ctx, timeout, cancel, limits, live).await,
         Executor::Noop => Outcome {
             ending: Ending::Succeeded,
             exit_code: None,

@@ -53,6 +53,7 @@ fn task(id: &str, deps: &[&str]) -> TaskSpec {
         retry: None,
         shell: None,
         http: None,
+        wasm: None,
         noop: true,
         run_on: None,
     }

@@ -8,92 +8,17 @@ mod common;
 
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Api, InProcess, Killed, Server, join_token, setup, wait_process_gone};
+use common::{
+    Agent, InProcess, Killed, Server, join_token, log, setup, wait_process_gone, wait_until,
+};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
-
-struct Agent {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Agent {
-    fn start(server: &Api, root: &Path, id: &str, labels: &str, capacity: u32) -> Agent {
-        Agent::start_via(server, &server.url, root, id, labels, capacity)
-    }
-
-    /// An agent that reaches `server` at `url` (through a proxy, say).
-    fn start_via(
-        server: &Api,
-        url: &str,
-        root: &Path,
-        id: &str,
-        labels: &str,
-        capacity: u32,
-    ) -> Agent {
-        let dir = root.join(id);
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = std::fs::File::create(root.join(format!("{id}.log"))).unwrap();
-        let token = join_token(server, None, None);
-        let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
-            .args(["worker", "--server", url, "--id", id, "--labels", labels])
-            .args(["--token", &token])
-            .args(["--capacity", &capacity.to_string()])
-            .current_dir(&dir)
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap();
-        let agent = Agent { child, dir };
-        wait_until(&format!("agent {id} is connected"), || {
-            server.get("/api/v1/workers")["items"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|w| w["id"] == id && w["connected"] == true)
-        });
-        agent
-    }
-
-    fn signal(&mut self, sig: Signal) -> std::process::ExitStatus {
-        kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
-        self.child.wait().unwrap()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn log(server: &Api, id: i64, task: &str, attempt: u32) -> String {
-    server
-        .http()
-        .get(format!(
-            "{}/api/v1/runs/{id}/tasks/{task}/attempts/{attempt}/log",
-            server.url
-        ))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap()
-}
 
 #[test]
 fn tasks_go_to_agents_by_label_and_survive_an_agent_killed_mid_task() {

@@ -101,12 +101,97 @@ jobs:
             "jobs[0].tasks[1].http.url: \"ftp://x\" is not an http:// or https:// URL",
             "jobs[0].tasks[1].http.method: unknown method \"FETCH\": use GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS",
             "jobs[0].tasks[1].http.expect: 700 is not an HTTP status (100-599)",
-            "jobs[0].tasks[3]: a task needs an executor: `shell: <command>`, `http: { url: ... }` or `noop: true`",
+            "jobs[0].tasks[3]: a task needs an executor: `shell: <command>`, `http: { url: ... }`, `wasm: { module: ... }` or `noop: true`",
             "jobs[0].tasks[0].depends_on: dependency cycle: a -> c -> a",
             "jobs[1].tasks: a job needs at least one task",
         ]
     "#]]
     .assert_debug_eq(&errors(yaml));
+}
+
+#[test]
+fn wasm_tasks_are_checked_with_their_paths() {
+    let yaml = r#"
+namespace: lab
+jobs:
+  - name: w
+    tasks:
+      - id: relative
+        wasm: { module: tasks/report.wasm }
+      - id: not-wasm
+        wasm: { module: /srv/report.so, sha256: abc123 }
+      - id: limits
+        wasm: { module: /srv/r.wasm, memory: 1KiB, fuel: 0 }
+      - id: huge
+        wasm: { module: /srv/r.wat, memory: 8GiB }
+      - id: grants
+        wasm:
+          module: /srv/r.wasm
+          args: ["{{secrets.token}}"]
+          grants:
+            dirs: [{ host: srv/in, guest: in }, { host: /a, guest: /in }]
+            env: ["A=B"]
+            http: ["https://api.example.com/v1"]
+      - id: both
+        shell: "true"
+        wasm: { module: /srv/r.wasm }
+      - id: fine
+        wasm:
+          module: /srv/tasks/report.wasm
+          sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+          memory: 64MiB
+          fuel: 10000000
+          env: { TOKEN: { secret: api-token } }
+          grants: { dirs: [{ host: /srv/in, guest: /in, write: false }], env: [HOME], http: [api.example.com] }
+"#;
+    expect_test::expect![[r#"
+        [
+            "jobs[0].tasks[0].wasm.module: \"tasks/report.wasm\" is not an absolute path: name the module's file from the root, such as /srv/tasks/report.wasm",
+            "jobs[0].tasks[1].wasm.module: \"/srv/report.so\" is neither a `.wasm` binary nor a `.wat` text module",
+            "jobs[0].tasks[1].wasm.sha256: \"abc123\" is not a SHA-256 digest: write its 64 hex digits (`sha256sum FILE` prints them)",
+            "jobs[0].tasks[2].wasm.memory: 1KiB is out of range: a module's memory is 64KiB (one page) to 4GiB",
+            "jobs[0].tasks[2].wasm.fuel: a budget of 0 runs nothing: give at least 1, or leave `fuel` out for no budget",
+            "jobs[0].tasks[3].wasm.memory: 8GiB is out of range: a module's memory is 64KiB (one page) to 4GiB",
+            "jobs[0].tasks[4].wasm.args: a secret may not be put in the arguments, which are recorded with the task: pass it in `env` (`env: { KEY: { secret: NAME } }`) or `stdin`",
+            "jobs[0].tasks[4].wasm.grants.dirs[0].host: \"srv/in\" is not an absolute path",
+            "jobs[0].tasks[4].wasm.grants.dirs[0].guest: \"in\" is not an absolute path: the module sees the directory there, such as /in",
+            "jobs[0].tasks[4].wasm.grants.env[0]: \"A=B\" is not an environment variable's name",
+            "jobs[0].tasks[4].wasm.grants.http[0]: \"https://api.example.com/v1\" is not a host: write its name, or name:port, without scheme or path (api.example.com, api.example.com:8443)",
+            "jobs[0].tasks[5]: a task has exactly one executor: one of `shell`, `http`, `wasm` and `noop: true`",
+        ]
+    "#]]
+    .assert_debug_eq(&errors(yaml));
+    let bad_size = serde_saphyr::from_str::<dagcron_core::JobFile>(
+        "namespace: lab\njobs: [{ name: w, tasks: [{ id: t, wasm: { module: /m.wasm, memory: lots } }] }]\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(bad_size.contains("invalid size \"lots\""), "{bad_size}");
+}
+
+#[test]
+fn a_wasm_task_keeps_its_secrets_by_reference() {
+    let yaml = r#"
+namespace: lab
+jobs:
+  - name: w
+    tasks:
+      - id: t
+        wasm:
+          module: /srv/t.wasm
+          env: { TOKEN: { secret: api-token }, URL: "https://x/{{secrets.other}}" }
+          stdin: "{{secrets.input}}"
+"#;
+    let job = &load(yaml).validate().unwrap()[0];
+    assert_eq!(job.tasks[0].executor.kind(), "wasm");
+    assert_eq!(
+        job.tasks[0]
+            .executor
+            .secret_refs()
+            .into_iter()
+            .collect::<Vec<_>>(),
+        ["api-token", "input", "other"]
+    );
 }
 
 #[test]

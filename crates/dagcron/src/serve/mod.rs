@@ -37,6 +37,25 @@ pub use config::{Config, LogFormat, ServeArgs};
 /// The jobs `--demo` applies.
 const DEMO: &str = include_str!("../../../../examples/demo.yaml");
 
+/// The module of the demo's WebAssembly task, and where its job expects it.
+#[cfg(feature = "wasm")]
+const DEMO_MODULE: &str = include_str!("../../../../examples/hello.wat");
+#[cfg(feature = "wasm")]
+const DEMO_MODULE_PATH: &str = "/tmp/dagcron-demo/hello.wat";
+
+/// Writes the demo's module where its job reads it (whole, by a rename,
+/// so that a task never reads half of it).
+#[cfg(feature = "wasm")]
+fn write_demo_module() -> Result<()> {
+    let path = std::path::Path::new(DEMO_MODULE_PATH);
+    let dir = path.parent().expect("an absolute path");
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let partial = dir.join(format!(".hello.wat.{}", std::process::id()));
+    std::fs::write(&partial, DEMO_MODULE)
+        .and_then(|()| std::fs::rename(&partial, path))
+        .with_context(|| format!("writing {DEMO_MODULE_PATH}"))
+}
+
 /// How a server ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit {
@@ -51,6 +70,13 @@ pub enum Exit {
 /// renew it. Restart it (a supervisor does) and it registers again.
 pub const EXIT_FENCED: u8 = 75;
 
+/// Sets up the WebAssembly engine beside start-up, so that the first
+/// WebAssembly attempt does not pay for it.
+pub fn warm_up_wasm() {
+    #[cfg(feature = "wasm")]
+    tokio::task::spawn_blocking(|| dagcron_wasm::warm_up(false));
+}
+
 /// Serves `config` on `listener` until `shutdown` completes, then drains
 /// (running attempts get the shutdown grace) and returns; or returns
 /// [`Exit::Fenced`] as soon as a cluster node's lease has ended.
@@ -60,6 +86,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<Exit> {
     let address = listener.local_addr().context("the listener's address")?;
+    warm_up_wasm();
     let agents = AgentPool::new(config.agents.clone());
     // The API and the agents' streams stay up while the engine drains, so
     // that remote attempts can report; they stop when the engine is done,
@@ -325,8 +352,17 @@ async fn serve_api<S: Store>(
     shutdown: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<std::io::Result<()>>> {
     if demo {
-        let file: JobFile = serde_saphyr::from_str(DEMO)
+        #[allow(unused_mut)]
+        let mut file: JobFile = serde_saphyr::from_str(DEMO)
             .map_err(|e| anyhow::anyhow!("the bundled demo file: {e}"))?;
+        #[cfg(feature = "wasm")]
+        if let Err(e) = write_demo_module() {
+            tracing::warn!("the demo's WebAssembly task will fail: {e:#}");
+        }
+        // A build without WebAssembly support leaves that job out.
+        #[cfg(not(feature = "wasm"))]
+        file.jobs
+            .retain(|job| job.tasks.iter().all(|task| task.wasm.is_none()));
         let jobs = file
             .validate()
             .map_err(|e| anyhow::anyhow!("the bundled demo file: {e}"))?;

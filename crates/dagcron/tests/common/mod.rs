@@ -501,3 +501,84 @@ pub fn wait_process_gone(pid_file: &Path) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A `dagcron worker` process with labels, in a directory of its own
+/// (so that a task's `pwd` says where it ran).
+pub struct Agent {
+    pub child: Child,
+    pub dir: PathBuf,
+}
+
+impl Agent {
+    pub fn start(server: &Api, root: &Path, id: &str, labels: &str, capacity: u32) -> Agent {
+        Agent::start_via(server, &server.url, root, id, labels, capacity)
+    }
+
+    /// An agent that reaches `server` at `url` (through a proxy, say).
+    pub fn start_via(
+        server: &Api,
+        url: &str,
+        root: &Path,
+        id: &str,
+        labels: &str,
+        capacity: u32,
+    ) -> Agent {
+        let dir = root.join(id);
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = std::fs::File::create(root.join(format!("{id}.log"))).unwrap();
+        let token = join_token(server, None, None);
+        let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+            .args(["worker", "--server", url, "--id", id, "--labels", labels])
+            .args(["--token", &token])
+            .args(["--capacity", &capacity.to_string()])
+            .current_dir(&dir)
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        let agent = Agent { child, dir };
+        wait_until(&format!("agent {id} is connected"), || {
+            server.get("/api/v1/workers")["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|w| w["id"] == id && w["connected"] == true)
+        });
+        agent
+    }
+
+    pub fn signal(&mut self, sig: Signal) -> std::process::ExitStatus {
+        kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits (bounded) until `check` holds.
+pub fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The log of an attempt.
+pub fn log(server: &Api, id: i64, task: &str, attempt: u32) -> String {
+    server
+        .http()
+        .get(format!(
+            "{}/api/v1/runs/{id}/tasks/{task}/attempts/{attempt}/log",
+            server.url
+        ))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap()
+}

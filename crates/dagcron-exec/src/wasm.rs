@@ -1,0 +1,139 @@
+//! WebAssembly tasks: the attempt's identity, parameters and secrets
+//! turned into a module's invocation, run by `dagcron-wasm` in its sandbox
+//! (with the `wasm` feature; without it, such a task fails and says why).
+
+use std::time::Duration;
+
+use dagcron_core::Failure;
+use dagcron_core::model::WasmSpec;
+use tokio_util::sync::CancellationToken;
+
+use crate::{AttemptContext, Ending, Limits, LiveLog, Outcome};
+
+fn failed(error: String, exit_code: Option<i32>, log: Vec<u8>) -> Outcome {
+    let failure = match exit_code {
+        Some(_) => Failure::Exit(exit_code),
+        None => Failure::Error(error.clone()),
+    };
+    Outcome {
+        ending: Ending::Failed(failure),
+        exit_code,
+        error: Some(error),
+        log,
+        start_error_us: None,
+    }
+}
+
+#[cfg(not(feature = "wasm"))]
+pub(crate) async fn run(
+    _spec: &WasmSpec,
+    _ctx: &AttemptContext,
+    _timeout: Option<Duration>,
+    _cancel: CancellationToken,
+    _limits: Limits,
+    _live: Option<&LiveLog>,
+) -> Outcome {
+    failed(
+        "this build of dagcron cannot run WebAssembly tasks: build it with the `wasm` feature (the default)".into(),
+        None,
+        vec![],
+    )
+}
+
+/// The module's environment: the identity (`DAGCRON_*`, as a shell task
+/// gets it), the trace context, the task's variables, and the host's
+/// variables that the task is granted.
+#[cfg(feature = "wasm")]
+fn environment(spec: &WasmSpec, ctx: &AttemptContext) -> Result<Vec<(String, String)>, String> {
+    use dagcron_core::EnvValue;
+    let mut env: Vec<(String, String)> = ctx
+        .identity()
+        .into_iter()
+        .map(|(k, v)| (format!("DAGCRON_{k}"), v))
+        .collect();
+    for (name, value) in ctx.trace.iter().flat_map(|t| t.pairs()) {
+        env.push((name.to_ascii_uppercase(), value.to_string()));
+    }
+    for name in &spec.grants.env {
+        if let Ok(value) = std::env::var(name) {
+            env.push((name.clone(), value));
+        }
+    }
+    for (k, v) in &spec.env {
+        let value = match v {
+            EnvValue::Plain(text) => ctx.substitute(text),
+            EnvValue::Secret { secret } => ctx.secrets.0.get(secret).cloned().ok_or_else(|| {
+                format!("the secret {secret} of variable {k} was not given to this attempt")
+            })?,
+        };
+        env.push((k.clone(), value));
+    }
+    Ok(env)
+}
+
+#[cfg(feature = "wasm")]
+pub(crate) async fn run(
+    spec: &WasmSpec,
+    ctx: &AttemptContext,
+    timeout: Option<Duration>,
+    cancel: CancellationToken,
+    limits: Limits,
+    live: Option<&LiveLog>,
+) -> Outcome {
+    let env = match environment(spec, ctx) {
+        Ok(env) => env,
+        Err(error) => return failed(error, None, vec![]),
+    };
+    let connect = match dagcron_wasm::resolve_hosts(&spec.grants.http).await {
+        Ok(addrs) => addrs,
+        Err(error) => return failed(error, None, vec![]),
+    };
+    let module = std::path::PathBuf::from(&spec.module);
+    let program = module
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let inv = dagcron_wasm::Invocation {
+        module,
+        sha256: spec.sha256.clone(),
+        program,
+        args: spec.args.iter().map(|a| ctx.substitute(a)).collect(),
+        env,
+        stdin: spec
+            .stdin
+            .as_deref()
+            .map(|s| ctx.substitute(s).into_bytes())
+            .unwrap_or_default(),
+        memory: spec.memory_limit(),
+        fuel: spec.fuel,
+        dirs: spec.grants.dirs.clone(),
+        connect,
+        timeout,
+        max_output: limits.max_output,
+    };
+    let on_output: Option<dagcron_wasm::OnOutput> = live.cloned().map(|live| {
+        let push: dagcron_wasm::OnOutput = std::sync::Arc::new(move |b: &[u8]| live.push(b));
+        push
+    });
+    let report = dagcron_wasm::run(&inv, cancel, on_output).await;
+    let (ending, exit_code, error) = match report.ending {
+        dagcron_wasm::Ending::Exited(0) => (Ending::Succeeded, Some(0), None),
+        dagcron_wasm::Ending::Exited(code) => {
+            return failed(format!("exit status {code}"), Some(code), report.log);
+        }
+        dagcron_wasm::Ending::TimedOut => (
+            Ending::TimedOut,
+            None,
+            Some(format!("timed out after {:?}", timeout.unwrap_or_default())),
+        ),
+        dagcron_wasm::Ending::Cancelled => (Ending::Cancelled, None, Some("cancelled".into())),
+        dagcron_wasm::Ending::Failed(error) => return failed(error, None, report.log),
+    };
+    Outcome {
+        ending,
+        exit_code,
+        error,
+        log: report.log,
+        start_error_us: None,
+    }
+}
