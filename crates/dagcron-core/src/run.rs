@@ -81,6 +81,23 @@ impl Intervention {
         }
     }
 
+    /// Whether it applies to a task in `state` (of a run that goes on):
+    /// any to a held task; marking also to a failed or `upstream_failed` one.
+    pub fn applies_to(self, state: TaskState) -> Result<(), Refused> {
+        let ok = match self {
+            Intervention::Retry | Intervention::Fail => state == TaskState::Held,
+            Intervention::MarkSucceeded | Intervention::MarkSkipped => matches!(
+                state,
+                TaskState::Held | TaskState::Failed | TaskState::UpstreamFailed
+            ),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Refused::TaskState { asked: self, state })
+        }
+    }
+
     /// The state it moves the task to.
     fn target(self) -> TaskState {
         match self {
@@ -110,8 +127,12 @@ impl std::str::FromStr for Intervention {
 /// Why an intervention on a task is refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refused {
-    /// The run has ended, or is being stopped.
-    RunOver(RunState),
+    /// The run waits for a slot: none of its tasks has started.
+    NotStarted,
+    /// The run is being stopped, to end in this state.
+    Stopping(RunState),
+    /// The run has ended, in this state.
+    Ended(RunState),
     /// The task is not in a state this intervention applies to.
     TaskState {
         /// What was asked.
@@ -124,11 +145,12 @@ pub enum Refused {
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Refused::RunOver(state) if state.is_terminal() => write!(
+            Refused::Ended(state) => write!(
                 f,
                 "the run has ended {state}: re-run it instead (`runs rerun ID --failed` runs its failed tasks again and keeps the others' outcomes)"
             ),
-            Refused::RunOver(state) => write!(f, "the run is stopping, to end {state}"),
+            Refused::NotStarted => f.write_str("the run has not started: it waits for a slot"),
+            Refused::Stopping(state) => write!(f, "the run is stopping, to end {state}"),
             Refused::TaskState { asked, state } => {
                 let which = match asked {
                     Intervention::Retry | Intervention::Fail => "held",
@@ -413,28 +435,13 @@ impl RunMachine {
     /// (not stopping), and the task is held (any action) or, to be marked,
     /// failed or `upstream_failed`.
     pub fn may_intervene(&self, task: usize, action: Intervention) -> Result<(), Refused> {
-        if let Some(closing) = self.closing {
-            return Err(Refused::RunOver(closing));
+        match (self.state, self.closing) {
+            (RunState::Pending, _) => return Err(Refused::NotStarted),
+            (state, _) if state.is_terminal() => return Err(Refused::Ended(state)),
+            (_, Some(closing)) => return Err(Refused::Stopping(closing)),
+            _ => {}
         }
-        if self.state != RunState::Running {
-            return Err(Refused::RunOver(self.state));
-        }
-        let state = self.tasks[task];
-        let ok = match action {
-            Intervention::Retry | Intervention::Fail => state == TaskState::Held,
-            Intervention::MarkSucceeded | Intervention::MarkSkipped => matches!(
-                state,
-                TaskState::Held | TaskState::Failed | TaskState::UpstreamFailed
-            ),
-        };
-        if ok {
-            Ok(())
-        } else {
-            Err(Refused::TaskState {
-                asked: action,
-                state,
-            })
-        }
+        action.applies_to(self.tasks[task])
     }
 
     /// Steps on `event` at `now` (`random` gives the jitter of a retry) and

@@ -677,7 +677,7 @@ fn interventions_are_refused_outside_their_states_and_a_deadline_cancels_held_ta
     );
     assert_eq!(
         run.may_intervene(1, Intervention::Retry),
-        Err(Refused::RunOver(RunState::Failed))
+        Err(Refused::Ended(RunState::Failed))
     );
     assert!(out.contains(&Effect::Task {
         task: 1,
