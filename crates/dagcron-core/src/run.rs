@@ -168,6 +168,17 @@ impl fmt::Display for Refused {
 
 impl std::error::Error for Refused {}
 
+/// Whether a run in `state`, stopping to end in `closing` if it is, goes
+/// on, so that its tasks can be acted on.
+pub fn going_on(state: RunState, closing: Option<RunState>) -> Result<(), Refused> {
+    match (state, closing) {
+        (RunState::Pending, _) => Err(Refused::NotStarted),
+        (state, _) if state.is_terminal() => Err(Refused::Ended(state)),
+        (_, Some(closing)) => Err(Refused::Stopping(closing)),
+        _ => Ok(()),
+    }
+}
+
 /// What happens to a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -435,12 +446,7 @@ impl RunMachine {
     /// (not stopping), and the task is held (any action) or, to be marked,
     /// failed or `upstream_failed`.
     pub fn may_intervene(&self, task: usize, action: Intervention) -> Result<(), Refused> {
-        match (self.state, self.closing) {
-            (RunState::Pending, _) => return Err(Refused::NotStarted),
-            (state, _) if state.is_terminal() => return Err(Refused::Ended(state)),
-            (_, Some(closing)) => return Err(Refused::Stopping(closing)),
-            _ => {}
-        }
+        going_on(self.state, self.closing)?;
         action.applies_to(self.tasks[task])
     }
 

@@ -255,6 +255,28 @@ impl Coordination for PgStore {
         .map_err(unavailable)
     }
 
+    async fn take_intervention_requests(&self) -> Result<Vec<(RunId, String, String)>> {
+        let fence = self.registered()?;
+        transaction!(self, fenced = false, |conn| {
+            sqlx::query(
+                "DELETE FROM intervention_requests i USING runs r
+                 WHERE r.id = i.run_id AND r.state NOT IN ('pending', 'running')",
+            )
+            .execute(&mut *conn)
+            .await?;
+            let mut taken: Vec<(i64, RunId, String, String)> = sqlx::query_as(
+                "DELETE FROM intervention_requests i USING runs r
+                 WHERE r.id = i.run_id AND r.owner_epoch = $1
+                 RETURNING i.id, i.run_id, i.task_id, i.action",
+            )
+            .bind(fence.epoch)
+            .fetch_all(&mut *conn)
+            .await?;
+            taken.sort_unstable_by_key(|t| t.0);
+            Ok(taken.into_iter().map(|(_, run, task, action)| (run, task, action)).collect())
+        })
+    }
+
     async fn jobs_revision(&self) -> Result<i64> {
         sqlx::query_scalar("SELECT value FROM revisions WHERE name = 'jobs'")
             .fetch_one(&self.pool)
