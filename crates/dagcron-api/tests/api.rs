@@ -1356,20 +1356,42 @@ async fn held_tasks_are_listed_counted_and_settled_by_an_operator() {
     let id = first["id"].as_i64().unwrap();
     assert_eq!(first["state"], "running", "{first}");
     assert_eq!(first["tasks"][1]["state"], "pending");
-    let (status, held) = call_with(&api, &viewer, Method::GET, "/api/v1/namespaces/team/held", "").await;
+    let (status, held) = call_with(
+        &api,
+        &viewer,
+        Method::GET,
+        "/api/v1/namespaces/team/held",
+        "",
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(held["items"].as_array().unwrap().len(), 1, "{held}");
     let item = &held["items"][0];
     assert_eq!(
-        (item["run"].as_i64(), &item["job"], &item["task"], &item["attempts"]),
+        (
+            item["run"].as_i64(),
+            &item["job"],
+            &item["task"],
+            &item["attempts"]
+        ),
         (Some(id), &json!("etl"), &json!("a"), &json!(1))
     );
     assert!(item["held_since"].is_string(), "{item}");
-    let (status, hidden) = call_with(&api, &outsider, Method::GET, "/api/v1/namespaces/team/held", "").await;
+    let (status, hidden) = call_with(
+        &api,
+        &outsider,
+        Method::GET,
+        "/api/v1/namespaces/team/held",
+        "",
+    )
+    .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{hidden}");
     let (_, metrics) = api.get("/metrics").await;
     assert!(
-        metrics.as_str().unwrap().contains("dagcron_tasks_held{namespace=\"team\"} 1"),
+        metrics
+            .as_str()
+            .unwrap()
+            .contains("dagcron_tasks_held{namespace=\"team\"} 1"),
         "{metrics}"
     );
 
@@ -1380,17 +1402,34 @@ async fn held_tasks_are_listed_counted_and_settled_by_an_operator() {
     let (status, _) = call_with(&api, &outsider, Method::POST, &retry, "").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     for (uri, status) in [
-        (format!("/api/v1/runs/{id}/tasks/a/succeed"), StatusCode::NOT_FOUND),
-        (format!("/api/v1/runs/{id}/tasks/zz/retry"), StatusCode::NOT_FOUND),
-        (format!("/api/v1/runs/{id}/tasks/b/fail"), StatusCode::CONFLICT),
-        (format!("/api/v1/runs/{id}/tasks/c/retry"), StatusCode::CONFLICT),
+        (
+            format!("/api/v1/runs/{id}/tasks/a/succeed"),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            format!("/api/v1/runs/{id}/tasks/zz/retry"),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            format!("/api/v1/runs/{id}/tasks/b/fail"),
+            StatusCode::CONFLICT,
+        ),
+        (
+            format!("/api/v1/runs/{id}/tasks/c/retry"),
+            StatusCode::CONFLICT,
+        ),
         ("/api/v1/runs/1/tasks/a/retry".into(), StatusCode::NOT_FOUND),
-        ("/api/v1/runs/abc/tasks/a/retry".into(), StatusCode::BAD_REQUEST),
+        (
+            "/api/v1/runs/abc/tasks/a/retry".into(),
+            StatusCode::BAD_REQUEST,
+        ),
     ] {
         let (got, value) = call_with(&api, &operator, Method::POST, &uri, "").await;
         assert_eq!(got, status, "{uri}: {value}");
         assert!(
-            value["error"]["message"].as_str().is_some_and(|m| !m.is_empty()),
+            value["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
             "{value}"
         );
     }
@@ -1404,14 +1443,31 @@ async fn held_tasks_are_listed_counted_and_settled_by_an_operator() {
     let done = api.wait_run(&json!(id)).await;
     assert_eq!(done["tasks"][0]["attempts"].as_array().unwrap().len(), 2);
     assert_eq!(
-        (&done["tasks"][0]["state"], &done["tasks"][1]["state"], &done["state"]),
+        (
+            &done["tasks"][0]["state"],
+            &done["tasks"][1]["state"],
+            &done["state"]
+        ),
         (&json!("succeeded"), &json!("succeeded"), &json!("failed")),
         "c failed, a and its downstream succeeded: {done}"
     );
     // Once ended, nothing more: re-run it instead.
-    let (status, ended) = call_with(&api, &operator, Method::POST, &format!("/api/v1/runs/{id}/tasks/c/mark_succeeded"), "").await;
+    let (status, ended) = call_with(
+        &api,
+        &operator,
+        Method::POST,
+        &format!("/api/v1/runs/{id}/tasks/c/mark_succeeded"),
+        "",
+    )
+    .await;
     assert_eq!(status, StatusCode::CONFLICT);
-    assert!(ended["error"]["message"].as_str().unwrap().contains("rerun"), "{ended}");
+    assert!(
+        ended["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("rerun"),
+        "{ended}"
+    );
 
     // Marked succeeded (and c marked skipped): the run succeeds.
     std::fs::remove_file(&fixed).unwrap();
@@ -1427,12 +1483,27 @@ async fn held_tasks_are_listed_counted_and_settled_by_an_operator() {
 
     // Failed by hand: its downstream does not run, the run fails.
     let third = held_run().await["id"].as_i64().unwrap();
-    let (status, _) = call_with(&api, &operator, Method::POST, &format!("/api/v1/runs/{third}/tasks/a/fail"), "").await;
+    let (status, _) = call_with(
+        &api,
+        &operator,
+        Method::POST,
+        &format!("/api/v1/runs/{third}/tasks/a/fail"),
+        "",
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     let done = api.wait_run(&json!(third)).await;
     assert_eq!(
-        (&done["state"], &done["tasks"][0]["state"], &done["tasks"][1]["state"]),
-        (&json!("failed"), &json!("failed"), &json!("upstream_failed"))
+        (
+            &done["state"],
+            &done["tasks"][0]["state"],
+            &done["tasks"][1]["state"]
+        ),
+        (
+            &json!("failed"),
+            &json!("failed"),
+            &json!("upstream_failed")
+        )
     );
     let (_, held) = api.get("/api/v1/namespaces/team/held").await;
     assert_eq!(held["items"], json!([]));
@@ -1444,11 +1515,13 @@ async fn held_tasks_are_listed_counted_and_settled_by_an_operator() {
         .unwrap()
         .iter()
         .filter(|r| r["action"].as_str().unwrap().contains("/tasks/"))
-        .map(|r| (
-            r["action"].as_str().unwrap().to_string(),
-            r["principal_name"].as_str().unwrap_or("").to_string(),
-            r["outcome"].as_u64().unwrap(),
-        ))
+        .map(|r| {
+            (
+                r["action"].as_str().unwrap().to_string(),
+                r["principal_name"].as_str().unwrap_or("").to_string(),
+                r["outcome"].as_u64().unwrap(),
+            )
+        })
         .filter(|(_, _, outcome)| *outcome == 200)
         .collect();
     let who = "operator Some(\"team\")".to_string();
@@ -1456,8 +1529,16 @@ async fn held_tasks_are_listed_counted_and_settled_by_an_operator() {
         done,
         [
             (format!("POST {retry}"), who.clone(), 200),
-            (format!("POST /api/v1/runs/{second}/tasks/c/mark_skipped"), who.clone(), 200),
-            (format!("POST /api/v1/runs/{second}/tasks/a/mark_succeeded"), who.clone(), 200),
+            (
+                format!("POST /api/v1/runs/{second}/tasks/c/mark_skipped"),
+                who.clone(),
+                200
+            ),
+            (
+                format!("POST /api/v1/runs/{second}/tasks/a/mark_succeeded"),
+                who.clone(),
+                200
+            ),
             (format!("POST /api/v1/runs/{third}/tasks/a/fail"), who, 200),
         ]
     );

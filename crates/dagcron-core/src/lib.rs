@@ -26,8 +26,8 @@ pub use calendar::{Calendar, CalendarSpec};
 pub use dag::Dag;
 pub use duration::Dur;
 pub use model::{
-    Concurrency, Delivery, EnvValue, Exclude, Executor, Job, JobFile, JobSpec, Misfire, OnExhausted, Task,
-    TaskSpec, Timing, TriggerRule, ValidationError, ValidationErrors,
+    Concurrency, Delivery, EnvValue, Exclude, Executor, Job, JobFile, JobSpec, Misfire,
+    OnExhausted, Task, TaskSpec, Timing, TriggerRule, ValidationError, ValidationErrors,
 };
 pub use policy::{FireDecision, FireOutcome};
 pub use retry::{Failure, RetryDecision, RetryPolicy};

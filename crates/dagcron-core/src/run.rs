@@ -117,9 +117,7 @@ impl std::str::FromStr for Intervention {
             .copied()
             .find(|i| i.as_str() == s)
             .ok_or_else(|| {
-                format!(
-                    "unknown action {s:?}: one of retry, mark_succeeded, mark_skipped, fail"
-                )
+                format!("unknown action {s:?}: one of retry, mark_succeeded, mark_skipped, fail")
             })
     }
 }

@@ -1957,8 +1957,16 @@ async fn held_tasks_wait_across_a_restart_until_an_operator_or_the_deadline() {
         "  - { name: late, deadline: 10m, retry: { max_attempts: 2, backoff: fixed, initial: 1m }, tasks: [{ id: a, shell: 'false', on_exhausted: hold }] }\n",
     ))
     .await;
-    let once = h.handle.trigger("t", "once", BTreeMap::new()).await.unwrap();
-    let late = h.handle.trigger("t", "late", BTreeMap::new()).await.unwrap();
+    let once = h
+        .handle
+        .trigger("t", "once", BTreeMap::new())
+        .await
+        .unwrap();
+    let late = h
+        .handle
+        .trigger("t", "late", BTreeMap::new())
+        .await
+        .unwrap();
     let task_of = async |s: &SqliteStore, run| {
         let r = s.get_run(run).await.unwrap().unwrap();
         (r.tasks[0].state, r.tasks[0].attempts.len())
@@ -1981,8 +1989,10 @@ async fn held_tasks_wait_across_a_restart_until_an_operator_or_the_deadline() {
     let (dir_h, clock) = (h._dir.clone(), h.clock.clone());
     drop(h);
     let h = start(dir_h, clock, EngineConfig::default()).await;
-    h.until("once held", async |s| task_of(s, once).await.0 == TaskState::Held)
-        .await;
+    h.until("once held", async |s| {
+        task_of(s, once).await.0 == TaskState::Held
+    })
+    .await;
     let r = h.store.get_run(once).await.unwrap().unwrap();
     assert_eq!(
         (r.state, r.tasks[0].attempts[0].state, r.tasks[1].state),

@@ -273,7 +273,10 @@ impl Coordination for PgStore {
             .fetch_all(&mut *conn)
             .await?;
             taken.sort_unstable_by_key(|t| t.0);
-            Ok(taken.into_iter().map(|(_, run, task, action)| (run, task, action)).collect())
+            Ok(taken
+                .into_iter()
+                .map(|(_, run, task, action)| (run, task, action))
+                .collect())
         })
     }
 

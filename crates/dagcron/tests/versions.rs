@@ -259,7 +259,8 @@ fn held_tasks_are_listed_and_settled_from_the_command_line() {
         rows[0].starts_with(&first.to_string()) && rows[0].contains("extract"),
         "{listed}"
     );
-    let json: Value = serde_json::from_str(&ok(&server, &["--json", "runs", "held", "e2e"])).unwrap();
+    let json: Value =
+        serde_json::from_str(&ok(&server, &["--json", "runs", "held", "e2e"])).unwrap();
     assert_eq!(json["items"][1]["run"], second);
 
     // A task that is not held cannot be failed; the message says why.
@@ -271,8 +272,17 @@ fn held_tasks_are_listed_and_settled_from_the_command_line() {
     std::fs::write(&fixed, "").unwrap();
     let shown = ok(&server, &["runs", "retry", &first.to_string(), "extract"]);
     assert!(shown.starts_with(&format!("run {first} ")), "{shown}");
-    assert_eq!(server.wait_run(first, "succeeded")["tasks"][0]["attempts"].as_array().unwrap().len(), 2);
-    ok(&server, &["runs", "mark", &second.to_string(), "extract", "skipped"]);
+    assert_eq!(
+        server.wait_run(first, "succeeded")["tasks"][0]["attempts"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    ok(
+        &server,
+        &["runs", "mark", &second.to_string(), "extract", "skipped"],
+    );
     let run = server.wait_run(second, "succeeded");
     assert_eq!(
         (&run["tasks"][0]["state"], &run["tasks"][1]["state"]),
@@ -283,12 +293,19 @@ fn held_tasks_are_listed_and_settled_from_the_command_line() {
     held(third);
     ok(&server, &["runs", "fail", &third.to_string(), "extract"]);
     server.wait_run(third, "failed");
-    let (success, _, err) = cli(&server, &["runs", "mark", &third.to_string(), "extract", "succeeded"]);
+    let (success, _, err) = cli(
+        &server,
+        &["runs", "mark", &third.to_string(), "extract", "succeeded"],
+    );
     assert!(
         !success && err.contains("409") && err.contains("runs rerun"),
         "{err}"
     );
-    assert_eq!(ok(&server, &["runs", "held", "e2e"]).lines().count(), 1, "only the header");
+    assert_eq!(
+        ok(&server, &["runs", "held", "e2e"]).lines().count(),
+        1,
+        "only the header"
+    );
 }
 
 /// The rules a version of a job was stored with, as a server of another

@@ -481,34 +481,50 @@ fn descriptors_and_durations() {
               = help: write the instant without spaces, with a `T` between date and time
         "#]],
     );
-    check("@at", ErrorKind::Instant, expect![[r#"
+    check(
+        "@at",
+        ErrorKind::Instant,
+        expect![[r#"
         error: `@at` needs an instant
           |
           | @at
           | ^^^
           = help: for example `@at 2027-01-15T09:30:00Z` or `@at 2027-01-15T09:30:00+01:00`
-    "#]]);
-    check("@at tomorrow", ErrorKind::Instant, expect![[r#"
+    "#]],
+    );
+    check(
+        "@at tomorrow",
+        ErrorKind::Instant,
+        expect![[r#"
         error: `tomorrow` is not an RFC 3339 instant with its offset
           |
           | @at tomorrow
           |     ^^^^^^^^
           = help: for example `@at 2027-01-15T09:30:00Z` or `@at 2027-01-15T09:30:00+01:00`
-    "#]]);
-    check("@at 2027-01-15T09:30:00", ErrorKind::Instant, expect![[r#"
+    "#]],
+    );
+    check(
+        "@at 2027-01-15T09:30:00",
+        ErrorKind::Instant,
+        expect![[r#"
         error: `2027-01-15T09:30:00` is not an RFC 3339 instant with its offset
           |
           | @at 2027-01-15T09:30:00
           |     ^^^^^^^^^^^^^^^^^^^
           = help: for example `@at 2027-01-15T09:30:00Z` or `@at 2027-01-15T09:30:00+01:00`
-    "#]]);
-    check("@at 2027-01-15T09:30:00.5Z", ErrorKind::Instant, expect![[r#"
+    "#]],
+    );
+    check(
+        "@at 2027-01-15T09:30:00.5Z",
+        ErrorKind::Instant,
+        expect![[r#"
         error: `@at` fires on whole seconds; fractions of a second are not supported
           |
           | @at 2027-01-15T09:30:00.5Z
           |     ^^^^^^^^^^^^^^^^^^^^^^
           = help: drop the fraction of the second
-    "#]]);
+    "#]],
+    );
     check(
         "@every 500ms",
         ErrorKind::Duration,

@@ -325,7 +325,15 @@ impl<S: Store> Engine<S> {
                 }
                 let key = &entry.key;
                 tracing::info!(namespace = %key.0, job = %key.1, run, task = %task, "{} by an operator", action.as_str());
-                self.step(run, Event::Intervene { task: index, action }, now, None);
+                self.step(
+                    run,
+                    Event::Intervene {
+                        task: index,
+                        action,
+                    },
+                    now,
+                    None,
+                );
                 self.reply_after_commit(reply, Ok(Intervened::Done));
             }
             Command::Rerun {
@@ -459,7 +467,11 @@ impl<S: Store> Engine<S> {
         let mut runs: HashMap<(&str, &'static str), u64> = HashMap::new();
         let mut held: std::collections::BTreeMap<&str, u64> = Default::default();
         for run in self.runs.values() {
-            let n = run.machine.tasks().iter().filter(|t| **t == TaskState::Held);
+            let n = run
+                .machine
+                .tasks()
+                .iter()
+                .filter(|t| **t == TaskState::Held);
             match n.count() as u64 {
                 0 => {}
                 n => *held.entry(run.key.0.as_str()).or_default() += n,
@@ -481,7 +493,10 @@ impl<S: Store> Engine<S> {
         });
         crate::EngineGauges {
             runs,
-            held: held.into_iter().map(|(ns, n)| (ns.to_string(), n)).collect(),
+            held: held
+                .into_iter()
+                .map(|(ns, n)| (ns.to_string(), n))
+                .collect(),
             ready_local: self.ready.local.len() as u64,
             ready_remote: self.ready.remote.len() as u64,
             pool_slots: self.config.pool_size as u64,

@@ -187,7 +187,10 @@ pub(super) async fn run(c: &Client, cmd: RunsCommand, out: &mut Output) -> Resul
 /// Does `action` to `task` of `run`; shows the run.
 async fn intervene(c: &Client, run: i64, task: &str, action: &str, out: &mut Output) -> Result<()> {
     let r: RunAnswer = c
-        .post(&format!("/api/v1/runs/{run}/tasks/{task}/{action}"), &Empty {})
+        .post(
+            &format!("/api/v1/runs/{run}/tasks/{task}/{action}"),
+            &Empty {},
+        )
         .await?;
     out.show(&r)
 }
