@@ -257,27 +257,23 @@ impl Coordination for PgStore {
 
     async fn take_intervention_requests(&self) -> Result<Vec<(RunId, String, String)>> {
         let fence = self.registered()?;
-        transaction!(self, fenced = false, |conn| {
-            sqlx::query(
-                "DELETE FROM intervention_requests i USING runs r
-                 WHERE r.id = i.run_id AND r.state NOT IN ('pending', 'running')",
-            )
-            .execute(&mut *conn)
-            .await?;
-            let mut taken: Vec<(i64, RunId, String, String)> = sqlx::query_as(
-                "DELETE FROM intervention_requests i USING runs r
-                 WHERE r.id = i.run_id AND r.owner_epoch = $1
-                 RETURNING i.id, i.run_id, i.task_id, i.action",
-            )
-            .bind(fence.epoch)
-            .fetch_all(&mut *conn)
-            .await?;
-            taken.sort_unstable_by_key(|t| t.0);
-            Ok(taken
-                .into_iter()
-                .map(|(_, run, task, action)| (run, task, action))
-                .collect())
-        })
+        // This node's requests, and those of runs that finished meanwhile
+        // (whoever ran them), which nobody takes in any more.
+        let mut taken: Vec<(i64, RunId, String, String, bool)> = sqlx::query_as(
+            "DELETE FROM intervention_requests i USING runs r
+             WHERE r.id = i.run_id AND (r.owner_epoch = $1 OR r.state NOT IN ('pending', 'running'))
+             RETURNING i.id, i.run_id, i.task_id, i.action, r.owner_epoch = $1 AND r.state IN ('pending', 'running')",
+        )
+        .bind(fence.epoch)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        taken.sort_unstable_by_key(|t| t.0);
+        Ok(taken
+            .into_iter()
+            .filter(|t| t.4)
+            .map(|(_, run, task, action, _)| (run, task, action))
+            .collect())
     }
 
     async fn jobs_revision(&self) -> Result<i64> {
