@@ -7,6 +7,7 @@
 pub mod audit;
 pub mod auth;
 mod error;
+mod interventions;
 mod metrics;
 mod operations;
 pub mod quotas;

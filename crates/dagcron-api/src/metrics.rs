@@ -184,6 +184,16 @@ async fn current<S: Store>(state: &AppState<S>) -> Registry {
                 runs.get_or_create(&vec![("namespace", namespace), ("state", run_state.into())])
                     .set(n as f64);
             }
+            let held = gauges(
+                &mut r,
+                "dagcron_tasks_held",
+                "Tasks held after their last retry failed (on_exhausted: hold), waiting for an operator, by namespace",
+                None,
+            );
+            for (namespace, n) in g.held {
+                held.get_or_create(&vec![("namespace", namespace)])
+                    .set(n as f64);
+            }
             let depth = gauges(
                 &mut r,
                 "dagcron_ready_queue_depth",

@@ -113,9 +113,7 @@ pub(crate) async fn get_quotas<S: Store>(
     Extension(who): Extension<Principal>,
     Path(ns): Path<String>,
 ) -> Result<Json<Quotas>, ApiError> {
-    who.allow(Need::Read, Some(&ns), || {
-        ApiError::not_found(format!("no namespace {ns}"))
-    })?;
+    who.allow(Need::Read, Some(&ns), crate::routes::no_namespace(&ns))?;
     Ok(Json(quotas_of(&st, &ns).await?))
 }
 

@@ -29,7 +29,8 @@ use dagcron_core::authz::Need;
     ),
     paths(
         health, ready, crate::metrics::metrics, openapi, cluster, workers, apply, list_jobs, get_job, put_job, delete_job, pause,
-        resume, trigger, backfill, list_runs, list_fires, get_run, cancel, crate::reruns::rerun, get_log,
+        resume, trigger, backfill, list_runs, list_fires, get_run, cancel, crate::reruns::rerun,
+        crate::interventions::intervene, crate::interventions::list_held, get_log,
         crate::versions::list_versions, crate::versions::get_version, crate::versions::rollback,
         crate::tokens::create_token, crate::tokens::list_tokens, crate::tokens::revoke_token,
         crate::audit::list_audit, crate::schedules::hotspots, crate::secrets::put_secret, crate::secrets::list_secrets,
@@ -73,6 +74,11 @@ impl utoipa::Modify for BearerAuth {
 
 pub(crate) fn no_job(ns: &str, name: &str) -> impl FnOnce() -> ApiError + use<> {
     let message = format!("no job {ns}/{name}");
+    move || ApiError::not_found(message)
+}
+
+pub(crate) fn no_namespace(ns: &str) -> impl FnOnce() -> ApiError + use<> {
+    let message = format!("no namespace {ns}");
     move || ApiError::not_found(message)
 }
 
@@ -158,6 +164,14 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
         .route("/api/v1/runs/{id}", get(get_run::<S>))
         .route("/api/v1/runs/{id}/cancel", post(cancel::<S>))
         .route("/api/v1/runs/{id}/rerun", post(crate::reruns::rerun::<S>))
+        .route(
+            "/api/v1/runs/{id}/tasks/{task}/{action}",
+            post(crate::interventions::intervene::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/held",
+            get(crate::interventions::list_held::<S>),
+        )
         .route(
             "/api/v1/runs/{id}/tasks/{task}/attempts/{n}/log",
             get(get_log::<S>),

@@ -786,7 +786,13 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
         ("get", "/api/v1/runs/{id}" | "/api/v1/runs/{id}/tasks/{task}/attempts/{n}/log") => {
             Namespace(Viewer)
         }
-        ("post", "/api/v1/runs/{id}/cancel" | "/api/v1/runs/{id}/rerun") => Namespace(Operator),
+        (
+            "post",
+            "/api/v1/runs/{id}/cancel"
+            | "/api/v1/runs/{id}/rerun"
+            | "/api/v1/runs/{id}/tasks/{task}/{action}",
+        ) => Namespace(Operator),
+        ("get", "/api/v1/namespaces/{ns}/held") => Namespace(Viewer),
         ("post" | "get", "/api/v1/tokens") | ("delete", "/api/v1/tokens/{id}") => Tokens,
         ("get", "/api/v1/audit") => Tokens,
         ("get", "/api/v1/schedules/hotspots") => Scoped(Viewer),
@@ -859,6 +865,7 @@ async fn every_route_is_guarded_for_every_role() {
                     },
                 )
                 .replace("{task}", "t")
+                .replace("{action}", "retry")
                 .replace("{n}", "1")
                 .replace("{version}", "1");
             let m = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
@@ -1391,6 +1398,244 @@ async fn a_job_applied_under_other_rules_says_so_until_applied_again() {
         .call(Method::POST, "/api/v1/apply", "application/yaml", file)
         .await;
     assert_eq!(again["jobs"][0]["result"]["result"], "unchanged");
+}
+
+/// Waits until task `task` of run `id` is in `state`.
+async fn wait_task(api: &Api, id: i64, task: usize, state: &str) -> Value {
+    for _ in 0..1000 {
+        let (_, run) = api.get(&format!("/api/v1/runs/{id}")).await;
+        if run["tasks"][task]["state"] == state {
+            return run;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("task {task} of run {id} never became {state}");
+}
+
+/// Manual intervention: a task with `on_exhausted: hold` is held when its
+/// last attempt fails, its run waits; held tasks are listed and counted;
+/// an operator retries it (a new attempt past `max_attempts`), marks it
+/// succeeded (its downstream runs) or fails it; each action is in the
+/// audit log with who did it. A viewer may not, another namespace's run
+/// is absent, an unknown action or task is not found, an action that does
+/// not apply (or on a run that has ended) is a conflict, and none of
+/// those changes anything.
+#[tokio::test]
+async fn held_tasks_are_listed_counted_and_settled_by_an_operator() {
+    let api = api().await;
+    let dir = tempfile::tempdir().unwrap();
+    let fixed = dir.path().join("fixed");
+    let file = format!(
+        "namespace: team\njobs:\n  - name: etl\n    on_exhausted: hold\n    tasks:\n      - {{ id: a, shell: 'test -e {}' }}\n      - {{ id: b, depends_on: [a], noop: true }}\n      - {{ id: c, shell: 'false', on_exhausted: fail }}\n",
+        fixed.display(),
+    );
+    let (status, _) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", &file)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let operator = api.token_with(Role::Operator, Some("team")).await;
+    let viewer = api.token_with(Role::Viewer, Some("team")).await;
+    let outsider = api.token_with(Role::Admin, Some("other")).await;
+    let held_run = async || {
+        let (_, run) = api
+            .post("/api/v1/namespaces/team/jobs/etl/trigger", "")
+            .await;
+        let id = run["id"].as_i64().unwrap();
+        wait_task(&api, id, 0, "held").await;
+        wait_task(&api, id, 2, "failed").await
+    };
+
+    // Held: the run goes on, the task is listed and counted.
+    let first = held_run().await;
+    let id = first["id"].as_i64().unwrap();
+    assert_eq!(first["state"], "running", "{first}");
+    assert_eq!(first["tasks"][1]["state"], "pending");
+    let (status, held) = call_with(
+        &api,
+        &viewer,
+        Method::GET,
+        "/api/v1/namespaces/team/held",
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(held["items"].as_array().unwrap().len(), 1, "{held}");
+    let item = &held["items"][0];
+    assert_eq!(
+        (
+            item["run"].as_i64(),
+            &item["job"],
+            &item["task"],
+            &item["attempts"]
+        ),
+        (Some(id), &json!("etl"), &json!("a"), &json!(1))
+    );
+    assert!(item["held_since"].is_string(), "{item}");
+    let (status, hidden) = call_with(
+        &api,
+        &outsider,
+        Method::GET,
+        "/api/v1/namespaces/team/held",
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{hidden}");
+    let (_, metrics) = api.get("/metrics").await;
+    assert!(
+        metrics
+            .as_str()
+            .unwrap()
+            .contains("dagcron_tasks_held{namespace=\"team\"} 1"),
+        "{metrics}"
+    );
+
+    // Refused: by role, by namespace, hostile paths, actions that do not apply.
+    let retry = format!("/api/v1/runs/{id}/tasks/a/retry");
+    let (status, _) = call_with(&api, &viewer, Method::POST, &retry, "").await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = call_with(&api, &outsider, Method::POST, &retry, "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    for (uri, status) in [
+        (
+            format!("/api/v1/runs/{id}/tasks/a/succeed"),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            format!("/api/v1/runs/{id}/tasks/zz/retry"),
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            format!("/api/v1/runs/{id}/tasks/b/fail"),
+            StatusCode::CONFLICT,
+        ),
+        (
+            format!("/api/v1/runs/{id}/tasks/c/retry"),
+            StatusCode::CONFLICT,
+        ),
+        ("/api/v1/runs/1/tasks/a/retry".into(), StatusCode::NOT_FOUND),
+        (
+            "/api/v1/runs/abc/tasks/a/retry".into(),
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let (got, value) = call_with(&api, &operator, Method::POST, &uri, "").await;
+        assert_eq!(got, status, "{uri}: {value}");
+        assert!(
+            value["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{value}"
+        );
+    }
+    let (_, unchanged) = api.get(&format!("/api/v1/runs/{id}")).await;
+    assert_eq!(unchanged["tasks"], first["tasks"], "nothing changed");
+
+    // Retried by hand, past max_attempts (1): it succeeds, the run goes on.
+    std::fs::write(&fixed, "").unwrap();
+    let (status, answer) = call_with(&api, &operator, Method::POST, &retry, "").await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let done = api.wait_run(&json!(id)).await;
+    assert_eq!(done["tasks"][0]["attempts"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        (
+            &done["tasks"][0]["state"],
+            &done["tasks"][1]["state"],
+            &done["state"]
+        ),
+        (&json!("succeeded"), &json!("succeeded"), &json!("failed")),
+        "c failed, a and its downstream succeeded: {done}"
+    );
+    // Once ended, nothing more: re-run it instead.
+    let (status, ended) = call_with(
+        &api,
+        &operator,
+        Method::POST,
+        &format!("/api/v1/runs/{id}/tasks/c/mark_succeeded"),
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert!(
+        ended["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("rerun"),
+        "{ended}"
+    );
+
+    // Marked succeeded (and c marked skipped): the run succeeds.
+    std::fs::remove_file(&fixed).unwrap();
+    let second = held_run().await["id"].as_i64().unwrap();
+    for (task, action) in [("c", "mark_skipped"), ("a", "mark_succeeded")] {
+        let uri = format!("/api/v1/runs/{second}/tasks/{task}/{action}");
+        let (status, answer) = call_with(&api, &operator, Method::POST, &uri, "").await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {answer}");
+    }
+    let done = api.wait_run(&json!(second)).await;
+    assert_eq!(done["state"], "succeeded", "{done}");
+    assert_eq!(done["tasks"][0]["attempts"].as_array().unwrap().len(), 1);
+
+    // Failed by hand: its downstream does not run, the run fails.
+    let third = held_run().await["id"].as_i64().unwrap();
+    let (status, _) = call_with(
+        &api,
+        &operator,
+        Method::POST,
+        &format!("/api/v1/runs/{third}/tasks/a/fail"),
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let done = api.wait_run(&json!(third)).await;
+    assert_eq!(
+        (
+            &done["state"],
+            &done["tasks"][0]["state"],
+            &done["tasks"][1]["state"]
+        ),
+        (
+            &json!("failed"),
+            &json!("failed"),
+            &json!("upstream_failed")
+        )
+    );
+    let (_, held) = api.get("/api/v1/namespaces/team/held").await;
+    assert_eq!(held["items"], json!([]));
+
+    // Who did what, in the audit log.
+    let (_, audit) = api.get("/api/v1/audit?namespace=team&limit=1000").await;
+    let done: Vec<(String, String, u64)> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["action"].as_str().unwrap().contains("/tasks/"))
+        .map(|r| {
+            (
+                r["action"].as_str().unwrap().to_string(),
+                r["principal_name"].as_str().unwrap_or("").to_string(),
+                r["outcome"].as_u64().unwrap(),
+            )
+        })
+        .filter(|(_, _, outcome)| *outcome == 200)
+        .collect();
+    let who = "operator Some(\"team\")".to_string();
+    assert_eq!(
+        done,
+        [
+            (format!("POST {retry}"), who.clone(), 200),
+            (
+                format!("POST /api/v1/runs/{second}/tasks/c/mark_skipped"),
+                who.clone(),
+                200
+            ),
+            (
+                format!("POST /api/v1/runs/{second}/tasks/a/mark_succeeded"),
+                who.clone(),
+                200
+            ),
+            (format!("POST /api/v1/runs/{third}/tasks/a/fail"), who, 200),
+        ]
+    );
 }
 
 /// Re-runs: an operator re-runs a finished run, whole or from its failed

@@ -27,12 +27,12 @@ pub use calendar::{Calendar, CalendarSpec};
 pub use dag::Dag;
 pub use duration::Dur;
 pub use model::{
-    Concurrency, Delivery, EnvValue, Exclude, Executor, Job, JobFile, JobSpec, Misfire, Task,
-    TaskSpec, Timing, TriggerRule, ValidationError, ValidationErrors,
+    Concurrency, Delivery, EnvValue, Exclude, Executor, Job, JobFile, JobSpec, Misfire,
+    OnExhausted, Task, TaskSpec, Timing, TriggerRule, ValidationError, ValidationErrors,
 };
 pub use policy::{FireDecision, FireOutcome};
 pub use retry::{Failure, RetryDecision, RetryPolicy};
 pub use ring::Ring;
 pub use rules::{Rules, RulesChange};
-pub use run::{Effect, End, Event, RunMachine};
+pub use run::{Effect, End, Event, Intervention, RunMachine};
 pub use state::{AttemptState, IllegalTransition, RunState, TaskState};

@@ -110,6 +110,19 @@ pub enum Delivery {
     AtMostOnce,
 }
 
+/// What happens to a task whose last attempt failed and that its retry
+/// policy retries no more.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnExhausted {
+    /// It fails (and its run goes on without it, by the trigger rules).
+    #[default]
+    Fail,
+    /// It is `held`: its run waits until an operator retries it, marks it
+    /// succeeded or skipped, or fails it.
+    Hold,
+}
+
 /// When a task may start, given its upstream tasks' outcomes: Airflow's
 /// rules, with Airflow's semantics (see [`crate::dag::decide`] for what each
 /// does when it can no longer be met). "Failed" counts `failed` and
@@ -383,6 +396,9 @@ pub struct TaskSpec {
     pub timeout: Option<Dur>,
     /// Overrides of the job's retry policy.
     pub retry: Option<RetryOverride>,
+    /// What happens once its retries are exhausted (default: the job's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_exhausted: Option<OnExhausted>,
     /// Run a shell command.
     pub shell: Option<ShellSpec>,
     /// Call an HTTP endpoint.
@@ -471,6 +487,10 @@ pub struct JobSpec {
     /// Default retry policy of the tasks.
     #[serde(default)]
     pub retry: RetrySpec,
+    /// What happens to a task once its retries are exhausted, for the
+    /// tasks that do not say (default: `fail`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_exhausted: Option<OnExhausted>,
     /// What happens to attempts whose worker vanished.
     #[serde(default)]
     pub delivery: Delivery,
@@ -626,6 +646,8 @@ pub struct Task {
     pub timeout: Option<Dur>,
     /// The effective retry policy (job default merged with the override).
     pub retry: RetryPolicy,
+    /// What happens once its retries are exhausted (the task's, or the job's).
+    pub on_exhausted: OnExhausted,
     /// What it runs.
     pub executor: Executor,
     /// Where: a remote agent matching these labels, or (none) the server's pool.
@@ -1357,6 +1379,7 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
                 trigger_rule: t.trigger_rule,
                 timeout: t.timeout,
                 retry: RetryPolicy::from_spec(&merged),
+                on_exhausted: t.on_exhausted.or(spec.on_exhausted).unwrap_or_default(),
                 executor,
                 run_on: t.run_on.clone(),
             });

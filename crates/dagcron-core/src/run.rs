@@ -12,9 +12,11 @@
 //! of an attempt that was replaced, a retry timer of a stopping run) are
 //! ignored: they are the normal races of timers and attempts, not errors.
 
+use std::fmt;
+
 use jiff::{SignedDuration, Timestamp};
 
-use crate::model::{Delivery, Job};
+use crate::model::{Delivery, Job, OnExhausted};
 use crate::policy;
 use crate::retry::{Failure, RetryDecision};
 use crate::state::{AttemptState, IllegalTransition, RunState, TaskState};
@@ -42,6 +44,136 @@ impl End {
             End::Failed(Failure::Lost) => AttemptState::Lost,
             End::Failed(_) => AttemptState::Failed,
         }
+    }
+}
+
+/// What an operator does to one task of a run that goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Intervention {
+    /// A held task gets a new attempt now (counting past its retry
+    /// policy's `max_attempts`; held again if it fails).
+    Retry,
+    /// A held, failed or `upstream_failed` task counts as succeeded: the
+    /// tasks downstream that did not run because of it are decided again.
+    MarkSucceeded,
+    /// As [`Intervention::MarkSucceeded`], counting as skipped.
+    MarkSkipped,
+    /// A held task fails (and its run goes on by the trigger rules).
+    Fail,
+}
+
+impl Intervention {
+    /// Every intervention.
+    pub const ALL: &'static [Intervention] = &[
+        Intervention::Retry,
+        Intervention::MarkSucceeded,
+        Intervention::MarkSkipped,
+        Intervention::Fail,
+    ];
+
+    /// Its name in the API, the command line and the audit log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Intervention::Retry => "retry",
+            Intervention::MarkSucceeded => "mark_succeeded",
+            Intervention::MarkSkipped => "mark_skipped",
+            Intervention::Fail => "fail",
+        }
+    }
+
+    /// Whether it applies to a task in `state` (of a run that goes on):
+    /// any to a held task; marking also to a failed or `upstream_failed` one.
+    pub fn applies_to(self, state: TaskState) -> Result<(), Refused> {
+        let ok = match self {
+            Intervention::Retry | Intervention::Fail => state == TaskState::Held,
+            Intervention::MarkSucceeded | Intervention::MarkSkipped => matches!(
+                state,
+                TaskState::Held | TaskState::Failed | TaskState::UpstreamFailed
+            ),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Refused::TaskState { asked: self, state })
+        }
+    }
+
+    /// The state it moves the task to.
+    fn target(self) -> TaskState {
+        match self {
+            Intervention::Retry => TaskState::Ready,
+            Intervention::MarkSucceeded => TaskState::Succeeded,
+            Intervention::MarkSkipped => TaskState::Skipped,
+            Intervention::Fail => TaskState::Failed,
+        }
+    }
+}
+
+impl std::str::FromStr for Intervention {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Intervention, String> {
+        Intervention::ALL
+            .iter()
+            .copied()
+            .find(|i| i.as_str() == s)
+            .ok_or_else(|| {
+                format!("unknown action {s:?}: one of retry, mark_succeeded, mark_skipped, fail")
+            })
+    }
+}
+
+/// Why an intervention on a task is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The run waits for a slot: none of its tasks has started.
+    NotStarted,
+    /// The run is being stopped, to end in this state.
+    Stopping(RunState),
+    /// The run has ended, in this state.
+    Ended(RunState),
+    /// The task is not in a state this intervention applies to.
+    TaskState {
+        /// What was asked.
+        asked: Intervention,
+        /// The task's state.
+        state: TaskState,
+    },
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refused::Ended(state) => write!(
+                f,
+                "the run has ended {state}: re-run it instead (`runs rerun ID --failed` runs its failed tasks again and keeps the others' outcomes)"
+            ),
+            Refused::NotStarted => f.write_str("the run has not started: it waits for a slot"),
+            Refused::Stopping(state) => write!(f, "the run is stopping, to end {state}"),
+            Refused::TaskState { asked, state } => {
+                let which = match asked {
+                    Intervention::Retry | Intervention::Fail => "held",
+                    _ => "held, failed or upstream_failed",
+                };
+                write!(
+                    f,
+                    "the task is {state}: only a {which} task can be given {}",
+                    asked.as_str()
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// Whether a run in `state`, stopping to end in `closing` if it is, goes
+/// on, so that its tasks can be acted on.
+pub fn going_on(state: RunState, closing: Option<RunState>) -> Result<(), Refused> {
+    match (state, closing) {
+        (RunState::Pending, _) => Err(Refused::NotStarted),
+        (state, _) if state.is_terminal() => Err(Refused::Ended(state)),
+        (_, Some(closing)) => Err(Refused::Stopping(closing)),
+        _ => Ok(()),
     }
 }
 
@@ -115,6 +247,14 @@ pub enum Event {
     Orphaned {
         /// The task's index.
         task: usize,
+    },
+    /// An operator acts on `task` (see [`RunMachine::may_intervene`]; an
+    /// intervention that does not apply changes nothing).
+    Intervene {
+        /// The task's index.
+        task: usize,
+        /// What is done.
+        action: Intervention,
     },
     /// Attempt `number` of `task` was killed at shutdown: it is recorded as
     /// lost, and nothing follows from it (the next start decides by the
@@ -309,6 +449,14 @@ impl RunMachine {
         self.current[task]
     }
 
+    /// Whether an operator may do `action` to `task` now: the run goes on
+    /// (not stopping), and the task is held (any action) or, to be marked,
+    /// failed or `upstream_failed`.
+    pub fn may_intervene(&self, task: usize, action: Intervention) -> Result<(), Refused> {
+        going_on(self.state, self.closing)?;
+        action.applies_to(self.tasks[task])
+    }
+
     /// Steps on `event` at `now` (`random` gives the jitter of a retry) and
     /// appends what to carry out to `out`.
     pub fn step(
@@ -457,6 +605,20 @@ impl RunMachine {
                 let number = self.attempts[task];
                 self.failed(job, task, number, Failure::Lost, now, random, out)
             }
+            Event::Intervene { task, action } => {
+                if self.may_intervene(task, action).is_err() {
+                    return Ok(());
+                }
+                self.set_task(task, action.target(), out)?;
+                match action {
+                    Intervention::Retry => out.push(Effect::Ready { task }),
+                    Intervention::MarkSucceeded | Intervention::MarkSkipped => {
+                        self.reopen_downstream(job, task, out)?;
+                    }
+                    Intervention::Fail => {}
+                }
+                self.advance(job, out)
+            }
             Event::Abandoned { task, number } => {
                 let Some(attempt) = self.current_of(task, number) else {
                     return Ok(());
@@ -539,9 +701,29 @@ impl RunMachine {
                     at: later(now, delay),
                 });
             }
+            RetryDecision::GiveUp(_)
+                if self.closing.is_none() && job.tasks[task].on_exhausted == OnExhausted::Hold =>
+            {
+                // Its run waits for an operator (its deadline still applies).
+                self.set_task(task, TaskState::Held, out)?;
+            }
             RetryDecision::GiveUp(_) => self.set_task(task, TaskState::Failed, out)?,
         }
         self.advance(job, out)
+    }
+
+    /// `task` was marked: the tasks downstream of it that did not run
+    /// because of it (`upstream_failed`, through a chain of such tasks) go
+    /// back to `pending`, for planning to decide them again.
+    fn reopen_downstream(&mut self, job: &Job, task: usize, out: &mut Vec<Effect>) -> Step {
+        let mut stack = job.dag.downstream[task].clone();
+        while let Some(next) = stack.pop() {
+            if self.tasks[next] == TaskState::UpstreamFailed {
+                self.set_task(next, TaskState::Pending, out)?;
+                stack.extend(job.dag.downstream[next].iter().copied());
+            }
+        }
+        Ok(())
     }
 
     fn stop(&mut self, job: &Job, final_state: RunState, out: &mut Vec<Effect>) -> Step {
@@ -563,7 +745,7 @@ impl RunMachine {
         }
         for task in 0..self.tasks.len() {
             match self.tasks[task] {
-                TaskState::Pending | TaskState::Ready | TaskState::Retrying => {
+                TaskState::Pending | TaskState::Ready | TaskState::Retrying | TaskState::Held => {
                     self.set_task(task, TaskState::Cancelled, out)?;
                 }
                 TaskState::Running | TaskState::Dispatching => match self.current[task] {

@@ -81,6 +81,9 @@ states! {
         Running = "running",
         /// Waiting out a backoff before the next attempt.
         Retrying = "retrying",
+        /// Its retries are exhausted and it has `on_exhausted: hold`: it
+        /// waits for an operator to retry it, mark it or fail it.
+        Held = "held",
         /// Finished well.
         Succeeded = "succeeded",
         /// Its last attempt failed.
@@ -189,6 +192,12 @@ impl TaskState {
             (Dispatching, Running | Retrying | Failed | Cancelled) => true,
             (Running, Succeeded | Failed | Retrying | Cancelled) => true,
             (Retrying, Ready | Cancelled) => true,
+            // Retries exhausted under `on_exhausted: hold`, and what an
+            // operator does with a held task (or a run stopping does).
+            (Dispatching | Running, Held) => true,
+            (Held, Ready | Succeeded | Skipped | Failed | Cancelled) => true,
+            // Marked by an operator while its run goes on.
+            (Failed | UpstreamFailed, Succeeded | Skipped) => true,
             // Re-running a finished run from its failed tasks.
             (Failed | UpstreamFailed | Cancelled, Pending) => true,
             _ => false,
@@ -263,12 +272,13 @@ mod tests {
         expect_test::expect![[r#"
             pending -> ready, upstream_failed, skipped, cancelled
             ready -> dispatching, cancelled
-            dispatching -> running, retrying, failed, cancelled
-            running -> retrying, succeeded, failed, cancelled
+            dispatching -> running, retrying, held, failed, cancelled
+            running -> retrying, held, succeeded, failed, cancelled
             retrying -> ready, cancelled
+            held -> ready, succeeded, failed, skipped, cancelled
             succeeded -> 
-            failed -> pending
-            upstream_failed -> pending
+            failed -> pending, succeeded, skipped
+            upstream_failed -> pending, succeeded, skipped
             skipped -> 
             cancelled -> pending
         "#]]

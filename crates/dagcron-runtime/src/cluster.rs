@@ -407,6 +407,16 @@ impl<S: Coordination> Coordinator<S> {
                 tracing::info!(run, "cancel requested through another node: {e}");
             }
         }
+        // Interventions on tasks asked through other nodes.
+        for (run, task, action) in self.store.take_intervention_requests().await? {
+            let done = match action.parse() {
+                Ok(action) => self.engine.intervene(run, &task, action).await.map(|_| ()),
+                Err(e) => Err(crate::EngineError::Invalid(e)),
+            };
+            if let Err(e) = done {
+                tracing::warn!(run, task = %task, "{action} asked through another node: {e}");
+            }
+        }
         Ok(())
     }
 }

@@ -413,6 +413,9 @@ fn unix(at: Timestamp) -> f64 {
 pub struct EngineGauges {
     /// Runs in memory by (namespace, state), `stopping` for those asked to stop.
     pub runs: Vec<(String, &'static str, u64)>,
+    /// Tasks `held` (waiting for an operator) in the runs in memory, by
+    /// namespace (only namespaces that have some).
+    pub held: Vec<(String, u64)>,
     /// Tasks ready and waiting for this process's pool.
     pub ready_local: u64,
     /// Tasks ready and waiting for a remote agent.

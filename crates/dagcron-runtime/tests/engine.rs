@@ -2016,3 +2016,101 @@ async fn a_run_planned_for_an_instant_is_made_then_once() {
     );
     h.stop().await;
 }
+
+/// A held task: an attempt lost under at-most-once delivery is held, not
+/// failed, after the restart (an operator decides whether it ran); a held
+/// task stays held across a restart and is retried by hand past its
+/// attempts; the run's deadline cancels it.
+#[tokio::test]
+async fn held_tasks_wait_across_a_restart_until_an_operator_or_the_deadline() {
+    use dagcron_core::run::Intervention;
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply(concat!(
+        "namespace: t\njobs:\n",
+        "  - { name: once, delivery: at_most_once, on_exhausted: hold, tasks: [{ id: a, shell: 'sleep 30' }, { id: b, depends_on: [a], noop: true }] }\n",
+        "  - { name: late, deadline: 10m, retry: { max_attempts: 2, backoff: fixed, initial: 1m }, tasks: [{ id: a, shell: 'false', on_exhausted: hold }] }\n",
+    ))
+    .await;
+    let once = h
+        .handle
+        .trigger("t", "once", BTreeMap::new())
+        .await
+        .unwrap();
+    let late = h
+        .handle
+        .trigger("t", "late", BTreeMap::new())
+        .await
+        .unwrap();
+    let task_of = async |s: &SqliteStore, run| {
+        let r = s.get_run(run).await.unwrap().unwrap();
+        (r.tasks[0].state, r.tasks[0].attempts.len())
+    };
+    h.until("once's attempt running and late retrying", async |s| {
+        task_of(s, once).await.1 == 1 && task_of(s, late).await.0 == TaskState::Retrying
+    })
+    .await;
+    h.clock.advance(SignedDuration::from_secs(60));
+    h.until("late held after its 2 attempts", async |s| {
+        task_of(s, late).await.0 == TaskState::Held
+    })
+    .await;
+    assert_eq!(
+        h.handle.gauges().await.unwrap().held,
+        [("t".to_string(), 1)]
+    );
+    // A crash: once's attempt is lost; at most once, it is not run again.
+    h.task.abort();
+    let (dir_h, clock) = (h._dir.clone(), h.clock.clone());
+    drop(h);
+    let h = start(dir_h, clock, EngineConfig::default()).await;
+    h.until("once held", async |s| {
+        task_of(s, once).await.0 == TaskState::Held
+    })
+    .await;
+    let r = h.store.get_run(once).await.unwrap().unwrap();
+    assert_eq!(
+        (r.state, r.tasks[0].attempts[0].state, r.tasks[1].state),
+        (RunState::Running, AttemptState::Lost, TaskState::Pending)
+    );
+    assert_eq!(
+        h.handle.gauges().await.unwrap().held,
+        [("t".to_string(), 2)]
+    );
+    // It did run, the operator knows: marked succeeded, the run goes on.
+    h.handle
+        .intervene(once, "a", Intervention::MarkSucceeded)
+        .await
+        .unwrap();
+    h.until("once succeeded", async |s| {
+        s.get_run(once).await.unwrap().unwrap().state == RunState::Succeeded
+    })
+    .await;
+    assert!(matches!(
+        h.handle.intervene(once, "a", Intervention::Retry).await,
+        Err(dagcron_runtime::EngineError::Conflict(m)) if m.contains("has ended succeeded")
+    ));
+    // Late's held task, rebuilt held, retried by hand: attempt 3 of 2.
+    assert_eq!(task_of(&h.store, late).await.0, TaskState::Held);
+    h.handle
+        .intervene(late, "a", Intervention::Retry)
+        .await
+        .unwrap();
+    h.until("late held again after attempt 3", async |s| {
+        task_of(s, late).await == (TaskState::Held, 3)
+    })
+    .await;
+    assert!(matches!(
+        h.handle.intervene(late, "zz", Intervention::Fail).await,
+        Err(dagcron_runtime::EngineError::NotFound(_))
+    ));
+    // Its deadline: the held task is cancelled, the run fails.
+    h.clock.advance(SignedDuration::from_secs(10 * 60));
+    h.idle().await;
+    let r = h.store.get_run(late).await.unwrap().unwrap();
+    assert_eq!(
+        (r.state, r.tasks[0].state),
+        (RunState::Failed, TaskState::Cancelled)
+    );
+    assert!(h.handle.gauges().await.unwrap().held.is_empty());
+    h.stop().await;
+}

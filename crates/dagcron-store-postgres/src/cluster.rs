@@ -255,6 +255,27 @@ impl Coordination for PgStore {
         .map_err(unavailable)
     }
 
+    async fn take_intervention_requests(&self) -> Result<Vec<(RunId, String, String)>> {
+        let fence = self.registered()?;
+        // This node's requests, and those of runs that finished meanwhile
+        // (whoever ran them), which nobody takes in any more.
+        let mut taken: Vec<(i64, RunId, String, String, bool)> = sqlx::query_as(
+            "DELETE FROM intervention_requests i USING runs r
+             WHERE r.id = i.run_id AND (r.owner_epoch = $1 OR r.state NOT IN ('pending', 'running'))
+             RETURNING i.id, i.run_id, i.task_id, i.action, r.owner_epoch = $1 AND r.state IN ('pending', 'running')",
+        )
+        .bind(fence.epoch)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        taken.sort_unstable_by_key(|t| t.0);
+        Ok(taken
+            .into_iter()
+            .filter(|t| t.4)
+            .map(|(_, run, task, action, _)| (run, task, action))
+            .collect())
+    }
+
     async fn jobs_revision(&self) -> Result<i64> {
         sqlx::query_scalar("SELECT value FROM revisions WHERE name = 'jobs'")
             .fetch_one(&self.pool)

@@ -1131,6 +1131,15 @@ impl Store for PgStore {
             .pop())
     }
 
+    async fn held_runs(&self, namespace: &str, limit: u32) -> Result<Vec<RunRecord>> {
+        let namespace = namespace.to_string();
+        self.load_runs(
+            format!("SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 AND state IN ('pending', 'running') AND EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = runs.id AND t.state = 'held') ORDER BY id LIMIT $2"),
+            move |q| q.bind(namespace).bind(i64::from(limit)),
+        )
+        .await
+    }
+
     async fn list_runs(
         &self,
         namespace: &str,
@@ -1376,6 +1385,26 @@ impl Store for PgStore {
             .execute(&mut *conn)
             .await?
             .rows_affected();
+            if n == 1 {
+                notify(conn, "cancel").await?;
+            }
+            Ok(n == 1)
+        })
+    }
+
+    async fn request_intervention(&self, run: RunId, task: &str, action: &str) -> Result<bool> {
+        let (task, action) = (task.to_string(), action.to_string());
+        transaction!(self, fenced = false, |conn| {
+            let n = sqlx::query(
+                    "INSERT INTO intervention_requests (run_id, task_id, action)
+                     SELECT id, $2, $3 FROM runs WHERE id = $1 AND state IN ('pending', 'running') AND owner_epoch IS NOT NULL",
+                )
+                .bind(run)
+                .bind(&task)
+                .bind(&action)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
             if n == 1 {
                 notify(conn, "cancel").await?;
             }

@@ -163,6 +163,30 @@ async fn runs_of_a_dead_node_are_adopted_once() {
     assert!(b.take_cancel_requests().await.unwrap().is_empty());
     assert_eq!(c.take_cancel_requests().await.unwrap(), [2]);
     assert!(c.take_cancel_requests().await.unwrap().is_empty());
+
+    // So do interventions on tasks, in the order they were asked.
+    assert!(a.request_intervention(1, "t", "retry").await.unwrap());
+    assert!(c.request_intervention(3, "t", "fail").await.unwrap());
+    assert!(
+        a.request_intervention(1, "u", "mark_skipped")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !a.request_intervention(99, "t", "retry").await.unwrap(),
+        "no such run"
+    );
+    assert!(c.take_intervention_requests().await.unwrap().is_empty());
+    let asked = |run: i64, task: &str, action: &str| (run, task.to_string(), action.to_string());
+    assert_eq!(
+        b.take_intervention_requests().await.unwrap(),
+        [
+            asked(1, "t", "retry"),
+            asked(3, "t", "fail"),
+            asked(1, "u", "mark_skipped")
+        ]
+    );
+    assert!(b.take_intervention_requests().await.unwrap().is_empty());
 }
 
 #[tokio::test]

@@ -498,6 +498,15 @@ impl Store for SqliteStore {
         Ok(self.load_runs(query).await?.pop())
     }
 
+    async fn held_runs(&self, namespace: &str, limit: u32) -> Result<Vec<RunRecord>> {
+        let query = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = ? AND state IN ('pending', 'running') AND EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = runs.id AND t.state = 'held') ORDER BY id LIMIT ?"
+        )))
+        .bind(namespace.to_string())
+        .bind(i64::from(limit));
+        self.load_runs(query).await
+    }
+
     async fn list_runs(
         &self,
         namespace: &str,

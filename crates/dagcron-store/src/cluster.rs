@@ -200,6 +200,12 @@ pub trait Coordination: Store + Clone {
     fn adopt_runs(&self, ids: &[RunId]) -> impl Future<Output = Result<Vec<RunRecord>>> + Send;
     /// Runs of this node whose cancellation was asked, clearing the requests.
     fn take_cancel_requests(&self) -> impl Future<Output = Result<Vec<RunId>>> + Send;
+    /// Interventions on tasks of this node's runs asked through other nodes
+    /// (run, task, action's name), oldest first, clearing the requests
+    /// (and those of runs that have finished meanwhile).
+    fn take_intervention_requests(
+        &self,
+    ) -> impl Future<Output = Result<Vec<(RunId, String, String)>>> + Send;
     /// A number that grows whenever a job is applied, paused or deleted.
     fn jobs_revision(&self) -> impl Future<Output = Result<i64>> + Send;
     /// The jobs changed and deleted after revision `since` (all of them

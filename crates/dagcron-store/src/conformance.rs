@@ -25,6 +25,7 @@ macro_rules! conformance_tests {
             versions_record_who_when_and_rollbacks,
             new_rules_make_a_new_version_and_old_versions_are_stamped,
             a_rerun_starts_with_the_outcomes_it_carries,
+            held_runs_are_the_unfinished_runs_of_a_namespace_with_a_held_task,
             pause_delete_and_list_jobs,
             paused_in_a_file_and_through_the_api,
             tokens_are_found_by_their_hash_and_revoked,
@@ -358,6 +359,40 @@ pub async fn new_rules_make_a_new_version_and_old_versions_are_stamped<S: Store>
         stored(3).await.2,
         Some(rules(2, "2026b", "bb")),
         "recorded rules stay"
+    );
+}
+
+/// The runs with a held task are listed per namespace, oldest first,
+/// unfinished only, up to the limit.
+pub async fn held_runs_are_the_unfinished_runs_of_a_namespace_with_a_held_task<S: Store>(s: &S) {
+    let held = |id: i64, namespace: &str| NewRun {
+        namespace: namespace.into(),
+        carried: BTreeMap::from([("b".to_string(), TaskState::Held)]),
+        ..new_run(id, id)
+    };
+    s.write(&[
+        Write::Run(held(3, "ns")),
+        Write::Run(held(1, "ns")),
+        Write::Run(new_run(2, 2)),
+        Write::Run(held(4, "other")),
+        Write::Run(held(5, "ns")),
+        Write::RunState {
+            run: 5,
+            from: RunState::Running,
+            to: RunState::Failed,
+            at: t(6),
+        },
+    ])
+    .await
+    .unwrap();
+    let ids = |runs: Vec<crate::RunRecord>| runs.iter().map(|r| r.id).collect::<Vec<_>>();
+    assert_eq!(ids(s.held_runs("ns", 10).await.unwrap()), [1, 3]);
+    assert_eq!(ids(s.held_runs("ns", 1).await.unwrap()), [1]);
+    assert_eq!(ids(s.held_runs("other", 10).await.unwrap()), [4]);
+    let r = s.held_runs("ns", 1).await.unwrap().remove(0);
+    assert_eq!(
+        (r.tasks[0].state, r.tasks[1].state),
+        (TaskState::Pending, TaskState::Held)
     );
 }
 

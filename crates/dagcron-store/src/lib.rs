@@ -877,6 +877,13 @@ pub trait Store: Send + Sync + 'static {
     /// How many runs of `namespace` are unfinished (`pending` or
     /// `running`), on every node: what its quota of active runs counts.
     fn count_unfinished_runs(&self, namespace: &str) -> impl Future<Output = Result<u64>> + Send;
+    /// The unfinished runs of `namespace` with a task `held` (waiting for
+    /// an operator), on every node, oldest first, at most `limit`.
+    fn held_runs(
+        &self,
+        namespace: &str,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<RunRecord>>> + Send;
     /// Runs of a job, newest first, paginated.
     fn list_runs(
         &self,
@@ -962,6 +969,18 @@ pub trait Store: Send + Sync + 'static {
     /// can (a store used by one node, or the run has finished).
     fn request_cancel(&self, run: RunId) -> impl Future<Output = Result<bool>> + Send {
         let _ = run;
+        async { Ok(false) }
+    }
+    /// Asks the node that runs `run` to do `action` (an intervention's
+    /// name) to its task `task`; `false` if no other node can (a store
+    /// used by one node, or the run has finished).
+    fn request_intervention(
+        &self,
+        run: RunId,
+        task: &str,
+        action: &str,
+    ) -> impl Future<Output = Result<bool>> + Send {
+        let _ = (run, task, action);
         async { Ok(false) }
     }
     /// Claims up to `limit` attempts that other nodes handed to the cluster

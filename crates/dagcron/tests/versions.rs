@@ -1,5 +1,5 @@
-//! Versions, rollbacks and re-runs through a real server on loopback and
-//! the real command line; and an upgrade that changes the rules of a
+//! Versions, rollbacks, re-runs and manual intervention through a real
+//! server on loopback and the real command line; and an upgrade that changes the rules of a
 //! stored schedule's zone, reported at start by a `dagcron serve` process.
 
 mod common;
@@ -219,6 +219,93 @@ fn a_failed_run_is_rerun_from_its_failed_tasks_from_the_command_line() {
         "{err}"
     );
     assert_eq!(server.all_runs("etl").len(), 3);
+}
+
+/// Held tasks from the command line: listed per namespace, retried, marked
+/// and failed; a refusal says why.
+#[test]
+fn held_tasks_are_listed_and_settled_from_the_command_line() {
+    let (dir, data) = setup();
+    let server = InProcess::start(&data, &[]);
+    let fixed = dir.path().join("fixed");
+    let file = format!(
+        "namespace: e2e\njobs:\n  - name: etl\n    tasks:\n      - {{ id: extract, shell: 'test -e {}', on_exhausted: hold }}\n      - {{ id: load, depends_on: [extract], shell: 'true' }}\n",
+        fixed.display()
+    );
+    ok(
+        &server,
+        &["apply", "-f", &write(dir.path(), "etl.yaml", &file)],
+    );
+    let held = |run: i64| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while server.get(&format!("/api/v1/runs/{run}"))["tasks"][0]["state"] != "held" {
+            assert!(Instant::now() < deadline, "run {run} never held its task");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let trigger = || {
+        let out = ok(&server, &["--json", "jobs", "trigger", "e2e/etl"]);
+        serde_json::from_str::<Value>(&out).unwrap()["id"]
+            .as_i64()
+            .unwrap()
+    };
+    let (first, second) = (trigger(), trigger());
+    held(first);
+    held(second);
+    let listed = ok(&server, &["runs", "held", "e2e"]);
+    let rows: Vec<&str> = listed.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{listed}");
+    assert!(
+        rows[0].starts_with(&first.to_string()) && rows[0].contains("extract"),
+        "{listed}"
+    );
+    let json: Value =
+        serde_json::from_str(&ok(&server, &["--json", "runs", "held", "e2e"])).unwrap();
+    assert_eq!(json["items"][1]["run"], second);
+
+    // A task that is not held cannot be failed; the message says why.
+    let (success, _, err) = cli(&server, &["runs", "fail", &first.to_string(), "load"]);
+    assert!(
+        !success && err.contains("409") && err.contains("the task is pending"),
+        "{err}"
+    );
+    std::fs::write(&fixed, "").unwrap();
+    let shown = ok(&server, &["runs", "retry", &first.to_string(), "extract"]);
+    assert!(shown.starts_with(&format!("run {first} ")), "{shown}");
+    assert_eq!(
+        server.wait_run(first, "succeeded")["tasks"][0]["attempts"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    ok(
+        &server,
+        &["runs", "mark", &second.to_string(), "extract", "skipped"],
+    );
+    let run = server.wait_run(second, "succeeded");
+    assert_eq!(
+        (&run["tasks"][0]["state"], &run["tasks"][1]["state"]),
+        (&json!("skipped"), &json!("skipped"))
+    );
+    std::fs::remove_file(&fixed).unwrap();
+    let third = trigger();
+    held(third);
+    ok(&server, &["runs", "fail", &third.to_string(), "extract"]);
+    server.wait_run(third, "failed");
+    let (success, _, err) = cli(
+        &server,
+        &["runs", "mark", &third.to_string(), "extract", "succeeded"],
+    );
+    assert!(
+        !success && err.contains("409") && err.contains("runs rerun"),
+        "{err}"
+    );
+    assert_eq!(
+        ok(&server, &["runs", "held", "e2e"]).lines().count(),
+        1,
+        "only the header"
+    );
 }
 
 /// The rules a version of a job was stored with, as a server of another

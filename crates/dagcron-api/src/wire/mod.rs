@@ -28,7 +28,10 @@ pub use jobs::{
     TriggerBody, UpcomingAnswer, UpcomingFire,
 };
 pub use operations::{BulkPauseAnswer, Quotas, ReadOnlyAnswer, ReadOnlyBody};
-pub use runs::{AttemptAnswer, FireAnswer, FirePage, RerunBody, RunAnswer, RunPage, TaskAnswer};
+pub use runs::{
+    AttemptAnswer, FireAnswer, FirePage, HeldPage, HeldTask, RerunBody, RunAnswer, RunPage,
+    TaskAnswer,
+};
 pub use schedules::{HotJobAnswer, HotspotAnswer, HotspotReport};
 pub use secrets::{KeyUse, KeysAnswer, SecretAnswer, SecretBody, SecretList};
 pub use tokens::{CreatedToken, NewTokenBody, TokenAnswer, TokenList};

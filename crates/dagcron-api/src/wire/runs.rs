@@ -133,6 +133,31 @@ impl From<&RunRecord> for RunAnswer {
     }
 }
 
+/// A task held after its last retry failed, waiting for an operator.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct HeldTask {
+    /// Its run.
+    pub run: i64,
+    /// The run's job.
+    pub job: String,
+    /// The task's id.
+    pub task: String,
+    /// Attempts it has had.
+    pub attempts: u32,
+    /// When its last attempt ended.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub held_since: Option<Timestamp>,
+    /// What went wrong in its last attempt.
+    pub error: Option<String>,
+}
+
+/// The held tasks of a namespace, oldest run first.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct HeldPage {
+    /// The tasks.
+    pub items: Vec<HeldTask>,
+}
+
 /// A re-run of a finished run.
 #[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -425,6 +425,292 @@ fn an_abandoned_attempt_is_lost_and_nothing_follows() {
     .assert_eq(&text);
 }
 
+/// a -> b -> c, and d on its own; b held once its two attempts fail.
+fn held_chain() -> Job {
+    job(
+        "      - { id: a, noop: true }\n\
+         \x20     - { id: b, depends_on: [a], shell: \"false\", on_exhausted: hold, retry: { max_attempts: 2, backoff: fixed, initial: 10s } }\n\
+         \x20     - { id: c, depends_on: [b], noop: true }\n\
+         \x20     - { id: d, shell: \"false\" }\n",
+        "    deadline: 1h\n",
+    )
+}
+
+fn dispatch(task: usize) -> Event {
+    Event::Dispatch {
+        task,
+        shared: false,
+    }
+}
+
+fn intervene(task: usize, action: Intervention) -> Event {
+    Event::Intervene { task, action }
+}
+
+#[test]
+fn a_held_task_waits_is_retried_past_its_attempts_and_marked_succeeded() {
+    let job = held_chain();
+    let mut run = RunMachine::new(4, RunState::Running);
+    let fail = || End::Failed(Failure::Exit(Some(1)));
+    let text = steps(
+        &job,
+        &mut run,
+        vec![
+            Event::Begin,
+            dispatch(0),
+            dispatch(3),
+            ended(0, 1, End::Succeeded),
+            ended(3, 1, fail()),
+            dispatch(1),
+            ended(1, 1, fail()),
+            Event::RetryDue { task: 1 },
+            dispatch(1),
+            ended(1, 2, fail()),
+            // Held: the run waits; a retry by hand is attempt 3 of 2.
+            intervene(1, Intervention::Retry),
+            dispatch(1),
+            ended(1, 3, fail()),
+            intervene(1, Intervention::MarkSucceeded),
+            dispatch(2),
+            ended(2, 1, End::Succeeded),
+        ],
+    );
+    expect_test::expect![[r#"
+        Begin
+          deadline at 2026-12-01T01:00:00Z
+          task a pending -> ready
+          queue a
+          task d pending -> ready
+          queue d
+        Dispatch { task: 0, shared: false }
+          task a ready -> dispatching
+          task a dispatching -> running
+          attempt a#1 starts running
+        Dispatch { task: 3, shared: false }
+          task d ready -> dispatching
+          task d dispatching -> running
+          attempt d#1 starts running
+        AttemptEnded { task: 0, number: 1, end: Succeeded, recorded: false }
+          attempt a#1 running -> succeeded
+          task a running -> succeeded
+          task b pending -> ready
+          queue b
+        AttemptEnded { task: 3, number: 1, end: Failed(Exit(Some(1))), recorded: false }
+          attempt d#1 running -> failed
+          task d running -> failed
+        Dispatch { task: 1, shared: false }
+          task b ready -> dispatching
+          task b dispatching -> running
+          attempt b#1 starts running
+        AttemptEnded { task: 1, number: 1, end: Failed(Exit(Some(1))), recorded: false }
+          attempt b#1 running -> failed
+          task b running -> retrying
+          retry b at 2026-12-01T00:00:10Z
+        RetryDue { task: 1 }
+          task b retrying -> ready
+          queue b
+        Dispatch { task: 1, shared: false }
+          task b ready -> dispatching
+          task b dispatching -> running
+          attempt b#2 starts running
+        AttemptEnded { task: 1, number: 2, end: Failed(Exit(Some(1))), recorded: false }
+          attempt b#2 running -> failed
+          task b running -> held
+        Intervene { task: 1, action: Retry }
+          task b held -> ready
+          queue b
+        Dispatch { task: 1, shared: false }
+          task b ready -> dispatching
+          task b dispatching -> running
+          attempt b#3 starts running
+        AttemptEnded { task: 1, number: 3, end: Failed(Exit(Some(1))), recorded: false }
+          attempt b#3 running -> failed
+          task b running -> held
+        Intervene { task: 1, action: MarkSucceeded }
+          task b held -> succeeded
+          task c pending -> ready
+          queue c
+        Dispatch { task: 2, shared: false }
+          task c ready -> dispatching
+          task c dispatching -> running
+          attempt c#1 starts running
+        AttemptEnded { task: 2, number: 1, end: Succeeded, recorded: false }
+          attempt c#1 running -> succeeded
+          task c running -> succeeded
+          run running -> failed
+          finished failed
+    "#]]
+    .assert_eq(&text);
+}
+
+#[test]
+fn a_failed_task_marked_while_its_run_goes_on_lets_its_downstream_run() {
+    // a fails, b waits on c: the run goes on while c runs, and a is marked.
+    let job = job(
+        "      - { id: a, shell: \"false\" }\n\
+         \x20     - { id: c, shell: \"true\" }\n\
+         \x20     - { id: b, depends_on: [a, c], noop: true }\n\
+         \x20     - { id: e, depends_on: [b], noop: true }\n",
+        "",
+    );
+    let mut run = RunMachine::new(4, RunState::Running);
+    let text = steps(
+        &job,
+        &mut run,
+        vec![
+            Event::Begin,
+            dispatch(0),
+            dispatch(1),
+            ended(0, 1, End::Failed(Failure::Exit(Some(1)))),
+            // Not held: nothing to retry or fail by hand.
+            intervene(0, Intervention::Retry),
+            intervene(0, Intervention::MarkSucceeded),
+            ended(1, 1, End::Succeeded),
+            dispatch(2),
+            ended(2, 1, End::Succeeded),
+            dispatch(3),
+            ended(3, 1, End::Succeeded),
+        ],
+    );
+    expect_test::expect![[r#"
+        Begin
+          task a pending -> ready
+          queue a
+          task c pending -> ready
+          queue c
+        Dispatch { task: 0, shared: false }
+          task a ready -> dispatching
+          task a dispatching -> running
+          attempt a#1 starts running
+        Dispatch { task: 1, shared: false }
+          task c ready -> dispatching
+          task c dispatching -> running
+          attempt c#1 starts running
+        AttemptEnded { task: 0, number: 1, end: Failed(Exit(Some(1))), recorded: false }
+          attempt a#1 running -> failed
+          task a running -> failed
+          task b pending -> upstream_failed
+          task e pending -> upstream_failed
+        Intervene { task: 0, action: Retry }
+        Intervene { task: 0, action: MarkSucceeded }
+          task a failed -> succeeded
+          task b upstream_failed -> pending
+          task e upstream_failed -> pending
+        AttemptEnded { task: 1, number: 1, end: Succeeded, recorded: false }
+          attempt c#1 running -> succeeded
+          task c running -> succeeded
+          task b pending -> ready
+          queue b
+        Dispatch { task: 2, shared: false }
+          task b ready -> dispatching
+          task b dispatching -> running
+          attempt b#1 starts running
+        AttemptEnded { task: 2, number: 1, end: Succeeded, recorded: false }
+          attempt b#1 running -> succeeded
+          task b running -> succeeded
+          task e pending -> ready
+          queue e
+        Dispatch { task: 3, shared: false }
+          task e ready -> dispatching
+          task e dispatching -> running
+          attempt e#1 starts running
+        AttemptEnded { task: 3, number: 1, end: Succeeded, recorded: false }
+          attempt e#1 running -> succeeded
+          task e running -> succeeded
+          run running -> succeeded
+          finished succeeded
+    "#]]
+    .assert_eq(&text);
+    assert_eq!(
+        run.may_intervene(0, Intervention::MarkSucceeded)
+            .unwrap_err()
+            .to_string(),
+        "the run has ended succeeded: re-run it instead (`runs rerun ID --failed` runs its failed tasks again and keeps the others' outcomes)"
+    );
+}
+
+#[test]
+fn interventions_are_refused_outside_their_states_and_a_deadline_cancels_held_tasks() {
+    let job = held_chain();
+    let mut run = RunMachine::new(4, RunState::Running);
+    let step = |run: &mut RunMachine, e| {
+        let mut out = Vec::new();
+        run.step(&job, e, t0(), &mut || 0, &mut out).unwrap();
+        out
+    };
+    step(&mut run, Event::Begin);
+    assert_eq!(
+        run.may_intervene(0, Intervention::Fail)
+            .unwrap_err()
+            .to_string(),
+        "the task is ready: only a held task can be given fail"
+    );
+    assert_eq!(
+        run.may_intervene(2, Intervention::MarkSucceeded)
+            .unwrap_err()
+            .to_string(),
+        "the task is pending: only a held, failed or upstream_failed task can be given mark_succeeded"
+    );
+    // A lost attempt at the last attempt: held too.
+    let lost = End::Failed(Failure::Lost);
+    for e in [
+        dispatch(0),
+        ended(0, 1, End::Succeeded),
+        dispatch(1),
+        ended(1, 1, lost.clone()),
+        Event::RetryDue { task: 1 },
+        dispatch(1),
+        ended(1, 2, lost),
+    ] {
+        step(&mut run, e);
+    }
+    assert_eq!(run.tasks()[1], TaskState::Held);
+    for action in Intervention::ALL {
+        assert_eq!(run.may_intervene(1, *action), Ok(()), "{action:?}");
+    }
+    // The deadline: the held task is cancelled with the rest.
+    let out = step(
+        &mut run,
+        Event::Stop {
+            final_state: RunState::Failed,
+        },
+    );
+    assert_eq!(
+        run.may_intervene(1, Intervention::Retry),
+        Err(Refused::Ended(RunState::Failed))
+    );
+    assert!(out.contains(&Effect::Task {
+        task: 1,
+        from: TaskState::Held,
+        to: TaskState::Cancelled
+    }));
+    assert_eq!(run.tasks()[1], TaskState::Cancelled);
+}
+
+#[test]
+fn a_task_holds_only_when_its_retries_are_exhausted_not_when_its_run_stops() {
+    let job = held_chain();
+    let mut run = RunMachine::new(4, RunState::Running);
+    let text = steps(
+        &job,
+        &mut run,
+        vec![
+            Event::Begin,
+            dispatch(0),
+            ended(0, 1, End::Succeeded),
+            dispatch(1),
+            Event::Stop {
+                final_state: RunState::Cancelled,
+            },
+            ended(1, 1, End::Failed(Failure::Exit(Some(1)))),
+        ],
+    );
+    assert!(
+        text.ends_with("attempt b#1 running -> failed\n  task b running -> failed\n  run running -> cancelled\n  finished cancelled\n"),
+        "{text}"
+    );
+}
+
 // ---- random event sequences ----
 
 /// A job of up to six tasks, each depending on some earlier ones, with
@@ -436,7 +722,7 @@ fn any_job() -> impl Strategy<Value = Job> {
             .map(|r| r.as_str())
             .collect::<Vec<_>>(),
     );
-    let task = (rules, 1..4u32, any::<u8>());
+    let task = (rules, 1..4u32, any::<u8>(), any::<bool>());
     (
         prop::collection::vec(task, 1..7),
         any::<bool>(),
@@ -444,14 +730,15 @@ fn any_job() -> impl Strategy<Value = Job> {
     )
         .prop_map(|(tasks, at_most_once, deadline)| {
             let mut text = String::new();
-            for (i, (rule, attempts, deps)) in tasks.iter().enumerate() {
+            for (i, (rule, attempts, deps, hold)) in tasks.iter().enumerate() {
                 let deps: Vec<String> = (0..i)
                     .filter(|d| deps & (1 << d) != 0)
                     .map(|d| format!("t{d}"))
                     .collect();
                 text.push_str(&format!(
-                    "      - {{ id: t{i}, depends_on: [{}], trigger_rule: {rule}, shell: \"x\", retry: {{ max_attempts: {attempts} }} }}\n",
-                    deps.join(", ")
+                    "      - {{ id: t{i}, depends_on: [{}], trigger_rule: {rule}, shell: \"x\", retry: {{ max_attempts: {attempts} }}, on_exhausted: {} }}\n",
+                    deps.join(", "),
+                    if *hold { "hold" } else { "fail" }
                 ));
             }
             let mut extra = String::new();
@@ -475,6 +762,7 @@ enum Act {
     Retry(u8),
     Stop(bool),
     Stale(u8, u8),
+    Intervene(u8, u8),
 }
 
 fn any_act() -> impl Strategy<Value = Act> {
@@ -485,6 +773,7 @@ fn any_act() -> impl Strategy<Value = Act> {
         2 => any::<u8>().prop_map(Act::Retry),
         1 => any::<bool>().prop_map(Act::Stop),
         1 => (any::<u8>(), any::<u8>()).prop_map(|(t, n)| Act::Stale(t, n)),
+        2 => (any::<u8>(), any::<u8>()).prop_map(|(t, a)| Act::Intervene(t, a)),
     ]
 }
 
@@ -624,6 +913,22 @@ proptest! {
                     };
                     Event::AttemptEnded { task, number, end: End::Succeeded, recorded: false }
                 }
+                Act::Intervene(k, a) => {
+                    // Any task, any action: those refused change nothing.
+                    let task = k as usize % n;
+                    let action = Intervention::ALL[a as usize % Intervention::ALL.len()];
+                    let allowed = run.may_intervene(task, action).is_ok();
+                    let before = run.tasks()[task];
+                    let mut probe = run.clone();
+                    let mut out = Vec::new();
+                    let stepped = probe.step(&job, Event::Intervene { task, action }, t0(), &mut || 0, &mut out);
+                    prop_assert!(stepped.is_ok());
+                    prop_assert_eq!(allowed, !out.is_empty(), "{:?} on {:?}", action, before);
+                    if allowed {
+                        prop_assert_eq!(probe.tasks()[task] != before, true);
+                    }
+                    Event::Intervene { task, action }
+                }
             };
             step_checked(&job, &mut run, &mut shadow, &mut finished, event)?;
         }
@@ -641,6 +946,8 @@ proptest! {
                 match run.tasks()[task] {
                     TaskState::Ready => events.push(Event::Dispatch { task, shared: task % 2 == 0 }),
                     TaskState::Retrying => events.push(Event::RetryDue { task }),
+                    // An operator settles every held task.
+                    TaskState::Held => events.push(Event::Intervene { task, action: Intervention::ALL[1 + task % 3] }),
                     _ => {}
                 }
             }

@@ -304,6 +304,41 @@ impl<S: Store> Engine<S> {
                     let _ = reply.send(request_cancel(&*store, run).await);
                 });
             }
+            Command::Intervene {
+                run,
+                task,
+                action,
+                reply,
+            } => {
+                let Some(entry) = self.runs.get(&run) else {
+                    // Not run here: asked of its node through the store.
+                    let store = self.store.clone();
+                    tokio::spawn(async move {
+                        let _ = reply.send(request_intervention(&*store, run, &task, action).await);
+                    });
+                    return;
+                };
+                let Some(index) = entry.job.tasks.iter().position(|t| t.id == task) else {
+                    let _ = reply.send(Err(no_such_task(run, &task)));
+                    return;
+                };
+                if let Err(e) = entry.machine.may_intervene(index, action) {
+                    let _ = reply.send(Err(refused(run, &task, action, e)));
+                    return;
+                }
+                let key = &entry.key;
+                tracing::info!(namespace = %key.0, job = %key.1, run, task = %task, "{} by an operator", action.as_str());
+                self.step(
+                    run,
+                    Event::Intervene {
+                        task: index,
+                        action,
+                    },
+                    now,
+                    None,
+                );
+                self.reply_after_commit(reply, Ok(Intervened::Done));
+            }
             Command::Rerun {
                 run,
                 failed_only,
@@ -433,7 +468,17 @@ impl<S: Store> Engine<S> {
     /// What is running and waiting now (see [`crate::EngineGauges`]).
     fn gauges(&self, now: Timestamp) -> crate::EngineGauges {
         let mut runs: HashMap<(&str, &'static str), u64> = HashMap::new();
+        let mut held: std::collections::BTreeMap<&str, u64> = Default::default();
         for run in self.runs.values() {
+            let n = run
+                .machine
+                .tasks()
+                .iter()
+                .filter(|t| **t == TaskState::Held);
+            match n.count() as u64 {
+                0 => {}
+                n => *held.entry(run.key.0.as_str()).or_default() += n,
+            }
             let state = if run.machine.stopping() {
                 "stopping"
             } else {
@@ -451,6 +496,10 @@ impl<S: Store> Engine<S> {
         });
         crate::EngineGauges {
             runs,
+            held: held
+                .into_iter()
+                .map(|(ns, n)| (ns.to_string(), n))
+                .collect(),
             ready_local: self.ready.local.len() as u64,
             ready_remote: self.ready.remote.len() as u64,
             pool_slots: self.config.pool_size as u64,
@@ -749,6 +798,51 @@ async fn request_cancel<S: Store>(store: &S, run: RunId) -> Result<(), EngineErr
     }
     match store.request_cancel(run).await {
         Ok(true) => Ok(()),
+        Ok(false) => Err(EngineError::Conflict(format!(
+            "run {run} is {} and no node runs it",
+            record.state
+        ))),
+        Err(e) => Err(EngineError::Storage(e)),
+    }
+}
+
+fn no_such_task(run: RunId, task: &str) -> EngineError {
+    EngineError::NotFound(format!("run {run} has no task {task:?}"))
+}
+
+fn refused(
+    run: RunId,
+    task: &str,
+    action: Intervention,
+    why: dagcron_core::run::Refused,
+) -> EngineError {
+    EngineError::Conflict(format!(
+        "cannot {} task {task} of run {run}: {why}",
+        action.as_str()
+    ))
+}
+
+/// Asks the node running `run` to do `action` to `task`, through the store,
+/// once the stored run says it applies.
+async fn request_intervention<S: Store>(
+    store: &S,
+    run: RunId,
+    task: &str,
+    action: Intervention,
+) -> Result<Intervened, EngineError> {
+    let record = store
+        .get_run(run)
+        .await
+        .map_err(EngineError::Storage)?
+        .ok_or_else(|| EngineError::NotFound(format!("no run {run}")))?;
+    let Some(stored) = record.tasks.iter().find(|t| t.id == task) else {
+        return Err(no_such_task(run, task));
+    };
+    dagcron_core::run::going_on(record.state, record.closing)
+        .and_then(|()| action.applies_to(stored.state))
+        .map_err(|why| refused(run, task, action, why))?;
+    match store.request_intervention(run, task, action.as_str()).await {
+        Ok(true) => Ok(Intervened::Asked),
         Ok(false) => Err(EngineError::Conflict(format!(
             "run {run} is {} and no node runs it",
             record.state

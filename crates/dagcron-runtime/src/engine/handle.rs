@@ -49,6 +49,13 @@ pub(crate) enum Command {
         run: RunId,
         reply: Reply<()>,
     },
+    /// An operator acts on a task of a run that goes on.
+    Intervene {
+        run: RunId,
+        task: String,
+        action: Intervention,
+        reply: Reply<Intervened>,
+    },
     /// A new run of a finished run's job version and parameters.
     Rerun {
         run: RunId,
@@ -381,6 +388,26 @@ impl EngineHandle {
         self.ask(|reply| Command::Rerun {
             run,
             failed_only,
+            reply,
+        })
+        .await
+    }
+
+    /// An operator acts on task `task` of run `run` (see
+    /// [`Intervention`]): done here if this node runs it, asked of the node
+    /// that does through the store otherwise. Refused (`Conflict`) when the
+    /// run is not going on or the task is not in a state the action
+    /// applies to; `NotFound` for no such run or task.
+    pub async fn intervene(
+        &self,
+        run: RunId,
+        task: &str,
+        action: Intervention,
+    ) -> Result<Intervened, EngineError> {
+        self.ask(|reply| Command::Intervene {
+            run,
+            task: task.into(),
+            action,
             reply,
         })
         .await

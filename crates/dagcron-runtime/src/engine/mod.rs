@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use dagcron_core::fires::{self, Arming, Missed};
 use dagcron_core::policy::{self, FireDecision, FireOutcome};
-use dagcron_core::run::{Attempt, Effect, End, Event, RunMachine, StoredTask};
+use dagcron_core::run::{Attempt, Effect, End, Event, Intervention, RunMachine, StoredTask};
 use dagcron_core::{AttemptState, Failure, Job, RunState, TaskState, Timing};
 use dagcron_exec::{AttemptContext, Ending, Limits, Outcome};
 use dagcron_store::{
@@ -309,6 +309,17 @@ impl std::fmt::Display for EngineError {
 impl std::error::Error for EngineError {}
 
 type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
+
+/// Where an intervention on a task was carried out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Intervened {
+    /// Here: it is committed.
+    Done,
+    /// Asked of the cluster node that runs the run, through the store; it
+    /// takes it in at its next round (and refuses it, in its log, if the
+    /// task changed meanwhile).
+    Asked,
+}
 
 /// Which jobs a cluster node owns: `owns(namespace, name)`.
 pub type Ownership = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;

@@ -80,7 +80,7 @@ pub(crate) enum ClientCommand {
     /// Jobs: list, show, pause, resume, trigger, delete; versions, diff, rollback.
     #[command(subcommand)]
     Jobs(jobs::JobsCommand),
-    /// Runs: list, show, cancel, rerun.
+    /// Runs: list, show, cancel, rerun; held tasks and what an operator does with them.
     #[command(subcommand)]
     Runs(runs::RunsCommand),
     /// Print the output of one attempt of a task (the latest attempt by default).

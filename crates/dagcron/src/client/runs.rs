@@ -4,7 +4,7 @@ use std::io::{self, Write};
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
-use dagcron_api::wire::{RerunBody, RunAnswer, RunPage};
+use dagcron_api::wire::{HeldPage, RerunBody, RunAnswer, RunPage};
 
 use super::output::{Output, Show, instant, or_dash};
 use super::{Client, Empty, job_path};
@@ -31,6 +31,52 @@ pub(crate) enum RunsCommand {
         #[arg(long)]
         failed: bool,
     },
+    /// Tasks of a namespace held after their last retry failed
+    /// (on_exhausted: hold), waiting for an operator.
+    Held { namespace: String },
+    /// Give a held task a new attempt now (past its max_attempts).
+    Retry { run: i64, task: String },
+    /// Mark a held, failed or upstream_failed task of a run that goes on
+    /// as succeeded or skipped: what did not run because of it is decided
+    /// again.
+    Mark {
+        run: i64,
+        task: String,
+        #[arg(value_enum)]
+        outcome: Marked,
+    },
+    /// Fail a held task: its run goes on without it, by the trigger rules.
+    Fail { run: i64, task: String },
+}
+
+/// What `runs mark` marks a task as.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub(crate) enum Marked {
+    Succeeded,
+    Skipped,
+}
+
+impl Show for HeldPage {
+    fn text(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(
+            out,
+            "{:<18} {:<20} {:<20} {:<8} {:<22} error",
+            "run", "job", "task", "attempts", "held since"
+        )?;
+        for h in &self.items {
+            writeln!(
+                out,
+                "{:<18} {:<20} {:<20} {:<8} {:<22} {}",
+                h.run,
+                h.job,
+                h.task,
+                h.attempts,
+                or_dash(h.held_since.as_ref()),
+                h.error.as_deref().unwrap_or("")
+            )?;
+        }
+        Ok(())
+    }
 }
 
 impl Show for RunAnswer {
@@ -120,7 +166,33 @@ pub(super) async fn run(c: &Client, cmd: RunsCommand, out: &mut Output) -> Resul
             let r: RunAnswer = c.post(&format!("/api/v1/runs/{run}/rerun"), &body).await?;
             out.show(&r)
         }
+        RunsCommand::Held { namespace } => {
+            let page: HeldPage = c
+                .get(&format!("/api/v1/namespaces/{namespace}/held"))
+                .await?;
+            out.show(&page)
+        }
+        RunsCommand::Retry { run, task } => intervene(c, run, &task, "retry", out).await,
+        RunsCommand::Mark { run, task, outcome } => {
+            let action = match outcome {
+                Marked::Succeeded => "mark_succeeded",
+                Marked::Skipped => "mark_skipped",
+            };
+            intervene(c, run, &task, action, out).await
+        }
+        RunsCommand::Fail { run, task } => intervene(c, run, &task, "fail", out).await,
     }
+}
+
+/// Does `action` to `task` of `run`; shows the run.
+async fn intervene(c: &Client, run: i64, task: &str, action: &str, out: &mut Output) -> Result<()> {
+    let r: RunAnswer = c
+        .post(
+            &format!("/api/v1/runs/{run}/tasks/{task}/{action}"),
+            &Empty {},
+        )
+        .await?;
+    out.show(&r)
 }
 
 /// `dagcron logs RUN TASK [--attempt N] [-f]`: the output of an attempt
