@@ -442,12 +442,10 @@ pub(crate) async fn act<S: Store>(
             Ok(p) => json!({ "params": p }),
             Err(m) => return error_page(StatusCode::BAD_REQUEST, &m),
         },
-        "backfill" => {
-            match (at("from"), at("to")) {
-                (Ok(from), Ok(to)) => json!({ "from": from, "to": to }),
-                (Err(m), _) | (_, Err(m)) => return error_page(StatusCode::BAD_REQUEST, &m),
-            }
-        }
+        "backfill" => match (at("from"), at("to")) {
+            (Ok(from), Ok(to)) => json!({ "from": from, "to": to }),
+            (Err(m), _) | (_, Err(m)) => return error_page(StatusCode::BAD_REQUEST, &m),
+        },
         _ => return error_page(StatusCode::NOT_FOUND, &format!("no action {action}")),
     };
     let path = format!(
