@@ -69,6 +69,8 @@ pub struct RunFacts {
     pub rerun: bool,
     /// How many attempts it has (counted, not decided on).
     pub attempts: u64,
+    /// Its fire's ledger row names it (that row goes with it).
+    pub fired: bool,
 }
 
 /// What the pruner knows of one row of a job's fire ledger.
@@ -201,6 +203,7 @@ mod tests {
             finished_at: state.is_terminal().then(|| at(ended)),
             rerun: false,
             attempts: 1,
+            fired: true,
         }
     }
 

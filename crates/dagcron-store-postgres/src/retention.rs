@@ -59,10 +59,11 @@ impl PgStore {
         after: RunId,
         limit: u32,
     ) -> Result<Vec<RunFacts>> {
-        let rows: Vec<(i64, String, i64, Option<i64>, bool, i64)> = sqlx::query_as(
+        let rows: Vec<(i64, String, i64, Option<i64>, bool, i64, bool)> = sqlx::query_as(
             "SELECT r.id, r.state, r.created_at, r.finished_at,
                 EXISTS (SELECT 1 FROM runs x WHERE x.rerun_of = r.id),
-                (SELECT count(*) FROM attempts a WHERE a.run_id = r.id)
+                (SELECT count(*) FROM attempts a WHERE a.run_id = r.id),
+                EXISTS (SELECT 1 FROM fires f WHERE f.namespace = r.namespace AND f.job = r.job AND f.scheduled_at = r.scheduled_at AND f.run_id = r.id)
              FROM runs r
              WHERE r.namespace = $1 AND r.job = $2 AND r.id > $3
                AND r.id <= (SELECT id FROM runs WHERE namespace = $1 AND job = $2 ORDER BY id DESC LIMIT 1 OFFSET $4)
@@ -77,7 +78,7 @@ impl PgStore {
         .await
         .map_err(unavailable)?;
         rows.into_iter()
-            .map(|(id, state, created, finished, rerun, attempts)| {
+            .map(|(id, state, created, finished, rerun, attempts, fired)| {
                 Ok(RunFacts {
                     id,
                     state: parse(&state)?,
@@ -85,6 +86,7 @@ impl PgStore {
                     finished_at: opt_ts(finished)?,
                     rerun,
                     attempts: attempts as u64,
+                fired,
                 })
             })
             .collect()

@@ -1170,15 +1170,15 @@ pub async fn retention_reads_the_history_and_prunes_only_what_may_go<S: Store>(s
     let runs = s.run_history("ns", "j", 0, 0, 10).await.unwrap();
     let facts: Vec<_> = runs
         .iter()
-        .map(|r| (r.id, r.state, r.rerun, r.attempts, r.finished_at.is_some()))
+        .map(|r| (r.id, r.state, r.rerun, r.attempts, r.finished_at.is_some(), r.fired))
         .collect();
     assert_eq!(
         facts,
         [
-            (1, RunState::Succeeded, false, 1, true),
-            (2, RunState::Succeeded, true, 0, true),
-            (3, RunState::Running, false, 0, false),
-            (4, RunState::Succeeded, false, 0, true),
+            (1, RunState::Succeeded, false, 1, true, true),
+            (2, RunState::Succeeded, true, 0, true, true),
+            (3, RunState::Running, false, 0, false, true),
+            (4, RunState::Succeeded, false, 0, true, false),
         ]
     );
     assert_eq!(runs[0].created_at, t(100));

@@ -9,6 +9,7 @@ mod audit;
 mod cluster;
 mod jobs;
 mod operations;
+mod retention;
 mod runs;
 mod schedules;
 mod secrets;
@@ -28,6 +29,7 @@ pub use jobs::{
     TriggerBody,
 };
 pub use operations::{BulkPauseAnswer, Quotas, ReadOnlyAnswer, ReadOnlyBody};
+pub use retention::{PruneAnswer, PruneBody, PrunedAnswer, RetentionAnswer, RetentionBody};
 pub use runs::{AttemptAnswer, FireAnswer, FirePage, RerunBody, RunAnswer, RunPage, TaskAnswer};
 pub use schedules::{HotJobAnswer, HotspotAnswer, HotspotReport};
 pub use secrets::{KeyUse, KeysAnswer, SecretAnswer, SecretBody, SecretList};
