@@ -1891,3 +1891,97 @@ async fn a_jittered_fire_is_made_late_by_its_amount_and_keeps_its_instant() {
     assert_eq!(run.state, RunState::Succeeded);
     h.stop().await;
 }
+
+/// Pruning by a policy that keeps nothing by count leaves a job's newest
+/// fire and its run: after a restart, recovery resumes from that fire, so
+/// no pruned fire happens again, and the next fire comes on time. The
+/// pruner judges ages by its own clock (two days on), counts what it
+/// deleted in `dagcron_pruned_total`, and deletes nothing on a second pass.
+#[tokio::test]
+async fn pruning_never_makes_a_fire_happen_twice() {
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;
+    h.apply(concat!(
+        "namespace: t\njobs:\n",
+        "  - { name: hourly, schedule: '0 0 * * * *', misfire: run_all, max_catchup: 100, tasks: [{ id: a, noop: true }] }\n",
+    ))
+    .await;
+    for n in 1..=5 {
+        h.clock.advance(SignedDuration::from_secs(3600));
+        h.until_fires("hourly", n).await;
+        h.idle().await;
+    }
+    let (dir, clock) = h.stop().await;
+    let store = Arc::new(
+        SqliteStore::open(&dir.path().join("db.sqlite"))
+            .await
+            .unwrap(),
+    );
+    store
+        .set_setting(
+            &dagcron_runtime::prune::setting_key("t"),
+            Some(r#"{"max_age_seconds": 3600, "keep_last": 0}"#),
+            clock.now(),
+        )
+        .await
+        .unwrap();
+    let metrics = dagcron_runtime::PruneMetrics::default();
+    let later = ManualClock::new(clock.now() + SignedDuration::from_hours(48));
+    let pruner = dagcron_runtime::Pruner::new(
+        store.clone(),
+        Arc::new(later),
+        dagcron_runtime::PruneConfig {
+            pause: Duration::ZERO,
+            ..Default::default()
+        },
+        metrics.clone(),
+    );
+    let report = pruner.pass_now(None, false).await.unwrap();
+    let pruned = report.namespaces["t"];
+    assert_eq!((pruned.runs, pruned.attempts, pruned.fires), (4, 4, 4));
+    assert!(pruner.pass_now(None, false).await.unwrap().namespaces.is_empty());
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(text.contains("dagcron_pruned_total{what=\"runs\"} 4"), "{text}");
+    assert!(text.contains("dagcron_pruned_total{what=\"jobs\"} 0"), "{text}");
+    drop((pruner, store));
+
+    let config = EngineConfig {
+        misfire_grace: LONG_GRACE,
+        ..EngineConfig::default()
+    };
+    let h = start(dir, clock, config).await;
+    h.clock.advance(SignedDuration::from_secs(3600));
+    h.until_fires("hourly", 2).await;
+    h.idle().await;
+    let fires: Vec<_> = h
+        .store
+        .list_fires("t", "hourly", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|f| (f.scheduled_at, f.outcome))
+        .collect();
+    assert_eq!(
+        fires,
+        [
+            (ts("2026-01-01T05:00:00Z"), FireOutcome::Fired),
+            (ts("2026-01-01T06:00:00Z"), FireOutcome::Fired)
+        ]
+    );
+    let runs: Vec<_> = h
+        .runs("hourly")
+        .await
+        .iter()
+        .map(|r| (r.scheduled_at, r.trigger))
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            (ts("2026-01-01T05:00:00Z"), Trigger::Schedule),
+            (ts("2026-01-01T06:00:00Z"), Trigger::Schedule)
+        ]
+    );
+    h.stop().await;
+}
