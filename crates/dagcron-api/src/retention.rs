@@ -18,9 +18,7 @@ use dagcron_store::Store;
 use jiff::Timestamp;
 
 use crate::auth::Principal;
-use crate::wire::{
-    Errors, PruneAnswer, PruneBody, PrunedAnswer, RetentionAnswer, RetentionBody,
-};
+use crate::wire::{Errors, PruneAnswer, PruneBody, PrunedAnswer, RetentionAnswer, RetentionBody};
 use crate::{ApiError, AppState};
 
 async fn answer<S: Store>(st: &AppState<S>, ns: &str) -> Result<RetentionAnswer, ApiError> {
@@ -60,14 +58,7 @@ pub(crate) async fn put_retention<S: Store>(
     Path(ns): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<RetentionAnswer>, ApiError> {
-    who.allow(Need::Administer, None, || {
-        ApiError::not_found("no such path")
-    })?;
-    if !dagcron_core::model::valid_name(&ns) {
-        return Err(ApiError::bad_request(format!(
-            "{ns:?} is not a namespace name"
-        )));
-    }
+    crate::quotas::may_set(&who, &ns)?;
     let body: RetentionBody = crate::operations::object(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected {{\"max_age_seconds\", \"keep_last\"}} (both numbers), or {{}} for the default: {e}"

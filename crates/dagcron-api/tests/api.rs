@@ -1760,10 +1760,7 @@ async fn old_history(store: &SqliteStore) {
         });
     }
     for r in store.write(&batch).await.unwrap() {
-        assert!(
-            matches!(r, dagcron_store::WriteResult::Done),
-            "{r:?}"
-        );
+        assert!(matches!(r, dagcron_store::WriteResult::Done), "{r:?}");
     }
 }
 
@@ -1823,21 +1820,31 @@ async fn retention_prunes_old_history_by_the_namespace_s_policy() {
         )
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert_eq!(api.get("/api/v1/namespaces/a/retention").await.1["default"], true);
+    assert_eq!(
+        api.get("/api/v1/namespaces/a/retention").await.1["default"],
+        true
+    );
     let (status, policy) = put(r#"{"max_age_seconds": 86400, "keep_last": 2}"#).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         policy,
         json!({"max_age_seconds": 86400, "keep_last": 2, "default": false})
     );
-    for bad in [r#"{"dry_run": "yes"}"#, r#"{"namespace": "Bad name"}"#, "[]"] {
+    for bad in [
+        r#"{"dry_run": "yes"}"#,
+        r#"{"namespace": "Bad name"}"#,
+        "[]",
+    ] {
         let (status, body) = api.post("/api/v1/admin/prune", bad).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
     }
 
     let expected = json!([{"namespace": "a", "runs": 4, "attempts": 1, "fires": 6, "jobs": 0}]);
     let (status, dry) = api
-        .post("/api/v1/admin/prune", r#"{"dry_run": true, "namespace": "a"}"#)
+        .post(
+            "/api/v1/admin/prune",
+            r#"{"dry_run": true, "namespace": "a"}"#,
+        )
         .await;
     assert_eq!(status, StatusCode::OK, "{dry}");
     assert_eq!(dry["dry_run"], true);
@@ -1889,14 +1896,25 @@ async fn retention_prunes_old_history_by_the_namespace_s_policy() {
     );
     // Recovery resumes from the newest fire, which stayed.
     assert_eq!(
-        api.store.last_fires_of(&[("a".into(), "j".into())]).await.unwrap(),
+        api.store
+            .last_fires_of(&[("a".into(), "j".into())])
+            .await
+            .unwrap(),
         [Some("2020-01-07T00:00:00Z".parse().unwrap())]
     );
-    let (_, again) = api.post("/api/v1/admin/prune", r#"{"namespace": "a"}"#).await;
+    let (_, again) = api
+        .post("/api/v1/admin/prune", r#"{"namespace": "a"}"#)
+        .await;
     assert_eq!(again["namespaces"], json!([]));
     // Back to the default: {} clears the setting.
     let (status, policy) = put("{}").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(policy["default"], true);
-    assert!(api.store.get_setting("retention/a").await.unwrap().is_none());
+    assert!(
+        api.store
+            .get_setting("retention/a")
+            .await
+            .unwrap()
+            .is_none()
+    );
 }

@@ -100,7 +100,8 @@ impl JobFacts {
 impl Retention {
     /// History older than this instant may go.
     pub fn cutoff(&self, now: Timestamp) -> Timestamp {
-        let age = SignedDuration::from_secs(i64::try_from(self.max_age_seconds).unwrap_or(i64::MAX));
+        let age =
+            SignedDuration::from_secs(i64::try_from(self.max_age_seconds).unwrap_or(i64::MAX));
         now.checked_sub(age).unwrap_or(Timestamp::MIN)
     }
 
@@ -233,7 +234,10 @@ mod tests {
         assert_eq!(p.runs_to_prune(now, &LIVE, 2, &runs), vec![1, 2]);
         // With no newer run, the newest two of these are kept.
         assert_eq!(p.runs_to_prune(now, &LIVE, 0, &runs), vec![1, 2]);
-        assert_eq!(p.runs_to_prune(now, &LIVE, 0, &runs[..2]), Vec::<i64>::new());
+        assert_eq!(
+            p.runs_to_prune(now, &LIVE, 0, &runs[..2]),
+            Vec::<i64>::new()
+        );
         assert_eq!(p.runs_to_prune(now, &LIVE, 1, &runs[..2]), vec![1]);
     }
 
@@ -241,7 +245,10 @@ mod tests {
     fn a_rerun_s_original_and_the_newest_fire_s_run_stay() {
         let now = at(100 * DAY);
         let p = policy(30, 0);
-        let mut runs = [run(1, RunState::Failed, DAY), run(2, RunState::Succeeded, DAY)];
+        let mut runs = [
+            run(1, RunState::Failed, DAY),
+            run(2, RunState::Succeeded, DAY),
+        ];
         runs[0].rerun = true;
         let job = JobFacts {
             deleted_at: None,
@@ -295,7 +302,10 @@ mod tests {
         };
         assert_eq!(p.fires_to_prune(now, &job, 0, &fires), vec![at(DAY)]);
         // Even with nothing kept by count, the newest row stays.
-        assert_eq!(policy(30, 0).fires_to_prune(now, &job, 0, &fires), vec![at(DAY)]);
+        assert_eq!(
+            policy(30, 0).fires_to_prune(now, &job, 0, &fires),
+            vec![at(DAY)]
+        );
     }
 
     #[test]

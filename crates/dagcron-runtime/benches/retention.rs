@@ -89,7 +89,10 @@ async fn bench<S: Store>(name: &str, store: Arc<S>, runs: i64, fill: impl AsyncF
     let jobs = (runs / PER_JOB) as usize;
     let t0 = Instant::now();
     fill(runs).await;
-    eprintln!("{name}: filled {runs} runs in {:.1} s", t0.elapsed().as_secs_f64());
+    eprintln!(
+        "{name}: filled {runs} runs in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
 
     let sample = Arc::new(Sample {
         late_ms: Mutex::new(Vec::new()),
@@ -164,7 +167,9 @@ async fn bench<S: Store>(name: &str, store: Arc<S>, runs: i64, fill: impl AsyncF
     tokio::time::sleep(Duration::from_secs(10)).await;
     let (late, list) = sample.take();
     println!("\n{name}, {runs} runs stored in {jobs} jobs, {LIVE_JOBS} jobs firing every second\n");
-    println!("| phase | seconds | fires | p50 lateness | p99 lateness | max | listings | p50 listing | p99 listing |");
+    println!(
+        "| phase | seconds | fires | p50 lateness | p99 lateness | max | listings | p50 listing | p99 listing |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|");
     row("before pruning", t.elapsed().as_secs_f64(), &late, &list);
 
@@ -196,15 +201,24 @@ async fn bench<S: Store>(name: &str, store: Arc<S>, runs: i64, fill: impl AsyncF
 fn runs_wanted() -> i64 {
     let runs: i64 = std::env::var("DAGCRON_BENCH_RUNS")
         .ok()
-        .map_or(10_000_000, |v| v.parse().expect("DAGCRON_BENCH_RUNS is a number"));
-    assert!(runs >= PER_JOB && runs % PER_JOB == 0, "a multiple of {PER_JOB}");
+        .map_or(10_000_000, |v| {
+            v.parse().expect("DAGCRON_BENCH_RUNS is a number")
+        });
+    assert!(
+        runs >= PER_JOB && runs % PER_JOB == 0,
+        "a multiple of {PER_JOB}"
+    );
     runs
 }
 
 async fn sqlite(runs: i64) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bench.db");
-    let store = Arc::new(dagcron_store_sqlite::SqliteStore::open(&path).await.unwrap());
+    let store = Arc::new(
+        dagcron_store_sqlite::SqliteStore::open(&path)
+            .await
+            .unwrap(),
+    );
     let fill = async |runs: i64| {
         use sqlx::ConnectOptions;
         let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
@@ -216,16 +230,33 @@ async fn sqlite(runs: i64) {
         let at = format!(
             "(CASE WHEN i % {PER_JOB} < {OLD_PER_JOB} THEN {old} ELSE {new} END + (i % {PER_JOB}) * 1000000)"
         );
-        let series = format!("WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {}) ", runs - 1);
+        let series = format!(
+            "WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {}) ",
+            runs - 1
+        );
         for sql in [
-            format!("{series} INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at) SELECT i + 1, 'bench', printf('j%04d', i / {PER_JOB}), 1, 'schedule', {at}, 'succeeded', '{{}}', {at}, {at}, {at} + 1000000 FROM n"),
-            format!("{series} INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id) SELECT 'bench', printf('j%04d', i / {PER_JOB}), {at}, 'fired', i + 1 FROM n"),
-            format!("{series} INSERT INTO tasks (run_id, task_id, position, state) SELECT i + 1, 't', 0, 'succeeded' FROM n"),
-            format!("{series} INSERT INTO attempts (run_id, task_id, number, state, started_at, finished_at, exit_code, log) SELECT i + 1, 't', 1, 'succeeded', {at}, {at} + 1000000, 0, X'6f6b0a' FROM n"),
+            format!(
+                "{series} INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at) SELECT i + 1, 'bench', printf('j%04d', i / {PER_JOB}), 1, 'schedule', {at}, 'succeeded', '{{}}', {at}, {at}, {at} + 1000000 FROM n"
+            ),
+            format!(
+                "{series} INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id) SELECT 'bench', printf('j%04d', i / {PER_JOB}), {at}, 'fired', i + 1 FROM n"
+            ),
+            format!(
+                "{series} INSERT INTO tasks (run_id, task_id, position, state) SELECT i + 1, 't', 0, 'succeeded' FROM n"
+            ),
+            format!(
+                "{series} INSERT INTO attempts (run_id, task_id, number, state, started_at, finished_at, exit_code, log) SELECT i + 1, 't', 1, 'succeeded', {at}, {at} + 1000000, 0, X'6f6b0a' FROM n"
+            ),
         ] {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .execute(&mut conn)
+                .await
+                .unwrap();
         }
-        sqlx::raw_sql("PRAGMA wal_checkpoint(TRUNCATE)").execute(&mut conn).await.unwrap();
+        sqlx::raw_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(&mut conn)
+            .await
+            .unwrap();
     };
     bench("SQLite", store, runs, fill).await;
 }
@@ -248,13 +279,24 @@ async fn postgres(runs: i64) {
         let job = format!("'j' || lpad((i / {PER_JOB})::text, 4, '0')");
         let series = format!("FROM generate_series(0::bigint, {}) AS n(i)", runs - 1);
         for sql in [
-            format!("INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at) SELECT i + 1, 'bench', {job}, 1, 'schedule', {at}, 'succeeded', '{{}}', {at}, {at}, {at} + 1000000 {series}"),
-            format!("INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id) SELECT 'bench', {job}, {at}, 'fired', i + 1 {series}"),
-            format!("INSERT INTO tasks (run_id, task_id, position, state) SELECT i + 1, 't', 0, 'succeeded' {series}"),
-            format!("INSERT INTO attempts (run_id, task_id, number, state, started_at, finished_at, exit_code, log) SELECT i + 1, 't', 1, 'succeeded', {at}, {at} + 1000000, 0, '\\x6f6b0a'::bytea {series}"),
+            format!(
+                "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at) SELECT i + 1, 'bench', {job}, 1, 'schedule', {at}, 'succeeded', '{{}}', {at}, {at}, {at} + 1000000 {series}"
+            ),
+            format!(
+                "INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id) SELECT 'bench', {job}, {at}, 'fired', i + 1 {series}"
+            ),
+            format!(
+                "INSERT INTO tasks (run_id, task_id, position, state) SELECT i + 1, 't', 0, 'succeeded' {series}"
+            ),
+            format!(
+                "INSERT INTO attempts (run_id, task_id, number, state, started_at, finished_at, exit_code, log) SELECT i + 1, 't', 1, 'succeeded', {at}, {at} + 1000000, 0, '\\x6f6b0a'::bytea {series}"
+            ),
             "VACUUM ANALYZE".to_string(),
         ] {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut conn).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .execute(&mut conn)
+                .await
+                .unwrap();
         }
     };
     bench("PostgreSQL", store, runs, fill).await;

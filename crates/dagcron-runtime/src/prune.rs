@@ -37,7 +37,9 @@ pub async fn policy_of<S: Store>(store: &S, namespace: &str) -> Result<Retention
     match store.get_setting(&setting_key(namespace)).await? {
         None => Ok(Retention::default()),
         Some(text) => serde_json::from_str(&text).map_err(|e| {
-            StorageError::Corrupt(format!("the retention of {namespace} does not read back: {e}"))
+            StorageError::Corrupt(format!(
+                "the retention of {namespace} does not read back: {e}"
+            ))
         }),
     }
 }
@@ -108,6 +110,17 @@ pub struct PruneReport {
 /// Jobs read at a time.
 const JOB_PAGE: u32 = 500;
 
+/// One job's walk of a pass: the job, its namespace's policy, the pass's
+/// instant, whether it only counts, and when to stop.
+#[derive(Clone, Copy)]
+struct Walk<'a> {
+    job: &'a HistoryJob,
+    policy: &'a Retention,
+    now: Timestamp,
+    dry_run: bool,
+    stop: &'a CancellationToken,
+}
+
 /// Carries out retention; see the module's documentation.
 pub struct Pruner<S: Store> {
     store: Arc<S>,
@@ -160,7 +173,8 @@ impl<S: Store> Pruner<S> {
         namespace: Option<&str>,
         dry_run: bool,
     ) -> Result<PruneReport, StorageError> {
-        self.pass(namespace, dry_run, &CancellationToken::new()).await
+        self.pass(namespace, dry_run, &CancellationToken::new())
+            .await
     }
 
     /// One pass over every job with history (of `namespace` if asked):
@@ -197,7 +211,14 @@ impl<S: Store> Pruner<S> {
                         p
                     }
                 };
-                let pruned = self.job(job, &policy, now, dry_run, stop).await?;
+                let walk = Walk {
+                    job,
+                    policy: &policy,
+                    now,
+                    dry_run,
+                    stop,
+                };
+                let pruned = self.job(&walk).await?;
                 if pruned != Pruned::default() {
                     report
                         .namespaces
@@ -216,7 +237,12 @@ impl<S: Store> Pruner<S> {
     }
 
     /// Deletes (or counts) one batch, then pauses.
-    async fn apply(&self, batch: Prune, dry: Pruned, dry_run: bool) -> Result<Pruned, StorageError> {
+    async fn apply(
+        &self,
+        batch: Prune,
+        dry: Pruned,
+        dry_run: bool,
+    ) -> Result<Pruned, StorageError> {
         if dry_run || batch.is_empty() {
             return Ok(if dry_run { dry } else { Pruned::default() });
         }
@@ -226,14 +252,14 @@ impl<S: Store> Pruner<S> {
         Ok(done)
     }
 
-    async fn job(
-        &self,
-        job: &HistoryJob,
-        policy: &Retention,
-        now: Timestamp,
-        dry_run: bool,
-        stop: &CancellationToken,
-    ) -> Result<Pruned, StorageError> {
+    async fn job(&self, w: &Walk<'_>) -> Result<Pruned, StorageError> {
+        let Walk {
+            job,
+            policy,
+            now,
+            dry_run,
+            stop,
+        } = *w;
         let (ns, name, facts) = (&job.namespace, &job.name, &job.facts);
         let keep = policy.keep(facts);
         let batch = self.config.batch;
@@ -263,7 +289,7 @@ impl<S: Store> Pruner<S> {
                 break;
             }
         }
-        total.add(self.fires(job, policy, now, dry_run, stop).await?);
+        total.add(self.fires(w).await?);
         if !stop.is_cancelled() && policy.forget(now, facts, runs_left) {
             let batch = Prune {
                 forget: vec![(ns.clone(), name.clone())],
@@ -279,14 +305,14 @@ impl<S: Store> Pruner<S> {
     }
 
     /// The job's ledger rows that no run holds.
-    async fn fires(
-        &self,
-        job: &HistoryJob,
-        policy: &Retention,
-        now: Timestamp,
-        dry_run: bool,
-        stop: &CancellationToken,
-    ) -> Result<Pruned, StorageError> {
+    async fn fires(&self, w: &Walk<'_>) -> Result<Pruned, StorageError> {
+        let Walk {
+            job,
+            policy,
+            now,
+            dry_run,
+            stop,
+        } = *w;
         let (ns, name, facts): (&str, &str, &JobFacts) = (&job.namespace, &job.name, &job.facts);
         let keep = policy.keep(facts);
         let cutoff = policy.cutoff(now);

@@ -1938,13 +1938,26 @@ async fn pruning_never_makes_a_fire_happen_twice() {
     let report = pruner.pass_now(None, false).await.unwrap();
     let pruned = report.namespaces["t"];
     assert_eq!((pruned.runs, pruned.attempts, pruned.fires), (4, 4, 4));
-    assert!(pruner.pass_now(None, false).await.unwrap().namespaces.is_empty());
+    assert!(
+        pruner
+            .pass_now(None, false)
+            .await
+            .unwrap()
+            .namespaces
+            .is_empty()
+    );
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-    assert!(text.contains("dagcron_pruned_total{what=\"runs\"} 4"), "{text}");
-    assert!(text.contains("dagcron_pruned_total{what=\"jobs\"} 0"), "{text}");
+    assert!(
+        text.contains("dagcron_pruned_total{what=\"runs\"} 4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("dagcron_pruned_total{what=\"jobs\"} 0"),
+        "{text}"
+    );
     drop((pruner, store));
 
     let config = EngineConfig {

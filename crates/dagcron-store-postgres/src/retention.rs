@@ -3,11 +3,12 @@
 //! pruning at once is harmless: each row is checked again as it is
 //! deleted, and a row another node deleted first is simply not counted.
 
-use dagcron_core::retention::{FireFacts, JobFacts, RunFacts};
+use dagcron_core::retention::{FireFacts, RunFacts};
+use dagcron_store::retention::{FireRow, HistoryRow, RunRow, fire_facts, history_job, run_facts};
 use dagcron_store::{HistoryJob, Prune, Pruned, Result, RunId, run_ended};
 use jiff::Timestamp;
 
-use crate::{PgStore, opt_ts, parse, transaction, ts, unavailable};
+use crate::{PgStore, transaction, unavailable};
 
 impl PgStore {
     pub(crate) async fn history_jobs_(
@@ -17,7 +18,7 @@ impl PgStore {
         limit: u32,
     ) -> Result<Vec<HistoryJob>> {
         let (after_ns, after_name) = after.unwrap_or(("", ""));
-        let rows: Vec<(String, String, Option<i64>, Option<i64>, Option<i64>)> = sqlx::query_as(
+        let rows: Vec<HistoryRow> = sqlx::query_as(
             "SELECT v.namespace, v.name,
                 CASE WHEN EXISTS (SELECT 1 FROM jobs j WHERE j.namespace = v.namespace AND j.name = v.name) THEN NULL
                      ELSE (SELECT d.deleted_at FROM deleted_jobs d WHERE d.namespace = v.namespace AND d.name = v.name) END,
@@ -37,18 +38,7 @@ impl PgStore {
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
-        rows.into_iter()
-            .map(|(namespace, name, deleted, fire, run)| {
-                Ok(HistoryJob {
-                    namespace,
-                    name,
-                    facts: JobFacts {
-                        deleted_at: opt_ts(deleted)?,
-                        newest_fire: fire.map(ts).transpose()?.map(|at| (at, run)),
-                    },
-                })
-            })
-            .collect()
+        rows.into_iter().map(history_job).collect()
     }
 
     pub(crate) async fn run_history_(
@@ -59,7 +49,7 @@ impl PgStore {
         after: RunId,
         limit: u32,
     ) -> Result<Vec<RunFacts>> {
-        let rows: Vec<(i64, String, i64, Option<i64>, bool, i64, bool)> = sqlx::query_as(
+        let rows: Vec<RunRow> = sqlx::query_as(
             "SELECT r.id, r.state, r.created_at, r.finished_at,
                 EXISTS (SELECT 1 FROM runs x WHERE x.rerun_of = r.id),
                 (SELECT count(*) FROM attempts a WHERE a.run_id = r.id),
@@ -77,19 +67,7 @@ impl PgStore {
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
-        rows.into_iter()
-            .map(|(id, state, created, finished, rerun, attempts, fired)| {
-                Ok(RunFacts {
-                    id,
-                    state: parse(&state)?,
-                    created_at: ts(created)?,
-                    finished_at: opt_ts(finished)?,
-                    rerun,
-                    attempts: attempts as u64,
-                fired,
-                })
-            })
-            .collect()
+        rows.into_iter().map(run_facts).collect()
     }
 
     pub(crate) async fn fire_history_(
@@ -100,7 +78,7 @@ impl PgStore {
         after: Option<Timestamp>,
         limit: u32,
     ) -> Result<Vec<FireFacts>> {
-        let rows: Vec<(i64, bool)> = sqlx::query_as(
+        let rows: Vec<FireRow> = sqlx::query_as(
             "SELECT f.scheduled_at,
                 f.run_id IS NOT NULL AND EXISTS (SELECT 1 FROM runs r WHERE r.id = f.run_id)
              FROM fires f
@@ -116,14 +94,7 @@ impl PgStore {
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
-        rows.into_iter()
-            .map(|(at, run_stored)| {
-                Ok(FireFacts {
-                    scheduled_at: ts(at)?,
-                    run_stored,
-                })
-            })
-            .collect()
+        rows.into_iter().map(fire_facts).collect()
     }
 
     pub(crate) async fn prune_(&self, batch: &Prune) -> Result<Pruned> {

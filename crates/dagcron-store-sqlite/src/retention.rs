@@ -1,13 +1,14 @@
 //! The reads and the deletes of retention (see
 //! [`dagcron_store::Store::history_jobs`] and its siblings).
 
-use dagcron_core::retention::{FireFacts, JobFacts, RunFacts};
+use dagcron_core::retention::{FireFacts, RunFacts};
+use dagcron_store::retention::{FireRow, HistoryRow, RunRow, fire_facts, history_job, run_facts};
 use dagcron_store::{HistoryJob, Prune, Pruned, Result, RunId, run_ended};
 use jiff::Timestamp;
 use rusqlite::{OptionalExtension, Transaction, params};
 use sqlx::SqlitePool;
 
-use crate::{opt_ts, parse, ts, unavailable};
+use crate::unavailable;
 
 /// Jobs with versions, the instant of their deletion and their newest fire.
 pub(crate) async fn history_jobs(
@@ -17,7 +18,7 @@ pub(crate) async fn history_jobs(
     limit: u32,
 ) -> Result<Vec<HistoryJob>> {
     let (after_ns, after_name) = after.unwrap_or(("", ""));
-    let rows: Vec<(String, String, Option<i64>, Option<i64>, Option<i64>)> = sqlx::query_as(
+    let rows: Vec<HistoryRow> = sqlx::query_as(
         "SELECT v.namespace, v.name,
             CASE WHEN EXISTS (SELECT 1 FROM jobs j WHERE j.namespace = v.namespace AND j.name = v.name) THEN NULL
                  ELSE (SELECT d.deleted_at FROM deleted_jobs d WHERE d.namespace = v.namespace AND d.name = v.name) END,
@@ -35,18 +36,7 @@ pub(crate) async fn history_jobs(
     .fetch_all(reader)
     .await
     .map_err(unavailable)?;
-    rows.into_iter()
-        .map(|(namespace, name, deleted, fire, run)| {
-            Ok(HistoryJob {
-                namespace,
-                name,
-                facts: JobFacts {
-                    deleted_at: opt_ts(deleted)?,
-                    newest_fire: fire.map(ts).transpose()?.map(|at| (at, run)),
-                },
-            })
-        })
-        .collect()
+    rows.into_iter().map(history_job).collect()
 }
 
 /// A job's runs but its `keep` newest, oldest first.
@@ -58,7 +48,7 @@ pub(crate) async fn run_history(
     after: RunId,
     limit: u32,
 ) -> Result<Vec<RunFacts>> {
-    let rows: Vec<(i64, String, i64, Option<i64>, bool, i64, bool)> = sqlx::query_as(
+    let rows: Vec<RunRow> = sqlx::query_as(
         "SELECT r.id, r.state, r.created_at, r.finished_at,
             EXISTS (SELECT 1 FROM runs x WHERE x.rerun_of = r.id),
             (SELECT count(*) FROM attempts a WHERE a.run_id = r.id),
@@ -76,19 +66,7 @@ pub(crate) async fn run_history(
     .fetch_all(reader)
     .await
     .map_err(unavailable)?;
-    rows.into_iter()
-        .map(|(id, state, created, finished, rerun, attempts, fired)| {
-            Ok(RunFacts {
-                id,
-                state: parse(&state)?,
-                created_at: ts(created)?,
-                finished_at: opt_ts(finished)?,
-                rerun,
-                attempts: attempts as u64,
-                fired,
-            })
-        })
-        .collect()
+    rows.into_iter().map(run_facts).collect()
 }
 
 /// A job's ledger rows but its `keep` newest, oldest first.
@@ -100,7 +78,7 @@ pub(crate) async fn fire_history(
     after: Option<Timestamp>,
     limit: u32,
 ) -> Result<Vec<FireFacts>> {
-    let rows: Vec<(i64, bool)> = sqlx::query_as(
+    let rows: Vec<FireRow> = sqlx::query_as(
         "SELECT f.scheduled_at,
             f.run_id IS NOT NULL AND EXISTS (SELECT 1 FROM runs r WHERE r.id = f.run_id)
          FROM fires f
@@ -116,14 +94,7 @@ pub(crate) async fn fire_history(
     .fetch_all(reader)
     .await
     .map_err(unavailable)?;
-    rows.into_iter()
-        .map(|(at, run_stored)| {
-            Ok(FireFacts {
-                scheduled_at: ts(at)?,
-                run_stored,
-            })
-        })
-        .collect()
+    rows.into_iter().map(fire_facts).collect()
 }
 
 /// Deletes one batch, each row checked again (see [`Prune`]).

@@ -1164,13 +1164,25 @@ pub async fn retention_reads_the_history_and_prunes_only_what_may_go<S: Store>(s
     let after = s.history_jobs(None, Some(("ns", "j")), 10).await.unwrap();
     assert_eq!(after.len(), 1);
     assert_eq!(after[0].name, "x");
-    assert_eq!(s.history_jobs(Some("other"), None, 10).await.unwrap(), after);
+    assert_eq!(
+        s.history_jobs(Some("other"), None, 10).await.unwrap(),
+        after
+    );
     assert_eq!(s.history_jobs(None, None, 1).await.unwrap().len(), 1);
 
     let runs = s.run_history("ns", "j", 0, 0, 10).await.unwrap();
     let facts: Vec<_> = runs
         .iter()
-        .map(|r| (r.id, r.state, r.rerun, r.attempts, r.finished_at.is_some(), r.fired))
+        .map(|r| {
+            (
+                r.id,
+                r.state,
+                r.rerun,
+                r.attempts,
+                r.finished_at.is_some(),
+                r.fired,
+            )
+        })
         .collect();
     assert_eq!(
         facts,
@@ -1185,8 +1197,14 @@ pub async fn retention_reads_the_history_and_prunes_only_what_may_go<S: Store>(s
     let ids = |runs: Vec<dagcron_core::retention::RunFacts>| -> Vec<i64> {
         runs.iter().map(|r| r.id).collect()
     };
-    assert_eq!(ids(s.run_history("ns", "j", 2, 0, 10).await.unwrap()), [1, 2]);
-    assert_eq!(ids(s.run_history("ns", "j", 0, 1, 2).await.unwrap()), [2, 3]);
+    assert_eq!(
+        ids(s.run_history("ns", "j", 2, 0, 10).await.unwrap()),
+        [1, 2]
+    );
+    assert_eq!(
+        ids(s.run_history("ns", "j", 0, 1, 2).await.unwrap()),
+        [2, 3]
+    );
     assert!(s.run_history("ns", "j", 4, 0, 10).await.unwrap().is_empty());
 
     let fires = s.fire_history("ns", "j", 0, None, 10).await.unwrap();
@@ -1195,7 +1213,10 @@ pub async fn retention_reads_the_history_and_prunes_only_what_may_go<S: Store>(s
         .map(|f| (f.scheduled_at.as_second(), f.run_stored))
         .collect();
     assert_eq!(facts, [(100, true), (200, true), (300, true), (400, false)]);
-    let kept = s.fire_history("ns", "j", 1, Some(t(100)), 10).await.unwrap();
+    let kept = s
+        .fire_history("ns", "j", 1, Some(t(100)), 10)
+        .await
+        .unwrap();
     assert_eq!(kept.len(), 2, "after 100, but the newest");
 
     let pruned = s
@@ -1218,7 +1239,10 @@ pub async fn retention_reads_the_history_and_prunes_only_what_may_go<S: Store>(s
     assert!(s.get_run(1).await.unwrap().is_none());
     assert!(s.read_log(1, "a", 1).await.unwrap().is_none());
     assert_eq!(s.get_run(2).await.unwrap().unwrap().id, 2, "re-run by 4");
-    assert_eq!(s.get_run(3).await.unwrap().unwrap().state, RunState::Running);
+    assert_eq!(
+        s.get_run(3).await.unwrap().unwrap().state,
+        RunState::Running
+    );
     let left: Vec<_> = s
         .list_fires("ns", "j", t(0), t(1000), 10)
         .await
@@ -1227,7 +1251,14 @@ pub async fn retention_reads_the_history_and_prunes_only_what_may_go<S: Store>(s
         .map(|f| f.scheduled_at.as_second())
         .collect();
     assert_eq!(left, [200, 300, 400]);
-    assert_eq!(s.list_job_versions("ns", "j", 10, None).await.unwrap().items.len(), 1);
+    assert_eq!(
+        s.list_job_versions("ns", "j", 10, None)
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
     // Pruned twice (two nodes at once): nothing more goes.
     let again = s
         .prune(&crate::Prune {
@@ -1245,7 +1276,11 @@ pub async fn retention_reads_the_history_and_prunes_only_what_may_go<S: Store>(s
         })
         .await
         .unwrap();
-    assert_eq!((both.runs, both.fires), (1, 0), "2 is still re-run by 4 as the batch starts");
+    assert_eq!(
+        (both.runs, both.fires),
+        (1, 0),
+        "2 is still re-run by 4 as the batch starts"
+    );
     let last = s
         .prune(&crate::Prune {
             runs: vec![2],
@@ -1263,9 +1298,13 @@ pub async fn a_deleted_job_is_forgotten_once_its_runs_are_gone<S: Store>(s: &S) 
     s.apply_jobs(&[job("ns", "j", "{}"), job("ns", "k", "{}")], t(1))
         .await
         .unwrap();
-    s.write(&[fire(100, Some(new_run(1, 100))), ended(1, 150), fire(200, None)])
-        .await
-        .unwrap();
+    s.write(&[
+        fire(100, Some(new_run(1, 100))),
+        ended(1, 150),
+        fire(200, None),
+    ])
+    .await
+    .unwrap();
     let before = Timestamp::now();
     assert!(s.delete_job("ns", "j").await.unwrap());
     assert!(s.delete_job("ns", "k").await.unwrap());
@@ -1280,7 +1319,11 @@ pub async fn a_deleted_job_is_forgotten_once_its_runs_are_gone<S: Store>(s: &S) 
         forget: vec![("ns".into(), "j".into()), ("ns".into(), "k".into())],
         ..Default::default()
     };
-    assert_eq!(s.prune(&forget).await.unwrap().jobs, 0, "a run of j is stored");
+    assert_eq!(
+        s.prune(&forget).await.unwrap().jobs,
+        0,
+        "a run of j is stored"
+    );
     let gone = s
         .prune(&crate::Prune {
             runs: vec![1],
@@ -1300,7 +1343,13 @@ pub async fn a_deleted_job_is_forgotten_once_its_runs_are_gone<S: Store>(s: &S) 
     let jobs = s.history_jobs(Some("ns"), None, 10).await.unwrap();
     assert_eq!(jobs.len(), 1);
     assert_eq!(jobs[0].name, "k");
-    assert!(s.list_job_versions("ns", "j", 10, None).await.unwrap().items.is_empty());
+    assert!(
+        s.list_job_versions("ns", "j", 10, None)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
     assert!(s.last_fires().await.unwrap().is_empty());
     // Applied again, j starts over at version 1.
     let again = s.apply_jobs(&[job("ns", "j", "{}")], t(3)).await.unwrap();

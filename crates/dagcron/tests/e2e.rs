@@ -1021,12 +1021,21 @@ fn retention_is_read_and_set_and_pruning_asked_from_the_command_line() {
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );
-    assert!(ok(&["admin", "retention", "e2e"]).contains("last 3 run(s)"), "unchanged");
+    assert!(
+        ok(&["admin", "retention", "e2e"]).contains("last 3 run(s)"),
+        "unchanged"
+    );
     let file = "namespace: e2e\njobs:\n  - { name: a, tasks: [{ id: t, noop: true }] }\n";
-    assert_eq!(server.post("/api/v1/apply", file, "application/yaml").0, 200);
+    assert_eq!(
+        server.post("/api/v1/apply", file, "application/yaml").0,
+        200
+    );
     let run = server.trigger("a");
     server.wait_run(run, "succeeded");
-    assert_eq!(ok(&["admin", "prune", "--dry-run", "e2e"]), "nothing would go\n");
+    assert_eq!(
+        ok(&["admin", "prune", "--dry-run", "e2e"]),
+        "nothing would go\n"
+    );
     assert_eq!(ok(&["admin", "prune"]), "nothing pruned\n");
     let json = ok(&["--json", "admin", "prune", "--dry-run"]);
     let answer: Value = serde_json::from_str(&json).unwrap();

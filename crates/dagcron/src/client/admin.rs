@@ -209,7 +209,9 @@ pub(crate) async fn run(c: &Client, cmd: AdminCommand, out: &mut Output) -> Resu
                 return out.show(&current);
             } else {
                 RetentionBody {
-                    max_age_seconds: Some(max_age.map_or(current.max_age_seconds, |d| d.0.as_secs())),
+                    max_age_seconds: Some(
+                        max_age.map_or(current.max_age_seconds, |d| d.0.as_secs()),
+                    ),
                     keep_last: Some(keep_last.unwrap_or(current.keep_last)),
                 }
             };
