@@ -121,24 +121,52 @@ impl Retention {
         newer: u64,
         runs: &[RunFacts],
     ) -> Vec<i64> {
+        let newest_fire_run = job.newest_fire.and_then(|(_, run)| run);
+        self.may_go(now, job, newer, runs)
+            .filter(|id| Some(*id) != newest_fire_run)
+            .collect()
+    }
+
+    /// The run of a deleted job's newest fire, if it is among `runs` and
+    /// would go but for being that: it goes when the job is forgotten, in
+    /// the same transaction as the rest of the job's ledger, so that the
+    /// newest fire is never missing while the job's versions are stored
+    /// (a job applied again resumes from it).
+    pub fn held_for_forget(
+        &self,
+        now: Timestamp,
+        job: &JobFacts,
+        newer: u64,
+        runs: &[RunFacts],
+    ) -> Option<i64> {
+        let newest_fire_run = job.newest_fire.and_then(|(_, run)| run)?;
+        if job.live() {
+            return None;
+        }
+        self.may_go(now, job, newer, runs)
+            .find(|id| *id == newest_fire_run)
+    }
+
+    /// The runs that may go by state, age, count and re-runs.
+    fn may_go<'a>(
+        &self,
+        now: Timestamp,
+        job: &JobFacts,
+        newer: u64,
+        runs: &'a [RunFacts],
+    ) -> impl Iterator<Item = i64> + 'a {
         let cutoff = self.cutoff(now);
         let keep = u64::from(self.keep(job));
-        let newest_fire_run = job.newest_fire.and_then(|(_, run)| run);
         let count = runs.len() as u64;
         runs.iter()
             .enumerate()
-            .filter(|(i, r)| {
+            .filter(move |(i, r)| {
                 // How many runs of the job are newer than this one.
                 let rank = newer + (count - 1 - *i as u64);
                 let ended_at = r.finished_at.unwrap_or(r.created_at);
-                r.state.is_terminal()
-                    && rank >= keep
-                    && ended_at < cutoff
-                    && !r.rerun
-                    && Some(r.id) != newest_fire_run
+                r.state.is_terminal() && rank >= keep && ended_at < cutoff && !r.rerun
             })
             .map(|(_, r)| r.id)
-            .collect()
     }
 
     /// Whether a job's runs after `runs` (the oldest first) may hold more
@@ -266,8 +294,24 @@ mod tests {
             newest_fire: Some((at(40 * DAY), None)),
         };
         assert_eq!(p.keep(&deleted), 0);
-        let runs = [run(1, RunState::Succeeded, 40 * DAY)];
-        assert_eq!(p.runs_to_prune(now, &deleted, 0, &runs), vec![1]);
+        let runs = [
+            run(1, RunState::Succeeded, 40 * DAY),
+            run(2, RunState::Succeeded, 41 * DAY),
+        ];
+        assert_eq!(p.runs_to_prune(now, &deleted, 0, &runs), vec![1, 2]);
+        assert_eq!(p.held_for_forget(now, &deleted, 0, &runs), None);
+        // The newest fire's run waits for the job to be forgotten.
+        let fired = JobFacts {
+            newest_fire: Some((at(41 * DAY), Some(2))),
+            ..deleted
+        };
+        assert_eq!(p.runs_to_prune(now, &fired, 0, &runs), vec![1]);
+        assert_eq!(p.held_for_forget(now, &fired, 0, &runs), Some(2));
+        let live = JobFacts {
+            deleted_at: None,
+            ..fired
+        };
+        assert_eq!(p.held_for_forget(now, &live, 5, &runs), None);
         assert!(p.forget(now, &deleted, false));
         assert!(!p.forget(now, &deleted, true), "its runs go first");
         let recent = JobFacts {

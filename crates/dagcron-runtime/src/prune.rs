@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dagcron_core::Retention;
-use dagcron_core::retention::JobFacts;
+use dagcron_core::retention::{JobFacts, RunFacts};
 use dagcron_store::{HistoryJob, Prune, Pruned, RunId, StorageError, Store};
 use jiff::Timestamp;
 use prometheus_client::metrics::counter::Counter;
@@ -265,13 +265,19 @@ impl<S: Store> Pruner<S> {
         let batch = self.config.batch;
         let mut total = Pruned::default();
         let mut runs_left = false;
+        // A deleted job's newest fire's run, which goes when the job does.
+        let mut held: Option<RunFacts> = None;
         let mut after: RunId = RunId::MIN;
         while !stop.is_cancelled() {
             let runs = self.store.run_history(ns, name, keep, after, batch).await?;
             let Some(last) = runs.last() else { break };
             after = last.id;
             let ids = policy.runs_to_prune(now, facts, u64::from(keep), &runs);
-            runs_left |= ids.len() < runs.len();
+            let held_now = policy.held_for_forget(now, facts, u64::from(keep), &runs);
+            if let Some(id) = held_now {
+                held = runs.iter().find(|r| r.id == id).copied();
+            }
+            runs_left |= ids.len() + usize::from(held_now.is_some()) < runs.len();
             let going = runs.iter().filter(|r| ids.contains(&r.id));
             let dry = Pruned {
                 runs: ids.len() as u64,
@@ -292,12 +298,17 @@ impl<S: Store> Pruner<S> {
         total.add(self.fires(w).await?);
         if !stop.is_cancelled() && policy.forget(now, facts, runs_left) {
             let batch = Prune {
+                runs: held.iter().map(|r| r.id).collect(),
+                fires: vec![],
                 forget: vec![(ns.clone(), name.clone())],
-                ..Prune::default()
             };
+            // What the ledger walk leaves of a deleted job is its newest
+            // row (with its run, if it has one), which goes with the job.
             let dry = Pruned {
+                runs: u64::from(held.is_some()),
+                attempts: held.map_or(0, |r| r.attempts),
+                fires: u64::from(facts.newest_fire.is_some()),
                 jobs: 1,
-                ..Pruned::default()
             };
             total.add(self.apply(batch, dry, dry_run).await?);
         }

@@ -1998,3 +1998,62 @@ async fn pruning_never_makes_a_fire_happen_twice() {
     );
     h.stop().await;
 }
+
+/// A deleted job goes by age alone: once it has been deleted for the
+/// policy's age, its runs, its ledger (the newest row too), its versions
+/// and its tombstone go, and a dry run says exactly what the pass then
+/// deletes.
+#[tokio::test]
+async fn a_deleted_job_is_forgotten_and_the_dry_run_says_so() {
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;
+    h.apply(concat!(
+        "namespace: t\njobs:\n",
+        "  - { name: gone, schedule: '0 0 * * * *', tasks: [{ id: a, noop: true }] }\n",
+    ))
+    .await;
+    for n in 1..=3 {
+        h.clock.advance(SignedDuration::from_secs(3600));
+        h.until_fires("gone", n).await;
+        h.idle().await;
+    }
+    h.handle.delete("t", "gone").await.unwrap();
+    let store = h.store.clone();
+    h.stop().await;
+    // Deleted now (the database's clock); judged 60 days on.
+    let later = ManualClock::new(Timestamp::now() + SignedDuration::from_hours(60 * 24));
+    let pruner = dagcron_runtime::Pruner::new(
+        store.clone(),
+        Arc::new(later),
+        dagcron_runtime::PruneConfig {
+            pause: Duration::ZERO,
+            ..Default::default()
+        },
+        dagcron_runtime::PruneMetrics::default(),
+    );
+    let dry = pruner.pass_now(Some("t"), true).await.unwrap();
+    let done = pruner.pass_now(Some("t"), false).await.unwrap();
+    assert_eq!(dry, done);
+    let pruned = done.namespaces["t"];
+    assert_eq!(
+        (pruned.runs, pruned.attempts, pruned.fires, pruned.jobs),
+        (3, 3, 3, 1)
+    );
+    assert!(
+        store
+            .list_runs("t", "gone", 10, None)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert!(
+        store
+            .list_job_versions("t", "gone", 10, None)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert!(store.last_fires().await.unwrap().is_empty());
+    assert!(store.history_jobs(None, None, 10).await.unwrap().is_empty());
+}
