@@ -1892,6 +1892,23 @@ async fn a_jittered_fire_is_made_late_by_its_amount_and_keeps_its_instant() {
     h.stop().await;
 }
 
+/// A pruner of `store` whose clock stands at `at`, with no pause.
+fn pruner_at(
+    store: &Arc<SqliteStore>,
+    at: Timestamp,
+    metrics: &dagcron_runtime::PruneMetrics,
+) -> dagcron_runtime::Pruner<SqliteStore> {
+    dagcron_runtime::Pruner::new(
+        store.clone(),
+        Arc::new(ManualClock::new(at)),
+        dagcron_runtime::PruneConfig {
+            pause: Duration::ZERO,
+            ..Default::default()
+        },
+        metrics.clone(),
+    )
+}
+
 /// Pruning by a policy that keeps nothing by count leaves a job's newest
 /// fire and its run: after a restart, recovery resumes from that fire, so
 /// no pruned fire happens again, and the next fire comes on time. The
@@ -1925,16 +1942,8 @@ async fn pruning_never_makes_a_fire_happen_twice() {
         .await
         .unwrap();
     let metrics = dagcron_runtime::PruneMetrics::default();
-    let later = ManualClock::new(clock.now() + SignedDuration::from_hours(48));
-    let pruner = dagcron_runtime::Pruner::new(
-        store.clone(),
-        Arc::new(later),
-        dagcron_runtime::PruneConfig {
-            pause: Duration::ZERO,
-            ..Default::default()
-        },
-        metrics.clone(),
-    );
+    let later = clock.now() + SignedDuration::from_hours(48);
+    let pruner = pruner_at(&store, later, &metrics);
     let report = pruner.pass_now(None, false).await.unwrap();
     let pruned = report.namespaces["t"];
     assert_eq!((pruned.runs, pruned.attempts, pruned.fires), (4, 4, 4));
@@ -2020,16 +2029,8 @@ async fn a_deleted_job_is_forgotten_and_the_dry_run_says_so() {
     let store = h.store.clone();
     h.stop().await;
     // Deleted now (the database's clock); judged 60 days on.
-    let later = ManualClock::new(Timestamp::now() + SignedDuration::from_hours(60 * 24));
-    let pruner = dagcron_runtime::Pruner::new(
-        store.clone(),
-        Arc::new(later),
-        dagcron_runtime::PruneConfig {
-            pause: Duration::ZERO,
-            ..Default::default()
-        },
-        dagcron_runtime::PruneMetrics::default(),
-    );
+    let later = Timestamp::now() + SignedDuration::from_hours(60 * 24);
+    let pruner = pruner_at(&store, later, &Default::default());
     let dry = pruner.pass_now(Some("t"), true).await.unwrap();
     let done = pruner.pass_now(Some("t"), false).await.unwrap();
     assert_eq!(dry, done);
