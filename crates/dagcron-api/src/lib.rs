@@ -12,6 +12,7 @@ mod metrics;
 mod operations;
 pub mod quotas;
 mod reruns;
+mod retention;
 mod routes;
 pub mod schedules;
 pub mod secrets;
@@ -50,6 +51,9 @@ pub struct AppState<S: Store> {
     pub metrics: Option<Arc<prometheus_client::registry::Registry>>,
     /// The trigger buckets of the namespaces' quotas, and their refusals.
     pub quota: Arc<quotas::QuotaState>,
+    /// What retention deleted (`dagcron_pruned_total`), shared with the
+    /// pruner beside the engine.
+    pub pruned: dagcron_runtime::PruneMetrics,
 }
 
 /// The default of [`AppState::max_body_bytes`]: 2 MiB, room for a job file
@@ -68,6 +72,7 @@ impl<S: Store> Clone for AppState<S> {
             master_key: self.master_key.clone(),
             metrics: self.metrics.clone(),
             quota: self.quota.clone(),
+            pruned: self.pruned.clone(),
         }
     }
 }

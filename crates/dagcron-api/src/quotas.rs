@@ -104,6 +104,21 @@ async fn quotas_of<S: Store>(st: &AppState<S>, namespace: &str) -> Result<Quotas
     }
 }
 
+/// Refuses to set a namespace's quotas or retention unless `who` is an
+/// instance admin (a tenant may not lift its own limits) and `ns` is a
+/// namespace's name.
+pub(crate) fn may_set(who: &Principal, ns: &str) -> Result<(), ApiError> {
+    who.allow(Need::Administer, None, || {
+        ApiError::not_found("no such path")
+    })?;
+    if !dagcron_core::model::valid_name(ns) {
+        return Err(ApiError::bad_request(format!(
+            "{ns:?} is not a namespace name"
+        )));
+    }
+    Ok(())
+}
+
 /// A namespace's quotas (each one absent means no limit).
 #[utoipa::path(get, path = "/api/v1/namespaces/{ns}/quotas", tag = "admin",
     params(("ns" = String, Path, description = "Namespace")),
@@ -128,14 +143,7 @@ pub(crate) async fn put_quotas<S: Store>(
     Path(ns): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<Quotas>, ApiError> {
-    who.allow(Need::Administer, None, || {
-        ApiError::not_found("no such path")
-    })?;
-    if !dagcron_core::model::valid_name(&ns) {
-        return Err(ApiError::bad_request(format!(
-            "{ns:?} is not a namespace name"
-        )));
-    }
+    may_set(&who, &ns)?;
     let quotas: Quotas = crate::operations::object(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected {{\"max_jobs\", \"max_schedules_per_job\", \"max_active_runs\", \"max_triggers_per_second\"}} (each a number or null): {e}"

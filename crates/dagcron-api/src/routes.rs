@@ -37,7 +37,8 @@ use dagcron_core::authz::Need;
         crate::secrets::delete_secret, crate::secrets::list_keys, crate::secrets::rotate_key,
         crate::operations::get_read_only, crate::operations::put_read_only,
         crate::operations::pause_all, crate::operations::resume_all,
-        crate::quotas::get_quotas, crate::quotas::put_quotas, crate::upcoming::upcoming
+        crate::quotas::get_quotas, crate::quotas::put_quotas, crate::upcoming::upcoming,
+        crate::retention::get_retention, crate::retention::put_retention, crate::retention::prune
     ),
     components(schemas(ErrorBody)),
     modifiers(&BearerAuth),
@@ -104,6 +105,11 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
             "/api/v1/namespaces/{ns}/quotas",
             get(crate::quotas::get_quotas::<S>).put(crate::quotas::put_quotas::<S>),
         )
+        .route(
+            "/api/v1/namespaces/{ns}/retention",
+            get(crate::retention::get_retention::<S>).put(crate::retention::put_retention::<S>),
+        )
+        .route("/api/v1/admin/prune", post(crate::retention::prune::<S>))
         .route(
             "/api/v1/namespaces/{ns}/pause",
             post(crate::operations::pause_all::<S>),

@@ -53,6 +53,7 @@ async fn api() -> Api {
             ))),
             metrics: None,
             quota: Default::default(),
+            pruned: Default::default(),
         }),
         store,
         keyring,
@@ -756,8 +757,16 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
         ("get", "/api/v1/cluster" | "/api/v1/workers" | "/metrics" | "/api/v1/admin/read-only") => {
             Instance(Viewer)
         }
-        ("put", "/api/v1/admin/read-only" | "/api/v1/namespaces/{ns}/quotas") => Instance(Admin),
-        ("get", "/api/v1/namespaces/{ns}/quotas") => Namespace(Viewer),
+        (
+            "put",
+            "/api/v1/admin/read-only"
+            | "/api/v1/namespaces/{ns}/quotas"
+            | "/api/v1/namespaces/{ns}/retention",
+        ) => Instance(Admin),
+        ("post", "/api/v1/admin/prune") => Instance(Admin),
+        ("get", "/api/v1/namespaces/{ns}/quotas" | "/api/v1/namespaces/{ns}/retention") => {
+            Namespace(Viewer)
+        }
         ("post", "/api/v1/namespaces/{ns}/pause" | "/api/v1/namespaces/{ns}/resume") => {
             Namespace(Operator)
         }
@@ -837,6 +846,7 @@ async fn every_route_is_guarded_for_every_role() {
         }
         "/api/v1/tokens" => r#"{"name": "x", "role": "viewer", "namespace": "a"}"#.into(),
         "/api/v1/admin/read-only" => r#"{"read_only": false}"#.into(),
+        "/api/v1/admin/prune" => r#"{"dry_run": true}"#.into(),
         _ => "{}".into(),
     };
     let mut grants: Vec<Option<(Role, Option<&str>)>> = vec![None];
@@ -2016,4 +2026,234 @@ async fn quotas_refuse_what_would_pass_them() {
     let (status, _) = put("{}").await;
     assert_eq!(status, StatusCode::OK);
     assert!(api.store.get_setting("quotas/a").await.unwrap().is_none());
+}
+
+/// Old history written straight into the store: runs 1 to 5 of `a/j`
+/// fired and succeeded on 2020-01-01 to 05 (run 1 with an attempt and its
+/// log), run 6 still running from 2020-01-06, and ledger rows without a
+/// run on 2019-12-30, 2019-12-31 and 2020-01-07 (the job's newest fire).
+async fn old_history(store: &SqliteStore) {
+    use dagcron_core::{AttemptState, FireOutcome, RunState};
+    use dagcron_store::{NewRun, Trigger, Write};
+    let day = |d: &str| -> jiff::Timestamp { format!("{d}T00:00:00Z").parse().unwrap() };
+    let run = |id: i64, at: jiff::Timestamp| NewRun {
+        id,
+        namespace: "a".into(),
+        job: "j".into(),
+        job_version: 1,
+        trigger: Trigger::Schedule,
+        scheduled_at: at,
+        params: Default::default(),
+        state: RunState::Running,
+        tasks: vec!["t".into()],
+        created_at: at,
+        trace: None,
+        rerun_of: None,
+        carried: Default::default(),
+    };
+    let fire = |at: jiff::Timestamp, run: Option<NewRun>| Write::Fire {
+        namespace: "a".into(),
+        job: "j".into(),
+        scheduled_at: at,
+        outcome: if run.is_some() {
+            FireOutcome::Fired
+        } else {
+            FireOutcome::SkippedOverlap
+        },
+        calendar: None,
+        run,
+    };
+    let mut batch = vec![fire(day("2019-12-30"), None), fire(day("2019-12-31"), None)];
+    for id in 1..=6 {
+        let at = day(&format!("2020-01-0{id}"));
+        batch.push(fire(at, Some(run(id, at))));
+    }
+    batch.push(fire(day("2020-01-07"), None));
+    let at = day("2020-01-01");
+    batch.push(Write::AttemptStart {
+        run: 1,
+        task: "t".into(),
+        number: 1,
+        state: AttemptState::Running,
+        at,
+        run_on: None,
+    });
+    batch.push(Write::AttemptEnd {
+        run: 1,
+        task: "t".into(),
+        number: 1,
+        from: AttemptState::Running,
+        to: AttemptState::Succeeded,
+        at,
+        exit_code: Some(0),
+        error: None,
+        log: b"old output".to_vec(),
+        start_error_us: None,
+    });
+    for id in 1..=5 {
+        batch.push(Write::RunState {
+            run: id,
+            from: RunState::Running,
+            to: RunState::Succeeded,
+            at: day(&format!("2020-01-0{id}")),
+        });
+    }
+    for r in store.write(&batch).await.unwrap() {
+        assert!(matches!(r, dagcron_store::WriteResult::Done), "{r:?}");
+    }
+}
+
+/// A namespace's retention through the API: read (the default), refused
+/// when out of bounds (and nothing changes), set; a dry run counts what a
+/// pass would delete and deletes nothing; the pass deletes exactly that
+/// (old finished runs beyond the newest kept, their attempts, logs and
+/// ledger rows, old ledger rows without a run) and keeps the unfinished
+/// run, the newest runs and the job's newest fire; a second pass finds
+/// nothing.
+#[tokio::test]
+async fn retention_prunes_old_history_by_the_namespace_s_policy() {
+    let api = api().await;
+    let (status, _) = api
+        .call(
+            Method::POST,
+            "/api/v1/apply",
+            "application/yaml",
+            "namespace: a\njobs:\n  - { name: j, tasks: [{ id: t, noop: true }] }\n",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    old_history(&api.store).await;
+    let put = |body: &'static str| {
+        api.call(
+            Method::PUT,
+            "/api/v1/namespaces/a/retention",
+            "application/json",
+            body,
+        )
+    };
+    let (status, policy) = api.get("/api/v1/namespaces/a/retention").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        policy,
+        json!({"max_age_seconds": 2_592_000, "keep_last": 100, "default": true})
+    );
+    for bad in [
+        r#"{"max_age_seconds": 60, "keep_last": 2}"#,
+        r#"{"max_age_seconds": 86400}"#,
+        r#"{"max_age_seconds": 86400, "keep_last": 2000000}"#,
+        r#"{"max_age_seconds": -1, "keep_last": 2}"#,
+        r#"{"max_age_seconds": 86400, "keep_last": 2, "extra": 1}"#,
+        r#"[86400, 2]"#,
+        "not json",
+    ] {
+        let (status, body) = put(bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        assert_eq!(body["error"]["code"], "bad_request", "{body}");
+    }
+    let (status, _) = api
+        .call(
+            Method::PUT,
+            "/api/v1/namespaces/Not%20a%20name/retention",
+            "application/json",
+            r#"{"max_age_seconds": 86400, "keep_last": 2}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        api.get("/api/v1/namespaces/a/retention").await.1["default"],
+        true
+    );
+    let (status, policy) = put(r#"{"max_age_seconds": 86400, "keep_last": 2}"#).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        policy,
+        json!({"max_age_seconds": 86400, "keep_last": 2, "default": false})
+    );
+    for bad in [
+        r#"{"dry_run": "yes"}"#,
+        r#"{"namespace": "Bad name"}"#,
+        "[]",
+    ] {
+        let (status, body) = api.post("/api/v1/admin/prune", bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+    }
+
+    let expected = json!([{"namespace": "a", "runs": 4, "attempts": 1, "fires": 6, "jobs": 0}]);
+    let (status, dry) = api
+        .post(
+            "/api/v1/admin/prune",
+            r#"{"dry_run": true, "namespace": "a"}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{dry}");
+    assert_eq!(dry["dry_run"], true);
+    assert_eq!(dry["namespaces"], expected);
+    let runs = |page: Value| -> Vec<i64> {
+        page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_i64().unwrap())
+            .collect()
+    };
+    let (_, page) = api.get("/api/v1/namespaces/a/jobs/j/runs?limit=100").await;
+    assert_eq!(runs(page), [6, 5, 4, 3, 2, 1], "a dry run deletes nothing");
+    let (status, _) = api.get("/api/v1/runs/1/tasks/t/attempts/1/log").await;
+    assert_eq!(status, StatusCode::OK);
+
+    let (status, done) = api.post("/api/v1/admin/prune", "").await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert_eq!(done["dry_run"], false);
+    assert_eq!(done["namespaces"], expected, "what the dry run said");
+    let (_, page) = api.get("/api/v1/namespaces/a/jobs/j/runs?limit=100").await;
+    assert_eq!(runs(page), [6, 5]);
+    let (status, _) = api.get("/api/v1/runs/1").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = api.get("/api/v1/runs/1/tasks/t/attempts/1/log").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let ledger: Vec<String> = api
+        .store
+        .list_fires(
+            "a",
+            "j",
+            jiff::Timestamp::UNIX_EPOCH,
+            jiff::Timestamp::now(),
+            100,
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|f| f.scheduled_at.to_string())
+        .collect();
+    assert_eq!(
+        ledger,
+        [
+            "2020-01-05T00:00:00Z",
+            "2020-01-06T00:00:00Z",
+            "2020-01-07T00:00:00Z"
+        ]
+    );
+    // Recovery resumes from the newest fire, which stayed.
+    assert_eq!(
+        api.store
+            .last_fires_of(&[("a".into(), "j".into())])
+            .await
+            .unwrap(),
+        [Some("2020-01-07T00:00:00Z".parse().unwrap())]
+    );
+    let (_, again) = api
+        .post("/api/v1/admin/prune", r#"{"namespace": "a"}"#)
+        .await;
+    assert_eq!(again["namespaces"], json!([]));
+    // Back to the default: {} clears the setting.
+    let (status, policy) = put("{}").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(policy["default"], true);
+    assert!(
+        api.store
+            .get_setting("retention/a")
+            .await
+            .unwrap()
+            .is_none()
+    );
 }

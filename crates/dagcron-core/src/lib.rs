@@ -16,6 +16,7 @@ pub mod hotspots;
 pub mod model;
 pub mod policy;
 pub mod rerun;
+pub mod retention;
 pub mod retry;
 pub mod ring;
 pub mod rules;
@@ -31,6 +32,7 @@ pub use model::{
     OnExhausted, Task, TaskSpec, Timing, TriggerRule, ValidationError, ValidationErrors,
 };
 pub use policy::{FireDecision, FireOutcome};
+pub use retention::Retention;
 pub use retry::{Failure, RetryDecision, RetryPolicy};
 pub use ring::Ring;
 pub use rules::{Rules, RulesChange};

@@ -6,6 +6,7 @@ pub mod clock;
 pub mod cluster;
 pub mod engine;
 pub mod metrics;
+pub mod prune;
 pub mod trace;
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -16,3 +17,4 @@ pub use engine::{
     Secrets,
 };
 pub use metrics::{EngineGauges, EngineMetrics};
+pub use prune::{PruneConfig, PruneMetrics, PruneReport, Pruner};

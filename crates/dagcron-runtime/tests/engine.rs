@@ -2114,3 +2114,170 @@ async fn held_tasks_wait_across_a_restart_until_an_operator_or_the_deadline() {
     assert!(h.handle.gauges().await.unwrap().held.is_empty());
     h.stop().await;
 }
+
+/// A pruner of `store` whose clock stands at `at`, with no pause.
+fn pruner_at(
+    store: &Arc<SqliteStore>,
+    at: Timestamp,
+    metrics: &dagcron_runtime::PruneMetrics,
+) -> dagcron_runtime::Pruner<SqliteStore> {
+    dagcron_runtime::Pruner::new(
+        store.clone(),
+        Arc::new(ManualClock::new(at)),
+        dagcron_runtime::PruneConfig {
+            pause: Duration::ZERO,
+            ..Default::default()
+        },
+        metrics.clone(),
+    )
+}
+
+/// Pruning by a policy that keeps nothing by count leaves a job's newest
+/// fire and its run: after a restart, recovery resumes from that fire, so
+/// no pruned fire happens again, and the next fire comes on time. The
+/// pruner judges ages by its own clock (two days on), counts what it
+/// deleted in `dagcron_pruned_total`, and deletes nothing on a second pass.
+#[tokio::test]
+async fn pruning_never_makes_a_fire_happen_twice() {
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;
+    h.apply(concat!(
+        "namespace: t\njobs:\n",
+        "  - { name: hourly, schedule: '0 0 * * * *', misfire: run_all, max_catchup: 100, tasks: [{ id: a, noop: true }] }\n",
+    ))
+    .await;
+    for n in 1..=5 {
+        h.clock.advance(SignedDuration::from_secs(3600));
+        h.until_fires("hourly", n).await;
+        h.idle().await;
+    }
+    let (dir, clock) = h.stop().await;
+    let store = Arc::new(
+        SqliteStore::open(&dir.path().join("db.sqlite"))
+            .await
+            .unwrap(),
+    );
+    store
+        .set_setting(
+            &dagcron_runtime::prune::setting_key("t"),
+            Some(r#"{"max_age_seconds": 3600, "keep_last": 0}"#),
+            clock.now(),
+        )
+        .await
+        .unwrap();
+    let metrics = dagcron_runtime::PruneMetrics::default();
+    let later = clock.now() + SignedDuration::from_hours(48);
+    let pruner = pruner_at(&store, later, &metrics);
+    let report = pruner.pass_now(None, false).await.unwrap();
+    let pruned = report.namespaces["t"];
+    assert_eq!((pruned.runs, pruned.attempts, pruned.fires), (4, 4, 4));
+    assert!(
+        pruner
+            .pass_now(None, false)
+            .await
+            .unwrap()
+            .namespaces
+            .is_empty()
+    );
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains("dagcron_pruned_total{what=\"runs\"} 4"),
+        "{text}"
+    );
+    assert!(
+        text.contains("dagcron_pruned_total{what=\"jobs\"} 0"),
+        "{text}"
+    );
+    drop((pruner, store));
+
+    let config = EngineConfig {
+        misfire_grace: LONG_GRACE,
+        ..EngineConfig::default()
+    };
+    let h = start(dir, clock, config).await;
+    h.clock.advance(SignedDuration::from_secs(3600));
+    h.until_fires("hourly", 2).await;
+    h.idle().await;
+    let fires: Vec<_> = h
+        .store
+        .list_fires("t", "hourly", Timestamp::UNIX_EPOCH, Timestamp::MAX, 100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|f| (f.scheduled_at, f.outcome))
+        .collect();
+    assert_eq!(
+        fires,
+        [
+            (ts("2026-01-01T05:00:00Z"), FireOutcome::Fired),
+            (ts("2026-01-01T06:00:00Z"), FireOutcome::Fired)
+        ]
+    );
+    let runs: Vec<_> = h
+        .runs("hourly")
+        .await
+        .iter()
+        .map(|r| (r.scheduled_at, r.trigger))
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            (ts("2026-01-01T05:00:00Z"), Trigger::Schedule),
+            (ts("2026-01-01T06:00:00Z"), Trigger::Schedule)
+        ]
+    );
+    h.stop().await;
+}
+
+/// A deleted job goes by age alone: once it has been deleted for the
+/// policy's age, its runs, its ledger (the newest row too), its versions
+/// and its tombstone go, and a dry run says exactly what the pass then
+/// deletes.
+#[tokio::test]
+async fn a_deleted_job_is_forgotten_and_the_dry_run_says_so() {
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;
+    h.apply(concat!(
+        "namespace: t\njobs:\n",
+        "  - { name: gone, schedule: '0 0 * * * *', tasks: [{ id: a, noop: true }] }\n",
+    ))
+    .await;
+    for n in 1..=3 {
+        h.clock.advance(SignedDuration::from_secs(3600));
+        h.until_fires("gone", n).await;
+        h.idle().await;
+    }
+    h.handle.delete("t", "gone").await.unwrap();
+    let store = h.store.clone();
+    h.stop().await;
+    // Deleted now (the database's clock); judged 60 days on.
+    let later = Timestamp::now() + SignedDuration::from_hours(60 * 24);
+    let pruner = pruner_at(&store, later, &Default::default());
+    let dry = pruner.pass_now(Some("t"), true).await.unwrap();
+    let done = pruner.pass_now(Some("t"), false).await.unwrap();
+    assert_eq!(dry, done);
+    let pruned = done.namespaces["t"];
+    assert_eq!(
+        (pruned.runs, pruned.attempts, pruned.fires, pruned.jobs),
+        (3, 3, 3, 1)
+    );
+    assert!(
+        store
+            .list_runs("t", "gone", 10, None)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert!(
+        store
+            .list_job_versions("t", "gone", 10, None)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert!(store.last_fires().await.unwrap().is_empty());
+    assert!(store.history_jobs(None, None, 10).await.unwrap().is_empty());
+}

@@ -27,6 +27,7 @@ use sqlx::postgres::{PgConnection, PgListener, PgPool, PgPoolOptions, PgRow};
 mod audit;
 mod batch;
 mod cluster;
+mod retention;
 pub use cluster::MAX_NODES;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -210,7 +211,7 @@ impl PgStore {
             let sql = if tombstone {
                 "INSERT INTO deleted_jobs (namespace, name, revision)
                  SELECT ns, n, $3 FROM unnest($1::text[], $2::text[]) AS k(ns, n)
-                 ON CONFLICT (namespace, name) DO UPDATE SET revision = EXCLUDED.revision"
+                 ON CONFLICT (namespace, name) DO UPDATE SET revision = EXCLUDED.revision, deleted_at = EXCLUDED.deleted_at"
             } else {
                 "WITH k AS (SELECT * FROM unnest($1::text[], $2::text[]) AS k(ns, n)),
                  gone AS (DELETE FROM deleted_jobs d USING k WHERE d.namespace = k.ns AND d.name = k.n)
@@ -1512,6 +1513,41 @@ impl Store for PgStore {
         .await
         .map_err(unavailable)?;
         Ok(rows.into_iter().map(|(r, t, n)| (r, t, n as u32)).collect())
+    }
+
+    async fn history_jobs(
+        &self,
+        namespace: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<dagcron_store::HistoryJob>> {
+        self.history_jobs_(namespace, after, limit).await
+    }
+
+    async fn run_history(
+        &self,
+        namespace: &str,
+        job: &str,
+        keep: u32,
+        after: RunId,
+        limit: u32,
+    ) -> Result<Vec<dagcron_core::retention::RunFacts>> {
+        self.run_history_(namespace, job, keep, after, limit).await
+    }
+
+    async fn fire_history(
+        &self,
+        namespace: &str,
+        job: &str,
+        keep: u32,
+        after: Option<Timestamp>,
+        limit: u32,
+    ) -> Result<Vec<dagcron_core::retention::FireFacts>> {
+        self.fire_history_(namespace, job, keep, after, limit).await
+    }
+
+    async fn prune(&self, batch: &dagcron_store::Prune) -> Result<dagcron_store::Pruned> {
+        self.prune_(batch).await
     }
 
     async fn read_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {

@@ -22,6 +22,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, Sqlite, SqliteConnection};
 
+mod retention;
 mod writer;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -312,10 +313,17 @@ impl Store for SqliteStore {
         let n = self
             .writer
             .transaction(move |tx| {
-                tx.execute(
+                let n = tx.execute(
                     "DELETE FROM jobs WHERE namespace = ?1 AND name = ?2",
                     rusqlite::params![ns, name],
-                )
+                )?;
+                if n == 1 {
+                    tx.execute(
+                        "INSERT OR REPLACE INTO deleted_jobs (namespace, name) VALUES (?1, ?2)",
+                        rusqlite::params![ns, name],
+                    )?;
+                }
+                Ok(n)
             })
             .await?;
         Ok(n == 1)
@@ -777,6 +785,47 @@ impl Store for SqliteStore {
             .await
             .map_err(unavailable)?;
         Ok(id.unwrap_or(0))
+    }
+
+    async fn history_jobs(
+        &self,
+        namespace: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<dagcron_store::HistoryJob>> {
+        retention::history_jobs(&self.reader, namespace, after, limit).await
+    }
+
+    async fn run_history(
+        &self,
+        namespace: &str,
+        job: &str,
+        keep: u32,
+        after: RunId,
+        limit: u32,
+    ) -> Result<Vec<dagcron_core::retention::RunFacts>> {
+        retention::run_history(&self.reader, namespace, job, keep, after, limit).await
+    }
+
+    async fn fire_history(
+        &self,
+        namespace: &str,
+        job: &str,
+        keep: u32,
+        after: Option<Timestamp>,
+        limit: u32,
+    ) -> Result<Vec<dagcron_core::retention::FireFacts>> {
+        retention::fire_history(&self.reader, namespace, job, keep, after, limit).await
+    }
+
+    async fn prune(&self, batch: &dagcron_store::Prune) -> Result<dagcron_store::Pruned> {
+        if batch.is_empty() {
+            return Ok(Default::default());
+        }
+        let batch = batch.clone();
+        self.writer
+            .transaction(move |tx| retention::prune(tx, &batch))
+            .await
     }
 
     async fn read_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {

@@ -109,6 +109,8 @@ pub(crate) fn apply_jobs(
                 let v = last.unwrap_or(0) + 1;
                 tx.prepare_cached("INSERT INTO jobs (namespace, name, version, spec, paused, updated_at, rules) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?
                     .execute(params![j.namespace, j.name, v, j.spec, j.paused_over(None), at, rules])?;
+                tx.prepare_cached("DELETE FROM deleted_jobs WHERE namespace = ?1 AND name = ?2")?
+                    .execute(params![j.namespace, j.name])?;
                 ApplyResult::Created(v)
             }
         };

@@ -43,6 +43,8 @@ macro_rules! conformance_tests {
             fires_and_recovery_queries,
             a_suppressed_fire_keeps_its_calendar,
             planned_runs_wait_soonest_first_and_count_as_unfinished,
+            retention_reads_the_history_and_prunes_only_what_may_go,
+            a_deleted_job_is_forgotten_once_its_runs_are_gone,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -1189,4 +1191,249 @@ pub async fn fires_and_recovery_queries<S: Store>(s: &S) {
     );
     let active = s.active_runs().await.unwrap();
     assert_eq!(active.iter().map(|r| r.id).collect::<Vec<_>>(), [1]);
+}
+
+fn ended(run: i64, at: i64) -> Write {
+    Write::RunState {
+        run,
+        from: RunState::Running,
+        to: RunState::Succeeded,
+        at: t(at),
+    }
+}
+
+/// The pruner's reads (jobs with history, a job's runs and ledger rows but
+/// its newest) and a batch of pruning, which checks each row again: a run
+/// still running or re-run by another stays, and so does the job's newest
+/// ledger row; a pruned run takes its tasks, attempts and ledger row.
+pub async fn retention_reads_the_history_and_prunes_only_what_may_go<S: Store>(s: &S) {
+    s.apply_jobs(&[job("ns", "j", "{}"), job("other", "x", "{}")], t(1))
+        .await
+        .unwrap();
+    let mut rerun = new_run(4, 350);
+    rerun.trigger = Trigger::Rerun;
+    rerun.rerun_of = Some(2);
+    s.write(&[
+        fire(100, Some(new_run(1, 100))),
+        fire(200, Some(new_run(2, 200))),
+        fire(300, Some(new_run(3, 300))),
+        Write::Run(rerun),
+        fire(400, None),
+        Write::AttemptStart {
+            run: 1,
+            task: "a".into(),
+            number: 1,
+            state: AttemptState::Running,
+            at: t(101),
+            run_on: None,
+        },
+        ended(1, 150),
+        ended(2, 250),
+        ended(4, 360),
+    ])
+    .await
+    .unwrap();
+
+    let jobs = s.history_jobs(None, None, 10).await.unwrap();
+    let names: Vec<_> = jobs
+        .iter()
+        .map(|j| (j.namespace.as_str(), j.name.as_str()))
+        .collect();
+    assert_eq!(names, [("ns", "j"), ("other", "x")]);
+    assert_eq!(jobs[0].facts.deleted_at, None);
+    assert_eq!(jobs[0].facts.newest_fire, Some((t(400), None)));
+    assert_eq!(jobs[1].facts.newest_fire, None);
+    let after = s.history_jobs(None, Some(("ns", "j")), 10).await.unwrap();
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].name, "x");
+    assert_eq!(
+        s.history_jobs(Some("other"), None, 10).await.unwrap(),
+        after
+    );
+    assert_eq!(s.history_jobs(None, None, 1).await.unwrap().len(), 1);
+
+    let runs = s.run_history("ns", "j", 0, 0, 10).await.unwrap();
+    let facts: Vec<_> = runs
+        .iter()
+        .map(|r| {
+            (
+                r.id,
+                r.state,
+                r.rerun,
+                r.attempts,
+                r.finished_at.is_some(),
+                r.fired,
+            )
+        })
+        .collect();
+    assert_eq!(
+        facts,
+        [
+            (1, RunState::Succeeded, false, 1, true, true),
+            (2, RunState::Succeeded, true, 0, true, true),
+            (3, RunState::Running, false, 0, false, true),
+            (4, RunState::Succeeded, false, 0, true, false),
+        ]
+    );
+    assert_eq!(runs[0].created_at, t(100));
+    let ids = |runs: Vec<dagcron_core::retention::RunFacts>| -> Vec<i64> {
+        runs.iter().map(|r| r.id).collect()
+    };
+    assert_eq!(
+        ids(s.run_history("ns", "j", 2, 0, 10).await.unwrap()),
+        [1, 2]
+    );
+    assert_eq!(
+        ids(s.run_history("ns", "j", 0, 1, 2).await.unwrap()),
+        [2, 3]
+    );
+    assert!(s.run_history("ns", "j", 4, 0, 10).await.unwrap().is_empty());
+
+    let fires = s.fire_history("ns", "j", 0, None, 10).await.unwrap();
+    let facts: Vec<_> = fires
+        .iter()
+        .map(|f| (f.scheduled_at.as_second(), f.run_stored))
+        .collect();
+    assert_eq!(facts, [(100, true), (200, true), (300, true), (400, false)]);
+    let kept = s
+        .fire_history("ns", "j", 1, Some(t(100)), 10)
+        .await
+        .unwrap();
+    assert_eq!(kept.len(), 2, "after 100, but the newest");
+
+    let pruned = s
+        .prune(&crate::Prune {
+            runs: vec![1, 2, 3],
+            fires: vec![("ns".into(), "j".into(), t(400))],
+            forget: vec![("ns".into(), "j".into())],
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        pruned,
+        crate::Pruned {
+            runs: 1,
+            attempts: 1,
+            fires: 1,
+            jobs: 0
+        }
+    );
+    assert!(s.get_run(1).await.unwrap().is_none());
+    assert!(s.read_log(1, "a", 1).await.unwrap().is_none());
+    assert_eq!(s.get_run(2).await.unwrap().unwrap().id, 2, "re-run by 4");
+    assert_eq!(
+        s.get_run(3).await.unwrap().unwrap().state,
+        RunState::Running
+    );
+    let left: Vec<_> = s
+        .list_fires("ns", "j", t(0), t(1000), 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|f| f.scheduled_at.as_second())
+        .collect();
+    assert_eq!(left, [200, 300, 400]);
+    assert_eq!(
+        s.list_job_versions("ns", "j", 10, None)
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+    // Pruned twice (two nodes at once): nothing more goes.
+    let again = s
+        .prune(&crate::Prune {
+            runs: vec![1],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(again, crate::Pruned::default());
+    // Once its re-run has gone, the original may go.
+    let both = s
+        .prune(&crate::Prune {
+            runs: vec![4, 2],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (both.runs, both.fires),
+        (1, 0),
+        "2 is still re-run by 4 as the batch starts"
+    );
+    let last = s
+        .prune(&crate::Prune {
+            runs: vec![2],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!((last.runs, last.fires), (1, 1));
+}
+
+/// A deleted job has a tombstone with the instant of its deletion; applied
+/// again, it has none. Forgetting it (versions, tombstone, ledger) waits
+/// until none of its runs is stored, and never touches a job that exists.
+pub async fn a_deleted_job_is_forgotten_once_its_runs_are_gone<S: Store>(s: &S) {
+    s.apply_jobs(&[job("ns", "j", "{}"), job("ns", "k", "{}")], t(1))
+        .await
+        .unwrap();
+    s.write(&[
+        fire(100, Some(new_run(1, 100))),
+        ended(1, 150),
+        fire(200, None),
+    ])
+    .await
+    .unwrap();
+    let before = Timestamp::now();
+    assert!(s.delete_job("ns", "j").await.unwrap());
+    assert!(s.delete_job("ns", "k").await.unwrap());
+    s.apply_jobs(&[job("ns", "k", "{}")], t(2)).await.unwrap();
+    let jobs = s.history_jobs(Some("ns"), None, 10).await.unwrap();
+    let deleted_at = jobs[0].facts.deleted_at.expect("j is deleted");
+    let slack = jiff::SignedDuration::from_secs(60);
+    assert!(deleted_at >= before - slack && deleted_at <= Timestamp::now() + slack);
+    assert_eq!(jobs[1].facts.deleted_at, None, "k was applied again");
+
+    let forget = crate::Prune {
+        forget: vec![("ns".into(), "j".into()), ("ns".into(), "k".into())],
+        ..Default::default()
+    };
+    assert_eq!(
+        s.prune(&forget).await.unwrap().jobs,
+        0,
+        "a run of j is stored"
+    );
+    let gone = s
+        .prune(&crate::Prune {
+            runs: vec![1],
+            ..forget.clone()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        gone,
+        crate::Pruned {
+            runs: 1,
+            attempts: 0,
+            fires: 2,
+            jobs: 1
+        }
+    );
+    let jobs = s.history_jobs(Some("ns"), None, 10).await.unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].name, "k");
+    assert!(
+        s.list_job_versions("ns", "j", 10, None)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert!(s.last_fires().await.unwrap().is_empty());
+    // Applied again, j starts over at version 1.
+    let again = s.apply_jobs(&[job("ns", "j", "{}")], t(3)).await.unwrap();
+    assert_eq!(again, [ApplyResult::Created(1)]);
 }

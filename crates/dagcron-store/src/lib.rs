@@ -12,6 +12,7 @@
 pub mod cluster;
 pub mod conformance;
 pub mod plan;
+pub mod retention;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -19,6 +20,8 @@ use std::future::Future;
 
 use dagcron_core::{AttemptState, FireOutcome, Rules, RunState, TaskState};
 use jiff::Timestamp;
+
+pub use retention::{HistoryJob, Prune, Pruned};
 
 /// A run's identity: unique, and increasing with creation time.
 pub type RunId = i64;
@@ -1013,6 +1016,37 @@ pub trait Store: Send + Sync + 'static {
         let _ = attempts;
         async { Ok(vec![]) }
     }
+    /// Jobs with history (those that exist and those deleted whose
+    /// versions are still stored), ordered by (namespace, name), after
+    /// `after`, of one namespace if asked, at most `limit`.
+    fn history_jobs(
+        &self,
+        namespace: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<HistoryJob>>> + Send;
+    /// Runs of a job but its `keep` newest, with an id above `after`,
+    /// oldest first, at most `limit`.
+    fn run_history(
+        &self,
+        namespace: &str,
+        job: &str,
+        keep: u32,
+        after: RunId,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<dagcron_core::retention::RunFacts>>> + Send;
+    /// Ledger rows of a job but its `keep` newest, scheduled after `after`,
+    /// oldest first, at most `limit`.
+    fn fire_history(
+        &self,
+        namespace: &str,
+        job: &str,
+        keep: u32,
+        after: Option<Timestamp>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<dagcron_core::retention::FireFacts>>> + Send;
+    /// Deletes one batch of history in one transaction (see [`Prune`]).
+    fn prune(&self, batch: &Prune) -> impl Future<Output = Result<Pruned>> + Send;
     /// An attempt's captured output.
     fn read_log(
         &self,

@@ -48,6 +48,7 @@ async fn ui() -> Ui {
         master_key: None,
         metrics: None,
         quota: Default::default(),
+        pruned: Default::default(),
     };
     let app = dagcron_ui::with_ui(state.clone(), router(state));
     Ui {

@@ -177,6 +177,7 @@ async fn pages_at_ten_thousand_jobs_and_a_million_runs() {
         master_key: None,
         metrics: None,
         quota: Default::default(),
+        pruned: Default::default(),
     };
     let app = dagcron_ui::with_ui(state.clone(), router(state));
     let send = |uri: String, cookie: String, body: Option<String>, htmx: bool| {

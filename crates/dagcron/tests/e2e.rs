@@ -988,6 +988,64 @@ fn a_trigger_past_the_ready_backlog_is_told_to_come_back() {
     server.stop();
 }
 
+/// `dagcron admin retention` shows the default, changes what is named and
+/// keeps the other, refuses an age under an hour, returns to the default;
+/// `dagcron admin prune --dry-run` says what would go (nothing: the runs
+/// are new), as does a real pass.
+#[test]
+fn retention_is_read_and_set_and_pruning_asked_from_the_command_line() {
+    let (_dir, data) = setup();
+    let server = InProcess::start(&data, &[]);
+    let cli = |args: &[&str]| server.cli().args(args).output().unwrap();
+    let ok = |args: &[&str]| {
+        let out = cli(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(
+        ok(&["admin", "retention", "e2e"]),
+        "keep 30 day(s) (2592000s) and at least the last 100 run(s) of each job (the instance's default)\n"
+    );
+    ok(&["admin", "retention", "e2e", "--max-age", "7d"]);
+    assert_eq!(
+        ok(&["admin", "retention", "e2e", "--keep-last", "3"]),
+        "keep 7 day(s) (604800s) and at least the last 3 run(s) of each job\n"
+    );
+    let refused = cli(&["admin", "retention", "e2e", "--max-age", "10m"]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("max_age_seconds is from 3600"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(
+        ok(&["admin", "retention", "e2e"]).contains("last 3 run(s)"),
+        "unchanged"
+    );
+    let file = "namespace: e2e\njobs:\n  - { name: a, tasks: [{ id: t, noop: true }] }\n";
+    assert_eq!(
+        server.post("/api/v1/apply", file, "application/yaml").0,
+        200
+    );
+    let run = server.trigger("a");
+    server.wait_run(run, "succeeded");
+    assert_eq!(
+        ok(&["admin", "prune", "--dry-run", "e2e"]),
+        "nothing would go\n"
+    );
+    assert_eq!(ok(&["admin", "prune"]), "nothing pruned\n");
+    let json = ok(&["--json", "admin", "prune", "--dry-run"]);
+    let answer: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(answer, json!({"dry_run": true, "namespaces": []}));
+    assert!(ok(&["admin", "retention", "e2e", "--default"]).contains("(the instance's default)"));
+    assert_eq!(server.all_runs("a").len(), 1);
+    server.stop();
+}
+
 /// `dagcron admin quotas`: shows a namespace's quotas, changes those named
 /// and keeps the others, clears them; a file past one is refused.
 #[test]

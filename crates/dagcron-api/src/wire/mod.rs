@@ -9,6 +9,7 @@ mod audit;
 mod cluster;
 mod jobs;
 mod operations;
+mod retention;
 mod runs;
 mod schedules;
 mod secrets;
@@ -28,6 +29,7 @@ pub use jobs::{
     TriggerBody, UpcomingAnswer, UpcomingFire,
 };
 pub use operations::{BulkPauseAnswer, Quotas, ReadOnlyAnswer, ReadOnlyBody};
+pub use retention::{PruneAnswer, PruneBody, PrunedAnswer, RetentionAnswer, RetentionBody};
 pub use runs::{
     AttemptAnswer, FireAnswer, FirePage, HeldPage, HeldTask, RerunBody, RunAnswer, RunPage,
     TaskAnswer,

@@ -1,11 +1,14 @@
-//! `dagcron admin ...`: the instance's read-only mode, and the quotas of
-//! a namespace.
+//! `dagcron admin ...`: the instance's read-only mode, the quotas and the
+//! retention of a namespace, and pruning.
 
 use std::io::{self, Write};
 
 use anyhow::Result;
 use clap::{Subcommand, ValueEnum};
-use dagcron_api::wire::{Quotas, ReadOnlyAnswer, ReadOnlyBody};
+use dagcron_api::wire::{
+    PruneAnswer, PruneBody, Quotas, ReadOnlyAnswer, ReadOnlyBody, RetentionAnswer, RetentionBody,
+};
+use dagcron_core::Dur;
 
 use super::Client;
 use super::output::{Output, Show, or_dash};
@@ -43,6 +46,64 @@ pub(crate) enum AdminCommand {
         #[arg(long)]
         clear: bool,
     },
+    /// The retention of a namespace; with flags, changes what is named (an
+    /// instance admin), keeping the other.
+    Retention {
+        /// Namespace.
+        namespace: String,
+        /// How long history is kept (`30d`, `12h`; at least `1h`).
+        #[arg(long, value_parser = Dur::parse)]
+        max_age: Option<Dur>,
+        /// How many of each job's newest runs are kept, however old.
+        #[arg(long)]
+        keep_last: Option<u32>,
+        /// Back to the instance's default.
+        #[arg(long, conflicts_with_all = ["max_age", "keep_last"])]
+        default: bool,
+    },
+    /// Prunes history by each namespace's retention now (an instance
+    /// admin); `--dry-run` only says what would go.
+    Prune {
+        /// One namespace (none: every namespace).
+        namespace: Option<String>,
+        /// Count only; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+impl Show for RetentionAnswer {
+    fn text(&self, out: &mut dyn Write) -> io::Result<()> {
+        let days = self.max_age_seconds as f64 / 86_400.0;
+        writeln!(
+            out,
+            "keep {days} day(s) ({}s) and at least the last {} run(s) of each job{}",
+            self.max_age_seconds,
+            self.keep_last,
+            if self.default {
+                " (the instance's default)"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+impl Show for PruneAnswer {
+    fn text(&self, out: &mut dyn Write) -> io::Result<()> {
+        let verb = if self.dry_run { "would go" } else { "pruned" };
+        if self.namespaces.is_empty() {
+            return writeln!(out, "nothing {verb}");
+        }
+        for n in &self.namespaces {
+            writeln!(
+                out,
+                "{}: {} run(s), {} attempt(s), {} ledger row(s), {} deleted job(s) {verb}",
+                n.namespace, n.runs, n.attempts, n.fires, n.jobs
+            )?;
+        }
+        Ok(())
+    }
 }
 
 impl Show for Quotas {
@@ -133,6 +194,32 @@ pub(crate) async fn run(c: &Client, cmd: AdminCommand, out: &mut Output) -> Resu
                 max_triggers_per_second: max_triggers_per_second.or(base.max_triggers_per_second),
             };
             out.show(&c.put::<Quotas>(&path, &wanted).await?)
+        }
+        AdminCommand::Retention {
+            namespace,
+            max_age,
+            keep_last,
+            default,
+        } => {
+            let path = format!("/api/v1/namespaces/{namespace}/retention");
+            let current: RetentionAnswer = c.get(&path).await?;
+            let wanted = if default {
+                RetentionBody::default()
+            } else if max_age.is_none() && keep_last.is_none() {
+                return out.show(&current);
+            } else {
+                RetentionBody {
+                    max_age_seconds: Some(
+                        max_age.map_or(current.max_age_seconds, |d| d.0.as_secs()),
+                    ),
+                    keep_last: Some(keep_last.unwrap_or(current.keep_last)),
+                }
+            };
+            out.show(&c.put::<RetentionAnswer>(&path, &wanted).await?)
+        }
+        AdminCommand::Prune { namespace, dry_run } => {
+            let body = PruneBody { dry_run, namespace };
+            out.show(&c.post::<PruneAnswer>("/api/v1/admin/prune", &body).await?)
         }
     }
 }

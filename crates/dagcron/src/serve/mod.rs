@@ -23,7 +23,8 @@ use dagcron_api::secrets::StoredSecrets;
 use dagcron_api::{AppState, router};
 use dagcron_core::JobFile;
 use dagcron_runtime::{
-    Engine, EngineConfig, EngineMetrics, RemoteWorkers, SecretSource, SystemClock,
+    Engine, EngineConfig, EngineMetrics, PruneConfig, Pruner, RemoteWorkers, SecretSource,
+    SystemClock,
 };
 use dagcron_store::{StorageError, Store};
 use tokio::net::TcpListener;
@@ -143,6 +144,8 @@ impl<S: Store> Node<S> {
         let peak = dagcron_api::schedules::register_peak(&mut registry);
         let quota = Arc::new(dagcron_api::quotas::QuotaState::default());
         quota.register(&mut registry);
+        let pruned = dagcron_runtime::PruneMetrics::default();
+        pruned.register(&mut registry);
         let peak_task = tokio::spawn(dagcron_api::schedules::keep_peak(self.store.clone(), peak));
         let _peak_task = AbortOnDrop(peak_task);
         let engine_config = EngineConfig {
@@ -173,6 +176,14 @@ impl<S: Store> Node<S> {
             None => (None, None),
         };
         let mut engine_task = tokio::spawn(engine.run(stop.clone(), config.shutdown_grace));
+        // Retention, beside the engine: its own task, small transactions.
+        let pruner = Pruner::new(
+            self.store.clone(),
+            Arc::new(SystemClock),
+            PruneConfig::default(),
+            pruned.clone(),
+        );
+        let _prune_task = AbortOnDrop(tokio::spawn(pruner.run(stop.clone())));
         tracing::info!(
             "{} listening on {}://{address}{}",
             self.name,
@@ -195,6 +206,7 @@ impl<S: Store> Node<S> {
             master_key: self.master_key,
             metrics: Some(Arc::new(registry)),
             quota,
+            pruned: pruned.clone(),
         };
         if let Some(at) = config.metrics_listen {
             serve_metrics(at, state.clone(), api_stop.clone()).await?;
