@@ -71,15 +71,15 @@ struct Bucket {
     at: Instant,
 }
 
-/// Takes one token from `bucket` at `now` if it has one, refilled at `rate`
-/// per second since it was last seen (never above `rate`).
-fn take(bucket: &mut Bucket, rate: u32, now: Instant) -> bool {
+/// Takes `n` tokens from `bucket` at `now` if it has them, refilled at
+/// `rate` per second since it was last seen (never above `rate`).
+fn take(bucket: &mut Bucket, rate: u32, now: Instant, n: u32) -> bool {
     let rate = f64::from(rate);
     let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
     bucket.tokens = (bucket.tokens + elapsed * rate).min(rate);
     bucket.at = now;
-    if bucket.tokens >= 1.0 {
-        bucket.tokens -= 1.0;
+    if bucket.tokens >= f64::from(n) {
+        bucket.tokens -= f64::from(n);
         true
     } else {
         false
@@ -245,17 +245,36 @@ pub(crate) async fn check_jobs<S: Store>(
     Ok(())
 }
 
-/// Refuses a manual trigger or a backfill in `namespace` past its quotas
-/// of triggers per second or of unfinished runs: `429`.
+/// Refuses a manual trigger of `runs` runs or a backfill (one) in
+/// `namespace` past its quotas of triggers per second or of unfinished
+/// runs: `429`. Each run of a trigger counts as one trigger.
 pub(crate) async fn check_trigger<S: Store>(
     st: &AppState<S>,
     namespace: &str,
+    runs: u32,
 ) -> Result<(), ApiError> {
     let quotas = quotas_of(st, namespace).await?;
     let busy = |quota: &'static str, message: String| {
         st.quota.refused(namespace, quota);
         ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
     };
+    // The rate is taken last: a trigger refused for its runs spends none.
+    if let Some(max) = quotas.max_active_runs {
+        let unfinished = st.store.count_unfinished_runs(namespace).await?;
+        if unfinished + u64::from(runs) > u64::from(max) {
+            return Err(busy(
+                "max_active_runs",
+                match runs {
+                    1 => format!(
+                        "{namespace} has {unfinished} unfinished runs, as many as its quota of {max} allows"
+                    ),
+                    n => format!(
+                        "{namespace} has {unfinished} unfinished runs, and {n} more would pass its quota of {max}"
+                    ),
+                },
+            ));
+        }
+    }
     if let Some(rate) = quotas.max_triggers_per_second {
         let now = Instant::now();
         let mut buckets = st.quota.buckets.lock().expect("quota lock");
@@ -263,21 +282,17 @@ pub(crate) async fn check_trigger<S: Store>(
             tokens: f64::from(rate),
             at: now,
         });
-        if !take(bucket, rate, now) {
+        if !take(bucket, rate, now, runs) {
+            let more = if runs > rate {
+                format!(
+                    "; a trigger of {runs} runs can never pass it, send at most {rate} at a time"
+                )
+            } else {
+                String::new()
+            };
             return Err(busy(
                 "max_triggers_per_second",
-                format!("{namespace} is limited to {rate} trigger(s) per second"),
-            ));
-        }
-    }
-    if let Some(max) = quotas.max_active_runs {
-        let unfinished = st.store.count_unfinished_runs(namespace).await?;
-        if unfinished >= u64::from(max) {
-            return Err(busy(
-                "max_active_runs",
-                format!(
-                    "{namespace} has {unfinished} unfinished runs, as many as its quota of {max} allows"
-                ),
+                format!("{namespace} is limited to {rate} trigger(s) per second{more}"),
             ));
         }
     }
@@ -297,14 +312,17 @@ mod tests {
             tokens: 2.0,
             at: t0,
         };
-        assert!(take(&mut b, 2, t0));
-        assert!(take(&mut b, 2, t0));
-        assert!(!take(&mut b, 2, t0), "two a second");
-        assert!(!take(&mut b, 2, t0 + Duration::from_millis(400)));
-        assert!(take(&mut b, 2, t0 + Duration::from_millis(500)), "refilled");
+        assert!(take(&mut b, 2, t0, 1));
+        assert!(take(&mut b, 2, t0, 1));
+        assert!(!take(&mut b, 2, t0, 1), "two a second");
+        assert!(!take(&mut b, 2, t0 + Duration::from_millis(400), 1));
+        assert!(
+            take(&mut b, 2, t0 + Duration::from_millis(500), 1),
+            "refilled"
+        );
         // A long pause refills to one second's worth, no more.
         let later = t0 + Duration::from_secs(60);
-        assert!(take(&mut b, 2, later) && take(&mut b, 2, later));
-        assert!(!take(&mut b, 2, later));
+        assert!(take(&mut b, 2, later, 1) && take(&mut b, 2, later, 1));
+        assert!(!take(&mut b, 2, later, 1));
     }
 }

@@ -310,6 +310,12 @@ impl std::error::Error for EngineError {}
 
 type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
 
+/// A run's parameters.
+type Params = std::collections::BTreeMap<String, String>;
+
+/// The most runs one trigger may ask for.
+pub const MAX_TRIGGER_RUNS: usize = 1000;
+
 /// Which jobs a cluster node owns: `owns(namespace, name)`.
 pub type Ownership = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
 

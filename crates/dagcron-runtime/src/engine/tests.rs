@@ -109,7 +109,7 @@ async fn reads_of_jobs_for_fires_and_triggers_do_not_hold_the_loop() {
         .on_command(Command::Trigger {
             namespace: key.0.clone(),
             name: key.1.clone(),
-            params: Default::default(),
+            runs: vec![Default::default()],
             caller: None,
             at: None,
             reply,
