@@ -92,7 +92,12 @@ fn key(namespace: &str) -> String {
 
 /// The quotas of `namespace` (none set: no limit).
 async fn quotas_of<S: Store>(st: &AppState<S>, namespace: &str) -> Result<Quotas, ApiError> {
-    match st.store.get_setting(&key(namespace)).await? {
+    parse(namespace, st.store.get_setting(&key(namespace)).await?)
+}
+
+/// The quotas of `namespace` as stored (`text`).
+fn parse(namespace: &str, text: Option<String>) -> Result<Quotas, ApiError> {
+    match text {
         None => Ok(Quotas::default()),
         Some(text) => serde_json::from_str(&text).map_err(|e| {
             ApiError::new(
@@ -245,15 +250,22 @@ pub(crate) async fn check_jobs<S: Store>(
     Ok(())
 }
 
-/// Refuses a manual trigger of `runs` runs or a backfill (one) in
-/// `namespace` past its quotas of triggers per second or of unfinished
-/// runs: `429`. Each run of a trigger counts as one trigger.
+/// Refuses a manual trigger of `runs` runs, a re-run or a backfill (one)
+/// in `namespace` while the instance is read-only (`503`), or past the
+/// namespace's quotas of triggers per second or of unfinished runs
+/// (`429`; each run of a trigger counts as one trigger). Both settings
+/// are read in one statement.
 pub(crate) async fn check_trigger<S: Store>(
     st: &AppState<S>,
     namespace: &str,
     runs: u32,
 ) -> Result<(), ApiError> {
-    let quotas = quotas_of(st, namespace).await?;
+    let [read_only, quotas] = st
+        .store
+        .get_settings([crate::operations::READ_ONLY, &key(namespace)])
+        .await?;
+    crate::operations::refuse_if_read_only(read_only)?;
+    let quotas = parse(namespace, quotas)?;
     let busy = |quota: &'static str, message: String| {
         st.quota.refused(namespace, quota);
         ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
@@ -324,5 +336,22 @@ mod tests {
         let later = t0 + Duration::from_secs(60);
         assert!(take(&mut b, 2, later, 1) && take(&mut b, 2, later, 1));
         assert!(!take(&mut b, 2, later, 1));
+    }
+
+    #[test]
+    fn a_batch_takes_a_token_per_run_or_none() {
+        let t0 = Instant::now();
+        let mut b = Bucket {
+            tokens: 5.0,
+            at: t0,
+        };
+        assert!(
+            !take(&mut b, 5, t0, 6),
+            "more than a second's worth never passes"
+        );
+        assert!(take(&mut b, 5, t0, 3));
+        assert!(!take(&mut b, 5, t0, 3), "two left");
+        assert!(take(&mut b, 5, t0, 2));
+        assert!(take(&mut b, 5, t0 + Duration::from_secs(1), 5), "refilled");
     }
 }

@@ -137,16 +137,21 @@ impl<S: Store> Engine<S> {
                 match self.jobs.get(&key).map(|e| e.job.clone()) {
                     Some(Some(job)) => self.trigger(key, job, runs, caller, at, reply, now),
                     Some(None) => {
-                        // Not in memory: read beside the loop.
-                        let read = self.job_of(&key);
-                        self.beside(read, move |job| Command::Loaded {
-                            key,
-                            job,
+                        // Not in memory: read beside the loop, once for
+                        // all the triggers that come meanwhile.
+                        let waiting = handle::WaitingTrigger {
                             runs,
                             caller,
                             at,
                             reply,
-                        });
+                        };
+                        if let Some(queue) = self.loading.get_mut(&key) {
+                            queue.push(waiting);
+                            return;
+                        }
+                        self.loading.insert(key.clone(), vec![waiting]);
+                        let read = self.job_of(&key);
+                        self.beside(read, move |job| Command::Loaded { key, job });
                     }
                     None => match self.known_job(&key).await {
                         // Applied through another node and just learned of.
@@ -157,27 +162,37 @@ impl<S: Store> Engine<S> {
                     },
                 }
             }
-            Command::Loaded {
-                key,
-                job,
-                runs,
-                caller,
-                at,
-                reply,
-            } => match job {
-                Ok(Some(job)) if self.jobs.contains_key(&key) => {
-                    if let Some(entry) = self.jobs.get_mut(&key) {
-                        entry.job.get_or_insert_with(|| job.clone());
+            Command::Loaded { key, job } => {
+                let waiting = self.loading.remove(&key).unwrap_or_default();
+                match job {
+                    Ok(Some(job)) if self.jobs.contains_key(&key) => {
+                        if let Some(entry) = self.jobs.get_mut(&key) {
+                            entry.job.get_or_insert_with(|| job.clone());
+                        }
+                        for w in waiting {
+                            self.trigger(
+                                key.clone(),
+                                job.clone(),
+                                w.runs,
+                                w.caller,
+                                w.at,
+                                w.reply,
+                                now,
+                            );
+                        }
                     }
-                    self.trigger(key, job, runs, caller, at, reply, now);
+                    Ok(_) => {
+                        for w in waiting {
+                            let _ = w.reply.send(Err(no_such_job(&key)));
+                        }
+                    }
+                    Err(e) => {
+                        for w in waiting {
+                            let _ = w.reply.send(Err(EngineError::Storage(copy_of(&e))));
+                        }
+                    }
                 }
-                Ok(_) => {
-                    let _ = reply.send(Err(no_such_job(&key)));
-                }
-                Err(e) => {
-                    let _ = reply.send(Err(EngineError::Storage(e)));
-                }
-            },
+            }
             Command::CaughtUp(fires) => self.caught_up(*fires),
             Command::Prepared {
                 key,
@@ -869,5 +884,16 @@ fn job_found(result: Result<bool, StorageError>, key: &JobKey) -> Result<(), Eng
         Ok(true) => Ok(()),
         Ok(false) => Err(no_such_job(key)),
         Err(e) => Err(EngineError::Storage(e)),
+    }
+}
+
+/// The same storage error again, for each of the callers it answers.
+fn copy_of(e: &StorageError) -> StorageError {
+    match e {
+        StorageError::Corrupt(m) => StorageError::Corrupt(m.clone()),
+        StorageError::Invalid(m) => StorageError::Invalid(m.clone()),
+        StorageError::Fenced(m) => StorageError::Fenced(m.clone()),
+        StorageError::Unavailable(m) => StorageError::Unavailable(m.clone()),
+        other => StorageError::Unavailable(other.to_string()),
     }
 }

@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// A trigger waiting for its job to be read from the store.
+pub(crate) struct WaitingTrigger {
+    pub(super) runs: Vec<Params>,
+    pub(super) caller: Option<TraceParent>,
+    pub(super) at: Option<Timestamp>,
+    pub(super) reply: Reply<Vec<RunRecord>>,
+}
+
 /// What the API asks of the engine.
 pub(crate) enum Command {
     Apply {
@@ -110,13 +118,10 @@ pub(crate) enum Command {
     /// The job of missed fires to catch up, read beside the loop.
     CaughtUp(Box<CaughtUp>),
     /// The whole job a trigger needs, read beside the loop.
+    /// (One read for every trigger of the job that waits for it.)
     Loaded {
         key: JobKey,
         job: Result<Option<Arc<Job>>, StorageError>,
-        runs: Vec<Params>,
-        caller: Option<TraceParent>,
-        at: Option<Timestamp>,
-        reply: Reply<Vec<RunRecord>>,
     },
     /// A cluster node's share of the jobs changed.
     Own {

@@ -654,6 +654,9 @@ pub struct Engine<S: Store> {
     live: LiveLogs,
     /// Attempts this node claimed and runs for other nodes, by (run, task).
     foreign: HashMap<(RunId, usize), Foreign>,
+    /// Jobs being read for triggers, with the triggers waiting for each:
+    /// one read per job, whatever the number of triggers.
+    loading: HashMap<JobKey, Vec<handle::WaitingTrigger>>,
 }
 
 /// An attempt run for another node.
