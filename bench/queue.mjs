@@ -8,10 +8,12 @@
 //       and writes the enqueue-to-completion latencies (ms) to OUT
 //   node queue.mjs gw-enqueue URL COUNT CHUNK
 //       COUNT jobs through addJobs, CHUNK per call (one transaction each)
-//   node queue.mjs dc-enqueue TOKEN COUNT IN_FLIGHT PORT[,PORT...]
-//       COUNT manual triggers of dagcron's job b/noop over kept-alive
-//       connections, IN_FLIGHT at once, spread over the nodes; a refused
-//       trigger (429: the backlog is full) is sent again after its delay
+//   node queue.mjs dc-enqueue TOKEN COUNT CHUNK IN_FLIGHT PORT[,PORT...]
+//       COUNT manual runs of dagcron's job b/noop over kept-alive
+//       connections, CHUNK per call (1: POST .../trigger, more: POST
+//       .../trigger-batch), IN_FLIGHT calls at once, spread over the nodes;
+//       a refused call (429: the backlog is full) is sent again after its
+//       delay
 //
 // Every loop is bounded by its count and by DEADLINE_MS.
 
@@ -67,23 +69,28 @@ async function gwEnqueue([url, count, chunk]) {
   console.log(JSON.stringify({ enqueue_s: (Date.now() - t0) / 1000 }));
 }
 
-async function dcEnqueue([token, count, inFlight, ports]) {
+async function dcEnqueue([token, count, chunk, inFlight, ports]) {
   const agent = new http.Agent({ keepAlive: true, maxSockets: Number(inFlight) });
   const targets = ports.split(",").map(Number);
   const t0 = Date.now();
   let sent = 0;
   let refused = 0;
   let failed = 0;
-  const trigger = (port) =>
+  const trigger = (port, n) =>
     new Promise((resolve) => {
+      const body = n === 1 ? "{}" : JSON.stringify({ runs: Array.from({ length: n }, () => ({})) });
       const req = http.request(
         {
           host: "127.0.0.1",
           port,
           method: "POST",
-          path: "/api/v1/namespaces/b/jobs/noop/trigger",
+          path: `/api/v1/namespaces/b/jobs/noop/${n === 1 ? "trigger" : "trigger-batch"}`,
           agent,
-          headers: { authorization: `Bearer ${token}`, "content-type": "application/json", "content-length": 2 },
+          headers: {
+            authorization: `Bearer ${token}`,
+            "content-type": "application/json",
+            "content-length": Buffer.byteLength(body),
+          },
         },
         (res) => {
           res.resume();
@@ -91,14 +98,15 @@ async function dcEnqueue([token, count, inFlight, ports]) {
         },
       );
       req.on("error", () => resolve(0));
-      req.end("{}");
+      req.end(body);
     });
   const client = async (i) => {
     while (sent < Number(count) && Date.now() - t0 < DEADLINE_MS) {
-      sent += 1;
-      const status = await trigger(targets[(i + sent) % targets.length]);
+      const n = Math.min(Number(chunk), Number(count) - sent);
+      sent += n;
+      const status = await trigger(targets[(i + sent) % targets.length], n);
       if (status === 201) continue;
-      sent -= 1;
+      sent -= n;
       if (status === 429) refused += 1;
       else failed += 1;
       await new Promise((r) => setTimeout(r, 20));

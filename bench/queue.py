@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Side by side with graphile-worker on the same PostgreSQL: drain
-QUEUE_JOBS no-op jobs (dagcron: manual runs of a one-task no-op job, each
-trigger an API call) with one node and with three, each side in a database
+QUEUE_JOBS no-op jobs (dagcron: manual runs of a one-task no-op job,
+QUEUE_CHUNK runs per API call) with one node and with three, each side in a database
 of its own, in the same run. Reports jobs per second (first enqueue to
 last completion), p99 enqueue-to-completion, and transactions and rows
 written per job (pg_stat_database and pg_stat_user_tables before and
@@ -12,7 +12,7 @@ time. Its no-op task runs with its local queue (batched fetching) and
 batched completion; its jobs are enqueued with addJobs, 1,000 per call.
 
 Usage: scripts/bench-queue   (environment: QUEUE_JOBS, QUEUE_NODES=1,3,
-QUEUE_GRAPHILE=concurrency:local_queue:batch_delay_ms,..., QUEUE_IN_FLIGHT,
+QUEUE_GRAPHILE=concurrency:local_queue:batch_delay_ms,..., QUEUE_CHUNK, QUEUE_IN_FLIGHT,
 DAGCRON_TEST_POSTGRES, DAGCRON_BIN)
 """
 
@@ -31,7 +31,10 @@ JOBS = int(os.environ.get("QUEUE_JOBS", "100000"))
 NODES = [int(n) for n in os.environ.get("QUEUE_NODES", "1,3").split(",")]
 GRAPHILE = [tuple(int(x) for x in c.split(":"))
             for c in os.environ.get("QUEUE_GRAPHILE", "16:500:0,32:1000:0,64:2000:0").split(",") if c != "none"]
-IN_FLIGHT = int(os.environ.get("QUEUE_IN_FLIGHT", "64"))
+# dagcron's runs per API call (1: one trigger per run; more: trigger-batch,
+# as graphile-worker's side enqueues 1,000 per addJobs), and calls in flight.
+CHUNK = int(os.environ.get("QUEUE_CHUNK", "1000"))
+IN_FLIGHT = int(os.environ.get("QUEUE_IN_FLIGHT", "64" if CHUNK == 1 else "4"))
 # For profiling: the plans of dagcron's statements slower than this many
 # milliseconds go to the server's log (auto_explain).
 EXPLAIN_MS = os.environ.get("QUEUE_EXPLAIN_MS")
@@ -141,7 +144,7 @@ def dagcron(scratch, n_nodes, logdir):
         t0 = time.time()
         ports = ",".join(str(n.port) for n in nodes)
         enq = json.loads(subprocess.run(["node", os.path.join(scratch, "queue.mjs"), "dc-enqueue", cluster.TOKEN,
-                                         str(JOBS), str(IN_FLIGHT), ports],
+                                         str(JOBS), str(CHUNK), str(IN_FLIGHT), ports],
                                         check=True, capture_output=True, text=True).stdout)
         t1 = wait_until(url, "SELECT count(*) FROM runs WHERE job = 'noop' AND state = 'succeeded'", JOBS)
         for node in nodes:
@@ -153,7 +156,7 @@ def dagcron(scratch, n_nodes, logdir):
                    percentile_cont(0.99) WITHIN GROUP (ORDER BY (finished_at - created_at) / 1000.0)
             FROM runs WHERE job = 'noop'""").split("|")
         return {
-            "side": "dagcron", "nodes": n_nodes, "config": f"{IN_FLIGHT} triggers in flight, pool 256",
+            "side": "dagcron", "nodes": n_nodes, "config": f"{CHUNK} run(s) per call, {IN_FLIGHT} calls in flight, pool 256",
             "jobs": JOBS, "jobs_per_s": JOBS / (t1 - t0), "enqueue_s": enq["enqueue_s"],
             "refused": enq["refused"], "failed": enq["failed"],
             "p50_ms": float(p50), "p99_ms": float(p99),

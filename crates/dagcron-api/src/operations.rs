@@ -21,7 +21,7 @@ use crate::wire::{BulkPauseAnswer, Errors, ReadOnlyAnswer, ReadOnlyBody};
 use crate::{ApiError, AppState};
 
 /// The setting's key in the store.
-const READ_ONLY: &str = "read_only";
+pub(crate) const READ_ONLY: &str = "read_only";
 
 /// The longest reason kept.
 const MAX_REASON: usize = 500;
@@ -49,7 +49,12 @@ pub(crate) fn object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, S
 
 /// The read-only mode now.
 async fn read_only<S: Store>(st: &AppState<S>) -> Result<Option<Stored>, ApiError> {
-    let Some(text) = st.store.get_setting(READ_ONLY).await? else {
+    stored(st.store.get_setting(READ_ONLY).await?)
+}
+
+/// The read-only mode as stored (`None`: off).
+fn stored(text: Option<String>) -> Result<Option<Stored>, ApiError> {
+    let Some(text) = text else {
         return Ok(None);
     };
     serde_json::from_str(&text).map(Some).map_err(|e| {
@@ -64,7 +69,13 @@ async fn read_only<S: Store>(st: &AppState<S>) -> Result<Option<Stored>, ApiErro
 /// Refuses a change while the instance is read-only: `503 read_only`,
 /// with the operator's reason.
 pub(crate) async fn refuse_when_read_only<S: Store>(st: &AppState<S>) -> Result<(), ApiError> {
-    match read_only(st).await? {
+    refuse_if_read_only(st.store.get_setting(READ_ONLY).await?)
+}
+
+/// [`refuse_when_read_only`] with the setting read already (`text`, as
+/// stored under [`READ_ONLY`]).
+pub(crate) fn refuse_if_read_only(text: Option<String>) -> Result<(), ApiError> {
+    match stored(text)? {
         None => Ok(()),
         Some(on) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

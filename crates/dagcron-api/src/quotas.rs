@@ -71,15 +71,15 @@ struct Bucket {
     at: Instant,
 }
 
-/// Takes one token from `bucket` at `now` if it has one, refilled at `rate`
-/// per second since it was last seen (never above `rate`).
-fn take(bucket: &mut Bucket, rate: u32, now: Instant) -> bool {
+/// Takes `n` tokens from `bucket` at `now` if it has them, refilled at
+/// `rate` per second since it was last seen (never above `rate`).
+fn take(bucket: &mut Bucket, rate: u32, now: Instant, n: u32) -> bool {
     let rate = f64::from(rate);
     let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
     bucket.tokens = (bucket.tokens + elapsed * rate).min(rate);
     bucket.at = now;
-    if bucket.tokens >= 1.0 {
-        bucket.tokens -= 1.0;
+    if bucket.tokens >= f64::from(n) {
+        bucket.tokens -= f64::from(n);
         true
     } else {
         false
@@ -92,7 +92,12 @@ fn key(namespace: &str) -> String {
 
 /// The quotas of `namespace` (none set: no limit).
 async fn quotas_of<S: Store>(st: &AppState<S>, namespace: &str) -> Result<Quotas, ApiError> {
-    match st.store.get_setting(&key(namespace)).await? {
+    parse(namespace, st.store.get_setting(&key(namespace)).await?)
+}
+
+/// The quotas of `namespace` as stored (`text`).
+fn parse(namespace: &str, text: Option<String>) -> Result<Quotas, ApiError> {
+    match text {
         None => Ok(Quotas::default()),
         Some(text) => serde_json::from_str(&text).map_err(|e| {
             ApiError::new(
@@ -251,17 +256,43 @@ pub(crate) async fn check_jobs<S: Store>(
     Ok(())
 }
 
-/// Refuses a manual trigger or a backfill in `namespace` past its quotas
-/// of triggers per second or of unfinished runs: `429`.
+/// Refuses a manual trigger of `runs` runs, a re-run or a backfill (one)
+/// in `namespace` while the instance is read-only (`503`), or past the
+/// namespace's quotas of triggers per second or of unfinished runs
+/// (`429`; each run of a trigger counts as one trigger). Both settings
+/// are read in one statement.
 pub(crate) async fn check_trigger<S: Store>(
     st: &AppState<S>,
     namespace: &str,
+    runs: u32,
 ) -> Result<(), ApiError> {
-    let quotas = quotas_of(st, namespace).await?;
+    let [read_only, quotas] = st
+        .store
+        .get_settings([crate::operations::READ_ONLY, &key(namespace)])
+        .await?;
+    crate::operations::refuse_if_read_only(read_only)?;
+    let quotas = parse(namespace, quotas)?;
     let busy = |quota: &'static str, message: String| {
         st.quota.refused(namespace, quota);
         ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
     };
+    // The rate is taken last: a trigger refused for its runs spends none.
+    if let Some(max) = quotas.max_active_runs {
+        let unfinished = st.store.count_unfinished_runs(namespace).await?;
+        if unfinished + u64::from(runs) > u64::from(max) {
+            return Err(busy(
+                "max_active_runs",
+                match runs {
+                    1 => format!(
+                        "{namespace} has {unfinished} unfinished runs, as many as its quota of {max} allows"
+                    ),
+                    n => format!(
+                        "{namespace} has {unfinished} unfinished runs, and {n} more would pass its quota of {max}"
+                    ),
+                },
+            ));
+        }
+    }
     if let Some(rate) = quotas.max_triggers_per_second {
         let now = Instant::now();
         let mut buckets = st.quota.buckets.lock().expect("quota lock");
@@ -269,21 +300,17 @@ pub(crate) async fn check_trigger<S: Store>(
             tokens: f64::from(rate),
             at: now,
         });
-        if !take(bucket, rate, now) {
+        if !take(bucket, rate, now, runs) {
+            let more = if runs > rate {
+                format!(
+                    "; a trigger of {runs} runs can never pass it, send at most {rate} at a time"
+                )
+            } else {
+                String::new()
+            };
             return Err(busy(
                 "max_triggers_per_second",
-                format!("{namespace} is limited to {rate} trigger(s) per second"),
-            ));
-        }
-    }
-    if let Some(max) = quotas.max_active_runs {
-        let unfinished = st.store.count_unfinished_runs(namespace).await?;
-        if unfinished >= u64::from(max) {
-            return Err(busy(
-                "max_active_runs",
-                format!(
-                    "{namespace} has {unfinished} unfinished runs, as many as its quota of {max} allows"
-                ),
+                format!("{namespace} is limited to {rate} trigger(s) per second{more}"),
             ));
         }
     }
@@ -303,14 +330,34 @@ mod tests {
             tokens: 2.0,
             at: t0,
         };
-        assert!(take(&mut b, 2, t0));
-        assert!(take(&mut b, 2, t0));
-        assert!(!take(&mut b, 2, t0), "two a second");
-        assert!(!take(&mut b, 2, t0 + Duration::from_millis(400)));
-        assert!(take(&mut b, 2, t0 + Duration::from_millis(500)), "refilled");
+        assert!(take(&mut b, 2, t0, 1));
+        assert!(take(&mut b, 2, t0, 1));
+        assert!(!take(&mut b, 2, t0, 1), "two a second");
+        assert!(!take(&mut b, 2, t0 + Duration::from_millis(400), 1));
+        assert!(
+            take(&mut b, 2, t0 + Duration::from_millis(500), 1),
+            "refilled"
+        );
         // A long pause refills to one second's worth, no more.
         let later = t0 + Duration::from_secs(60);
-        assert!(take(&mut b, 2, later) && take(&mut b, 2, later));
-        assert!(!take(&mut b, 2, later));
+        assert!(take(&mut b, 2, later, 1) && take(&mut b, 2, later, 1));
+        assert!(!take(&mut b, 2, later, 1));
+    }
+
+    #[test]
+    fn a_batch_takes_a_token_per_run_or_none() {
+        let t0 = Instant::now();
+        let mut b = Bucket {
+            tokens: 5.0,
+            at: t0,
+        };
+        assert!(
+            !take(&mut b, 5, t0, 6),
+            "more than a second's worth never passes"
+        );
+        assert!(take(&mut b, 5, t0, 3));
+        assert!(!take(&mut b, 5, t0, 3), "two left");
+        assert!(take(&mut b, 5, t0, 2));
+        assert!(take(&mut b, 5, t0 + Duration::from_secs(1), 5), "refilled");
     }
 }

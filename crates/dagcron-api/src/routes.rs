@@ -15,7 +15,8 @@ use crate::auth::{AuditNamespace, Principal};
 use crate::wire::{
     ApplyAnswer, ApplyItem, BackfillAnswer, BackfillBody, ClusterAnswer, ErrorBody, Errors,
     FireAnswer, FirePage, HealthAnswer, JobAnswer, JobPage, NodeAnswer, NodeStatus, Problem,
-    ReadyAnswer, ReadyCheck, RunAnswer, RunPage, TriggerBody, WorkerAnswer, WorkersAnswer,
+    ReadyAnswer, ReadyCheck, RunAnswer, RunPage, TriggerBatchAnswer, TriggerBatchBody, TriggerBody,
+    WorkerAnswer, WorkersAnswer,
 };
 use crate::{ApiError, AppState};
 use dagcron_core::authz::Need;
@@ -29,7 +30,7 @@ use dagcron_core::authz::Need;
     ),
     paths(
         health, ready, crate::metrics::metrics, openapi, cluster, workers, apply, list_jobs, get_job, put_job, delete_job, pause,
-        resume, trigger, backfill, list_runs, list_fires, get_run, cancel, crate::reruns::rerun,
+        resume, trigger, trigger_batch, backfill, list_runs, list_fires, get_run, cancel, crate::reruns::rerun,
         crate::interventions::intervene, crate::interventions::list_held, get_log,
         crate::versions::list_versions, crate::versions::get_version, crate::versions::rollback,
         crate::tokens::create_token, crate::tokens::list_tokens, crate::tokens::revoke_token,
@@ -134,6 +135,10 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
         .route(
             "/api/v1/namespaces/{ns}/jobs/{name}/trigger",
             post(trigger::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/jobs/{name}/trigger-batch",
+            post(trigger_batch::<S>),
         )
         .route(
             "/api/v1/namespaces/{ns}/jobs/{name}/upcoming",
@@ -622,11 +627,6 @@ async fn trigger<S: Store>(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     who.allow(Need::Operate, Some(&ns), no_job(&ns, &name))?;
-    crate::operations::refuse_when_read_only(&st).await?;
-    crate::quotas::check_trigger(&st, &ns).await?;
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let caller = header("traceparent")
-        .and_then(|p| dagcron_runtime::trace::TraceParent::parse(p, header("tracestate")));
     let body: TriggerBody = if body.iter().all(u8::is_ascii_whitespace) {
         TriggerBody::default()
     } else {
@@ -636,10 +636,74 @@ async fn trigger<S: Store>(
             ))
         })?
     };
-    if let Some(at) = body.at {
+    let params = vec![body.params];
+    let mut runs = make_runs(&st, &ns, &name, &headers, params, body.at, |_| {
+        "params".into()
+    })
+    .await?;
+    Ok((StatusCode::CREATED, Json(runs.remove(0))))
+}
+
+/// Starts many runs of a job now in one call (1 to 1000, each with its
+/// parameters over the job's defaults), or records them to be made `at`
+/// an instant. They are decided together and committed together before
+/// the answer, which lists them in the order asked: if any one is invalid
+/// or would pass a limit (the namespace's quotas, counting each run as a
+/// trigger; the job's `max_pending_runs` or overlap policy; the server's
+/// ready backlog; read-only mode), none is made and the answer says why.
+/// Each run is answered as committed, without attempts.
+#[utoipa::path(post, path = "/api/v1/namespaces/{ns}/jobs/{name}/trigger-batch", tag = "runs",
+    params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Job"),
+        ("traceparent" = Option<String>, Header, description = "The caller's W3C trace context"),
+        ("tracestate" = Option<String>, Header, description = "The caller's W3C trace state")),
+    request_body(content = TriggerBatchBody, content_type = "application/json"),
+    responses((status = 201, body = TriggerBatchAnswer), Errors))]
+async fn trigger_batch<S: Store>(
+    State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
+    Path((ns, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    who.allow(Need::Operate, Some(&ns), no_job(&ns, &name))?;
+    let body: TriggerBatchBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "expected {{\"runs\": [{{\"params\": {{...}}}}, ...], \"at\": RFC 3339 (optional)}}: {e}"
+        ))
+    })?;
+    let max = dagcron_runtime::MAX_TRIGGER_RUNS;
+    if body.runs.is_empty() || body.runs.len() > max {
+        return Err(ApiError::bad_request(format!(
+            "`runs` holds 1 to {max} runs, not {}",
+            body.runs.len()
+        )));
+    }
+    let params = body.runs.into_iter().map(|r| r.params).collect();
+    let path = |i| format!("runs[{i}].params");
+    let runs = make_runs(&st, &ns, &name, &headers, params, body.at, path).await?;
+    Ok((StatusCode::CREATED, Json(TriggerBatchAnswer { runs })))
+}
+
+/// The runs of a trigger, checked (`at`, every run's parameters, then
+/// read-only mode and quotas: `path` names the `i`th in a problem) before the engine
+/// makes them all or none; answered as the engine committed them.
+async fn make_runs<S: Store>(
+    st: &AppState<S>,
+    ns: &str,
+    name: &str,
+    headers: &HeaderMap,
+    params: Vec<std::collections::BTreeMap<String, String>>,
+    at: Option<Timestamp>,
+    path: impl Fn(usize) -> String,
+) -> Result<Vec<RunAnswer>, ApiError> {
+    if let Some(at) = at {
         check_planned_instant(at, Timestamp::now())?;
     }
-    let problems = dagcron_core::model::check_params(&body.params, "params");
+    let problems: Vec<_> = params
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| dagcron_core::model::check_params(p, &path(i)))
+        .collect();
     if !problems.is_empty() {
         let mut err = ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -653,11 +717,12 @@ async fn trigger<S: Store>(
         err.details = Some(problems.iter().map(Problem::from).collect());
         return Err(err);
     }
-    let id = st
-        .engine
-        .trigger_traced(&ns, &name, body.params, caller, body.at)
-        .await?;
-    Ok((StatusCode::CREATED, Json(run_json(&st, id).await?)))
+    crate::quotas::check_trigger(st, ns, params.len() as u32).await?;
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let caller = header("traceparent")
+        .and_then(|p| dagcron_runtime::trace::TraceParent::parse(p, header("tracestate")));
+    let runs = st.engine.trigger_runs(ns, name, params, caller, at).await?;
+    Ok(runs.iter().map(RunAnswer::from).collect())
 }
 
 /// How far ahead a run may be planned.
@@ -690,8 +755,7 @@ async fn backfill<S: Store>(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     who.allow(Need::Operate, Some(&ns), no_job(&ns, &name))?;
-    crate::operations::refuse_when_read_only(&st).await?;
-    crate::quotas::check_trigger(&st, &ns).await?;
+    crate::quotas::check_trigger(&st, &ns, 1).await?;
     let body: BackfillBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected {{\"from\": RFC 3339, \"to\": RFC 3339}}: {e}"

@@ -537,6 +537,267 @@ async fn regression_trigger_parameters_are_validated() {
     assert_eq!(status, StatusCode::CREATED);
 }
 
+/// A batch trigger makes many runs of a job in one call, each with its
+/// parameters, all answered as committed (each readable at once) and run;
+/// a batch with any bad item, or one that would pass the job's backlog or
+/// overlap policy, the namespace's quotas or the trigger bound, is refused
+/// whole: no run is made.
+#[tokio::test]
+async fn a_batch_trigger_makes_every_run_or_none() {
+    let api = api().await;
+    let file = "namespace: p\njobs:
+  - { name: j, params: { region: eu }, tasks: [{ id: a, noop: true }, { id: b, depends_on: [a], noop: true }] }
+  - { name: q, concurrency: queue, max_active_runs: 1, max_pending_runs: 2, tasks: [{ id: a, shell: 'sleep 30' }] }
+  - { name: f, concurrency: forbid, tasks: [{ id: a, shell: 'sleep 30' }] }
+  - { name: r, concurrency: replace, tasks: [{ id: a, noop: true }] }
+";
+    let (status, body) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", file)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let runs_of = |job: &'static str| {
+        let api = &api;
+        async move {
+            let (_, page) = api
+                .get(&format!("/api/v1/namespaces/p/jobs/{job}/runs?limit=1000"))
+                .await;
+            page["items"].as_array().unwrap().len()
+        }
+    };
+    let batch = |job: &'static str, body: String| {
+        let api = &api;
+        async move {
+            api.post(
+                &format!("/api/v1/namespaces/p/jobs/{job}/trigger-batch"),
+                &body,
+            )
+            .await
+        }
+    };
+
+    let body =
+        json!({ "runs": [{}, { "params": { "region": "us" } }, { "params": { "day": "2" } }] });
+    let (status, answer) = batch("j", body.to_string()).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let runs = answer["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    let regions: Vec<&Value> = runs.iter().map(|r| &r["params"]["region"]).collect();
+    assert_eq!(regions, [&json!("eu"), &json!("us"), &json!("eu")]);
+    assert_eq!(runs[2]["params"]["day"], "2");
+    let ids: Vec<i64> = runs.iter().map(|r| r["id"].as_i64().unwrap()).collect();
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "in the order asked: {ids:?}"
+    );
+    for run in runs {
+        assert_eq!(run["trigger"], "manual");
+        assert!(
+            ["pending", "running"].contains(&run["state"].as_str().unwrap()),
+            "{run}"
+        );
+        assert_eq!(run["tasks"].as_array().unwrap().len(), 2);
+        // Durable before the answer: the store has it already.
+        let (status, stored) = api.get(&format!("/api/v1/runs/{}", run["id"])).await;
+        assert_eq!(status, StatusCode::OK, "{stored}");
+        assert_eq!(stored["params"], run["params"]);
+        assert_eq!(api.wait_run(&run["id"]).await["state"], "succeeded");
+    }
+    let (_, audit) = api.get("/api/v1/audit?limit=1000").await;
+    assert!(
+        audit["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(
+                |row| row["action"] == "POST /api/v1/namespaces/p/jobs/j/trigger-batch"
+                    && row["outcome"] == 201
+            ),
+        "the batch is in the audit log: {audit}"
+    );
+
+    // Bad input: refused whole, nothing made.
+    let too_many = json!({ "runs": vec![json!({}); 1001] }).to_string();
+    for (body, code, why) in [
+        ("".to_string(), "bad_request", "expected"),
+        ("{}".into(), "bad_request", "runs"),
+        (r#"{"runs": []}"#.into(), "bad_request", "1 to 1000"),
+        (r#"{"runs": {}}"#.into(), "bad_request", "expected"),
+        (
+            r#"{"runs": [{"parms": {}}]}"#.into(),
+            "bad_request",
+            "parms",
+        ),
+        (
+            r#"{"runs": [{}], "extra": 1}"#.into(),
+            "bad_request",
+            "extra",
+        ),
+        (
+            r#"{"runs": [{}], "at": "tomorrow"}"#.into(),
+            "bad_request",
+            "RFC 3339",
+        ),
+        (too_many, "bad_request", "not 1001"),
+        (
+            json!({ "runs": [{}, { "params": { "../x": "1" } }] }).to_string(),
+            "invalid_params",
+            "runs[1].params",
+        ),
+    ] {
+        let (status, answer) = batch("j", body.clone()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert_eq!(answer["error"]["code"], code, "{body}: {answer}");
+        assert!(answer.to_string().contains(why), "{body}: {answer}");
+    }
+    assert_eq!(runs_of("j").await, 3, "a refused batch made no run");
+    let (status, answer) = batch("nope", r#"{"runs": [{}]}"#.into()).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+
+    // The job's backlog: one runs, two may wait; a fourth refuses all four.
+    let four = json!({ "runs": [{}, {}, {}, {}] }).to_string();
+    let (status, answer) = batch("q", four).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_pending_runs"),
+        "{answer}"
+    );
+    assert_eq!(runs_of("q").await, 0);
+    let (status, answer) = batch("q", json!({ "runs": [{}, {}, {}] }).to_string()).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let states: Vec<&Value> = answer["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["state"])
+        .collect();
+    assert_eq!(
+        states,
+        [&json!("running"), &json!("pending"), &json!("pending")]
+    );
+    let (status, _) = batch("q", r#"{"runs": [{}]}"#.into()).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(runs_of("q").await, 3);
+    // Forbid: the second run of the batch would overlap the first.
+    let (status, answer) = batch("f", r#"{"runs": [{}, {}]}"#.into()).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("this trigger"),
+        "{answer}"
+    );
+    assert_eq!(runs_of("f").await, 0);
+    // Replace: each run would cancel the one before it.
+    let (status, answer) = batch("r", r#"{"runs": [{}, {}]}"#.into()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(runs_of("r").await, 0);
+    let (status, _) = batch("r", r#"{"runs": [{}]}"#.into()).await;
+    assert_eq!(status, StatusCode::CREATED);
+
+    // The namespace's quotas count each run of a batch.
+    let (status, _) = api
+        .call(
+            Method::PUT,
+            "/api/v1/namespaces/p/quotas",
+            "application/json",
+            r#"{"max_active_runs": 5, "max_triggers_per_second": 4}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, answer) = batch("j", json!({ "runs": [{}, {}, {}] }).to_string()).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unfinished"),
+        "{answer}"
+    );
+    let (status, answer) = batch("j", json!({ "runs": [{}, {}] }).to_string()).await;
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "3 unfinished and 2 more: {answer}"
+    );
+    let (status, _) = api
+        .call(
+            Method::PUT,
+            "/api/v1/namespaces/p/quotas",
+            "application/json",
+            r#"{"max_triggers_per_second": 4}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, answer) = batch("j", json!({ "runs": [{}, {}, {}, {}, {}] }).to_string()).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 4 at a time"),
+        "{answer}"
+    );
+    assert_eq!(runs_of("j").await, 5);
+    for job in ["q", "f", "r"] {
+        let (_, page) = api
+            .get(&format!("/api/v1/namespaces/p/jobs/{job}/runs"))
+            .await;
+        for run in page["items"].as_array().unwrap() {
+            api.post(&format!("/api/v1/runs/{}/cancel", run["id"]), "")
+                .await;
+        }
+    }
+}
+
+/// A batch with `at` plans every run for that instant.
+#[tokio::test]
+async fn a_batch_trigger_at_an_instant_plans_every_run() {
+    let api = api().await;
+    let (status, _) = api
+        .call(
+            Method::POST,
+            "/api/v1/apply",
+            "application/yaml",
+            "namespace: p\njobs:\n  - { name: j, max_pending_runs: 3, tasks: [{ id: a, noop: true }] }\n",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let at = (jiff::Timestamp::now() + jiff::SignedDuration::from_hours(5))
+        .round(jiff::Unit::Second)
+        .unwrap();
+    let uri = "/api/v1/namespaces/p/jobs/j/trigger-batch";
+    let four = json!({ "at": at.to_string(), "runs": [{}, {}, {}, {}] }).to_string();
+    let (status, answer) = api.post(uri, &four).await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "past max_pending_runs: {answer}"
+    );
+    let three = json!({ "at": at.to_string(), "runs": [{}, {}, {}] }).to_string();
+    let (status, answer) = api.post(uri, &three).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    for run in answer["runs"].as_array().unwrap() {
+        assert_eq!(
+            (&run["state"], &run["scheduled_at"]),
+            (&json!("planned"), &json!(at.to_string()))
+        );
+    }
+    let (_, upcoming) = api
+        .get("/api/v1/namespaces/p/jobs/j/upcoming?limit=10")
+        .await;
+    let planned = upcoming["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["kind"] == "planned")
+        .count();
+    assert_eq!(planned, 3, "{upcoming}");
+}
+
 /// A trigger with `at` plans a run: `planned` at that instant, listed
 /// among the job's upcoming fires beside its schedule's, cancellable
 /// before it is made; an instant that has passed, or a malformed one, is
@@ -779,6 +1040,7 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
             "/api/v1/namespaces/{ns}/jobs/{name}/pause"
             | "/api/v1/namespaces/{ns}/jobs/{name}/resume"
             | "/api/v1/namespaces/{ns}/jobs/{name}/trigger"
+            | "/api/v1/namespaces/{ns}/jobs/{name}/trigger-batch"
             | "/api/v1/namespaces/{ns}/jobs/{name}/backfill",
         ) => Namespace(Operator),
         (
@@ -847,6 +1109,7 @@ async fn every_route_is_guarded_for_every_role() {
         "/api/v1/tokens" => r#"{"name": "x", "role": "viewer", "namespace": "a"}"#.into(),
         "/api/v1/admin/read-only" => r#"{"read_only": false}"#.into(),
         "/api/v1/admin/prune" => r#"{"dry_run": true}"#.into(),
+        "/api/v1/namespaces/{ns}/jobs/{name}/trigger-batch" => r#"{"runs": [{}]}"#.into(),
         _ => "{}".into(),
     };
     let mut grants: Vec<Option<(Role, Option<&str>)>> = vec![None];
@@ -1832,6 +2095,11 @@ async fn read_only_refuses_changes_and_pausing_a_namespace_pauses_its_jobs() {
         ),
         (Method::DELETE, "/api/v1/namespaces/a/jobs/k", ""),
         (Method::POST, "/api/v1/namespaces/a/jobs/j/trigger", "{}"),
+        (
+            Method::POST,
+            "/api/v1/namespaces/a/jobs/j/trigger-batch",
+            r#"{"runs": [{}, {}]}"#,
+        ),
         (
             Method::POST,
             "/api/v1/namespaces/a/jobs/j/backfill",

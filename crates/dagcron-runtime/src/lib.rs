@@ -12,9 +12,9 @@ pub mod trace;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{ClusterConfig, ClusterHandle, Coordinator, LocalStatus};
 pub use engine::{
-    Engine, EngineConfig, EngineError, EngineEvent, EngineHandle, Intervened, Lease, NodeIdentity,
-    Observer, Ownership, Remote, RemoteTask, RemoteWorkers, Report, Resolved, SecretSource,
-    Secrets,
+    Engine, EngineConfig, EngineError, EngineEvent, EngineHandle, Intervened, Lease,
+    MAX_TRIGGER_RUNS, NodeIdentity, Observer, Ownership, Remote, RemoteTask, RemoteWorkers, Report,
+    Resolved, SecretSource, Secrets,
 };
 pub use metrics::{EngineGauges, EngineMetrics};
 pub use prune::{PruneConfig, PruneMetrics, PruneReport, Pruner};

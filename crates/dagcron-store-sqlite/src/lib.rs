@@ -674,6 +674,18 @@ impl Store for SqliteStore {
             .map_err(unavailable)
     }
 
+    async fn get_settings(&self, keys: [&str; 2]) -> Result<[Option<String>; 2]> {
+        let rows: Vec<(String, String)> =
+            sqlx::query_as("SELECT key, value FROM settings WHERE key IN (?1, ?2)")
+                .bind(keys[0])
+                .bind(keys[1])
+                .fetch_all(&self.reader)
+                .await
+                .map_err(unavailable)?;
+        let of = |key: &str| rows.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+        Ok([of(keys[0]), of(keys[1])])
+    }
+
     async fn set_setting(&self, key: &str, value: Option<&str>, at: Timestamp) -> Result<()> {
         let (key, value) = (key.to_string(), value.map(str::to_string));
         self.writer

@@ -609,7 +609,25 @@ pub async fn settings_are_set_replaced_and_cleared<S: Store>(s: &S) {
         Some("{\"reason\":\"b\"}")
     );
     assert_eq!(s.get_setting("other").await.unwrap(), None);
+    s.set_setting("quotas/a", Some("{}"), t(2)).await.unwrap();
+    let both = |a: &'static str, b: &'static str| s.get_settings([a, b]);
+    assert_eq!(
+        both("read_only", "quotas/a").await.unwrap(),
+        [Some("{\"reason\":\"b\"}".into()), Some("{}".into())]
+    );
+    assert_eq!(
+        both("quotas/a", "other").await.unwrap(),
+        [Some("{}".into()), None]
+    );
+    assert_eq!(
+        both("read_only", "read_only").await.unwrap(),
+        [
+            Some("{\"reason\":\"b\"}".into()),
+            Some("{\"reason\":\"b\"}".into())
+        ]
+    );
     s.set_setting("read_only", None, t(3)).await.unwrap();
+    assert_eq!(both("read_only", "quotas/b").await.unwrap(), [None, None]);
     assert_eq!(s.count_unfinished_runs("ns").await.unwrap(), 0);
     assert_eq!(s.get_setting("read_only").await.unwrap(), None);
     // Clearing what is not set is no error.

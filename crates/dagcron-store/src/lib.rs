@@ -945,6 +945,12 @@ pub trait Store: Send + Sync + 'static {
     /// A setting of the instance (such as the read-only mode), shared by
     /// every node of a cluster; `None` if it is not set.
     fn get_setting(&self, key: &str) -> impl Future<Output = Result<Option<String>>> + Send;
+    /// Two settings in one read (what a change checks: the read-only mode
+    /// and a namespace's quotas), each `None` if it is not set.
+    fn get_settings(
+        &self,
+        keys: [&str; 2],
+    ) -> impl Future<Output = Result<[Option<String>; 2]>> + Send;
     /// Sets a setting of the instance, or clears it (`None`).
     fn set_setting(
         &self,

@@ -130,6 +130,35 @@ pub struct TriggerBody {
     pub at: Option<Timestamp>,
 }
 
+/// Many runs of one job in one call.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TriggerBatchBody {
+    /// The runs, 1 to 1000, each with its parameters.
+    pub runs: Vec<TriggerBatchItem>,
+    /// Make every run at this instant (RFC 3339, in the future) instead of
+    /// now: they are recorded `planned` until then, and can be cancelled.
+    #[serde(default)]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub at: Option<Timestamp>,
+}
+
+/// One run of a batch.
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TriggerBatchItem {
+    /// Parameters over the job's defaults.
+    #[serde(default)]
+    pub params: BTreeMap<String, String>,
+}
+
+/// The runs a batch made, in the order asked, as committed.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TriggerBatchAnswer {
+    /// The runs.
+    pub runs: Vec<crate::wire::RunAnswer>,
+}
+
 /// When a job runs next: its scheduled fires and its planned runs.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct UpcomingAnswer {

@@ -26,7 +26,8 @@ pub use cluster::{
 };
 pub use jobs::{
     ApplyAnswer, ApplyItem, ApplyOutcome, BackfillAnswer, BackfillBody, JobAnswer, JobPage,
-    TriggerBody, UpcomingAnswer, UpcomingFire,
+    TriggerBatchAnswer, TriggerBatchBody, TriggerBatchItem, TriggerBody, UpcomingAnswer,
+    UpcomingFire,
 };
 pub use operations::{BulkPauseAnswer, Quotas, ReadOnlyAnswer, ReadOnlyBody};
 pub use retention::{PruneAnswer, PruneBody, PrunedAnswer, RetentionAnswer, RetentionBody};

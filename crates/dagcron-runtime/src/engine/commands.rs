@@ -128,56 +128,71 @@ impl<S: Store> Engine<S> {
             Command::Trigger {
                 namespace,
                 name,
-                params,
+                runs,
                 caller,
                 at,
                 reply,
             } => {
                 let key = (namespace, name);
                 match self.jobs.get(&key).map(|e| e.job.clone()) {
-                    Some(Some(job)) => self.trigger(key, job, params, caller, at, reply, now),
+                    Some(Some(job)) => self.trigger(key, job, runs, caller, at, reply, now),
                     Some(None) => {
-                        // Not in memory: read beside the loop.
-                        let read = self.job_of(&key);
-                        self.beside(read, move |job| Command::Loaded {
-                            key,
-                            job,
-                            params,
+                        // Not in memory: read beside the loop, once for
+                        // all the triggers that come meanwhile.
+                        let waiting = handle::WaitingTrigger {
+                            runs,
                             caller,
                             at,
                             reply,
-                        });
+                        };
+                        if let Some(queue) = self.loading.get_mut(&key) {
+                            queue.push(waiting);
+                            return;
+                        }
+                        self.loading.insert(key.clone(), vec![waiting]);
+                        let read = self.job_of(&key);
+                        self.beside(read, move |job| Command::Loaded { key, job });
                     }
                     None => match self.known_job(&key).await {
                         // Applied through another node and just learned of.
-                        Ok(job) => self.trigger(key, job, params, caller, at, reply, now),
+                        Ok(job) => self.trigger(key, job, runs, caller, at, reply, now),
                         Err(e) => {
                             let _ = reply.send(Err(e));
                         }
                     },
                 }
             }
-            Command::Loaded {
-                key,
-                job,
-                params,
-                caller,
-                at,
-                reply,
-            } => match job {
-                Ok(Some(job)) if self.jobs.contains_key(&key) => {
-                    if let Some(entry) = self.jobs.get_mut(&key) {
-                        entry.job.get_or_insert_with(|| job.clone());
+            Command::Loaded { key, job } => {
+                let waiting = self.loading.remove(&key).unwrap_or_default();
+                match job {
+                    Ok(Some(job)) if self.jobs.contains_key(&key) => {
+                        if let Some(entry) = self.jobs.get_mut(&key) {
+                            entry.job.get_or_insert_with(|| job.clone());
+                        }
+                        for w in waiting {
+                            self.trigger(
+                                key.clone(),
+                                job.clone(),
+                                w.runs,
+                                w.caller,
+                                w.at,
+                                w.reply,
+                                now,
+                            );
+                        }
                     }
-                    self.trigger(key, job, params, caller, at, reply, now);
+                    Ok(_) => {
+                        for w in waiting {
+                            let _ = w.reply.send(Err(no_such_job(&key)));
+                        }
+                    }
+                    Err(e) => {
+                        for w in waiting {
+                            let _ = w.reply.send(Err(EngineError::Storage(copy_of(&e))));
+                        }
+                    }
                 }
-                Ok(_) => {
-                    let _ = reply.send(Err(no_such_job(&key)));
-                }
-                Err(e) => {
-                    let _ = reply.send(Err(EngineError::Storage(e)));
-                }
-            },
+            }
             Command::CaughtUp(fires) => self.caught_up(*fires),
             Command::Prepared {
                 key,
@@ -199,7 +214,7 @@ impl<S: Store> Engine<S> {
                     ))));
                     return;
                 }
-                if let Err(e) = self.backlog_allows() {
+                if let Err(e) = self.backlog_allows(1) {
                     let _ = reply.send(Err(e));
                     return;
                 }
@@ -450,17 +465,20 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// Starts a run of `job` now by hand, with `params` over its defaults.
-    /// Whether the ready backlog leaves room for more manual work: past
-    /// `max_ready_backlog` tasks waiting, triggers and backfills are
-    /// refused (scheduled fires go on).
-    pub(super) fn backlog_allows(&self) -> Result<(), EngineError> {
+    /// Whether the ready backlog leaves room for `runs` more runs made by
+    /// hand: past `max_ready_backlog` tasks waiting (counting each run as
+    /// one), triggers and backfills are refused (scheduled fires go on).
+    pub(super) fn backlog_allows(&self, runs: usize) -> Result<(), EngineError> {
         let waiting = self.ready.local.len() + self.ready.remote.len();
-        if waiting < self.config.max_ready_backlog {
+        if waiting + runs <= self.config.max_ready_backlog {
             return Ok(());
         }
+        let more = match runs {
+            1 => String::new(),
+            n => format!(" and {n} more runs would pass"),
+        };
         Err(EngineError::Busy(format!(
-            "{waiting} tasks are ready and waiting for a worker, over this server's limit of {}; scheduled fires go on, manual triggers and backfills are refused until the backlog drains",
+            "{waiting} tasks are ready and waiting for a worker{more}, over this server's limit of {}; scheduled fires go on, manual triggers and backfills are refused until the backlog drains",
             self.config.max_ready_backlog
         )))
     }
@@ -509,89 +527,154 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// Makes `runs` of `job` now, or plans them `at` an instant: all of
+    /// them, decided together, or none (see [`EngineHandle::trigger_runs`]).
     #[allow(clippy::too_many_arguments)]
     fn trigger(
         &mut self,
         key: JobKey,
         job: Arc<Job>,
-        params: std::collections::BTreeMap<String, String>,
+        runs: Vec<Params>,
         caller: Option<TraceParent>,
         at: Option<Timestamp>,
-        reply: Reply<RunId>,
+        reply: Reply<Vec<RunRecord>>,
         now: Timestamp,
     ) {
-        if let Some(at) = at.filter(|at| *at > now) {
-            return self.plan(key, job, params, caller, at, reply, now);
+        if runs.is_empty() || runs.len() > MAX_TRIGGER_RUNS {
+            let _ = reply.send(Err(EngineError::Invalid(format!(
+                "a trigger makes 1 to {MAX_TRIGGER_RUNS} runs, not {}",
+                runs.len()
+            ))));
+            return;
         }
-        let decision = match self.admit(&key, &job) {
-            Ok(decision) => decision,
+        if let Some(at) = at.filter(|at| *at > now) {
+            return self.plan(key, job, runs, caller, at, reply, now);
+        }
+        let decisions = match self.admit(&key, &job, runs.len()) {
+            Ok(decisions) => decisions,
             Err(e) => {
                 let _ = reply.send(Err(e));
                 return;
             }
         };
-        let mut merged = job.spec.params.clone();
-        merged.extend(params);
-        let run = self.new_run(
-            &key,
-            &job,
-            Trigger::Manual,
-            now,
-            merged,
-            decision,
-            now,
-            caller,
-            None,
-        );
-        let id = run.id;
-        self.writes.push(Write::Run(run));
-        self.after_new_run(&key, id, decision, now);
-        self.reply_after_commit(reply, Ok(id));
+        // Where in the batch each new run is written.
+        let mut made = Vec::with_capacity(runs.len());
+        for (params, decision) in runs.into_iter().zip(decisions) {
+            let mut merged = job.spec.params.clone();
+            merged.extend(params);
+            let run = self.new_run(
+                &key,
+                &job,
+                Trigger::Manual,
+                now,
+                merged,
+                decision,
+                now,
+                caller.clone(),
+                None,
+            );
+            let id = run.id;
+            made.push(self.writes.len());
+            self.writes.push(Write::Run(run));
+            self.after_new_run(&key, id, decision, now);
+        }
+        // Answered as committed: each run's state and its tasks' after its
+        // decision, all written in this batch.
+        let answer = made
+            .into_iter()
+            .filter_map(|i| match &self.writes[i] {
+                Write::Run(run) => Some(self.as_committed(run, now)),
+                _ => None,
+            })
+            .collect();
+        self.reply_after_commit(reply, Ok(answer));
     }
 
-    /// Records a run of `job` planned for `at`: `planned` until then, when
-    /// [`Engine::planned_due`] makes it. A job has at most its
+    /// A run just made, as the batch being written records it.
+    fn as_committed(&self, run: &NewRun, now: Timestamp) -> RunRecord {
+        let machine = self.runs.get(&run.id).map(|r| &r.machine);
+        let state = machine.map_or(run.state, |m| m.state());
+        RunRecord {
+            id: run.id,
+            namespace: run.namespace.clone(),
+            job: run.job.clone(),
+            job_version: run.job_version,
+            trigger: run.trigger,
+            scheduled_at: run.scheduled_at,
+            state,
+            params: run.params.clone(),
+            created_at: run.created_at,
+            started_at: (state == RunState::Running).then_some(now),
+            finished_at: state.is_terminal().then_some(now),
+            closing: None,
+            trace: run.trace.clone(),
+            rerun_of: run.rerun_of,
+            tasks: run
+                .tasks
+                .iter()
+                .enumerate()
+                .map(|(i, id)| dagcron_store::TaskRecord {
+                    id: id.clone(),
+                    state: machine
+                        .and_then(|m| m.tasks().get(i).copied())
+                        .unwrap_or(TaskState::Pending),
+                    attempts: Vec::new(),
+                    carried: false,
+                })
+                .collect(),
+        }
+    }
+
+    /// Records `runs` of `job` planned for `at`: `planned` until then, when
+    /// [`Engine::planned_due`] makes them. A job has at most its
     /// `max_pending_runs` planned at once.
     #[allow(clippy::too_many_arguments)]
     fn plan(
         &mut self,
         key: JobKey,
         job: Arc<Job>,
-        params: std::collections::BTreeMap<String, String>,
+        runs: Vec<Params>,
         caller: Option<TraceParent>,
         at: Timestamp,
-        reply: Reply<RunId>,
+        reply: Reply<Vec<RunRecord>>,
         now: Timestamp,
     ) {
         let planned = self.jobs[&key].planned.len();
-        if planned as u32 >= job.spec.max_pending() {
+        if planned + runs.len() > job.spec.max_pending() as usize {
             let _ = reply.send(Err(EngineError::Busy(format!(
-                "{}/{} has {planned} runs planned already, as many as its max_pending_runs allows; cancel some or wait until they are made",
-                key.0, key.1
+                "{}/{} has {planned} runs planned already, and {} more would pass its max_pending_runs ({}); cancel some or wait until they are made",
+                key.0,
+                key.1,
+                runs.len(),
+                job.spec.max_pending()
             ))));
             return;
         }
-        let mut merged = job.spec.params.clone();
-        merged.extend(params);
-        let mut run = self.new_run(
-            &key,
-            &job,
-            Trigger::Manual,
-            at,
-            merged,
-            FireDecision::Queue,
-            now,
-            caller,
-            None,
-        );
-        let id = run.id;
-        run.state = RunState::Planned;
-        self.runs.get_mut(&id).expect("run").machine =
-            RunMachine::new(job.tasks.len(), RunState::Planned);
-        self.writes.push(Write::Run(run));
-        self.jobs.get_mut(&key).expect("job").planned.insert(id);
-        self.arm(at, Timer::Planned { run: id });
-        self.reply_after_commit(reply, Ok(id));
+        let mut answer = Vec::with_capacity(runs.len());
+        for params in runs {
+            let mut merged = job.spec.params.clone();
+            merged.extend(params);
+            let mut run = self.new_run(
+                &key,
+                &job,
+                Trigger::Manual,
+                at,
+                merged,
+                FireDecision::Queue,
+                now,
+                caller.clone(),
+                None,
+            );
+            let id = run.id;
+            run.state = RunState::Planned;
+            self.runs.get_mut(&id).expect("run").machine =
+                RunMachine::new(job.tasks.len(), RunState::Planned);
+            answer.push(self.as_committed(&run, now));
+            self.writes.push(Write::Run(run));
+            self.jobs.get_mut(&key).expect("job").planned.insert(id);
+            self.arm(at, Timer::Planned { run: id });
+        }
+        self.reply_after_commit(reply, Ok(answer));
     }
 
     /// The instant of planned run `id` has come: made now by the job's
@@ -624,32 +707,67 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// What a run made by hand (a trigger, a re-run) of `job` does by its
-    /// overlap policy, or why it is refused: the server's ready backlog is
-    /// full or the job has as many runs waiting as it may (`Busy`), or its
-    /// policy declines it while a run goes on (`Conflict`).
-    fn admit(&self, key: &JobKey, job: &Job) -> Result<FireDecision, EngineError> {
-        let decision = self.overlap(key, job);
-        self.backlog_allows()?;
-        match decision {
-            FireDecision::Backlog => Err(EngineError::Busy(format!(
-                "{}/{} has {} runs waiting already, as many as its max_pending_runs allows; trigger again once some have started",
-                key.0,
-                key.1,
-                job.spec.max_pending()
-            ))),
-            FireDecision::Skip => Err(EngineError::Conflict(match job.spec.concurrency {
-                dagcron_core::Concurrency::BufferOne => format!(
-                    "{}/{} has a run active and one waiting behind it, and its concurrency policy buffer_one keeps at most one waiting; trigger again once the waiting run has started",
-                    key.0, key.1
-                ),
-                _ => format!(
-                    "{}/{} has a run active and its concurrency policy is forbid",
-                    key.0, key.1
-                ),
-            })),
-            decision => Ok(decision),
+    /// What each of `runs` runs made by hand (a trigger, a re-run) of
+    /// `job` does by its overlap policy, or why they are refused, all of
+    /// them: the server's ready backlog has no room for them or the job
+    /// would have more runs waiting than it may (`Busy`), its policy
+    /// declines one while a run goes on (`Conflict`), or it would replace
+    /// runs of the same trigger (`Invalid`).
+    fn admit(
+        &self,
+        key: &JobKey,
+        job: &Job,
+        runs: usize,
+    ) -> Result<Vec<FireDecision>, EngineError> {
+        self.backlog_allows(runs)?;
+        if runs > 1 && job.spec.concurrency == dagcron_core::Concurrency::Replace {
+            return Err(EngineError::Invalid(format!(
+                "{}/{}'s concurrency policy is replace: each run would cancel the one before it, so trigger one run at a time",
+                key.0, key.1
+            )));
         }
+        let entry = &self.jobs[key];
+        let (mut active, mut queued) = (entry.active.len() as u32, entry.queued.len() as u32);
+        let mut decisions = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let decision = policy::on_fire(
+                job.spec.concurrency,
+                job.spec.max_active(),
+                active,
+                queued,
+                job.spec.max_pending(),
+            );
+            // A refusal because of runs of this same trigger says so.
+            let ahead = match decisions.len() {
+                0 => String::new(),
+                n => format!(" (counting the {n} run(s) of this trigger before it)"),
+            };
+            match decision {
+                FireDecision::Backlog => {
+                    return Err(EngineError::Busy(format!(
+                        "{}/{} has {queued} runs waiting already{ahead}, as many as its max_pending_runs allows; trigger again once some have started",
+                        key.0, key.1
+                    )));
+                }
+                FireDecision::Skip => {
+                    return Err(EngineError::Conflict(match job.spec.concurrency {
+                        dagcron_core::Concurrency::BufferOne => format!(
+                            "{}/{} has a run active and one waiting behind it{ahead}, and its concurrency policy buffer_one keeps at most one waiting; trigger again once the waiting run has started",
+                            key.0, key.1
+                        ),
+                        _ => format!(
+                            "{}/{} has a run active{ahead} and its concurrency policy is forbid",
+                            key.0, key.1
+                        ),
+                    }));
+                }
+                // After `begin`, the run is active; after `Queue`, waiting.
+                FireDecision::Start => active += 1,
+                FireDecision::Queue | FireDecision::Replace => queued += 1,
+            }
+            decisions.push(decision);
+        }
+        Ok(decisions)
     }
 
     /// Re-runs a finished run (see [`EngineHandle::rerun`]), its record and
@@ -697,8 +815,8 @@ impl<S: Store> Engine<S> {
             }
         };
         // Admitted as a trigger is, by its own version's policy.
-        let decision = match self.admit(&key, &job) {
-            Ok(decision) => decision,
+        let decision = match self.admit(&key, &job, 1) {
+            Ok(decisions) => decisions[0],
             Err(e) => {
                 let _ = reply.send(Err(e));
                 return;
@@ -857,5 +975,16 @@ fn job_found(result: Result<bool, StorageError>, key: &JobKey) -> Result<(), Eng
         Ok(true) => Ok(()),
         Ok(false) => Err(no_such_job(key)),
         Err(e) => Err(EngineError::Storage(e)),
+    }
+}
+
+/// The same storage error again, for each of the callers it answers.
+fn copy_of(e: &StorageError) -> StorageError {
+    match e {
+        StorageError::Corrupt(m) => StorageError::Corrupt(m.clone()),
+        StorageError::Invalid(m) => StorageError::Invalid(m.clone()),
+        StorageError::Fenced(m) => StorageError::Fenced(m.clone()),
+        StorageError::Unavailable(m) => StorageError::Unavailable(m.clone()),
+        other => StorageError::Unavailable(other.to_string()),
     }
 }

@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// A trigger waiting for its job to be read from the store.
+pub(crate) struct WaitingTrigger {
+    pub(super) runs: Vec<Params>,
+    pub(super) caller: Option<TraceParent>,
+    pub(super) at: Option<Timestamp>,
+    pub(super) reply: Reply<Vec<RunRecord>>,
+}
+
 /// What the API asks of the engine.
 pub(crate) enum Command {
     Apply {
@@ -21,14 +29,15 @@ pub(crate) enum Command {
         paused: bool,
         reply: Reply<()>,
     },
+    /// One run or many of one job, decided together (all or none).
     Trigger {
         namespace: String,
         name: String,
-        params: std::collections::BTreeMap<String, String>,
+        runs: Vec<Params>,
         caller: Option<TraceParent>,
         /// Made now, or planned for this instant.
         at: Option<Timestamp>,
-        reply: Reply<RunId>,
+        reply: Reply<Vec<RunRecord>>,
     },
     Backfill {
         namespace: String,
@@ -116,13 +125,10 @@ pub(crate) enum Command {
     /// The job of missed fires to catch up, read beside the loop.
     CaughtUp(Box<CaughtUp>),
     /// The whole job a trigger needs, read beside the loop.
+    /// (One read for every trigger of the job that waits for it.)
     Loaded {
         key: JobKey,
         job: Result<Option<Arc<Job>>, StorageError>,
-        params: std::collections::BTreeMap<String, String>,
-        caller: Option<TraceParent>,
-        at: Option<Timestamp>,
-        reply: Reply<RunId>,
     },
     /// A cluster node's share of the jobs changed.
     Own {
@@ -281,10 +287,33 @@ impl EngineHandle {
         caller: Option<TraceParent>,
         at: Option<Timestamp>,
     ) -> Result<RunId, EngineError> {
+        let runs = self
+            .trigger_runs(namespace, name, vec![params], caller, at)
+            .await?;
+        runs.first()
+            .map(|r| r.id)
+            .ok_or_else(|| EngineError::Invalid("a trigger needs a run".into()))
+    }
+
+    /// Many runs of one job in one decision, each with its parameters (over
+    /// the job's defaults), now or `at` an instant: admitted together or
+    /// refused together (the job's overlap policy, its `max_pending_runs`,
+    /// the server's ready backlog), and all committed in one batch before
+    /// the answer. Each run is answered as the engine committed it: its
+    /// state and its tasks' states, without attempts (read the run for
+    /// those).
+    pub async fn trigger_runs(
+        &self,
+        namespace: &str,
+        name: &str,
+        runs: Vec<Params>,
+        caller: Option<TraceParent>,
+        at: Option<Timestamp>,
+    ) -> Result<Vec<RunRecord>, EngineError> {
         self.ask(|reply| Command::Trigger {
             namespace: namespace.into(),
             name: name.into(),
-            params,
+            runs,
             caller,
             at,
             reply,

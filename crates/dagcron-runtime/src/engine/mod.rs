@@ -321,6 +321,12 @@ pub enum Intervened {
     Asked,
 }
 
+/// A run's parameters.
+type Params = std::collections::BTreeMap<String, String>;
+
+/// The most runs one trigger may ask for.
+pub const MAX_TRIGGER_RUNS: usize = 1000;
+
 /// Which jobs a cluster node owns: `owns(namespace, name)`.
 pub type Ownership = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
 
@@ -659,6 +665,9 @@ pub struct Engine<S: Store> {
     live: LiveLogs,
     /// Attempts this node claimed and runs for other nodes, by (run, task).
     foreign: HashMap<(RunId, usize), Foreign>,
+    /// Jobs being read for triggers, with the triggers waiting for each:
+    /// one read per job, whatever the number of triggers.
+    loading: HashMap<JobKey, Vec<handle::WaitingTrigger>>,
 }
 
 /// An attempt run for another node.

@@ -31,6 +31,7 @@ impl<S: Store> Engine<S> {
             last_run_id: store.max_run_id().await?,
             rng: Rng((now.as_nanosecond() as u64) | 1),
             writes: Vec::new(),
+            loading: HashMap::new(),
             effects: Vec::new(),
             finished_tx,
             finished_rx,

@@ -104,23 +104,44 @@ async fn reads_of_jobs_for_fires_and_triggers_do_not_hold_the_loop() {
     .await;
     let key = ("t".to_string(), "manual".to_string());
     engine2.jobs.get_mut(&key).unwrap().job = None;
-    let (reply, triggered) = oneshot::channel();
-    engine2
-        .on_command(Command::Trigger {
-            namespace: key.0.clone(),
-            name: key.1.clone(),
-            params: Default::default(),
-            caller: None,
-            at: None,
-            reply,
-        })
-        .await;
+    // Triggers that come while it is read wait for the same read.
+    let mut answers = Vec::new();
+    for runs in [1, 3] {
+        let (reply, triggered) = oneshot::channel();
+        engine2
+            .on_command(Command::Trigger {
+                namespace: key.0.clone(),
+                name: key.1.clone(),
+                runs: vec![Default::default(); runs],
+                caller: None,
+                at: None,
+                reply,
+            })
+            .await;
+        answers.push(triggered);
+    }
     assert!(engine2.runs.is_empty() && engine2.writes.is_empty());
+    assert_eq!(
+        engine2.loading[&key].len(),
+        2,
+        "one read, two triggers waiting"
+    );
     let read = back(&mut commands2).await;
     assert!(matches!(read, Command::Loaded { .. }));
     engine2.on_command(read).await;
+    assert!(engine2.loading.is_empty());
     engine2.flush().await.unwrap();
-    assert!(triggered.await.unwrap().is_ok());
+    let mut made = Vec::new();
+    for answer in answers {
+        made.extend(answer.await.unwrap().unwrap().into_iter().map(|r| r.id));
+    }
+    assert_eq!(made.len(), 4);
+    for id in made {
+        assert!(
+            engine2.store.get_run(id).await.unwrap().is_some(),
+            "committed"
+        );
+    }
 }
 
 /// One backfill over a job with many schedules held the loop for 52 s,
