@@ -99,7 +99,7 @@ pub(crate) async fn put_retention<S: Store>(
 /// small batches, and answers what went; with `dry_run`, deletes nothing
 /// and answers what would go (an instance admin's call).
 #[utoipa::path(post, path = "/api/v1/admin/prune", tag = "admin",
-    request_body(content = PruneBody, content_type = "application/json"),
+    request_body(content = Option<PruneBody>, content_type = "application/json"),
     responses((status = 200, body = PruneAnswer), Errors))]
 pub(crate) async fn prune<S: Store>(
     State(st): State<AppState<S>>,
