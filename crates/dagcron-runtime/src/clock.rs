@@ -28,20 +28,93 @@ impl Clock for SystemClock {
 
     fn sleep_until(&self, at: Timestamp) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
-            // Tokio's timer wheel has a 1 ms granularity and rounds up, so
-            // sleep until just before the instant, then yield until it comes:
-            // fires land within microseconds of their instant, for at most
-            // SPIN of busy waiting per wake-up.
-            const SPIN: Duration = Duration::from_micros(1500);
-            let wait =
-                Duration::try_from(at.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO);
-            if wait > SPIN {
-                tokio::time::sleep(wait - SPIN).await;
+            // Tokio's timer wheel has a 1 ms granularity and rounds up: it
+            // takes the wait to within NEAR of the instant, and a precise
+            // timer the rest of the way.
+            let wait = until(at);
+            if wait > NEAR {
+                tokio::time::sleep(wait - NEAR).await;
             }
-            while Timestamp::now() < at {
-                tokio::task::yield_now().await;
-            }
+            precise::sleep_until(at).await;
         })
+    }
+}
+
+/// How close to its instant a wait leaves the coarse timer for the precise one.
+const NEAR: Duration = Duration::from_millis(2);
+
+/// The time left until `at` (zero once it has passed).
+fn until(at: Timestamp) -> Duration {
+    Duration::try_from(at.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO)
+}
+
+/// Yields until `at` has come: the last resort when no precise timer is
+/// available, at the cost of a busy worker for the time left.
+async fn yield_until(at: Timestamp) {
+    while Timestamp::now() < at {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod precise {
+    //! A timerfd on the wall clock with an absolute expiry: the kernel's
+    //! high-resolution timer wakes the runtime's poller at the instant,
+    //! with no busy waiting. An absolute wall-clock timer also follows a
+    //! step of the clock, as the engine's instants do.
+
+    use std::os::fd::{AsFd, AsRawFd, RawFd};
+
+    use jiff::Timestamp;
+    use nix::sys::time::TimeSpec;
+    use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
+    use tokio::io::unix::AsyncFd;
+
+    struct Fd(TimerFd);
+
+    impl AsRawFd for Fd {
+        fn as_raw_fd(&self) -> RawFd {
+            self.0.as_fd().as_raw_fd()
+        }
+    }
+
+    fn armed(at: Timestamp) -> std::io::Result<AsyncFd<Fd>> {
+        let timer = TimerFd::new(
+            ClockId::CLOCK_REALTIME,
+            TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+        )?;
+        let expiry = TimeSpec::new(at.as_second(), i64::from(at.subsec_nanosecond()));
+        timer.set(
+            Expiration::OneShot(expiry),
+            TimerSetTimeFlags::TFD_TIMER_ABSTIME,
+        )?;
+        // `new` is deprecated because a value could hand out a descriptor
+        // it does not own; this one owns its descriptor (closed when the
+        // `AsyncFd` drops it, after deregistering), and the unsafe
+        // `register` that replaces it is forbidden in this codebase.
+        #[allow(deprecated)]
+        AsyncFd::new(Fd(timer))
+    }
+
+    pub(super) async fn sleep_until(at: Timestamp) {
+        if Timestamp::now() >= at {
+            return;
+        }
+        match armed(at) {
+            // Readable once it has expired; the descriptor closes on drop.
+            Ok(timer) => {
+                let _ = timer.readable().await;
+            }
+            Err(e) => tracing::debug!("no precise timer ({e}); yielding until the instant"),
+        }
+        super::yield_until(at).await;
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod precise {
+    pub(super) async fn sleep_until(at: jiff::Timestamp) {
+        super::yield_until(at).await;
     }
 }
 
@@ -88,5 +161,64 @@ impl Clock for ManualClock {
             // An error means the clock is gone: then nothing will ever wake us.
             let _ = rx.wait_for(|now| *now >= at).await;
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The system clock's wait never ends before its instant, whether the
+    /// instant is past, within the precise timer's reach, or beyond it.
+    #[tokio::test]
+    async fn the_system_clock_never_wakes_early() {
+        for ahead_us in [-1_000, 0, 50, 300, 1_900, 2_100, 4_500] {
+            let at = Timestamp::now()
+                .checked_add(SignedDuration::from_micros(ahead_us))
+                .unwrap();
+            SystemClock.sleep_until(at).await;
+            assert!(
+                Timestamp::now() >= at,
+                "woke before {at} ({ahead_us} µs ahead)"
+            );
+        }
+    }
+
+    /// Many waits at once (the engine's loop, a lease watchdog, tests) each
+    /// end at their own instant, and a dropped wait leaves the others be.
+    #[tokio::test]
+    async fn concurrent_system_clock_waits_end_at_their_own_instants() {
+        let start = Timestamp::now();
+        let instants: Vec<Timestamp> = (1..=20)
+            .map(|i| {
+                start
+                    .checked_add(SignedDuration::from_micros(i * 250))
+                    .unwrap()
+            })
+            .collect();
+        let dropped = SystemClock.sleep_until(instants[10]);
+        drop(dropped);
+        let woke = futures_join(instants.iter().map(|&at| async move {
+            SystemClock.sleep_until(at).await;
+            (at, Timestamp::now())
+        }))
+        .await;
+        for (at, now) in woke {
+            assert!(now >= at, "woke at {now}, before {at}");
+        }
+    }
+
+    async fn futures_join<F: Future + Send + 'static>(
+        futures: impl Iterator<Item = F>,
+    ) -> Vec<F::Output>
+    where
+        F::Output: Send + 'static,
+    {
+        let handles: Vec<_> = futures.map(tokio::spawn).collect();
+        let mut out = Vec::new();
+        for handle in handles {
+            out.push(handle.await.expect("a wait"));
+        }
+        out
     }
 }
