@@ -509,9 +509,10 @@ impl<S: Store> Engine<S> {
             .map(|((ns, state), n)| (ns.to_string(), state, n))
             .collect();
         runs.sort();
-        let overdue = self.heap.peek().map_or(0.0, |Reverse(a)| {
-            now.duration_since(a.at).as_secs_f64().max(0.0)
-        });
+        let overdue = self
+            .timers
+            .next_at()
+            .map_or(0.0, |at| now.duration_since(at).as_secs_f64().max(0.0));
         crate::EngineGauges {
             runs,
             held: held

@@ -1,6 +1,6 @@
 //! The engine: one task that owns the scheduling state.
 //!
-//! It keeps one timer heap over every schedule, retry and deadline (no task
+//! It keeps one timer queue over every schedule, retry and deadline (no task
 //! or polling loop per job), turns due fires into runs, plans each run's DAG,
 //! and hands ready tasks to a bounded pool of attempt tasks. Every decision
 //! is first appended to a batch of [`Write`]s; the batch is committed in one
@@ -9,8 +9,7 @@
 //! the engine recovers from the store (missed fires by the misfire policy,
 //! attempts that were running as `lost`).
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -338,33 +337,6 @@ type JobKey = (String, String);
 /// the loop handles a millisecond late a miss.
 const RUNNING_GRACE_FLOOR: Duration = Duration::from_secs(2);
 
-/// A timer in the heap, ordered by instant, then by arming order.
-struct Armed {
-    at: Timestamp,
-    seq: u64,
-    timer: Timer,
-}
-
-impl PartialEq for Armed {
-    fn eq(&self, other: &Armed) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-
-impl Eq for Armed {}
-
-impl PartialOrd for Armed {
-    fn partial_cmp(&self, other: &Armed) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Armed {
-    fn cmp(&self, other: &Armed) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(other.at, other.seq))
-    }
-}
-
 /// A batch being committed, and what it returns: the writes and their results.
 type Commit = std::pin::Pin<
     Box<
@@ -623,8 +595,7 @@ pub struct Engine<S: Store> {
     /// cost a pointer rather than a whole entry.
     jobs: HashMap<Arc<JobKey>, Box<JobEntry>>,
     runs: HashMap<RunId, RunEntry>,
-    heap: BinaryHeap<Reverse<Armed>>,
-    next_timer: u64,
+    timers: timers::TimerQueue,
     ready: ReadyQueues,
     /// Attempts in this process's pool (at most `pool_size`).
     running: usize,

@@ -21,8 +21,7 @@ impl<S: Store> Engine<S> {
             config,
             jobs: HashMap::new(),
             runs: HashMap::new(),
-            heap: BinaryHeap::new(),
-            next_timer: 0,
+            timers: timers::TimerQueue::default(),
             ready: ReadyQueues::default(),
             running: 0,
             claiming: 0,
@@ -109,7 +108,7 @@ impl<S: Store> Engine<S> {
         let mut commit: Option<Commit> = None;
         let mut commit_effects = Vec::new();
         loop {
-            let next = self.heap.peek().map(|Reverse(a)| a.at);
+            let next = self.timers.next_at();
             let sleep = match next {
                 Some(at) => self.clock.sleep_until(at),
                 None => Box::pin(std::future::pending()),
