@@ -84,14 +84,15 @@ impl<S: Store> Engine<S> {
         key: &JobKey,
         caller: Option<&TraceParent>,
     ) -> Option<RunTrace> {
-        let passing =
-            crate::trace::Sampler::ParentBased(Box::new(crate::trace::Sampler::AlwaysOff));
-        let sampler = match &self.config.tracing {
-            Some(t) => &t.sampler,
-            None if caller.is_some() => &passing,
-            None => return None,
-        };
-        Some(RunTrace::of_run(id, &key.0, &key.1, caller, sampler))
+        match &self.config.tracing {
+            Some(t) => Some(RunTrace::of_run(id, &key.0, &key.1, caller, &t.sampler)),
+            None if caller.is_some() => {
+                let passing =
+                    crate::trace::Sampler::ParentBased(Box::new(crate::trace::Sampler::AlwaysOff));
+                Some(RunTrace::of_run(id, &key.0, &key.1, caller, &passing))
+            }
+            None => None,
+        }
     }
 
     /// Records a fire of `key` at `at` in the ledger, with the run it made.

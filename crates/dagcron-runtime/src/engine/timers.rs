@@ -103,14 +103,22 @@ impl<S: Store> Engine<S> {
                     generation,
                     at,
                 } => {
-                    if !self.current(&key, generation) {
+                    // One look at the job for what the fire needs: at a
+                    // million jobs, each look costs cache misses.
+                    let Some(entry) = self
+                        .jobs
+                        .get(&*key)
+                        .filter(|e| e.generation == generation && !e.paused)
+                    else {
                         continue;
-                    }
+                    };
                     // Ordinary delays (a busy loop, a slow commit) never
                     // count: at least RUNNING_GRACE_FLOOR.
                     let grace = self.config.misfire_grace.max(RUNNING_GRACE_FLOOR);
                     // A jittered fire is due at its delayed instant.
-                    let due = fires::jittered(&self.jobs[&*key].timing, at);
+                    let due = fires::jittered(&entry.timing, at);
+                    let excluded = entry.timing.excluded_by(at).map(str::to_string);
+                    let job = entry.job.clone();
                     if now.duration_since(due)
                         > SignedDuration::try_from(grace).unwrap_or(SignedDuration::MAX)
                     {
@@ -127,7 +135,6 @@ impl<S: Store> Engine<S> {
                         self.catch_up_beside(&key, since, now, grace);
                         continue;
                     }
-                    let excluded = self.jobs[&*key].timing.excluded_by(at).map(str::to_string);
                     if let Some(calendar) = excluded {
                         // Suppressed by an exclusion calendar: recorded
                         // with its name, and no run.
@@ -136,7 +143,7 @@ impl<S: Store> Engine<S> {
                         self.arm_next_fire(&key, at);
                         continue;
                     }
-                    let Some(job) = self.jobs[&*key].job.clone() else {
+                    let Some(job) = job else {
                         to_read.push((key, generation, at));
                         continue;
                     };
