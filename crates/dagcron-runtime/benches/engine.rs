@@ -475,7 +475,14 @@ fn main() {
       }
         println!("\n### A burst of manual triggers of a 3-task DAG of no-op tasks (durable on SQLite)\n");
         let (triggers, secs) = burst(Instruments::default()).await;
-        println!("{triggers} runs, {} attempts in {secs:.2} s: {:.0} runs/s, {:.0} attempts completed/s", 3 * triggers, triggers as f64 / secs, 3.0 * triggers as f64 / secs);
+        let burst_rate = 3.0 * triggers as f64 / secs;
+        println!("{triggers} runs, {} attempts in {secs:.2} s: {:.0} runs/s, {burst_rate:.0} attempts completed/s", 3 * triggers, triggers as f64 / secs);
+        let (runs, limit_secs) = limit(triggers, triggers).await;
+        let limit_rate = 3.0 * runs as f64 / limit_secs;
+        println!("limit (the same rows and statements in a plain rusqlite loop, one transaction per step of all runs): {} attempts in {limit_secs:.2} s: {limit_rate:.0} attempts/s; the burst is {:.2}x of it", 3 * runs, burst_rate / limit_rate);
+        let (runs, pool_secs) = limit(triggers, 256).await;
+        let pool_rate = 3.0 * runs as f64 / pool_secs;
+        println!("the same loop, one transaction per step of 256 runs at a time (the engine's pool): {pool_secs:.2} s: {pool_rate:.0} attempts/s; the burst is {:.2}x of it", burst_rate / pool_rate);
     });
 }
 
@@ -528,6 +535,133 @@ async fn burst(instruments: Instruments) -> (u64, f64) {
     let secs = t.elapsed().as_secs_f64();
     shutdown.cancel();
     (triggers, secs)
+}
+
+/// The limit of the burst: the rows and statements the engine's SQLite
+/// writer commits for `n` runs of the burst's 3-task DAG (see
+/// `dagcron-store-sqlite`'s `writer.rs`: a batch planned, each task's
+/// successive changes in it merged into one compare-and-set, a new run's
+/// tasks inserted in the state the batch's changes leave them in), written
+/// by a plain rusqlite loop (no engine, no async) on a fresh database made
+/// by the store's own migrations, with the writer's pragmas, batched as
+/// perfectly as a 3-task chain allows: one transaction per step of all
+/// runs. Step 1 inserts each run (`running`) and its 3 tasks, `a` already
+/// `running` (its `pending -> ready -> dispatching -> running` folded into
+/// the insert), and `a`'s attempt; steps 2 and 3 end the attempt of the
+/// task before (`succeeded`, and its task), move the next task from
+/// `pending` to `running` (one compare-and-set) and insert its attempt;
+/// step 4 ends the last attempt, its task and the run. Every
+/// compare-and-set checks that it changed its row. With `chunk` below `n`,
+/// the runs go through the four steps `chunk` at a time (the engine's
+/// batches hold at most its pool's attempts). Returns the runs and the
+/// seconds of the transactions.
+async fn limit(n: u64, chunk: u64) -> (u64, f64) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limit.db");
+    drop(SqliteStore::open(&path).await.unwrap());
+    let secs = tokio::task::spawn_blocking(move || limit_loop(&path, n, chunk))
+        .await
+        .unwrap();
+    (n, secs)
+}
+
+fn limit_loop(path: &std::path::Path, n: u64, chunk: u64) -> f64 {
+    use rusqlite::params;
+    let mut conn = rusqlite::Connection::open(path).unwrap();
+    conn.busy_timeout(Duration::from_secs(10)).unwrap();
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;",
+    )
+    .unwrap();
+    conn.set_prepared_statement_cache_capacity(64);
+    let tasks = ["a", "b", "c"];
+    let now = || jiff::Timestamp::now().as_microsecond();
+    let first = now();
+    let set_task = |tx: &rusqlite::Transaction<'_>, run: i64, task: &str, from: &str, to: &str| {
+        let changed = tx
+            .prepare_cached(
+                "UPDATE tasks SET state = ?1 WHERE run_id = ?2 AND task_id = ?3 AND state = ?4",
+            )
+            .unwrap()
+            .execute(params![to, run, task, from])
+            .unwrap();
+        assert_eq!(changed, 1);
+    };
+    let attempt = |tx: &rusqlite::Transaction<'_>, run: i64, task: &str, at: i64| {
+        let inserted = tx
+            .prepare_cached("INSERT INTO attempts (run_id, task_id, number, state, started_at) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING")
+            .unwrap()
+            .execute(params![run, task, 1, "running", at])
+            .unwrap();
+        assert_eq!(inserted, 1);
+    };
+    let end = |tx: &rusqlite::Transaction<'_>, run: i64, task: &str, at: i64| {
+        let log: Vec<u8> = vec![];
+        let changed = tx
+            .prepare_cached(
+                "UPDATE attempts SET state = ?1, finished_at = ?2, exit_code = ?3, error = ?4, log = ?5, start_error_us = ?10
+                 WHERE run_id = ?6 AND task_id = ?7 AND number = ?8 AND state = ?9",
+            )
+            .unwrap()
+            .execute(params!["succeeded", at, None::<i32>, None::<String>, log, run, task, 1, "running", None::<i64>])
+            .unwrap();
+        assert_eq!(changed, 1);
+        set_task(tx, run, task, "running", "succeeded");
+    };
+    let t = Instant::now();
+    for (from, to) in (0..n)
+        .step_by(chunk as usize)
+        .map(|i| (first + i as i64, first + (i + chunk).min(n) as i64))
+    {
+        for step in 0..4 {
+            let tx = conn
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .unwrap();
+            for run in from..to {
+                let at = now();
+                if step == 0 {
+                    let params_json =
+                        serde_json::to_string(&BTreeMap::<String, String>::new()).unwrap();
+                    tx.prepare_cached(
+                    "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, trace, rerun_of)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                )
+                .unwrap()
+                .execute(params![run, "bench", "dag", 1, "manual", at, "running", params_json, at, Some(at), None::<i64>, None::<String>, None::<i64>])
+                .unwrap();
+                    let mut insert = tx
+                    .prepare_cached("INSERT INTO tasks (run_id, task_id, position, state, carried) VALUES (?1, ?2, ?3, ?4, ?5)")
+                    .unwrap();
+                    for (position, task) in tasks.iter().enumerate() {
+                        let state = if position == 0 { "running" } else { "pending" };
+                        insert
+                            .execute(params![run, task, position as i64, state, false])
+                            .unwrap();
+                    }
+                    drop(insert);
+                    attempt(&tx, run, tasks[0], at);
+                } else {
+                    end(&tx, run, tasks[step - 1], at);
+                    if step < 3 {
+                        set_task(&tx, run, tasks[step], "pending", "running");
+                        attempt(&tx, run, tasks[step], at);
+                    } else {
+                        let changed = tx
+                        .prepare_cached(
+                            "UPDATE runs SET state = ?1, started_at = COALESCE(?2, started_at), finished_at = COALESCE(?3, finished_at)
+                             WHERE id = ?4 AND state = ?5",
+                        )
+                        .unwrap()
+                        .execute(params!["succeeded", None::<i64>, at, run, "running"])
+                        .unwrap();
+                        assert_eq!(changed, 1);
+                    }
+                }
+            }
+            tx.commit().unwrap();
+        }
+    }
+    t.elapsed().as_secs_f64()
 }
 
 /// Fires/s and lateness of 1,000 every-second schedules (10 s), then a

@@ -13,7 +13,7 @@
 
 use std::collections::HashSet;
 
-use dagcron_core::RunState;
+use dagcron_core::{RunState, TaskState};
 use dagcron_store::plan::{AsStateName, Plan, plan};
 use dagcron_store::{NewRun, Write, WriteResult};
 use sqlx::postgres::PgConnection;
@@ -42,14 +42,15 @@ pub(crate) async fn apply(
     sent: &mut u64,
 ) -> Result<Option<Vec<WriteResult>>, sqlx::Error> {
     // Plan first: nothing is sent for a batch that cannot be grouped.
-    let Some(Plan {
+    let Some(planned) = plan(batch) else {
+        return Ok(None);
+    };
+    let Plan {
         runs: run_chains,
         tasks: task_chains,
         ends: end_chains,
-    }) = plan(batch)
-    else {
-        return Ok(None);
-    };
+        ..
+    } = &planned;
     let mut results: Vec<Option<WriteResult>> = vec![None; batch.len()];
 
     // Fires: the ledger's key refuses the ones already recorded.
@@ -73,7 +74,7 @@ pub(crate) async fn apply(
             fires.opt_text.push(calendar.as_deref());
         }
     }
-    let mut runs: Vec<&NewRun> = Vec::new();
+    let mut runs: Vec<(usize, &NewRun)> = Vec::new();
     if !fires.index.is_empty() {
         *sent += 1;
         let inserted: Vec<(String, String, i64)> = sqlx::query_as(
@@ -99,7 +100,7 @@ pub(crate) async fn apply(
             if inserted.contains(&(ns, job, at)) {
                 results[i] = Some(WriteResult::Done);
                 if let Write::Fire { run: Some(run), .. } = &batch[i] {
-                    runs.push(run);
+                    runs.push((i, run));
                 }
             } else {
                 let at = jiff::Timestamp::from_microsecond(at).unwrap_or_default();
@@ -109,12 +110,25 @@ pub(crate) async fn apply(
     }
     for (i, w) in batch.iter().enumerate() {
         if let Write::Run(run) = w {
-            runs.push(run);
+            runs.push((i, run));
             results[i] = Some(WriteResult::Done);
         }
     }
+    // The changes of a new run's tasks that follow its insert are applied
+    // by the insert: each task is inserted in the state they leave it in.
+    let mut folded = vec![false; task_chains.len()];
     if !runs.is_empty() {
-        insert_runs(conn, &runs, epoch, sent).await?;
+        let states: Vec<Vec<(TaskState, Option<usize>)>> = runs
+            .iter()
+            .map(|(i, run)| planned.inserted_task_states(run, *i, &mut folded))
+            .collect();
+        for k in states.iter().flatten().filter_map(|(_, k)| *k) {
+            for &j in &task_chains[k].1.writes {
+                results[j] = Some(WriteResult::Done);
+            }
+        }
+        let runs: Vec<&NewRun> = runs.iter().map(|(_, r)| *r).collect();
+        insert_runs(conn, &runs, &states, epoch, sent).await?;
     }
 
     // Attempts started.
@@ -194,7 +208,7 @@ pub(crate) async fn apply(
         .fetch_all(&mut *conn)
         .await?;
         let changed: HashSet<i64> = changed.into_iter().collect();
-        for (run, chain) in &run_chains {
+        for (run, chain) in run_chains {
             let result = if changed.contains(run) {
                 WriteResult::Done
             } else {
@@ -213,6 +227,12 @@ pub(crate) async fn apply(
     }
 
     // Tasks.
+    let task_chains: Vec<_> = task_chains
+        .iter()
+        .zip(&folded)
+        .filter(|(_, folded)| !**folded)
+        .map(|(chain, _)| chain)
+        .collect();
     if !task_chains.is_empty() {
         *sent += 1;
         let changed: Vec<(i64, String)> = sqlx::query_as(
@@ -227,7 +247,7 @@ pub(crate) async fn apply(
         .fetch_all(&mut *conn)
         .await?;
         let changed: HashSet<(i64, &str)> = changed.iter().map(|(r, t)| (*r, t.as_str())).collect();
-        for ((run, task), chain) in &task_chains {
+        for ((run, task), chain) in task_chains {
             let result = if changed.contains(&(*run, *task)) {
                 WriteResult::Done
             } else {
@@ -254,7 +274,7 @@ pub(crate) async fn apply(
         let mut error = Vec::new();
         let mut log: Vec<&[u8]> = Vec::new();
         let mut start_error = Vec::new();
-        for (_, chain) in &end_chains {
+        for (_, chain) in end_chains {
             if let Some(Write::AttemptEnd {
                 at: a,
                 exit_code,
@@ -300,7 +320,7 @@ pub(crate) async fn apply(
             .iter()
             .map(|(r, t, n, _)| (*r, t.as_str(), *n))
             .collect();
-        for ((run, task, number), chain) in &end_chains {
+        for ((run, task, number), chain) in end_chains {
             results[chain.writes[0]] = Some(if changed.contains(&(*run, *task, *number as i32)) {
                 WriteResult::Done
             } else {
@@ -334,10 +354,12 @@ pub(crate) async fn apply(
     ))
 }
 
-/// Inserts runs and their tasks, two statements whatever their number.
+/// Inserts runs and their tasks (in `states`, by run and position), two
+/// statements whatever their number.
 async fn insert_runs(
     conn: &mut PgConnection,
     runs: &[&NewRun],
+    states: &[Vec<(TaskState, Option<usize>)>],
     epoch: Option<i64>,
     sent: &mut u64,
 ) -> Result<(), sqlx::Error> {
@@ -379,14 +401,14 @@ async fn insert_runs(
     let mut run_ids = Vec::new();
     let mut task_ids = Vec::new();
     let mut positions = Vec::new();
-    let mut states = Vec::new();
+    let mut task_states = Vec::new();
     let mut carried = Vec::new();
-    for r in runs {
-        for (p, t) in r.tasks.iter().enumerate() {
+    for (r, states) in runs.iter().zip(states) {
+        for (p, (t, (state, _))) in r.tasks.iter().zip(states).enumerate() {
             run_ids.push(r.id);
             task_ids.push(t.as_str());
             positions.push(p as i32);
-            states.push(r.task_start(t).as_str());
+            task_states.push(state.as_str());
             carried.push(r.carried.contains_key(t));
         }
     }
@@ -399,7 +421,7 @@ async fn insert_runs(
         .bind(run_ids)
         .bind(task_ids)
         .bind(positions)
-        .bind(states)
+        .bind(task_states)
         .bind(carried)
         .execute(&mut *conn)
         .await?;

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use dagcron_core::{AttemptState, FireOutcome};
@@ -32,6 +33,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 pub struct SqliteStore {
     writer: writer::Writer,
     reader: SqlitePool,
+    grouped: bool,
 }
 
 fn unavailable(e: sqlx::Error) -> StorageError {
@@ -82,7 +84,21 @@ impl SqliteStore {
             .map_err(unavailable)?;
         writer.close().await;
         let writer = writer::Writer::open(path)?;
-        Ok(SqliteStore { writer, reader })
+        Ok(SqliteStore {
+            writer,
+            reader,
+            grouped: true,
+        })
+    }
+
+    /// Whether a write batch is planned (the default: the changes of one
+    /// row merged into one compare-and-set, a new run's tasks inserted in
+    /// the state the batch's changes leave them in), or applied one write
+    /// at a time: more statements, and kept as the reference the planned
+    /// path is tested against.
+    pub fn with_grouped_writes(mut self, grouped: bool) -> SqliteStore {
+        self.grouped = grouped;
+        self
     }
 
     async fn load_tasks(
@@ -416,9 +432,16 @@ impl Store for SqliteStore {
         if batch.is_empty() {
             return Ok(vec![]);
         }
-        let batch = batch.to_vec();
+        self.write_shared(Arc::new(batch.to_vec())).await
+    }
+
+    async fn write_shared(&self, batch: Arc<Vec<Write>>) -> Result<Vec<WriteResult>> {
+        if batch.is_empty() {
+            return Ok(vec![]);
+        }
+        let grouped = self.grouped;
         self.writer
-            .transaction(move |tx| batch.iter().map(|w| writer::apply(tx, w)).collect())
+            .transaction(move |tx| writer::apply_batch(tx, &batch, grouped))
             .await
     }
 

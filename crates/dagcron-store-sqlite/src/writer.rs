@@ -8,7 +8,8 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use dagcron_core::RunState;
+use dagcron_core::{FireOutcome, RunState, TaskState};
+use dagcron_store::plan::{AsStateName, Plan, plan};
 use dagcron_store::{ApplyResult, JobUpsert, NewRun, Result, StorageError, Write, WriteResult};
 use jiff::Timestamp;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
@@ -153,6 +154,12 @@ pub(crate) fn stamp_rules(
 }
 
 fn insert_run(tx: &Transaction<'_>, run: &NewRun) -> rusqlite::Result<()> {
+    let states: Vec<TaskState> = run.tasks.iter().map(|t| run.task_start(t)).collect();
+    insert_run_as(tx, run, &states)
+}
+
+/// Inserts `run`, its tasks in `states` (by position).
+fn insert_run_as(tx: &Transaction<'_>, run: &NewRun, states: &[TaskState]) -> rusqlite::Result<()> {
     let created = run.created_at.as_microsecond();
     let started = (run.state == RunState::Running).then_some(created);
     let finished = run.state.is_terminal().then_some(created);
@@ -179,16 +186,185 @@ fn insert_run(tx: &Transaction<'_>, run: &NewRun) -> rusqlite::Result<()> {
     let mut insert = tx.prepare_cached(
         "INSERT INTO tasks (run_id, task_id, position, state, carried) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?;
-    for (position, task) in run.tasks.iter().enumerate() {
+    for (position, (task, state)) in run.tasks.iter().zip(states).enumerate() {
         insert.execute(params![
             run.id,
             task,
             position as i64,
-            run.task_start(task).as_str(),
+            state.as_str(),
             run.carried.contains_key(task)
         ])?;
     }
     Ok(())
+}
+
+/// Applies a batch. Planned ([`dagcron_store::plan`]) when it can be, in
+/// the batch's order: successive changes of one row as one compare-and-set
+/// from the first state to the last, applied where the first of them is,
+/// and the changes of a new run's tasks that follow its insert in the
+/// batch applied by the insert (each task inserted in the state they leave
+/// it in). Otherwise (a batch the engine does not produce), or when
+/// `grouped` is off, one write at a time, with the same results.
+pub(crate) fn apply_batch(
+    tx: &Transaction<'_>,
+    batch: &[Write],
+    grouped: bool,
+) -> rusqlite::Result<Vec<WriteResult>> {
+    match grouped.then(|| plan(batch)).flatten() {
+        Some(plan) => apply_planned(tx, batch, &plan),
+        None => batch.iter().map(|w| apply(tx, w)).collect(),
+    }
+}
+
+fn apply_planned(
+    tx: &Transaction<'_>,
+    batch: &[Write],
+    plan: &Plan<'_>,
+) -> rusqlite::Result<Vec<WriteResult>> {
+    let mut results: Vec<Option<WriteResult>> = vec![None; batch.len()];
+    // The chain that starts at each write.
+    let mut run_at = vec![None; batch.len()];
+    for (k, (_, chain)) in plan.runs.iter().enumerate() {
+        run_at[chain.writes[0]] = Some(k);
+    }
+    let mut task_at = vec![None; batch.len()];
+    for (k, (_, chain)) in plan.tasks.iter().enumerate() {
+        task_at[chain.writes[0]] = Some(k);
+    }
+    let mut folded = vec![false; plan.tasks.len()];
+    let mut insert =
+        |tx: &Transaction<'_>, run: &NewRun, i: usize, results: &mut [Option<WriteResult>]| {
+            let states = plan.inserted_task_states(run, i, &mut folded);
+            let task_states: Vec<TaskState> = states.iter().map(|(s, _)| *s).collect();
+            insert_run_as(tx, run, &task_states)?;
+            for k in states.into_iter().filter_map(|(_, k)| k) {
+                for &j in &plan.tasks[k].1.writes {
+                    results[j] = Some(WriteResult::Done);
+                }
+            }
+            Ok::<(), rusqlite::Error>(())
+        };
+    for (i, w) in batch.iter().enumerate() {
+        if results[i].is_some() {
+            // Applied with the chain it belongs to, or by an insert.
+            continue;
+        }
+        let result = match w {
+            Write::Fire {
+                namespace,
+                job,
+                scheduled_at,
+                outcome,
+                calendar,
+                run: Some(run),
+            } => {
+                if !insert_fire(
+                    tx,
+                    namespace,
+                    job,
+                    *scheduled_at,
+                    *outcome,
+                    calendar.as_deref(),
+                    Some(run.id),
+                )? {
+                    WriteResult::fire_recorded(namespace, job, *scheduled_at)
+                } else {
+                    insert(tx, run, i, &mut results)?;
+                    WriteResult::Done
+                }
+            }
+            Write::Run(run) => {
+                insert(tx, run, i, &mut results)?;
+                WriteResult::Done
+            }
+            Write::RunState { run, .. } => {
+                let (_, chain) = &plan.runs[run_at[i].expect("a chain starts here")];
+                let n = tx
+                    .prepare_cached(
+                        "UPDATE runs SET state = ?1, started_at = COALESCE(?2, started_at), finished_at = COALESCE(?3, finished_at)
+                         WHERE id = ?4 AND state = ?5",
+                    )?
+                    .execute(params![
+                        chain.to.name(),
+                        chain.started,
+                        chain.finished,
+                        run,
+                        chain.from.name()
+                    ])?;
+                let result = if n == 1 {
+                    WriteResult::Done
+                } else {
+                    let found: Option<String> = tx
+                        .prepare_cached("SELECT state FROM runs WHERE id = ?1")?
+                        .query_row(params![run], |r| r.get(0))
+                        .optional()?;
+                    WriteResult::run_conflict(*run, found.as_deref(), chain.from)
+                };
+                for &j in &chain.writes {
+                    results[j] = Some(result.clone());
+                }
+                continue;
+            }
+            Write::TaskState { run, task, .. } => {
+                let (_, chain) = &plan.tasks[task_at[i].expect("a chain starts here")];
+                let result = set_task(tx, *run, task, chain.from, chain.to)?;
+                for &j in &chain.writes {
+                    results[j] = Some(result.clone());
+                }
+                continue;
+            }
+            _ => apply(tx, w)?,
+        };
+        results[i] = Some(result);
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| r.expect("every write has a result"))
+        .collect())
+}
+
+/// Records a fire in the ledger; `false` if it was recorded already.
+fn insert_fire(
+    tx: &Transaction<'_>,
+    namespace: &str,
+    job: &str,
+    scheduled_at: Timestamp,
+    outcome: FireOutcome,
+    calendar: Option<&str>,
+    run: Option<i64>,
+) -> rusqlite::Result<bool> {
+    let n = tx
+        .prepare_cached("INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id, calendar) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING")?
+        .execute(params![namespace, job, scheduled_at.as_microsecond(), outcome.as_str(), run, calendar])?;
+    Ok(n == 1)
+}
+
+/// Changes a task's state if it is still `from`.
+fn set_task(
+    tx: &Transaction<'_>,
+    run: i64,
+    task: &str,
+    from: TaskState,
+    to: TaskState,
+) -> rusqlite::Result<WriteResult> {
+    let n = tx
+        .prepare_cached(
+            "UPDATE tasks SET state = ?1 WHERE run_id = ?2 AND task_id = ?3 AND state = ?4",
+        )?
+        .execute(params![to.as_str(), run, task, from.as_str()])?;
+    if n == 1 {
+        return Ok(WriteResult::Done);
+    }
+    let found: Option<String> = tx
+        .prepare_cached("SELECT state FROM tasks WHERE run_id = ?1 AND task_id = ?2")?
+        .query_row(params![run, task], |r| r.get(0))
+        .optional()?;
+    Ok(WriteResult::task_conflict(
+        run,
+        task,
+        found.as_deref(),
+        from,
+    ))
 }
 
 /// Applies one write; a refused compare-and-set says what it found.
@@ -202,10 +378,15 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
             calendar,
             run,
         } => {
-            let n = tx
-                .prepare_cached("INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id, calendar) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING")?
-                .execute(params![namespace, job, scheduled_at.as_microsecond(), outcome.as_str(), run.as_ref().map(|r| r.id), calendar])?;
-            if n == 0 {
+            if !insert_fire(
+                tx,
+                namespace,
+                job,
+                *scheduled_at,
+                *outcome,
+                calendar.as_deref(),
+                run.as_ref().map(|r| r.id),
+            )? {
                 return Ok(WriteResult::fire_recorded(namespace, job, *scheduled_at));
             }
             if let Some(run) = run {
@@ -257,26 +438,7 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
             task,
             from,
             to,
-        } => {
-            let n = tx
-                .prepare_cached(
-                    "UPDATE tasks SET state = ?1 WHERE run_id = ?2 AND task_id = ?3 AND state = ?4",
-                )?
-                .execute(params![to.as_str(), run, task, from.as_str()])?;
-            if n == 1 {
-                return Ok(WriteResult::Done);
-            }
-            let found: Option<String> = tx
-                .prepare_cached("SELECT state FROM tasks WHERE run_id = ?1 AND task_id = ?2")?
-                .query_row(params![run, task], |r| r.get(0))
-                .optional()?;
-            Ok(WriteResult::task_conflict(
-                *run,
-                task,
-                found.as_deref(),
-                *from,
-            ))
-        }
+        } => set_task(tx, *run, task, *from, *to),
         Write::AttemptStart {
             run,
             task,

@@ -854,6 +854,15 @@ pub trait Store: Send + Sync + 'static {
     /// Applies a batch in one transaction; one result per write, in order.
     fn write(&self, batch: &[Write]) -> impl Future<Output = Result<Vec<WriteResult>>> + Send;
 
+    /// [`Store::write`] of a shared batch: a backend that applies it on
+    /// another thread takes it there without copying it.
+    fn write_shared(
+        &self,
+        batch: std::sync::Arc<Vec<Write>>,
+    ) -> impl Future<Output = Result<Vec<WriteResult>>> + Send {
+        async move { self.write(&batch).await }
+    }
+
     /// The latest recorded fire of every job (where recovery resumes from).
     fn last_fires(&self) -> impl Future<Output = Result<Vec<(String, String, Timestamp)>>> + Send;
     /// The latest recorded fire of each of these jobs (`None` if it never

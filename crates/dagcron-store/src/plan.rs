@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 
 use dagcron_core::{AttemptState, RunState, TaskState};
 
-use crate::{RunId, Write};
+use crate::{NewRun, RunId, Write};
 
 /// Merged changes of one row: the writes they came from, the first
 /// expected state, the final state, and when each transition happened.
@@ -127,6 +127,41 @@ pub struct Plan<'a> {
     pub tasks: Vec<((RunId, &'a str), Chain<'a, TaskState>)>,
     /// Attempt ends, by (run, task, number): one each.
     pub ends: Vec<(AttemptRow<'a>, Chain<'a, AttemptState>)>,
+    /// Where each task row's chain is in `tasks`.
+    task_index: HashMap<(RunId, &'a str), usize>,
+}
+
+impl Plan<'_> {
+    /// The state each task of `run` is inserted in, when write `at` of the
+    /// batch inserts it: the state its chain of changes in the batch leaves
+    /// it in, if the chain comes after the insert and starts from the state
+    /// the insert would give it (then every change of the chain succeeds,
+    /// applied by the insert; the chain's index in `tasks` comes with it,
+    /// and `folded` is set for it); otherwise its start state.
+    pub fn inserted_task_states(
+        &self,
+        run: &NewRun,
+        at: usize,
+        folded: &mut [bool],
+    ) -> Vec<(TaskState, Option<usize>)> {
+        run.tasks
+            .iter()
+            .map(|task| {
+                let start = run.task_start(task);
+                match self.task_index.get(&(run.id, task.as_str())) {
+                    Some(&k)
+                        if !folded[k]
+                            && self.tasks[k].1.from == start
+                            && self.tasks[k].1.writes[0] > at =>
+                    {
+                        folded[k] = true;
+                        (self.tasks[k].1.to, Some(k))
+                    }
+                    _ => (start, None),
+                }
+            })
+            .collect()
+    }
 }
 
 /// Plans `batch`; `None` when it cannot be grouped (a change that does not
@@ -205,5 +240,15 @@ pub fn plan(batch: &[Write]) -> Option<Plan<'_>> {
             _ => {}
         }
     }
-    Some(Plan { runs, tasks, ends })
+    let task_index = tasks
+        .iter()
+        .enumerate()
+        .map(|(k, (key, _))| (*key, k))
+        .collect();
+    Some(Plan {
+        runs,
+        tasks,
+        ends,
+        task_index,
+    })
 }

@@ -8,6 +8,14 @@ impl<S: Store> Engine<S> {
         let Some(run) = self.runs.get(&run_id) else {
             return;
         };
+        let start_at = run.start_at.filter(|at| *at > self.clock.now());
+        if run.job.tasks[task].executor == dagcron_core::Executor::Noop && start_at.is_none() {
+            // Nothing to run, so no context to make: reported at once.
+            let remote = run.job.tasks[task].run_on.is_some();
+            self.started += 1;
+            self.noop_done(run_id, task, number, remote);
+            return;
+        }
         let ctx = AttemptContext {
             namespace: run.key.0.clone(),
             job: run.key.1.clone(),
@@ -35,8 +43,27 @@ impl<S: Store> Engine<S> {
             .clone()
             .unwrap_or_else(|| self.kill_switch.child_token());
         let job = run.job.clone();
-        let start_at = run.start_at.filter(|at| *at > self.clock.now());
         self.launch(&job, task, ctx, token, start_at);
+    }
+
+    /// A no-op attempt has ended, having nothing to run.
+    fn noop_done(&mut self, run: RunId, task: usize, number: u32, remote: bool) {
+        let outcome = Outcome {
+            ending: Ending::Succeeded,
+            exit_code: None,
+            error: None,
+            log: vec![],
+            start_error_us: None,
+        };
+        let _ = self.finished_tx.send(Finished {
+            run,
+            task,
+            number,
+            outcome,
+            at: self.clock.now(),
+            remote,
+            agent: None,
+        });
     }
 
     /// Runs attempt `ctx` of task `task` of `job` in the pool, or on a
@@ -57,22 +84,7 @@ impl<S: Store> Engine<S> {
         let remote = spec.run_on.is_some();
         if spec.executor == dagcron_core::Executor::Noop && start_at.is_none() {
             // Nothing to run: report at once, without a task.
-            let outcome = Outcome {
-                ending: Ending::Succeeded,
-                exit_code: None,
-                error: None,
-                log: vec![],
-                start_error_us: None,
-            };
-            let _ = self.finished_tx.send(Finished {
-                run: run_id,
-                task,
-                number,
-                outcome,
-                at: self.clock.now(),
-                remote,
-                agent: None,
-            });
+            self.noop_done(run_id, task, number, remote);
             return;
         }
         let executor = spec.executor.clone();

@@ -340,7 +340,7 @@ const RUNNING_GRACE_FLOOR: Duration = Duration::from_secs(2);
 /// A batch being committed, and what it returns: the writes and their results.
 type Commit = std::pin::Pin<
     Box<
-        dyn std::future::Future<Output = (Vec<Write>, Result<Vec<WriteResult>, StorageError>)>
+        dyn std::future::Future<Output = (Arc<Vec<Write>>, Result<Vec<WriteResult>, StorageError>)>
             + Send,
     >,
 >;
@@ -348,7 +348,7 @@ type Commit = std::pin::Pin<
 /// Commits a batch, retrying a few times if the database is unavailable.
 async fn commit_with_retries<S: Store>(
     store: &S,
-    writes: &[Write],
+    writes: &Arc<Vec<Write>>,
     metrics: Option<&crate::EngineMetrics>,
 ) -> Result<Vec<WriteResult>, StorageError> {
     if writes.is_empty() {
@@ -357,7 +357,7 @@ async fn commit_with_retries<S: Store>(
     let began = std::time::Instant::now();
     let mut tries = 0;
     loop {
-        match store.write(writes).await {
+        match store.write_shared(writes.clone()).await {
             Ok(r) => {
                 if let Some(m) = metrics {
                     m.committed(began.elapsed().as_secs_f64(), writes.len());

@@ -161,7 +161,7 @@ impl<S: Store> Engine<S> {
             crate::diag::iteration(branch, iter_start);
             if commit.is_none() && !(self.writes.is_empty() && self.effects.is_empty()) {
                 self.check_lease()?;
-                let writes = std::mem::take(&mut self.writes);
+                let writes = Arc::new(std::mem::take(&mut self.writes));
                 commit_effects = std::mem::take(&mut self.effects);
                 let store = self.store.clone();
                 let metrics = self.config.metrics.clone();
@@ -243,7 +243,7 @@ impl<S: Store> Engine<S> {
     /// Commits the batch, then carries out its effects.
     pub(super) async fn flush(&mut self) -> Result<(), StorageError> {
         self.check_lease()?;
-        let writes = std::mem::take(&mut self.writes);
+        let writes = Arc::new(std::mem::take(&mut self.writes));
         let results =
             commit_with_retries(&*self.store, &writes, self.config.metrics.as_deref()).await?;
         self.check_lease()?;
