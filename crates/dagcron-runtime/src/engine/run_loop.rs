@@ -19,7 +19,7 @@ impl<S: Store> Engine<S> {
             store: store.clone(),
             clock,
             config,
-            jobs: HashMap::new(),
+            jobs: HashMap::default(),
             runs: HashMap::new(),
             heap: BinaryHeap::new(),
             next_timer: 0,
@@ -46,6 +46,7 @@ impl<S: Store> Engine<S> {
             shared: HashMap::new(),
             foreign: HashMap::new(),
             live: LiveLogs::default(),
+            timetables: Default::default(),
         };
         engine.recover(now).await?;
         let live = engine.live.clone();
