@@ -1034,7 +1034,7 @@ impl JobFile {
                 }
             }
             spec.exclude = exclude;
-            match validate_job(&self.namespace, &spec, &format!("jobs[{i}]"), &mut compiled) {
+            match validate_job(&self.namespace, spec, &format!("jobs[{i}]"), &mut compiled) {
                 Ok(job) => jobs.push(job),
                 Err(mut e) => errors.append(&mut e),
             }
@@ -1137,7 +1137,7 @@ impl Compiled {
 
 fn validate_job(
     namespace: &str,
-    spec: &JobSpec,
+    mut spec: JobSpec,
     at: &str,
     compiled: &mut Compiled,
 ) -> Result<Job, Vec<ValidationError>> {
@@ -1509,7 +1509,6 @@ fn validate_job(
         }
     };
     // The canonical spelling of the anchor (see `JobSpec::anchor`).
-    let mut spec = spec.clone();
     spec.anchor = anchor.map(|t| t.to_string());
     match dag {
         Some(dag) if errors.is_empty() => Ok(Job {

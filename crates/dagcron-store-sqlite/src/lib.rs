@@ -22,6 +22,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, Sqlite, SqliteConnection};
 
+mod bulk;
 mod retention;
 mod writer;
 
@@ -32,6 +33,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 pub struct SqliteStore {
     writer: writer::Writer,
     reader: SqlitePool,
+    /// Reads every job at start-up (see [`bulk`]).
+    bulk: std::sync::Arc<bulk::BulkReader>,
 }
 
 fn unavailable(e: sqlx::Error) -> StorageError {
@@ -82,7 +85,12 @@ impl SqliteStore {
             .map_err(unavailable)?;
         writer.close().await;
         let writer = writer::Writer::open(path)?;
-        Ok(SqliteStore { writer, reader })
+        let bulk = std::sync::Arc::new(bulk::BulkReader::new(path));
+        Ok(SqliteStore {
+            writer,
+            reader,
+            bulk,
+        })
     }
 
     async fn load_tasks(
@@ -258,18 +266,11 @@ impl Store for SqliteStore {
         after: Option<&(String, String)>,
         limit: u32,
     ) -> Result<Vec<StoredJob>> {
-        let (ns, name) = after.cloned().unwrap_or_default();
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            // A row value, so that each page is a range of the primary key.
-            "SELECT {JOB_COLUMNS} FROM jobs WHERE (namespace, name) > (?, ?) ORDER BY namespace, name LIMIT ?"
-        )))
-        .bind(&ns)
-        .bind(&name)
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await
-        .map_err(unavailable)?;
-        rows.iter().map(job_from_row).collect()
+        let after = after.cloned().unwrap_or_default();
+        let bulk = self.bulk.clone();
+        tokio::task::spawn_blocking(move || bulk.load_jobs(after, limit))
+            .await
+            .map_err(|e| StorageError::Unavailable(format!("reading jobs: {e}")))?
     }
 
     async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<StoredJob>> {
