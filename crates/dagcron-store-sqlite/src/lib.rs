@@ -23,6 +23,7 @@ use sqlx::sqlite::{
 use sqlx::{Row, Sqlite, SqliteConnection};
 
 mod bulk;
+mod checkpoint;
 mod retention;
 mod writer;
 

@@ -35,9 +35,16 @@ impl Writer {
             // A page cache of 64 MiB for the writer (the default is 2 MiB):
             // a large apply's pages stay in memory until its commit instead
             // of being spilled to the log in the middle of the transaction.
+            // Checkpoints are made beside it (see `checkpoint`); its own,
+            // at 64 MiB of log, only if that thread falls behind.
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; PRAGMA cache_size = -65536;",
         )
         .map_err(failed)?;
+        let checkpointer = crate::checkpoint::Checkpointer::start(path);
+        if checkpointer.is_some() {
+            conn.execute_batch("PRAGMA wal_autocheckpoint = 16384;")
+                .map_err(failed)?;
+        }
         conn.set_prepared_statement_cache_capacity(64);
         let (tx, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
@@ -46,6 +53,9 @@ impl Writer {
                 let mut conn = conn;
                 for job in rx {
                     job(&mut conn);
+                    if let Some(c) = &checkpointer {
+                        c.after_commit();
+                    }
                 }
             })
             .map_err(|e| StorageError::Unavailable(format!("starting the writer thread: {e}")))?;
