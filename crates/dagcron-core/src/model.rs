@@ -1110,7 +1110,12 @@ struct Compiled {
 const MAX_COMPILED: usize = 16_384;
 
 impl Compiled {
-    fn parse(&mut self, expr: &str, timezone: &str, options: &Options) -> Result<Schedule, dagcron_cron::ParseError> {
+    fn parse(
+        &mut self,
+        expr: &str,
+        timezone: &str,
+        options: &Options,
+    ) -> Result<Schedule, dagcron_cron::ParseError> {
         if expr.bytes().any(|b| b.eq_ignore_ascii_case(&b'h')) {
             return Schedule::parse_with(expr, options);
         }

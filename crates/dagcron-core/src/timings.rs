@@ -21,8 +21,8 @@ use serde::Deserialize;
 use crate::calendar::Calendar;
 use crate::duration::Dur;
 use crate::model::{
-    Exclude, GapPolicy, Job, Misfire, OverlapPolicy, Schedules, Timing, TimingFields,
-    check_anchor, default_catchup, default_tz, schedule_options,
+    Exclude, GapPolicy, Job, Misfire, OverlapPolicy, Schedules, Timing, TimingFields, check_anchor,
+    default_catchup, default_tz, schedule_options,
 };
 
 /// How many distinct schedules a cache keeps before it starts over (a
@@ -128,8 +128,11 @@ impl TimetableCache {
                 return t.clone();
             }
         }
-        let timetables: Arc<[Timetable]> =
-            job.schedules.iter().map(|s| s.timetable().clone()).collect();
+        let timetables: Arc<[Timetable]> = job
+            .schedules
+            .iter()
+            .map(|s| s.timetable().clone())
+            .collect();
         if shareable {
             self.remember(&timetables);
         }
@@ -217,7 +220,9 @@ impl TimetableCache {
                     Calendar::compile(cal, &format!("exclude[{k}]"))
                         .map_err(|e| crate::ValidationErrors(e).to_string())?,
                 ),
-                Exclude::Name(name) => return Err(format!("exclude[{k}]: unknown calendar {name:?}")),
+                Exclude::Name(name) => {
+                    return Err(format!("exclude[{k}]: unknown calendar {name:?}"));
+                }
             }
         }
         Ok(StoredTiming {

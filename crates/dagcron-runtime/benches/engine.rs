@@ -340,7 +340,9 @@ async fn fresh_child(dir: std::path::PathBuf, n: usize) {
     let rss = rss_mib() - rss0;
     if !fire_window() {
         let peak = proc_status_mib("VmHWM:") - rss0;
-        println!("| {n} | dagcron (durable, peak {peak:.0} MiB) | {register:.1} | {rss:.0} | - | - | - | - |");
+        println!(
+            "| {n} | dagcron (durable, peak {peak:.0} MiB) | {register:.1} | {rss:.0} | - | - | - | - |"
+        );
         shutdown.cancel();
         drop(handle);
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -369,7 +371,9 @@ async fn restart_child(dir: std::path::PathBuf, n: String) {
     let rss = rss_mib() - rss0;
     if !fire_window() {
         let peak = proc_status_mib("VmHWM:") - rss0;
-        println!("| {n} | dagcron, restarted (peak {peak:.0} MiB) | {start:.1} (start) | {rss:.0} | - | - | - | - |");
+        println!(
+            "| {n} | dagcron, restarted (peak {peak:.0} MiB) | {start:.1} (start) | {rss:.0} | - | - | - | - |"
+        );
         shutdown.cancel();
         drop(handle);
         return;

@@ -16,7 +16,9 @@ pub(crate) struct BulkReader {
 
 impl std::fmt::Debug for BulkReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BulkReader").field("path", &self.path).finish()
+        f.debug_struct("BulkReader")
+            .field("path", &self.path)
+            .finish()
     }
 }
 

@@ -17,9 +17,9 @@ impl<S: Store> Engine<S> {
             loop {
                 let page = store.load_jobs(after.as_ref(), JOB_PAGE).await;
                 let last = match &page {
-                    Ok(p) if p.len() == JOB_PAGE as usize => p
-                        .last()
-                        .map(|j| (j.namespace.clone(), j.name.clone())),
+                    Ok(p) if p.len() == JOB_PAGE as usize => {
+                        p.last().map(|j| (j.namespace.clone(), j.name.clone()))
+                    }
                     _ => None,
                 };
                 if pages_tx.send(page).await.is_err() || last.is_none() {
@@ -28,8 +28,7 @@ impl<S: Store> Engine<S> {
                 after = last;
             }
         });
-        let (parsed_tx, mut parsed_rx) =
-            mpsc::channel::<Result<Vec<LoadedJob>, StorageError>>(2);
+        let (parsed_tx, mut parsed_rx) = mpsc::channel::<Result<Vec<LoadedJob>, StorageError>>(2);
         let mut cache = std::mem::take(&mut self.timetables);
         let parser = tokio::task::spawn_blocking(move || {
             while let Some(page) = pages_rx.blocking_recv() {
