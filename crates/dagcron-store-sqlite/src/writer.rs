@@ -94,16 +94,17 @@ struct Current {
     rules: Option<String>,
 }
 
+/// The rows of a batch's jobs by (namespace, name), and the last version
+/// of the jobs without one.
+type Prefetched = (
+    HashMap<(String, String), Current>,
+    HashMap<(String, String), i64>,
+);
+
 /// The rows of the batch's jobs, read a namespace at a time in one query
 /// each, and the last version of the jobs that have no row (a re-created
 /// job continues its history), instead of two statements per job.
-fn prefetch(
-    tx: &Transaction<'_>,
-    jobs: &[JobUpsert],
-) -> rusqlite::Result<(
-    HashMap<(String, String), Current>,
-    HashMap<(String, String), i64>,
-)> {
+fn prefetch(tx: &Transaction<'_>, jobs: &[JobUpsert]) -> rusqlite::Result<Prefetched> {
     let mut by_namespace: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for j in jobs {
         by_namespace.entry(&j.namespace).or_default().push(&j.name);

@@ -23,22 +23,24 @@ const ZONES: &[&str] = &[
     "Australia/Lord_Howe",
 ];
 
+/// One generated job: name index, expressions, zone, anchor, gap and
+/// overlap policies, jitter, dates, calendar, paused.
+type Generated = (
+    usize,
+    Vec<usize>,
+    usize,
+    bool,
+    u8,
+    u8,
+    bool,
+    bool,
+    bool,
+    bool,
+);
+
 /// A job file of `jobs` (name index, expressions, zone, anchor, policies,
 /// jitter, dates, calendar, paused) in JSON, as a user would write it.
-fn file(
-    jobs: &[(
-        usize,
-        Vec<usize>,
-        usize,
-        bool,
-        u8,
-        u8,
-        bool,
-        bool,
-        bool,
-        bool,
-    )],
-) -> JobFile {
+fn file(jobs: &[Generated]) -> JobFile {
     let jobs: Vec<serde_json::Value> = jobs
         .iter()
         .map(|(name, exprs, zone, anchor, gap, overlap, jitter, dates, calendar, paused)| {
@@ -102,20 +104,7 @@ fn fires(t: &Timing) -> Vec<Option<jiff::Timestamp>> {
     .collect()
 }
 
-fn job_strategy() -> impl Strategy<
-    Value = (
-        usize,
-        Vec<usize>,
-        usize,
-        bool,
-        u8,
-        u8,
-        bool,
-        bool,
-        bool,
-        bool,
-    ),
-> {
+fn job_strategy() -> impl Strategy<Value = Generated> {
     (
         0..40usize,
         prop::collection::vec(0..EXPRESSIONS.len(), 1..3),
