@@ -22,6 +22,7 @@ pub mod ring;
 pub mod rules;
 pub mod run;
 pub mod state;
+pub mod timings;
 pub mod wasm;
 
 pub use calendar::{Calendar, CalendarSpec};

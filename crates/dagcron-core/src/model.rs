@@ -505,10 +505,10 @@ pub struct JobSpec {
     pub tasks: Vec<TaskSpec>,
 }
 
-fn default_tz() -> String {
+pub(crate) fn default_tz() -> String {
     "UTC".into()
 }
-fn default_catchup() -> u32 {
+pub(crate) fn default_catchup() -> u32 {
     10
 }
 
@@ -696,28 +696,37 @@ impl Job {
     /// What the scheduler needs to know when the job fires, and to decide
     /// what to do when it does not, without the rest of the job.
     pub fn timing(&self) -> Timing {
-        Timing {
-            timetables: self
-                .schedules
+        self.timing_of(
+            self.schedules
                 .iter()
                 .map(|s| s.timetable().clone())
                 .collect(),
-            start_date: self.spec.start_date,
-            end_date: self.spec.end_date,
-            misfire: self.spec.misfire,
-            max_catchup: self.spec.max_catchup,
-            send_ahead: self
-                .spec
-                .send_ahead
-                .map_or(jiff::SignedDuration::ZERO, |d| {
-                    jiff::SignedDuration::try_from(d.0).unwrap_or(jiff::SignedDuration::ZERO)
-                }),
-            jitter: self.spec.jitter.map_or(jiff::SignedDuration::ZERO, |d| {
-                jiff::SignedDuration::try_from(d.0).unwrap_or(jiff::SignedDuration::ZERO)
-            }),
-            jitter_seed: seed_from_key(&self.key()),
-            exclusions: self.calendars.clone().into(),
-        }
+        )
+    }
+
+    /// [`Job::timing`] with its timetables shared, through `cache`, with
+    /// the other jobs of the same schedules (the same expressions, zone,
+    /// anchor and daylight-saving policies, and no `H`).
+    pub fn timing_shared(&self, cache: &mut crate::timings::TimetableCache) -> Timing {
+        let timetables = cache.share(self);
+        self.timing_of(timetables)
+    }
+
+    fn timing_of(&self, timetables: std::sync::Arc<[Timetable]>) -> Timing {
+        Timing::new(
+            &self.namespace,
+            &self.spec.name,
+            timetables,
+            TimingFields {
+                start_date: self.spec.start_date,
+                end_date: self.spec.end_date,
+                misfire: self.spec.misfire,
+                max_catchup: self.spec.max_catchup,
+                send_ahead: self.spec.send_ahead,
+                jitter: self.spec.jitter,
+            },
+            self.calendars.clone().into(),
+        )
     }
 
     /// The name of the first of the job's calendars that excludes `t`.
@@ -769,8 +778,9 @@ fn excluded_by(calendars: &[Calendar], t: Timestamp) -> Option<&str> {
 /// while the whole [`Job`] stays in the store until a fire needs it.
 #[derive(Clone, Debug)]
 pub struct Timing {
-    /// One per schedule (none for a job that runs only when triggered).
-    pub timetables: Box<[Timetable]>,
+    /// One per schedule (none for a job that runs only when triggered);
+    /// jobs of the same schedules may share them.
+    pub timetables: std::sync::Arc<[Timetable]>,
     /// No fire before this instant.
     pub start_date: Option<Timestamp>,
     /// No fire after this instant.
@@ -789,7 +799,44 @@ pub struct Timing {
     pub exclusions: Box<[Calendar]>,
 }
 
+/// The fields of a spec a [`Timing`] copies.
+pub(crate) struct TimingFields {
+    pub(crate) start_date: Option<Timestamp>,
+    pub(crate) end_date: Option<Timestamp>,
+    pub(crate) misfire: Misfire,
+    pub(crate) max_catchup: u32,
+    pub(crate) send_ahead: Option<Dur>,
+    pub(crate) jitter: Option<Dur>,
+}
+
 impl Timing {
+    /// The timing of job `namespace/name` (one rule for a validated job
+    /// and for one read back from its stored form).
+    pub(crate) fn new(
+        namespace: &str,
+        name: &str,
+        timetables: std::sync::Arc<[Timetable]>,
+        fields: TimingFields,
+        exclusions: Box<[Calendar]>,
+    ) -> Timing {
+        let signed = |d: Option<Dur>| {
+            d.map_or(jiff::SignedDuration::ZERO, |d| {
+                jiff::SignedDuration::try_from(d.0).unwrap_or(jiff::SignedDuration::ZERO)
+            })
+        };
+        Timing {
+            timetables,
+            start_date: fields.start_date,
+            end_date: fields.end_date,
+            misfire: fields.misfire,
+            max_catchup: fields.max_catchup,
+            send_ahead: signed(fields.send_ahead),
+            jitter: signed(fields.jitter),
+            jitter_seed: seed_from_key(&format!("{namespace}/{name}")),
+            exclusions,
+        }
+    }
+
     /// The same as [`Job::next_fire_after`].
     pub fn next_fire_after(&self, t: Timestamp) -> Option<Timestamp> {
         next_fire(self.timetables.iter(), self.start_date, self.end_date, t)
@@ -950,7 +997,10 @@ impl JobFile {
                 });
             }
         }
-        let mut jobs = Vec::new();
+        let mut jobs = Vec::with_capacity(self.jobs.len());
+        // Expressions compiled once per file: thousands of jobs share a
+        // few schedules.
+        let mut compiled = Compiled::default();
         for (i, spec) in self.jobs.iter().enumerate() {
             let mut spec = spec.clone();
             let mut exclude = Vec::new();
@@ -984,7 +1034,7 @@ impl JobFile {
                 }
             }
             spec.exclude = exclude;
-            match validate_job(&self.namespace, &spec, &format!("jobs[{i}]")) {
+            match validate_job(&self.namespace, spec, &format!("jobs[{i}]"), &mut compiled) {
                 Ok(job) => jobs.push(job),
                 Err(mut e) => errors.append(&mut e),
             }
@@ -999,7 +1049,7 @@ impl JobFile {
 
 /// Reads an anchor: an RFC 3339 instant with its offset, on a whole second
 /// (`@every` fires on whole seconds).
-fn check_anchor(text: &str) -> Result<Timestamp, String> {
+pub(crate) fn check_anchor(text: &str) -> Result<Timestamp, String> {
     let t: Timestamp = text.parse().map_err(|e: jiff::Error| {
         format!(
             "invalid anchor {text:?}: use an RFC 3339 instant with its offset, such as \"2026-01-01T00:00:00Z\" ({e})"
@@ -1022,7 +1072,80 @@ const MAX_JITTER: std::time::Duration = std::time::Duration::from_secs(86_400);
 /// to outlive a change of its job than to gain precision.
 const MAX_SEND_AHEAD: std::time::Duration = std::time::Duration::from_secs(3600);
 
-fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<ValidationError>> {
+/// The options a job's schedules are compiled with.
+pub(crate) fn schedule_options(
+    namespace: &str,
+    name: &str,
+    time_zone: TimeZone,
+    anchor: Option<Timestamp>,
+    dst_gap: Option<GapPolicy>,
+    dst_overlap: Option<OverlapPolicy>,
+) -> Options {
+    Options {
+        time_zone,
+        hash_seed: seed_from_key(&format!("{namespace}/{name}")),
+        anchor,
+        dst_gap: dst_gap.map(|g| match g {
+            GapPolicy::Shift => DstGap::Shift,
+            GapPolicy::Skip => DstGap::Skip,
+        }),
+        dst_overlap: dst_overlap.map(|o| match o {
+            OverlapPolicy::First => DstOverlap::First,
+            OverlapPolicy::Last => DstOverlap::Last,
+            OverlapPolicy::Both => DstOverlap::Both,
+        }),
+    }
+}
+
+/// The schedules a file's validation compiled, by expression and what
+/// else their compilation depends on (none with `H`, which depends on the
+/// job), so that jobs of the same schedule compile it once.
+#[derive(Default)]
+struct Compiled {
+    schedules: std::collections::HashMap<String, Schedule>,
+    key: String,
+}
+
+/// Most distinct schedules a file's validation keeps.
+const MAX_COMPILED: usize = 16_384;
+
+impl Compiled {
+    fn parse(
+        &mut self,
+        expr: &str,
+        timezone: &str,
+        options: &Options,
+    ) -> Result<Schedule, dagcron_cron::ParseError> {
+        if expr.bytes().any(|b| b.eq_ignore_ascii_case(&b'h')) {
+            return Schedule::parse_with(expr, options);
+        }
+        use std::fmt::Write as _;
+        self.key.clear();
+        let _ = write!(
+            self.key,
+            "{}:{timezone};{:?};{:?};{:?};{expr}",
+            timezone.len(),
+            options.anchor,
+            options.dst_gap,
+            options.dst_overlap
+        );
+        if let Some(s) = self.schedules.get(self.key.as_str()) {
+            return Ok(s.clone());
+        }
+        let s = Schedule::parse_with(expr, options)?;
+        if self.schedules.len() < MAX_COMPILED {
+            self.schedules.insert(self.key.clone(), s.clone());
+        }
+        Ok(s)
+    }
+}
+
+fn validate_job(
+    namespace: &str,
+    mut spec: JobSpec,
+    at: &str,
+    compiled: &mut Compiled,
+) -> Result<Job, Vec<ValidationError>> {
     let mut errors = Vec::new();
     let mut err = |path: String, message: String| {
         errors.push(ValidationError {
@@ -1183,27 +1306,21 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
                 ),
             );
         }
-        let options = Options {
-            time_zone: tz.clone(),
-            hash_seed: seed_from_key(&format!("{namespace}/{}", spec.name)),
+        let options = schedule_options(
+            namespace,
+            &spec.name,
+            tz.clone(),
             anchor,
-            dst_gap: spec.dst_gap.map(|g| match g {
-                GapPolicy::Shift => DstGap::Shift,
-                GapPolicy::Skip => DstGap::Skip,
-            }),
-            dst_overlap: spec.dst_overlap.map(|o| match o {
-                OverlapPolicy::First => DstOverlap::First,
-                OverlapPolicy::Last => DstOverlap::Last,
-                OverlapPolicy::Both => DstOverlap::Both,
-            }),
-        };
+            spec.dst_gap,
+            spec.dst_overlap,
+        );
         let within = list.as_slice().len() <= MAX_SCHEDULES_PER_JOB;
         for (k, expr) in list.as_slice().iter().enumerate().filter(|_| within) {
             let path = match list {
                 Schedules::One(_) => format!("{at}.schedule"),
                 Schedules::Many(_) => format!("{at}.schedule[{k}]"),
             };
-            match Schedule::parse_with(expr, &options) {
+            match compiled.parse(expr, &spec.timezone, &options) {
                 Ok(s) => schedules.push(s),
                 Err(e) => {
                     let mut message = format!("invalid cron expression {expr:?}: {}", e.message);
@@ -1397,7 +1514,6 @@ fn validate_job(namespace: &str, spec: &JobSpec, at: &str) -> Result<Job, Vec<Va
         }
     };
     // The canonical spelling of the anchor (see `JobSpec::anchor`).
-    let mut spec = spec.clone();
     spec.anchor = anchor.map(|t| t.to_string());
     match dag {
         Some(dag) if errors.is_empty() => Ok(Job {

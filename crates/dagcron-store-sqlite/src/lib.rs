@@ -23,6 +23,8 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, Sqlite, SqliteConnection};
 
+mod bulk;
+mod checkpoint;
 mod retention;
 mod writer;
 
@@ -34,6 +36,8 @@ pub struct SqliteStore {
     writer: writer::Writer,
     reader: SqlitePool,
     grouped: bool,
+    /// Reads every job at start-up (see [`bulk`]).
+    bulk: std::sync::Arc<bulk::BulkReader>,
 }
 
 fn unavailable(e: sqlx::Error) -> StorageError {
@@ -84,10 +88,12 @@ impl SqliteStore {
             .map_err(unavailable)?;
         writer.close().await;
         let writer = writer::Writer::open(path)?;
+        let bulk = std::sync::Arc::new(bulk::BulkReader::new(path));
         Ok(SqliteStore {
             writer,
             reader,
             grouped: true,
+            bulk,
         })
     }
 
@@ -274,18 +280,11 @@ impl Store for SqliteStore {
         after: Option<&(String, String)>,
         limit: u32,
     ) -> Result<Vec<StoredJob>> {
-        let (ns, name) = after.cloned().unwrap_or_default();
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            // A row value, so that each page is a range of the primary key.
-            "SELECT {JOB_COLUMNS} FROM jobs WHERE (namespace, name) > (?, ?) ORDER BY namespace, name LIMIT ?"
-        )))
-        .bind(&ns)
-        .bind(&name)
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await
-        .map_err(unavailable)?;
-        rows.iter().map(job_from_row).collect()
+        let after = after.cloned().unwrap_or_default();
+        let bulk = self.bulk.clone();
+        tokio::task::spawn_blocking(move || bulk.load_jobs(after, limit))
+            .await
+            .map_err(|e| StorageError::Unavailable(format!("reading jobs: {e}")))?
     }
 
     async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<StoredJob>> {

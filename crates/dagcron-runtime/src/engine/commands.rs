@@ -13,18 +13,22 @@ impl<S: Store> Engine<S> {
                 reply,
             } => {
                 // Applying is committed on its own, beside the loop, before
-                // the engine changes its timers.
-                let upserts: Vec<JobUpsert> = jobs
-                    .iter()
-                    .map(|job| JobUpsert {
-                        origin: origin.clone(),
-                        ..JobUpsert::of(job)
-                    })
-                    .collect();
+                // the engine changes its timers; the specs are serialized
+                // for the store beside the loop too.
                 let store = self.store.clone();
                 self.beside(
-                    async move { store.apply_jobs(&upserts, now).await },
-                    |results| Command::Applied {
+                    async move {
+                        let upserts: Vec<JobUpsert> = jobs
+                            .iter()
+                            .map(|job| JobUpsert {
+                                origin: origin.clone(),
+                                ..JobUpsert::of(job)
+                            })
+                            .collect();
+                        let results = store.apply_jobs(&upserts, now).await;
+                        (jobs, results)
+                    },
+                    |(jobs, results)| Command::Applied {
                         jobs,
                         results,
                         reply,

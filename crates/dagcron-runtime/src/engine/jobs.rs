@@ -27,7 +27,7 @@ impl<S: Store> Engine<S> {
     ) {
         let key = key_of(&job);
         let owned = self.owns(&key);
-        let timing = job.timing();
+        let timing = job.timing_shared(&mut self.timetables);
         let file_paused = job.spec.paused;
         let job = Arc::new(job);
         let entry = self

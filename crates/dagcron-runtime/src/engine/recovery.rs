@@ -8,26 +8,70 @@ impl<S: Store> Engine<S> {
         // A cluster node owns nothing until its first ring.
         let owned = self.config.node.is_none();
         let mut rules = RulesCheck::default();
-        dagcron_store::load_all_jobs(&*self.store.clone(), |stored| {
-            let job = match Job::from_canonical(&stored.namespace, &stored.spec) {
-                Ok(job) => job,
-                Err(e) => {
-                    tracing::error!(namespace = %stored.namespace, job = %stored.name, "stored job no longer validates, not scheduling it: {e}");
+        // Three stages at once: pages of jobs read from the store, parsed
+        // into timings beside the loop (on a blocking thread), installed here.
+        let (pages_tx, mut pages_rx) = mpsc::channel::<Result<Vec<StoredJob>, StorageError>>(2);
+        let store = self.store.clone();
+        let reader = tokio::spawn(async move {
+            let mut after = None;
+            loop {
+                let page = store.load_jobs(after.as_ref(), JOB_PAGE).await;
+                let last = match &page {
+                    Ok(p) if p.len() == JOB_PAGE as usize => {
+                        p.last().map(|j| (j.namespace.clone(), j.name.clone()))
+                    }
+                    _ => None,
+                };
+                if pages_tx.send(page).await.is_err() || last.is_none() {
                     return;
                 }
+                after = last;
+            }
+        });
+        let (parsed_tx, mut parsed_rx) = mpsc::channel::<Result<Vec<LoadedJob>, StorageError>>(2);
+        let mut cache = std::mem::take(&mut self.timetables);
+        let parser = tokio::task::spawn_blocking(move || {
+            while let Some(page) = pages_rx.blocking_recv() {
+                let parsed = page.map(|page| {
+                    page.into_iter()
+                        .filter_map(|stored| LoadedJob::parse(stored, &mut cache))
+                        .collect()
+                });
+                if parsed_tx.blocking_send(parsed).is_err() {
+                    break;
+                }
+            }
+            cache
+        });
+        let mut failed = None;
+        while let Some(page) = parsed_rx.recv().await {
+            let page = match page {
+                Ok(page) => page,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
             };
-            rules.see(&stored, &job);
-            let mut entry = JobEntry::new(
-                job.timing(),
-                stored.version,
-                stored.paused,
-                owned,
-                stored.updated_at,
-            );
-            entry.file_paused = job.spec.paused;
-            self.jobs.insert(Arc::new(key_of(&job)), entry);
-        })
-        .await?;
+            self.jobs.reserve(page.len());
+            for loaded in page {
+                rules.note(loaded.rules);
+                let mut entry = JobEntry::new(
+                    loaded.timing,
+                    loaded.version,
+                    loaded.paused,
+                    owned,
+                    loaded.updated_at,
+                );
+                entry.file_paused = loaded.file_paused;
+                self.jobs.insert(Arc::new(loaded.key), entry);
+            }
+        }
+        drop(parsed_rx);
+        self.timetables = parser.await.unwrap_or_default();
+        let _ = reader.await;
+        if let Some(e) = failed {
+            return Err(e);
+        }
         rules.report(&*self.store).await;
         // Where each job resumes: its last recorded fire. (A cluster node
         // learns it when it comes to own the job.)
@@ -401,25 +445,98 @@ struct RulesCheck {
 /// The most jobs a start-up warning names (it counts the rest).
 const NAMED: usize = 50;
 
-impl RulesCheck {
-    fn see(&mut self, stored: &StoredJob, job: &Job) {
-        match &stored.rules {
+/// A page of jobs read at start-up holds at most this many.
+const JOB_PAGE: u32 = 5_000;
+
+/// What start-up keeps of a stored job.
+struct LoadedJob {
+    key: JobKey,
+    timing: Timing,
+    version: i64,
+    paused: bool,
+    file_paused: bool,
+    updated_at: Timestamp,
+    rules: RulesNote,
+}
+
+/// What the rules of a stored job's version say (see [`RulesCheck`]).
+enum RulesNote {
+    Same,
+    Changed(String, dagcron_core::RulesChange),
+    Unstamped(String, String, i64, dagcron_core::Rules),
+}
+
+impl LoadedJob {
+    /// Its timing (only what the engine keeps of it is read, not the
+    /// whole job); `None`, said in the log, if it no longer validates.
+    fn parse(
+        stored: StoredJob,
+        cache: &mut dagcron_core::timings::TimetableCache,
+    ) -> Option<LoadedJob> {
+        let no_longer = |e: String| {
+            tracing::error!(namespace = %stored.namespace, job = %stored.name, "stored job no longer validates, not scheduling it: {e}");
+        };
+        let timing = match cache.timing_from_canonical(&stored.namespace, &stored.spec) {
+            Ok(t) => t,
+            Err(e) => {
+                no_longer(e);
+                return None;
+            }
+        };
+        let rules = match &stored.rules {
             // The common case, without computing the job's rules.
             Some(r)
                 if r.cron == dagcron_cron::SEMANTICS_VERSION
-                    && r.tzdb == dagcron_cron::tzdb_version() => {}
-            Some(r) => {
-                if let Some(change) = r.changes(&job.rules()) {
-                    let key = format!("{}/{}", stored.namespace, stored.name);
-                    self.changed.push((key, change));
+                    && r.tzdb == dagcron_cron::tzdb_version() =>
+            {
+                RulesNote::Same
+            }
+            other => {
+                // Rare: the whole job, for its rules.
+                let job = match Job::from_canonical(&stored.namespace, &stored.spec) {
+                    Ok(job) => job,
+                    Err(e) => {
+                        no_longer(e);
+                        return None;
+                    }
+                };
+                match other {
+                    Some(r) => match r.changes(&job.rules()) {
+                        Some(change) => RulesNote::Changed(
+                            format!("{}/{}", stored.namespace, stored.name),
+                            change,
+                        ),
+                        None => RulesNote::Same,
+                    },
+                    None => RulesNote::Unstamped(
+                        stored.namespace.clone(),
+                        stored.name.clone(),
+                        stored.version,
+                        job.rules(),
+                    ),
                 }
             }
-            None => self.unstamped.push((
-                stored.namespace.clone(),
-                stored.name.clone(),
-                stored.version,
-                job.rules(),
-            )),
+        };
+        Some(LoadedJob {
+            key: (stored.namespace, stored.name),
+            timing: timing.timing,
+            version: stored.version,
+            paused: stored.paused,
+            file_paused: timing.file_paused,
+            updated_at: stored.updated_at,
+            rules,
+        })
+    }
+}
+
+impl RulesCheck {
+    fn note(&mut self, note: RulesNote) {
+        match note {
+            RulesNote::Same => {}
+            RulesNote::Changed(key, change) => self.changed.push((key, change)),
+            RulesNote::Unstamped(ns, name, version, rules) => {
+                self.unstamped.push((ns, name, version, rules));
+            }
         }
     }
 

@@ -19,7 +19,7 @@ impl<S: Store> Engine<S> {
             store: store.clone(),
             clock,
             config,
-            jobs: HashMap::new(),
+            jobs: HashMap::default(),
             runs: HashMap::new(),
             timers: timers::TimerQueue::default(),
             ready: ReadyQueues::default(),
@@ -45,6 +45,7 @@ impl<S: Store> Engine<S> {
             shared: HashMap::new(),
             foreign: HashMap::new(),
             live: LiveLogs::default(),
+            timetables: Default::default(),
         };
         engine.recover(now).await?;
         let live = engine.live.clone();
