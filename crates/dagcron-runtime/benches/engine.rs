@@ -315,7 +315,9 @@ fn in_child(mode: &str, dir: &std::path::Path, n: usize) {
         .output()
         .unwrap();
     print!("{}", String::from_utf8_lossy(&out.stdout));
-    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    }
 }
 
 /// Whether the registered-schedule rows measure their 10 s of fires
@@ -377,41 +379,7 @@ async fn restart_child(dir: std::path::PathBuf, n: String) {
         return;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    for x in &dagcron_runtime::diag::ACC {
-        x.store(0, std::sync::atomic::Ordering::Relaxed);
-    }
-    *dagcron_runtime::diag::DIAG.lock().unwrap() = Some(dagcron_runtime::diag::D {
-        woke: None,
-        iters: Default::default(),
-        fires: vec![],
-    });
     let row = measure(&probe, 10).await;
-    {
-        let d = dagcron_runtime::diag::DIAG.lock().unwrap().take().unwrap();
-        let mut w: Vec<f64> = d.fires.iter().map(|f| f.0).collect();
-        w.sort_by(f64::total_cmp);
-        let mut f: Vec<f64> = d.fires.iter().map(|f| f.1).collect();
-        f.sort_by(f64::total_cmp);
-        let a: Vec<u64> = dagcron_runtime::diag::ACC
-            .iter()
-            .map(|x| x.swap(0, std::sync::atomic::Ordering::Relaxed) / 1000)
-            .collect();
-        eprintln!(
-            "ACC us: pop {} pre-fire {} fire {} loop-other {} arm-next {}",
-            a[0], a[1], a[2], a[3], a[4]
-        );
-        eprintln!(
-            "DIAG n={} wake p50 {:.0} p99 {:.0} | fire p50 {:.0} p99 {:.0}",
-            w.len(),
-            percentile(&w, 0.5),
-            percentile(&w, 0.99),
-            percentile(&f, 0.5),
-            percentile(&f, 0.99)
-        );
-        for x in d.fires.iter().filter(|x| !x.2.is_empty()).take(15) {
-            eprintln!("  late wake {:.0}us fire {:.0}us: {}", x.0, x.1, x.2);
-        }
-    }
     let peak = proc_status_mib("VmHWM:") - rss0;
     println!(
         "| {n} | dagcron, restarted (peak {peak:.0} MiB) | {start:.1} (start) | {rss:.0} | {} | {:.2} ms | {:.2} ms | {:.2} ms |",

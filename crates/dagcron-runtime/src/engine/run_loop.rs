@@ -128,28 +128,24 @@ impl<S: Store> Engine<S> {
                     CancellationToken::new(),
                 ),
             };
-            let iter_start = std::time::Instant::now();
-            let mut branch = "?";
             tokio::select! {
                 biased;
                 () = revoked.cancelled() => self.check_lease()?,
                 () = shutdown.cancelled() => break,
-                done = async { commit.as_mut().expect("guarded").await }, if commit.is_some() => { branch = "commit"; committed = Some(done) },
+                done = async { commit.as_mut().expect("guarded").await }, if commit.is_some() => committed = Some(done),
                 Some(done) = self.finished_rx.recv() => {
-                    branch = "finished";
                     self.on_finished(done);
                     while let Ok(done) = self.finished_rx.try_recv() {
                         self.on_finished(done);
                     }
                 }
                 Some(cmd) = commands.recv() => {
-                    branch = "command";
                     self.on_command(cmd).await;
                     while let Ok(cmd) = commands.try_recv() {
                         self.on_command(cmd).await;
                     }
                 }
-                () = sleep => { branch = "timers"; crate::diag::woke(); self.on_timers() },
+                () = sleep => self.on_timers(),
                 () = lease_end => self.check_lease()?,
             }
             if let Some((writes, results)) = committed {
@@ -159,7 +155,6 @@ impl<S: Store> Engine<S> {
                 self.committed(&writes, &results, std::mem::take(&mut commit_effects));
             }
             self.dispatch();
-            crate::diag::iteration(branch, iter_start);
             if commit.is_none() && !(self.writes.is_empty() && self.effects.is_empty()) {
                 self.check_lease()?;
                 let writes = Arc::new(std::mem::take(&mut self.writes));
