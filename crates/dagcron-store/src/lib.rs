@@ -9,6 +9,8 @@
 //!
 //! Every backend passes the same [`conformance`] suite.
 
+#[cfg(feature = "strategies")]
+pub mod batches;
 pub mod cluster;
 pub mod conformance;
 pub mod plan;
