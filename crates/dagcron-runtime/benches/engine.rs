@@ -217,6 +217,19 @@ struct Row {
     max: f64,
 }
 
+/// The fire columns of a row whose window was skipped.
+const NO_FIRES: &str = "- | - | - | -";
+
+impl Row {
+    /// Fires, p50, p99 and max lateness, as table columns.
+    fn fire_columns(&self) -> String {
+        format!(
+            "{} | {:.2} ms | {:.2} ms | {:.2} ms",
+            self.fires, self.p50, self.p99, self.max
+        )
+    }
+}
+
 async fn measure(probe: &Probe, secs: u64) -> Row {
     // Align to a second boundary, then count a whole window.
     probe.late_ms.lock().unwrap().clear();
@@ -338,23 +351,20 @@ async fn fresh_child(dir: std::path::PathBuf, n: usize) {
     .await;
     let register = t.elapsed().as_secs_f64();
     let rss = rss_mib() - rss0;
-    if !fire_window() {
+    if fire_window() {
+        // Let the database settle (the WAL checkpoint after a large apply).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let row = measure(&probe, 10).await;
+        println!(
+            "| {n} | dagcron (durable) | {register:.1} | {rss:.0} | {} |",
+            row.fire_columns()
+        );
+    } else {
         let peak = proc_status_mib("VmHWM:") - rss0;
         println!(
-            "| {n} | dagcron (durable, peak {peak:.0} MiB) | {register:.1} | {rss:.0} | - | - | - | - |"
+            "| {n} | dagcron (durable, peak {peak:.0} MiB) | {register:.1} | {rss:.0} | {NO_FIRES} |"
         );
-        shutdown.cancel();
-        drop(handle);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        return;
     }
-    // Let the database settle (the WAL checkpoint after a large apply).
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let row = measure(&probe, 10).await;
-    println!(
-        "| {n} | dagcron (durable) | {register:.1} | {rss:.0} | {} | {:.2} ms | {:.2} ms | {:.2} ms |",
-        row.fires, row.p50, row.p99, row.max
-    );
     shutdown.cancel();
     drop(handle);
     // Let the engine stop before the process ends.
@@ -369,21 +379,15 @@ async fn restart_child(dir: std::path::PathBuf, n: String) {
     let (handle, probe, shutdown) = engine_at(&dir, 256).await;
     let start = t.elapsed().as_secs_f64();
     let rss = rss_mib() - rss0;
-    if !fire_window() {
-        let peak = proc_status_mib("VmHWM:") - rss0;
-        println!(
-            "| {n} | dagcron, restarted (peak {peak:.0} MiB) | {start:.1} (start) | {rss:.0} | - | - | - | - |"
-        );
-        shutdown.cancel();
-        drop(handle);
-        return;
-    }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let row = measure(&probe, 10).await;
+    let fires = if fire_window() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        measure(&probe, 10).await.fire_columns()
+    } else {
+        NO_FIRES.to_string()
+    };
     let peak = proc_status_mib("VmHWM:") - rss0;
     println!(
-        "| {n} | dagcron, restarted (peak {peak:.0} MiB) | {start:.1} (start) | {rss:.0} | {} | {:.2} ms | {:.2} ms | {:.2} ms |",
-        row.fires, row.p50, row.p99, row.max
+        "| {n} | dagcron, restarted (peak {peak:.0} MiB) | {start:.1} (start) | {rss:.0} | {fires} |"
     );
     shutdown.cancel();
     drop(handle);

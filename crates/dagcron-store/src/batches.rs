@@ -241,3 +241,43 @@ pub async fn snapshot(store: &impl Store) -> String {
     ));
     out
 }
+
+/// Writes `batches` through the planned path and the reference path, one
+/// batch after another, and checks that each batch means the same on
+/// both: the same results and the same rows after it. It stops at the
+/// first batch outside the planned path's contract.
+pub async fn same_meaning(
+    planned: &impl Store,
+    reference: &impl Store,
+    batches: &[Vec<Write>],
+) -> Result<(), TestCaseError> {
+    for batch in batches {
+        let want = reference.write(batch).await;
+        let got = planned.write(batch).await;
+        let (want, got) = match (want, got) {
+            (Ok(want), Ok(got)) => (want, got),
+            (Err(_), Err(_)) => continue,
+            (want, got) => {
+                return Err(TestCaseError::fail(format!(
+                    "{got:?} against {want:?} for {batch:?}"
+                )));
+            }
+        };
+        if outside_the_contract(batch, &want) {
+            return Ok(());
+        }
+        let kinds = |r: &[WriteResult]| {
+            r.iter()
+                .map(|x| matches!(x, WriteResult::Done))
+                .collect::<Vec<_>>()
+        };
+        prop_assert_eq!(kinds(&got), kinds(&want), "batch {:?}", batch);
+        prop_assert_eq!(
+            snapshot(planned).await,
+            snapshot(reference).await,
+            "after {:?}",
+            batch
+        );
+    }
+    Ok(())
+}
