@@ -4,11 +4,16 @@
 //! the first state to the last, which succeeds or is refused as a whole.
 //! Nothing here is SQL; a backend turns a [`Plan`] into statements.
 
-use std::collections::{HashMap, HashSet};
-
 use dagcron_core::{AttemptState, RunState, TaskState};
 
 use crate::{NewRun, RunId, Write};
+
+/// The maps of a plan are keyed by rows the engine made, hashed with
+/// foldhash (seeded per process): with SipHash, hashing the keys was a
+/// fifth of planning, itself a tenth of the SQLite writer's time in a
+/// burst of runs.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 /// Merged changes of one row: the writes they came from, the first
 /// expected state, the final state, and when each transition happened.
@@ -31,13 +36,15 @@ pub struct Chain<'a, S> {
 /// start from the state the previous one left.
 fn chains<'a, K, S>(
     items: impl Iterator<Item = (usize, K, S, S, Option<i64>, &'a Write)>,
+    capacity: usize,
 ) -> Option<Vec<(K, Chain<'a, S>)>>
 where
     K: std::hash::Hash + Eq + Clone,
     S: Copy + PartialEq + AsStateName,
 {
-    let mut order: Vec<(K, Chain<'a, S>)> = Vec::new();
-    let mut index: HashMap<K, usize> = HashMap::new();
+    let mut order: Vec<(K, Chain<'a, S>)> = Vec::with_capacity(capacity);
+    let mut index: HashMap<K, usize> =
+        HashMap::with_capacity_and_hasher(capacity, Default::default());
     for (i, key, from, to, at, write) in items {
         match index.get(&key) {
             Some(&k) => {
@@ -164,42 +171,75 @@ impl Plan<'_> {
     }
 }
 
+/// How many writes of each kind a batch holds.
+#[derive(Default)]
+struct Counts {
+    runs: usize,
+    tasks: usize,
+    ends: usize,
+    fires: usize,
+    starts: usize,
+    withdrawals: usize,
+}
+
 /// Plans `batch`; `None` when it cannot be grouped (a change that does not
 /// start where the previous change of its row left it, two ends of one
 /// attempt, a fire or an attempt inserted twice): it must then be applied
 /// one write at a time, with the same results.
 pub fn plan(batch: &[Write]) -> Option<Plan<'_>> {
-    let runs = chains(batch.iter().enumerate().filter_map(|(i, w)| match w {
-        Write::RunState { run, from, to, at } => {
-            Some((i, *run, *from, *to, Some(at.as_microsecond()), w))
+    // Counted first, so that no map or list of the plan grows as it fills.
+    let mut count = Counts::default();
+    for w in batch {
+        match w {
+            Write::RunState { .. } => count.runs += 1,
+            Write::TaskState { .. } => count.tasks += 1,
+            Write::AttemptEnd { .. } => count.ends += 1,
+            Write::Fire { .. } => count.fires += 1,
+            Write::AttemptStart { .. } => count.starts += 1,
+            Write::AttemptWithdraw { .. } => count.withdrawals += 1,
+            Write::Run(_) | Write::RunClosing { .. } => {}
         }
-        _ => None,
-    }))?;
-    let tasks = chains(batch.iter().enumerate().filter_map(|(i, w)| match w {
-        Write::TaskState {
-            run,
-            task,
-            from,
-            to,
-        } => Some((i, (*run, task.as_str()), *from, *to, None, w)),
-        _ => None,
-    }))?;
-    let ends = chains(batch.iter().enumerate().filter_map(|(i, w)| match w {
-        Write::AttemptEnd {
-            run,
-            task,
-            number,
-            from,
-            to,
-            ..
-        } => Some((i, (*run, task.as_str(), *number), *from, *to, None, w)),
-        _ => None,
-    }))?;
+    }
+    let runs = chains(
+        batch.iter().enumerate().filter_map(|(i, w)| match w {
+            Write::RunState { run, from, to, at } => {
+                Some((i, *run, *from, *to, Some(at.as_microsecond()), w))
+            }
+            _ => None,
+        }),
+        count.runs,
+    )?;
+    let tasks = chains(
+        batch.iter().enumerate().filter_map(|(i, w)| match w {
+            Write::TaskState {
+                run,
+                task,
+                from,
+                to,
+            } => Some((i, (*run, task.as_str()), *from, *to, None, w)),
+            _ => None,
+        }),
+        count.tasks,
+    )?;
+    let ends = chains(
+        batch.iter().enumerate().filter_map(|(i, w)| match w {
+            Write::AttemptEnd {
+                run,
+                task,
+                number,
+                from,
+                to,
+                ..
+            } => Some((i, (*run, task.as_str(), *number), *from, *to, None, w)),
+            _ => None,
+        }),
+        count.ends,
+    )?;
     if ends.iter().any(|(_, c)| c.writes.len() > 1) {
         return None;
     }
-    let mut fire_keys = HashSet::new();
-    let mut start_keys = HashSet::new();
+    let mut fire_keys = HashSet::with_capacity_and_hasher(count.fires, Default::default());
+    let mut start_keys = HashSet::with_capacity_and_hasher(count.starts, Default::default());
     for w in batch {
         let fresh = match w {
             Write::Fire {
@@ -224,20 +264,22 @@ pub fn plan(batch: &[Write]) -> Option<Plan<'_>> {
 
     // A withdrawal is applied after the changes it is grouped with: none
     // may follow it on the same task.
-    let mut withdrawn = HashSet::new();
-    for w in batch {
-        match w {
-            Write::AttemptWithdraw { run, task, .. } => {
-                withdrawn.insert((*run, task.as_str()));
+    if count.withdrawals > 0 {
+        let mut withdrawn = HashSet::default();
+        for w in batch {
+            match w {
+                Write::AttemptWithdraw { run, task, .. } => {
+                    withdrawn.insert((*run, task.as_str()));
+                }
+                Write::TaskState { run, task, .. }
+                | Write::AttemptStart { run, task, .. }
+                | Write::AttemptEnd { run, task, .. }
+                    if withdrawn.contains(&(*run, task.as_str())) =>
+                {
+                    return None;
+                }
+                _ => {}
             }
-            Write::TaskState { run, task, .. }
-            | Write::AttemptStart { run, task, .. }
-            | Write::AttemptEnd { run, task, .. }
-                if withdrawn.contains(&(*run, task.as_str())) =>
-            {
-                return None;
-            }
-            _ => {}
         }
     }
     let task_index = tasks
