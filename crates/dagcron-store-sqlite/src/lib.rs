@@ -201,6 +201,15 @@ impl SqliteStore {
     }
 }
 
+/// The unfinished runs, read at start-up. Their predicate is stated as
+/// the index `runs_active` states it, so that the index is used.
+fn active_runs_sql() -> String {
+    format!(
+        "SELECT {RUN_COLUMNS} FROM runs WHERE {} ORDER BY id",
+        dagcron_store::run_unfinished_or!()
+    )
+}
+
 const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing, trace, rerun_of";
 
 const TOKEN_COLUMNS: &str = "id, name, role, namespace, created_at, expires_at, last_used_at, revoked_at, created_by, labels";
@@ -502,11 +511,8 @@ impl Store for SqliteStore {
     }
 
     async fn active_runs(&self) -> Result<Vec<RunRecord>> {
-        self.load_runs(sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {RUN_COLUMNS} FROM runs WHERE state IN {} ORDER BY id",
-            dagcron_store::run_unfinished!()
-        ))))
-        .await
+        self.load_runs(sqlx::query(sqlx::AssertSqlSafe(active_runs_sql())))
+            .await
     }
 
     async fn count_unfinished_runs(&self, namespace: &str) -> Result<u64> {
@@ -873,5 +879,31 @@ impl Store for SqliteStore {
         .await
         .map_err(unavailable)?;
         Ok(row.map(|(log,)| log.unwrap_or_default()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The read of unfinished runs at start-up goes through their partial
+    /// index, whose predicate it states the same way (a query that lists the
+    /// states with `IN` would scan every run).
+    #[tokio::test]
+    async fn the_unfinished_runs_are_read_through_their_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        drop(super::SqliteStore::open(&path).await.unwrap());
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let plan: Vec<String> = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", super::active_runs_sql()))
+            .unwrap()
+            .query_map([], |r| r.get::<_, String>(3))
+            .unwrap()
+            .map(|row| row.unwrap())
+            .collect();
+        assert!(
+            plan.iter()
+                .any(|step| step.contains("USING INDEX runs_active")),
+            "{plan:?}"
+        );
     }
 }

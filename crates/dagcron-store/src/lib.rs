@@ -389,6 +389,17 @@ macro_rules! run_unfinished {
     };
 }
 
+/// See [`run_ended!`]: runs not finished, as equalities joined by `OR`
+/// (SQLite evaluates an `IN` list of three or more constants through a
+/// temporary table; its index of unfinished runs has this predicate, and
+/// a query must state it the same way to use the index).
+#[macro_export]
+macro_rules! run_unfinished_or {
+    () => {
+        "(state = 'planned' OR state = 'pending' OR state = 'running')"
+    };
+}
+
 /// See [`run_ended!`]: attempts not finished (also the task states an
 /// attempt is under way in).
 #[macro_export]
@@ -1228,6 +1239,15 @@ mod state_lists {
     fn the_sql_lists_of_states_are_the_state_machines_own() {
         assert_eq!(run_ended!(), list(RunState::ALL, |s| s.is_terminal()));
         assert_eq!(run_unfinished!(), list(RunState::ALL, |s| !s.is_terminal()));
+        let unfinished: Vec<String> = RunState::ALL
+            .iter()
+            .filter(|s| !s.is_terminal())
+            .map(|s| format!("state = '{s}'"))
+            .collect();
+        assert_eq!(
+            run_unfinished_or!(),
+            format!("({})", unfinished.join(" OR "))
+        );
         assert_eq!(
             attempt_unfinished!(),
             list(AttemptState::ALL, |s| !s.is_terminal())
