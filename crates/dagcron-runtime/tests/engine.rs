@@ -1173,7 +1173,13 @@ async fn regression_backfill_keeps_to_the_start_and_end_dates() {
 /// `allow` behaved as `queue`: `max_active_runs` defaulted to 1.
 #[tokio::test]
 async fn regression_allow_runs_up_to_16_at_once_by_default() {
-    let h = fresh("2026-01-01T00:00:00Z").await;
+    // Not the instant most tests start at: run ids come from the clock, and
+    // a test that restarts a server kills the processes of the attempts it
+    // finds recorded as running, by their identity (run, task, attempt),
+    // machine-wide. Sharing ids with such a test, this one's run
+    // 1767225600000001 was killed (signal 9) now and then when the tests
+    // ran in parallel.
+    let h = fresh("2026-01-02T00:00:00Z").await;
     let dir = tempfile::tempdir().unwrap();
     let gate = dir.path().join("gate");
     h.apply(&format!(
