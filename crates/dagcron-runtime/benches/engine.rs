@@ -13,6 +13,10 @@
 //! dagcron's figures are durable: every fire is a committed run on a real
 //! SQLite file, every attempt a committed row. The peers keep nothing.
 
+/// The allocator of the `dagcron` binary, which this benchmark stands for.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -596,8 +596,10 @@ pub struct Engine<S: Store> {
     /// Hashed with foldhash (seeded per process): SipHash was a tenth of
     /// the time of reading a million jobs back at start-up.
     jobs: HashMap<Arc<JobKey>, Box<JobEntry>, foldhash::fast::RandomState>,
-    runs: HashMap<RunId, RunEntry>,
+    runs: HashMap<RunId, RunEntry, foldhash::fast::RandomState>,
     timers: timers::TimerQueue,
+    /// The instant whose fires were last warmed up ([`Engine::warm_up`]).
+    warmed: Option<Timestamp>,
     ready: ReadyQueues,
     /// Attempts in this process's pool (at most `pool_size`).
     running: usize,

@@ -20,7 +20,8 @@ impl<S: Store> Engine<S> {
             clock,
             config,
             jobs: HashMap::default(),
-            runs: HashMap::new(),
+            runs: HashMap::default(),
+            warmed: None,
             timers: timers::TimerQueue::default(),
             ready: ReadyQueues::default(),
             running: 0,
@@ -110,7 +111,8 @@ impl<S: Store> Engine<S> {
         let mut commit_effects = Vec::new();
         loop {
             let next = self.timers.next_at();
-            let sleep = match next {
+            let warm = self.warm_up_at(next);
+            let sleep = match warm.or(next) {
                 Some(at) => self.clock.sleep_until(at),
                 None => Box::pin(std::future::pending()),
             };
@@ -145,7 +147,10 @@ impl<S: Store> Engine<S> {
                         self.on_command(cmd).await;
                     }
                 }
-                () = sleep => self.on_timers(),
+                () = sleep => match (warm, next) {
+                    (Some(_), Some(at)) => self.warm_up(at),
+                    _ => self.on_timers(),
+                },
                 () = lease_end => self.check_lease()?,
             }
             if let Some((writes, results)) = committed {

@@ -245,3 +245,69 @@ async fn the_job_of_missed_fires_is_read_beside_the_loop() {
     engine.flush().await.unwrap();
     answered.await.unwrap().unwrap();
 }
+
+/// The fires of an instant that many jobs share are warmed up a little
+/// before it: the loop wakes then and reads their entries, deciding
+/// nothing; they fire at the instant, and each job's next fire is armed
+/// once all of them are handled. An instant of a few fires is not worth
+/// the extra wake-up.
+#[tokio::test]
+async fn an_instant_of_many_fires_is_warmed_up_ahead_and_fires_at_its_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut engine, clock, (mut commands, _handle)) =
+        engine_at(&dir, "2026-01-10T00:00:00.5Z").await;
+    let many: String = (0..timers::WARM_UP_FIRES)
+        .map(|i| {
+            format!(
+                "  - {{ name: j{i}, schedule: '* * * * * *', tasks: [{{ id: a, noop: true }}] }}\n"
+            )
+        })
+        .collect();
+    apply(
+        &mut engine,
+        &mut commands,
+        jobs(&format!("namespace: t\njobs:\n{many}")),
+    )
+    .await;
+    let instant: Timestamp = "2026-01-10T00:00:01Z".parse().unwrap();
+    assert_eq!(engine.timers.next_at(), Some(instant));
+    let wake = instant.checked_sub(timers::WARM_UP_AHEAD).unwrap();
+    assert_eq!(engine.warm_up_at(Some(instant)), Some(wake));
+
+    clock.set(wake);
+    engine.warm_up(instant);
+    assert!(
+        engine.runs.is_empty() && engine.writes.is_empty(),
+        "nothing decided"
+    );
+    assert!(engine.runs.capacity() >= timers::WARM_UP_FIRES);
+    assert_eq!(engine.warm_up_at(Some(instant)), None, "warmed up once");
+    assert_eq!(engine.timers.next_at(), Some(instant));
+
+    clock.set(instant);
+    engine.on_timers();
+    assert_eq!(
+        engine.runs.len(),
+        timers::WARM_UP_FIRES,
+        "all fired at the instant"
+    );
+    let next = instant.checked_add(SignedDuration::from_secs(1)).unwrap();
+    assert_eq!(engine.timers.next_at(), Some(next));
+    assert_eq!(
+        engine.timers.first_len(),
+        timers::WARM_UP_FIRES,
+        "every next fire armed"
+    );
+
+    // A few fires: no wake-up ahead of them.
+    let dir2 = tempfile::tempdir().unwrap();
+    let (mut engine2, _, (mut commands2, _handle2)) =
+        engine_at(&dir2, "2026-01-10T00:00:00.5Z").await;
+    apply(
+        &mut engine2,
+        &mut commands2,
+        jobs("namespace: t\njobs:\n  - { name: one, schedule: '* * * * * *', tasks: [{ id: a, noop: true }] }\n"),
+    )
+    .await;
+    assert_eq!(engine2.warm_up_at(engine2.timers.next_at()), None);
+}
