@@ -212,7 +212,6 @@ impl<S: Store> Engine<S> {
                         // Suppressed by an exclusion calendar: recorded
                         // with its name, and no run.
                         self.record_suppressed(&key, at, &calendar);
-                        self.jobs.get_mut(&*key).expect("job").last_fire = Some(at);
                         fired.push((key, at));
                         continue;
                     }
@@ -221,7 +220,6 @@ impl<S: Store> Engine<S> {
                         continue;
                     };
                     self.fire(&key, &job, at, Trigger::Schedule, FireOutcome::Fired);
-                    self.jobs.get_mut(&*key).expect("job").last_fire = Some(at);
                     fired.push((key, at));
                 }
                 Timer::Retry { run, task } => {
@@ -257,6 +255,9 @@ impl<S: Store> Engine<S> {
             }
         }
         for (key, at) in fired {
+            if let Some(entry) = self.jobs.get_mut(&*key) {
+                entry.last_fire = Some(at);
+            }
             self.arm_next_fire(&key, at);
         }
         // Read beside the loop: no timer waits for the store. The
