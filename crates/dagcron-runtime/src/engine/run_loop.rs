@@ -147,9 +147,9 @@ impl<S: Store> Engine<S> {
                         self.on_command(cmd).await;
                     }
                 }
-                () = sleep => match (warm, next) {
-                    (Some(_), Some(at)) => self.warm_up(at),
-                    _ => self.on_timers(),
+                () = sleep => match warm.and(next) {
+                    Some(at) => self.warm_up(at),
+                    None => self.on_timers(),
                 },
                 () = lease_end => self.check_lease()?,
             }

@@ -110,7 +110,7 @@ impl<S: Store> Engine<S> {
     /// all those misses. Nothing is decided here.
     pub(super) fn warm_up(&mut self, at: Timestamp) {
         self.warmed = Some(at);
-        let (jobs, mut fires, mut touched) = (&self.jobs, 0, 0usize);
+        let (jobs, mut fires) = (&self.jobs, 0);
         self.timers.for_each_first(|timer| {
             let Timer::Fire { key, .. } = timer else {
                 return;
@@ -119,18 +119,14 @@ impl<S: Store> Engine<S> {
                 return;
             };
             fires += 1;
-            touched = touched
-                .wrapping_add(entry.generation as usize)
-                .wrapping_add(entry.active.len() + entry.queued.len());
+            std::hint::black_box((entry.generation, entry.active.len(), entry.queued.len()));
             if let Some(job) = &entry.job {
-                touched = touched.wrapping_add(job.spec.max_pending() as usize);
+                std::hint::black_box(job.spec.max_pending());
                 for task in &job.tasks {
-                    touched =
-                        touched.wrapping_add(task.id.as_bytes().first().map_or(0, |b| *b as usize));
+                    std::hint::black_box(task.id.as_bytes().first().copied());
                 }
             }
         });
-        std::hint::black_box(touched);
         // Room for their runs and writes, made now rather than by a
         // growing table in the middle of the instant.
         self.runs.reserve(fires);
