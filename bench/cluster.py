@@ -27,6 +27,8 @@ SECONDS = int(os.environ.get("BENCH_SECONDS", "15"))
 NODES = [int(n) for n in os.environ.get("BENCH_NODES", "1,2,3").split(",")]
 CLIENTS = int(os.environ.get("BENCH_CLIENTS", "16"))
 TTL_MS = 2000
+# Each node's pool of attempts (its --pool-size).
+POOL = int(os.environ.get("BENCH_POOL", "256"))
 DAG_TASKS = int(os.environ.get("BENCH_DAG_TASKS", "20"))
 
 
@@ -74,7 +76,7 @@ class Node:
         self.log = open(os.path.join(logdir, f"{self.id}.log"), "ab")
         self.proc = subprocess.Popen(
             [BIN, "serve", "--database", url, "--listen", f"127.0.0.1:{self.port}", "--node-id", self.id,
-             "--lease-ttl-ms", str(TTL_MS), "--pool-size", "256", "--key-file", key_file],
+             "--lease-ttl-ms", str(TTL_MS), "--pool-size", str(POOL), "--key-file", key_file],
             stdout=self.log, stderr=self.log, env={**os.environ, "RUST_LOG": "warn"})
         deadline = time.time() + 30
         while True:

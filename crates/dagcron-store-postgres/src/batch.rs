@@ -45,6 +45,16 @@ pub(crate) async fn apply(
     let Some(planned) = plan(batch) else {
         return Ok(None);
     };
+    // Each statement below joins the batch's rows, unnested from arrays,
+    // to a table by its primary key. For a batch of thousands of rows and a
+    // table of some hundred thousand, the planner prefers a hash join: a
+    // scan of the whole table per statement, dearer with every row the
+    // table gains until it is large enough for the planner to change its
+    // mind. Looking each row up by its key costs the batch's size alone.
+    *sent += 1;
+    sqlx::query("SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)")
+        .execute(&mut *conn)
+        .await?;
     let Plan {
         runs: run_chains,
         tasks: task_chains,
