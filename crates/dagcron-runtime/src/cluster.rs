@@ -158,6 +158,7 @@ pub async fn register<S: Coordination>(
     let identity = NodeIdentity {
         slot: registration.slot,
         lease,
+        peers: Arc::new(AtomicBool::new(true)),
     };
     Ok((registration, identity))
 }
@@ -169,6 +170,8 @@ pub struct Coordinator<S: Coordination> {
     config: ClusterConfig,
     clock: Arc<dyn Clock>,
     lease: Lease,
+    /// See [`NodeIdentity::peers`].
+    peers: Arc<AtomicBool>,
     status: Arc<Mutex<LocalStatus>>,
     members: Option<Vec<String>>,
     ring: Arc<Ring>,
@@ -213,6 +216,7 @@ impl<S: Coordination> Coordinator<S> {
             config,
             clock,
             lease: identity.lease.clone(),
+            peers: identity.peers.clone(),
             status: Arc::new(Mutex::new(status)),
             members: None,
             ring: Arc::new(Ring::default()),
@@ -343,6 +347,10 @@ impl<S: Coordination> Coordinator<S> {
             .filter(|n| matches!(n.state, NodeState::Alive | NodeState::Draining))
             .map(|n| n.epoch)
             .collect();
+        let peers = nodes
+            .iter()
+            .any(|n| n.id != self.config.node_id && n.state == NodeState::Alive && n.lease_valid);
+        self.peers.store(peers, Ordering::Relaxed);
         let mut members: Vec<String> = nodes
             .into_iter()
             .filter(|n| n.state == NodeState::Alive && n.lease_valid && n.eligible)

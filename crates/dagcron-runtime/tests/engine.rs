@@ -893,6 +893,7 @@ async fn a_cluster_node_fires_what_it_owns_and_stops_when_its_lease_ends() {
         node: Some(NodeIdentity {
             slot: 3,
             lease: lease.clone(),
+            peers: Default::default(),
         }),
         ..EngineConfig::default()
     };
@@ -949,6 +950,70 @@ async fn a_cluster_node_fires_what_it_owns_and_stops_when_its_lease_ends() {
     assert!(matches!(result, Err(StorageError::Fenced(_))), "{result:?}");
     assert_eq!(runs("b").await.len(), 5);
     assert!(handle.set_ownership(only("a")).await.is_err(), "stopped");
+}
+
+/// A cluster node whose pool is full hands its ready tasks to the cluster
+/// only while another live node could claim them: alone, it keeps them in
+/// its own queue (handed over, they would only come back to it through the
+/// database). Once a peer is known, the next turn of the loop hands them
+/// over, a pool's worth at a time.
+#[tokio::test]
+async fn a_lone_node_keeps_what_its_pool_has_no_room_for() {
+    use dagcron_runtime::{Lease, NodeIdentity};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let at = ts("2026-01-01T00:00:30Z");
+    let lease = Lease::new();
+    lease.extend_to(ts("2026-01-01T01:00:30Z"));
+    let peers = Arc::new(AtomicBool::new(false));
+    let config = EngineConfig {
+        pool_size: 1,
+        node: Some(NodeIdentity {
+            slot: 1,
+            lease,
+            peers: peers.clone(),
+        }),
+        ..EngineConfig::default()
+    };
+    let h = start(
+        Arc::new(tempfile::tempdir().unwrap()),
+        ManualClock::new(at),
+        config,
+    )
+    .await;
+    h.apply("namespace: t\njobs:\n  - { name: fan, schedule: '0 0 0 1 1 *', tasks: [{ id: a, shell: 'sleep 30' }, { id: b, shell: 'sleep 30' }, { id: c, shell: 'sleep 30' }] }\n").await;
+    let id = h.handle.trigger("t", "fan", BTreeMap::new()).await.unwrap();
+    let attempts = async |state: AttemptState| {
+        let run = h.store.get_run(id).await.unwrap().unwrap();
+        run.tasks
+            .iter()
+            .flat_map(|t| &t.attempts)
+            .filter(|a| a.state == state)
+            .count()
+    };
+    // The first task's attempt and any hand-over are decided in one turn
+    // and committed in one batch.
+    h.until("the first attempt runs", async |_| {
+        attempts(AttemptState::Running).await == 1
+    })
+    .await;
+    assert_eq!(attempts(AttemptState::Dispatching).await, 0);
+    let run = h.store.get_run(id).await.unwrap().unwrap();
+    let waiting = run
+        .tasks
+        .iter()
+        .filter(|t| t.state == TaskState::Ready)
+        .count();
+    assert_eq!(waiting, 2, "{:?}", run.tasks);
+
+    peers.store(true, Ordering::Relaxed);
+    h.handle.ping().await.unwrap();
+    // At most a pool's worth is handed over at a time.
+    h.until("a waiting task is handed to the cluster", async |_| {
+        attempts(AttemptState::Dispatching).await == 1
+    })
+    .await;
+    h.stop().await;
 }
 
 /// A job whose next fire is far keeps only its timing in memory and is read

@@ -210,8 +210,13 @@ impl<S: Store> Engine<S> {
         }
         loop {
             let here = self.running + self.claiming < self.config.pool_size;
-            let share =
-                !here && self.config.node.is_some() && self.shared.len() < self.config.pool_size;
+            let share = !here
+                && self
+                    .config
+                    .node
+                    .as_ref()
+                    .is_some_and(|n| n.peers.load(std::sync::atomic::Ordering::Relaxed))
+                && self.shared.len() < self.config.pool_size;
             if !here && !share {
                 break;
             }

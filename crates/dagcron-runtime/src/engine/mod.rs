@@ -249,6 +249,12 @@ pub struct NodeIdentity {
     /// The node's lease as this process sees it: past its end, the engine
     /// stops firing and writing.
     pub lease: Lease,
+    /// Whether another live node could claim attempts handed to the
+    /// cluster (kept by the coordinator; true until it first knows). A node
+    /// alone keeps the tasks its pool has no room for in its own queue:
+    /// handed to the cluster, they would only come back to it, through
+    /// the database.
+    pub peers: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Bits of a run id that hold the node's slot.
