@@ -1016,6 +1016,62 @@ async fn a_lone_node_keeps_what_its_pool_has_no_room_for() {
     h.stop().await;
 }
 
+/// A no-op task runs nothing, so its attempt takes no slot of the pool:
+/// with the pool's one slot held by a long shell task, a no-op task beside
+/// it in the DAG and the no-op runs of another job still start and end.
+/// The shell task after it waits for the slot.
+#[tokio::test]
+async fn a_no_op_task_takes_no_slot_of_the_pool() {
+    let config = EngineConfig {
+        pool_size: 1,
+        ..EngineConfig::default()
+    };
+    let h = start(
+        Arc::new(tempfile::tempdir().unwrap()),
+        ManualClock::new(ts("2026-01-01T00:00:30Z")),
+        config,
+    )
+    .await;
+    h.apply("namespace: t\njobs:\n  - { name: busy, schedule: '0 0 0 1 1 *', tasks: [{ id: long, shell: 'sleep 30' }, { id: join, noop: true }, { id: next, shell: 'true' }] }\n  - { name: empty, schedule: '0 0 0 1 1 *', concurrency: allow, tasks: [{ id: a, noop: true }, { id: b, noop: true, depends_on: [a] }] }\n").await;
+    let busy = h
+        .handle
+        .trigger("t", "busy", BTreeMap::new())
+        .await
+        .unwrap();
+    let empty: Vec<_> = (0..5).map(|_| BTreeMap::new()).collect();
+    let runs = h
+        .handle
+        .trigger_runs("t", "empty", empty, None, None)
+        .await
+        .unwrap();
+    let state = async |id, task: &str| {
+        let run = h.store.get_run(id).await.unwrap().unwrap();
+        run.tasks.iter().find(|t| t.id == task).unwrap().state
+    };
+    for run in &runs {
+        h.until("a no-op run ends beside the long task", async |s| {
+            s.get_run(run.id).await.unwrap().unwrap().state == RunState::Succeeded
+        })
+        .await;
+    }
+    h.until("the no-op task beside the long one ends", async |_| {
+        state(busy, "join").await == TaskState::Succeeded
+    })
+    .await;
+    assert_eq!(state(busy, "long").await, TaskState::Running);
+    assert_eq!(
+        state(busy, "next").await,
+        TaskState::Ready,
+        "a shell task waits for the pool's slot"
+    );
+    h.handle.cancel(busy).await.unwrap();
+    h.until("the busy run is cancelled", async |s| {
+        s.get_run(busy).await.unwrap().unwrap().state == RunState::Cancelled
+    })
+    .await;
+    h.stop().await;
+}
+
 /// A job whose next fire is far keeps only its timing in memory and is read
 /// from the store just ahead of its fire; a job firing every second keeps
 /// its whole definition. Shown by changing both in the store behind the

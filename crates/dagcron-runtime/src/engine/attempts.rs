@@ -11,9 +11,9 @@ impl<S: Store> Engine<S> {
         let start_at = run.start_at.filter(|at| *at > self.clock.now());
         if run.job.tasks[task].executor == dagcron_core::Executor::Noop && start_at.is_none() {
             // Nothing to run, so no context to make: reported at once.
-            let remote = run.job.tasks[task].run_on.is_some();
+            let lane = Lane::of(&run.job.tasks[task]);
             self.started += 1;
-            self.noop_done(run_id, task, number, remote);
+            self.noop_done(run_id, task, number, lane);
             return;
         }
         let ctx = AttemptContext {
@@ -47,7 +47,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// A no-op attempt has ended, having nothing to run.
-    fn noop_done(&mut self, run: RunId, task: usize, number: u32, remote: bool) {
+    fn noop_done(&mut self, run: RunId, task: usize, number: u32, lane: Lane) {
         let outcome = Outcome {
             ending: Ending::Succeeded,
             exit_code: None,
@@ -61,7 +61,7 @@ impl<S: Store> Engine<S> {
             number,
             outcome,
             at: self.clock.now(),
-            remote,
+            lane,
             agent: None,
         });
     }
@@ -80,11 +80,10 @@ impl<S: Store> Engine<S> {
         let spec = &job.tasks[task];
         let (run_id, number) = (ctx.run_id, ctx.attempt);
         self.started += 1;
-        // Counted against the agents, not this process's pool (see `dispatch`).
-        let remote = spec.run_on.is_some();
+        let lane = Lane::of(spec);
         if spec.executor == dagcron_core::Executor::Noop && start_at.is_none() {
             // Nothing to run: report at once, without a task.
-            self.noop_done(run_id, task, number, remote);
+            self.noop_done(run_id, task, number, lane);
             return;
         }
         let executor = spec.executor.clone();
@@ -110,7 +109,7 @@ impl<S: Store> Engine<S> {
                 number,
                 outcome,
                 at: clock.now(),
-                remote,
+                lane,
                 agent,
             });
         };
@@ -192,20 +191,28 @@ impl<S: Store> Engine<S> {
     }
 
     /// The count of attempts running in this process's pool, or on agents.
-    pub(super) fn lane(&mut self, remote: bool) -> &mut usize {
-        if remote {
-            &mut self.remote_running
-        } else {
-            &mut self.running
+    pub(super) fn lane(&mut self, lane: Lane) -> &mut usize {
+        match lane {
+            Lane::Pool => &mut self.running,
+            Lane::Agents => &mut self.remote_running,
+            Lane::Free => &mut self.free_running,
         }
     }
 
+    /// Attempts under way, whatever they count against.
+    pub(super) fn in_flight(&self) -> usize {
+        self.running + self.remote_running + self.free_running
+    }
+
     /// Starts ready tasks: every one for a remote agent (the agent pool
-    /// queues them fairly until an agent has room), and local ones while
-    /// the pool has room. A cluster node whose pool is full hands local
+    /// queues them fairly until an agent has room), every no-op one (it
+    /// takes no slot), and local ones while the pool has room. A cluster node whose pool is full hands local
     /// tasks to the cluster (a bounded number), for any node with room.
     pub(super) fn dispatch(&mut self) {
         while let Some((id, i)) = self.ready.remote.pop_front() {
+            self.dispatch_task(id, i, true);
+        }
+        while let Some((id, i)) = self.ready.free.pop_front() {
             self.dispatch_task(id, i, true);
         }
         loop {
@@ -294,19 +301,19 @@ impl<S: Store> Engine<S> {
             at: starts,
             run_on: None,
         });
-        let remote = needs.is_some();
+        let lane = Lane::of(&job.tasks[i]);
         self.effects.push(Action::Spawn {
             run: id,
             task: i,
             number,
             write,
-            remote,
+            lane,
         });
-        *self.lane(remote) += 1;
+        *self.lane(lane) += 1;
     }
 
     pub(super) fn on_finished(&mut self, done: Finished) {
-        *self.lane(done.remote) -= 1;
+        *self.lane(done.lane) -= 1;
         self.started -= 1;
         if let Some(o) = &self.config.observer {
             (o.0)(EngineEvent::AttemptFinished);

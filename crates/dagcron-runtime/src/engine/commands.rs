@@ -473,7 +473,7 @@ impl<S: Store> Engine<S> {
     /// hand: past `max_ready_backlog` tasks waiting (counting each run as
     /// one), triggers and backfills are refused (scheduled fires go on).
     pub(super) fn backlog_allows(&self, runs: usize) -> Result<(), EngineError> {
-        let waiting = self.ready.local.len() + self.ready.remote.len();
+        let waiting = self.ready.len();
         if waiting + runs <= self.config.max_ready_backlog {
             return Ok(());
         }

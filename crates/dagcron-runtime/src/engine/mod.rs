@@ -535,6 +535,30 @@ enum Timer {
     },
 }
 
+/// What an attempt counts against while it runs: this process's pool, the
+/// remote agents' capacity, or nothing: a no-op task runs nothing, so its
+/// attempt (recorded, started and ended like any) takes no slot of the
+/// pool (as a DAG's empty join or placeholder task should not wait for,
+/// or hold, room that real work needs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lane {
+    Pool,
+    Agents,
+    Free,
+}
+
+impl Lane {
+    fn of(task: &dagcron_core::Task) -> Lane {
+        if task.run_on.is_some() {
+            Lane::Agents
+        } else if task.executor == dagcron_core::Executor::Noop {
+            Lane::Free
+        } else {
+            Lane::Pool
+        }
+    }
+}
+
 /// What to do once the batch deciding it is committed.
 enum Action {
     Spawn {
@@ -543,8 +567,8 @@ enum Action {
         number: u32,
         /// The index of its `AttemptStart` in the batch.
         write: usize,
-        /// For a remote agent.
-        remote: bool,
+        /// What it counts against.
+        lane: Lane,
     },
     Reply(Box<dyn FnOnce() + Send>),
 }
@@ -556,27 +580,33 @@ struct Finished {
     number: u32,
     outcome: Outcome,
     at: Timestamp,
-    /// Run by a remote agent (not in this process's pool).
-    remote: bool,
+    /// What it counted against.
+    lane: Lane,
     /// The agent that ran it.
     agent: Option<String>,
 }
 
-/// Tasks ready to start: for this process's pool, and for remote agents
-/// (which the pool's size does not bound).
+/// Tasks ready to start: for this process's pool, for remote agents
+/// (which the pool's size does not bound), and no-op tasks (which take no
+/// slot, so never wait behind the pool's queue).
 #[derive(Default)]
 struct ReadyQueues {
     local: VecDeque<(RunId, usize)>,
     remote: VecDeque<(RunId, usize)>,
+    free: VecDeque<(RunId, usize)>,
 }
 
 impl ReadyQueues {
     fn push(&mut self, job: &Job, run: RunId, task: usize) {
-        if job.tasks[task].run_on.is_some() {
-            self.remote.push_back((run, task));
-        } else {
-            self.local.push_back((run, task));
+        match Lane::of(&job.tasks[task]) {
+            Lane::Pool => self.local.push_back((run, task)),
+            Lane::Agents => self.remote.push_back((run, task)),
+            Lane::Free => self.free.push_back((run, task)),
         }
+    }
+
+    fn len(&self) -> usize {
+        self.local.len() + self.remote.len() + self.free.len()
     }
 }
 
@@ -613,6 +643,8 @@ pub struct Engine<S: Store> {
     claiming: usize,
     /// Attempts handed to remote agents (their capacity bounds them).
     remote_running: usize,
+    /// Attempts of no-op tasks under way (see [`Lane`]).
+    free_running: usize,
     /// Attempt tasks started and not yet reported (`running` also counts
     /// the ones decided but not yet committed).
     started: usize,

@@ -27,6 +27,7 @@ impl<S: Store> Engine<S> {
             running: 0,
             claiming: 0,
             remote_running: 0,
+            free_running: 0,
             started: 0,
             last_run_id: store.max_run_id().await?,
             rng: Rng((now.as_nanosecond() as u64) | 1),
@@ -178,7 +179,7 @@ impl<S: Store> Engine<S> {
         }
         // Graceful shutdown: no new fires or attempts; let running attempts finish.
         let deadline = tokio::time::Instant::now() + drain;
-        while self.running + self.remote_running > 0 {
+        while self.in_flight() > 0 {
             match tokio::time::timeout_at(deadline, self.finished_rx.recv()).await {
                 Ok(Some(done)) => {
                     self.on_finished(done);
@@ -188,30 +189,30 @@ impl<S: Store> Engine<S> {
                 _ => break,
             }
         }
-        if self.running + self.remote_running > 0 {
+        if self.in_flight() > 0 {
             // Nothing may outlive the server: a task left running would run
             // again beside its retry after the restart. Kill every attempt,
             // wait for it to be gone, and record it as lost (the delivery
             // policy decides after the restart).
             tracing::warn!(
                 "{} attempts still running at the end of the shutdown grace; killing them",
-                self.running + self.remote_running
+                self.in_flight()
             );
             self.killing = true;
             self.cancel_all();
             let deadline =
                 tokio::time::Instant::now() + dagcron_exec::PIPE_GRACE + Duration::from_secs(3);
-            while self.running + self.remote_running > 0 {
+            while self.in_flight() > 0 {
                 match tokio::time::timeout_at(deadline, self.finished_rx.recv()).await {
                     Ok(Some(done)) => self.on_finished(done),
                     _ => break,
                 }
             }
             self.flush().await?;
-            if self.running + self.remote_running > 0 {
+            if self.in_flight() > 0 {
                 tracing::error!(
                     "{} attempts did not report after being killed; they will be recovered as lost",
-                    self.running + self.remote_running
+                    self.in_flight()
                 );
             }
         }
@@ -278,7 +279,7 @@ impl<S: Store> Engine<S> {
                     task,
                     number,
                     write,
-                    remote,
+                    lane,
                 } => {
                     if results.get(write) == Some(&WriteResult::Done) {
                         self.spawn(run, task, number);
@@ -286,7 +287,7 @@ impl<S: Store> Engine<S> {
                         // Only a second engine acting on the same run could
                         // cause this; fencing is meant to make it impossible.
                         tracing::error!(run, task, number, "attempt not recorded; not starting it");
-                        *self.lane(remote) -= 1;
+                        *self.lane(lane) -= 1;
                     }
                 }
                 Action::Reply(f) => f(),

@@ -140,7 +140,7 @@ impl<S: Store> Engine<S> {
             return;
         };
         let token = self.kill_switch.child_token();
-        *self.lane(job.tasks[i].run_on.is_some()) += 1;
+        *self.lane(Lane::of(&job.tasks[i])) += 1;
         if self.runs.contains_key(&claim.run) {
             // Handed over earlier, taken back now.
             self.shared.remove(&(claim.run, i));
