@@ -246,13 +246,11 @@ impl Coordination for PgStore {
 
     async fn take_cancel_requests(&self) -> Result<Vec<RunId>> {
         let fence = self.registered()?;
-        sqlx::query_scalar(
-            "UPDATE runs SET cancel_requested = FALSE WHERE cancel_requested AND owner_epoch = $1 RETURNING id",
-        )
-        .bind(fence.epoch)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(unavailable)
+        sqlx::query_scalar(TAKE_CANCEL_REQUESTS)
+            .bind(fence.epoch)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(unavailable)
     }
 
     async fn take_intervention_requests(&self) -> Result<Vec<(RunId, String, String)>> {
@@ -336,5 +334,50 @@ impl Coordination for PgStore {
                 Err(unavailable(e))
             }
         }
+    }
+}
+
+/// Takes the cancel requests of a node's runs. Only an unfinished run is
+/// ever asked to stop (`request_cancel`), and saying so lets the index of
+/// unfinished runs by owner find them: without it, every poll read the
+/// whole table of runs.
+const TAKE_CANCEL_REQUESTS: &str = concat!(
+    "UPDATE runs SET cancel_requested = FALSE WHERE cancel_requested AND owner_epoch = $1 AND state IN ",
+    dagcron_store::run_unfinished!(),
+    " RETURNING id"
+);
+
+#[cfg(test)]
+mod tests {
+    use sqlx::Connection;
+
+    /// Regression: the poll of cancel requests scanned every run ever
+    /// made; on a table of history it goes through the index of
+    /// unfinished runs.
+    #[tokio::test]
+    async fn the_poll_of_cancel_requests_reads_only_unfinished_runs() {
+        let db = dagcron_test_pg::TestDatabase::create("cancel_poll").await;
+        let _migrated = crate::PgStore::connect(&db.url, 2).await.unwrap();
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        sqlx::query(
+            "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, owner_epoch)
+             SELECT g, 'n', 'j', 1, 'manual', 0, CASE WHEN g % 1000 = 0 THEN 'running' ELSE 'succeeded' END, '{}', 0, 1
+             FROM generate_series(1, 20000) g",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        sqlx::query("ANALYZE runs")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let explain = format!("EXPLAIN {}", super::TAKE_CANCEL_REQUESTS.replace("$1", "1"));
+        let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(plan.contains("runs_active"), "{plan}");
+        assert!(!plan.contains("Seq Scan"), "{plan}");
     }
 }
