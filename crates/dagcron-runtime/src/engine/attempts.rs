@@ -190,7 +190,7 @@ impl<S: Store> Engine<S> {
         });
     }
 
-    /// The count of attempts running in this process's pool, or on agents.
+    /// The count of attempts under way in `lane`.
     pub(super) fn lane(&mut self, lane: Lane) -> &mut usize {
         match lane {
             Lane::Pool => &mut self.running,
@@ -206,8 +206,9 @@ impl<S: Store> Engine<S> {
 
     /// Starts ready tasks: every one for a remote agent (the agent pool
     /// queues them fairly until an agent has room), every no-op one (it
-    /// takes no slot), and local ones while the pool has room. A cluster node whose pool is full hands local
-    /// tasks to the cluster (a bounded number), for any node with room.
+    /// takes no slot), and local ones while the pool has room. A cluster
+    /// node whose pool is full hands local tasks to the cluster (a bounded
+    /// number) for any other node with room, if there is another node.
     pub(super) fn dispatch(&mut self) {
         while let Some((id, i)) = self.ready.remote.pop_front() {
             self.dispatch_task(id, i, true);
