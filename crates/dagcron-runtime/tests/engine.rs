@@ -69,10 +69,18 @@ async fn fresh(at: &str) -> Harness {
 const LONG_GRACE: Duration = Duration::from_secs(400 * 86_400);
 
 async fn fresh_with_grace(at: &str, misfire_grace: Duration) -> Harness {
-    let config = EngineConfig {
-        misfire_grace,
-        ..EngineConfig::default()
-    };
+    fresh_with(
+        at,
+        EngineConfig {
+            misfire_grace,
+            ..EngineConfig::default()
+        },
+    )
+    .await
+}
+
+/// A fresh engine and store at `at`, with `config`.
+async fn fresh_with(at: &str, config: EngineConfig) -> Harness {
     start(
         Arc::new(tempfile::tempdir().unwrap()),
         ManualClock::new(ts(at)),
@@ -962,7 +970,6 @@ async fn a_lone_node_keeps_what_its_pool_has_no_room_for() {
     use dagcron_runtime::{Lease, NodeIdentity};
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    let at = ts("2026-01-01T00:00:30Z");
     let lease = Lease::new();
     lease.extend_to(ts("2026-01-01T01:00:30Z"));
     let peers = Arc::new(AtomicBool::new(false));
@@ -975,12 +982,7 @@ async fn a_lone_node_keeps_what_its_pool_has_no_room_for() {
         }),
         ..EngineConfig::default()
     };
-    let h = start(
-        Arc::new(tempfile::tempdir().unwrap()),
-        ManualClock::new(at),
-        config,
-    )
-    .await;
+    let h = fresh_with("2026-01-01T00:00:30Z", config).await;
     h.apply("namespace: t\njobs:\n  - { name: fan, schedule: '0 0 0 1 1 *', tasks: [{ id: a, shell: 'sleep 30' }, { id: b, shell: 'sleep 30' }, { id: c, shell: 'sleep 30' }] }\n").await;
     let id = h.handle.trigger("t", "fan", BTreeMap::new()).await.unwrap();
     let attempts = async |state: AttemptState| {
@@ -1026,12 +1028,7 @@ async fn a_no_op_task_takes_no_slot_of_the_pool() {
         pool_size: 1,
         ..EngineConfig::default()
     };
-    let h = start(
-        Arc::new(tempfile::tempdir().unwrap()),
-        ManualClock::new(ts("2026-01-01T00:00:30Z")),
-        config,
-    )
-    .await;
+    let h = fresh_with("2026-01-01T00:00:30Z", config).await;
     h.apply("namespace: t\njobs:\n  - { name: busy, schedule: '0 0 0 1 1 *', tasks: [{ id: long, shell: 'sleep 30' }, { id: join, noop: true }, { id: next, shell: 'true' }] }\n  - { name: empty, schedule: '0 0 0 1 1 *', concurrency: allow, tasks: [{ id: a, noop: true }, { id: b, noop: true, depends_on: [a] }] }\n").await;
     let busy = h
         .handle
@@ -1475,12 +1472,7 @@ async fn per_job_series_collapse_into_the_namespace_past_the_bound() {
         metrics: Some(Arc::new(EngineMetrics::new(2))),
         ..EngineConfig::default()
     };
-    let h = start(
-        Arc::new(tempfile::tempdir().unwrap()),
-        ManualClock::new(ts("2026-01-01T00:00:00Z")),
-        config,
-    )
-    .await;
+    let h = fresh_with("2026-01-01T00:00:00Z", config).await;
     h.apply(concat!(
         "namespace: t\njobs:\n",
         "  - { name: a, schedule: '*/10 * * * * *', tasks: [{ id: x, noop: true }] }\n",
@@ -1838,12 +1830,7 @@ async fn backpressure_bounds_waiting_runs_and_refuses_manual_work() {
         max_ready_backlog: 2,
         ..EngineConfig::default()
     };
-    let h = start(
-        Arc::new(tempfile::tempdir().unwrap()),
-        ManualClock::new(ts("2026-01-01T00:00:00Z")),
-        config,
-    )
-    .await;
+    let h = fresh_with("2026-01-01T00:00:00Z", config).await;
     let dir = tempfile::tempdir().unwrap();
     let gate = dir.path().join("gate");
     let wait = format!("while [ ! -e {} ]; do sleep 0.01; done", gate.display());

@@ -359,18 +359,15 @@ mod tests {
         let db = dagcron_test_pg::TestDatabase::create("cancel_poll").await;
         let _migrated = crate::PgStore::connect(&db.url, 2).await.unwrap();
         let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
-        sqlx::query(
+        sqlx::raw_sql(
             "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, owner_epoch)
              SELECT g, 'n', 'j', 1, 'manual', 0, CASE WHEN g % 1000 = 0 THEN 'running' ELSE 'succeeded' END, '{}', 0, 1
-             FROM generate_series(1, 20000) g",
+             FROM generate_series(1, 20000) g;
+             ANALYZE runs;",
         )
         .execute(&mut conn)
         .await
         .unwrap();
-        sqlx::query("ANALYZE runs")
-            .execute(&mut conn)
-            .await
-            .unwrap();
         let explain = format!("EXPLAIN {}", super::TAKE_CANCEL_REQUESTS.replace("$1", "1"));
         let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
             .fetch_all(&mut conn)
