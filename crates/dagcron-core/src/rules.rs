@@ -10,7 +10,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::Job;
+use crate::model::{Job, Timing};
 
 /// What the fires of a job are computed with.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,15 +70,28 @@ impl Rules {
     }
 }
 
+impl Rules {
+    /// The rules of this build for these timetables (their zones).
+    fn of<'a>(timetables: impl Iterator<Item = &'a dagcron_cron::Timetable>) -> Rules {
+        let zones: std::collections::BTreeSet<&str> = timetables
+            .filter_map(|t| t.time_zone().iana_name())
+            .collect();
+        Rules::current(zones)
+    }
+}
+
 impl Job {
     /// The rules this build computes the job's fires with.
     pub fn rules(&self) -> Rules {
-        let zones: std::collections::BTreeSet<&str> = self
-            .schedules
-            .iter()
-            .filter_map(|s| s.timetable().time_zone().iana_name())
-            .collect();
-        Rules::current(zones)
+        Rules::of(self.schedules.iter().map(|s| s.timetable()))
+    }
+}
+
+impl Timing {
+    /// The rules this build computes these fires with: those of the job
+    /// they were made from ([`Job::rules`]).
+    pub fn rules(&self) -> Rules {
+        Rules::of(self.timetables.iter())
     }
 }
 

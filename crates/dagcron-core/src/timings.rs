@@ -16,7 +16,7 @@ use std::sync::Arc;
 use dagcron_cron::{Schedule, Timetable};
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::calendar::Calendar;
 use crate::duration::Dur;
@@ -178,10 +178,57 @@ struct Fields {
     end_date: Option<Timestamp>,
 }
 
+/// The same fields borrowed from a job, as they are stored beside it for
+/// start-up (see [`Job::timing_json`]), each written out (none left to a
+/// default, so that a later default cannot change a stored job's fires).
+#[derive(Serialize)]
+struct FieldsOf<'a> {
+    name: &'a str,
+    schedule: &'a Option<Schedules>,
+    timezone: &'a str,
+    dst_gap: Option<GapPolicy>,
+    dst_overlap: Option<OverlapPolicy>,
+    anchor: &'a Option<String>,
+    misfire: Misfire,
+    max_catchup: u32,
+    send_ahead: Option<Dur>,
+    jitter: Option<Dur>,
+    exclude: &'a [Exclude],
+    paused: bool,
+    start_date: Option<Timestamp>,
+    end_date: Option<Timestamp>,
+}
+
+impl Job {
+    /// What its timing is made from, as JSON: the fields of its canonical
+    /// form that [`TimetableCache::timing_from_canonical`] reads (a third
+    /// of the canonical form for a small job; what start-up reads).
+    pub fn timing_json(&self) -> String {
+        let s = &self.spec;
+        serde_json::to_string(&FieldsOf {
+            name: &s.name,
+            schedule: &s.schedule,
+            timezone: &s.timezone,
+            dst_gap: s.dst_gap,
+            dst_overlap: s.dst_overlap,
+            anchor: &s.anchor,
+            misfire: s.misfire,
+            max_catchup: s.max_catchup,
+            send_ahead: s.send_ahead,
+            jitter: s.jitter,
+            exclude: &s.exclude,
+            paused: s.paused,
+            start_date: s.start_date,
+            end_date: s.end_date,
+        })
+        .expect("timing fields serialize")
+    }
+}
+
 impl TimetableCache {
     /// The timing of a job from its canonical form (see
-    /// [`Job::canonical`]), equal to `Job::from_canonical(..)?.timing()`
-    /// for every spec that validates. Only what the timing depends on is
+    /// [`Job::canonical`]) or its [`Job::timing_json`], equal to
+    /// `Job::from_canonical(..)?.timing()` for every spec that validates. Only what the timing depends on is
     /// read and checked again (the zone, the anchor, the expressions, the
     /// calendars): the rest was validated when the job was applied, and is
     /// validated again whenever the whole job is read for a run.

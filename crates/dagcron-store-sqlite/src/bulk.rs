@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use dagcron_store::{Result, StorageError, StoredJob};
+use dagcron_store::{Result, StorageError, StoredJob, StoredTimingRow};
 use rusqlite::{Connection, OpenFlags, params};
 
 pub(crate) struct BulkReader {
@@ -36,6 +36,49 @@ impl BulkReader {
 
     /// See [`dagcron_store::Store::load_jobs`]; blocks.
     pub(crate) fn load_jobs(&self, after: (String, String), limit: u32) -> Result<Vec<StoredJob>> {
+        let sql = format!(
+            "{} WHERE (j.namespace, j.name) > (?1, ?2) ORDER BY j.namespace, j.name LIMIT ?3",
+            crate::SELECT_JOBS
+        );
+        self.page(&sql, after, limit, |r| StoredJob {
+            namespace: r.namespace,
+            name: r.name,
+            version: r.version,
+            spec: r.text,
+            paused: r.paused,
+            updated_at: r.updated_at,
+            rules: r.rules,
+        })
+    }
+
+    /// See [`dagcron_store::Store::load_job_timings`]; blocks. The jobs
+    /// table alone: each row's timing fields, not its spec.
+    pub(crate) fn load_job_timings(
+        &self,
+        after: (String, String),
+        limit: u32,
+    ) -> Result<Vec<StoredTimingRow>> {
+        // A row value, so that each page is a range of the primary key.
+        let sql = "SELECT namespace, name, version, timing, paused, updated_at, rules FROM jobs WHERE (namespace, name) > (?1, ?2) ORDER BY namespace, name LIMIT ?3";
+        self.page(sql, after, limit, |r| StoredTimingRow {
+            namespace: r.namespace,
+            name: r.name,
+            version: r.version,
+            timing: r.text,
+            paused: r.paused,
+            updated_at: r.updated_at,
+            rules: r.rules,
+        })
+    }
+
+    /// A page of `sql`, whose columns are those of [`Columns`], after `after`.
+    fn page<T>(
+        &self,
+        sql: &str,
+        after: (String, String),
+        limit: u32,
+        make: impl Fn(Columns) -> T,
+    ) -> Result<Vec<T>> {
         let mut guard = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
             let conn = Connection::open_with_flags(
@@ -48,12 +91,7 @@ impl BulkReader {
             *guard = Some(conn);
         }
         let conn = guard.as_ref().expect("opened");
-        let mut stmt = conn
-            .prepare_cached(
-                // A row value, so that each page is a range of the primary key.
-                "SELECT namespace, name, version, spec, paused, updated_at, rules FROM jobs WHERE (namespace, name) > (?1, ?2) ORDER BY namespace, name LIMIT ?3",
-            )
-            .map_err(failed)?;
+        let mut stmt = conn.prepare_cached(sql).map_err(failed)?;
         let mut rows = stmt
             .query(params![after.0, after.1, i64::from(limit)])
             .map_err(failed)?;
@@ -74,16 +112,27 @@ impl BulkReader {
                 },
                 Err(e) => return Err(StorageError::Corrupt(format!("rules: {e}"))),
             };
-            out.push(StoredJob {
+            out.push(make(Columns {
                 namespace: r.get(0).map_err(failed)?,
                 name: r.get(1).map_err(failed)?,
                 version: r.get(2).map_err(failed)?,
-                spec: r.get(3).map_err(failed)?,
+                text: r.get(3).map_err(failed)?,
                 paused: r.get::<_, i64>(4).map_err(failed)? != 0,
                 updated_at: crate::ts(r.get(5).map_err(failed)?)?,
                 rules,
-            });
+            }));
         }
         Ok(out)
     }
+}
+
+/// The columns of a page of jobs: the fourth is the spec or the timing.
+struct Columns {
+    namespace: String,
+    name: String,
+    version: i64,
+    text: String,
+    paused: bool,
+    updated_at: jiff::Timestamp,
+    rules: Option<dagcron_core::Rules>,
 }

@@ -13,8 +13,8 @@ use std::time::Duration;
 use dagcron_core::{AttemptState, FireOutcome};
 use dagcron_store::{
     ApplyResult, AttemptRecord, AuditEntry, FireRecord, JobUpsert, JobVersion, Origin, Page,
-    Result, RunId, RunRecord, SecretRecord, StorageError, Store, StoredJob, TaskRecord,
-    TokenRecord, Trigger, VersionRecord, Write, WriteResult,
+    Result, RunId, RunRecord, SecretRecord, StorageError, Store, StoredJob, StoredTimingRow,
+    TaskRecord, TokenRecord, Trigger, VersionRecord, Write, WriteResult,
 };
 use jiff::Timestamp;
 use sqlx::sqlite::{
@@ -257,7 +257,10 @@ fn job_from_row(row: &SqliteRow) -> Result<StoredJob> {
     })
 }
 
-const JOB_COLUMNS: &str = "namespace, name, version, spec, paused, updated_at, rules";
+/// Jobs with their specs (the current version's: the spec is stored once,
+/// in `job_versions`), as [`job_from_row`] reads them; the `WHERE` follows.
+pub(crate) const SELECT_JOBS: &str = "SELECT j.namespace, j.name, j.version, v.spec, j.paused, j.updated_at, j.rules
+     FROM jobs AS j JOIN job_versions AS v ON v.namespace = j.namespace AND v.name = j.name AND v.version = j.version";
 
 const VERSION_COLUMNS: &str =
     "namespace, name, version, created_at, applied_by, applied_by_name, rollback_of, rules";
@@ -296,9 +299,21 @@ impl Store for SqliteStore {
             .map_err(|e| StorageError::Unavailable(format!("reading jobs: {e}")))?
     }
 
+    async fn load_job_timings(
+        &self,
+        after: Option<&(String, String)>,
+        limit: u32,
+    ) -> Result<Vec<StoredTimingRow>> {
+        let after = after.cloned().unwrap_or_default();
+        let bulk = self.bulk.clone();
+        tokio::task::spawn_blocking(move || bulk.load_job_timings(after, limit))
+            .await
+            .map_err(|e| StorageError::Unavailable(format!("reading jobs: {e}")))?
+    }
+
     async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<StoredJob>> {
         let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = ? AND name = ?"
+            "{SELECT_JOBS} WHERE j.namespace = ? AND j.name = ?"
         )))
         .bind(namespace)
         .bind(name)
@@ -316,7 +331,7 @@ impl Store for SqliteStore {
     ) -> Result<Page<StoredJob>> {
         let after = dagcron_store::jobs_after(cursor)?;
         let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = ? AND name > ? ORDER BY name LIMIT ?"
+            "{SELECT_JOBS} WHERE j.namespace = ? AND j.name > ? ORDER BY j.name LIMIT ?"
         )))
         .bind(namespace)
         .bind(&after)

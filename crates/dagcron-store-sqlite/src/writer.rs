@@ -117,7 +117,9 @@ fn prefetch(tx: &Transaction<'_>, jobs: &[JobUpsert]) -> rusqlite::Result<Prefet
         let mut rows = tx.prepare_cached(
             // The names drive the loop (CROSS JOIN keeps that order): each
             // is one probe of the primary key, whatever the table's size.
-            "SELECT j.name, j.version, j.spec, j.paused, j.rules FROM json_each(?2) AS n CROSS JOIN jobs AS j ON j.namespace = ?1 AND j.name = n.value",
+            // The spec is the current version's.
+            "SELECT j.name, j.version, v.spec, j.paused, j.rules FROM json_each(?2) AS n CROSS JOIN jobs AS j ON j.namespace = ?1 AND j.name = n.value
+               CROSS JOIN job_versions AS v ON v.namespace = j.namespace AND v.name = j.name AND v.version = j.version",
         )?;
         let mut rows = rows.query(params![ns, names])?;
         while let Some(r) = rows.next()? {
@@ -159,8 +161,8 @@ pub(crate) fn apply_jobs(
             Some(c) => {
                 let v = c.version;
                 let paused = j.paused_over(Some((c.paused, &c.spec)));
-                tx.prepare_cached("UPDATE jobs SET version = ?1, spec = ?2, updated_at = ?3, paused = ?4, rules = ?5 WHERE namespace = ?6 AND name = ?7")?
-                    .execute(params![v + 1, j.spec, at, paused, rules, j.namespace, j.name])?;
+                tx.prepare_cached("UPDATE jobs SET version = ?1, timing = ?2, updated_at = ?3, paused = ?4, rules = ?5 WHERE namespace = ?6 AND name = ?7")?
+                    .execute(params![v + 1, j.timing, at, paused, rules, j.namespace, j.name])?;
                 rows.insert(
                     key,
                     Current {
@@ -176,8 +178,8 @@ pub(crate) fn apply_jobs(
                 // A re-created job continues its version history.
                 let v = last_versions.get(&key).copied().unwrap_or(0) + 1;
                 let paused = j.paused_over(None);
-                tx.prepare_cached("INSERT INTO jobs (namespace, name, version, spec, paused, updated_at, rules) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?
-                    .execute(params![j.namespace, j.name, v, j.spec, paused, at, rules])?;
+                tx.prepare_cached("INSERT INTO jobs (namespace, name, version, timing, paused, updated_at, rules) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?
+                    .execute(params![j.namespace, j.name, v, j.timing, paused, at, rules])?;
                 created.entry(&j.namespace).or_default().push(&j.name);
                 rows.insert(
                     key,

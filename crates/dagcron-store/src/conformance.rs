@@ -27,6 +27,7 @@ macro_rules! conformance_tests {
             a_rerun_starts_with_the_outcomes_it_carries,
             held_runs_are_the_unfinished_runs_of_a_namespace_with_a_held_task,
             pause_delete_and_list_jobs,
+            start_up_reads_each_jobs_timing,
             paused_in_a_file_and_through_the_api,
             tokens_are_found_by_their_hash_and_revoked,
             the_audit_log_is_one_chain,
@@ -67,6 +68,7 @@ fn job(ns: &str, name: &str, spec: &str) -> JobUpsert {
         namespace: ns.into(),
         name: name.into(),
         spec: spec.into(),
+        timing: spec.into(),
         paused: false,
         origin: Origin::default(),
         rules: Some(rules(1, "2026a", "aa")),
@@ -501,6 +503,71 @@ pub async fn pause_delete_and_list_jobs<S: Store>(s: &S) {
     let mut all = 0;
     crate::load_all_jobs(s, |_| all += 1).await.unwrap();
     assert_eq!(all, 5);
+}
+
+/// What start-up reads of each job makes the timing of its current
+/// version, with the job's version, pause and rules, in the order and
+/// pages of [`Store::load_jobs`].
+pub async fn start_up_reads_each_jobs_timing<S: Store>(s: &S) {
+    let file = |schedule: &str| {
+        let spec = serde_json::json!({
+            "name": "j",
+            "schedule": schedule,
+            "timezone": "Europe/Berlin",
+            "misfire": "run_once",
+            "tasks": [{"id": "a", "noop": true}],
+        });
+        dagcron_core::JobFile {
+            namespace: "ns".into(),
+            calendars: vec![],
+            jobs: vec![serde_json::from_value(spec).expect("a job spec")],
+        }
+        .validate()
+        .expect("valid")
+        .remove(0)
+    };
+    let (first, second) = (file("0 0 3 * * *"), file("0 30 4 * * *"));
+    let other = JobUpsert {
+        namespace: "other".into(),
+        ..JobUpsert::of(&first)
+    };
+    s.apply_jobs(&[JobUpsert::of(&first), other], t(1))
+        .await
+        .unwrap();
+    s.apply_jobs(&[JobUpsert::of(&second)], t(2)).await.unwrap();
+    assert!(s.set_paused("ns", "j", true).await.unwrap());
+    let rows = s.load_job_timings(None, 1).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    let ns = &rows[0];
+    assert_eq!((ns.namespace.as_str(), ns.name.as_str()), ("ns", "j"));
+    assert_eq!((ns.version, ns.paused), (2, true));
+    assert_eq!(ns.updated_at, t(2));
+    assert_eq!(ns.rules, Some(second.rules()));
+    let mut cache = dagcron_core::timings::TimetableCache::new();
+    let timing = cache.timing_from_canonical("ns", &ns.timing).unwrap();
+    assert_eq!(
+        format!("{:?}", timing.timing),
+        format!("{:?}", second.timing())
+    );
+    let after = Some(("ns".to_string(), "j".to_string()));
+    let rows = s.load_job_timings(after.as_ref(), 1).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].namespace, "other");
+    let timing = cache
+        .timing_from_canonical("other", &rows[0].timing)
+        .unwrap();
+    let first_there = dagcron_core::Job::from_canonical("other", &first.canonical()).unwrap();
+    assert_eq!(
+        format!("{:?}", timing.timing),
+        format!("{:?}", first_there.timing())
+    );
+    let after = Some(("other".to_string(), "j".to_string()));
+    assert!(
+        s.load_job_timings(after.as_ref(), 1)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 /// A job file's `paused` decides when the job is new or when the file's

@@ -89,6 +89,42 @@ pub struct StoredJob {
     pub rules: Option<Rules>,
 }
 
+/// What start-up reads of a stored job: its timing fields, not its whole
+/// spec (see [`Store::load_job_timings`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredTimingRow {
+    /// Tenant.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Its current version.
+    pub version: i64,
+    /// JSON holding at least the fields its timing is made from (see
+    /// [`dagcron_core::Job::timing_json`]): those alone, or its whole
+    /// canonical spec.
+    pub timing: String,
+    /// Paused jobs do not fire.
+    pub paused: bool,
+    /// Last change.
+    pub updated_at: Timestamp,
+    /// The rules its current version was applied under (see [`StoredJob`]).
+    pub rules: Option<Rules>,
+}
+
+impl From<StoredJob> for StoredTimingRow {
+    fn from(job: StoredJob) -> StoredTimingRow {
+        StoredTimingRow {
+            namespace: job.namespace,
+            name: job.name,
+            version: job.version,
+            timing: job.spec,
+            paused: job.paused,
+            updated_at: job.updated_at,
+            rules: job.rules,
+        }
+    }
+}
+
 /// Who applied a version of a job: the API token's id and name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Actor {
@@ -142,6 +178,9 @@ pub struct JobUpsert {
     pub name: String,
     /// Canonical JSON of the spec; equal means unchanged.
     pub spec: String,
+    /// Its timing fields as JSON ([`dagcron_core::Job::timing_json`]),
+    /// which a store may keep for start-up beside the spec.
+    pub timing: String,
     /// The file's `paused`.
     pub paused: bool,
     /// Who applies it, and whether it rolls back to an older version.
@@ -159,6 +198,7 @@ impl JobUpsert {
             namespace: job.namespace.clone(),
             name: job.spec.name.clone(),
             spec: job.canonical(),
+            timing: job.timing_json(),
             paused: job.spec.paused,
             origin: Origin::default(),
             rules: Some(job.rules()),
@@ -818,6 +858,19 @@ pub trait Store: Send + Sync + 'static {
         after: Option<&(String, String)>,
         limit: u32,
     ) -> impl Future<Output = Result<Vec<StoredJob>>> + Send;
+    /// [`Store::load_jobs`] for start-up: what a job's timing is made
+    /// from, in the same order and pages (a backend that stores the timing
+    /// fields apart reads those instead of each whole spec).
+    fn load_job_timings(
+        &self,
+        after: Option<&(String, String)>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<StoredTimingRow>>> + Send {
+        async move {
+            let jobs = self.load_jobs(after, limit).await?;
+            Ok(jobs.into_iter().map(StoredTimingRow::from).collect())
+        }
+    }
     /// One job.
     fn get_job(
         &self,

@@ -18,7 +18,7 @@ use dagcron_api::{AppState, router};
 use dagcron_core::JobFile;
 use dagcron_core::authz::{Grant, Role};
 use dagcron_runtime::{Engine, EngineConfig, SystemClock};
-use dagcron_store::{JobUpsert, Origin, Store};
+use dagcron_store::{JobUpsert, Store};
 use dagcron_store_sqlite::SqliteStore;
 use http_body_util::BodyExt;
 use tower::ServiceExt;
@@ -52,11 +52,7 @@ async fn fill(path: &std::path::Path) -> Arc<SqliteStore> {
             j.spec.name = format!("job-{i:05}");
             JobUpsert {
                 namespace: "bench".into(),
-                name: j.spec.name.clone(),
-                spec: j.canonical(),
-                paused: false,
-                origin: Origin::default(),
-                rules: Some(j.rules()),
+                ..JobUpsert::of(&j)
             }
         })
         .collect();

@@ -141,6 +141,11 @@ proptest! {
             prop_assert_eq!(format!("{:?}", fast.timing), format!("{whole:?}"));
             prop_assert_eq!(fires(&fast.timing), fires(&whole));
             prop_assert_eq!(fast.file_paused, job.spec.paused);
+            // What is stored for start-up reads back the same.
+            let stored = cache.timing_from_canonical("ns", &job.timing_json()).unwrap();
+            prop_assert_eq!(format!("{:?}", stored.timing), format!("{whole:?}"));
+            prop_assert_eq!(stored.file_paused, job.spec.paused);
+            prop_assert_eq!(stored.timing.rules(), job.rules());
             let from_job = job.timing_shared(&mut shared);
             prop_assert_eq!(format!("{from_job:?}"), format!("{whole:?}"));
             prop_assert_eq!(format!("{:?}", job.timing()), format!("{whole:?}"));

@@ -218,10 +218,15 @@ impl<S: Store> Engine<S> {
     /// memory and the fire is near, otherwise a [`Timer::Prepare`] ahead of it
     /// (and the whole job is let go until then).
     pub(super) fn arm_next_fire(&mut self, key: &JobKey, after: Timestamp) {
+        if let Some(key) = self.jobs.get_key_value(key).map(|(k, _)| k.clone()) {
+            self.arm_next_fire_of(key, after);
+        }
+    }
+
+    /// [`Engine::arm_next_fire`] of a job known to be in the table, `key`
+    /// the table's own.
+    pub(super) fn arm_next_fire_of(&mut self, key: Arc<JobKey>, after: Timestamp) {
         let now = self.clock.now();
-        let Some(key) = self.jobs.get_key_value(key).map(|(k, _)| k.clone()) else {
-            return;
-        };
         let entry = self.jobs.get_mut(&*key).expect("job");
         let plan = if entry.paused || !entry.owned {
             Arming::Nothing

@@ -20,7 +20,7 @@ use dagcron_core::{AttemptState, Failure, Job, RunState, TaskState, Timing};
 use dagcron_exec::{AttemptContext, Ending, Limits, Outcome};
 use dagcron_store::{
     ApplyResult, AttemptKey, ClaimedAttempt, JobUpsert, NewRun, Origin, RemoteAttempt, RunId,
-    RunRecord, StorageError, Store, StoredJob, Trigger, Write, WriteResult,
+    RunRecord, StorageError, Store, StoredJob, StoredTimingRow, Trigger, Write, WriteResult,
 };
 use jiff::{SignedDuration, Timestamp};
 use tokio::sync::{mpsc, oneshot};

@@ -10,12 +10,13 @@ impl<S: Store> Engine<S> {
         let mut rules = RulesCheck::default();
         // Three stages at once: pages of jobs read from the store, parsed
         // into timings beside the loop (on a blocking thread), installed here.
-        let (pages_tx, mut pages_rx) = mpsc::channel::<Result<Vec<StoredJob>, StorageError>>(2);
+        let (pages_tx, mut pages_rx) =
+            mpsc::channel::<Result<Vec<StoredTimingRow>, StorageError>>(2);
         let store = self.store.clone();
         let reader = tokio::spawn(async move {
             let mut after = None;
             loop {
-                let page = store.load_jobs(after.as_ref(), JOB_PAGE).await;
+                let page = store.load_job_timings(after.as_ref(), JOB_PAGE).await;
                 let last = match &page {
                     Ok(p) if p.len() == JOB_PAGE as usize => {
                         p.last().map(|j| (j.namespace.clone(), j.name.clone()))
@@ -43,6 +44,32 @@ impl<S: Store> Engine<S> {
             }
             cache
         });
+        // Where each job resumes: its last recorded fire (a cluster node
+        // learns it when it comes to own the job), read while the first
+        // pages are.
+        let mut last_fires: HashMap<JobKey, Timestamp> = if self.config.node.is_none() {
+            let fires = self.store.last_fires().await;
+            let fires = match fires {
+                Ok(f) => f,
+                Err(e) => {
+                    drop(parsed_rx);
+                    let _ = parser.await;
+                    let _ = reader.await;
+                    return Err(e);
+                }
+            };
+            fires
+                .into_iter()
+                .map(|(namespace, name, at)| ((namespace, name), at))
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        let grace = SignedDuration::try_from(self.config.misfire_grace).unwrap_or_default();
+        // The jobs that missed fires: caught up once the unfinished runs are
+        // rebuilt (the fires caught up count them). The others, nearly all,
+        // are armed as they are installed.
+        let mut missed_some = Vec::new();
         let mut failed = None;
         while let Some(page) = parsed_rx.recv().await {
             let page = match page {
@@ -63,7 +90,23 @@ impl<S: Store> Engine<S> {
                     loaded.updated_at,
                 );
                 entry.file_paused = loaded.file_paused;
-                self.jobs.insert(Arc::new(loaded.key), entry);
+                entry.last_fire = last_fires.remove(&loaded.key);
+                let key = Arc::new(loaded.key);
+                let armed = !entry.paused && entry.owned;
+                let resume = armed
+                    .then(|| {
+                        let since = entry.last_fire.unwrap_or(entry.applied_at);
+                        let max = self.config.max_missed_per_job;
+                        let missed = fires::missed(&entry.timing, since, now, grace, max);
+                        missed.fires.is_empty().then_some(missed.resume_after)
+                    })
+                    .flatten();
+                self.jobs.insert(key.clone(), entry);
+                match resume {
+                    Some(after) => self.arm_next_fire_of(key, after),
+                    None if armed => missed_some.push(key),
+                    None => {}
+                }
             }
         }
         drop(parsed_rx);
@@ -73,15 +116,6 @@ impl<S: Store> Engine<S> {
             return Err(e);
         }
         rules.report(&*self.store).await;
-        // Where each job resumes: its last recorded fire. (A cluster node
-        // learns it when it comes to own the job.)
-        if self.config.node.is_none() {
-            for (namespace, name, at) in self.store.last_fires().await? {
-                if let Some(entry) = self.jobs.get_mut(&(namespace, name)) {
-                    entry.last_fire = Some(at);
-                }
-            }
-        }
         // Unfinished runs: rebuild them; attempts that were running are lost.
         let active = self.store.active_runs().await?;
         if self.config.node.is_none() && !active.is_empty() {
@@ -116,13 +150,7 @@ impl<S: Store> Engine<S> {
         }
         // Missed fires, per job, by its misfire policy, from its last
         // recorded fire, or from when it was applied if it never fired.
-        let armed: Vec<Arc<JobKey>> = self
-            .jobs
-            .iter()
-            .filter(|(_, e)| !e.paused && e.owned)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in armed {
+        for key in missed_some {
             let entry = &self.jobs[&key];
             let since = entry.last_fire.unwrap_or(entry.applied_at);
             self.catch_up(&key, since, now, self.config.misfire_grace)
@@ -470,16 +498,13 @@ impl LoadedJob {
     /// Its timing (only what the engine keeps of it is read, not the
     /// whole job); `None`, said in the log, if it no longer validates.
     fn parse(
-        stored: StoredJob,
+        stored: StoredTimingRow,
         cache: &mut dagcron_core::timings::TimetableCache,
     ) -> Option<LoadedJob> {
-        let no_longer = |e: String| {
-            tracing::error!(namespace = %stored.namespace, job = %stored.name, "stored job no longer validates, not scheduling it: {e}");
-        };
-        let timing = match cache.timing_from_canonical(&stored.namespace, &stored.spec) {
+        let timing = match cache.timing_from_canonical(&stored.namespace, &stored.timing) {
             Ok(t) => t,
             Err(e) => {
-                no_longer(e);
+                tracing::error!(namespace = %stored.namespace, job = %stored.name, "stored job no longer validates, not scheduling it: {e}");
                 return None;
             }
         };
@@ -491,31 +516,19 @@ impl LoadedJob {
             {
                 RulesNote::Same
             }
-            other => {
-                // Rare: the whole job, for its rules.
-                let job = match Job::from_canonical(&stored.namespace, &stored.spec) {
-                    Ok(job) => job,
-                    Err(e) => {
-                        no_longer(e);
-                        return None;
-                    }
-                };
-                match other {
-                    Some(r) => match r.changes(&job.rules()) {
-                        Some(change) => RulesNote::Changed(
-                            format!("{}/{}", stored.namespace, stored.name),
-                            change,
-                        ),
-                        None => RulesNote::Same,
-                    },
-                    None => RulesNote::Unstamped(
-                        stored.namespace.clone(),
-                        stored.name.clone(),
-                        stored.version,
-                        job.rules(),
-                    ),
+            // Rare: the rules of its timing, to compare.
+            Some(r) => match r.changes(&timing.timing.rules()) {
+                Some(change) => {
+                    RulesNote::Changed(format!("{}/{}", stored.namespace, stored.name), change)
                 }
-            }
+                None => RulesNote::Same,
+            },
+            None => RulesNote::Unstamped(
+                stored.namespace.clone(),
+                stored.name.clone(),
+                stored.version,
+                timing.timing.rules(),
+            ),
         };
         Some(LoadedJob {
             key: (stored.namespace, stored.name),
