@@ -281,7 +281,14 @@ fn version_from_row(row: &SqliteRow) -> Result<VersionRecord> {
 
 impl Store for SqliteStore {
     async fn apply_jobs(&self, jobs: &[JobUpsert], at: Timestamp) -> Result<Vec<ApplyResult>> {
-        let jobs = jobs.to_vec();
+        self.apply_jobs_owned(jobs.to_vec(), at).await
+    }
+
+    async fn apply_jobs_owned(
+        &self,
+        jobs: Vec<JobUpsert>,
+        at: Timestamp,
+    ) -> Result<Vec<ApplyResult>> {
         self.writer
             .transaction(move |tx| writer::apply_jobs(tx, &jobs, at))
             .await

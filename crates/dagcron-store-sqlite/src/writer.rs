@@ -4,12 +4,13 @@
 //! one `BEGIN IMMEDIATE` transaction. (Going through the async driver cost
 //! a thread hand-off per statement, which dominated the time of a batch.)
 
-use std::collections::{BTreeMap, HashMap};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use dagcron_core::{FireOutcome, RunState, TaskState};
+use dagcron_core::{FireOutcome, Rules, RunState, TaskState};
 use dagcron_store::plan::{AsStateName, Plan, plan};
 use dagcron_store::{ApplyResult, JobUpsert, NewRun, Result, StorageError, Write, WriteResult};
 use jiff::Timestamp;
@@ -87,33 +88,39 @@ impl Writer {
     }
 }
 
-/// A stored job's row as an apply compares against it.
-struct Current {
+/// A stored job's row as an apply compares against it: as read, or as the
+/// same batch left it (borrowed from the batch).
+struct Current<'a> {
     version: i64,
-    spec: String,
+    spec: Cow<'a, str>,
     paused: bool,
-    rules: Option<String>,
+    rules: Option<Cow<'a, str>>,
 }
 
-/// The rows of a batch's jobs by (namespace, name), and the last version
-/// of the jobs without one.
-type Prefetched = (
-    HashMap<(String, String), Current>,
-    HashMap<(String, String), i64>,
-);
+/// A job by (namespace, name), borrowed from the batch.
+type Key<'a> = (&'a str, &'a str);
+
+/// The rows of a batch's jobs, and the last version of the jobs without
+/// one.
+type Prefetched<'a> = (HashMap<Key<'a>, Current<'a>>, HashMap<Key<'a>, i64>);
 
 /// The rows of the batch's jobs, read a namespace at a time in one query
 /// each, and the last version of the jobs that have no row (a re-created
 /// job continues its history), instead of two statements per job.
-fn prefetch(tx: &Transaction<'_>, jobs: &[JobUpsert]) -> rusqlite::Result<Prefetched> {
-    let mut by_namespace: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+fn prefetch<'a>(tx: &Transaction<'_>, jobs: &'a [JobUpsert]) -> rusqlite::Result<Prefetched<'a>> {
+    let mut by_namespace: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for j in jobs {
-        by_namespace.entry(&j.namespace).or_default().push(&j.name);
+        by_namespace
+            .entry(&j.namespace)
+            .or_default()
+            .insert(&j.name);
     }
     let mut current = HashMap::new();
     let mut last = HashMap::new();
     for (ns, names) in by_namespace {
-        let names = serde_json::to_string(&names).expect("names serialize");
+        let list = serde_json::to_string(&names).expect("names serialize");
+        // The batch's own copy of a name read back.
+        let ours = |name: String| names.get(name.as_str()).copied();
         let mut rows = tx.prepare_cached(
             // The names drive the loop (CROSS JOIN keeps that order): each
             // is one probe of the primary key, whatever the table's size.
@@ -121,24 +128,29 @@ fn prefetch(tx: &Transaction<'_>, jobs: &[JobUpsert]) -> rusqlite::Result<Prefet
             "SELECT j.name, j.version, v.spec, j.paused, j.rules FROM json_each(?2) AS n CROSS JOIN jobs AS j ON j.namespace = ?1 AND j.name = n.value
                CROSS JOIN job_versions AS v ON v.namespace = j.namespace AND v.name = j.name AND v.version = j.version",
         )?;
-        let mut rows = rows.query(params![ns, names])?;
+        let mut rows = rows.query(params![ns, list])?;
         while let Some(r) = rows.next()? {
-            current.insert(
-                (ns.to_string(), r.get(0)?),
-                Current {
-                    version: r.get(1)?,
-                    spec: r.get(2)?,
-                    paused: r.get(3)?,
-                    rules: r.get(4)?,
-                },
-            );
+            if let Some(name) = ours(r.get(0)?) {
+                let rules: Option<String> = r.get(4)?;
+                current.insert(
+                    (ns, name),
+                    Current {
+                        version: r.get(1)?,
+                        spec: Cow::Owned(r.get(2)?),
+                        paused: r.get(3)?,
+                        rules: rules.map(Cow::Owned),
+                    },
+                );
+            }
         }
         let mut versions = tx.prepare_cached(
             "SELECT n.value, (SELECT MAX(v.version) FROM job_versions AS v WHERE v.namespace = ?1 AND v.name = n.value) AS last FROM json_each(?2) AS n WHERE last IS NOT NULL",
         )?;
-        let mut rows = versions.query(params![ns, names])?;
+        let mut rows = versions.query(params![ns, list])?;
         while let Some(r) = rows.next()? {
-            last.insert((ns.to_string(), r.get(0)?), r.get(1)?);
+            if let Some(name) = ours(r.get(0)?) {
+                last.insert((ns, name), r.get(1)?);
+            }
         }
     }
     Ok((current, last))
@@ -151,62 +163,55 @@ pub(crate) fn apply_jobs(
 ) -> rusqlite::Result<Vec<ApplyResult>> {
     let at = at.as_microsecond();
     let (mut rows, last_versions) = prefetch(tx, jobs)?;
+    let mut update = tx.prepare_cached("UPDATE jobs SET version = ?1, timing = ?2, updated_at = ?3, paused = ?4, rules = ?5 WHERE namespace = ?6 AND name = ?7")?;
+    let mut insert = tx.prepare_cached("INSERT INTO jobs (namespace, name, version, timing, paused, updated_at, rules) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?;
+    let mut version = tx.prepare_cached("INSERT OR REPLACE INTO job_versions (namespace, name, version, spec, created_at, applied_by, applied_by_name, rollback_of, rules) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")?;
     let mut created: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     let mut out = Vec::with_capacity(jobs.len());
+    // Most jobs of a batch are applied under the same rules: written once.
+    let mut rules_text: Option<(&Rules, String)> = None;
     for j in jobs {
-        let key = (j.namespace.clone(), j.name.clone());
-        let rules = j.rules_json();
+        let key = (j.namespace.as_str(), j.name.as_str());
+        let rules = j.rules.as_ref().map(|r| match &rules_text {
+            Some((last, text)) if *last == r => text.clone(),
+            _ => {
+                let text = r.to_json();
+                rules_text = Some((r, text.clone()));
+                text
+            }
+        });
         let result = match rows.get(&key) {
             Some(c) if !j.changes(&c.spec, c.rules.as_deref()) => ApplyResult::Unchanged(c.version),
             Some(c) => {
-                let v = c.version;
+                let v = c.version + 1;
                 let paused = j.paused_over(Some((c.paused, &c.spec)));
-                tx.prepare_cached("UPDATE jobs SET version = ?1, timing = ?2, updated_at = ?3, paused = ?4, rules = ?5 WHERE namespace = ?6 AND name = ?7")?
-                    .execute(params![v + 1, j.timing, at, paused, rules, j.namespace, j.name])?;
-                rows.insert(
-                    key,
-                    Current {
-                        version: v + 1,
-                        spec: j.spec.clone(),
-                        paused,
-                        rules: rules.clone(),
-                    },
-                );
-                ApplyResult::Updated(v + 1)
+                update.execute(params![v, j.timing, at, paused, rules, j.namespace, j.name])?;
+                rows.insert(key, Current::of(j, v, paused, &rules));
+                ApplyResult::Updated(v)
             }
             None => {
                 // A re-created job continues its version history.
                 let v = last_versions.get(&key).copied().unwrap_or(0) + 1;
                 let paused = j.paused_over(None);
-                tx.prepare_cached("INSERT INTO jobs (namespace, name, version, timing, paused, updated_at, rules) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?
-                    .execute(params![j.namespace, j.name, v, j.timing, paused, at, rules])?;
+                insert.execute(params![j.namespace, j.name, v, j.timing, paused, at, rules])?;
                 created.entry(&j.namespace).or_default().push(&j.name);
-                rows.insert(
-                    key,
-                    Current {
-                        version: v,
-                        spec: j.spec.clone(),
-                        paused,
-                        rules: rules.clone(),
-                    },
-                );
+                rows.insert(key, Current::of(j, v, paused, &rules));
                 ApplyResult::Created(v)
             }
         };
         if let ApplyResult::Created(v) | ApplyResult::Updated(v) = result {
             let by = j.origin.by.as_ref();
-            tx.prepare_cached("INSERT OR REPLACE INTO job_versions (namespace, name, version, spec, created_at, applied_by, applied_by_name, rollback_of, rules) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")?
-                .execute(params![
-                    j.namespace,
-                    j.name,
-                    v,
-                    j.spec,
-                    at,
-                    by.map(|a| &a.id),
-                    by.map(|a| &a.name),
-                    j.origin.rollback_of,
-                    rules
-                ])?;
+            version.execute(params![
+                j.namespace,
+                j.name,
+                v,
+                j.spec,
+                at,
+                by.map(|a| &a.id),
+                by.map(|a| &a.name),
+                j.origin.rollback_of,
+                rules
+            ])?;
         }
         out.push(result);
     }
@@ -219,6 +224,18 @@ pub(crate) fn apply_jobs(
         .execute(params![ns, names])?;
     }
     Ok(out)
+}
+
+impl<'a> Current<'a> {
+    /// The row `j` leaves, for a later apply of the same job in the batch.
+    fn of(j: &'a JobUpsert, version: i64, paused: bool, rules: &Option<String>) -> Current<'a> {
+        Current {
+            version,
+            spec: Cow::Borrowed(&j.spec),
+            paused,
+            rules: rules.clone().map(Cow::Owned),
+        }
+    }
 }
 
 /// See [`dagcron_store::Store::stamp_rules`].

@@ -851,6 +851,15 @@ pub trait Store: Send + Sync + 'static {
         jobs: &[JobUpsert],
         at: Timestamp,
     ) -> impl Future<Output = Result<Vec<ApplyResult>>> + Send;
+    /// [`Store::apply_jobs`] of jobs the caller gives up: a backend that
+    /// applies them on another thread takes them there without copying them.
+    fn apply_jobs_owned(
+        &self,
+        jobs: Vec<JobUpsert>,
+        at: Timestamp,
+    ) -> impl Future<Output = Result<Vec<ApplyResult>>> + Send {
+        async move { self.apply_jobs(&jobs, at).await }
+    }
     /// Every job, `limit` at a time, in (namespace, name) order, from the
     /// first after `after` (at start-up: see [`load_all_jobs`]).
     fn load_jobs(

@@ -25,7 +25,7 @@ impl<S: Store> Engine<S> {
                                 ..JobUpsert::of(job)
                             })
                             .collect();
-                        let results = store.apply_jobs(&upserts, now).await;
+                        let results = store.apply_jobs_owned(upserts, now).await;
                         (jobs, results)
                     },
                     |(jobs, results)| Command::Applied {
