@@ -244,15 +244,23 @@ async fn measure(probe: &Probe, secs: u64) -> Row {
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let secs = t0.elapsed().as_secs_f64();
-    let mut late = probe.late_ms.lock().unwrap().clone();
-    late.sort_by(f64::total_cmp);
-    Row {
-        fires: probe.fires.load(Ordering::Relaxed) - f0,
-        attempts: probe.attempts.load(Ordering::Relaxed) - a0,
-        secs,
-        p50: percentile(&late, 0.5),
-        p99: percentile(&late, 0.99),
-        max: late.last().copied().unwrap_or(f64::NAN),
+    probe.row(f0, a0, secs)
+}
+
+impl Probe {
+    /// The fires and attempts since the counts `f0` and `a0`, and the
+    /// lateness of the fires since the list was last cleared.
+    fn row(&self, f0: u64, a0: u64, secs: f64) -> Row {
+        let mut late = self.late_ms.lock().unwrap().clone();
+        late.sort_by(f64::total_cmp);
+        Row {
+            fires: self.fires.load(Ordering::Relaxed) - f0,
+            attempts: self.attempts.load(Ordering::Relaxed) - a0,
+            secs,
+            p50: percentile(&late, 0.5),
+            p99: percentile(&late, 0.99),
+            max: late.last().copied().unwrap_or(f64::NAN),
+        }
     }
 }
 
@@ -355,6 +363,13 @@ async fn fresh_child(dir: std::path::PathBuf, n: usize) {
     .await;
     let register = t.elapsed().as_secs_f64();
     let rss = rss_mib() - rss0;
+    // The jobs applied first fire while the others are applied (those of
+    // the current second of the hour, once applied).
+    let during = probe.row(0, 0, register);
+    println!(
+        "| {n} | dagcron, fires while registering | - | - | {} |",
+        during.fire_columns()
+    );
     if fire_window() {
         // Let the database settle (the WAL checkpoint after a large apply).
         tokio::time::sleep(Duration::from_secs(3)).await;

@@ -13,20 +13,42 @@ impl<S: Store> Engine<S> {
                 reply,
             } => {
                 // Applying is committed on its own, beside the loop, before
-                // the engine changes its timers; the specs are serialized
-                // for the store beside the loop too.
+                // the engine changes its timers. The specs are serialized
+                // for the store, and the jobs made ready to install while
+                // the store writes them, on a blocking thread: tens of
+                // milliseconds for a large file, which must not hold up a
+                // thread the loop may need to fire on time.
                 let store = self.store.clone();
+                let cache = self.timetables.clone();
                 self.beside(
                     async move {
-                        let upserts: Vec<JobUpsert> = jobs
-                            .iter()
-                            .map(|job| JobUpsert {
-                                origin: origin.clone(),
-                                ..JobUpsert::of(job)
-                            })
-                            .collect();
-                        let results = store.apply_jobs_owned(upserts, now).await;
-                        (jobs, results)
+                        let prepare = tokio::task::spawn_blocking(move || {
+                            let upserts: Vec<JobUpsert> = jobs
+                                .iter()
+                                .map(|job| JobUpsert {
+                                    origin: origin.clone(),
+                                    ..JobUpsert::of(job)
+                                })
+                                .collect();
+                            let write =
+                                tokio::spawn(
+                                    async move { store.apply_jobs_owned(upserts, now).await },
+                                );
+                            let mut cache = timetables(&cache);
+                            let ready: Vec<Installable> = jobs
+                                .into_iter()
+                                .map(|job| Installable::of(job, &mut cache))
+                                .collect();
+                            (ready, write)
+                        });
+                        let (ready, write) = match prepare.await {
+                            Ok(prepared) => prepared,
+                            Err(e) => std::panic::resume_unwind(e.into_panic()),
+                        };
+                        let results = write.await.unwrap_or_else(|e| {
+                            Err(StorageError::Unavailable(format!("applying jobs: {e}")))
+                        });
+                        (ready, results)
                     },
                     |(jobs, results)| Command::Applied {
                         jobs,
@@ -47,36 +69,18 @@ impl<S: Store> Engine<S> {
                         return;
                     }
                 };
-                let mut out = Vec::new();
-                let mut resumed = Vec::new();
-                for (job, result) in jobs.into_iter().zip(results) {
-                    out.push((job.key(), result));
-                    let (ApplyResult::Created(v) | ApplyResult::Updated(v)) = result else {
-                        continue;
-                    };
-                    let key = key_of(&job);
-                    if self.jobs.get(&key).is_some_and(|e| e.version >= v) {
-                        // A later apply of the same job came back first.
-                        continue;
-                    }
-                    // The store applied the same rule to its row.
-                    let before = self.jobs.get(&key).map(|e| (e.paused, e.file_paused));
-                    let paused = policy::paused_after_apply(before, job.spec.paused);
-                    // A known job keeps its state here; a change of it
-                    // follows, as through the API (a resume catches up).
-                    self.install_job(job, v, now, now, paused);
-                    match before {
-                        Some((true, _)) if !paused => resumed.push(key),
-                        Some((false, _)) if paused => {
-                            self.pause_in_memory(&key, true);
-                        }
-                        _ => {}
-                    }
-                }
-                for key in resumed {
-                    self.set_job_paused(&key, false, now);
-                }
-                self.reply_after_commit(reply, Ok(out));
+                self.installing = Some(Installing {
+                    jobs: jobs
+                        .into_iter()
+                        .zip(results)
+                        .collect::<Vec<_>>()
+                        .into_iter(),
+                    out: Vec::new(),
+                    resumed: Vec::new(),
+                    reply,
+                    at: now,
+                });
+                self.install_some(now);
             }
             Command::Delete {
                 namespace,

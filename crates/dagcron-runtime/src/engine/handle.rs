@@ -79,7 +79,7 @@ pub(crate) enum Command {
     },
     /// The store's answer to an apply, done beside the loop.
     Applied {
-        jobs: Vec<Job>,
+        jobs: Vec<Installable>,
         results: Result<Vec<ApplyResult>, StorageError>,
         reply: Reply<Vec<(String, ApplyResult)>>,
     },

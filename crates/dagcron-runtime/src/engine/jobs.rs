@@ -25,23 +25,81 @@ impl<S: Store> Engine<S> {
         now: Timestamp,
         paused: bool,
     ) {
-        let key = key_of(&job);
+        let ready = Installable::of(job, &mut timetables(&self.timetables));
+        self.install(ready, version, applied_at, now, paused);
+    }
+
+    /// Installs the next jobs of an apply (see [`Installing`]): at most
+    /// [`INSTALL_SLICE`] of them, then, once they are all in, replies.
+    pub(super) fn install_some(&mut self, now: Timestamp) {
+        let Some(mut apply) = self.installing.take() else {
+            return;
+        };
+        for (ready, result) in apply.jobs.by_ref().take(INSTALL_SLICE) {
+            apply.out.push((ready.job.key(), result));
+            let (ApplyResult::Created(v) | ApplyResult::Updated(v)) = result else {
+                continue;
+            };
+            let key = ready.key.clone();
+            let before = self.jobs.get(&*key);
+            if before.is_some_and(|e| e.version >= v) {
+                // A later apply of the same job came back first.
+                continue;
+            }
+            // The store applied the same rule to its row.
+            let before = before.map(|e| (e.paused, e.file_paused));
+            let paused = policy::paused_after_apply(before, ready.job.spec.paused);
+            // A known job keeps its state here; a change of it follows, as
+            // through the API (a resume catches up).
+            self.install(ready, v, apply.at, now, paused);
+            match before {
+                Some((true, _)) if !paused => apply.resumed.push((*key).clone()),
+                Some((false, _)) if paused => {
+                    self.pause_in_memory(&key, true);
+                }
+                _ => {}
+            }
+        }
+        if apply.jobs.len() > 0 {
+            self.installing = Some(apply);
+            return;
+        }
+        for key in apply.resumed {
+            self.set_job_paused(&key, false, now);
+        }
+        self.reply_after_commit(apply.reply, Ok(apply.out));
+    }
+
+    /// [`Engine::install_job`] of a job made ready.
+    pub(super) fn install(
+        &mut self,
+        ready: Installable,
+        version: i64,
+        applied_at: Timestamp,
+        now: Timestamp,
+        paused: bool,
+    ) {
+        let Installable { key, timing, job } = ready;
         let owned = self.owns(&key);
-        let timing = job.timing_shared(&mut self.timetables);
         let file_paused = job.spec.paused;
-        let job = Arc::new(job);
-        let entry = self
-            .jobs
-            .entry(Arc::new(key.clone()))
-            .or_insert_with(|| JobEntry::new(timing.clone(), version, paused, owned, applied_at));
+        let entry = match self.jobs.entry(key.clone()) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let entry = e.into_mut();
+                entry.timing = timing;
+                entry
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(JobEntry::new(timing, version, paused, owned, applied_at))
+            }
+        };
         entry.file_paused = file_paused;
-        entry.timing = timing;
         entry.job = Some(job);
         entry.version = version;
         entry.generation += 1;
         entry.owned = owned;
         entry.applied_at = applied_at;
         let from = entry.last_fire.map_or(now, |l| l.max(now));
+        // The table keeps the key it had (an `Arc` equal to this one).
         self.arm_next_fire(&key, from);
     }
 

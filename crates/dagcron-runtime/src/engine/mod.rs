@@ -681,8 +681,12 @@ pub struct Engine<S: Store> {
     /// Jobs being read for triggers, with the triggers waiting for each:
     /// one read per job, whatever the number of triggers.
     loading: HashMap<JobKey, Vec<handle::WaitingTrigger>>,
-    /// Compiled timetables shared by the jobs of the same schedules.
-    timetables: dagcron_core::timings::TimetableCache,
+    /// The jobs of an apply not yet installed: installed a slice at a
+    /// time between timers, before any other command is taken.
+    installing: Option<Installing>,
+    /// Compiled timetables shared by the jobs of the same schedules (also
+    /// by the applies that make their jobs ready beside the loop).
+    timetables: Arc<std::sync::Mutex<dagcron_core::timings::TimetableCache>>,
 }
 
 /// An attempt run for another node.
@@ -702,4 +706,49 @@ struct Foreign {
 
 fn key_of(job: &Job) -> JobKey {
     (job.namespace.clone(), job.spec.name.clone())
+}
+
+/// The shared timetables of `cache` (see [`Engine::timetables`]).
+fn timetables(
+    cache: &std::sync::Mutex<dagcron_core::timings::TimetableCache>,
+) -> std::sync::MutexGuard<'_, dagcron_core::timings::TimetableCache> {
+    // It holds nothing a panic could leave half-changed that matters:
+    // sharing timetables is an optimization.
+    cache.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A job made ready to install (see [`Engine::install`]): its key, and its
+/// timing with timetables shared through the engine's cache. An apply makes
+/// its jobs ready beside the loop while the store writes them.
+pub(super) struct Installable {
+    key: Arc<JobKey>,
+    timing: Timing,
+    job: Arc<Job>,
+}
+
+/// The jobs of an apply on their way into the job table, and what it
+/// answers. A large file is installed a slice at a time, so that the fires
+/// due meanwhile are not held up; no other command is taken before it is
+/// all in (a delete of one of its jobs, say, comes after it).
+pub(super) struct Installing {
+    jobs: std::vec::IntoIter<(Installable, ApplyResult)>,
+    out: Vec<(String, ApplyResult)>,
+    resumed: Vec<JobKey>,
+    reply: Reply<Vec<(String, ApplyResult)>>,
+    /// When its commit came back (the jobs' instant of application).
+    at: Timestamp,
+}
+
+/// How many jobs of an apply are installed before the loop looks at its
+/// timers again (well under a millisecond of work).
+const INSTALL_SLICE: usize = 1_000;
+
+impl Installable {
+    fn of(job: Job, cache: &mut dagcron_core::timings::TimetableCache) -> Installable {
+        Installable {
+            key: Arc::new(key_of(&job)),
+            timing: job.timing_shared(cache),
+            job: Arc::new(job),
+        }
+    }
 }

@@ -30,7 +30,7 @@ impl<S: Store> Engine<S> {
             }
         });
         let (parsed_tx, mut parsed_rx) = mpsc::channel::<Result<Vec<LoadedJob>, StorageError>>(2);
-        let mut cache = std::mem::take(&mut self.timetables);
+        let mut cache = std::mem::take(&mut *timetables(&self.timetables));
         let parser = tokio::task::spawn_blocking(move || {
             while let Some(page) = pages_rx.blocking_recv() {
                 let parsed = page.map(|page| {
@@ -110,7 +110,7 @@ impl<S: Store> Engine<S> {
             }
         }
         drop(parsed_rx);
-        self.timetables = parser.await.unwrap_or_default();
+        *timetables(&self.timetables) = parser.await.unwrap_or_default();
         let _ = reader.await;
         if let Some(e) = failed {
             return Err(e);

@@ -47,6 +47,7 @@ impl<S: Store> Engine<S> {
             shared: HashMap::new(),
             foreign: HashMap::new(),
             live: LiveLogs::default(),
+            installing: None,
             timetables: Default::default(),
         };
         engine.recover(now).await?;
@@ -142,9 +143,10 @@ impl<S: Store> Engine<S> {
                         self.on_finished(done);
                     }
                 }
-                Some(cmd) = commands.recv() => {
+                Some(cmd) = commands.recv(), if self.installing.is_none() => {
                     self.on_command(cmd).await;
-                    while let Ok(cmd) = commands.try_recv() {
+                    while self.installing.is_none() {
+                        let Ok(cmd) = commands.try_recv() else { break };
                         self.on_command(cmd).await;
                     }
                 }
@@ -152,6 +154,11 @@ impl<S: Store> Engine<S> {
                     Some(at) => self.warm_up(at),
                     None => self.on_timers(),
                 },
+                // After the timers due, before the next command.
+                () = std::future::ready(()), if self.installing.is_some() => {
+                    let now = self.clock.now();
+                    self.install_some(now);
+                }
                 () = lease_end => self.check_lease()?,
             }
             if let Some((writes, results)) = committed {

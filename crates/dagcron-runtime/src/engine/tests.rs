@@ -32,8 +32,66 @@ async fn apply<S: Store>(
     let answer = back(commands).await;
     assert!(matches!(answer, Command::Applied { .. }));
     engine.on_command(answer).await;
+    while engine.installing.is_some() {
+        let now = engine.clock.now();
+        engine.install_some(now);
+    }
     engine.flush().await.unwrap();
     applied.await.unwrap().unwrap();
+}
+
+/// A large apply is installed a slice at a time once the store has it (the
+/// loop looks at its timers between slices, and takes no other command
+/// until the whole apply is in), and answered when it is all in.
+#[tokio::test]
+async fn a_large_apply_is_installed_a_slice_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut engine, clock, (mut commands, _handle)) =
+        engine_at(&dir, "2026-01-10T00:00:00Z").await;
+    let n = INSTALL_SLICE * 2 + INSTALL_SLICE / 2;
+    let mut yaml = String::from("namespace: t\njobs:\n");
+    for i in 0..n {
+        yaml.push_str(&format!(
+            "  - {{ name: j{i}, schedule: '0 0 * * * *', tasks: [{{ id: a, noop: true }}] }}\n"
+        ));
+    }
+    let (reply, mut applied) = oneshot::channel();
+    engine
+        .on_command(Command::Apply {
+            jobs: jobs(&yaml),
+            origin: Origin::default(),
+            reply,
+        })
+        .await;
+    let answer = back(&mut commands).await;
+    engine.on_command(answer).await;
+    let now = clock.now();
+    for installed in [INSTALL_SLICE, 2 * INSTALL_SLICE] {
+        assert_eq!(engine.jobs.len(), installed);
+        assert!(engine.installing.is_some());
+        engine.flush().await.unwrap();
+        assert!(applied.try_recv().is_err(), "answered once all is in");
+        engine.install_some(now);
+    }
+    assert_eq!(engine.jobs.len(), n);
+    assert!(engine.installing.is_none());
+    engine.flush().await.unwrap();
+    let answer = applied.await.unwrap().unwrap();
+    assert_eq!(answer.len(), n);
+    assert!(
+        answer
+            .iter()
+            .all(|(_, r)| matches!(r, ApplyResult::Created(1)))
+    );
+    // Each is armed for its first fire (a timer that reads the job ahead
+    // of it: an hourly job is not kept in memory).
+    let hour = "2026-01-10T01:00:00Z".parse().unwrap();
+    let mut armed = 0;
+    while let Some(timer) = engine.timers.pop_due(hour) {
+        assert!(matches!(timer, Timer::Prepare { at, .. } if at == hour));
+        armed += 1;
+    }
+    assert_eq!(armed, n);
 }
 
 async fn engine_at(
