@@ -69,15 +69,18 @@ impl<S: Store> Engine<S> {
                         return;
                     }
                 };
+                // The apply is committed: answered now. Its jobs are
+                // installed before any later command is taken, so that a
+                // trigger or a delete sent after the answer finds them.
+                let out = jobs.iter().zip(&results);
+                let _ = reply.send(Ok(out.map(|(ready, r)| (ready.job.key(), *r)).collect()));
                 self.installing = Some(Installing {
                     jobs: jobs
                         .into_iter()
                         .zip(results)
                         .collect::<Vec<_>>()
                         .into_iter(),
-                    out: Vec::new(),
                     resumed: Vec::new(),
-                    reply,
                     at: now,
                 });
                 self.install_some(now);

@@ -30,13 +30,12 @@ impl<S: Store> Engine<S> {
     }
 
     /// Installs the next jobs of an apply (see [`Installing`]): at most
-    /// [`INSTALL_SLICE`] of them, then, once they are all in, replies.
+    /// [`INSTALL_SLICE`] of them.
     pub(super) fn install_some(&mut self, now: Timestamp) {
         let Some(mut apply) = self.installing.take() else {
             return;
         };
         for (ready, result) in apply.jobs.by_ref().take(INSTALL_SLICE) {
-            apply.out.push((ready.job.key(), result));
             let (ApplyResult::Created(v) | ApplyResult::Updated(v)) = result else {
                 continue;
             };
@@ -67,7 +66,6 @@ impl<S: Store> Engine<S> {
         for key in apply.resumed {
             self.set_job_paused(&key, false, now);
         }
-        self.reply_after_commit(apply.reply, Ok(apply.out));
     }
 
     /// [`Engine::install_job`] of a job made ready.

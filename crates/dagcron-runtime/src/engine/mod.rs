@@ -726,15 +726,14 @@ pub(super) struct Installable {
     job: Arc<Job>,
 }
 
-/// The jobs of an apply on their way into the job table, and what it
-/// answers. A large file is installed a slice at a time, so that the fires
-/// due meanwhile are not held up; no other command is taken before it is
-/// all in (a delete of one of its jobs, say, comes after it).
+/// The jobs of an apply on their way into the job table (the apply is
+/// committed and answered). A large file is installed a slice at a time,
+/// so that the fires due meanwhile are not held up; no other command is
+/// taken before it is all in (a delete of one of its jobs, say, comes
+/// after it).
 pub(super) struct Installing {
     jobs: std::vec::IntoIter<(Installable, ApplyResult)>,
-    out: Vec<(String, ApplyResult)>,
     resumed: Vec<JobKey>,
-    reply: Reply<Vec<(String, ApplyResult)>>,
     /// When its commit came back (the jobs' instant of application).
     at: Timestamp,
 }
