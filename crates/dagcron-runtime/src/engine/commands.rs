@@ -34,10 +34,11 @@ impl<S: Store> Engine<S> {
                                 tokio::spawn(
                                     async move { store.apply_jobs_owned(upserts, now).await },
                                 );
-                            let mut cache = timetables(&cache);
+                            // The cache locked for one job at a time: the
+                            // loop may need it meanwhile.
                             let ready: Vec<Installable> = jobs
                                 .into_iter()
-                                .map(|job| Installable::of(job, &mut cache))
+                                .map(|job| Installable::of(job, &mut timetables(&cache)))
                                 .collect();
                             (ready, write)
                         });
