@@ -279,6 +279,19 @@ fn version_from_row(row: &SqliteRow) -> Result<VersionRecord> {
     })
 }
 
+impl SqliteStore {
+    /// `read` through the bulk reader, on a blocking thread.
+    async fn bulk_read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&bulk::BulkReader) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let bulk = self.bulk.clone();
+        tokio::task::spawn_blocking(move || read(&bulk))
+            .await
+            .map_err(|e| StorageError::Unavailable(format!("reading jobs: {e}")))?
+    }
+}
+
 impl Store for SqliteStore {
     async fn apply_jobs(&self, jobs: &[JobUpsert], at: Timestamp) -> Result<Vec<ApplyResult>> {
         self.apply_jobs_owned(jobs.to_vec(), at).await
@@ -300,10 +313,8 @@ impl Store for SqliteStore {
         limit: u32,
     ) -> Result<Vec<StoredJob>> {
         let after = after.cloned().unwrap_or_default();
-        let bulk = self.bulk.clone();
-        tokio::task::spawn_blocking(move || bulk.load_jobs(after, limit))
+        self.bulk_read(move |bulk| bulk.load_jobs(after, limit))
             .await
-            .map_err(|e| StorageError::Unavailable(format!("reading jobs: {e}")))?
     }
 
     async fn load_job_timings(
@@ -312,10 +323,8 @@ impl Store for SqliteStore {
         limit: u32,
     ) -> Result<Vec<StoredTimingRow>> {
         let after = after.cloned().unwrap_or_default();
-        let bulk = self.bulk.clone();
-        tokio::task::spawn_blocking(move || bulk.load_job_timings(after, limit))
+        self.bulk_read(move |bulk| bulk.load_job_timings(after, limit))
             .await
-            .map_err(|e| StorageError::Unavailable(format!("reading jobs: {e}")))?
     }
 
     async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<StoredJob>> {

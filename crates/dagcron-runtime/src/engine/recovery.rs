@@ -47,17 +47,10 @@ impl<S: Store> Engine<S> {
         // Where each job resumes: its last recorded fire (a cluster node
         // learns it when it comes to own the job), read while the first
         // pages are.
+        // (On an error the start fails; the reader and the parser stop
+        // once their channels close.)
         let mut last_fires: HashMap<JobKey, Timestamp> = if self.config.node.is_none() {
-            let fires = self.store.last_fires().await;
-            let fires = match fires {
-                Ok(f) => f,
-                Err(e) => {
-                    drop(parsed_rx);
-                    let _ = parser.await;
-                    let _ = reader.await;
-                    return Err(e);
-                }
-            };
+            let fires = self.store.last_fires().await?;
             fires
                 .into_iter()
                 .map(|(namespace, name, at)| ((namespace, name), at))
