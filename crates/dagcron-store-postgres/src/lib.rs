@@ -998,6 +998,14 @@ impl Store for PgStore {
         })
     }
 
+    /// Two batches at once, each in a transaction on a connection of its
+    /// own: while one waits for its commit to reach the disk or for the
+    /// network, the database works on the other (a batch is applied by one
+    /// backend, on one core).
+    fn write_lanes(&self) -> usize {
+        2
+    }
+
     async fn write(&self, batch: &[Write]) -> Result<Vec<WriteResult>> {
         if batch.is_empty() {
             return Ok(vec![]);

@@ -929,6 +929,15 @@ pub trait Store: Send + Sync + 'static {
     /// Applies a batch in one transaction; one result per write, in order.
     fn write(&self, batch: &[Write]) -> impl Future<Output = Result<Vec<WriteResult>>> + Send;
 
+    /// How many batches [`Store::write`] may be given at once. The engine
+    /// sends a batch beside the ones in flight only when it touches none
+    /// of their runs and none of their jobs' fires, and carries out the
+    /// batches' effects in the order it made them. One for a store with a
+    /// single writer.
+    fn write_lanes(&self) -> usize {
+        1
+    }
+
     /// [`Store::write`] of a shared batch: a backend that applies it on
     /// another thread takes it there without copying it.
     fn write_shared(

@@ -31,6 +31,7 @@ use crate::trace::{RunTrace, TraceParent};
 
 mod attempts;
 mod commands;
+mod commits;
 mod handle;
 mod jobs;
 mod lease;

@@ -105,12 +105,11 @@ impl<S: Store> Engine<S> {
         let mut commands = self.commands.take().expect("run is called once");
         self.dispatch();
         self.flush().await?;
-        // Commits are pipelined: while one batch is being committed, the
+        // Commits are pipelined: while batches are being committed, the
         // loop keeps deciding (timers stay on time) into the next batch; a
-        // batch's effects are carried out only when its commit is done, and
-        // the next batch is committed only after it.
-        let mut commit: Option<Commit> = None;
-        let mut commit_effects = Vec::new();
+        // batch's effects are carried out only when its commit is done, in
+        // the order the batches were made (see `commits`).
+        let mut commits = commits::Commits::new(self.store.write_lanes());
         loop {
             let next = self.timers.next_at();
             let warm = self.warm_up_at(next);
@@ -136,7 +135,7 @@ impl<S: Store> Engine<S> {
                 biased;
                 () = revoked.cancelled() => self.check_lease()?,
                 () = shutdown.cancelled() => break,
-                done = async { commit.as_mut().expect("guarded").await }, if commit.is_some() => committed = Some(done),
+                done = commits.next(), if !commits.is_empty() => committed = Some(done),
                 Some(done) = self.finished_rx.recv() => {
                     self.on_finished(done);
                     while let Ok(done) = self.finished_rx.try_recv() {
@@ -161,28 +160,24 @@ impl<S: Store> Engine<S> {
                 }
                 () = lease_end => self.check_lease()?,
             }
-            if let Some((writes, results)) = committed {
-                commit = None;
+            if let Some((writes, results, effects)) = committed {
                 let results = results?;
                 self.check_lease()?;
-                self.committed(&writes, &results, std::mem::take(&mut commit_effects));
+                self.committed(&writes, &results, effects);
             }
             self.dispatch();
-            if commit.is_none() && !(self.writes.is_empty() && self.effects.is_empty()) {
+            if !(self.writes.is_empty() && self.effects.is_empty())
+                && let Some(keys) = commits.may_send(&self.writes)
+            {
                 self.check_lease()?;
                 let writes = Arc::new(std::mem::take(&mut self.writes));
-                commit_effects = std::mem::take(&mut self.effects);
-                let store = self.store.clone();
-                let metrics = self.config.metrics.clone();
-                commit = Some(Box::pin(async move {
-                    let results = commit_with_retries(&*store, &writes, metrics.as_deref()).await;
-                    (writes, results)
-                }));
+                let effects = std::mem::take(&mut self.effects);
+                commits.send(self.commit(writes), effects, keys);
             }
         }
-        if let Some(pending) = commit {
-            let (writes, results) = pending.await;
-            self.committed(&writes, &results?, commit_effects);
+        while !commits.is_empty() {
+            let (writes, results, effects) = commits.next().await;
+            self.committed(&writes, &results?, effects);
         }
         // Graceful shutdown: no new fires or attempts; let running attempts finish.
         let deadline = tokio::time::Instant::now() + drain;
@@ -259,6 +254,28 @@ impl<S: Store> Engine<S> {
         let effects = std::mem::take(&mut self.effects);
         self.committed(&writes, &results, effects);
         Ok(())
+    }
+
+    /// Commits a batch on a task of its own, so that the loop goes on
+    /// deciding while the store encodes and sends it.
+    fn commit(&self, writes: Arc<Vec<Write>>) -> Commit {
+        let store = self.store.clone();
+        let metrics = self.config.metrics.clone();
+        let batch = writes.clone();
+        let task =
+            tokio::spawn(
+                async move { commit_with_retries(&*store, &batch, metrics.as_deref()).await },
+            );
+        Box::pin(async move {
+            let results = match task.await {
+                Ok(results) => results,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => Err(StorageError::Unavailable(format!(
+                    "the commit was stopped: {e}"
+                ))),
+            };
+            (writes, results)
+        })
     }
 
     /// A batch is committed: report refusals, then carry out its effects.
