@@ -22,11 +22,10 @@ use super::{Action, Commit};
 
 /// What a committed batch hands back: its writes, their results and the
 /// effects to carry out now.
-pub(super) type Committed = (
-    Arc<Vec<Write>>,
-    Result<Vec<WriteResult>, StorageError>,
-    Vec<Action>,
-);
+pub(super) type Committed = (Arc<Vec<Write>>, Results, Vec<Action>);
+
+/// A batch's results, once its commit has ended.
+type Results = Result<Vec<WriteResult>, StorageError>;
 
 /// What a batch touches: its runs' ids and hashes of its fires' jobs. Two
 /// batches whose keys meet are not committed side by side (a collision
@@ -77,7 +76,7 @@ impl Keys {
 /// One batch in flight.
 struct InFlight {
     commit: Option<Commit>,
-    done: Option<(Arc<Vec<Write>>, Result<Vec<WriteResult>, StorageError>)>,
+    done: Option<(Arc<Vec<Write>>, Results)>,
     effects: Vec<Action>,
     keys: Keys,
 }
@@ -163,8 +162,8 @@ impl Commits {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dagcron_core::FireOutcome;
     use dagcron_core::TaskState;
-    use dagcron_store::FireOutcome;
 
     fn task(run: i64) -> Write {
         Write::TaskState {
@@ -180,7 +179,7 @@ mod tests {
             namespace: "n".into(),
             job: job.into(),
             scheduled_at: jiff::Timestamp::from_second(at).unwrap(),
-            outcome: FireOutcome::Skipped,
+            outcome: FireOutcome::SkippedOverlap,
             calendar: None,
             run: None,
         }
