@@ -34,7 +34,7 @@ type Results = Result<Vec<WriteResult>, StorageError>;
 pub(super) struct Keys(HashSet<u64, foldhash::fast::FixedState>);
 
 impl Keys {
-    pub(super) fn of(writes: &[Write]) -> Keys {
+    fn of(writes: &[Write]) -> Keys {
         let mut keys = Keys::default();
         let jobs = foldhash::fast::FixedState::with_seed(0x6a6f6273);
         for w in writes {
@@ -162,8 +162,7 @@ impl Commits {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dagcron_core::FireOutcome;
-    use dagcron_core::TaskState;
+    use dagcron_core::{FireOutcome, TaskState};
 
     fn task(run: i64) -> Write {
         Write::TaskState {
