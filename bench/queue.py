@@ -111,6 +111,7 @@ def graphile(scratch, n_nodes, concurrency, local_queue, batch_delay):
             "jobs": len(latencies), "jobs_per_s": JOBS / (t1 - t0), "enqueue_s": enq["enqueue_s"],
             "p50_ms": percentile(latencies, 0.5), "p99_ms": percentile(latencies, 0.99),
             "tx_per_job": (s1[0] - s0[0]) / JOBS, "rows_per_job": (s1[1] - s0[1]) / JOBS,
+            "hot_updates": hot,
         }
     finally:
         for w in workers:
@@ -171,12 +172,17 @@ def dagcron(scratch, n_nodes, logdir):
             SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY (finished_at - created_at) / 1000.0),
                    percentile_cont(0.99) WITHIN GROUP (ORDER BY (finished_at - created_at) / 1000.0)
             FROM runs WHERE job = 'noop'""").split("|")
+        # Updates that wrote no index entry (heap-only tuples), per table.
+        hot = cluster.psql(url, """
+            SELECT string_agg(relname || ' ' || n_tup_hot_upd || '/' || n_tup_upd, ', ' ORDER BY relname)
+            FROM pg_stat_user_tables WHERE relname IN ('runs', 'tasks', 'attempts')""")
         return {
             "side": "dagcron", "nodes": n_nodes, "config": f"{CHUNK} run(s) per call, {IN_FLIGHT} calls in flight, pool {cluster.POOL}",
             "jobs": JOBS, "jobs_per_s": JOBS / (t1 - t0), "enqueue_s": enq["enqueue_s"],
             "refused": enq["refused"], "failed": enq["failed"],
             "p50_ms": float(p50), "p99_ms": float(p99),
             "tx_per_job": (s1[0] - s0[0]) / JOBS, "rows_per_job": (s1[1] - s0[1]) / JOBS,
+            "hot_updates": hot,
         }
     finally:
         for node in nodes:

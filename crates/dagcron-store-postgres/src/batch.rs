@@ -303,7 +303,8 @@ pub(crate) async fn apply(
         }
         *sent += 1;
         let changed: Vec<(i64, String, i32, Option<i64>)> = sqlx::query_as(
-            "UPDATE attempts a SET state = v.s, finished_at = v.at, exit_code = v.x, error = v.e, log = v.l, start_error_us = v.se
+            "UPDATE attempts a SET state = v.s, finished_at = v.at, exit_code = v.x, error = v.e, log = v.l, start_error_us = v.se,
+                node_epoch = COALESCE(a.node_epoch, 0)
              FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::text[], $6::bigint[], $7::int[], $8::text[], $9::bytea[], $10::bigint[])
                 AS v(r, k, n, fr, s, at, x, e, l, se)
              WHERE a.run_id = v.r AND a.task_id = v.k AND a.number = v.n AND a.state = v.fr

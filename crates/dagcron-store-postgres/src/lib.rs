@@ -251,7 +251,7 @@ impl PgStore {
             });
         }
         let attempts = sqlx::query(
-            "SELECT run_id, task_id, number, state, started_at, finished_at, exit_code, error, node_epoch, start_error_us FROM attempts WHERE run_id = ANY($1) ORDER BY run_id, task_id, number",
+            "SELECT run_id, task_id, number, state, started_at, finished_at, exit_code, error, NULLIF(node_epoch, 0), start_error_us FROM attempts WHERE run_id = ANY($1) ORDER BY run_id, task_id, number",
         )
         .bind(ids)
         .fetch_all(&mut *conn)
@@ -685,7 +685,8 @@ async fn apply(
             start_error_us,
         } => {
             let owner: Option<Option<i64>> = sqlx::query_scalar(
-                "UPDATE attempts SET state = $1, finished_at = $2, exit_code = $3, error = $4, log = $5, start_error_us = $10
+                "UPDATE attempts SET state = $1, finished_at = $2, exit_code = $3, error = $4, log = $5, start_error_us = $10,
+                     node_epoch = COALESCE(node_epoch, 0)
                  WHERE run_id = $6 AND task_id = $7 AND number = $8 AND state = $9
                  RETURNING (SELECT owner_epoch FROM runs WHERE id = $6)",
             )
@@ -728,7 +729,7 @@ pub(crate) async fn withdraw(
     at: Timestamp,
 ) -> std::result::Result<WriteResult, sqlx::Error> {
     sqlx::query(concat!(
-        "WITH a AS (UPDATE attempts SET state = 'cancelled', finished_at = $4, error = $5
+        "WITH a AS (UPDATE attempts SET state = 'cancelled', finished_at = $4, error = $5, node_epoch = COALESCE(node_epoch, 0)
             WHERE run_id = $1 AND task_id = $2 AND number = $3 AND state IN ",
         dagcron_store::attempt_unfinished!(),
         " RETURNING 1)
@@ -1495,7 +1496,7 @@ impl Store for PgStore {
                     EXISTS (SELECT 1 FROM nodes n WHERE n.epoch = a.node_epoch AND n.state IN ('alive', 'draining'))
              FROM runs r JOIN attempts a ON a.run_id = r.id
              WHERE r.owner_epoch = $1 AND r.state = 'running'
-               AND a.node_epoch IS NOT NULL AND a.node_epoch <> $1 AND a.state <> 'dispatching'",
+               AND a.node_epoch > 0 AND a.node_epoch <> $1 AND a.state <> 'dispatching'",
         )
         .bind(epoch)
         .fetch_all(&self.pool)

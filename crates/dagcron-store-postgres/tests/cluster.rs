@@ -332,3 +332,117 @@ async fn a_node_reads_only_the_jobs_changed_since_its_revision() {
     );
     assert!(deleted.is_empty());
 }
+
+/// Updates of `table` so far, and how many of them were heap-only (wrote no
+/// index entry), once the store's backends have sent their statistics
+/// (at most once a second, and when they close).
+async fn updates(db: &TestDatabase, table: &str, at_least: i64) -> (i64, i64) {
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let (all, hot): (i64, i64) = sqlx::query_as(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = $1",
+        )
+        .bind(table)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        if all >= at_least || std::time::Instant::now() > deadline {
+            return (all, hot);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A task's and an attempt's changes touch no indexed column, and their
+/// pages keep room for them: they write no index entry. An attempt handed
+/// to the cluster waits in the queue until a node takes it or it is
+/// withdrawn; either way it leaves the queue.
+#[tokio::test]
+async fn ends_of_tasks_and_attempts_write_no_index_entry() {
+    use dagcron_core::{AttemptState, TaskState};
+    let db = TestDatabase::create("heap_only").await;
+    let a = node(&db, "a").await;
+    let b = node(&db, "b").await;
+    a.write(&[fire(1, 1)]).await.unwrap();
+    let task = |task: &str, from: TaskState, to: TaskState| Write::TaskState {
+        run: 1,
+        task: task.into(),
+        from,
+        to,
+    };
+    let start = |task: &str, state: AttemptState| Write::AttemptStart {
+        run: 1,
+        task: task.into(),
+        number: 1,
+        state,
+        at: Timestamp::from_second(2).unwrap(),
+        run_on: None,
+    };
+    // Task a runs here; task b is handed to the cluster.
+    let done = a
+        .write(&[
+            task("a", TaskState::Pending, TaskState::Running),
+            start("a", AttemptState::Running),
+            task("b", TaskState::Pending, TaskState::Dispatching),
+            start("b", AttemptState::Dispatching),
+        ])
+        .await
+        .unwrap();
+    assert!(done.iter().all(|r| *r == WriteResult::Done), "{done:?}");
+    let ended = a
+        .write(&[
+            Write::AttemptEnd {
+                run: 1,
+                task: "a".into(),
+                number: 1,
+                from: AttemptState::Running,
+                to: AttemptState::Succeeded,
+                at: Timestamp::from_second(3).unwrap(),
+                exit_code: Some(0),
+                error: None,
+                log: b"done".to_vec(),
+                start_error_us: None,
+            },
+            task("a", TaskState::Running, TaskState::Succeeded),
+        ])
+        .await
+        .unwrap();
+    assert!(ended.iter().all(|r| *r == WriteResult::Done), "{ended:?}");
+    let queued = "SELECT count(*) FROM attempts WHERE node_epoch IS NULL";
+    assert_eq!(db.scalar(queued), 1);
+
+    // Withdrawn before any node took it: out of the queue, and no node ran it.
+    let withdrawn = Write::AttemptWithdraw {
+        run: 1,
+        task: "b".into(),
+        number: 1,
+        at: Timestamp::from_second(4).unwrap(),
+    };
+    assert_eq!(a.write(&[withdrawn]).await.unwrap(), [WriteResult::Done]);
+    assert_eq!(db.scalar(queued), 0);
+    assert!(
+        b.claim_attempts(8, &[], Timestamp::from_second(5).unwrap())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let run = a.get_run(1).await.unwrap().unwrap();
+    let node_of = |t: &str| {
+        let task = run.tasks.iter().find(|x| x.id == t).unwrap();
+        (task.attempts[0].state, task.attempts[0].node_epoch)
+    };
+    let epoch = db.scalar("SELECT epoch FROM nodes WHERE id = 'a'");
+    assert_eq!(node_of("a"), (AttemptState::Succeeded, Some(epoch)));
+    assert_eq!(node_of("b"), (AttemptState::Cancelled, None));
+
+    // Task a changed twice and its attempt once, all heap-only; the
+    // withdrawal (task b and its attempt) took b's attempt out of the queue.
+    drop((a, b));
+    assert_eq!(updates(&db, "tasks", 4).await, (4, 4));
+    assert_eq!(updates(&db, "attempts", 2).await, (2, 1));
+}

@@ -958,6 +958,7 @@ pub async fn a_withdrawn_attempt_is_cancelled_claimed_or_not<S: Store>(s: &S) {
         assert_eq!(a.finished_at, Some(t(102)));
         assert_eq!(a.error.as_deref(), Some(crate::WITHDRAWN));
     }
+    assert_eq!(run.tasks[0].attempts[0].node_epoch, None, "no node took it");
     // Withdrawn again (the news crossed): nothing changes.
     assert_eq!(
         s.write(&[withdraw("a")]).await.unwrap(),
