@@ -2357,6 +2357,7 @@ async fn old_history(store: &SqliteStore) {
         error: None,
         log: b"old output".to_vec(),
         start_error_us: None,
+        for_other_node: false,
     });
     for id in 1..=5 {
         batch.push(Write::RunState {

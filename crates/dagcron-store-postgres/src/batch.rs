@@ -284,16 +284,21 @@ pub(crate) async fn apply(
         let mut error = Vec::new();
         let mut log: Vec<&[u8]> = Vec::new();
         let mut start_error = Vec::new();
-        for (_, chain) in end_chains {
+        let mut elsewhere = HashSet::new();
+        for (key, chain) in end_chains {
             if let Some(Write::AttemptEnd {
                 at: a,
                 exit_code,
                 error: e,
                 log: l,
                 start_error_us,
+                for_other_node,
                 ..
             }) = chain.end
             {
+                if *for_other_node {
+                    elsewhere.insert((key.0, key.1, key.2 as i32));
+                }
                 at.push(a.as_microsecond());
                 exit.push(*exit_code);
                 error.push(e.as_deref());
@@ -302,13 +307,13 @@ pub(crate) async fn apply(
             }
         }
         *sent += 1;
-        let changed: Vec<(i64, String, i32, Option<i64>)> = sqlx::query_as(
+        let changed: Vec<(i64, String, i32)> = sqlx::query_as(
             "UPDATE attempts a SET state = v.s, finished_at = v.at, exit_code = v.x, error = v.e, log = v.l, start_error_us = v.se,
                 node_epoch = COALESCE(a.node_epoch, 0)
              FROM unnest($1::bigint[], $2::text[], $3::int[], $4::text[], $5::text[], $6::bigint[], $7::int[], $8::text[], $9::bytea[], $10::bigint[])
                 AS v(r, k, n, fr, s, at, x, e, l, se)
              WHERE a.run_id = v.r AND a.task_id = v.k AND a.number = v.n AND a.state = v.fr
-             RETURNING a.run_id, a.task_id, a.number, (SELECT owner_epoch FROM runs WHERE id = a.run_id)",
+             RETURNING a.run_id, a.task_id, a.number",
         )
         .bind(end_chains.iter().map(|((r, _, _), _)| *r).collect::<Vec<_>>())
         .bind(end_chains.iter().map(|((_, t, _), _)| *t).collect::<Vec<_>>())
@@ -322,15 +327,15 @@ pub(crate) async fn apply(
         .bind(start_error)
         .fetch_all(&mut *conn)
         .await?;
-        if changed.iter().any(|c| c.3.is_some() && c.3 != epoch) {
+        let changed: HashSet<(i64, &str, i32)> = changed
+            .iter()
+            .map(|(r, t, n)| (*r, t.as_str(), *n))
+            .collect();
+        if elsewhere.iter().any(|k| changed.contains(k)) {
             // Attempts run for other nodes ended: their owners take it from here.
             *sent += 1;
             crate::notify(conn, "attempts").await?;
         }
-        let changed: HashSet<(i64, &str, i32)> = changed
-            .iter()
-            .map(|(r, t, n, _)| (*r, t.as_str(), *n))
-            .collect();
         for ((run, task, number), chain) in end_chains {
             results[chain.writes[0]] = Some(if changed.contains(&(*run, *task, *number as i32)) {
                 WriteResult::Done

@@ -683,12 +683,12 @@ async fn apply(
             error,
             log,
             start_error_us,
+            for_other_node,
         } => {
-            let owner: Option<Option<i64>> = sqlx::query_scalar(
+            let ended = sqlx::query(
                 "UPDATE attempts SET state = $1, finished_at = $2, exit_code = $3, error = $4, log = $5, start_error_us = $10,
                      node_epoch = COALESCE(node_epoch, 0)
-                 WHERE run_id = $6 AND task_id = $7 AND number = $8 AND state = $9
-                 RETURNING (SELECT owner_epoch FROM runs WHERE id = $6)",
+                 WHERE run_id = $6 AND task_id = $7 AND number = $8 AND state = $9",
             )
             .bind(to.as_str())
             .bind(at.as_microsecond())
@@ -700,15 +700,14 @@ async fn apply(
             .bind(*number as i32)
             .bind(from.as_str())
             .bind(start_error_us)
-            .fetch_optional(&mut *conn)
+            .execute(&mut *conn)
             .await?;
-            Ok(match owner {
-                Some(owner) => {
-                    // An attempt run for another node ended: its owner takes it from here.
-                    notices.attempts |= owner.is_some() && owner != epoch;
-                    WriteResult::Done
-                }
-                None => WriteResult::attempt_conflict(*run, task, number, from.as_str()),
+            Ok(if ended.rows_affected() == 1 {
+                // An attempt run for another node ended: its owner takes it from here.
+                notices.attempts |= *for_other_node;
+                WriteResult::Done
+            } else {
+                WriteResult::attempt_conflict(*run, task, number, from.as_str())
             })
         }
         Write::AttemptWithdraw {

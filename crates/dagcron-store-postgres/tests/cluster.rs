@@ -407,6 +407,7 @@ async fn ends_of_tasks_and_attempts_write_no_index_entry() {
                 error: None,
                 log: b"done".to_vec(),
                 start_error_us: None,
+                for_other_node: false,
             },
             task("a", TaskState::Running, TaskState::Succeeded),
         ])
@@ -445,4 +446,87 @@ async fn ends_of_tasks_and_attempts_write_no_index_entry() {
     drop((a, b));
     assert_eq!(updates(&db, "tasks", 4).await, (4, 4));
     assert_eq!(updates(&db, "attempts", 2).await, (2, 1));
+}
+
+/// An attempt a node claimed and ran for another node's run: its end wakes
+/// the run's owner, which reads it among its remote attempts. The end of an
+/// attempt of the node's own run wakes no one.
+#[tokio::test]
+async fn the_end_of_an_attempt_run_for_another_node_wakes_its_owner() {
+    use dagcron_core::{AttemptState, TaskState};
+    let db = TestDatabase::create("foreign_end").await;
+    let a = node(&db, "a").await;
+    let b = node(&db, "b").await;
+    a.write(&[fire(1, 1)]).await.unwrap();
+    let at = Timestamp::from_second(2).unwrap();
+    let task = |task: &str, from: TaskState, to: TaskState| Write::TaskState {
+        run: 1,
+        task: task.into(),
+        from,
+        to,
+    };
+    let start = |task: &str, state: AttemptState| Write::AttemptStart {
+        run: 1,
+        task: task.into(),
+        number: 1,
+        state,
+        at,
+        run_on: None,
+    };
+    let end = |task: &str, for_other_node: bool| Write::AttemptEnd {
+        run: 1,
+        task: task.into(),
+        number: 1,
+        from: AttemptState::Running,
+        to: AttemptState::Succeeded,
+        at,
+        exit_code: Some(0),
+        error: None,
+        log: vec![],
+        start_error_us: None,
+        for_other_node,
+    };
+    let done = a
+        .write(&[
+            task("a", TaskState::Pending, TaskState::Running),
+            start("a", AttemptState::Running),
+            task("b", TaskState::Pending, TaskState::Dispatching),
+            start("b", AttemptState::Dispatching),
+        ])
+        .await
+        .unwrap();
+    assert!(done.iter().all(|r| *r == WriteResult::Done), "{done:?}");
+    let claimed = b.claim_attempts(8, &[], at).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!((claimed[0].run, claimed[0].task.as_str()), (1, "b"));
+    // What the setup woke (attempts to claim) is read first.
+    for _ in 0..10 {
+        if a.wait_for_change(Duration::from_millis(200))
+            .await
+            .unwrap()
+            .is_empty()
+        {
+            break;
+        }
+    }
+
+    assert_eq!(
+        a.write(&[end("a", false)]).await.unwrap(),
+        [WriteResult::Done]
+    );
+    let woken = a.wait_for_change(Duration::from_millis(500)).await.unwrap();
+    assert!(!woken.iter().any(|w| w == "attempts"), "{woken:?}");
+
+    assert_eq!(
+        b.write(&[end("b", true)]).await.unwrap(),
+        [WriteResult::Done]
+    );
+    let woken = a.wait_for_change(Duration::from_secs(10)).await.unwrap();
+    assert!(woken.iter().any(|w| w == "attempts"), "{woken:?}");
+    let remote = a.remote_attempts().await.unwrap();
+    assert_eq!(remote.len(), 1);
+    assert_eq!(
+        (remote[0].task.as_str(), remote[0].state),
+        ("b", AttemptState::Succeeded)
+    );
 }

@@ -570,6 +570,7 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
             error,
             log,
             start_error_us,
+            ..
         } => {
             let n = tx
                 .prepare_cached(

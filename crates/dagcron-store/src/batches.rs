@@ -120,6 +120,7 @@ pub fn write() -> impl Strategy<Value = Write> {
                 error: failed.then(|| "exit 3".to_string()),
                 log: b"out".to_vec(),
                 start_error_us: None,
+                for_other_node: false,
             }
         ),
     ]

@@ -1118,6 +1118,7 @@ pub async fn attempts_and_logs<S: Store>(s: &S) {
         error: (to != AttemptState::Succeeded).then(|| "exit status 75".to_string()),
         log: format!("output of attempt {n}").into_bytes(),
         start_error_us: None,
+        for_other_node: false,
     };
     let r = s
         .write(&[start(1), end(1, AttemptState::Failed, Some(75)), start(2)])

@@ -391,6 +391,9 @@ pub enum Write {
         log: Vec<u8>,
         /// How far from its asked instant it started (see [`AttemptRecord::start_error_us`]).
         start_error_us: Option<i64>,
+        /// Run on this node for a run another node owns: in a cluster, that
+        /// node is told once the end is committed.
+        for_other_node: bool,
     },
     /// Withdraw an attempt handed to the cluster, whether a node claimed it
     /// or not: the attempt is cancelled if it has not ended, and its task is

@@ -368,6 +368,7 @@ impl<S: Store> Engine<S> {
                 error: outcome.error,
                 log: outcome.log,
                 start_error_us: outcome.start_error_us,
+                for_other_node: true,
             });
             return;
         }

@@ -394,6 +394,7 @@ impl<S: Store> Engine<S> {
                         error: Some(LOST_WITH_PROCESS.into()),
                         log: vec![],
                         start_error_us: None,
+                        for_other_node: false,
                     });
                 }
             }

@@ -410,6 +410,7 @@ impl<S: Store> Engine<S> {
                     error: o.error,
                     log: o.log,
                     start_error_us: o.start_error_us,
+                    for_other_node: false,
                 });
             }
             Effect::Withdraw { task, number } => {

@@ -136,6 +136,7 @@ impl<S: Store> Engine<S> {
                 )),
                 log: vec![],
                 start_error_us: None,
+                for_other_node: !self.runs.contains_key(&claim.run),
             });
             return;
         };
