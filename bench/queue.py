@@ -111,7 +111,6 @@ def graphile(scratch, n_nodes, concurrency, local_queue, batch_delay):
             "jobs": len(latencies), "jobs_per_s": JOBS / (t1 - t0), "enqueue_s": enq["enqueue_s"],
             "p50_ms": percentile(latencies, 0.5), "p99_ms": percentile(latencies, 0.99),
             "tx_per_job": (s1[0] - s0[0]) / JOBS, "rows_per_job": (s1[1] - s0[1]) / JOBS,
-            "hot_updates": hot,
         }
     finally:
         for w in workers:
