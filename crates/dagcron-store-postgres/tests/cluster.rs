@@ -530,3 +530,83 @@ async fn the_end_of_an_attempt_run_for_another_node_wakes_its_owner() {
         ("b", AttemptState::Succeeded)
     );
 }
+
+/// Two batches that end the same runs, committed at once on two
+/// connections, one in the other's reverse order: held up together on the
+/// middle run, they deadlock once it is let go, and the one the database
+/// aborts is tried again. Each run ends once, as the batch that got to it
+/// first says; the other batch is told, run by run, that the run had moved
+/// on. The engine never sends such batches side by side; the store holds
+/// if it did.
+#[tokio::test]
+async fn batches_racing_over_the_same_runs_end_each_run_once() {
+    let db = TestDatabase::create("racing_batches").await;
+    let a = node(&db, "a").await;
+    let ids: Vec<i64> = (1..=200).collect();
+    let fires: Vec<Write> = ids.iter().map(|&i| fire(i, i)).collect();
+    a.write(&fires).await.unwrap();
+    let end = |to: RunState, ids: &[i64]| -> Vec<Write> {
+        ids.iter()
+            .map(|&run| Write::RunState {
+                run,
+                from: RunState::Running,
+                to,
+                at: Timestamp::from_second(1_000).unwrap(),
+            })
+            .collect()
+    };
+    let reversed: Vec<i64> = ids.iter().rev().copied().collect();
+    let (succeeded, failed) = (
+        end(RunState::Succeeded, &ids),
+        end(RunState::Failed, &reversed),
+    );
+
+    // The middle run is held, so that both batches wait for it with half
+    // of the runs each.
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::query("SELECT 1 FROM runs WHERE id = 100 FOR UPDATE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let (x, y, ()) = tokio::join!(a.write(&succeeded), a.write(&failed), async {
+        let mut watcher = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&mut watcher)
+            .await
+            .unwrap();
+            if waiting == 2 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the batches did not meet"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
+    });
+    let (x, y) = (x.unwrap(), y.unwrap());
+    for (k, &run) in ids.iter().enumerate() {
+        let (first, second) = (&x[k], &y[ids.len() - 1 - k]);
+        let done = [first, second]
+            .iter()
+            .filter(|r| ***r == WriteResult::Done)
+            .count();
+        assert_eq!(done, 1, "run {run}: {first:?} and {second:?}");
+        let expected = if *first == WriteResult::Done {
+            RunState::Succeeded
+        } else {
+            RunState::Failed
+        };
+        assert_eq!(
+            a.get_run(run).await.unwrap().unwrap().state,
+            expected,
+            "run {run}"
+        );
+    }
+}
