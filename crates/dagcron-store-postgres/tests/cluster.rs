@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dagcron_core::{FireOutcome, RunState};
+use dagcron_core::{AttemptState, FireOutcome, RunState, TaskState};
 use dagcron_store::cluster::{Coordination, Heartbeat, NodeState};
 use dagcron_store::conformance::new_run;
 use dagcron_store::{JobUpsert, StorageError, Store, Write, WriteResult};
@@ -358,58 +358,69 @@ async fn updates(db: &TestDatabase, table: &str, at_least: i64) -> (i64, i64) {
     }
 }
 
+fn task_to(task: &str, from: TaskState, to: TaskState) -> Write {
+    Write::TaskState {
+        run: 1,
+        task: task.into(),
+        from,
+        to,
+    }
+}
+
+fn attempt_end(task: &str, at: Timestamp, for_other_node: bool) -> Write {
+    Write::AttemptEnd {
+        run: 1,
+        task: task.into(),
+        number: 1,
+        from: AttemptState::Running,
+        to: AttemptState::Succeeded,
+        at,
+        exit_code: Some(0),
+        error: None,
+        log: b"done".to_vec(),
+        start_error_us: None,
+        for_other_node,
+    }
+}
+
+/// Run 1 on node `a`: its task a started there, its task b handed to the
+/// cluster, both at `at`.
+async fn one_task_here_one_shared(a: &PgStore, at: Timestamp) {
+    a.write(&[fire(1, 1)]).await.unwrap();
+    let start = |task: &str, state: AttemptState| Write::AttemptStart {
+        run: 1,
+        task: task.into(),
+        number: 1,
+        state,
+        at,
+        run_on: None,
+    };
+    let done = a
+        .write(&[
+            task_to("a", TaskState::Pending, TaskState::Running),
+            start("a", AttemptState::Running),
+            task_to("b", TaskState::Pending, TaskState::Dispatching),
+            start("b", AttemptState::Dispatching),
+        ])
+        .await
+        .unwrap();
+    assert!(done.iter().all(|r| *r == WriteResult::Done), "{done:?}");
+}
+
 /// A task's and an attempt's changes touch no indexed column, and their
 /// pages keep room for them: they write no index entry. An attempt handed
 /// to the cluster waits in the queue until a node takes it or it is
 /// withdrawn; either way it leaves the queue.
 #[tokio::test]
 async fn ends_of_tasks_and_attempts_write_no_index_entry() {
-    use dagcron_core::{AttemptState, TaskState};
     let db = TestDatabase::create("heap_only").await;
     let a = node(&db, "a").await;
     let b = node(&db, "b").await;
-    a.write(&[fire(1, 1)]).await.unwrap();
-    let task = |task: &str, from: TaskState, to: TaskState| Write::TaskState {
-        run: 1,
-        task: task.into(),
-        from,
-        to,
-    };
-    let start = |task: &str, state: AttemptState| Write::AttemptStart {
-        run: 1,
-        task: task.into(),
-        number: 1,
-        state,
-        at: Timestamp::from_second(2).unwrap(),
-        run_on: None,
-    };
-    // Task a runs here; task b is handed to the cluster.
-    let done = a
-        .write(&[
-            task("a", TaskState::Pending, TaskState::Running),
-            start("a", AttemptState::Running),
-            task("b", TaskState::Pending, TaskState::Dispatching),
-            start("b", AttemptState::Dispatching),
-        ])
-        .await
-        .unwrap();
-    assert!(done.iter().all(|r| *r == WriteResult::Done), "{done:?}");
+    one_task_here_one_shared(&a, Timestamp::from_second(2).unwrap()).await;
     let ended = a
         .write(&[
-            Write::AttemptEnd {
-                run: 1,
-                task: "a".into(),
-                number: 1,
-                from: AttemptState::Running,
-                to: AttemptState::Succeeded,
-                at: Timestamp::from_second(3).unwrap(),
-                exit_code: Some(0),
-                error: None,
-                log: b"done".to_vec(),
-                start_error_us: None,
-                for_other_node: false,
-            },
-            task("a", TaskState::Running, TaskState::Succeeded),
+            attempt_end("a", Timestamp::from_second(3).unwrap(), false),
+            task_to("a", TaskState::Running, TaskState::Succeeded),
         ])
         .await
         .unwrap();
@@ -453,49 +464,11 @@ async fn ends_of_tasks_and_attempts_write_no_index_entry() {
 /// attempt of the node's own run wakes no one.
 #[tokio::test]
 async fn the_end_of_an_attempt_run_for_another_node_wakes_its_owner() {
-    use dagcron_core::{AttemptState, TaskState};
     let db = TestDatabase::create("foreign_end").await;
     let a = node(&db, "a").await;
     let b = node(&db, "b").await;
-    a.write(&[fire(1, 1)]).await.unwrap();
     let at = Timestamp::from_second(2).unwrap();
-    let task = |task: &str, from: TaskState, to: TaskState| Write::TaskState {
-        run: 1,
-        task: task.into(),
-        from,
-        to,
-    };
-    let start = |task: &str, state: AttemptState| Write::AttemptStart {
-        run: 1,
-        task: task.into(),
-        number: 1,
-        state,
-        at,
-        run_on: None,
-    };
-    let end = |task: &str, for_other_node: bool| Write::AttemptEnd {
-        run: 1,
-        task: task.into(),
-        number: 1,
-        from: AttemptState::Running,
-        to: AttemptState::Succeeded,
-        at,
-        exit_code: Some(0),
-        error: None,
-        log: vec![],
-        start_error_us: None,
-        for_other_node,
-    };
-    let done = a
-        .write(&[
-            task("a", TaskState::Pending, TaskState::Running),
-            start("a", AttemptState::Running),
-            task("b", TaskState::Pending, TaskState::Dispatching),
-            start("b", AttemptState::Dispatching),
-        ])
-        .await
-        .unwrap();
-    assert!(done.iter().all(|r| *r == WriteResult::Done), "{done:?}");
+    one_task_here_one_shared(&a, at).await;
     let claimed = b.claim_attempts(8, &[], at).await.unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!((claimed[0].run, claimed[0].task.as_str()), (1, "b"));
@@ -511,14 +484,14 @@ async fn the_end_of_an_attempt_run_for_another_node_wakes_its_owner() {
     }
 
     assert_eq!(
-        a.write(&[end("a", false)]).await.unwrap(),
+        a.write(&[attempt_end("a", at, false)]).await.unwrap(),
         [WriteResult::Done]
     );
     let woken = a.wait_for_change(Duration::from_millis(500)).await.unwrap();
     assert!(!woken.iter().any(|w| w == "attempts"), "{woken:?}");
 
     assert_eq!(
-        b.write(&[end("b", true)]).await.unwrap(),
+        b.write(&[attempt_end("b", at, true)]).await.unwrap(),
         [WriteResult::Done]
     );
     let woken = a.wait_for_change(Duration::from_secs(10)).await.unwrap();
