@@ -9,7 +9,7 @@
 //! the engine recovers from the store (missed fires by the misfire policy,
 //! attempts that were running as `lost`).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -119,7 +119,7 @@ pub trait Secrets: Send + Sync + 'static {
     fn resolve<'a>(
         &'a self,
         namespace: &'a str,
-        names: &'a std::collections::BTreeSet<String>,
+        names: &'a BTreeSet<String>,
     ) -> Resolved<'a>;
 }
 
@@ -434,8 +434,9 @@ struct JobEntry {
     generation: u64,
     /// The latest fire recorded in the ledger (where the next search starts).
     last_fire: Option<Timestamp>,
-    /// Runs started and not finished.
-    active: Vec<RunId>,
+    /// Runs started and not finished (a set: a job may have thousands,
+    /// and each run leaves it as it ends).
+    active: BTreeSet<RunId>,
     /// Runs waiting for a slot.
     queued: VecDeque<RunId>,
     /// Runs made ahead by a trigger for an instant, waiting for it.
@@ -464,7 +465,7 @@ impl JobEntry {
             file_paused: paused,
             generation: 0,
             last_fire: None,
-            active: vec![],
+            active: BTreeSet::new(),
             queued: VecDeque::new(),
             planned: HashSet::new(),
             owned,

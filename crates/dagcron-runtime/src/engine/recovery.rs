@@ -431,7 +431,9 @@ impl<S: Store> Engine<S> {
                 return;
             }
             RunState::Pending => entry.queued.push_back(id),
-            _ => entry.active.push(id),
+            _ => {
+                entry.active.insert(id);
+            }
         }
         for (task, number) in lost_here {
             let event = Event::AttemptEnded {

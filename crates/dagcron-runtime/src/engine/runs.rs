@@ -276,7 +276,7 @@ impl<S: Store> Engine<S> {
             return;
         };
         let key = run.key.clone();
-        self.jobs.get_mut(&*key).expect("job").active.push(id);
+        self.jobs.get_mut(&*key).expect("job").active.insert(id);
         self.step(id, Event::Begin, now, None);
     }
 
@@ -470,8 +470,7 @@ impl<S: Store> Engine<S> {
         let key = run.key;
         if let Some(entry) = self.jobs.get_mut(&*key) {
             entry.planned.remove(&id);
-            if entry.active.contains(&id) {
-                entry.active.retain(|r| *r != id);
+            if entry.active.remove(&id) {
                 self.start_queued(&key, now);
             } else {
                 entry.queued.retain(|r| *r != id);
