@@ -116,11 +116,7 @@ pub type Resolved<'a> = std::pin::Pin<
 pub trait Secrets: Send + Sync + 'static {
     /// The values of `names` in `namespace`; an error says which is missing
     /// or could not be read.
-    fn resolve<'a>(
-        &'a self,
-        namespace: &'a str,
-        names: &'a BTreeSet<String>,
-    ) -> Resolved<'a>;
+    fn resolve<'a>(&'a self, namespace: &'a str, names: &'a BTreeSet<String>) -> Resolved<'a>;
 }
 
 /// The engine's link to the stored secrets.
