@@ -1,7 +1,7 @@
 //! The server's side: connected agents, attempts waiting for one, and the
 //! `Agents` gRPC service.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,6 +20,10 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::convert;
 use crate::fair::FairQueue;
+
+/// How many taken results the pool remembers, to tell a result sent again
+/// from a stale one.
+const TAKEN_KEPT: usize = 4096;
 
 /// Settings of the pool.
 #[derive(Clone, Debug)]
@@ -159,6 +163,14 @@ struct State {
     next_token: i64,
     /// Results refused because their token was stale.
     stale_results: u64,
+    /// The tokens of the attempts whose results were taken lately, oldest
+    /// first (at most [`TAKEN_KEPT`]): an agent that cannot tell whether
+    /// its report arrived (its connection failed as it sent it) sends it
+    /// again, and that copy is not a stale result.
+    taken: VecDeque<i64>,
+    taken_set: HashSet<i64>,
+    /// Results sent again for an attempt already taken, ignored.
+    duplicate_results: u64,
     /// Messages about an attempt from an agent it was not given to.
     foreign_reports: u64,
 }
@@ -379,10 +391,25 @@ impl State {
             return;
         }
         let Some(inflight) = state.inflight.remove(&token) else {
-            state.stale_results += 1;
-            tracing::warn!(token, "result with a stale fencing token refused");
+            if state.taken_set.contains(&token) {
+                state.duplicate_results += 1;
+                tracing::debug!(
+                    token,
+                    "a result sent again for an attempt already taken: ignored"
+                );
+            } else {
+                state.stale_results += 1;
+                tracing::warn!(token, "result with a stale fencing token refused");
+            }
             return;
         };
+        state.taken_set.insert(token);
+        state.taken.push_back(token);
+        if state.taken.len() > TAKEN_KEPT {
+            if let Some(old) = state.taken.pop_front() {
+                state.taken_set.remove(&old);
+            }
+        }
         for s in [inflight.session, session] {
             if let Some(agent) = state.agents.get_mut(&s) {
                 if s == inflight.session {
@@ -672,6 +699,11 @@ impl AgentPool {
     /// Results refused so far because their fencing token was stale.
     pub fn stale_results(&self) -> u64 {
         self.state.lock().expect("pool lock").stale_results
+    }
+
+    /// Results received again for attempts already taken, and ignored.
+    pub fn duplicate_results(&self) -> u64 {
+        self.state.lock().expect("pool lock").duplicate_results
     }
 
     /// Where this pool's fencing tokens start. Tokens must never repeat

@@ -385,3 +385,62 @@ async fn regression_a_forged_result_from_another_agent_is_refused() {
     assert_eq!(pool.stale_results(), 0, "the real result was not refused");
     stop.cancel();
 }
+
+/// An agent whose connection fails as it reports cannot tell whether the
+/// report arrived, and sends it again: the copy of a result already taken
+/// is ignored, not counted as a stale result. A token never issued still is.
+#[tokio::test]
+async fn a_result_sent_twice_is_taken_once_and_not_counted_stale() {
+    let pool = AgentPool::new(PoolConfig::default());
+    let addr = free_addr();
+    let stop = CancellationToken::new();
+    serve(&pool, addr, stop.clone()).await;
+    let (agent_tx, mut agent) = hand_agent(addr, "a", "worker").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while pool.workers().is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "no agent");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (tx, outcome) = oneshot::channel();
+    let mut t = task("true", tx);
+    t.labels = BTreeMap::from([("role".into(), "worker".into())]);
+    pool.submit(t);
+    let attempt = loop {
+        let msg = tokio::time::timeout(Duration::from_secs(20), agent.message())
+            .await
+            .expect("the assignment arrives")
+            .unwrap()
+            .unwrap();
+        if let Some(server_message::Body::Assignment(a)) = msg.body {
+            break a.attempt.unwrap();
+        }
+    };
+    let mut never_issued = attempt.clone();
+    never_issued.fencing_token += 1_000_000;
+    for m in [
+        result_of(attempt.clone(), b"first"),
+        result_of(attempt, b"again"),
+        result_of(never_issued, b"stale"),
+    ] {
+        agent_tx.send(m).await.unwrap();
+    }
+    let outcome = tokio::time::timeout(Duration::from_secs(20), outcome)
+        .await
+        .expect("the result arrives")
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&outcome.log), "first");
+    while pool.stale_results() + pool.duplicate_results() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the later results were not handled"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(pool.duplicate_results(), 1);
+    assert_eq!(
+        pool.stale_results(),
+        1,
+        "only the token never issued is stale"
+    );
+    stop.cancel();
+}
