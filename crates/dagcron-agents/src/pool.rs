@@ -153,6 +153,30 @@ struct Inflight {
     cancel_sent: Option<Instant>,
 }
 
+/// The fencing tokens of the last [`TAKEN_KEPT`] results taken.
+#[derive(Default)]
+struct Taken {
+    /// Oldest first.
+    order: VecDeque<i64>,
+    tokens: HashSet<i64>,
+}
+
+impl Taken {
+    fn insert(&mut self, token: i64) {
+        self.tokens.insert(token);
+        self.order.push_back(token);
+        if self.order.len() > TAKEN_KEPT {
+            if let Some(oldest) = self.order.pop_front() {
+                self.tokens.remove(&oldest);
+            }
+        }
+    }
+
+    fn contains(&self, token: i64) -> bool {
+        self.tokens.contains(&token)
+    }
+}
+
 #[derive(Default)]
 struct State {
     agents: HashMap<u64, Agent>,
@@ -163,12 +187,10 @@ struct State {
     next_token: i64,
     /// Results refused because their token was stale.
     stale_results: u64,
-    /// The tokens of the attempts whose results were taken lately, oldest
-    /// first (at most [`TAKEN_KEPT`]): an agent that cannot tell whether
-    /// its report arrived (its connection failed as it sent it) sends it
-    /// again, and that copy is not a stale result.
-    taken: VecDeque<i64>,
-    taken_set: HashSet<i64>,
+    /// The attempts whose results were taken lately: an agent that cannot
+    /// tell whether its report arrived (its connection failed as it sent
+    /// it) sends it again, and that copy is not a stale result.
+    taken: Taken,
     /// Results sent again for an attempt already taken, ignored.
     duplicate_results: u64,
     /// Messages about an attempt from an agent it was not given to.
@@ -391,7 +413,7 @@ impl State {
             return;
         }
         let Some(inflight) = state.inflight.remove(&token) else {
-            if state.taken_set.contains(&token) {
+            if state.taken.contains(token) {
                 state.duplicate_results += 1;
                 tracing::debug!(
                     token,
@@ -403,13 +425,7 @@ impl State {
             }
             return;
         };
-        state.taken_set.insert(token);
-        state.taken.push_back(token);
-        if state.taken.len() > TAKEN_KEPT {
-            if let Some(old) = state.taken.pop_front() {
-                state.taken_set.remove(&old);
-            }
-        }
+        state.taken.insert(token);
         for s in [inflight.session, session] {
             if let Some(agent) = state.agents.get_mut(&s) {
                 if s == inflight.session {

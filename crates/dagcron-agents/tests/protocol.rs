@@ -308,6 +308,29 @@ async fn hand_agent(
     (tx, inbound)
 }
 
+/// Submits a task for the agents labelled `role: worker` and waits for
+/// its assignment on `inbound`: the attempt given, and where its outcome
+/// will come.
+async fn assigned_to_worker(
+    pool: &AgentPool,
+    inbound: &mut tonic::Streaming<v1::ServerMessage>,
+) -> (v1::AttemptRef, oneshot::Receiver<Outcome>) {
+    let (tx, outcome) = oneshot::channel();
+    let mut t = task("true", tx);
+    t.labels = BTreeMap::from([("role".into(), "worker".into())]);
+    pool.submit(t);
+    loop {
+        let msg = tokio::time::timeout(Duration::from_secs(20), inbound.message())
+            .await
+            .expect("the assignment arrives")
+            .unwrap()
+            .unwrap();
+        if let Some(server_message::Body::Assignment(a)) = msg.body {
+            return (a.attempt.unwrap(), outcome);
+        }
+    }
+}
+
 fn result_of(attempt: v1::AttemptRef, output: &[u8]) -> v1::AgentMessage {
     v1::AgentMessage {
         sent_at_us: 0,
@@ -341,20 +364,7 @@ async fn regression_a_forged_result_from_another_agent_is_refused() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (tx, mut outcome) = oneshot::channel();
-    let mut victim = task("true", tx);
-    victim.labels = BTreeMap::from([("role".into(), "worker".into())]);
-    pool.submit(victim);
-    let attempt = loop {
-        let msg = tokio::time::timeout(Duration::from_secs(20), honest.message())
-            .await
-            .expect("the assignment arrives")
-            .unwrap()
-            .unwrap();
-        if let Some(server_message::Body::Assignment(a)) = msg.body {
-            break a.attempt.unwrap();
-        }
-    };
+    let (attempt, mut outcome) = assigned_to_worker(&pool, &mut honest).await;
     // The rogue, knowing the token, reports first: refused.
     rogue_tx
         .send(result_of(attempt.clone(), b"forged output"))
@@ -401,20 +411,7 @@ async fn a_result_sent_twice_is_taken_once_and_not_counted_stale() {
         assert!(tokio::time::Instant::now() < deadline, "no agent");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (tx, outcome) = oneshot::channel();
-    let mut t = task("true", tx);
-    t.labels = BTreeMap::from([("role".into(), "worker".into())]);
-    pool.submit(t);
-    let attempt = loop {
-        let msg = tokio::time::timeout(Duration::from_secs(20), agent.message())
-            .await
-            .expect("the assignment arrives")
-            .unwrap()
-            .unwrap();
-        if let Some(server_message::Body::Assignment(a)) = msg.body {
-            break a.attempt.unwrap();
-        }
-    };
+    let (attempt, outcome) = assigned_to_worker(&pool, &mut agent).await;
     let mut never_issued = attempt.clone();
     never_issued.fencing_token += 1_000_000;
     for m in [
