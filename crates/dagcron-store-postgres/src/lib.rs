@@ -7,7 +7,7 @@
 //! was replaced. Unique keys (the fire ledger's (job, scheduled instant),
 //! attempt numbers) and compare-and-set updates refuse anything doubled.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -15,10 +15,9 @@ use std::time::Duration;
 
 use dagcron_core::{AttemptState, FireOutcome, RunState};
 use dagcron_store::{
-    ApplyResult, AttemptKey, AttemptRecord, AuditEntry, ClaimedAttempt, FireRecord, JobUpsert,
-    JobVersion, NewRun, Origin, Page, RemoteAttempt, Result, RunId, RunRecord, SecretRecord,
-    StorageError, Store, StoredJob, TaskRecord, TokenRecord, Trigger, VersionRecord, Write,
-    WriteResult,
+    ApplyResult, AttemptKey, AuditEntry, ClaimedAttempt, FireRecord, JobUpsert, JobVersion, NewRun,
+    Origin, Page, RemoteAttempt, Result, RunId, RunRecord, SecretRecord, StorageError, Store,
+    StoredJob, TokenRecord, Trigger, VersionRecord, Write, WriteResult,
 };
 use jiff::Timestamp;
 use sqlx::Row;
@@ -28,6 +27,7 @@ mod audit;
 mod batch;
 mod cluster;
 mod retention;
+mod rows;
 pub use cluster::MAX_NODES;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -49,7 +49,6 @@ pub struct PgStore {
     stats: Arc<Counters>,
     fence: Arc<RwLock<Option<Fence>>>,
     listener: Arc<tokio::sync::Mutex<Option<PgListener>>>,
-    grouped: bool,
     audit: Arc<audit::AuditQueue>,
 }
 
@@ -82,7 +81,7 @@ fn parse<T: FromStr<Err = String>>(s: &str) -> Result<T> {
     s.parse().map_err(StorageError::Corrupt)
 }
 
-const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing, trace, rerun_of";
+const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing, trace, rerun_of, tasks";
 pub(crate) const JOB_COLUMNS: &str = "namespace, name, version, spec, paused, updated_at, rules";
 
 const VERSION_COLUMNS: &str =
@@ -142,17 +141,8 @@ impl PgStore {
             stats: Arc::new(Counters::default()),
             fence: Arc::new(RwLock::new(None)),
             listener: Arc::new(tokio::sync::Mutex::new(None)),
-            grouped: true,
             audit: Arc::default(),
         })
-    }
-
-    /// Whether a write batch is sent grouped, about 8 statements whatever
-    /// its size (the default), or one write at a time: slower, and kept as
-    /// the reference the grouped path is tested against.
-    pub fn with_grouped_writes(mut self, grouped: bool) -> PgStore {
-        self.grouped = grouped;
-        self
     }
 
     fn fence(&self) -> Option<Fence> {
@@ -227,79 +217,18 @@ impl PgStore {
         notify(conn, "jobs").await
     }
 
-    async fn load_tasks(
-        conn: &mut PgConnection,
-        ids: &[RunId],
-    ) -> Result<BTreeMap<RunId, Vec<TaskRecord>>> {
-        let mut out: BTreeMap<RunId, Vec<TaskRecord>> = BTreeMap::new();
-        if ids.is_empty() {
-            return Ok(out);
-        }
-        let tasks = sqlx::query(
-            "SELECT run_id, task_id, state, carried FROM tasks WHERE run_id = ANY($1) ORDER BY run_id, position",
-        )
-        .bind(ids)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(unavailable)?;
-        for row in tasks {
-            out.entry(row.get(0)).or_default().push(TaskRecord {
-                id: row.get(1),
-                state: parse(row.get::<&str, _>(2))?,
-                attempts: vec![],
-                carried: row.get(3),
-            });
-        }
-        let attempts = sqlx::query(
-            "SELECT run_id, task_id, number, state, started_at, finished_at, exit_code, error, NULLIF(node_epoch, 0), start_error_us FROM attempts WHERE run_id = ANY($1) ORDER BY run_id, task_id, number",
-        )
-        .bind(ids)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(unavailable)?;
-        for row in attempts {
-            let run: RunId = row.get(0);
-            let task: String = row.get(1);
-            let record = AttemptRecord {
-                number: row.get::<i32, _>(2) as u32,
-                state: parse::<AttemptState>(row.get::<&str, _>(3))?,
-                started_at: ts(row.get(4))?,
-                finished_at: opt_ts(row.get(5))?,
-                exit_code: row.get(6),
-                error: row.get(7),
-                node_epoch: row.get(8),
-                start_error_us: row.get(9),
-            };
-            if let Some(t) = out
-                .get_mut(&run)
-                .and_then(|ts| ts.iter_mut().find(|t| t.id == task))
-            {
-                t.attempts.push(record);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Runs selected by `sql` (which returns [`RUN_COLUMNS`]) with one bind,
-    /// with their tasks and attempts, read in one transaction.
+    /// Runs selected by `sql` (which returns [`RUN_COLUMNS`]) with its
+    /// binds, with their tasks and attempts (kept in the run's row).
     async fn load_runs<'a, T>(&self, sql: String, binds: T) -> Result<Vec<RunRecord>>
     where
         T: FnOnce(
             sqlx::query::Query<'a, sqlx::Postgres, sqlx::postgres::PgArguments>,
         ) -> sqlx::query::Query<'a, sqlx::Postgres, sqlx::postgres::PgArguments>,
     {
-        let mut tx = self.pool.begin().await.map_err(unavailable)?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .execute(&mut *tx)
-            .await
-            .map_err(unavailable)?;
         let rows = binds(sqlx::query(sqlx::AssertSqlSafe(sql)))
-            .fetch_all(&mut *tx)
+            .fetch_all(&self.pool)
             .await
             .map_err(unavailable)?;
-        let ids: Vec<RunId> = rows.iter().map(|r| r.get(0)).collect();
-        let mut tasks = Self::load_tasks(&mut tx, &ids).await?;
-        tx.commit().await.map_err(unavailable)?;
         rows.into_iter()
             .map(|row| {
                 let id: RunId = row.get(0);
@@ -321,7 +250,10 @@ impl PgStore {
                     closing: row.get::<Option<&str>, _>(11).map(parse).transpose()?,
                     trace: row.get(12),
                     rerun_of: row.get(13),
-                    tasks: tasks.remove(&id).unwrap_or_default(),
+                    tasks: rows::parse_tasks(id, row.get(14))?
+                        .into_iter()
+                        .map(rows::Task::record)
+                        .collect::<Result<_>>()?,
                 })
             })
             .collect()
@@ -367,56 +299,6 @@ macro_rules! transaction {
 }
 pub(crate) use transaction;
 
-/// Claims up to `limit` attempts waiting in `dispatching` with no node: for
-/// the node's own pool (`labels` none: attempts that need no agent), or for
-/// one of its agents (attempts whose labels the agent's contain).
-/// A claimed attempt's row: run, namespace, job, task, number, the run's
-/// instant, parameters and caller's trace.
-type Claimed = (
-    RunId,
-    String,
-    String,
-    String,
-    i32,
-    i64,
-    String,
-    Option<String>,
-    i64,
-);
-
-async fn claim_some(
-    conn: &mut PgConnection,
-    labels: Option<&str>,
-    limit: i64,
-    epoch: i64,
-    at: Timestamp,
-) -> std::result::Result<Vec<Claimed>, sqlx::Error> {
-    sqlx::query_as(
-        "WITH c AS (
-            SELECT run_id, task_id, number FROM attempts
-            WHERE state = 'dispatching' AND node_epoch IS NULL
-              AND (CASE WHEN $4::jsonb IS NULL THEN run_on IS NULL ELSE run_on <@ $4::jsonb END)
-            ORDER BY started_at LIMIT $1 FOR UPDATE SKIP LOCKED
-         ), a AS (
-            UPDATE attempts a SET state = 'running', node_epoch = $2, started_at = $3
-            FROM c WHERE a.run_id = c.run_id AND a.task_id = c.task_id AND a.number = c.number
-            RETURNING a.run_id, a.task_id, a.number
-         ), t AS (
-            UPDATE tasks t SET state = 'running' FROM a
-            WHERE t.run_id = a.run_id AND t.task_id = a.task_id AND t.state = 'dispatching'
-            RETURNING t.run_id
-         )
-         SELECT a.run_id, r.namespace, r.job, a.task_id, a.number, r.scheduled_at, r.params, r.trace, r.job_version
-         FROM a JOIN runs r ON r.id = a.run_id ORDER BY a.run_id",
-    )
-    .bind(limit)
-    .bind(epoch)
-    .bind(at.as_microsecond())
-    .bind(labels)
-    .fetch_all(conn)
-    .await
-}
-
 /// Labels as a JSON object, for the `run_on` column.
 pub(crate) fn labels_json(labels: &BTreeMap<String, String>) -> String {
     serde_json::to_string(labels).expect("labels serialize")
@@ -431,75 +313,140 @@ async fn notify(conn: &mut PgConnection, what: &str) -> std::result::Result<(), 
         .map(|_| ())
 }
 
-async fn insert_run(
+/// Inserts runs with their tasks (their rows in `rows`, as the batch's
+/// writes left them), one statement whatever their number.
+async fn insert_runs(
     conn: &mut PgConnection,
-    run: &NewRun,
-    owner: Option<i64>,
+    runs: &[&NewRun],
+    rows: &BTreeMap<RunId, rows::Row>,
+    epoch: Option<i64>,
+    sent: &mut u64,
 ) -> std::result::Result<(), sqlx::Error> {
-    let created = run.created_at.as_microsecond();
-    let started = (run.state == RunState::Running).then_some(created);
-    let finished = run.state.is_terminal().then_some(created);
-    let params_json = serde_json::to_string(&run.params).expect("params serialize");
-    sqlx::query(
-        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, owner_epoch, trace, rerun_of)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
-    )
-    .bind(run.id)
-    .bind(&run.namespace)
-    .bind(&run.job)
-    .bind(run.job_version)
-    .bind(run.trigger.as_str())
-    .bind(run.scheduled_at.as_microsecond())
-    .bind(run.state.as_str())
-    .bind(params_json)
-    .bind(created)
-    .bind(started)
-    .bind(finished)
-    .bind(owner)
-    .bind(&run.trace)
-    .bind(run.rerun_of)
-    .execute(&mut *conn)
-    .await?;
-    let states: Vec<&str> = run
-        .tasks
+    let params: Vec<String> = runs
         .iter()
-        .map(|t| run.task_start(t).as_str())
+        .map(|r| serde_json::to_string(&r.params).expect("params serialize"))
         .collect();
-    let carried: Vec<bool> = run
-        .tasks
-        .iter()
-        .map(|t| run.carried.contains_key(t))
-        .collect();
+    let rows: Vec<&rows::Row> = runs.iter().map(|r| &rows[&r.id]).collect();
+    *sent += 1;
     sqlx::query(
-        "INSERT INTO tasks (run_id, task_id, position, state, carried)
-         SELECT $1, t, p - 1, s, c FROM unnest($2::text[], $3::text[], $4::bool[]) WITH ORDINALITY AS x(t, s, c, p)",
+        "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, owner_epoch, trace, rerun_of, closing, tasks)
+         SELECT id, n, j, v, t, s, st, p, c, sa, fa, $12, tr, ro, cl, tk
+         FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::bigint[], $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[], $13::text[], $14::bigint[], $15::text[], $16::text[])
+            AS x(id, n, j, v, t, s, st, p, c, sa, fa, tr, ro, cl, tk)",
     )
-    .bind(run.id)
-    .bind(&run.tasks)
-    .bind(states)
-    .bind(carried)
+    .bind(runs.iter().map(|r| r.id).collect::<Vec<_>>())
+    .bind(runs.iter().map(|r| r.namespace.as_str()).collect::<Vec<_>>())
+    .bind(runs.iter().map(|r| r.job.as_str()).collect::<Vec<_>>())
+    .bind(runs.iter().map(|r| r.job_version).collect::<Vec<_>>())
+    .bind(runs.iter().map(|r| r.trigger.as_str()).collect::<Vec<_>>())
+    .bind(runs.iter().map(|r| r.scheduled_at.as_microsecond()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.state.as_str()).collect::<Vec<_>>())
+    .bind(&params)
+    .bind(runs.iter().map(|r| r.created_at.as_microsecond()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.started_at).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.finished_at).collect::<Vec<_>>())
+    .bind(epoch)
+    .bind(runs.iter().map(|r| r.trace.as_deref()).collect::<Vec<_>>())
+    .bind(runs.iter().map(|r| r.rerun_of).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.closing.map(RunState::as_str)).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.tasks_json()).collect::<Vec<_>>())
     .execute(&mut *conn)
     .await?;
     Ok(())
 }
 
-/// Marks run `run` as stopping towards `to` (see [`Write::RunClosing`]).
-pub(crate) async fn mark_closing(
+/// What a node running a claimed attempt needs of its run: id, namespace,
+/// job, instant, parameters, the caller's trace, job version.
+type ClaimedRun = (RunId, String, String, i64, String, Option<String>, i64);
+
+/// Claims up to `limit` attempts waiting in the cluster's queue: for the
+/// node's own pool (`labels` none: attempts that need no agent), or for one
+/// of its agents (attempts whose labels the agent's contain). The queue's
+/// rows are taken first (rows another node is taking are skipped), then the
+/// attempts are marked running on this node in their runs' rows.
+async fn claim_some(
     conn: &mut PgConnection,
-    run: RunId,
-    to: dagcron_core::RunState,
-) -> std::result::Result<WriteResult, sqlx::Error> {
-    let n = sqlx::query("UPDATE runs SET closing = $1 WHERE id = $2")
-        .bind(to.as_str())
-        .bind(run)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
-    Ok(if n == 1 {
-        WriteResult::Done
-    } else {
-        WriteResult::no_run(run)
-    })
+    labels: Option<&str>,
+    limit: i64,
+    epoch: i64,
+    at: Timestamp,
+    sent: &mut u64,
+) -> std::result::Result<Vec<ClaimedAttempt>, sqlx::Error> {
+    *sent += 1;
+    let taken: Vec<(RunId, String, i32)> = sqlx::query_as(
+        "WITH c AS (
+            SELECT run_id, task_id, number FROM shared_attempts
+            WHERE node_epoch IS NULL
+              AND (CASE WHEN $4::jsonb IS NULL THEN run_on IS NULL ELSE run_on <@ $4::jsonb END)
+            ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED
+         )
+         UPDATE shared_attempts s SET node_epoch = $2
+         FROM c WHERE s.run_id = c.run_id AND s.task_id = c.task_id AND s.number = c.number
+         RETURNING s.run_id, s.task_id, s.number",
+    )
+    .bind(limit)
+    .bind(epoch)
+    .bind(at.as_microsecond())
+    .bind(labels)
+    .fetch_all(&mut *conn)
+    .await?;
+    if taken.is_empty() {
+        return Ok(vec![]);
+    }
+    let mut ids: Vec<RunId> = taken.iter().map(|t| t.0).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let at_us = at.as_microsecond();
+    let mut pending = ids;
+    let mut claimed: BTreeSet<(RunId, &str, i32)> = BTreeSet::new();
+    for _ in 0..16 {
+        if pending.is_empty() {
+            break;
+        }
+        *sent += 2;
+        let mut rows = rows::load(conn, &pending).await?;
+        claimed.retain(|k| !rows.contains_key(&k.0));
+        for (run, task, number) in &taken {
+            if let Some(row) = rows.get_mut(run) {
+                if rows::claim(row, task, *number as u32, epoch, at_us) {
+                    claimed.insert((*run, task.as_str(), *number));
+                }
+            }
+        }
+        pending = rows::save(conn, &rows, sent).await?;
+    }
+    if !pending.is_empty() {
+        return Err(sqlx::Error::Protocol(format!(
+            "runs {pending:?} kept changing under the claim"
+        )));
+    }
+    let ids: Vec<RunId> = claimed.iter().map(|k| k.0).collect();
+    *sent += 1;
+    let runs: Vec<ClaimedRun> = sqlx::query_as(
+        "SELECT id, namespace, job, scheduled_at, params, trace, job_version FROM runs WHERE id = ANY($1)",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *conn)
+    .await?;
+    let runs: BTreeMap<RunId, _> = runs.into_iter().map(|r| (r.0, r)).collect();
+    let corrupt = |e: StorageError| sqlx::Error::Decode(Box::new(e));
+    let mut out = Vec::with_capacity(claimed.len());
+    for (run, task, number) in claimed {
+        let (_, namespace, job, scheduled_at, params, trace, job_version) = &runs[&run];
+        out.push(ClaimedAttempt {
+            run,
+            namespace: namespace.clone(),
+            job: job.clone(),
+            task: task.to_string(),
+            number: number as u32,
+            scheduled_at: ts(*scheduled_at).map_err(corrupt)?,
+            params: serde_json::from_str(params)
+                .map_err(|e| corrupt(StorageError::Corrupt(format!("run {run} params: {e}"))))?,
+            trace: trace.clone(),
+            job_version: *job_version,
+        });
+    }
+    Ok(out)
 }
 
 const TOKEN_COLUMNS: &str = "id, name, role, namespace, created_at, expires_at, last_used_at, revoked_at, created_by, labels";
@@ -534,215 +481,6 @@ fn secret_from_row(r: &PgRow) -> Result<SecretRecord> {
         ciphertext: r.get(5),
         updated_at: ts(r.get(6))?,
     })
-}
-
-/// What other nodes are told once a batch applied one write at a time
-/// commits (as the grouped path does).
-#[derive(Default)]
-struct Notices {
-    /// Attempts were handed to the cluster.
-    work: bool,
-    /// Attempts of runs other nodes own ended.
-    attempts: bool,
-}
-
-/// Applies one write; a refused compare-and-set says what it found.
-async fn apply(
-    conn: &mut PgConnection,
-    w: &Write,
-    epoch: Option<i64>,
-    notices: &mut Notices,
-) -> std::result::Result<WriteResult, sqlx::Error> {
-    match w {
-        Write::Fire {
-            namespace,
-            job,
-            scheduled_at,
-            outcome,
-            calendar,
-            run,
-        } => {
-            let n = sqlx::query(
-                "INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id, node_epoch, calendar) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
-            )
-            .bind(namespace)
-            .bind(job)
-            .bind(scheduled_at.as_microsecond())
-            .bind(outcome.as_str())
-            .bind(run.as_ref().map(|r| r.id))
-            .bind(epoch)
-            .bind(calendar)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
-            if n == 0 {
-                return Ok(WriteResult::fire_recorded(namespace, job, *scheduled_at));
-            }
-            if let Some(run) = run {
-                insert_run(conn, run, epoch).await?;
-            }
-            Ok(WriteResult::Done)
-        }
-        Write::Run(run) => {
-            insert_run(conn, run, epoch).await?;
-            Ok(WriteResult::Done)
-        }
-        Write::RunClosing { run, to } => mark_closing(conn, *run, *to).await,
-        Write::RunState { run, from, to, at } => {
-            let n = sqlx::query(concat!(
-                "UPDATE runs SET state = $1,
-                    started_at = CASE WHEN $1 = 'running' THEN $2 ELSE started_at END,
-                    finished_at = CASE WHEN $1 IN ",
-                dagcron_store::run_ended!(),
-                " THEN $2 ELSE finished_at END
-                 WHERE id = $3 AND state = $4"
-            ))
-            .bind(to.as_str())
-            .bind(at.as_microsecond())
-            .bind(run)
-            .bind(from.as_str())
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
-            if n == 1 {
-                return Ok(WriteResult::Done);
-            }
-            let found: Option<String> = sqlx::query_scalar("SELECT state FROM runs WHERE id = $1")
-                .bind(run)
-                .fetch_optional(&mut *conn)
-                .await?;
-            Ok(WriteResult::run_conflict(*run, found.as_deref(), *from))
-        }
-        Write::TaskState {
-            run,
-            task,
-            from,
-            to,
-        } => {
-            let n = sqlx::query(
-                "UPDATE tasks SET state = $1 WHERE run_id = $2 AND task_id = $3 AND state = $4",
-            )
-            .bind(to.as_str())
-            .bind(run)
-            .bind(task)
-            .bind(from.as_str())
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
-            if n == 1 {
-                return Ok(WriteResult::Done);
-            }
-            let found: Option<String> =
-                sqlx::query_scalar("SELECT state FROM tasks WHERE run_id = $1 AND task_id = $2")
-                    .bind(run)
-                    .bind(task)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-            Ok(WriteResult::task_conflict(
-                *run,
-                task,
-                found.as_deref(),
-                *from,
-            ))
-        }
-        Write::AttemptStart {
-            run,
-            task,
-            number,
-            state,
-            at,
-            run_on,
-        } => {
-            let n = sqlx::query(
-                "INSERT INTO attempts (run_id, task_id, number, state, started_at, node_epoch, run_on) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb) ON CONFLICT DO NOTHING",
-            )
-            .bind(run)
-            .bind(task)
-            .bind(*number as i32)
-            .bind(state.as_str())
-            .bind(at.as_microsecond())
-            .bind(epoch.filter(|_| *state != AttemptState::Dispatching))
-            .bind(run_on.as_ref().map(labels_json))
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
-            Ok(if n == 1 {
-                WriteResult::Done
-            } else {
-                WriteResult::attempt_exists(*run, task, number)
-            })
-        }
-        Write::AttemptEnd {
-            run,
-            task,
-            number,
-            from,
-            to,
-            at,
-            exit_code,
-            error,
-            log,
-            start_error_us,
-            for_other_node,
-        } => {
-            let ended = sqlx::query(
-                "UPDATE attempts SET state = $1, finished_at = $2, exit_code = $3, error = $4, log = $5, start_error_us = $10,
-                     node_epoch = COALESCE(node_epoch, 0)
-                 WHERE run_id = $6 AND task_id = $7 AND number = $8 AND state = $9",
-            )
-            .bind(to.as_str())
-            .bind(at.as_microsecond())
-            .bind(exit_code)
-            .bind(error)
-            .bind(log)
-            .bind(run)
-            .bind(task)
-            .bind(*number as i32)
-            .bind(from.as_str())
-            .bind(start_error_us)
-            .execute(&mut *conn)
-            .await?;
-            Ok(if ended.rows_affected() == 1 {
-                // An attempt run for another node ended: its owner takes it from here.
-                notices.attempts |= *for_other_node;
-                WriteResult::Done
-            } else {
-                WriteResult::attempt_conflict(*run, task, number, from.as_str())
-            })
-        }
-        Write::AttemptWithdraw {
-            run,
-            task,
-            number,
-            at,
-        } => withdraw(conn, *run, task, *number, *at).await,
-    }
-}
-
-/// See [`Write::AttemptWithdraw`]: one statement.
-pub(crate) async fn withdraw(
-    conn: &mut PgConnection,
-    run: RunId,
-    task: &str,
-    number: u32,
-    at: Timestamp,
-) -> std::result::Result<WriteResult, sqlx::Error> {
-    sqlx::query(concat!(
-        "WITH a AS (UPDATE attempts SET state = 'cancelled', finished_at = $4, error = $5, node_epoch = COALESCE(node_epoch, 0)
-            WHERE run_id = $1 AND task_id = $2 AND number = $3 AND state IN ",
-        dagcron_store::attempt_unfinished!(),
-        " RETURNING 1)
-         UPDATE tasks SET state = 'cancelled' WHERE run_id = $1 AND task_id = $2 AND state IN ",
-        dagcron_store::attempt_unfinished!()
-    ))
-    .bind(run)
-    .bind(task)
-    .bind(number as i32)
-    .bind(at.as_microsecond())
-    .bind(dagcron_store::WITHDRAWN)
-    .execute(&mut *conn)
-    .await?;
-    Ok(WriteResult::Done)
 }
 
 impl Store for PgStore {
@@ -1015,26 +753,10 @@ impl Store for PgStore {
         let results = transaction!(self, fenced = true, |conn| {
             // BEGIN, the fence check and COMMIT.
             sent += 3;
-            if self.grouped {
-                if let Some(results) = batch::apply(conn, batch, epoch, &mut sent).await? {
-                    return Ok(results);
-                }
-            }
-            let mut out = Vec::with_capacity(batch.len());
-            let mut notices = Notices::default();
-            for w in batch {
-                sent += 1;
-                out.push(apply(conn, w, epoch, &mut notices).await?);
-            }
-            notices.work = batch.iter().any(|w| {
-                matches!(
-                    w,
-                    Write::AttemptStart {
-                        state: AttemptState::Dispatching,
-                        ..
-                    }
-                )
-            });
+            let (out, notices) = batch::apply(conn, batch, epoch, &mut sent).await?;
+            // Nodes with free capacity come and claim the attempts handed
+            // to the cluster; owners take over the ends of attempts run
+            // for them.
             for (told, channel) in [(notices.work, "work"), (notices.attempts, "attempts")] {
                 if told {
                     sent += 1;
@@ -1143,7 +865,7 @@ impl Store for PgStore {
     async fn held_runs(&self, namespace: &str, limit: u32) -> Result<Vec<RunRecord>> {
         let namespace = namespace.to_string();
         self.load_runs(
-            format!("SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 AND state IN ('pending', 'running') AND EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = runs.id AND t.state = 'held') ORDER BY id LIMIT $2"),
+            format!("SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 AND state IN ('pending', 'running') AND tasks::jsonb @> '[{{\"state\": \"held\"}}]' ORDER BY id LIMIT $2"),
             move |q| q.bind(namespace).bind(i64::from(limit)),
         )
         .await
@@ -1457,31 +1179,16 @@ impl Store for PgStore {
         if wanted.is_empty() {
             return Ok(vec![]);
         }
-        let rows: Vec<Claimed> = transaction!(self, fenced = true, |conn| {
-            let mut rows = Vec::new();
+        let mut sent = 0;
+        transaction!(self, fenced = true, |conn| {
+            let mut claimed = Vec::new();
             for (labels, limit) in &wanted {
-                rows.extend(claim_some(&mut *conn, labels.as_deref(), *limit, epoch, at).await?);
+                claimed.extend(
+                    claim_some(&mut *conn, labels.as_deref(), *limit, epoch, at, &mut sent).await?,
+                );
             }
-            Ok::<_, sqlx::Error>(rows)
-        })?;
-        rows.into_iter()
-            .map(
-                |(run, namespace, job, task, number, scheduled_at, params, trace, job_version)| {
-                    Ok(ClaimedAttempt {
-                        run,
-                        namespace,
-                        job,
-                        task,
-                        number: number as u32,
-                        scheduled_at: ts(scheduled_at)?,
-                        params: serde_json::from_str(&params)
-                            .map_err(|e| StorageError::Corrupt(format!("run {run} params: {e}")))?,
-                        trace,
-                        job_version,
-                    })
-                },
-            )
-            .collect()
+            Ok::<_, sqlx::Error>(claimed)
+        })
     }
 
     async fn remote_attempts(&self) -> Result<Vec<RemoteAttempt>> {
@@ -1490,49 +1197,69 @@ impl Store for PgStore {
         };
         // A node counts as gone once it is marked dead, not merely when its
         // lease ends: marking waits for its in-flight batches.
-        let rows = sqlx::query(
-            "SELECT a.run_id, a.task_id, a.number, a.state, a.exit_code, a.error,
-                    EXISTS (SELECT 1 FROM nodes n WHERE n.epoch = a.node_epoch AND n.state IN ('alive', 'draining'))
-             FROM runs r JOIN attempts a ON a.run_id = r.id
+        let rows: Vec<(RunId, String, i32, bool, String)> = sqlx::query_as(
+            "SELECT s.run_id, s.task_id, s.number,
+                    EXISTS (SELECT 1 FROM nodes n WHERE n.epoch = s.node_epoch AND n.state IN ('alive', 'draining')),
+                    r.tasks
+             FROM runs r JOIN shared_attempts s ON s.run_id = r.id
              WHERE r.owner_epoch = $1 AND r.state = 'running'
-               AND a.node_epoch > 0 AND a.node_epoch <> $1 AND a.state <> 'dispatching'",
+               AND s.node_epoch > 0 AND s.node_epoch <> $1",
         )
         .bind(epoch)
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
-        rows.iter()
-            .map(|row| {
-                Ok(RemoteAttempt {
-                    run: row.get(0),
-                    task: row.get(1),
-                    number: row.get::<i32, _>(2) as u32,
-                    state: parse(row.get::<&str, _>(3))?,
-                    exit_code: row.get(4),
-                    error: row.get(5),
-                    executor_alive: row.get(6),
-                })
-            })
-            .collect()
+        let mut out = Vec::new();
+        for (run, task, number, executor_alive, tasks) in rows {
+            let number = number as u32;
+            let attempt = rows::parse_tasks(run, &tasks)?
+                .into_iter()
+                .find(|t| t.id == task)
+                .and_then(|t| t.attempts.into_iter().find(|a| a.number == number))
+                .filter(|a| a.state != AttemptState::Dispatching);
+            if let Some(a) = attempt {
+                out.push(RemoteAttempt {
+                    run,
+                    task,
+                    number,
+                    state: a.state,
+                    exit_code: a.exit_code,
+                    error: a.error,
+                    executor_alive,
+                });
+            }
+        }
+        Ok(out)
     }
 
     async fn withdrawn_attempts(&self, attempts: &[AttemptKey]) -> Result<Vec<AttemptKey>> {
         if attempts.is_empty() {
             return Ok(vec![]);
         }
-        let rows: Vec<(RunId, String, i32)> = sqlx::query_as(
-            "SELECT a.run_id, a.task_id, a.number FROM attempts a
-             JOIN unnest($1::bigint[], $2::text[], $3::int[]) AS k(r, t, n)
-               ON a.run_id = k.r AND a.task_id = k.t AND a.number = k.n
-             WHERE a.state <> 'running'",
-        )
-        .bind(attempts.iter().map(|a| a.0).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.1.as_str()).collect::<Vec<_>>())
-        .bind(attempts.iter().map(|a| a.2 as i32).collect::<Vec<_>>())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(unavailable)?;
-        Ok(rows.into_iter().map(|(r, t, n)| (r, t, n as u32)).collect())
+        let mut ids: Vec<RunId> = attempts.iter().map(|a| a.0).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let rows: Vec<(RunId, String)> =
+            sqlx::query_as("SELECT id, tasks FROM runs WHERE id = ANY($1)")
+                .bind(&ids)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(unavailable)?;
+        let mut tasks = BTreeMap::new();
+        for (run, json) in rows {
+            tasks.insert(run, rows::parse_tasks(run, &json)?);
+        }
+        Ok(attempts
+            .iter()
+            .filter(|(run, task, number)| {
+                tasks
+                    .get(run)
+                    .and_then(|ts| ts.iter().find(|t| t.id == *task))
+                    .and_then(|t| t.attempts.iter().find(|a| a.number == *number))
+                    .is_some_and(|a| a.state != AttemptState::Running)
+            })
+            .cloned()
+            .collect())
     }
 
     async fn history_jobs(
@@ -1571,8 +1298,10 @@ impl Store for PgStore {
     }
 
     async fn read_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {
-        let row: Option<(Option<Vec<u8>>,)> = sqlx::query_as(
-            "SELECT log FROM attempts WHERE run_id = $1 AND task_id = $2 AND number = $3",
+        let row: Option<(String, Option<Vec<u8>>)> = sqlx::query_as(
+            "SELECT r.tasks, l.log FROM runs r
+             LEFT JOIN attempt_logs l ON l.run_id = r.id AND l.task_id = $2 AND l.number = $3
+             WHERE r.id = $1",
         )
         .bind(run)
         .bind(task)
@@ -1580,6 +1309,12 @@ impl Store for PgStore {
         .fetch_optional(&self.pool)
         .await
         .map_err(unavailable)?;
-        Ok(row.map(|(log,)| log.unwrap_or_default()))
+        let Some((tasks, log)) = row else {
+            return Ok(None);
+        };
+        let exists = rows::parse_tasks(run, &tasks)?
+            .iter()
+            .any(|t| t.id == task && t.attempts.iter().any(|a| a.number == number));
+        Ok(exists.then(|| log.unwrap_or_default()))
     }
 }

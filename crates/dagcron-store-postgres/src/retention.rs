@@ -52,7 +52,7 @@ impl PgStore {
         let rows: Vec<RunRow> = sqlx::query_as(
             "SELECT r.id, r.state, r.created_at, r.finished_at,
                 EXISTS (SELECT 1 FROM runs x WHERE x.rerun_of = r.id),
-                (SELECT count(*) FROM attempts a WHERE a.run_id = r.id),
+                (SELECT count(*) FROM jsonb_array_elements(r.tasks::jsonb) t, jsonb_array_elements(COALESCE(t->'attempts', '[]'::jsonb))),
                 EXISTS (SELECT 1 FROM fires f WHERE f.namespace = r.namespace AND f.job = r.job AND f.scheduled_at = r.scheduled_at AND f.run_id = r.id)
              FROM runs r
              WHERE r.namespace = $1 AND r.job = $2 AND r.id > $3
@@ -108,28 +108,31 @@ impl PgStore {
             .collect();
         transaction!(self, fenced = false, |conn| {
             let mut out = Pruned::default();
-            let gone: Vec<(i64, String, String, i64)> = sqlx::query_as(concat!(
+            let gone: Vec<(i64, String, String, i64, i64)> = sqlx::query_as(concat!(
                 "DELETE FROM runs r WHERE r.id = ANY($1) AND r.state IN ",
                 run_ended!(),
                 " AND NOT EXISTS (SELECT 1 FROM runs x WHERE x.rerun_of = r.id)
-                 RETURNING r.id, r.namespace, r.job, r.scheduled_at"
+                 RETURNING r.id, r.namespace, r.job, r.scheduled_at,
+                    (SELECT count(*) FROM jsonb_array_elements(r.tasks::jsonb) t, jsonb_array_elements(COALESCE(t->'attempts', '[]'::jsonb)))"
             ))
             .bind(&batch.runs)
             .fetch_all(&mut *conn)
             .await?;
             if !gone.is_empty() {
-                let (ids, ns, job, at): (Vec<i64>, Vec<String>, Vec<String>, Vec<i64>) =
-                    gone.into_iter().collect();
-                out.runs = ids.len() as u64;
-                out.attempts = sqlx::query("DELETE FROM attempts WHERE run_id = ANY($1)")
-                    .bind(&ids)
-                    .execute(&mut *conn)
-                    .await?
-                    .rows_affected();
-                sqlx::query("DELETE FROM tasks WHERE run_id = ANY($1)")
+                out.runs = gone.len() as u64;
+                out.attempts = gone.iter().map(|g| g.4 as u64).sum();
+                let (ids, ns, job, at): (Vec<i64>, Vec<String>, Vec<String>, Vec<i64>) = gone
+                    .into_iter()
+                    .map(|(i, n, j, a, _)| (i, n, j, a))
+                    .collect();
+                for table in ["attempt_logs", "shared_attempts"] {
+                    sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "DELETE FROM {table} WHERE run_id = ANY($1)"
+                    )))
                     .bind(&ids)
                     .execute(&mut *conn)
                     .await?;
+                }
                 out.fires = sqlx::query(
                     "DELETE FROM fires f USING unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS g(ns, job, at, id)
                      WHERE f.namespace = g.ns AND f.job = g.job AND f.scheduled_at = g.at AND f.run_id = g.id",

@@ -1,19 +1,21 @@
-//! The grouped write path (a batch as one statement per kind) against the
-//! reference path (one write at a time), on random batches: same results,
-//! same rows. Two databases, reset between cases; the batches also make
-//! new runs, whose tasks' changes in the same batch the grouped path
-//! applies by inserting them in the state the changes leave them in.
+//! The PostgreSQL store's write path (a batch's runs read, its writes
+//! applied to their rows, the rows written back) against the embedded
+//! store applying one write at a time, on random batches: same results,
+//! same runs, tasks and attempts. A database and a file per store, reset
+//! between cases; the batches also make new runs, and change them in the
+//! batch that makes them.
 
 use dagcron_store::Store;
 use dagcron_store::batches::{same_meaning, seed, write};
 use dagcron_store_postgres::PgStore;
+use dagcron_store_sqlite::SqliteStore;
 use dagcron_test_pg::TestDatabase;
 use proptest::prelude::*;
 
 async fn reset(store: &PgStore, url: &str) {
     use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
-    sqlx::raw_sql("TRUNCATE fires, runs, tasks, attempts")
+    sqlx::raw_sql("TRUNCATE fires, runs, attempt_logs, shared_attempts")
         .execute(&mut conn)
         .await
         .unwrap();
@@ -21,32 +23,24 @@ async fn reset(store: &PgStore, url: &str) {
 }
 
 #[test]
-fn grouped_batches_mean_what_one_write_at_a_time_means() {
+fn batches_mean_what_one_write_at_a_time_means_on_the_embedded_store() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let (grouped_db, reference_db) = rt.block_on(async {
-        (
-            TestDatabase::create("grouped").await,
-            TestDatabase::create("reference").await,
-        )
-    });
-    let (grouped, reference) = rt.block_on(async {
-        (
-            PgStore::connect(&grouped_db.url, 2).await.unwrap(),
-            PgStore::connect(&reference_db.url, 2)
-                .await
-                .unwrap()
-                .with_grouped_writes(false),
-        )
-    });
+    let db = rt.block_on(TestDatabase::create("batches"));
+    let store = rt.block_on(PgStore::connect(&db.url, 2)).unwrap();
     let config = ProptestConfig::with_cases(96);
     proptest!(config, |(batches in proptest::collection::vec(proptest::collection::vec(write(), 1..8), 1..5))| {
         rt.block_on(async {
-            reset(&grouped, &grouped_db.url).await;
-            reset(&reference, &reference_db.url).await;
-            same_meaning(&grouped, &reference, &batches).await
+            let dir = tempfile::tempdir().unwrap();
+            let reference = SqliteStore::open(&dir.path().join("reference.db"))
+                .await
+                .unwrap()
+                .with_grouped_writes(false);
+            reference.write(&seed()).await.unwrap();
+            reset(&store, &db.url).await;
+            same_meaning(&store, &reference, &batches).await
         })?;
     });
 }
