@@ -174,7 +174,7 @@ def dagcron(scratch, n_nodes, logdir):
         # Updates that wrote no index entry (heap-only tuples), per table.
         hot = cluster.psql(url, """
             SELECT string_agg(relname || ' ' || n_tup_hot_upd || '/' || n_tup_upd, ', ' ORDER BY relname)
-            FROM pg_stat_user_tables WHERE relname IN ('runs', 'tasks', 'attempts')""")
+            FROM pg_stat_user_tables WHERE relname IN ('runs', 'attempt_logs', 'shared_attempts')""")
         return {
             "side": "dagcron", "nodes": n_nodes, "config": f"{CHUNK} run(s) per call, {IN_FLIGHT} calls in flight, pool {cluster.POOL}",
             "jobs": JOBS, "jobs_per_s": JOBS / (t1 - t0), "enqueue_s": enq["enqueue_s"],

@@ -149,6 +149,7 @@ async fn insert_fires(
     let mut index = Vec::new();
     let (mut namespaces, mut jobs, mut at, mut outcomes, mut runs, mut calendars) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let mut seen = HashSet::new();
     for (i, w) in batch.iter().enumerate() {
         if let Write::Fire {
             namespace,
@@ -159,6 +160,11 @@ async fn insert_fires(
             run,
         } = w
         {
+            // The same fire twice in one batch: the first one is recorded.
+            if !seen.insert((namespace, job, *scheduled_at)) {
+                results[i] = Some(WriteResult::fire_recorded(namespace, job, *scheduled_at));
+                continue;
+            }
             index.push(i);
             namespaces.push(namespace.as_str());
             jobs.push(job.as_str());

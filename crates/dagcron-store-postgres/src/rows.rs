@@ -579,6 +579,135 @@ mod tests {
         }
     }
 
+    async fn execute(conn: &mut sqlx::PgConnection, sql: String) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(conn)
+            .await
+            .unwrap();
+    }
+
+    /// Migration 0020 on a database of the layout before it: each run's
+    /// tasks and attempts move into its row, outputs and the cluster's
+    /// queue into their tables, and the views read them as before.
+    #[tokio::test]
+    async fn the_migration_moves_tasks_and_attempts_into_their_runs() {
+        use sqlx::Connection;
+        let db = dagcron_test_pg::TestDatabase::create("one_row_migration").await;
+        let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/migrations");
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        let (before, this): (Vec<_>, Vec<_>) = files
+            .into_iter()
+            .partition(|f| f.file_name().unwrap().to_str().unwrap() < "0020");
+        assert!(this[0].ends_with("0020_run_as_one_row.sql"), "{this:?}");
+        for f in &before {
+            execute(&mut conn, std::fs::read_to_string(f).unwrap()).await;
+        }
+        execute(
+            &mut conn,
+            "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, owner_epoch)
+             VALUES (1, 'n', 'j', 1, 'manual', 0, 'running', '{}', 0, 5), (2, 'n', 'j', 1, 'manual', 0, 'skipped', '{}', 0, 5);
+             INSERT INTO tasks (run_id, task_id, position, state, carried) VALUES
+                (1, 'a', 0, 'succeeded', FALSE), (1, 'b', 1, 'succeeded', TRUE),
+                (1, 'c', 2, 'running', FALSE), (1, 'd', 3, 'dispatching', FALSE);
+             INSERT INTO attempts (run_id, task_id, number, state, started_at, finished_at, exit_code, error, log, node_epoch, start_error_us, run_on) VALUES
+                (1, 'a', 1, 'failed', 10, 20, 3, 'exit 3', 'oops', 5, 7, NULL),
+                (1, 'a', 2, 'succeeded', 30, 40, 0, NULL, '', 5, NULL, NULL),
+                (1, 'c', 1, 'running', 50, NULL, NULL, NULL, NULL, 6, NULL, NULL),
+                (1, 'd', 1, 'dispatching', 60, NULL, NULL, NULL, NULL, NULL, NULL, '{\"gpu\": \"yes\"}');"
+                .into(),
+        )
+        .await;
+        execute(&mut conn, std::fs::read_to_string(&this[0]).unwrap()).await;
+
+        let tasks: Vec<(i64, String)> = sqlx::query_as("SELECT id, tasks FROM runs ORDER BY id")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(tasks[1], (2, "[]".to_string()), "a run with no task");
+        let tasks = parse_tasks(1, &tasks[0].1).unwrap();
+        let attempt = |number, state, started_at, finished_at, node_epoch| Attempt {
+            number,
+            state,
+            started_at,
+            finished_at,
+            exit_code: None,
+            error: None,
+            node_epoch,
+            start_error_us: None,
+        };
+        let task = |id: &str, state, carried, attempts| Task {
+            id: id.into(),
+            state,
+            carried,
+            attempts,
+        };
+        let failed = Attempt {
+            exit_code: Some(3),
+            error: Some("exit 3".into()),
+            start_error_us: Some(7),
+            ..attempt(1, AttemptState::Failed, 10, Some(20), Some(5))
+        };
+        let succeeded = Attempt {
+            exit_code: Some(0),
+            ..attempt(2, AttemptState::Succeeded, 30, Some(40), Some(5))
+        };
+        assert_eq!(
+            tasks,
+            [
+                task("a", TaskState::Succeeded, false, vec![failed, succeeded]),
+                task("b", TaskState::Succeeded, true, vec![]),
+                task(
+                    "c",
+                    TaskState::Running,
+                    false,
+                    vec![attempt(1, AttemptState::Running, 50, None, Some(6))]
+                ),
+                task(
+                    "d",
+                    TaskState::Dispatching,
+                    false,
+                    vec![attempt(1, AttemptState::Dispatching, 60, None, None)]
+                ),
+            ]
+        );
+        let logs: Vec<(String, i32, Vec<u8>)> =
+            sqlx::query_as("SELECT task_id, number, log FROM attempt_logs")
+                .fetch_all(&mut conn)
+                .await
+                .unwrap();
+        assert_eq!(logs, [("a".to_string(), 1, b"oops".to_vec())]);
+        let shared: Vec<(String, Option<i64>, Option<String>)> = sqlx::query_as(
+            "SELECT task_id, node_epoch, run_on::text FROM shared_attempts ORDER BY task_id",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(
+            shared,
+            [
+                ("c".to_string(), Some(6), None),
+                (
+                    "d".to_string(),
+                    None,
+                    Some("{\"gpu\": \"yes\"}".to_string())
+                )
+            ]
+        );
+        let counts: (i64, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM tasks), (SELECT count(*) FROM attempts),
+                    (SELECT count(*) FROM attempts WHERE log = 'oops' AND state = 'failed' AND node_epoch = 5)",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(counts, (4, 4, 1), "the views read what the tables held");
+    }
+
     #[test]
     fn tasks_round_trip_through_their_json() {
         let mut row = run();
