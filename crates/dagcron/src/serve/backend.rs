@@ -101,7 +101,10 @@ pub(super) async fn member(
 ) -> Result<Node<PgStore>> {
     let keyring = Keyring::load(&settings.key_file)
         .with_context(|| format!("reading the server key {}", settings.key_file.display()))?;
-    let store = PgStore::connect(&settings.url, (config.pool_size as u32).clamp(4, 32))
+    // At most 16 connections a node: its two write lanes, claims, leases
+    // and the API's reads share them, and three nodes stay well under
+    // PostgreSQL's default of 100 connections.
+    let store = PgStore::connect(&settings.url, (config.pool_size as u32).clamp(4, 16))
         .await
         .context("opening the PostgreSQL database")?;
     let clock = Arc::new(SystemClock);
