@@ -113,10 +113,7 @@ pub(crate) async fn apply(
             }
         }
         rows::queue(conn, &redone, sent).await?;
-        effects.logs.append(&mut redone.logs);
-        effects
-            .ended_for_others
-            .append(&mut redone.ended_for_others);
+        effects.absorb(redone);
         stale = rows::save(conn, &again, sent).await?;
         read.extend(again);
     }

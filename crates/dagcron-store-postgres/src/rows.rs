@@ -153,7 +153,15 @@ pub(crate) struct Effects<'a> {
     pub ended_for_others: Vec<RunId>,
 }
 
-impl Effects<'_> {
+impl<'a> Effects<'a> {
+    /// Takes in what the writes of other runs did.
+    pub(crate) fn absorb(&mut self, mut other: Effects<'a>) {
+        self.logs.append(&mut other.logs);
+        self.queued.append(&mut other.queued);
+        self.unqueued.append(&mut other.unqueued);
+        self.ended_for_others.append(&mut other.ended_for_others);
+    }
+
     /// Forgets what the writes of `runs` did, to apply them again.
     pub(crate) fn forget(&mut self, runs: &BTreeMap<RunId, Row>) {
         self.logs.retain(|e| !runs.contains_key(&e.0));

@@ -186,14 +186,18 @@ pub fn outside_the_contract(batch: &[Write], reference: &[WriteResult]) -> bool 
 }
 
 /// Whether `batch` starts an attempt of a task its run does not have (once
-/// the batch is applied on `store`). The engine never writes one; the
-/// embedded store keeps such an attempt where no read sees it, and the
-/// PostgreSQL store, which keeps attempts in their task, refuses it.
+/// the batch is applied on `store`), or of a run the batch inserts later.
+/// The engine writes neither; the embedded store keeps such an attempt
+/// where no read sees it (until its run comes), and the PostgreSQL store,
+/// which keeps attempts in their task, refuses it.
 async fn starts_an_attempt_of_no_task(store: &impl Store, batch: &[Write]) -> bool {
-    for w in batch {
+    for (i, w) in batch.iter().enumerate() {
         if let Write::AttemptStart { run, task, .. } = w {
-            let run = store.get_run(*run).await.unwrap();
-            if !run.is_some_and(|r| r.tasks.iter().any(|t| t.id == *task)) {
+            let inserted_later = batch[i..].iter().any(
+                |l| matches!(l, Write::Run(r) | Write::Fire { run: Some(r), .. } if r.id == *run),
+            );
+            let stored = store.get_run(*run).await.unwrap();
+            if inserted_later || !stored.is_some_and(|r| r.tasks.iter().any(|t| t.id == *task)) {
                 return true;
             }
         }
