@@ -1212,19 +1212,17 @@ impl Store for PgStore {
         let mut out = Vec::new();
         for (run, task, number, executor_alive, tasks) in rows {
             let number = number as u32;
-            let attempt = rows::parse_tasks(run, &tasks)?
-                .into_iter()
-                .find(|t| t.id == task)
-                .and_then(|t| t.attempts.into_iter().find(|a| a.number == number))
+            let tasks = rows::parse_tasks(run, &tasks)?;
+            let attempt = rows::find_attempt(&tasks, &task, number)
                 .filter(|a| a.state != AttemptState::Dispatching);
             if let Some(a) = attempt {
                 out.push(RemoteAttempt {
+                    state: a.state,
+                    exit_code: a.exit_code,
+                    error: a.error.clone(),
                     run,
                     task,
                     number,
-                    state: a.state,
-                    exit_code: a.exit_code,
-                    error: a.error,
                     executor_alive,
                 });
             }
@@ -1254,8 +1252,7 @@ impl Store for PgStore {
             .filter(|(run, task, number)| {
                 tasks
                     .get(run)
-                    .and_then(|ts| ts.iter().find(|t| t.id == *task))
-                    .and_then(|t| t.attempts.iter().find(|a| a.number == *number))
+                    .and_then(|ts| rows::find_attempt(ts, task, *number))
                     .is_some_and(|a| a.state != AttemptState::Running)
             })
             .cloned()
@@ -1312,9 +1309,7 @@ impl Store for PgStore {
         let Some((tasks, log)) = row else {
             return Ok(None);
         };
-        let exists = rows::parse_tasks(run, &tasks)?
-            .iter()
-            .any(|t| t.id == task && t.attempts.iter().any(|a| a.number == number));
+        let exists = rows::find_attempt(&rows::parse_tasks(run, &tasks)?, task, number).is_some();
         Ok(exists.then(|| log.unwrap_or_default()))
     }
 }

@@ -88,6 +88,14 @@ pub(crate) fn parse_tasks(run: RunId, json: &str) -> Result<Vec<Task>, StorageEr
     serde_json::from_str(json).map_err(|e| StorageError::Corrupt(format!("run {run} tasks: {e}")))
 }
 
+/// Attempt `number` of task `task` among a run's tasks.
+pub(crate) fn find_attempt<'t>(tasks: &'t [Task], task: &str, number: u32) -> Option<&'t Attempt> {
+    tasks
+        .iter()
+        .find(|t| t.id == task)
+        .and_then(|t| t.attempts.iter().find(|a| a.number == number))
+}
+
 fn tasks_json(tasks: &[Task]) -> String {
     serde_json::to_string(tasks).expect("tasks serialize")
 }
@@ -175,12 +183,7 @@ impl<'a> Effects<'a> {
 pub(crate) fn run_of(w: &Write) -> Option<RunId> {
     match w {
         Write::Fire { .. } | Write::Run(_) => None,
-        Write::RunState { run, .. }
-        | Write::RunClosing { run, .. }
-        | Write::TaskState { run, .. }
-        | Write::AttemptStart { run, .. }
-        | Write::AttemptEnd { run, .. }
-        | Write::AttemptWithdraw { run, .. } => Some(*run),
+        _ => w.run_id(),
     }
 }
 

@@ -412,6 +412,22 @@ pub enum Write {
     },
 }
 
+impl Write {
+    /// The run this write changes or creates, if any.
+    pub fn run_id(&self) -> Option<RunId> {
+        match self {
+            Write::Fire { run, .. } => run.as_ref().map(|r| r.id),
+            Write::Run(run) => Some(run.id),
+            Write::RunState { run, .. }
+            | Write::RunClosing { run, .. }
+            | Write::TaskState { run, .. }
+            | Write::AttemptStart { run, .. }
+            | Write::AttemptEnd { run, .. }
+            | Write::AttemptWithdraw { run, .. } => Some(*run),
+        }
+    }
+}
+
 /// What a withdrawn attempt records as its error.
 pub const WITHDRAWN: &str = "the run was stopped";
 

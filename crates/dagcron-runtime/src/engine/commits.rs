@@ -38,25 +38,10 @@ impl Keys {
         let mut keys = Keys::default();
         let jobs = foldhash::fast::FixedState::with_seed(0x6a6f6273);
         for w in writes {
-            let run = match w {
-                Write::Fire {
-                    namespace,
-                    job,
-                    run,
-                    ..
-                } => {
-                    keys.0.insert(jobs.hash_one((namespace, job)));
-                    run.as_ref().map(|r| r.id)
-                }
-                Write::Run(run) => Some(run.id),
-                Write::RunState { run, .. }
-                | Write::RunClosing { run, .. }
-                | Write::TaskState { run, .. }
-                | Write::AttemptStart { run, .. }
-                | Write::AttemptEnd { run, .. }
-                | Write::AttemptWithdraw { run, .. } => Some(*run),
-            };
-            if let Some(id) = run {
+            if let Write::Fire { namespace, job, .. } = w {
+                keys.0.insert(jobs.hash_one((namespace, job)));
+            }
+            if let Some(id) = w.run_id() {
                 keys.0.insert(id as u64);
             }
         }
