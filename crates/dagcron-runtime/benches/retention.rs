@@ -279,17 +279,16 @@ async fn postgres(runs: i64) {
         let job = format!("'j' || lpad((i / {PER_JOB})::text, 4, '0')");
         let series = format!("FROM generate_series(0::bigint, {}) AS n(i)", runs - 1);
         for sql in [
+            // A run's task and attempt live in its row (`runs.tasks`), the
+            // attempt's output in a table of its own.
             format!(
-                "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at) SELECT i + 1, 'bench', {job}, 1, 'schedule', {at}, 'succeeded', '{{}}', {at}, {at}, {at} + 1000000 {series}"
+                "INSERT INTO runs (id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, tasks) SELECT i + 1, 'bench', {job}, 1, 'schedule', {at}, 'succeeded', '{{}}', {at}, {at}, {at} + 1000000, json_build_array(json_build_object('id', 't', 'state', 'succeeded', 'attempts', json_build_array(json_build_object('number', 1, 'state', 'succeeded', 'started_at', {at}, 'finished_at', {at} + 1000000, 'exit_code', 0))))::text {series}"
             ),
             format!(
                 "INSERT INTO fires (namespace, job, scheduled_at, outcome, run_id) SELECT 'bench', {job}, {at}, 'fired', i + 1 {series}"
             ),
             format!(
-                "INSERT INTO tasks (run_id, task_id, position, state) SELECT i + 1, 't', 0, 'succeeded' {series}"
-            ),
-            format!(
-                "INSERT INTO attempts (run_id, task_id, number, state, started_at, finished_at, exit_code, log) SELECT i + 1, 't', 1, 'succeeded', {at}, {at} + 1000000, 0, '\\x6f6b0a'::bytea {series}"
+                "INSERT INTO attempt_logs (run_id, task_id, number, log) SELECT i + 1, 't', 1, '\\x6f6b0a'::bytea {series}"
             ),
             "VACUUM ANALYZE".to_string(),
         ] {

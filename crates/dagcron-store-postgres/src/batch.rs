@@ -105,11 +105,13 @@ pub(crate) async fn apply(
         }
         *sent += 1;
         let mut again = rows::load(conn, &stale).await?;
-        effects.forget(&again);
+        effects.forget(&stale);
         let mut redone = Effects::default();
         for (i, w) in batch.iter().enumerate() {
-            if let Some(row) = rows::run_of(w).and_then(|r| again.get_mut(&r)) {
-                results[i] = Some(rows::apply(Some(row), w, epoch, &mut redone));
+            // A run deleted meanwhile (by retention) is read as none: its
+            // writes find no run, as they would had they come after.
+            if let Some(run) = rows::run_of(w).filter(|r| stale.binary_search(r).is_ok()) {
+                results[i] = Some(rows::apply(again.get_mut(&run), w, epoch, &mut redone));
             }
         }
         rows::queue(conn, &redone, sent).await?;

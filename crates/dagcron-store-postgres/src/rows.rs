@@ -171,11 +171,13 @@ impl<'a> Effects<'a> {
     }
 
     /// Forgets what the writes of `runs` did, to apply them again.
-    pub(crate) fn forget(&mut self, runs: &BTreeMap<RunId, Row>) {
-        self.logs.retain(|e| !runs.contains_key(&e.0));
-        self.queued.retain(|e| !runs.contains_key(&e.0));
-        self.unqueued.retain(|e| !runs.contains_key(&e.0));
-        self.ended_for_others.retain(|r| !runs.contains_key(r));
+    /// `runs` is sorted.
+    pub(crate) fn forget(&mut self, runs: &[RunId]) {
+        let of = |r: &RunId| runs.binary_search(r).is_err();
+        self.logs.retain(|e| of(&e.0));
+        self.queued.retain(|e| of(&e.0));
+        self.unqueued.retain(|e| of(&e.0));
+        self.ended_for_others.retain(of);
     }
 }
 

@@ -590,3 +590,60 @@ async fn batches_racing_over_the_same_runs_end_each_run_once() {
         );
     }
 }
+
+/// A run deleted (by retention, say) after a batch read its row and before
+/// the batch wrote it: the batch reads it again, finds nothing, and its
+/// writes of that run are refused as writes of no run would be. Nothing
+/// they would have done is kept: no output of an attempt of a run that is
+/// gone.
+#[tokio::test]
+async fn the_writes_of_a_run_deleted_under_a_batch_find_no_run() {
+    let db = TestDatabase::create("deleted_under_batch").await;
+    let a = node(&db, "a").await;
+    one_task_here_one_shared(&a, Timestamp::from_second(2).unwrap()).await;
+
+    // The run's row is held, so that the batch reads it and then waits to
+    // write it; meanwhile it is deleted.
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::query("SELECT 1 FROM runs WHERE id = 1 FOR UPDATE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let writes = [
+        attempt_end("a", Timestamp::from_second(3).unwrap(), false),
+        task_to("a", TaskState::Running, TaskState::Succeeded),
+    ];
+    let (results, ()) = tokio::join!(a.write(&writes), async {
+        let mut watcher = sqlx::PgConnection::connect(&db.url).await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&mut watcher)
+            .await
+            .unwrap();
+            if waiting == 1 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the batch did not wait for the run's row"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        sqlx::query("DELETE FROM runs WHERE id = 1")
+            .execute(&mut holder)
+            .await
+            .unwrap();
+        sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
+    });
+    let results = results.unwrap();
+    assert!(
+        results.iter().all(|r| *r != WriteResult::Done),
+        "{results:?}"
+    );
+    assert!(a.get_run(1).await.unwrap().is_none());
+    assert_eq!(db.scalar("SELECT count(*) FROM attempt_logs"), 0);
+}
