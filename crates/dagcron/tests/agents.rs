@@ -264,17 +264,18 @@ impl Proxy {
                     std::thread::sleep(Duration::from_millis(5));
                     continue;
                 };
-                if cut.load(Ordering::SeqCst) {
-                    drop(client);
-                    continue;
-                }
                 client.set_nonblocking(false).unwrap();
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
                     continue;
                 };
+                // Checked under the lock `cut` takes: a connection accepted
+                // while the proxy is being cut is closed with the others.
+                let mut open = open.lock().unwrap();
+                if cut.load(Ordering::SeqCst) {
+                    continue;
+                }
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
-                let mut open = open.lock().unwrap();
                 for (from, to) in [(&client, &server), (&server, &client)] {
                     let (mut from, mut to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
                     std::thread::spawn(move || {
@@ -290,8 +291,9 @@ impl Proxy {
 
     /// Closes every connection and refuses new ones.
     fn cut(&self) {
+        let mut open = self.open.lock().unwrap();
         self.cut.store(true, Ordering::SeqCst);
-        for s in self.open.lock().unwrap().drain(..) {
+        for s in open.drain(..) {
             let _ = s.shutdown(Shutdown::Both);
         }
     }

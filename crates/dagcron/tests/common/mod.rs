@@ -463,6 +463,23 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            print_tail("server", &self.api.log);
+        }
+    }
+}
+
+/// On a failed test, the last lines a process wrote, for the test's output.
+fn print_tail(what: &str, log: &Path) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let from = lines.len().saturating_sub(200);
+    eprintln!(
+        "--- the last lines of the {what}'s output ({}):",
+        log.display()
+    );
+    for line in &lines[from..] {
+        eprintln!("{line}");
     }
 }
 
@@ -507,6 +524,7 @@ pub fn wait_process_gone(pid_file: &Path) {
 pub struct Agent {
     pub child: Child,
     pub dir: PathBuf,
+    log: PathBuf,
 }
 
 impl Agent {
@@ -525,7 +543,8 @@ impl Agent {
     ) -> Agent {
         let dir = root.join(id);
         std::fs::create_dir_all(&dir).unwrap();
-        let log = std::fs::File::create(root.join(format!("{id}.log"))).unwrap();
+        let log_path = root.join(format!("{id}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
         let token = join_token(server, None, None);
         let child = Command::new(env!("CARGO_BIN_EXE_dagcron"))
             .args(["worker", "--server", url, "--id", id, "--labels", labels])
@@ -536,7 +555,11 @@ impl Agent {
             .stderr(Stdio::from(log))
             .spawn()
             .unwrap();
-        let agent = Agent { child, dir };
+        let agent = Agent {
+            child,
+            dir,
+            log: log_path,
+        };
         wait_until(&format!("agent {id} is connected"), || {
             server.get("/api/v1/workers")["items"]
                 .as_array()
@@ -557,6 +580,9 @@ impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            print_tail("agent", &self.log);
+        }
     }
 }
 
