@@ -390,6 +390,84 @@ async fn fresh_child(dir: std::path::PathBuf, n: usize) {
     tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
+/// Where registering `n` schedules spends its time, stage by stage, each
+/// timed on its own, one file of 20,000 jobs after another (as [`apply`]
+/// makes them): validating the file, making each job's upsert (its
+/// canonical JSON, timing and rules), and the floor of the store's part:
+/// the same rows written by the same statements in a plain rusqlite loop,
+/// one transaction per file, on a database of the store's schema.
+async fn register_limit(n: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("register.db");
+    drop(SqliteStore::open(&path).await.unwrap());
+    tokio::task::spawn_blocking(move || register_limit_loop(&path, n))
+        .await
+        .unwrap();
+}
+
+fn register_limit_loop(path: &std::path::Path, n: usize) {
+    use rusqlite::params;
+    let mut conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA cache_size = -65536; PRAGMA wal_autocheckpoint = 16384;",
+    )
+    .unwrap();
+    let at = jiff::Timestamp::now().as_microsecond();
+    let (mut validate, mut upsert, mut write) = (0.0, 0.0, 0.0);
+    let mut specs = (0..n).map(|i| job(format!("j{i}"), Some(hourly(i, n)), vec![task("a", &[])]));
+    loop {
+        let chunk: Vec<JobSpec> = specs.by_ref().take(20_000).collect();
+        if chunk.is_empty() {
+            break;
+        }
+        let t = Instant::now();
+        let file = JobFile {
+            namespace: "bench".into(),
+            calendars: vec![],
+            jobs: chunk,
+        }
+        .validate()
+        .unwrap();
+        validate += t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let upserts: Vec<dagcron_store::JobUpsert> =
+            file.iter().map(dagcron_store::JobUpsert::of).collect();
+        upsert += t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .unwrap();
+        {
+            let mut insert = tx.prepare_cached("INSERT INTO jobs (namespace, name, version, timing, paused, updated_at, rules) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)").unwrap();
+            let mut version = tx.prepare_cached("INSERT OR REPLACE INTO job_versions (namespace, name, version, spec, created_at, applied_by, applied_by_name, rollback_of, rules) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)").unwrap();
+            let rules = upserts[0].rules.as_ref().map(|r| r.to_json());
+            for j in &upserts {
+                insert
+                    .execute(params![j.namespace, j.name, 1, j.timing, false, at, rules])
+                    .unwrap();
+                version
+                    .execute(params![
+                        j.namespace,
+                        j.name,
+                        1,
+                        j.spec,
+                        at,
+                        None::<String>,
+                        None::<String>,
+                        None::<i64>,
+                        rules
+                    ])
+                    .unwrap();
+            }
+        }
+        tx.commit().unwrap();
+        write += t.elapsed().as_secs_f64();
+    }
+    println!(
+        "| {n} | validate {validate:.2} s | upserts {upsert:.2} s | rows in a plain rusqlite loop {write:.2} s |"
+    );
+}
+
 /// The same schedules after a restart: the engine reads the jobs back from
 /// the database.
 async fn restart_child(dir: std::path::PathBuf, n: String) {
@@ -457,6 +535,10 @@ fn main() {
     let only = std::env::var("DAGCRON_BENCH_ONLY").unwrap_or_default();
     if only == "instruments" {
         return rt.block_on(instruments());
+    }
+    if only == "register-limit" {
+        let n = n.parse().unwrap_or(1_000_000);
+        return rt.block_on(register_limit(n));
     }
     let only_burst = only == "burst";
     let only_scales = only == "scales";

@@ -110,3 +110,37 @@ async fn specs_stored_in_the_jobs_table_move_to_their_versions() {
         .unwrap();
     assert_eq!(results, [dagcron_store::ApplyResult::Unchanged(3); 2]);
 }
+
+fn page_size(db: &Path) -> u32 {
+    rusqlite::Connection::open(db)
+        .unwrap()
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// A database the store creates has its large pages; one an earlier
+/// version created keeps the size it has (it cannot change in WAL mode),
+/// is migrated and written as before.
+#[tokio::test]
+async fn new_databases_get_large_pages_and_older_ones_keep_theirs() {
+    let dir = tempfile::tempdir().unwrap();
+    let new = dir.path().join("new.db");
+    drop(SqliteStore::open(&new).await.unwrap());
+    assert_eq!(page_size(&new), dagcron_store_sqlite::PAGE_SIZE);
+
+    let old = dir.path().join("old.db");
+    migrated_up_to(&old, 15).await;
+    let before = page_size(&old);
+    assert_ne!(before, dagcron_store_sqlite::PAGE_SIZE);
+    let store = SqliteStore::open(&old).await.unwrap();
+    let applied = store
+        .apply_jobs(
+            &[dagcron_store::JobUpsert::of(&job("a", "0 * * * *"))],
+            jiff::Timestamp::from_second(1_000).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(applied, [dagcron_store::ApplyResult::Created(1)]);
+    drop(store);
+    assert_eq!(page_size(&old), before);
+}
