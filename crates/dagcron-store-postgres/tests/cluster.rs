@@ -550,24 +550,7 @@ async fn batches_racing_over_the_same_runs_end_each_run_once() {
         .await
         .unwrap();
     let (x, y, ()) = tokio::join!(a.write(&succeeded), a.write(&failed), async {
-        let mut watcher = sqlx::PgConnection::connect(&db.url).await.unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .fetch_one(&mut watcher)
-            .await
-            .unwrap();
-            if waiting == 2 {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the batches did not meet"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        waiting_for_locks(&db, 2).await;
         sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
     });
     let (x, y) = (x.unwrap(), y.unwrap());
@@ -588,6 +571,28 @@ async fn batches_racing_over_the_same_runs_end_each_run_once() {
             expected,
             "run {run}"
         );
+    }
+}
+
+/// Waits (bounded) until `n` sessions of the test's database wait for a lock.
+async fn waiting_for_locks(db: &TestDatabase, n: i64) {
+    let mut watcher = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut watcher)
+        .await
+        .unwrap();
+        if waiting == n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{n} session(s) waiting for a lock: never seen"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -615,24 +620,7 @@ async fn the_writes_of_a_run_deleted_under_a_batch_find_no_run() {
         task_to("a", TaskState::Running, TaskState::Succeeded),
     ];
     let (results, ()) = tokio::join!(a.write(&writes), async {
-        let mut watcher = sqlx::PgConnection::connect(&db.url).await.unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .fetch_one(&mut watcher)
-            .await
-            .unwrap();
-            if waiting == 1 {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the batch did not wait for the run's row"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        waiting_for_locks(&db, 1).await;
         sqlx::query("DELETE FROM runs WHERE id = 1")
             .execute(&mut holder)
             .await
