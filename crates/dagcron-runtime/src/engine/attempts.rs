@@ -216,18 +216,23 @@ impl<S: Store> Engine<S> {
         while let Some((id, i)) = self.ready.free.pop_front() {
             self.dispatch_task(id, i, true);
         }
+        let peers = self
+            .config
+            .node
+            .as_ref()
+            .is_some_and(|n| n.peers.load(std::sync::atomic::Ordering::Relaxed));
         loop {
-            let here = self.running + self.claiming < self.config.pool_size;
-            let share = !here
-                && self
-                    .config
-                    .node
-                    .as_ref()
-                    .is_some_and(|n| n.peers.load(std::sync::atomic::Ordering::Relaxed))
-                && self.shared.len() < self.config.pool_size;
-            if !here && !share {
-                break;
-            }
+            let here = match placement(
+                self.running,
+                self.claiming,
+                self.config.pool_size,
+                peers,
+                self.shared.len(),
+            ) {
+                Placement::Here => true,
+                Placement::Cluster => false,
+                Placement::Wait => break,
+            };
             let Some((id, i)) = self.ready.local.pop_front() else {
                 break;
             };
@@ -395,5 +400,69 @@ impl<S: Store> Engine<S> {
             recorded: false,
         };
         self.step(id, event, at, Some(outcome));
+    }
+}
+
+/// Where a ready local task goes now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Placement {
+    /// Started here: the pool has room.
+    Here,
+    /// Handed to the cluster, for another node with room.
+    Cluster,
+    /// Left ready until this node has room again.
+    Wait,
+}
+
+/// Where a ready local task goes, for a node running `running` attempts
+/// of a pool of `pool`, holding `claiming` slots for claims it has asked
+/// the cluster for, with other nodes (`peers`) or not, and `shared` of its
+/// attempts already handed to the cluster. Only a pool full of attempts
+/// running hands work over: slots held for claims in flight come back as
+/// soon as the claims are answered (most find nothing), and a task ready
+/// meanwhile waits for them instead of going to another node while this
+/// one has room.
+pub(super) fn placement(
+    running: usize,
+    claiming: usize,
+    pool: usize,
+    peers: bool,
+    shared: usize,
+) -> Placement {
+    if running + claiming < pool {
+        Placement::Here
+    } else if running >= pool && peers && shared < pool {
+        Placement::Cluster
+    } else {
+        Placement::Wait
+    }
+}
+
+#[cfg(test)]
+mod placement_tests {
+    use super::{Placement, placement};
+
+    #[test]
+    fn a_pool_with_room_starts_its_task_here() {
+        assert_eq!(placement(0, 0, 4, true, 0), Placement::Here);
+        assert_eq!(placement(3, 0, 4, true, 0), Placement::Here);
+        assert_eq!(placement(1, 2, 4, true, 0), Placement::Here);
+    }
+
+    /// Regression: a node asking the cluster for claims held all of its
+    /// room meanwhile, and handed the tasks that became ready then to
+    /// another node, though it ran nothing.
+    #[test]
+    fn regression_room_held_for_claims_in_flight_is_waited_for() {
+        assert_eq!(placement(0, 4, 4, true, 0), Placement::Wait);
+        assert_eq!(placement(3, 1, 4, true, 0), Placement::Wait);
+    }
+
+    #[test]
+    fn a_pool_full_of_attempts_hands_work_to_its_peers_within_a_bound() {
+        assert_eq!(placement(4, 0, 4, true, 0), Placement::Cluster);
+        assert_eq!(placement(4, 0, 4, true, 3), Placement::Cluster);
+        assert_eq!(placement(4, 0, 4, true, 4), Placement::Wait);
+        assert_eq!(placement(4, 0, 4, false, 0), Placement::Wait);
     }
 }
