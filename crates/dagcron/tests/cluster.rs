@@ -20,9 +20,11 @@ use serde_json::Value;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 struct Cluster {
+    /// First, so that the nodes stop (and a failed test prints their
+    /// output) before their directory and database go.
+    nodes: Vec<Option<Server>>,
     db: TestDatabase,
     dir: tempfile::TempDir,
-    nodes: Vec<Option<Server>>,
     ttl_ms: u64,
     /// More flags for every node.
     extra: Vec<String>,
