@@ -192,6 +192,20 @@ async fn engine_with(
     (handle, probe, shutdown)
 }
 
+/// `jobs` as a file of the benchmark's namespace.
+fn bench_file(jobs: Vec<JobSpec>) -> JobFile {
+    JobFile {
+        namespace: "bench".into(),
+        calendars: vec![],
+        jobs,
+    }
+}
+
+/// `n` one-task jobs, each firing once an hour at its own second (see [`hourly`]).
+fn hourly_jobs(n: usize) -> impl Iterator<Item = JobSpec> {
+    (0..n).map(move |i| job(format!("j{i}"), Some(hourly(i, n)), vec![task("a", &[])]))
+}
+
 /// Applies the specs in files of 20,000 jobs, made as they are applied (as
 /// a user applying files one after another would), so that the memory
 /// measured is the scheduler's, not the benchmark's.
@@ -201,13 +215,7 @@ async fn apply(handle: &EngineHandle, mut specs: impl Iterator<Item = JobSpec>) 
         if chunk.is_empty() {
             return;
         }
-        let jobs = JobFile {
-            namespace: "bench".into(),
-            calendars: vec![],
-            jobs: chunk,
-        }
-        .validate()
-        .unwrap();
+        let jobs = bench_file(chunk).validate().unwrap();
         handle.apply(jobs).await.unwrap();
     }
 }
@@ -356,11 +364,7 @@ async fn fresh_child(dir: std::path::PathBuf, n: usize) {
     let rss0 = rss_mib();
     let (handle, probe, shutdown) = engine_at(&dir, 256).await;
     let t = Instant::now();
-    apply(
-        &handle,
-        (0..n).map(|i| job(format!("j{i}"), Some(hourly(i, n)), vec![task("a", &[])])),
-    )
-    .await;
+    apply(&handle, hourly_jobs(n)).await;
     let register = t.elapsed().as_secs_f64();
     let rss = rss_mib() - rss0;
     // The jobs applied first fire while the others are applied (those of
@@ -414,20 +418,14 @@ fn register_limit_loop(path: &std::path::Path, n: usize) {
     .unwrap();
     let at = jiff::Timestamp::now().as_microsecond();
     let (mut validate, mut upsert, mut write) = (0.0, 0.0, 0.0);
-    let mut specs = (0..n).map(|i| job(format!("j{i}"), Some(hourly(i, n)), vec![task("a", &[])]));
+    let mut specs = hourly_jobs(n);
     loop {
         let chunk: Vec<JobSpec> = specs.by_ref().take(20_000).collect();
         if chunk.is_empty() {
             break;
         }
         let t = Instant::now();
-        let file = JobFile {
-            namespace: "bench".into(),
-            calendars: vec![],
-            jobs: chunk,
-        }
-        .validate()
-        .unwrap();
+        let file = bench_file(chunk).validate().unwrap();
         validate += t.elapsed().as_secs_f64();
         let t = Instant::now();
         let upserts: Vec<dagcron_store::JobUpsert> =

@@ -173,11 +173,11 @@ impl<'a> Effects<'a> {
     /// Forgets what the writes of `runs` did, to apply them again.
     /// `runs` is sorted.
     pub(crate) fn forget(&mut self, runs: &[RunId]) {
-        let of = |r: &RunId| runs.binary_search(r).is_err();
-        self.logs.retain(|e| of(&e.0));
-        self.queued.retain(|e| of(&e.0));
-        self.unqueued.retain(|e| of(&e.0));
-        self.ended_for_others.retain(of);
+        let kept = |r: &RunId| runs.binary_search(r).is_err();
+        self.logs.retain(|e| kept(&e.0));
+        self.queued.retain(|e| kept(&e.0));
+        self.unqueued.retain(|e| kept(&e.0));
+        self.ended_for_others.retain(kept);
     }
 }
 

@@ -264,16 +264,17 @@ impl Proxy {
                     std::thread::sleep(Duration::from_millis(5));
                     continue;
                 };
-                client.set_nonblocking(false).unwrap();
-                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
-                    continue;
-                };
-                // Checked under the lock `cut` takes: a connection accepted
-                // while the proxy is being cut is closed with the others.
+                // Checked under the lock `cut` takes, held until the
+                // connection is in the list: a connection accepted while the
+                // proxy is being cut is refused or closed with the others.
                 let mut open = open.lock().unwrap();
                 if cut.load(Ordering::SeqCst) {
                     continue;
                 }
+                client.set_nonblocking(false).unwrap();
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
                 for (from, to) in [(&client, &server), (&server, &client)] {
