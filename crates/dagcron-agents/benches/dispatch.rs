@@ -35,6 +35,7 @@ fn attempt(n: u64, report: Report, start_at: Option<jiff::Timestamp>) -> RemoteT
             params: BTreeMap::new(),
             secrets: Default::default(),
             trace: None,
+            policy: None,
         },
         executor: Executor::Noop,
         timeout: None,

@@ -425,6 +425,7 @@ fn prepare(a: &v1::Assignment) -> Result<(dagcron_core::Executor, AttemptContext
             traceparent: a.traceparent.clone(),
             tracestate: (!a.tracestate.is_empty()).then(|| a.tracestate.clone()),
         }),
+        policy: None,
     };
     Ok((executor, ctx))
 }

@@ -946,6 +946,7 @@ mod tests {
                 params: BTreeMap::new(),
                 secrets: Default::default(),
                 trace: None,
+                policy: None,
             },
             executor: Executor::Noop,
             timeout: None,

@@ -62,6 +62,7 @@ fn task(script: &str, report: oneshot::Sender<Outcome>) -> RemoteTask {
             params: BTreeMap::new(),
             secrets: Default::default(),
             trace: None,
+            policy: None,
         },
         executor: Executor::Shell(ShellCommand {
             command: script.into(),

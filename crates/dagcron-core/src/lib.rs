@@ -11,6 +11,7 @@ pub mod authz;
 pub mod calendar;
 pub mod dag;
 pub mod duration;
+pub mod exec_policy;
 pub mod fires;
 pub mod hotspots;
 pub mod model;

@@ -30,6 +30,7 @@ fn ctx(n: u64) -> AttemptContext {
         params: BTreeMap::new(),
         secrets: Default::default(),
         trace: None,
+        policy: None,
     }
 }
 

@@ -9,6 +9,10 @@
 //! group is killed, an HTTP request is aborted.
 
 mod http;
+// The one module with unsafe code: the set-up of a task's sandbox, between
+// fork and exec.
+#[allow(unsafe_code)]
+pub mod sandbox;
 mod shell;
 pub mod tree;
 mod wasm;
@@ -19,6 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dagcron_core::exec_policy::ExecPolicy;
 use dagcron_core::{Executor, Failure};
 use jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
@@ -47,6 +52,11 @@ pub struct AttemptContext {
     /// The W3C trace context of the attempt, passed to the task so that
     /// its own spans join the run's trace.
     pub trace: Option<TraceHeaders>,
+    /// The execution policy of the namespace, checked when the attempt
+    /// starts (executor, WebAssembly grants, http destinations, the user of
+    /// a sandboxed shell task); `None` on an agent, which runs what its
+    /// server sent it.
+    pub policy: Option<Arc<ExecPolicy>>,
 }
 
 /// A W3C trace context as headers: `traceparent` and, if any, `tracestate`
@@ -510,6 +520,7 @@ mod tests {
             ]),
             secrets: SecretValues::default(),
             trace: None,
+            policy: None,
         }
     }
 

@@ -16,6 +16,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
+use crate::sandbox;
 use crate::tree::{self, MARK_VAR};
 use crate::{AttemptContext, CappedLog, Ending, Limits, LiveLog, Outcome};
 
@@ -64,6 +65,17 @@ async fn pump(mut from: impl AsyncRead + Unpin, log: Arc<Mutex<CappedLog>>, live
     }
 }
 
+/// An attempt that failed before its process started.
+fn not_started(error: String) -> Outcome {
+    Outcome {
+        ending: Ending::Failed(Failure::Error(error.clone())),
+        exit_code: None,
+        error: Some(error),
+        log: vec![],
+        start_error_us: None,
+    }
+}
+
 pub(crate) async fn run(
     cmd: &ShellCommand,
     ctx: &AttemptContext,
@@ -100,16 +112,9 @@ pub(crate) async fn run(
             EnvValue::Secret { secret } => match ctx.secrets.0.get(secret) {
                 Some(value) => value.clone(),
                 None => {
-                    let error = format!(
+                    return not_started(format!(
                         "the secret {secret} of variable {k} was not given to this attempt"
-                    );
-                    return Outcome {
-                        ending: Ending::Failed(Failure::Error(error.clone())),
-                        exit_code: None,
-                        error: Some(error),
-                        log: vec![],
-                        start_error_us: None,
-                    };
+                    ));
                 }
             },
         };
@@ -118,6 +123,18 @@ pub(crate) async fn run(
     let cwd = cmd.cwd.as_ref().map(|dir| ctx.substitute(dir));
     if let Some(dir) = &cwd {
         command.current_dir(dir);
+    }
+    let run_as = match ctx.policy.as_ref().and_then(|p| p.run_as.as_deref()) {
+        Some(name) if sandbox::enabled() => match sandbox::TaskUser::lookup(name) {
+            Ok(user) => Some(user),
+            Err(e) => return not_started(format!("the namespace's policy: {e}")),
+        },
+        _ => None,
+    };
+    match sandbox::prepare(run_as) {
+        None => {}
+        Some(Ok(prepared)) => prepared.install(&mut command),
+        Some(Err(why)) => return not_started(why),
     }
     let mark = tree::new_mark();
     command
@@ -137,6 +154,12 @@ pub(crate) async fn run(
     };
     let (mut child, _listed) = match spawned {
         Ok(c) => c,
+        Err(e) if sandbox::enabled() && !matches!(e.kind(), std::io::ErrorKind::NotFound) => {
+            sandbox::refused();
+            return not_started(format!(
+                "the task's sandbox could not be made ({e}); the task was not run"
+            ));
+        }
         Err(e) => {
             let error = match &cwd {
                 Some(dir) if !std::path::Path::new(dir).is_dir() => format!(
@@ -145,13 +168,7 @@ pub(crate) async fn run(
                 ),
                 _ => format!("could not start {:?}: {e}", cmd.command),
             };
-            return Outcome {
-                ending: Ending::Failed(Failure::Error(error.clone())),
-                exit_code: None,
-                error: Some(error),
-                log: vec![],
-                start_error_us: None,
-            };
+            return not_started(error);
         }
     };
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));

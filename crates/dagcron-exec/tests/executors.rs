@@ -22,6 +22,7 @@ fn ctx() -> AttemptContext {
         params: BTreeMap::from([("region".into(), "cn-east".into())]),
         secrets: Default::default(),
         trace: None,
+        policy: None,
     }
 }
 

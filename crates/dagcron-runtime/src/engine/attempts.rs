@@ -38,6 +38,7 @@ impl<S: Store> Engine<S> {
                     self.config.tracing.is_some(),
                 )
             }),
+            policy: None,
         };
         let token = run.tokens[task]
             .clone()

@@ -184,6 +184,7 @@ impl<S: Store> Engine<S> {
             trace: trace
                 .as_ref()
                 .and_then(|t| t.for_task(&claim.task, claim.number, self.config.tracing.is_some())),
+            policy: None,
         };
         self.foreign.insert(
             (claim.run, i),
