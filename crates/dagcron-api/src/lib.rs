@@ -10,6 +10,7 @@ mod error;
 mod interventions;
 mod metrics;
 mod operations;
+pub mod policy;
 pub mod quotas;
 mod reruns;
 mod retention;

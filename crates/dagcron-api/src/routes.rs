@@ -39,6 +39,7 @@ use dagcron_core::authz::Need;
         crate::operations::get_read_only, crate::operations::put_read_only,
         crate::operations::pause_all, crate::operations::resume_all,
         crate::quotas::get_quotas, crate::quotas::put_quotas, crate::upcoming::upcoming,
+        crate::policy::get_policy, crate::policy::put_policy,
         crate::retention::get_retention, crate::retention::put_retention, crate::retention::prune
     ),
     components(schemas(ErrorBody)),
@@ -105,6 +106,10 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
         .route(
             "/api/v1/namespaces/{ns}/quotas",
             get(crate::quotas::get_quotas::<S>).put(crate::quotas::put_quotas::<S>),
+        )
+        .route(
+            "/api/v1/namespaces/{ns}/policy",
+            get(crate::policy::get_policy::<S>).put(crate::policy::put_policy::<S>),
         )
         .route(
             "/api/v1/namespaces/{ns}/retention",
@@ -423,6 +428,7 @@ async fn apply<S: Store>(
     crate::operations::refuse_when_read_only(&st).await?;
     let jobs = validate(&file)?;
     crate::quotas::check_jobs(&st, &ns, &jobs).await?;
+    crate::policy::check_jobs(&st, &ns, &jobs).await?;
     let origin = dagcron_store::Origin {
         by: Some(who.actor()),
         rollback_of: None,
@@ -546,6 +552,7 @@ async fn put_job<S: Store>(
         jobs: vec![spec],
     })?;
     crate::quotas::check_jobs(&st, &ns, &jobs).await?;
+    crate::policy::check_jobs(&st, &ns, &jobs).await?;
     let origin = dagcron_store::Origin {
         by: Some(who.actor()),
         rollback_of: None,

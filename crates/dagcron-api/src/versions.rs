@@ -118,6 +118,7 @@ pub(crate) async fn rollback<S: Store>(
         )
     })?;
     crate::quotas::check_jobs(&st, &ns, std::slice::from_ref(&job)).await?;
+    crate::policy::check_jobs(&st, &ns, std::slice::from_ref(&job)).await?;
     let origin = Origin {
         by: Some(who.actor()),
         rollback_of: Some(v),

@@ -1022,12 +1022,16 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
             "put",
             "/api/v1/admin/read-only"
             | "/api/v1/namespaces/{ns}/quotas"
+            | "/api/v1/namespaces/{ns}/policy"
             | "/api/v1/namespaces/{ns}/retention",
         ) => Instance(Admin),
         ("post", "/api/v1/admin/prune") => Instance(Admin),
-        ("get", "/api/v1/namespaces/{ns}/quotas" | "/api/v1/namespaces/{ns}/retention") => {
-            Namespace(Viewer)
-        }
+        (
+            "get",
+            "/api/v1/namespaces/{ns}/quotas"
+            | "/api/v1/namespaces/{ns}/policy"
+            | "/api/v1/namespaces/{ns}/retention",
+        ) => Namespace(Viewer),
         ("post", "/api/v1/namespaces/{ns}/pause" | "/api/v1/namespaces/{ns}/resume") => {
             Namespace(Operator)
         }
@@ -2199,6 +2203,91 @@ async fn read_only_refuses_changes_and_pausing_a_namespace_pauses_its_jobs() {
     assert_eq!(answer["changed"], 2);
     let (_, status_now) = api.get("/api/v1/admin/read-only").await;
     assert_eq!(status_now["read_only"], false);
+}
+
+/// Execution policies per namespace, set by an instance admin: a file with
+/// a task the policy does not allow is refused whole (403, a problem per
+/// rule, naming the task), nothing of it applied; a bad policy is refused
+/// and changes nothing; another namespace keeps the default.
+#[tokio::test]
+async fn an_execution_policy_refuses_the_tasks_it_does_not_allow() {
+    let api = api().await;
+    let put = |body: &'static str| {
+        let api = &api;
+        async move {
+            api.call(
+                Method::PUT,
+                "/api/v1/namespaces/a/policy",
+                "application/json",
+                body,
+            )
+            .await
+        }
+    };
+    let (status, default) = api.get("/api/v1/namespaces/a/policy").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(default["shell"], "server");
+    assert_eq!(default["wasm_dirs"], serde_json::json!([]));
+    for bad in [
+        r#"{"wasm_dirs": ["relative"]}"#,
+        r#"{"wasm_dirs": ["/a/../etc"]}"#,
+        r#"{"http_allow": ["10.0.0.0/99"]}"#,
+        r#"{"shell": "everywhere"}"#,
+        r#"{"nope": 1}"#,
+        r#"[]"#,
+    ] {
+        let (status, body) = put(bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        assert!(body["error"]["message"].is_string(), "{body}");
+    }
+    let (status, body) =
+        put(r#"{"shell": "agents", "wasm_dirs": ["/srv/in"], "http_allow": ["10.0.0.0/8"]}"#).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let file = r#"namespace: a
+jobs:
+  - name: hostile
+    tasks:
+      - { id: sh, shell: "cat /etc/passwd" }
+      - { id: far, shell: "true", run_on: { labels: { pool: x } } }
+      - { id: web, http: { url: "http://127.0.0.1:9/" } }
+      - id: w
+        wasm:
+          module: /tmp/m.wasm
+          grants: { dirs: [{ host: /, guest: /r }, { host: /srv/in/x, guest: /in }], env: [DAGCRON_AGENT_TOKEN] }
+"#;
+    let (status, body) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", file)
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"]["code"], "policy_refused");
+    let paths: Vec<&str> = body["error"]["details"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "jobs[0].tasks[0].shell",
+            "jobs[0].tasks[2].http.url",
+            "jobs[0].tasks[3].wasm.grants.dirs[0]",
+            "jobs[0].tasks[3].wasm.grants.env[0]",
+        ],
+        "{body}"
+    );
+    let (status, _) = api.get("/api/v1/namespaces/a/jobs/hostile").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing of the file applied");
+    // Another namespace keeps the default policy.
+    let (status, body) = api
+        .call(
+            Method::POST,
+            "/api/v1/apply",
+            "application/yaml",
+            "namespace: b\njobs:\n  - { name: j, tasks: [{ id: t, shell: 'true' }] }\n",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
 }
 
 /// Quotas per namespace, set by an instance admin: a file past the jobs or

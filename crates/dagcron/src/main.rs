@@ -84,6 +84,14 @@ async fn run_server(args: serve::ServeArgs) -> anyhow::Result<ExitCode> {
         tracing::warn!("cannot become the child subreaper of task processes");
     }
     dagcron_exec::pass_env(config.pass_env().to_vec());
+    // Shell tasks run in a sandbox that hides the server's files; if this
+    // kernel cannot make it, they fail with the reason rather than run
+    // without it.
+    let hidden = config.server_files()?;
+    match dagcron_exec::sandbox::enable(&hidden, dagcron_exec::sandbox::TaskUser::nobody()) {
+        Ok(()) => tracing::info!(hidden = ?hidden, "shell tasks run in a sandbox"),
+        Err(why) => tracing::error!("shell tasks cannot run on this server: {why}"),
+    }
     let shutdown = shutdown_signal()?;
     let listen = config.listen();
     let listener = tokio::net::TcpListener::bind(listen)

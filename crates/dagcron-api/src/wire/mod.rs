@@ -29,7 +29,7 @@ pub use jobs::{
     TriggerBatchAnswer, TriggerBatchBody, TriggerBatchItem, TriggerBody, UpcomingAnswer,
     UpcomingFire,
 };
-pub use operations::{BulkPauseAnswer, Quotas, ReadOnlyAnswer, ReadOnlyBody};
+pub use operations::{BulkPauseAnswer, Policy, Quotas, ReadOnlyAnswer, ReadOnlyBody, ShellPlace};
 pub use retention::{PruneAnswer, PruneBody, PrunedAnswer, RetentionAnswer, RetentionBody};
 pub use runs::{
     AttemptAnswer, FireAnswer, FirePage, HeldPage, HeldTask, RerunBody, RunAnswer, RunPage,

@@ -63,3 +63,66 @@ pub struct Quotas {
     #[schema(minimum = 1, maximum = 10000)]
     pub max_triggers_per_second: Option<u32>,
 }
+
+/// Where a namespace's shell tasks may run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ShellPlace {
+    /// On the server (in its sandbox) and on agents.
+    #[default]
+    Server,
+    /// Only on remote agents (tasks with `run_on`).
+    Agents,
+    /// Nowhere.
+    None,
+}
+
+/// A namespace's execution policy: what the code of its jobs may do. Set
+/// by an instance admin; checked when a job is applied and when each
+/// attempt starts. A field left out takes the default shown.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// Where shell tasks may run.
+    #[serde(default)]
+    pub shell: ShellPlace,
+    /// Whether http tasks are allowed.
+    #[serde(default = "yes")]
+    #[schema(default = true)]
+    pub http: bool,
+    /// Whether WebAssembly tasks are allowed.
+    #[serde(default = "yes")]
+    #[schema(default = true)]
+    pub wasm: bool,
+    /// Directories (absolute) WebAssembly modules may be read from. The
+    /// server's data directory and key files never are.
+    #[serde(default = "everywhere")]
+    #[schema(default = json!(["/"]))]
+    pub wasm_modules: Vec<String>,
+    /// Host directories a WebAssembly task's grants may mount read-only.
+    #[serde(default)]
+    pub wasm_dirs: Vec<String>,
+    /// Host directories a grant may mount with `write: true`.
+    #[serde(default)]
+    pub wasm_write_dirs: Vec<String>,
+    /// Names of the host's variables a task's grants may pass on.
+    #[serde(default)]
+    pub wasm_env: Vec<String>,
+    /// Address blocks (CIDR) http tasks may reach beyond public addresses:
+    /// loopback, private, link-local (cloud metadata) and the server's own
+    /// addresses are refused unless a block here covers them.
+    #[serde(default)]
+    pub http_allow: Vec<String>,
+    /// The user (a name, or `UID:GID`; never root) shell tasks run as on a
+    /// server running as root; none: `nobody`.
+    #[serde(default)]
+    pub run_as: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn everywhere() -> Vec<String> {
+    vec!["/".into()]
+}

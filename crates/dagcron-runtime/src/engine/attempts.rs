@@ -135,13 +135,20 @@ impl<S: Store> Engine<S> {
                 live: Some(live),
                 report: Box::new(report),
             };
-            if task.executor.secret_refs().is_empty() {
+            if task.executor.secret_refs().is_empty() && self.config.policies.is_none() {
                 remote.0.submit(task);
                 return;
             }
-            // The secrets are read beside the loop, then go with the assignment.
+            // The policy and the secrets are read beside the loop, then the
+            // assignment goes with the secrets.
             let secrets = self.config.secrets.clone();
+            let policies = self.config.policies.clone();
+            let spec = spec.clone();
             tokio::spawn(async move {
+                if let Err(error) = allowed(policies.as_ref(), &task.ctx.namespace, &spec).await {
+                    (task.report)(failed(error), None);
+                    return;
+                }
                 match resolve_secrets(secrets.as_ref(), &task.ctx.namespace, &task.executor).await {
                     Ok(values) => {
                         task.ctx.secrets = values;
@@ -154,10 +161,19 @@ impl<S: Store> Engine<S> {
         }
         let attempt_clock = self.clock.clone();
         let secrets = self.config.secrets.clone();
+        let policies = self.config.policies.clone();
+        let spec = spec.clone();
         let mut ctx = ctx;
         self.attempts.spawn(async move {
             // A panic in an executor must not leave the attempt running forever.
             let work = tokio::spawn(async move {
+                match allowed(policies.as_ref(), &ctx.namespace, &spec).await {
+                    Ok(policy) => ctx.policy = policy,
+                    Err(error) => {
+                        live.finish();
+                        return failed(error);
+                    }
+                }
                 match resolve_secrets(secrets.as_ref(), &ctx.namespace, &executor).await {
                     Ok(values) => ctx.secrets = values,
                     Err(error) => {

@@ -102,6 +102,58 @@ pub struct EngineConfig {
     pub remote: Option<RemoteWorkers>,
     /// Where the values of the secrets tasks refer to come from.
     pub secrets: Option<SecretSource>,
+    /// Where the execution policies of namespaces come from; none: every
+    /// executor is allowed (an engine without tenants, as in tests).
+    pub policies: Option<PolicySource>,
+}
+
+/// What looking up a policy answers: the namespace's policy, or why not.
+pub type PolicyLookup<'a> = std::pin::Pin<
+    Box<
+        dyn Future<Output = Result<Arc<dagcron_core::exec_policy::ExecPolicy>, String>> + Send + 'a,
+    >,
+>;
+
+/// Gives the execution policy of a namespace when an attempt starts (never
+/// in the engine's loop); an attempt its policy refuses fails with the
+/// rule it breaks, and one that runs carries the policy to its executor.
+pub trait Policies: Send + Sync + 'static {
+    /// The policy of `namespace`.
+    fn policy<'a>(&'a self, namespace: &'a str) -> PolicyLookup<'a>;
+}
+
+/// The engine's link to the execution policies.
+#[derive(Clone)]
+pub struct PolicySource(pub Arc<dyn Policies>);
+
+impl std::fmt::Debug for PolicySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PolicySource")
+    }
+}
+
+/// The policy of `task`'s namespace if it lets the task run, or why not.
+async fn allowed(
+    source: Option<&PolicySource>,
+    namespace: &str,
+    task: &dagcron_core::Task,
+) -> Result<Option<Arc<dagcron_core::exec_policy::ExecPolicy>>, String> {
+    let Some(source) = source else {
+        return Ok(None);
+    };
+    let policy = source.0.policy(namespace).await?;
+    let refusals = policy.check(task);
+    if refusals.is_empty() {
+        return Ok(Some(policy));
+    }
+    let reasons: Vec<String> = refusals
+        .iter()
+        .map(|r| format!("{} ({}: {})", r.message, r.rule, r.path))
+        .collect();
+    Err(format!(
+        "the execution policy of namespace {namespace} refuses this task: {}",
+        reasons.join("; ")
+    ))
 }
 
 /// What resolving secrets answers: the values by name, or why not.
@@ -272,6 +324,7 @@ impl Default for EngineConfig {
             node: None,
             remote: None,
             secrets: None,
+            policies: None,
         }
     }
 }

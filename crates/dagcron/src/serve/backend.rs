@@ -179,7 +179,7 @@ pub(super) async fn member(
 
 /// Creates the data directory, or tightens an existing one, so that only
 /// this user can enter it (0700).
-fn private_dir(dir: &Path) -> Result<()> {
+pub(super) fn private_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     std::fs::DirBuilder::new()
         .recursive(true)

@@ -165,6 +165,9 @@ pub struct Config {
     pub(super) agents: PoolConfig,
     pub(super) tls: Option<Arc<rustls::ServerConfig>>,
     pass_env: Vec<String>,
+    /// The server's own files, hidden from its shell tasks: the data
+    /// directory, the key files, the TLS key and the configuration file.
+    server_files: Vec<PathBuf>,
 }
 
 /// Where the state lives, and what comes with each backend.
@@ -250,6 +253,20 @@ impl ServeArgs {
             }),
         };
         let client_ca = self.client_ca.clone().or(file.client_ca);
+        let tls_key = self.tls_key.clone().or(file.tls_key.clone());
+        let mut server_files: Vec<PathBuf> = self.config.iter().chain(&tls_key).cloned().collect();
+        match &backend {
+            Backend::Embedded(e) => server_files.extend([
+                e.data_dir.clone(),
+                e.key_file.clone(),
+                e.master_key_file.clone(),
+            ]),
+            Backend::Cluster(m) => {
+                server_files.push(m.key_file.clone());
+                server_files.extend(m.master_key_file.iter().cloned());
+                server_files.extend(m.old_master_key_files.iter().cloned());
+            }
+        }
         let config = Config {
             backend,
             listen: self
@@ -305,6 +322,7 @@ impl ServeArgs {
             } else {
                 self.pass_env.clone()
             },
+            server_files,
         };
         anyhow::ensure!(config.pool_size > 0, "pool_size must be at least 1");
         anyhow::ensure!(
@@ -345,6 +363,16 @@ impl Config {
     /// The variables of the server's environment that tasks receive.
     pub fn pass_env(&self) -> &[String] {
         &self.pass_env
+    }
+
+    /// The files and directories of the server that its shell tasks must
+    /// not see (see [`dagcron_exec::sandbox`]). An embedded server's data
+    /// directory is made first, so that it exists to be hidden.
+    pub fn server_files(&self) -> Result<Vec<PathBuf>> {
+        if let Backend::Embedded(e) = &self.backend {
+            super::backend::private_dir(&e.data_dir)?;
+        }
+        Ok(self.server_files.clone())
     }
 }
 

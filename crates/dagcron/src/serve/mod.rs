@@ -23,8 +23,8 @@ use dagcron_api::secrets::StoredSecrets;
 use dagcron_api::{AppState, router};
 use dagcron_core::JobFile;
 use dagcron_runtime::{
-    Engine, EngineConfig, EngineMetrics, PruneConfig, Pruner, RemoteWorkers, SecretSource,
-    SystemClock,
+    Engine, EngineConfig, EngineMetrics, PolicySource, PruneConfig, Pruner, RemoteWorkers,
+    SecretSource, SystemClock,
 };
 use dagcron_store::{StorageError, Store};
 use tokio::net::TcpListener;
@@ -159,6 +159,9 @@ impl<S: Store> Node<S> {
                 store: self.store.clone(),
                 key: self.master_key.clone(),
             }))),
+            policies: Some(PolicySource(Arc::new(
+                dagcron_api::policy::StoredPolicies::new(self.store.clone()),
+            ))),
             node: self.identity,
             ..EngineConfig::default()
         };

@@ -1,0 +1,225 @@
+//! Execution policies per namespace (see [`dagcron_core::exec_policy`]):
+//! set by an instance admin (a tenant may not widen its own), read by
+//! anyone of the namespace, stored as a setting of the instance so that
+//! every node applies them.
+//!
+//! A job file that a policy refuses is refused whole with `403` and the
+//! code `policy_refused`, each problem naming the task and the rule. The
+//! engine asks again when each attempt starts ([`StoredPolicies`]), so a
+//! policy narrowed after a job was applied still holds.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::{Extension, Path, State};
+use axum::http::StatusCode;
+use dagcron_core::Job;
+use dagcron_core::authz::Need;
+use dagcron_core::exec_policy::{ExecPolicy, ShellRule};
+use dagcron_store::Store;
+use jiff::Timestamp;
+
+use crate::auth::Principal;
+use crate::wire::{Errors, Policy, Problem, ShellPlace};
+use crate::{ApiError, AppState};
+
+fn key(namespace: &str) -> String {
+    format!("policy/{namespace}")
+}
+
+/// The policy of `namespace` as stored in the setting `text` (none: the
+/// instance's default).
+fn parse(namespace: &str, text: Option<String>) -> Result<ExecPolicy, String> {
+    match text {
+        None => Ok(ExecPolicy::default()),
+        Some(text) => serde_json::from_str(&text)
+            .map_err(|e| format!("the stored policy of {namespace} does not read back: {e}")),
+    }
+}
+
+/// The policy of `namespace`, read from `store`.
+pub async fn policy_of<S: Store>(store: &S, namespace: &str) -> Result<ExecPolicy, String> {
+    let text = store
+        .get_setting(&key(namespace))
+        .await
+        .map_err(|e| format!("reading the execution policy of {namespace}: {e}"))?;
+    parse(namespace, text)
+}
+
+fn to_wire(p: ExecPolicy) -> Policy {
+    Policy {
+        shell: match p.shell {
+            ShellRule::Server => ShellPlace::Server,
+            ShellRule::Agents => ShellPlace::Agents,
+            ShellRule::None => ShellPlace::None,
+        },
+        http: p.http,
+        wasm: p.wasm,
+        wasm_modules: p.wasm_modules,
+        wasm_dirs: p.wasm_dirs,
+        wasm_write_dirs: p.wasm_write_dirs,
+        wasm_env: p.wasm_env,
+        http_allow: p.http_allow,
+        run_as: p.run_as,
+    }
+}
+
+fn from_wire(p: Policy) -> ExecPolicy {
+    ExecPolicy {
+        shell: match p.shell {
+            ShellPlace::Server => ShellRule::Server,
+            ShellPlace::Agents => ShellRule::Agents,
+            ShellPlace::None => ShellRule::None,
+        },
+        http: p.http,
+        wasm: p.wasm,
+        wasm_modules: p.wasm_modules,
+        wasm_dirs: p.wasm_dirs,
+        wasm_write_dirs: p.wasm_write_dirs,
+        wasm_env: p.wasm_env,
+        http_allow: p.http_allow,
+        run_as: p.run_as,
+    }
+}
+
+fn internal(message: String) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+}
+
+/// A namespace's execution policy (the instance's default if none was set).
+#[utoipa::path(get, path = "/api/v1/namespaces/{ns}/policy", tag = "admin",
+    params(("ns" = String, Path, description = "Namespace")),
+    responses((status = 200, body = Policy), Errors))]
+pub(crate) async fn get_policy<S: Store>(
+    State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
+    Path(ns): Path<String>,
+) -> Result<Json<Policy>, ApiError> {
+    who.allow(Need::Read, Some(&ns), crate::routes::no_namespace(&ns))?;
+    let policy = policy_of(&*st.store, &ns).await.map_err(internal)?;
+    Ok(Json(to_wire(policy)))
+}
+
+/// Sets a namespace's execution policy, whole (an instance admin's call).
+/// Jobs already applied are not changed: each attempt is checked again
+/// when it starts, and one the new policy refuses fails with the rule.
+#[utoipa::path(put, path = "/api/v1/namespaces/{ns}/policy", tag = "admin",
+    params(("ns" = String, Path, description = "Namespace")),
+    request_body(content = Policy, content_type = "application/json"),
+    responses((status = 200, body = Policy), Errors))]
+pub(crate) async fn put_policy<S: Store>(
+    State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
+    Path(ns): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Policy>, ApiError> {
+    crate::quotas::may_set(&who, &ns)?;
+    let wire: Policy = crate::operations::object(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "expected a policy object (shell, http, wasm, wasm_modules, wasm_dirs, wasm_write_dirs, wasm_env, http_allow, run_as): {e}"
+        ))
+    })?;
+    let policy = from_wire(wire);
+    let problems: Vec<Problem> = policy
+        .validate()
+        .into_iter()
+        .map(|(path, message)| Problem {
+            path,
+            message,
+            span: None,
+        })
+        .collect();
+    if !problems.is_empty() {
+        let mut err = ApiError::bad_request(format!("the policy for {ns} is not valid"));
+        err.details = Some(problems);
+        return Err(err);
+    }
+    let text = serde_json::to_string(&policy).expect("a policy serializes");
+    let value = (policy != ExecPolicy::default()).then_some(text.as_str());
+    st.store
+        .set_setting(&key(&ns), value, Timestamp::now())
+        .await?;
+    Ok(Json(to_wire(policy)))
+}
+
+/// Refuses a job file of `namespace` (its jobs, in order) with a task that
+/// its execution policy does not allow: `403 policy_refused`, a problem
+/// per broken rule.
+pub(crate) async fn check_jobs<S: Store>(
+    st: &AppState<S>,
+    namespace: &str,
+    jobs: &[Job],
+) -> Result<(), ApiError> {
+    let policy = policy_of(&*st.store, namespace).await.map_err(internal)?;
+    let problems: Vec<Problem> = jobs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, job)| {
+            let policy = &policy;
+            job.tasks.iter().enumerate().flat_map(move |(t, task)| {
+                policy.check(task).into_iter().map(move |r| Problem {
+                    path: format!("jobs[{i}].tasks[{t}].{}", r.path),
+                    message: format!("{} (policy rule {})", r.message, r.rule),
+                    span: None,
+                })
+            })
+        })
+        .collect();
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let mut err = ApiError::new(
+        StatusCode::FORBIDDEN,
+        "policy_refused",
+        format!(
+            "the execution policy of namespace {namespace} refuses {} task setting(s) of this file",
+            problems.len()
+        ),
+    );
+    err.details = Some(problems);
+    Err(err)
+}
+
+/// How long a node keeps a policy it read before reading it again: a
+/// changed policy reaches every attempt that starts this long after.
+pub const POLICY_CACHE: Duration = Duration::from_secs(2);
+
+/// The engine's source of policies: the store, with what was read kept for
+/// [`POLICY_CACHE`] (an attempt start costs no read most of the time).
+pub struct StoredPolicies<S> {
+    store: Arc<S>,
+    cache: Mutex<HashMap<String, (Arc<ExecPolicy>, Instant)>>,
+}
+
+impl<S> StoredPolicies<S> {
+    /// Policies read from `store`.
+    pub fn new(store: Arc<S>) -> StoredPolicies<S> {
+        StoredPolicies {
+            store,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<S: Store> dagcron_runtime::Policies for StoredPolicies<S> {
+    fn policy<'a>(&'a self, namespace: &'a str) -> dagcron_runtime::PolicyLookup<'a> {
+        Box::pin(async move {
+            let now = Instant::now();
+            if let Some((policy, at)) = self.cache.lock().expect("policy cache").get(namespace)
+                && now.duration_since(*at) < POLICY_CACHE
+            {
+                return Ok(policy.clone());
+            }
+            let policy = Arc::new(policy_of(&*self.store, namespace).await?);
+            let mut cache = self.cache.lock().expect("policy cache");
+            // Namespaces come and go: a cache that grew large starts over.
+            if cache.len() > 10_000 {
+                cache.clear();
+            }
+            cache.insert(namespace.to_string(), (policy.clone(), now));
+            Ok(policy)
+        })
+    }
+}
