@@ -1,7 +1,10 @@
 //! HTTP tasks: one request, success by status, the body as the log.
 
-use std::sync::OnceLock;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
+
+use dagcron_core::exec_policy::ExecPolicy;
 
 use dagcron_core::Failure;
 use dagcron_core::model::HttpSpec;
@@ -16,6 +19,116 @@ fn client() -> &'static reqwest::Client {
         let _ = rustls::crypto::ring::default_provider().install_default();
         reqwest::Client::builder().build().expect("HTTP client")
     })
+}
+
+/// The server's own addresses: never a destination of a tenant's http
+/// task unless its policy allows them (see [`own_addresses`]).
+static OWN: OnceLock<Vec<IpAddr>> = OnceLock::new();
+
+/// Tells the http executor the addresses this server listens on, which
+/// tasks under a policy may not reach unless it allows them. Only the
+/// first call counts.
+pub fn own_addresses(addresses: Vec<IpAddr>) {
+    let _ = OWN.set(addresses);
+}
+
+fn own() -> &'static [IpAddr] {
+    OWN.get().map(Vec::as_slice).unwrap_or_default()
+}
+
+/// A client for the tasks of `policy`: every address a name resolves to,
+/// and every redirect, is checked against the policy's destinations when
+/// the connection is made; a name that resolves only to refused addresses
+/// fails. No proxy is used (a proxy would make the checks meaningless).
+/// One client per set of allowed blocks, kept.
+fn guarded(policy: &Arc<ExecPolicy>) -> reqwest::Client {
+    static CLIENTS: Mutex<Vec<(Vec<String>, reqwest::Client)>> = Mutex::new(Vec::new());
+    let mut clients = CLIENTS.lock().expect("http clients lock");
+    if let Some((_, c)) = clients.iter().find(|(k, _)| *k == policy.http_allow) {
+        return c.clone();
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let checked = policy.clone();
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .dns_resolver(Guard(policy.clone()))
+        .redirect(reqwest::redirect::Policy::custom(move |attempt| {
+            if attempt.previous().len() >= 10 {
+                return attempt.error("more than 10 redirects");
+            }
+            match refused(&checked, attempt.url()) {
+                Some(why) => {
+                    let error = format!("a redirect to {}: {why}", attempt.url());
+                    attempt.error(error)
+                }
+                None => attempt.follow(),
+            }
+        }))
+        .build()
+        .expect("HTTP client");
+    // Policies are few; a long list means they keep changing: start over.
+    if clients.len() >= 64 {
+        clients.clear();
+    }
+    clients.push((policy.http_allow.clone(), client.clone()));
+    client
+}
+
+/// Why `policy` refuses `url` if its host is an address (a name is checked
+/// when it is resolved).
+fn refused(policy: &ExecPolicy, url: &reqwest::Url) -> Option<String> {
+    let host = url.host_str()?;
+    let ip: IpAddr = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok()?;
+    policy.destination(ip, own()).err()
+}
+
+/// Resolves names for a guarded client, keeping only the addresses the
+/// policy allows.
+struct Guard(Arc<ExecPolicy>);
+
+impl reqwest::dns::Resolve for Guard {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let policy = self.0.clone();
+        Box::pin(async move {
+            let host = name.as_str().to_string();
+            let found: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let mut why = format!("{host} resolves to no address");
+            let allowed: Vec<SocketAddr> = found
+                .into_iter()
+                .filter(|a| match policy.destination(a.ip(), own()) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        why = format!("{host} resolves to {e}");
+                        false
+                    }
+                })
+                .collect();
+            if allowed.is_empty() {
+                return Err(why.into());
+            }
+            Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// An error with its causes, which say what actually went wrong.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
 }
 
 /// `RUN_ID` -> `Run-Id`; parameter names may hold anything, so empty
@@ -61,7 +174,24 @@ pub(crate) async fn run(
         }
     };
     let url = ctx.substitute(&spec.url);
-    let mut req = client().request(method, &url);
+    let client = match &ctx.policy {
+        None => client().clone(),
+        Some(policy) => {
+            if let Some(why) = reqwest::Url::parse(&url)
+                .ok()
+                .and_then(|u| refused(policy, &u))
+            {
+                return failed(
+                    Failure::Error("destination refused".into()),
+                    format!("{} {url}: {why}", spec.method),
+                    None,
+                    vec![],
+                );
+            }
+            guarded(policy)
+        }
+    };
+    let mut req = client.request(method, &url);
     for (k, v) in ctx.identity() {
         let name = header_name(&k);
         req = req.header(format!("X-Dagcron-{name}"), v);
@@ -103,7 +233,7 @@ pub(crate) async fn run(
                     failed(Failure::HttpStatus(status), format!("{} {url} answered {status}, expected {expected}", spec.method), Some(i32::from(status)), log)
                 }
             }
-            Err(e) => failed(Failure::Error(e.to_string()), format!("{} {url}: {e}", spec.method), None, vec![]),
+            Err(e) => failed(Failure::Error(e.to_string()), format!("{} {url}: {}", spec.method, chain(&e)), None, vec![]),
         },
         () = sleep => Outcome { ending: Ending::TimedOut, exit_code: None, error: Some(format!("no answer from {url} within {:?}", timeout.unwrap_or_default())), log: vec![], start_error_us: None },
         () = cancel.cancelled() => Outcome { ending: Ending::Cancelled, exit_code: None, error: Some("cancelled".into()), log: vec![], start_error_us: None },

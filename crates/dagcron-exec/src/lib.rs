@@ -17,6 +17,7 @@ mod shell;
 pub mod tree;
 mod wasm;
 
+pub use http::own_addresses;
 pub use shell::PIPE_GRACE;
 
 use std::collections::BTreeMap;

@@ -87,6 +87,7 @@ async fn run_server(args: serve::ServeArgs) -> anyhow::Result<ExitCode> {
     // Shell tasks run in a sandbox that hides the server's files; if this
     // kernel cannot make it, they fail with the reason rather than run
     // without it.
+    dagcron_exec::own_addresses(config.own_addresses());
     let hidden = config.server_files()?;
     match dagcron_exec::sandbox::enable(&hidden, dagcron_exec::sandbox::TaskUser::nobody()) {
         Ok(()) => tracing::info!(hidden = ?hidden, "shell tasks run in a sandbox"),

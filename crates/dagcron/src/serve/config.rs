@@ -365,6 +365,32 @@ impl Config {
         &self.pass_env
     }
 
+    /// The addresses this server listens on (every address of the machine
+    /// when it listens on an unspecified one), which its tenants' http
+    /// tasks may not reach unless their policy allows them.
+    pub fn own_addresses(&self) -> Vec<std::net::IpAddr> {
+        let listening: Vec<std::net::IpAddr> = std::iter::once(self.listen)
+            .chain(self.metrics_listen)
+            .map(|a| a.ip())
+            .collect();
+        let mut out: Vec<std::net::IpAddr> = listening
+            .iter()
+            .copied()
+            .filter(|ip| !ip.is_unspecified())
+            .collect();
+        if listening.iter().any(|ip| ip.is_unspecified())
+            && let Ok(interfaces) = nix::ifaddrs::getifaddrs()
+        {
+            out.extend(interfaces.filter_map(|i| {
+                let a = i.address?;
+                a.as_sockaddr_in()
+                    .map(|v4| std::net::IpAddr::V4(v4.ip()))
+                    .or_else(|| a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())))
+            }));
+        }
+        out
+    }
+
     /// The files and directories of the server that its shell tasks must
     /// not see (see [`dagcron_exec::sandbox`]). An embedded server's data
     /// directory is made first, so that it exists to be hidden.
