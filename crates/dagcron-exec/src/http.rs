@@ -32,7 +32,7 @@ pub fn own_addresses(addresses: Vec<IpAddr>) {
     let _ = OWN.set(addresses);
 }
 
-fn own() -> &'static [IpAddr] {
+pub(crate) fn own() -> &'static [IpAddr] {
     OWN.get().map(Vec::as_slice).unwrap_or_default()
 }
 

@@ -71,6 +71,76 @@ fn environment(spec: &WasmSpec, ctx: &AttemptContext) -> Result<Vec<(String, Str
     Ok(env)
 }
 
+/// Refuses what the attempt's policy does not allow, on the real paths
+/// (a symbolic link into a refused directory is refused): the module
+/// outside `wasm_modules`, a directory grant outside `wasm_dirs` (or
+/// `wasm_write_dirs`), a host variable not in `wasm_env`; and, whatever
+/// the policy says, a module or directory that is one of the server's
+/// hidden files or holds one.
+#[cfg(feature = "wasm")]
+fn check_policy(spec: &WasmSpec, ctx: &AttemptContext) -> Result<(), String> {
+    use dagcron_core::exec_policy::within;
+    use std::path::Path;
+    let real = |p: &str| {
+        Path::new(p)
+            .canonicalize()
+            .map(|r| r.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| p.to_string())
+    };
+    let holds_hidden = |p: &str| {
+        crate::sandbox::hidden()
+            .iter()
+            .any(|h| h.starts_with(p) || Path::new(p).starts_with(h))
+    };
+    let module = real(&spec.module);
+    if crate::sandbox::is_hidden(Path::new(&module)) {
+        return Err(format!(
+            "{:?} is a file of the server's own, never a module",
+            spec.module
+        ));
+    }
+    for dir in &spec.grants.dirs {
+        if holds_hidden(&real(&dir.host)) {
+            return Err(format!(
+                "the grant of {:?} would show the server's own files, which no task sees",
+                dir.host
+            ));
+        }
+    }
+    let Some(policy) = &ctx.policy else {
+        return Ok(());
+    };
+    if !within(&module, &policy.wasm_modules) {
+        return Err(format!(
+            "{:?} is outside the directories the namespace's policy lets modules be read from",
+            spec.module
+        ));
+    }
+    for dir in &spec.grants.dirs {
+        let host = real(&dir.host);
+        let may = within(&host, &policy.wasm_write_dirs)
+            || (!dir.write && within(&host, &policy.wasm_dirs));
+        if !may {
+            return Err(format!(
+                "the namespace's policy does not let a task mount {:?}{}",
+                dir.host,
+                if dir.write { " for writing" } else { "" }
+            ));
+        }
+    }
+    if let Some(name) = spec
+        .grants
+        .env
+        .iter()
+        .find(|n| !policy.wasm_env.contains(n))
+    {
+        return Err(format!(
+            "the namespace's policy does not let a task read the host's variable {name}"
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(feature = "wasm")]
 pub(crate) async fn run(
     spec: &WasmSpec,
@@ -80,6 +150,9 @@ pub(crate) async fn run(
     limits: Limits,
     live: Option<&LiveLog>,
 ) -> Outcome {
+    if let Err(error) = check_policy(spec, ctx) {
+        return failed(error, None, vec![]);
+    }
     let env = match environment(spec, ctx) {
         Ok(env) => env,
         Err(error) => return failed(error, None, vec![]),
@@ -88,6 +161,15 @@ pub(crate) async fn run(
         Ok(addrs) => addrs,
         Err(error) => return failed(error, None, vec![]),
     };
+    // The hosts a component may connect to are destinations like an http
+    // task's, checked after DNS against the namespace's policy.
+    if let Some(policy) = &ctx.policy
+        && let Some(why) = connect
+            .iter()
+            .find_map(|a| policy.destination(a.ip(), crate::http::own()).err())
+    {
+        return failed(format!("a host in grants.http: {why}"), None, vec![]);
+    }
     let module = std::path::PathBuf::from(&spec.module);
     let program = module
         .file_name()

@@ -617,4 +617,84 @@ mod wasm {
         );
         assert!(matches!(out.ending, Ending::Failed(Failure::Error(_))));
     }
+
+    /// What a tenant's WebAssembly task asks for is checked against its
+    /// namespace's policy when the attempt starts, on real paths: a module
+    /// outside the allowed directories (or reached through a symbolic link
+    /// from inside them), mounting `/`, reading a host variable.
+    #[tokio::test]
+    async fn a_module_asking_more_than_its_policy_allows_does_not_start() {
+        use dagcron_core::exec_policy::ExecPolicy;
+        use dagcron_core::wasm::DirGrant;
+        let dir = tempfile::tempdir().unwrap();
+        let allowed = dir.path().join("modules");
+        std::fs::create_dir(&allowed).unwrap();
+        let module = allowed.join("show.wat");
+        std::fs::write(&module, SHOW).unwrap();
+        let outside = dir.path().join("outside.wat");
+        std::fs::write(&outside, SHOW).unwrap();
+        std::os::unix::fs::symlink(&outside, allowed.join("link.wat")).unwrap();
+        let policy = ExecPolicy {
+            wasm_modules: vec![allowed.display().to_string()],
+            wasm_env: vec!["HOME".into()],
+            ..ExecPolicy::default()
+        };
+        let attempt = |spec: WasmSpec| {
+            let mut c = ctx();
+            c.policy = Some(std::sync::Arc::new(policy.clone()));
+            async move {
+                run(
+                    &Executor::Wasm(spec),
+                    &c,
+                    None,
+                    CancellationToken::new(),
+                    Limits::default(),
+                )
+                .await
+            }
+        };
+        let out = attempt(spec(&module)).await;
+        assert_eq!(
+            out.ending,
+            Ending::Failed(Failure::Exit(Some(4))),
+            "allowed: it ran"
+        );
+        for (what, task) in [
+            ("outside", spec(&outside)),
+            ("through a link", spec(&allowed.join("link.wat"))),
+            (
+                "mounting /",
+                WasmSpec {
+                    grants: Grants {
+                        dirs: vec![DirGrant {
+                            host: "/".into(),
+                            guest: "/r".into(),
+                            write: false,
+                        }],
+                        ..Grants::default()
+                    },
+                    ..spec(&module)
+                },
+            ),
+            (
+                "a host variable",
+                WasmSpec {
+                    grants: Grants {
+                        env: vec!["DAGCRON_AGENT_TOKEN".into()],
+                        ..Grants::default()
+                    },
+                    ..spec(&module)
+                },
+            ),
+        ] {
+            let out = attempt(task).await;
+            assert!(
+                matches!(out.ending, Ending::Failed(Failure::Error(_))),
+                "{what}: {out:?}"
+            );
+            let error = out.error.unwrap();
+            assert!(error.contains("policy"), "{what}: {error}");
+            assert!(out.log.is_empty(), "{what}: nothing ran");
+        }
+    }
 }

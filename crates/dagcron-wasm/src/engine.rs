@@ -128,8 +128,13 @@ impl Flavor {
         let bytes = if text {
             let source = std::str::from_utf8(bytes)
                 .map_err(|e| WasmError::Compile(format!("the text is not UTF-8: {e}")))?;
-            binary = wat::parse_str(source).map_err(|e| WasmError::Compile(e.to_string()))?;
+            binary = wat::parse_str(source).map_err(|e| WasmError::Compile(text_error(&e)))?;
             &binary[..]
+        } else if !bytes.starts_with(b"\0asm") {
+            // Never quote the file: it may be any file of the host.
+            return Err(WasmError::Compile(
+                "not a WebAssembly module: the file does not start with the `\\0asm` header".into(),
+            ));
         } else {
             bytes
         };
@@ -166,4 +171,22 @@ impl Flavor {
 /// needs it, so that its set-up is not counted in an attempt.
 pub fn warm_up(fuel: bool) {
     let _ = flavor(fuel);
+}
+
+/// Where a text module fails to parse, without quoting the file: the
+/// parser's message shows the offending line, and the file may be any file
+/// of the host (a task names its module's path).
+fn text_error(e: &wat::Error) -> String {
+    let shown = e.to_string();
+    let place = shown
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("--> "))
+        .and_then(|at| {
+            let mut parts = at.rsplitn(3, ':');
+            let col: u32 = parts.next()?.trim().parse().ok()?;
+            let line: u32 = parts.next()?.trim().parse().ok()?;
+            Some(format!(" at line {line}, column {col}"))
+        })
+        .unwrap_or_default();
+    format!("not valid WebAssembly text{place} (the file's contents are not shown)")
 }

@@ -280,6 +280,36 @@ async fn missing_and_broken_modules_fail_with_the_reason() {
     );
 }
 
+/// A task names its module's path, so a module can be any file of the
+/// host: a file that does not compile must never be quoted in the error
+/// (the parser's message shows the offending line).
+#[tokio::test]
+async fn a_file_that_is_not_a_module_is_never_quoted() {
+    let dir = Dir::new();
+    for (name, text) in [
+        ("admin.wat", "s3cr3t-admin-token-value\nsecond line\n"),
+        ("admin.token", "s3cr3t-admin-token-value\n"),
+        (
+            "half.wat",
+            "(module (func (call $s3cr3t-admin-token-value)))",
+        ),
+    ] {
+        let r = go(&invocation(dir.write(name, text))).await;
+        let Ending::Failed(m) = &r.ending else {
+            panic!("{name}: {:?}", r.ending);
+        };
+        assert!(m.starts_with("the module does not compile"), "{name}: {m}");
+        assert!(!m.contains("s3cr3t"), "{name}: {m}");
+        assert!(!m.contains("second"), "{name}: {m}");
+    }
+    let r = go(&invocation(dir.write("bad.wat", "\n\n  (module (func"))).await;
+    assert!(
+        matches!(&r.ending, Ending::Failed(m) if m.contains("at line 3")),
+        "where it fails is still said: {:?}",
+        r.ending
+    );
+}
+
 #[tokio::test]
 async fn output_is_capped() {
     let dir = Dir::new();
