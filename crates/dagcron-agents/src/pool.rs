@@ -104,6 +104,10 @@ pub struct WorkerInfo {
 
 struct Agent {
     id: String,
+    /// The join token it presented (its id; empty for the shared token):
+    /// with `id`, who it is. Another agent that names itself the same with
+    /// another token is someone else.
+    principal: String,
     /// The only namespace whose attempts it takes (its join token's).
     namespace: Option<String>,
     labels: BTreeMap<String, String>,
@@ -142,9 +146,11 @@ impl Agent {
 /// An attempt handed to an agent.
 struct Inflight {
     session: u64,
-    /// The id of the agent it was given to: only that agent's sessions
-    /// may report on it (a reconnected session of the same agent may).
+    /// The id of the agent it was given to, and the join token that agent
+    /// presented: only that agent's sessions may report on it (a
+    /// reconnected session of the same agent, with the same token, may).
     agent: String,
+    principal: String,
     task: RemoteTask,
     accepted: bool,
     sent: Instant,
@@ -229,11 +235,13 @@ impl State {
                 self.waiting.push_front(&ns, &job, task);
                 break;
             };
-            // Increasing, for systems that reject a stale writer, but not
-            // by one: an agent cannot tell another's token from its own.
-            let mut step = [0u8; 2];
+            // Increasing, for systems that reject a stale writer, by a
+            // random step of up to 2^20: an agent cannot tell another's
+            // token from its own (and a message about an attempt is taken
+            // only from the agent it was given to, whatever its token).
+            let mut step = [0u8; 4];
             getrandom::fill(&mut step).expect("the operating system's random source");
-            self.next_token += 1 + i64::from(u16::from_le_bytes(step) % 1024);
+            self.next_token += 1 + i64::from(u32::from_le_bytes(step) % (1 << 20));
             let token = self.next_token;
             let agent = self.agents.get_mut(&session).expect("agent");
             let assignment = v1::Assignment {
@@ -283,11 +291,13 @@ impl State {
             outs.send(tx, at, server_message::Body::Assignment(assignment));
             agent.running += 1;
             let agent_id = agent.id.clone();
+            let principal = agent.principal.clone();
             self.inflight.insert(
                 token,
                 Inflight {
                     session,
                     agent: agent_id,
+                    principal,
                     task,
                     accepted: false,
                     sent: at.mono,
@@ -392,14 +402,14 @@ impl State {
         let Some(inflight) = state.inflight.get(&token) else {
             return true;
         };
-        let sender = state.agents.get(&session).map(|a| a.id.as_str());
-        if sender == Some(inflight.agent.as_str()) {
+        let sender = state.agents.get(&session);
+        if sender.is_some_and(|a| a.id == inflight.agent && a.principal == inflight.principal) {
             return true;
         }
         state.foreign_reports += 1;
         tracing::warn!(
             token,
-            sender = sender.unwrap_or("?"),
+            sender = sender.map_or("?", |a| a.id.as_str()),
             owner = %inflight.agent,
             "refused a message about an attempt given to another agent"
         );
@@ -465,6 +475,7 @@ impl State {
                 // session's; attempts this pool never gave (a server that is
                 // gone gave them, and they were lost with it) are stopped.
                 let agent_id = agent.id.clone();
+                let principal = agent.principal.clone();
                 let tx = agent.tx.clone();
                 for r in &h.running {
                     let Some(inflight) = state.inflight.get_mut(&r.fencing_token) else {
@@ -479,7 +490,7 @@ impl State {
                         }
                         continue;
                     };
-                    if inflight.agent != agent_id {
+                    if inflight.agent != agent_id || inflight.principal != principal {
                         // Another agent's attempt: not this one's to claim.
                         continue;
                     }
@@ -877,6 +888,7 @@ impl Agents for AgentPool {
                 session,
                 Agent {
                     id: hello.agent_id.clone(),
+                    principal: grant.token_id.clone(),
                     namespace: grant.namespace.clone(),
                     labels: hello
                         .labels
@@ -962,6 +974,7 @@ mod tests {
     fn agent(tx: Tx, at: Moment) -> Agent {
         Agent {
             id: "a1".into(),
+            principal: "join-1".into(),
             namespace: None,
             labels: BTreeMap::new(),
             capacity: 1,
@@ -1086,5 +1099,55 @@ mod tests {
         let labels = BTreeMap::new();
         assert!(pool.serves("team-a", &labels));
         assert!(!pool.serves("team-b", &labels));
+    }
+
+    /// An agent of another namespace's join token that names itself as the
+    /// agent an attempt was given to (same id) cannot report for it: its
+    /// result and its log are refused and counted, and the attempt stays
+    /// with its agent, whose own result is taken.
+    #[test]
+    fn regression_an_agent_with_another_token_cannot_report_for_an_attempt() {
+        let t0 = at(Instant::now(), "2026-12-01T00:00:00Z");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (forger_tx, _forger_rx) = mpsc::unbounded_channel();
+        let mut state = State::default();
+        let mut owner = agent(tx, t0);
+        owner.principal = "join-beta".into();
+        state.agents.insert(1, owner);
+        let mut forger = agent(forger_tx, t0);
+        forger.principal = "join-alpha".into();
+        forger.capacity = 0;
+        state.agents.insert(2, forger);
+        let reported = Arc::new(Mutex::new(None));
+        let r = reported.clone();
+        state
+            .waiting
+            .push_back("ns", "j", task(move |o, _| *r.lock().unwrap() = Some(o)));
+        let mut outs = Outs::default();
+        state.assign(t0, &mut outs);
+        outs.carry_out();
+        let Some(server_message::Body::Assignment(a)) = rx.try_recv().unwrap().unwrap().body else {
+            panic!("assigned to its agent");
+        };
+        let attempt = a.attempt.unwrap();
+        let result = |exit_code| v1::AgentMessage {
+            body: Some(agent_message::Body::Result(v1::Result {
+                attempt: Some(attempt.clone()),
+                exit_code,
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let mut outs = Outs::default();
+        state.on_message(2, result(Some(0)), t0, &mut outs);
+        outs.carry_out();
+        assert_eq!(state.foreign_reports, 1, "refused and counted");
+        assert!(reported.lock().unwrap().is_none(), "the attempt goes on");
+        assert_eq!(state.inflight.len(), 1);
+        let mut outs = Outs::default();
+        state.on_message(1, result(Some(3)), t0, &mut outs);
+        outs.carry_out();
+        let outcome = reported.lock().unwrap().take().expect("its agent's result");
+        assert_eq!(outcome.exit_code, Some(3));
     }
 }

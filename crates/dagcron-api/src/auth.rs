@@ -284,7 +284,7 @@ pub(crate) async fn authenticate<S: Store>(
         return next.run(req).await;
     }
     let path = req.uri().path().to_string();
-    let action = format!("{} {path}", req.method());
+    let action = format!("{} {}", req.method(), bounded(&path));
     let changes = !matches!(
         req.method(),
         &axum::http::Method::GET | &axum::http::Method::HEAD
@@ -295,20 +295,76 @@ pub(crate) async fn authenticate<S: Store>(
         .map(|c| c.0.to_string());
     let (principal, resp) = authenticated(&st, req, next).await;
     let status = resp.status();
-    if changes || status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-        audit(
-            &st,
-            principal.as_ref(),
-            action,
-            resp.extensions()
-                .get::<AuditNamespace>()
-                .map(|n| n.0.clone())
-                .or_else(|| namespace_of(&path)),
-            status,
-            address,
-        )
-        .await;
+    if status == StatusCode::UNAUTHORIZED
+        && let Some(retry) = st.quota.auth_failed(address.as_deref())
+    {
+        // Past its allowance of failures, a client gets a cheap answer
+        // and no audit row.
+        return too_many_failures(retry);
     }
+    if changes || status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+        // The namespace of the row is one the caller may name: a refused
+        // caller does not write rows into another tenant's audit.
+        let namespace = resp
+            .extensions()
+            .get::<AuditNamespace>()
+            .map(|n| n.0.clone())
+            .or_else(|| namespace_of(&path))
+            .filter(|ns| {
+                principal
+                    .as_ref()
+                    .is_some_and(|p| p.grant.namespace.as_ref().is_none_or(|own| own == ns))
+            });
+        audit(&st, principal.as_ref(), action, namespace, status, address).await;
+    }
+    resp
+}
+
+/// Records a refused sign-in of the web UI in the audit log, as a refused
+/// API call is; counted against the address's allowance of failures like
+/// one: `Some(seconds to wait)` when the address is past it (no row then).
+pub async fn refused_signin<S: Store>(st: &AppState<S>, address: Option<String>) -> Option<u64> {
+    if let Some(retry) = st.quota.auth_failed(address.as_deref()) {
+        return Some(retry);
+    }
+    audit(
+        st,
+        None,
+        "POST /signin".into(),
+        None,
+        StatusCode::UNAUTHORIZED,
+        address,
+    )
+    .await;
+    None
+}
+
+/// The longest path an audit row keeps, in bytes; a longer one is cut,
+/// with a marker.
+pub const MAX_AUDITED_PATH: usize = 512;
+
+/// `path`, cut to [`MAX_AUDITED_PATH`] bytes (on a character boundary).
+pub(crate) fn bounded(path: &str) -> String {
+    if path.len() <= MAX_AUDITED_PATH {
+        return path.to_string();
+    }
+    let mut end = MAX_AUDITED_PATH;
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…[{} more bytes]", &path[..end], path.len() - end)
+}
+
+/// The answer to a client past its allowance of failed authentications.
+fn too_many_failures(retry: u64) -> Response {
+    let mut resp = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+        format!("too many failed authentications from this address: try again in {retry} s"),
+    )
+    .into_response();
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from(retry));
     resp
 }
 

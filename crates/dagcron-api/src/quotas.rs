@@ -42,7 +42,16 @@ const MAX_RATE: u32 = 10_000;
 pub struct QuotaState {
     buckets: Mutex<HashMap<String, Bucket>>,
     refusals: Family<Vec<(&'static str, String)>, Counter>,
+    /// Failed authentications per client address (see [`QuotaState::auth_failed`]).
+    failures: Mutex<HashMap<String, Bucket>>,
+    /// Calls answered `429` for too many failed authentications.
+    rate_limited: Counter,
 }
+
+/// Failed authentications one client address may make at once...
+const AUTH_BURST: u32 = 200;
+/// ...and per second after that.
+const AUTH_RATE: u32 = 20;
 
 impl QuotaState {
     /// Registers `dagcron_quota_refusals_total`.
@@ -52,6 +61,37 @@ impl QuotaState {
             "Calls refused because they would pass a quota of their namespace",
             self.refusals.clone(),
         );
+        registry.register(
+            "dagcron_auth_rate_limited",
+            "Calls answered 429 because their address failed to authenticate too often",
+            self.rate_limited.clone(),
+        );
+    }
+
+    /// Counts a failed authentication from `address` (none: unknown, one
+    /// bucket for all such); `Some(seconds to wait)` when the address is
+    /// past its allowance ([`AUTH_BURST`] at once, [`AUTH_RATE`] a second),
+    /// and the call is then answered `429` without an audit row.
+    pub fn auth_failed(&self, address: Option<&str>) -> Option<u64> {
+        let ip = address
+            .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+            .map_or_else(|| "unknown".to_string(), |a| a.ip().to_string());
+        let now = Instant::now();
+        let mut failures = self.failures.lock().expect("auth limiter lock");
+        if failures.len() > 100_000 {
+            // Addresses come and go: a table this large starts over.
+            failures.clear();
+        }
+        let bucket = failures.entry(ip).or_insert(Bucket {
+            tokens: f64::from(AUTH_BURST),
+            at: now,
+        });
+        if take(bucket, AUTH_RATE, AUTH_BURST, now, 1) {
+            None
+        } else {
+            self.rate_limited.inc();
+            Some(1)
+        }
     }
 
     fn refused(&self, namespace: &str, quota: &'static str) {
@@ -72,11 +112,10 @@ struct Bucket {
 }
 
 /// Takes `n` tokens from `bucket` at `now` if it has them, refilled at
-/// `rate` per second since it was last seen (never above `rate`).
-fn take(bucket: &mut Bucket, rate: u32, now: Instant, n: u32) -> bool {
-    let rate = f64::from(rate);
+/// `rate` per second since it was last seen (never above `burst`).
+fn take(bucket: &mut Bucket, rate: u32, burst: u32, now: Instant, n: u32) -> bool {
     let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
-    bucket.tokens = (bucket.tokens + elapsed * rate).min(rate);
+    bucket.tokens = (bucket.tokens + elapsed * f64::from(rate)).min(f64::from(burst));
     bucket.at = now;
     if bucket.tokens >= f64::from(n) {
         bucket.tokens -= f64::from(n);
@@ -300,7 +339,7 @@ pub(crate) async fn check_trigger<S: Store>(
             tokens: f64::from(rate),
             at: now,
         });
-        if !take(bucket, rate, now, runs) {
+        if !take(bucket, rate, rate, now, runs) {
             let more = if runs > rate {
                 format!(
                     "; a trigger of {runs} runs can never pass it, send at most {rate} at a time"
@@ -330,18 +369,18 @@ mod tests {
             tokens: 2.0,
             at: t0,
         };
-        assert!(take(&mut b, 2, t0, 1));
-        assert!(take(&mut b, 2, t0, 1));
-        assert!(!take(&mut b, 2, t0, 1), "two a second");
-        assert!(!take(&mut b, 2, t0 + Duration::from_millis(400), 1));
+        assert!(take(&mut b, 2, 2, t0, 1));
+        assert!(take(&mut b, 2, 2, t0, 1));
+        assert!(!take(&mut b, 2, 2, t0, 1), "two a second");
+        assert!(!take(&mut b, 2, 2, t0 + Duration::from_millis(400), 1));
         assert!(
-            take(&mut b, 2, t0 + Duration::from_millis(500), 1),
+            take(&mut b, 2, 2, t0 + Duration::from_millis(500), 1),
             "refilled"
         );
         // A long pause refills to one second's worth, no more.
         let later = t0 + Duration::from_secs(60);
-        assert!(take(&mut b, 2, later, 1) && take(&mut b, 2, later, 1));
-        assert!(!take(&mut b, 2, later, 1));
+        assert!(take(&mut b, 2, 2, later, 1) && take(&mut b, 2, 2, later, 1));
+        assert!(!take(&mut b, 2, 2, later, 1));
     }
 
     #[test]
@@ -352,12 +391,15 @@ mod tests {
             at: t0,
         };
         assert!(
-            !take(&mut b, 5, t0, 6),
+            !take(&mut b, 5, 5, t0, 6),
             "more than a second's worth never passes"
         );
-        assert!(take(&mut b, 5, t0, 3));
-        assert!(!take(&mut b, 5, t0, 3), "two left");
-        assert!(take(&mut b, 5, t0, 2));
-        assert!(take(&mut b, 5, t0 + Duration::from_secs(1), 5), "refilled");
+        assert!(take(&mut b, 5, 5, t0, 3));
+        assert!(!take(&mut b, 5, 5, t0, 3), "two left");
+        assert!(take(&mut b, 5, 5, t0, 2));
+        assert!(
+            take(&mut b, 5, 5, t0 + Duration::from_secs(1), 5),
+            "refilled"
+        );
     }
 }

@@ -2205,6 +2205,59 @@ async fn read_only_refuses_changes_and_pausing_a_namespace_pauses_its_jobs() {
     assert_eq!(status_now["read_only"], false);
 }
 
+/// 1,000 unauthenticated calls with 60 KB paths under another tenant's
+/// namespace: each audit row keeps at most 512 bytes of the path (with a
+/// marker) and no namespace (the caller named one it may not); past the
+/// address's allowance of failures the calls get 429 with Retry-After and
+/// write nothing; a caller with a valid token is still served.
+#[tokio::test]
+async fn regression_refused_calls_cannot_flood_the_audit_log() {
+    let api = api().await;
+    let long = format!("/api/v1/namespaces/beta/jobs/{}", "x".repeat(60_000));
+    let mut limited = 0;
+    let mut refused = 0;
+    for _ in 0..1000 {
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(&long)
+            .body(Body::empty())
+            .unwrap();
+        let resp = api.app.clone().oneshot(req).await.unwrap();
+        match resp.status() {
+            StatusCode::UNAUTHORIZED => refused += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert_eq!(resp.headers()["retry-after"], "1");
+                limited += 1;
+            }
+            other => panic!("{other}"),
+        }
+    }
+    assert!(limited >= 700, "{limited} limited, {refused} refused");
+    let rows = api.store.list_audit(0, 1000, None).await.unwrap();
+    assert_eq!(rows.len(), refused, "a row per refusal, none per 429");
+    for row in &rows {
+        assert!(row.action.len() < 600, "{}", row.action.len());
+        assert!(row.action.contains("more bytes]"), "{}", &row.action[..80]);
+        assert_eq!(row.namespace, None);
+    }
+    let (status, _) = api.get("/api/v1/namespaces/beta/jobs").await;
+    assert_eq!(status, StatusCode::OK, "a valid token is still served");
+    // A scoped token refused on another namespace writes no row there.
+    let alpha = api.token_with(Role::Developer, Some("alpha")).await;
+    let (status, _) = api
+        .call_as(
+            Some(&alpha),
+            Method::PUT,
+            "/api/v1/namespaces/beta/jobs/j",
+            "application/json",
+            "{}",
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let rows = api.store.list_audit(0, 1000, Some("beta")).await.unwrap();
+    assert!(rows.is_empty(), "{rows:?}");
+}
+
 /// Execution policies per namespace, set by an instance admin: a file with
 /// a task the policy does not allow is refused whole (403, a problem per
 /// rule, naming the task), nothing of it applied; a bad policy is refused

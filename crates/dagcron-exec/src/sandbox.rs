@@ -141,6 +141,17 @@ pub fn enable(hidden: &[PathBuf], user: TaskUser) -> Result<(), String> {
     }
     covered.sort();
     covered.dedup();
+    // What lies inside a hidden directory is hidden with it (and could not
+    // be covered on its own: the directory's cover hides it first).
+    let dirs: Vec<PathBuf> = covered
+        .iter()
+        .filter(|(_, is_dir)| *is_dir)
+        .map(|(p, _)| PathBuf::from(std::ffi::OsStr::from_bytes(p.as_bytes())))
+        .collect();
+    covered.retain(|(p, _)| {
+        let p = Path::new(std::ffi::OsStr::from_bytes(p.as_bytes()));
+        !dirs.iter().any(|d| p != d && p.starts_with(d))
+    });
     let mut settings = Settings {
         hidden: covered,
         user,

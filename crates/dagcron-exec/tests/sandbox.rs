@@ -40,8 +40,13 @@ fn server() -> &'static Server {
         // Tasks run as an unprivileged user when the tests run as root.
         chmod(dir.path(), 0o755);
         chmod(&scratch, 0o777);
-        sandbox::enable(&[data.clone(), key.clone()], TaskUser::nobody())
-            .expect("the sandbox can be made on this machine");
+        // A key inside the data directory is hidden with it.
+        std::fs::write(data.join("server.key"), "server-key-of-the-server").unwrap();
+        sandbox::enable(
+            &[data.clone(), data.join("server.key"), key.clone()],
+            TaskUser::nobody(),
+        )
+        .expect("the sandbox can be made on this machine");
         Server {
             _dir: dir,
             data,
@@ -103,13 +108,14 @@ fn root() -> bool {
 async fn a_task_cannot_read_the_admin_token_or_the_master_key() {
     let s = server();
     let script = format!(
-        "cat {d}/admin.token; echo; ls -a {d}; cat {k}; echo; echo end",
+        "cat {d}/admin.token; echo; cat {d}/server.key; echo; ls -a {d}; cat {k}; echo; echo end",
         d = s.data.display(),
         k = s.key.display()
     );
     let (out, log) = go(&sh(&script), &ctx()).await;
     assert!(!log.contains("admin-token-of-the-server"), "{log}");
     assert!(!log.contains("master-key-of-the-server"), "{log}");
+    assert!(!log.contains("server-key-of-the-server"), "{log}");
     assert!(log.contains("end"), "the task ran: {log}");
     assert_eq!(out.ending, Ending::Succeeded, "{log}");
     // Nor can it write there.

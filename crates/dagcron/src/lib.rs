@@ -4,6 +4,7 @@
 //! `127.0.0.1:0`.
 
 #[cfg(feature = "otlp")]
+mod listen;
 mod otlp;
 pub mod serve;
 mod tls;

@@ -48,8 +48,19 @@ enum Command {
     Client(client::ClientCommand),
 }
 
+/// The variables that carry a secret of the server's or the agent's: read
+/// by the command line, then forgotten before any thread starts.
+const SECRET_VARIABLES: [&str; 3] = [
+    "DAGCRON_AGENT_TOKEN",
+    "DAGCRON_DATABASE_URL",
+    "DAGCRON_TOKEN",
+];
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Serve(_) | Command::Worker(_)) {
+        dagcron_exec::environ::forget(&SECRET_VARIABLES);
+    }
     let result = match cli.command {
         Command::Cron(cmd) => cron_cmd::run(cmd),
         Command::Dag(cmd) => dag_cmd::run(cmd),

@@ -6,10 +6,11 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{Killed, Server, join_token, setup, wait_process_gone};
+use common::{Killed, Server, attempt_pids, join_token, setup};
 use dagcron_test_pg::TestDatabase;
 use jiff::Timestamp;
 use nix::sys::signal::Signal;
@@ -567,13 +568,11 @@ fn attempts_overflow_to_a_node_with_room_and_survive_its_death() {
     cluster.wait_converged(2);
     let e1 = cluster.epoch_of(1);
     let marks = cluster.dir.path().join("marks");
-    let pids = cluster.dir.path().join("pids");
     std::fs::create_dir_all(&marks).unwrap();
-    std::fs::create_dir_all(&pids).unwrap();
+    std::fs::set_permissions(&marks, std::fs::Permissions::from_mode(0o777)).unwrap();
     cluster.apply(&format!(
-        "namespace: c\njobs:\n  - {{ name: stop, schedule: '0 0 0 1 1 *', tasks: [{{ id: a, shell: 'echo $$ > {1}/a; sleep 3; touch {0}/a' }}, {{ id: b, shell: 'echo $$ > {1}/b; sleep 3; touch {0}/b' }}] }}\n",
+        "namespace: c\njobs:\n  - {{ name: stop, schedule: '0 0 0 1 1 *', tasks: [{{ id: a, shell: 'sleep 3; touch {0}/a' }}, {{ id: b, shell: 'sleep 3; touch {0}/b' }}] }}\n",
         marks.display(),
-        pids.display()
     ));
     cluster.wait_converged(3);
     let id = cluster.node(0).trigger("stop");
@@ -590,7 +589,9 @@ fn attempts_overflow_to_a_node_with_room_and_survive_its_death() {
     cluster.node(0).wait_run(id, "cancelled");
     // Their processes are gone, and neither left its mark.
     for task in ["a", "b"] {
-        wait_process_gone(&pids.join(task));
+        wait_until("the task's processes are gone", || {
+            attempt_pids(id, task, 1).is_empty()
+        });
     }
     assert!(
         std::fs::read_dir(&marks).unwrap().next().is_none(),
@@ -911,9 +912,13 @@ fn regression_a_partitioned_node_kills_its_attempts_before_its_lease_ends() {
     cluster.start_via(0, &partition.url);
     cluster.start(1);
     let dir = cluster.dir.path().to_path_buf();
-    // Each attempt checks, as it starts, that the attempt before it is gone.
+    // The first attempt holds a lock on a file of its run while it runs
+    // (its processes hold it; it goes when they are gone); every later
+    // attempt checks, as it starts, that it can take the lock, that is,
+    // that the attempt before it is gone. (The tasks run in sandboxes of
+    // their own: they cannot see each other's processes, only files.)
     let script = format!(
-        "prev={d}/pid-$DAGCRON_RUN_ID-$((DAGCRON_ATTEMPT - 1)); if [ -f $prev ]; then s=$(cut -d\" \" -f3 /proc/$(cat $prev)/stat 2>/dev/null); if [ -n \"$s\" ] && [ \"$s\" != Z ]; then touch {d}/overlap-$DAGCRON_RUN_ID; fi; fi; echo $$ > {d}/pid-$DAGCRON_RUN_ID-$DAGCRON_ATTEMPT; if [ $DAGCRON_ATTEMPT -eq 1 ]; then sleep 60; fi",
+        "lock={d}/lock-$DAGCRON_RUN_ID; if [ $DAGCRON_ATTEMPT -eq 1 ]; then exec 9>$lock; flock 9; touch {d}/started-$DAGCRON_RUN_ID; sleep 60; elif ! flock -n $lock true; then touch {d}/overlap-$DAGCRON_RUN_ID; fi",
         d = dir.display()
     );
     let (yaml, jobs) = every_second(20, "q");
@@ -927,8 +932,8 @@ fn regression_a_partitioned_node_kills_its_attempts_before_its_lease_ends() {
     // Six attempts running on the node about to be cut off.
     let runs: Vec<i64> = (0..6).map(|_| cluster.node(0).trigger("work")).collect();
     for run in &runs {
-        let pid = dir.join(format!("pid-{run}-1"));
-        wait_until("the first attempt runs", || pid.exists());
+        let started = dir.join(format!("started-{run}"));
+        wait_until("the first attempt runs", || started.exists());
     }
     partition.cut();
     // A request that makes the cut-off node wait on its database while its

@@ -335,6 +335,9 @@ fn a_run_s_trace_reaches_its_tasks_and_the_receiver() {
     );
     let out = dir.path().join("out");
     std::fs::create_dir(&out).unwrap();
+    // The server's shell tasks write here as an unprivileged user.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o777)).unwrap();
     // Task b runs on a remote agent.
     let token = join_token(&server, None, None);
     let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();

@@ -39,6 +39,7 @@ mod recovery;
 mod run_loop;
 mod runs;
 mod shared;
+mod shares;
 mod spans;
 mod timers;
 
@@ -642,7 +643,9 @@ struct Finished {
 /// slot, so never wait behind the pool's queue).
 #[derive(Default)]
 struct ReadyQueues {
-    local: VecDeque<(RunId, usize)>,
+    /// Taken in turn across namespaces: a namespace with a backlog cannot
+    /// keep another's next task out of the pool.
+    local: shares::Shares<(RunId, usize)>,
     remote: VecDeque<(RunId, usize)>,
     free: VecDeque<(RunId, usize)>,
 }
@@ -650,7 +653,7 @@ struct ReadyQueues {
 impl ReadyQueues {
     fn push(&mut self, job: &Job, run: RunId, task: usize) {
         match Lane::of(&job.tasks[task]) {
-            Lane::Pool => self.local.push_back((run, task)),
+            Lane::Pool => self.local.push_back(&job.namespace, (run, task)),
             Lane::Agents => self.remote.push_back((run, task)),
             Lane::Free => self.free.push_back((run, task)),
         }

@@ -1,13 +1,15 @@
 //! Signing in with an API token, and out.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 
 use askama::Template;
+use axum::Extension;
 use axum::Form;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
-use dagcron_api::auth::{TokenRefused, principal_of};
+use dagcron_api::auth::{TokenRefused, principal_of, refused_signin};
 use dagcron_store::Store;
 use jiff::Timestamp;
 
@@ -36,6 +38,7 @@ pub(crate) fn form(status: StatusCode, error: Option<&str>) -> Response {
 /// `POST /signin`: checks the token as the API does, then opens a session.
 pub(crate) async fn signin<S: Store>(
     State(ui): State<Ui<S>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
@@ -63,10 +66,21 @@ pub(crate) async fn signin<S: Store>(
             }
             resp
         }
-        Err(TokenRefused::Unauthenticated(m)) => form(
-            StatusCode::UNAUTHORIZED,
-            Some(&format!("Not signed in: {m}.")),
-        ),
+        Err(TokenRefused::Unauthenticated(m)) => {
+            let address = peer.map(|Extension(ConnectInfo(a))| a.to_string());
+            match refused_signin(&ui.st, address).await {
+                None => form(
+                    StatusCode::UNAUTHORIZED,
+                    Some(&format!("Not signed in: {m}.")),
+                ),
+                Some(retry) => form(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    Some(&format!(
+                        "Too many failed sign-ins from this address: try again in {retry} s."
+                    )),
+                ),
+            }
+        }
         Err(TokenRefused::Store(e)) => error_page(StatusCode::SERVICE_UNAVAILABLE, &e.message),
     }
 }

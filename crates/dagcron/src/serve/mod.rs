@@ -350,11 +350,13 @@ async fn serve_metrics<S: Store>(
         .with_context(|| format!("listening for metrics on {at}"))?;
     tracing::info!("metrics on http://{at}/metrics");
     let app = dagcron_api::metrics_router(state);
-    tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
-    });
+    tokio::spawn(crate::listen::serve(
+        listener,
+        app,
+        None,
+        shutdown,
+        crate::listen::Limits::default(),
+    ));
     Ok(())
 }
 
@@ -393,17 +395,11 @@ async fn serve_api<S: Store>(
     let grpc = tonic::service::Routes::new(agents.service()).into_axum_router();
     // The web UI answers its own paths and hands the rest to the API.
     let app = dagcron_api::with_grpc(dagcron_ui::with_ui(state.clone(), router(state)), grpc);
-    if let Some(config) = tls {
-        return Ok(tokio::spawn(crate::tls::serve(
-            listener, app, config, shutdown,
-        )));
-    }
-    Ok(tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-    }))
+    Ok(tokio::spawn(crate::listen::serve(
+        listener,
+        app,
+        tls,
+        shutdown,
+        crate::listen::Limits::default(),
+    )))
 }

@@ -489,6 +489,10 @@ pub fn setup() -> (tempfile::TempDir, PathBuf) {
     // The HTTP client's TLS uses rustls with the ring provider.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
+    // The server's shell tasks run as an unprivileged user when the tests
+    // run as root: the files they write here must be theirs to write.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let data = dir.path().join("data");
     (dir, data)
 }
@@ -496,6 +500,8 @@ pub fn setup() -> (tempfile::TempDir, PathBuf) {
 /// Waits (bounded) until the process whose id a task wrote to `pid_file`
 /// has ended (nothing to wait for if the task never started): a cancelled
 /// task's shell is gone, so nothing it would have done later can happen.
+/// (A task on an agent knows its id; one the server runs in its sandbox
+/// does not: see [`attempt_pid`].)
 pub fn wait_process_gone(pid_file: &Path) {
     let Some(pid) = std::fs::read_to_string(pid_file)
         .ok()
@@ -503,6 +509,43 @@ pub fn wait_process_gone(pid_file: &Path) {
     else {
         return;
     };
+    wait_gone(pid, &pid_file.display().to_string());
+}
+
+/// The process id, as this machine sees it, of the first process of an
+/// attempt a server runs in its sandbox (where the task sees itself as
+/// PID 1): the process whose environment names the run, the task and the
+/// attempt. Waits for it, bounded.
+pub fn attempt_pid(run: i64, task: &str, attempt: u32) -> u32 {
+    let mut found = None;
+    wait_until("the attempt's process runs", || {
+        found = attempt_pids(run, task, attempt).into_iter().min();
+        found.is_some()
+    });
+    found.unwrap()
+}
+
+/// The processes of an attempt (see [`attempt_pid`]) running now.
+pub fn attempt_pids(run: i64, task: &str, attempt: u32) -> Vec<u32> {
+    let wanted = [
+        format!("DAGCRON_RUN_ID={run}"),
+        format!("DAGCRON_TASK_ID={task}"),
+        format!("DAGCRON_ATTEMPT={attempt}"),
+    ];
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let vars: Vec<&[u8]> = env.split(|b| *b == 0).collect();
+            wanted.iter().all(|w| vars.contains(&w.as_bytes()))
+        })
+        .collect()
+}
+
+/// Waits (bounded) until process `pid` has ended (or is a zombie its
+/// parent has not reaped yet).
+pub fn wait_gone(pid: u32, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     // Gone, or a zombie its parent has not reaped yet.
     while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
@@ -512,8 +555,7 @@ pub fn wait_process_gone(pid_file: &Path) {
     }) {
         assert!(
             Instant::now() < deadline,
-            "process {pid} of {} still runs",
-            pid_file.display()
+            "process {pid} of {what} still runs"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
