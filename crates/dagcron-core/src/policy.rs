@@ -88,17 +88,21 @@ pub enum FireOutcome {
     /// Declined because as many runs of the job were waiting as it allows
     /// (`max_pending_runs`): the backlog.
     SkippedBacklog,
+    /// Declined because the job's namespace had made as many scheduled
+    /// fires this second as its quota allows (see [`FireBucket`]).
+    SkippedQuota,
 }
 
 impl FireOutcome {
     /// Every outcome.
-    pub const ALL: [FireOutcome; 6] = [
+    pub const ALL: [FireOutcome; 7] = [
         FireOutcome::Fired,
         FireOutcome::SkippedOverlap,
         FireOutcome::MissedCaughtUp,
         FireOutcome::MissedSkipped,
         FireOutcome::Suppressed,
         FireOutcome::SkippedBacklog,
+        FireOutcome::SkippedQuota,
     ];
 
     /// The stored name.
@@ -110,12 +114,49 @@ impl FireOutcome {
             FireOutcome::MissedSkipped => "missed_skipped",
             FireOutcome::Suppressed => "suppressed",
             FireOutcome::SkippedBacklog => "skipped_backlog",
+            FireOutcome::SkippedQuota => "skipped_quota",
         }
     }
 
     /// Parses a stored name.
     pub fn parse(s: &str) -> Option<FireOutcome> {
         FireOutcome::ALL.into_iter().find(|o| o.as_str() == s)
+    }
+}
+
+/// A namespace's allowance of scheduled fires: a token bucket that holds
+/// at most one second's worth, refilled at the quota's rate. A fire that
+/// finds it empty makes no run and is recorded `skipped_quota`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FireBucket {
+    tokens: f64,
+    at: Timestamp,
+}
+
+impl FireBucket {
+    /// A full bucket for `rate` fires a second.
+    pub fn full(rate: u32, now: Timestamp) -> FireBucket {
+        FireBucket {
+            tokens: f64::from(rate),
+            at: now,
+        }
+    }
+
+    /// Takes one fire at `now` if there is one left, after refilling at
+    /// `rate` a second since the bucket was last seen (an instant before
+    /// that refills nothing).
+    pub fn take(&mut self, rate: u32, now: Timestamp) -> bool {
+        let elapsed = now.duration_since(self.at).as_secs_f64().max(0.0);
+        self.tokens = (self.tokens + elapsed * f64::from(rate)).min(f64::from(rate));
+        if now > self.at {
+            self.at = now;
+        }
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
     }
 }
 
@@ -169,6 +210,26 @@ pub fn run_outcome(tasks: &[TaskState]) -> Option<RunState> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// 8,760 seconds of a namespace firing 600 jobs every second against a
+    /// quota of 100 a second, simulated: exactly 100 fires pass each second;
+    /// a pause of ten years after refills one second's worth, no more.
+    #[test]
+    fn the_fire_quota_lets_its_rate_through_each_second() {
+        let t0: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let mut bucket = FireBucket::full(100, t0);
+        for second in 0..8760 {
+            let at = t0 + jiff::SignedDuration::from_secs(second);
+            let passed = (0..600).filter(|_| bucket.take(100, at)).count();
+            assert_eq!(passed, 100, "second {second}");
+        }
+        let later = t0 + jiff::SignedDuration::from_secs(10 * 365 * 24 * 3600);
+        let passed = (0..600).filter(|_| bucket.take(100, later)).count();
+        assert_eq!(passed, 100, "a long pause refills one second's worth");
+        // A clock that steps back refills nothing.
+        let earlier = later - jiff::SignedDuration::from_secs(5);
+        assert!(!bucket.take(100, earlier));
+    }
 
     #[test]
     fn the_file_decides_pause_only_when_new_or_when_its_paused_changed() {

@@ -1818,6 +1818,71 @@ async fn an_anchored_every_schedule_fires_from_its_anchor() {
     h.stop().await;
 }
 
+/// A namespace's scheduled fires per second are bounded on a node
+/// (`max_fires_per_namespace`): beyond the quota a fire makes no run and
+/// is recorded `skipped_quota`; another namespace's fires are not counted
+/// against it, and manual triggers are not scheduled fires.
+#[tokio::test]
+async fn a_namespace_past_its_fire_quota_skips_fires_and_another_does_not() {
+    let config = EngineConfig {
+        misfire_grace: LONG_GRACE,
+        max_fires_per_namespace: Some(2),
+        ..EngineConfig::default()
+    };
+    let h = fresh_with("2026-01-01T00:00:00Z", config).await;
+    let noisy: String = (0..5)
+        .map(|i| {
+            format!(
+                "  - {{ name: n{i}, schedule: '* * * * * *', tasks: [{{ id: a, noop: true }}] }}\n"
+            )
+        })
+        .collect();
+    h.apply(&format!("namespace: t\njobs:\n{noisy}")).await;
+    h.apply("namespace: u\njobs:\n  - { name: quiet, schedule: '* * * * * *', tasks: [{ id: a, noop: true }] }\n")
+        .await;
+    for _ in 0..3 {
+        h.clock.advance(SignedDuration::from_secs(1));
+    }
+    let all = |ns: &'static str, jobs: Vec<String>| {
+        let store = h.store.clone();
+        async move {
+            let mut out = Vec::new();
+            for job in jobs {
+                out.extend(
+                    store
+                        .list_fires(ns, &job, Timestamp::UNIX_EPOCH, Timestamp::MAX, 1000)
+                        .await
+                        .unwrap(),
+                );
+            }
+            out
+        }
+    };
+    let names: Vec<String> = (0..5).map(|i| format!("n{i}")).collect();
+    h.until("every fire of three seconds recorded", async |_| {
+        all("t", names.clone()).await.len() == 15 && all("u", vec!["quiet".into()]).await.len() == 3
+    })
+    .await;
+    let noisy = all("t", names.clone()).await;
+    let count = |o: FireOutcome| noisy.iter().filter(|f| f.outcome == o).count();
+    assert_eq!(count(FireOutcome::Fired), 6, "two a second");
+    assert_eq!(count(FireOutcome::SkippedQuota), 9);
+    assert!(
+        noisy
+            .iter()
+            .filter(|f| f.outcome == FireOutcome::SkippedQuota)
+            .all(|f| f.run_id.is_none())
+    );
+    let quiet = all("u", vec!["quiet".into()]).await;
+    assert_eq!(
+        outcomes_of(&quiet),
+        [FireOutcome::Fired; 3],
+        "not counted against t's quota"
+    );
+    h.handle.trigger("t", "n0", BTreeMap::new()).await.unwrap();
+    h.stop().await;
+}
+
 /// Backpressure: a job's waiting runs are bounded (`max_pending_runs`): a
 /// fire beyond it makes no run and is recorded `skipped_backlog`, a manual
 /// trigger is refused as busy; past the ready backlog of the server,

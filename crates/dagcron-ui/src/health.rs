@@ -107,6 +107,10 @@ fn explain(f: &FireRecord, started: &HashMap<RunId, Timestamp>) -> (&'static str
             "skipped_backlog",
             "skipped: as many runs were waiting as max_pending_runs allows".into(),
         ),
+        FireOutcome::SkippedQuota => (
+            "skipped_quota",
+            "skipped: the namespace had made as many scheduled fires that second as its quota allows".into(),
+        ),
         FireOutcome::MissedCaughtUp => (
             "missed_caught_up",
             "missed while the server was down or the job paused, then run by the misfire policy".into(),

@@ -794,3 +794,28 @@ fn the_trace_context_goes_with_the_task_to_its_agent() {
         format!("{traceparent} congo=t61rcWkgMzE\n")
     );
 }
+
+/// A server asked to stop while an agent's stream was dead (the agent's
+/// network gone, its connection open without a FIN) was still running
+/// minutes later: the HTTP server's graceful shutdown waited for every
+/// connection to close. A stopped agent (SIGSTOP) holds its connection
+/// the same way; the server must stop within its grace and the close grace.
+#[test]
+fn regression_a_dead_agent_stream_does_not_keep_a_server_from_stopping() {
+    let (dir, data) = setup();
+    let mut server = Server::start(&data, &["--shutdown-grace", "1"]);
+    server.namespace = "a".into();
+    let root = dir.path().join("agents");
+    let agent = Agent::start(&server, &root, "frozen", "zone=x", 1);
+    let pid = Pid::from_raw(agent.child.id() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let started = Instant::now();
+    let status = server.signal(Signal::SIGTERM);
+    let took = started.elapsed();
+    kill(pid, Signal::SIGCONT).unwrap();
+    assert!(status.success(), "{status}");
+    assert!(
+        took < Duration::from_secs(20),
+        "the server took {took:?} to stop"
+    );
+}

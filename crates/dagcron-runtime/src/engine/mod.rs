@@ -106,6 +106,9 @@ pub struct EngineConfig {
     /// Where the execution policies of namespaces come from; none: every
     /// executor is allowed (an engine without tenants, as in tests).
     pub policies: Option<PolicySource>,
+    /// Scheduled fires one namespace may make per second on this node;
+    /// the rest are recorded `skipped_quota` (none: no limit).
+    pub max_fires_per_namespace: Option<u32>,
 }
 
 /// What looking up a policy answers: the namespace's policy, or why not.
@@ -326,6 +329,7 @@ impl Default for EngineConfig {
             remote: None,
             secrets: None,
             policies: None,
+            max_fires_per_namespace: None,
         }
     }
 }
@@ -691,6 +695,9 @@ pub struct Engine<S: Store> {
     /// The instant whose fires were last warmed up ([`Engine::warm_up`]).
     warmed: Option<Timestamp>,
     ready: ReadyQueues,
+    /// Each namespace's allowance of scheduled fires this second
+    /// ([`EngineConfig::max_fires_per_namespace`]).
+    fire_quota: HashMap<String, policy::FireBucket>,
     /// Attempts in this process's pool (at most `pool_size`).
     running: usize,
     /// Room of the pool held for attempts being claimed from the cluster.

@@ -24,6 +24,7 @@ impl<S: Store> Engine<S> {
             warmed: None,
             timers: timers::TimerQueue::default(),
             ready: ReadyQueues::default(),
+            fire_quota: HashMap::new(),
             running: 0,
             claiming: 0,
             remote_running: 0,

@@ -34,6 +34,20 @@ impl<S: Store> Engine<S> {
                 at: now,
             });
         }
+        if trigger == Trigger::Schedule
+            && let Some(rate) = self.config.max_fires_per_namespace
+        {
+            // Counted by the instants fired: a second's fires handled late
+            // still count against that second.
+            let bucket = self
+                .fire_quota
+                .entry(key.0.clone())
+                .or_insert_with(|| policy::FireBucket::full(rate, at));
+            if !bucket.take(rate, at) {
+                self.record_fire(key, at, FireOutcome::SkippedQuota, None);
+                return;
+            }
+        }
         let decision = self.overlap(key, job);
         if decision == FireDecision::Skip {
             self.record_fire(key, at, FireOutcome::SkippedOverlap, None);

@@ -282,7 +282,11 @@ async fn job_rows<S: Store>(
                 strip,
                 strip_label,
                 missed: count(&[FireOutcome::MissedCaughtUp, FireOutcome::MissedSkipped]),
-                skipped: count(&[FireOutcome::SkippedOverlap, FireOutcome::SkippedBacklog]),
+                skipped: count(&[
+                    FireOutcome::SkippedOverlap,
+                    FireOutcome::SkippedBacklog,
+                    FireOutcome::SkippedQuota,
+                ]),
                 suppressed: count(&[FireOutcome::Suppressed]),
                 seen: fires.len(),
                 more: fires.len() == FIRES_24H as usize,

@@ -84,6 +84,11 @@ pub struct ServeArgs {
     /// and backfills get 429 (scheduled fires go on) [default: 10000].
     #[arg(long, env = "DAGCRON_MAX_READY_BACKLOG")]
     max_ready_backlog: Option<usize>,
+    /// Scheduled fires one namespace may make per second on this node; the
+    /// rest make no run and are recorded `skipped_quota` (0: no limit)
+    /// [default: 2000].
+    #[arg(long, env = "DAGCRON_MAX_FIRES_PER_NAMESPACE")]
+    max_fires_per_namespace: Option<u32>,
     /// The server key that API tokens are hashed under (32 bytes) [default:
     /// DATA_DIR/server.key, created on the first start; required in a
     /// cluster, the same file on every node: `dagcron tokens bootstrap` makes one].
@@ -137,6 +142,7 @@ struct FileConfig {
     shutdown_grace: Option<u64>,
     max_body_bytes: Option<usize>,
     max_ready_backlog: Option<usize>,
+    max_fires_per_namespace: Option<u32>,
     key_file: Option<PathBuf>,
     master_key_file: Option<PathBuf>,
     tls_cert: Option<PathBuf>,
@@ -162,6 +168,8 @@ pub struct Config {
     pub(super) shutdown_grace: Duration,
     pub(super) max_body_bytes: usize,
     pub(super) max_ready_backlog: usize,
+    /// Scheduled fires per second and namespace on this node (none: no limit).
+    pub(super) max_fires_per_namespace: Option<u32>,
     pub(super) agents: PoolConfig,
     pub(super) tls: Option<Arc<rustls::ServerConfig>>,
     pass_env: Vec<String>,
@@ -291,6 +299,12 @@ impl ServeArgs {
                 .max_ready_backlog
                 .or(file.max_ready_backlog)
                 .unwrap_or(10_000),
+            max_fires_per_namespace: Some(
+                self.max_fires_per_namespace
+                    .or(file.max_fires_per_namespace)
+                    .unwrap_or(2000),
+            )
+            .filter(|n| *n > 0),
             max_body_bytes: self
                 .max_body_bytes
                 .or(file.max_body_bytes)

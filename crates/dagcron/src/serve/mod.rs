@@ -153,6 +153,7 @@ impl<S: Store> Node<S> {
             tracing: traced,
             pool_size: config.pool_size,
             max_ready_backlog: config.max_ready_backlog,
+            max_fires_per_namespace: config.max_fires_per_namespace,
             misfire_grace: config.misfire_grace,
             remote: Some(RemoteWorkers(Arc::new(agents.clone()))),
             secrets: Some(SecretSource(Arc::new(StoredSecrets {
