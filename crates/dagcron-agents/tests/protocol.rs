@@ -282,6 +282,19 @@ async fn hand_agent(
     tokio::sync::mpsc::Sender<v1::AgentMessage>,
     tonic::Streaming<v1::ServerMessage>,
 ) {
+    hand_agent_with(addr, id, role, "").await
+}
+
+/// [`hand_agent`] presenting the join token `token`.
+async fn hand_agent_with(
+    addr: SocketAddr,
+    id: &str,
+    role: &str,
+    token: &str,
+) -> (
+    tokio::sync::mpsc::Sender<v1::AgentMessage>,
+    tonic::Streaming<v1::ServerMessage>,
+) {
     let mut client = loop {
         match AgentsClient::connect(format!("http://{addr}")).await {
             Ok(c) => break c,
@@ -296,6 +309,7 @@ async fn hand_agent(
             capacity: 1,
             protocol_version: 1,
             labels: [("role".to_string(), role.to_string())].into(),
+            token: token.into(),
             ..Default::default()
         })),
     })
@@ -394,6 +408,71 @@ async fn regression_a_forged_result_from_another_agent_is_refused() {
     assert_eq!(String::from_utf8_lossy(&outcome.log), "real output");
     assert_eq!(pool.foreign_reports(), 1);
     assert_eq!(pool.stale_results(), 0, "the real result was not refused");
+    stop.cancel();
+}
+
+/// An agent with another namespace's join token that gave the id of the
+/// agent an attempt was assigned to forged that attempt's result over
+/// gRPC: results were matched on the id the client chose. An agent is now
+/// its join token plus its name: the forgery is refused and counted, and
+/// the real agent's result is taken.
+#[tokio::test]
+async fn regression_an_agent_of_another_join_token_under_the_same_name_cannot_report() {
+    let pool = AgentPool::new(PoolConfig::default());
+    pool.set_authenticate(std::sync::Arc::new(|token: String| {
+        Box::pin(async move {
+            let (id, namespace) = match token.as_str() {
+                "join-of-ns" => ("tok-ns", "ns"),
+                "join-of-alpha" => ("tok-alpha", "alpha"),
+                _ => return Err("unknown join token".to_string()),
+            };
+            Ok(dagcron_agents::AgentGrant {
+                token_id: id.into(),
+                namespace: Some(namespace.into()),
+                labels: None,
+            })
+        })
+    }));
+    let addr = free_addr();
+    let stop = CancellationToken::new();
+    serve(&pool, addr, stop.clone()).await;
+    let (owner_tx, mut owner) = hand_agent_with(addr, "edge-1", "worker", "join-of-ns").await;
+    let (forger_tx, _forger) = hand_agent_with(addr, "edge-1", "worker", "join-of-alpha").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while pool.workers().len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "agents did not connect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The task is of namespace `ns`: only the agent of its join token takes it.
+    let (attempt, mut outcome) = assigned_to_worker(&pool, &mut owner).await;
+    forger_tx
+        .send(result_of(attempt.clone(), b"forged output"))
+        .await
+        .unwrap();
+    while pool.foreign_reports() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the forgery was not refused"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        outcome.try_recv().is_err(),
+        "the forged result ended the attempt"
+    );
+    owner_tx
+        .send(result_of(attempt, b"real output"))
+        .await
+        .unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(20), outcome)
+        .await
+        .expect("the real result arrives")
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&outcome.log), "real output");
+    assert_eq!(pool.foreign_reports(), 1);
     stop.cancel();
 }
 

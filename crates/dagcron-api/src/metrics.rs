@@ -162,6 +162,12 @@ fn counter(registry: &mut Registry, name: &str, help: &str, value: u64) {
 /// The gauges of this moment.
 async fn current<S: Store>(state: &AppState<S>) -> Registry {
     let mut r = Registry::default();
+    counter(
+        &mut r,
+        "dagcron_sandbox_refusals",
+        "Shell attempts that failed because the kernel could not make their sandbox",
+        dagcron_exec::sandbox::refusals(),
+    );
     let build = gauges(&mut r, "dagcron_build_info", "The running version", None);
     build
         .get_or_create(&vec![("version", env!("CARGO_PKG_VERSION").to_string())])

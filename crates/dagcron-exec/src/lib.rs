@@ -340,6 +340,19 @@ pub struct Outcome {
     pub start_error_us: Option<i64>,
 }
 
+impl Outcome {
+    /// An attempt that failed before its work started, saying why.
+    pub fn not_started(error: String) -> Outcome {
+        Outcome {
+            ending: Ending::Failed(Failure::Error(error.clone())),
+            exit_code: None,
+            error: Some(error),
+            log: vec![],
+            start_error_us: None,
+        }
+    }
+}
+
 /// Runs one attempt of `executor`.
 pub async fn run(
     executor: &Executor,

@@ -65,17 +65,6 @@ async fn pump(mut from: impl AsyncRead + Unpin, log: Arc<Mutex<CappedLog>>, live
     }
 }
 
-/// An attempt that failed before its process started.
-fn not_started(error: String) -> Outcome {
-    Outcome {
-        ending: Ending::Failed(Failure::Error(error.clone())),
-        exit_code: None,
-        error: Some(error),
-        log: vec![],
-        start_error_us: None,
-    }
-}
-
 pub(crate) async fn run(
     cmd: &ShellCommand,
     ctx: &AttemptContext,
@@ -112,7 +101,7 @@ pub(crate) async fn run(
             EnvValue::Secret { secret } => match ctx.secrets.0.get(secret) {
                 Some(value) => value.clone(),
                 None => {
-                    return not_started(format!(
+                    return Outcome::not_started(format!(
                         "the secret {secret} of variable {k} was not given to this attempt"
                     ));
                 }
@@ -127,14 +116,14 @@ pub(crate) async fn run(
     let run_as = match ctx.policy.as_ref().and_then(|p| p.run_as.as_deref()) {
         Some(name) if sandbox::enabled() => match sandbox::TaskUser::lookup(name) {
             Ok(user) => Some(user),
-            Err(e) => return not_started(format!("the namespace's policy: {e}")),
+            Err(e) => return Outcome::not_started(format!("the namespace's policy: {e}")),
         },
         _ => None,
     };
     match sandbox::prepare(run_as) {
         None => {}
         Some(Ok(prepared)) => prepared.install(&mut command),
-        Some(Err(why)) => return not_started(why),
+        Some(Err(why)) => return Outcome::not_started(why),
     }
     let mark = tree::new_mark();
     command
@@ -156,7 +145,7 @@ pub(crate) async fn run(
         Ok(c) => c,
         Err(e) if sandbox::enabled() && !matches!(e.kind(), std::io::ErrorKind::NotFound) => {
             sandbox::refused();
-            return not_started(format!(
+            return Outcome::not_started(format!(
                 "the task's sandbox could not be made ({e}); the task was not run"
             ));
         }
@@ -168,7 +157,7 @@ pub(crate) async fn run(
                 ),
                 _ => format!("could not start {:?}: {e}", cmd.command),
             };
-            return not_started(error);
+            return Outcome::not_started(error);
         }
     };
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));

@@ -193,16 +193,9 @@ impl<S: Store> Engine<S> {
                 outcome.start_error_us = start_error_us;
                 outcome
             });
-            let outcome = work.await.unwrap_or_else(|e| {
-                let error = format!("the executor failed: {e}");
-                Outcome {
-                    ending: Ending::Failed(Failure::Error(error.clone())),
-                    exit_code: None,
-                    error: Some(error),
-                    log: vec![],
-                    start_error_us: None,
-                }
-            });
+            let outcome = work
+                .await
+                .unwrap_or_else(|e| failed(format!("the executor failed: {e}")));
             finish(outcome, None);
         });
     }

@@ -206,13 +206,7 @@ async fn resolve_secrets(
 }
 
 fn failed(error: String) -> Outcome {
-    Outcome {
-        ending: Ending::Failed(Failure::Error(error.clone())),
-        exit_code: None,
-        error: Some(error),
-        log: vec![],
-        start_error_us: None,
-    }
+    Outcome::not_started(error)
 }
 
 /// How an attempt's end counts for its run.

@@ -1,12 +1,13 @@
-//! `dagcron admin ...`: the instance's read-only mode, the quotas and the
-//! retention of a namespace, and pruning.
+//! `dagcron admin ...`: the instance's read-only mode, the quotas, the
+//! execution policy and the retention of a namespace, and pruning.
 
 use std::io::{self, Write};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Subcommand, ValueEnum};
 use dagcron_api::wire::{
-    PruneAnswer, PruneBody, Quotas, ReadOnlyAnswer, ReadOnlyBody, RetentionAnswer, RetentionBody,
+    Policy, PruneAnswer, PruneBody, Quotas, ReadOnlyAnswer, ReadOnlyBody, RetentionAnswer,
+    RetentionBody,
 };
 use dagcron_core::Dur;
 
@@ -45,6 +46,21 @@ pub(crate) enum AdminCommand {
         /// Remove every quota of the namespace first.
         #[arg(long)]
         clear: bool,
+    },
+    /// The execution policy of a namespace: what its jobs' code may do
+    /// (executors, WebAssembly directories and variables, http
+    /// destinations, the user of shell tasks); with `--file`, replaces it
+    /// (an instance admin).
+    Policy {
+        /// Namespace.
+        namespace: String,
+        /// A policy, whole, as YAML or JSON (`shell: agents`,
+        /// `http_allow: [10.0.0.0/8]`, ...; a field left out takes its default).
+        #[arg(long)]
+        file: Option<std::path::PathBuf>,
+        /// Back to the instance's default policy.
+        #[arg(long, conflicts_with = "file")]
+        default: bool,
     },
     /// The retention of a namespace; with flags, changes what is named (an
     /// instance admin), keeping the other.
@@ -103,6 +119,44 @@ impl Show for PruneAnswer {
             )?;
         }
         Ok(())
+    }
+}
+
+impl Show for Policy {
+    fn text(&self, out: &mut dyn Write) -> io::Result<()> {
+        let list = |v: &[String]| {
+            if v.is_empty() {
+                "none".to_string()
+            } else {
+                v.join(", ")
+            }
+        };
+        let shell = match self.shell {
+            dagcron_api::wire::ShellPlace::Server => "on the server (sandboxed) and on agents",
+            dagcron_api::wire::ShellPlace::Agents => "on agents only",
+            dagcron_api::wire::ShellPlace::None => "not allowed",
+        };
+        writeln!(out, "shell            {shell}")?;
+        writeln!(
+            out,
+            "http             {}",
+            if self.http { "allowed" } else { "not allowed" }
+        )?;
+        writeln!(
+            out,
+            "wasm             {}",
+            if self.wasm { "allowed" } else { "not allowed" }
+        )?;
+        writeln!(out, "wasm_modules     {}", list(&self.wasm_modules))?;
+        writeln!(out, "wasm_dirs        {}", list(&self.wasm_dirs))?;
+        writeln!(out, "wasm_write_dirs  {}", list(&self.wasm_write_dirs))?;
+        writeln!(out, "wasm_env         {}", list(&self.wasm_env))?;
+        writeln!(out, "http_allow       {}", list(&self.http_allow))?;
+        writeln!(
+            out,
+            "run_as           {}",
+            self.run_as.as_deref().unwrap_or("nobody (the default)")
+        )
     }
 }
 
@@ -194,6 +248,24 @@ pub(crate) async fn run(c: &Client, cmd: AdminCommand, out: &mut Output) -> Resu
                 max_triggers_per_second: max_triggers_per_second.or(base.max_triggers_per_second),
             };
             out.show(&c.put::<Quotas>(&path, &wanted).await?)
+        }
+        AdminCommand::Policy {
+            namespace,
+            file,
+            default,
+        } => {
+            let path = format!("/api/v1/namespaces/{namespace}/policy");
+            let wanted: Policy = match (file, default) {
+                (Some(file), _) => {
+                    let text = std::fs::read_to_string(&file)
+                        .with_context(|| format!("reading the policy file {}", file.display()))?;
+                    serde_saphyr::from_str(&text)
+                        .map_err(|e| anyhow::anyhow!("the policy file {}: {e}", file.display()))?
+                }
+                (None, true) => serde_json::from_str("{}").expect("the default policy"),
+                (None, false) => return out.show(&c.get::<Policy>(&path).await?),
+            };
+            out.show(&c.put::<Policy>(&path, &wanted).await?)
         }
         AdminCommand::Retention {
             namespace,
