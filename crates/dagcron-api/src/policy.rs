@@ -63,6 +63,7 @@ fn to_wire(p: ExecPolicy) -> Policy {
         wasm_env: p.wasm_env,
         http_allow: p.http_allow,
         run_as: p.run_as,
+        weight: p.weight,
     }
 }
 
@@ -81,6 +82,7 @@ fn from_wire(p: Policy) -> ExecPolicy {
         wasm_env: p.wasm_env,
         http_allow: p.http_allow,
         run_as: p.run_as,
+        weight: p.weight,
     }
 }
 
@@ -118,7 +120,7 @@ pub(crate) async fn put_policy<S: Store>(
     crate::quotas::may_set(&who, &ns)?;
     let wire: Policy = crate::operations::object(&body).map_err(|e| {
         ApiError::bad_request(format!(
-            "expected a policy object (shell, http, wasm, wasm_modules, wasm_dirs, wasm_write_dirs, wasm_env, http_allow, run_as): {e}"
+            "expected a policy object (shell, http, wasm, wasm_modules, wasm_dirs, wasm_write_dirs, wasm_env, http_allow, run_as, weight): {e}"
         ))
     })?;
     let policy = from_wire(wire);
@@ -204,6 +206,14 @@ impl<S> StoredPolicies<S> {
 }
 
 impl<S: Store> dagcron_runtime::Policies for StoredPolicies<S> {
+    fn weight(&self, namespace: &str) -> u32 {
+        self.cache
+            .lock()
+            .expect("policy cache")
+            .get(namespace)
+            .map_or(1, |(p, _)| p.weight)
+    }
+
     fn policy<'a>(&'a self, namespace: &'a str) -> dagcron_runtime::PolicyLookup<'a> {
         Box::pin(async move {
             let now = Instant::now();

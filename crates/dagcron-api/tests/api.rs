@@ -2286,6 +2286,8 @@ async fn an_execution_policy_refuses_the_tasks_it_does_not_allow() {
         r#"{"wasm_dirs": ["/a/../etc"]}"#,
         r#"{"http_allow": ["10.0.0.0/99"]}"#,
         r#"{"shell": "everywhere"}"#,
+        r#"{"weight": 0}"#,
+        r#"{"weight": 101}"#,
         r#"{"nope": 1}"#,
         r#"[]"#,
     ] {

@@ -67,6 +67,18 @@ pub struct ExecPolicy {
     /// running as root; none: the server's default (`nobody`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_as: Option<String>,
+    /// The namespace's share of a server's pool while several namespaces
+    /// wait for it: it takes up to this many slots in its turn (1 to
+    /// [`MAX_WEIGHT`]).
+    #[serde(default = "one")]
+    pub weight: u32,
+}
+
+/// The largest weight of a namespace.
+pub const MAX_WEIGHT: u32 = 100;
+
+fn one() -> u32 {
+    1
 }
 
 fn yes() -> bool {
@@ -93,6 +105,7 @@ impl Default for ExecPolicy {
             wasm_env: vec![],
             http_allow: vec![],
             run_as: None,
+            weight: 1,
         }
     }
 }
@@ -148,6 +161,12 @@ impl ExecPolicy {
             && (user.is_empty() || user.len() > 64 || user.contains(['\0', '/']))
         {
             out.push(("run_as".into(), format!("{user:?} is not a user name")));
+        }
+        if !(1..=MAX_WEIGHT).contains(&self.weight) {
+            out.push((
+                "weight".into(),
+                format!("{} is not a weight from 1 to {MAX_WEIGHT}", self.weight),
+            ));
         }
         let lists = [
             ("wasm_modules", self.wasm_modules.len()),

@@ -117,6 +117,15 @@ pub struct Policy {
     /// server running as root; none: `nobody`.
     #[serde(default)]
     pub run_as: Option<String>,
+    /// The namespace's share of a server's pool while several namespaces
+    /// wait for it: up to this many slots in its turn.
+    #[serde(default = "one")]
+    #[schema(default = 1, minimum = 1, maximum = 100)]
+    pub weight: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 fn yes() -> bool {

@@ -243,7 +243,9 @@ impl<S: Store> Engine<S> {
                 Placement::Cluster => false,
                 Placement::Wait => break,
             };
-            let Some((id, i)) = self.ready.local.pop_front() else {
+            let policies = &self.config.policies;
+            let weight = |ns: &str| policies.as_ref().map_or(1, |p| p.0.weight(ns));
+            let Some((id, i)) = self.ready.local.pop_front(weight) else {
                 break;
             };
             self.dispatch_task(id, i, here);

@@ -124,6 +124,13 @@ pub type PolicyLookup<'a> = std::pin::Pin<
 pub trait Policies: Send + Sync + 'static {
     /// The policy of `namespace`.
     fn policy<'a>(&'a self, namespace: &'a str) -> PolicyLookup<'a>;
+    /// The weight of `namespace` in the pool's turns, as last read (1 if
+    /// its policy was not read yet); asked in the engine's loop, so it
+    /// must answer at once.
+    fn weight(&self, namespace: &str) -> u32 {
+        let _ = namespace;
+        1
+    }
 }
 
 /// The engine's link to the execution policies.

@@ -1,16 +1,19 @@
-//! The pool's ready queue: a queue per namespace, taken in turn, so that
-//! a namespace with a backlog cannot keep another's next task out of the
-//! pool.
+//! The pool's ready queue: a queue per namespace, taken in turn (each
+//! namespace up to its weight a turn), so that a namespace with a backlog
+//! cannot keep another's next task out of the pool.
 
 use std::collections::{HashMap, VecDeque};
 
 /// A queue per namespace, taken in turn (first in, first out within a
-/// namespace): the pool's slots are shared between namespaces, each with
-/// an equal share while several wait.
+/// namespace): while several namespaces wait, the pool's slots are shared
+/// between them by weight (a namespace of weight 3 takes up to three items
+/// in its turn).
 pub(super) struct Shares<T> {
     queues: HashMap<String, VecDeque<T>>,
     /// The namespaces with something waiting, the next one to take from first.
     turn: VecDeque<String>,
+    /// Items taken from the namespace at the front in its current turn.
+    taken: u32,
     len: usize,
 }
 
@@ -19,6 +22,7 @@ impl<T> Default for Shares<T> {
         Shares {
             queues: HashMap::new(),
             turn: VecDeque::new(),
+            taken: 0,
             len: 0,
         }
     }
@@ -37,18 +41,24 @@ impl<T> Shares<T> {
         self.len += 1;
     }
 
-    /// The first item of the namespace whose turn it is; that namespace
-    /// goes to the back of the turn.
-    pub(super) fn pop_front(&mut self) -> Option<T> {
-        let namespace = self.turn.pop_front()?;
-        let queue = self.queues.get_mut(&namespace).expect("a queue per turn");
+    /// The first item of the namespace whose turn it is; once it has taken
+    /// `weight(namespace)` items in this turn (or has none left), the turn
+    /// passes to the next namespace.
+    pub(super) fn pop_front(&mut self, weight: impl Fn(&str) -> u32) -> Option<T> {
+        let namespace = self.turn.front()?;
+        let queue = self.queues.get_mut(namespace).expect("a queue per turn");
         let item = queue.pop_front().expect("a queue in turn is not empty");
-        if queue.is_empty() {
-            self.queues.remove(&namespace);
-        } else {
-            self.turn.push_back(namespace);
-        }
+        self.taken += 1;
         self.len -= 1;
+        if queue.is_empty() {
+            let namespace = self.turn.pop_front().expect("its turn");
+            self.queues.remove(&namespace);
+            self.taken = 0;
+        } else if self.taken >= weight(namespace).max(1) {
+            let namespace = self.turn.pop_front().expect("its turn");
+            self.turn.push_back(namespace);
+            self.taken = 0;
+        }
         Some(item)
     }
 
@@ -71,13 +81,13 @@ mod tests {
         }
         q.push_back("beta", ("beta", 0));
         assert_eq!(q.len(), 601);
-        assert_eq!(q.pop_front(), Some(("alpha", 0)));
-        assert_eq!(q.pop_front(), Some(("beta", 0)));
-        let rest: Vec<_> = std::iter::from_fn(|| q.pop_front()).collect();
+        assert_eq!(q.pop_front(|_| 1), Some(("alpha", 0)));
+        assert_eq!(q.pop_front(|_| 1), Some(("beta", 0)));
+        let rest: Vec<_> = std::iter::from_fn(|| q.pop_front(|_| 1)).collect();
         assert_eq!(rest.len(), 599);
         assert!(rest.windows(2).all(|w| w[0].1 < w[1].1), "in order");
         assert_eq!(q.len(), 0);
-        assert_eq!(q.pop_front(), None);
+        assert_eq!(q.pop_front(|_| 1), None);
     }
 
     /// Three namespaces waiting take the pool in turn.
@@ -89,9 +99,27 @@ mod tests {
                 q.push_back(ns, (ns, i));
             }
         }
-        let order: Vec<&str> = std::iter::from_fn(|| q.pop_front())
+        let order: Vec<&str> = std::iter::from_fn(|| q.pop_front(|_| 1))
             .map(|(ns, _)| ns)
             .collect();
         assert_eq!(order, ["a", "b", "c", "a", "b", "c", "a", "b", "c"]);
+    }
+
+    /// By weight: `a` of weight 3 takes three slots to `b`'s one while
+    /// both wait; then `b` alone takes what is left.
+    #[test]
+    fn namespaces_take_turns_by_weight() {
+        let mut q = Shares::default();
+        for i in 0..6 {
+            q.push_back("a", ("a", i));
+        }
+        for i in 0..4 {
+            q.push_back("b", ("b", i));
+        }
+        let weight = |ns: &str| if ns == "a" { 3 } else { 1 };
+        let order: String = std::iter::from_fn(|| q.pop_front(weight))
+            .map(|(ns, _)| ns)
+            .collect();
+        assert_eq!(order, "aaabaaabbb");
     }
 }

@@ -156,7 +156,8 @@ impl Show for Policy {
             out,
             "run_as           {}",
             self.run_as.as_deref().unwrap_or("nobody (the default)")
-        )
+        )?;
+        writeln!(out, "weight           {}", self.weight)
     }
 }
 
