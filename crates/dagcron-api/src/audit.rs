@@ -8,7 +8,7 @@ use dagcron_store::Store;
 use serde::Deserialize;
 
 use crate::auth::Principal;
-use crate::wire::{AuditAnswer, AuditPage, Errors};
+use crate::wire::{AuditAnswer, AuditCheckpoint, AuditPage, Errors};
 use crate::{ApiError, AppState};
 
 /// Which rows.
@@ -56,8 +56,10 @@ pub(crate) async fn list_audit<S: Store>(
     let next = (rows.len() == limit as usize)
         .then(|| rows.last().map(|r| r.seq))
         .flatten();
+    let checkpoint = st.store.audit_checkpoint().await?;
     Ok(Json(AuditPage {
         items: rows.iter().map(AuditAnswer::from).collect(),
         next,
+        checkpoint: checkpoint.as_ref().map(AuditCheckpoint::new),
     }))
 }

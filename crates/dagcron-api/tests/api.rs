@@ -2258,6 +2258,36 @@ async fn regression_refused_calls_cannot_flood_the_audit_log() {
     assert!(rows.is_empty(), "{rows:?}");
 }
 
+/// Retention cuts the audit log's oldest rows: the page answers the
+/// checkpoint, and the rows left verify from it (and not without it).
+#[tokio::test]
+async fn the_audit_log_cut_by_retention_verifies_from_its_checkpoint() {
+    let api = api().await;
+    for i in 0..5 {
+        let (status, _) = api
+            .post(&format!("/api/v1/namespaces/a/jobs/j{i}/pause"), "")
+            .await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+    }
+    let (_, page) = api.get("/api/v1/audit").await;
+    assert_eq!(page["checkpoint"], Value::Null);
+    let rows = api.store.list_audit(0, 100, None).await.unwrap();
+    assert_eq!(rows.len(), 5);
+    let gone = api.store.prune_audit(rows[3].at).await.unwrap();
+    assert_eq!(gone, 3);
+    let (_, page) = api.get("/api/v1/audit").await;
+    let page: dagcron_api::wire::AuditPage = serde_json::from_value(page).unwrap();
+    let checkpoint = page.checkpoint.unwrap().stored().unwrap();
+    assert_eq!(checkpoint, (rows[2].seq, rows[2].hash.clone()));
+    let left: Vec<_> = page.items.iter().map(|r| r.entry().unwrap()).collect();
+    assert_eq!(left.len(), 2, "the two newest kept");
+    assert_eq!(
+        dagcron_store::verify_audit(&left, Some(&checkpoint)),
+        Ok(())
+    );
+    assert!(dagcron_store::verify_audit(&left, None).is_err());
+}
+
 /// Execution policies per namespace, set by an instance admin: a file with
 /// a task the policy does not allow is refused whole (403, a problem per
 /// rule, naming the task), nothing of it applied; a bad policy is refused

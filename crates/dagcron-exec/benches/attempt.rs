@@ -6,7 +6,8 @@
 //! output pipes and its reaping), instantiation, output capture.
 //!
 //! Run: `cargo bench -p dagcron-exec --features wasm --bench attempt`
-//! (`DAGCRON_BENCH_ROUNDS` sets the number of rounds, default 2000).
+//! (`DAGCRON_BENCH_ROUNDS` sets the number of rounds, default 2000;
+//! `DAGCRON_BENCH_SANDBOX=1` runs the shell attempts in the server's sandbox).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -82,6 +83,22 @@ fn main() {
         env: BTreeMap::new(),
         cwd: None,
     });
+    // With DAGCRON_BENCH_SANDBOX=1 the shell attempts run in the server's
+    // sandbox (as `dagcron serve` runs them); run the benchmark with and
+    // without it to see what the sandbox costs.
+    let sandboxed = std::env::var("DAGCRON_BENCH_SANDBOX").is_ok_and(|v| v == "1");
+    if sandboxed {
+        dagcron_exec::sandbox::enable(
+            &[dir.path().to_path_buf()],
+            dagcron_exec::sandbox::TaskUser::nobody(),
+        )
+        .expect("the sandbox of shell tasks");
+    }
+    let shell_name = if sandboxed {
+        "shell `true` (sandboxed)"
+    } else {
+        "shell `true`"
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -108,7 +125,7 @@ fn main() {
         );
         println!("| task | p50 | p90 | p99 |");
         println!("|---|---|---|---|");
-        for (name, v) in [("wasm (cached module)", &w), ("shell `true`", &s)] {
+        for (name, v) in [("wasm (cached module)", &w), (shell_name, &s)] {
             println!(
                 "| {name} | {:.0} µs | {:.0} µs | {:.0} µs |",
                 us(percentile(v, 0.5)),

@@ -56,6 +56,9 @@ pub struct PruneConfig {
     pub first: Duration,
     /// The time between the end of a pass and the start of the next.
     pub interval: Duration,
+    /// Audit rows older than this are pruned at each pass, the log's
+    /// checkpoint kept so that the rest still verifies (none: kept forever).
+    pub audit_max_age: Option<Duration>,
 }
 
 impl Default for PruneConfig {
@@ -65,6 +68,7 @@ impl Default for PruneConfig {
             pause: Duration::from_millis(20),
             first: Duration::from_secs(60),
             interval: Duration::from_secs(600),
+            audit_max_age: None,
         }
     }
 }
@@ -160,11 +164,28 @@ impl<S: Store> Pruner<S> {
                 Ok(_) => {}
                 Err(e) => tracing::warn!("pruning failed, to be tried again: {e}"),
             }
+            match self.prune_audit().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(rows = n, "pruned the audit log"),
+                Err(e) => tracing::warn!("pruning the audit log failed, to be tried again: {e}"),
+            }
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(self.config.interval) => {}
             }
         }
+    }
+
+    /// Deletes the audit rows older than the retention of the audit log
+    /// ([`PruneConfig::audit_max_age`]; none: nothing), keeping its
+    /// checkpoint (see `Store::prune_audit`); how many rows went.
+    pub async fn prune_audit(&self) -> Result<u64, StorageError> {
+        let Some(age) = self.config.audit_max_age else {
+            return Ok(0);
+        };
+        let age = jiff::SignedDuration::try_from(age).unwrap_or(jiff::SignedDuration::MAX);
+        let before = self.clock.now().checked_sub(age).unwrap_or(Timestamp::MIN);
+        self.store.prune_audit(before).await
     }
 
     /// [`Pruner::pass`] to its end (a call of the API).

@@ -2311,6 +2311,59 @@ fn pruner_at(
     )
 }
 
+/// The audit log's retention: rows older than its age go when the pruner
+/// asks, by the pruner's clock; without an age nothing goes.
+#[tokio::test]
+async fn the_pruner_cuts_the_audit_log_by_its_age() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open(&dir.path().join("db")).await.unwrap());
+    let start: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+    for day in 0..10 {
+        let e = dagcron_store::AuditEntry {
+            seq: 0,
+            at: start + SignedDuration::from_hours(24 * day),
+            principal: None,
+            principal_name: None,
+            action: format!("POST /day/{day}"),
+            namespace: None,
+            outcome: 200,
+            address: None,
+            prev_hash: vec![],
+            hash: vec![],
+        };
+        store.append_audit(e).await.unwrap();
+    }
+    let metrics = dagcron_runtime::PruneMetrics::default();
+    let now = start + SignedDuration::from_hours(24 * 10);
+    assert_eq!(
+        pruner_at(&store, now, &metrics)
+            .prune_audit()
+            .await
+            .unwrap(),
+        0
+    );
+    let keeping = |days: u64| {
+        dagcron_runtime::Pruner::new(
+            store.clone(),
+            Arc::new(ManualClock::new(now)),
+            dagcron_runtime::PruneConfig {
+                audit_max_age: Some(Duration::from_secs(days * 86_400)),
+                ..Default::default()
+            },
+            metrics.clone(),
+        )
+    };
+    assert_eq!(keeping(3).prune_audit().await.unwrap(), 7, "days 0 to 6 go");
+    let left = store.list_audit(0, 100, None).await.unwrap();
+    assert_eq!(left.len(), 3);
+    let checkpoint = store.audit_checkpoint().await.unwrap().unwrap();
+    assert_eq!(
+        dagcron_store::verify_audit(&left, Some(&checkpoint)),
+        Ok(())
+    );
+    assert_eq!(keeping(3).prune_audit().await.unwrap(), 0, "nothing more");
+}
+
 /// Pruning by a policy that keeps nothing by count leaves a job's newest
 /// fire and its run: after a restart, recovery resumes from that fire, so
 /// no pruned fire happens again, and the next fire comes on time. The

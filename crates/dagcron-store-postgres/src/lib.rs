@@ -1053,6 +1053,41 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn prune_audit(&self, before: Timestamp) -> Result<u64> {
+        let before = before.as_microsecond();
+        transaction!(self, fenced = false, |conn| {
+            // The chain's lock: no append comes between the cut and its checkpoint.
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('dagcron audit', 0))")
+                .execute(&mut *conn)
+                .await?;
+            let cut: Option<(i64, Vec<u8>)> = sqlx::query_as(
+                "SELECT seq, hash FROM audit WHERE seq = (SELECT max(seq) FROM audit
+                   WHERE at < $1 AND seq < (SELECT max(seq) FROM audit))",
+            )
+            .bind(before)
+            .fetch_optional(&mut *conn)
+            .await?;
+            let Some((seq, hash)) = cut else {
+                return Ok(0);
+            };
+            let gone = sqlx::query("DELETE FROM audit WHERE seq <= $1")
+                .bind(seq)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            sqlx::query(
+                "INSERT INTO settings (key, value, updated_at) VALUES ($1, $2, $3)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+            )
+            .bind(dagcron_store::AUDIT_CHECKPOINT)
+            .bind(dagcron_store::checkpoint_text(seq, &hash))
+            .bind(before)
+            .execute(&mut *conn)
+            .await?;
+            Ok(gone)
+        })
+    }
+
     async fn count_secrets(&self) -> Result<u64> {
         let n: i64 = sqlx::query_scalar("SELECT count(*) FROM secrets")
             .fetch_one(&self.pool)

@@ -823,6 +823,38 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    async fn prune_audit(&self, before: Timestamp) -> Result<u64> {
+        use rusqlite::OptionalExtension;
+        let before = before.as_microsecond();
+        // The writer thread serializes it with the appends.
+        self.writer
+            .transaction(move |tx| {
+                let cut: Option<(i64, Vec<u8>)> = tx
+                    .query_row(
+                        "SELECT seq, hash FROM audit WHERE seq = (SELECT max(seq) FROM audit
+                           WHERE at < ?1 AND seq < (SELECT max(seq) FROM audit))",
+                        rusqlite::params![before],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()?;
+                let Some((seq, hash)) = cut else {
+                    return Ok(0);
+                };
+                let gone = tx.execute("DELETE FROM audit WHERE seq <= ?1", rusqlite::params![seq])?;
+                tx.execute(
+                    "INSERT INTO settings (key, value, updated_at) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+                    rusqlite::params![
+                        dagcron_store::AUDIT_CHECKPOINT,
+                        dagcron_store::checkpoint_text(seq, &hash),
+                        before
+                    ],
+                )?;
+                Ok(gone as u64)
+            })
+            .await
+    }
+
     async fn list_audit(
         &self,
         after: i64,

@@ -1084,6 +1084,26 @@ pub trait Store: Send + Sync + 'static {
         namespace: Option<&str>,
     ) -> impl Future<Output = Result<Vec<AuditEntry>>> + Send;
 
+    /// Deletes the audit rows written before `before`, always keeping the
+    /// newest row (the next append chains after it), and keeps the position
+    /// and hash of the last row deleted as the log's checkpoint
+    /// ([`AUDIT_CHECKPOINT`]), in the same transaction: what is left still
+    /// verifies from there. Returns how many rows went.
+    fn prune_audit(&self, before: Timestamp) -> impl Future<Output = Result<u64>> + Send;
+    /// Where the audit log was last cut: the position and hash of the last
+    /// row pruned; none if it never was.
+    fn audit_checkpoint(&self) -> impl Future<Output = Result<Option<(i64, Vec<u8>)>>> + Send {
+        async {
+            let text = self.get_setting(AUDIT_CHECKPOINT).await?;
+            text.map(|t| {
+                parse_checkpoint(&t).ok_or_else(|| {
+                    StorageError::Corrupt(format!("the audit log's checkpoint {t:?} does not read"))
+                })
+            })
+            .transpose()
+        }
+    }
+
     /// The largest run id ever stored (ids keep increasing across restarts).
     fn max_run_id(&self) -> impl Future<Output = Result<RunId>> + Send;
     /// Asks the node that runs `run` to cancel it; `false` if no other node
@@ -1233,15 +1253,44 @@ impl AuditEntry {
     }
 }
 
+/// The setting that holds where the audit log was last cut (see
+/// [`Store::prune_audit`]), as written by [`checkpoint_text`].
+pub const AUDIT_CHECKPOINT: &str = "audit/checkpoint";
+
+/// A checkpoint as it is stored: the position, a space, the hash in hex.
+pub fn checkpoint_text(seq: i64, hash: &[u8]) -> String {
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{seq} {hex}")
+}
+
+/// Reads back [`checkpoint_text`].
+pub fn parse_checkpoint(text: &str) -> Option<(i64, Vec<u8>)> {
+    let (seq, hex) = text.split_once(' ')?;
+    if hex.len() % 2 != 0 || !hex.is_ascii() {
+        return None;
+    }
+    let hash = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    Some((seq.parse().ok()?, hash))
+}
+
 /// Checks a whole audit log, oldest first: every row's hash matches its
 /// fields, each names the hash of the row before, and no position is
-/// missing. Returns the first broken row's position and what is wrong.
-pub fn verify_audit(rows: &[AuditEntry]) -> std::result::Result<(), (i64, String)> {
+/// missing; the first row follows `checkpoint` (where the log was last
+/// cut: its last pruned row) or, without one, is the first row ever.
+/// Returns the first broken row's position and what is wrong.
+pub fn verify_audit(
+    rows: &[AuditEntry],
+    checkpoint: Option<&(i64, Vec<u8>)>,
+) -> std::result::Result<(), (i64, String)> {
     let mut prev: Option<&AuditEntry> = None;
     for row in rows {
-        let (want_seq, want_prev) = match prev {
-            None => (1, vec![0; 32]),
-            Some(p) => (p.seq + 1, p.hash.clone()),
+        let (want_seq, want_prev) = match (prev, checkpoint) {
+            (None, None) => (1, vec![0; 32]),
+            (None, Some((seq, hash))) => (seq + 1, hash.clone()),
+            (Some(p), _) => (p.seq + 1, p.hash.clone()),
         };
         if row.seq != want_seq {
             return Err((
@@ -1291,24 +1340,34 @@ mod audit_tests {
     #[test]
     fn a_changed_deleted_or_reordered_row_is_found() {
         let rows = log(5);
-        assert_eq!(verify_audit(&rows), Ok(()));
+        assert_eq!(verify_audit(&rows, None), Ok(()));
         let mut changed = rows.clone();
         changed[2].outcome = 200;
-        assert_eq!(verify_audit(&changed).unwrap_err().0, 3);
+        assert_eq!(verify_audit(&changed, None).unwrap_err().0, 3);
         let mut deleted = rows.clone();
         deleted.remove(1);
-        assert_eq!(verify_audit(&deleted).unwrap_err().0, 2);
+        assert_eq!(verify_audit(&deleted, None).unwrap_err().0, 2);
         let mut rehashed = rows.clone();
         rehashed[2].outcome = 200;
         rehashed[2].hash = rehashed[2].expected_hash();
         assert_eq!(
-            verify_audit(&rehashed).unwrap_err().0,
+            verify_audit(&rehashed, None).unwrap_err().0,
             4,
             "the next row no longer follows"
         );
-        let mut swapped = rows;
+        let mut swapped = rows.clone();
         swapped.swap(1, 2);
-        assert!(verify_audit(&swapped).is_err());
+        assert!(verify_audit(&swapped, None).is_err());
+        // Cut after row 2: the rest verifies from the checkpoint, and only
+        // from it; a row deleted past the cut is found.
+        let cut = (rows[1].seq, rows[1].hash.clone());
+        assert_eq!(verify_audit(&rows[2..], Some(&cut)), Ok(()));
+        assert_eq!(verify_audit(&rows[2..], None).unwrap_err().0, 1);
+        assert_eq!(verify_audit(&rows[3..], Some(&cut)).unwrap_err().0, 3);
+        let text = checkpoint_text(cut.0, &cut.1);
+        assert_eq!(parse_checkpoint(&text), Some(cut));
+        assert_eq!(parse_checkpoint("7 abc"), None);
+        assert_eq!(parse_checkpoint("x 00"), None);
     }
 }
 

@@ -85,4 +85,32 @@ pub struct AuditPage {
     pub items: Vec<AuditAnswer>,
     /// Pass as `after` for the next page; none on the last one.
     pub next: Option<i64>,
+    /// Where retention last cut the log: the first row kept follows this
+    /// one (none: the log was never cut).
+    #[serde(default)]
+    pub checkpoint: Option<AuditCheckpoint>,
+}
+
+/// The position and hash of the last audit row that retention deleted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct AuditCheckpoint {
+    /// Its position.
+    pub seq: i64,
+    /// Its hash, in hex.
+    pub hash: String,
+}
+
+impl AuditCheckpoint {
+    /// From the store's `(position, hash)`.
+    pub fn new((seq, hash): &(i64, Vec<u8>)) -> AuditCheckpoint {
+        AuditCheckpoint {
+            seq: *seq,
+            hash: hex(hash),
+        }
+    }
+
+    /// Back to `(position, hash)`; none if the hash is not hex.
+    pub fn stored(&self) -> Option<(i64, Vec<u8>)> {
+        Some((self.seq, unhex(&self.hash)?))
+    }
 }

@@ -19,7 +19,7 @@ mod versions;
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoResponses, ToSchema};
 
-pub use audit::{AuditAnswer, AuditPage};
+pub use audit::{AuditAnswer, AuditCheckpoint, AuditPage};
 pub use cluster::{
     ClusterAnswer, HealthAnswer, NodeAnswer, NodeStatus, ReadyAnswer, ReadyCheck, WorkerAnswer,
     WorkersAnswer, WriteCounts,
@@ -112,8 +112,9 @@ pub(crate) enum Errors {
     /// The body is larger than the server's `max_body_bytes`.
     #[response(status = 413)]
     TooLarge(#[to_schema] ErrorBody),
-    /// Too much work waits (the ready backlog, or a job's pending runs):
-    /// try again after `Retry-After` seconds.
+    /// Too much work waits (the ready backlog, or a job's pending runs),
+    /// a quota is reached, or the caller's address failed to authenticate
+    /// too often: try again after `Retry-After` seconds.
     #[response(status = 429)]
     TooMany(#[to_schema] ErrorBody),
     /// The store is unavailable or the server is shutting down.

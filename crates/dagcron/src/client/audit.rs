@@ -47,6 +47,7 @@ pub(super) async fn run(
 ) -> Result<ExitCode> {
     let mut rows = Vec::new();
     let mut after = 0;
+    let mut checkpoint = None;
     loop {
         let ns = namespace
             .as_ref()
@@ -56,6 +57,9 @@ pub(super) async fn run(
             .get(&format!("/api/v1/audit?limit=1000&after={after}{ns}"))
             .await?;
         rows.extend(page.items);
+        if after == 0 {
+            checkpoint = page.checkpoint;
+        }
         match page.next {
             Some(next) => after = next,
             None => break,
@@ -74,14 +78,28 @@ pub(super) async fn run(
         entries.len() == rows.len(),
         "the server answered a hash that is not hex"
     );
-    Ok(match dagcron_store::verify_audit(&entries) {
-        Ok(()) => {
-            out.say(format_args!("{} rows, chain intact", entries.len()))?;
-            ExitCode::SUCCESS
-        }
-        Err((seq, why)) => {
-            out.say(format_args!("the audit log is broken at row {seq}: {why}"))?;
-            ExitCode::FAILURE
-        }
-    })
+    let checkpoint = match checkpoint {
+        None => None,
+        Some(c) => Some(c.stored().ok_or_else(|| {
+            anyhow::anyhow!("the server answered a checkpoint hash that is not hex")
+        })?),
+    };
+    Ok(
+        match dagcron_store::verify_audit(&entries, checkpoint.as_ref()) {
+            Ok(()) => {
+                match &checkpoint {
+                None => out.say(format_args!("{} rows, chain intact", entries.len()))?,
+                Some((seq, _)) => out.say(format_args!(
+                    "{} rows, chain intact from the checkpoint after row {seq} (retention cut the rows before)",
+                    entries.len()
+                ))?,
+            }
+                ExitCode::SUCCESS
+            }
+            Err((seq, why)) => {
+                out.say(format_args!("the audit log is broken at row {seq}: {why}"))?;
+                ExitCode::FAILURE
+            }
+        },
+    )
 }

@@ -89,6 +89,11 @@ pub struct ServeArgs {
     /// [default: 2000].
     #[arg(long, env = "DAGCRON_MAX_FIRES_PER_NAMESPACE")]
     max_fires_per_namespace: Option<u32>,
+    /// Days the audit log keeps its rows; older rows are pruned, and the
+    /// log's checkpoint keeps the rest verifiable (0: keep every row)
+    /// [default: 365].
+    #[arg(long, env = "DAGCRON_AUDIT_RETENTION_DAYS")]
+    audit_retention_days: Option<u64>,
     /// The server key that API tokens are hashed under (32 bytes) [default:
     /// DATA_DIR/server.key, created on the first start; required in a
     /// cluster, the same file on every node: `dagcron tokens bootstrap` makes one].
@@ -143,6 +148,7 @@ struct FileConfig {
     max_body_bytes: Option<usize>,
     max_ready_backlog: Option<usize>,
     max_fires_per_namespace: Option<u32>,
+    audit_retention_days: Option<u64>,
     key_file: Option<PathBuf>,
     master_key_file: Option<PathBuf>,
     tls_cert: Option<PathBuf>,
@@ -170,6 +176,8 @@ pub struct Config {
     pub(super) max_ready_backlog: usize,
     /// Scheduled fires per second and namespace on this node (none: no limit).
     pub(super) max_fires_per_namespace: Option<u32>,
+    /// How long audit rows are kept (none: forever).
+    pub(super) audit_retention: Option<Duration>,
     pub(super) agents: PoolConfig,
     pub(super) tls: Option<Arc<rustls::ServerConfig>>,
     pass_env: Vec<String>,
@@ -305,6 +313,13 @@ impl ServeArgs {
                     .unwrap_or(2000),
             )
             .filter(|n| *n > 0),
+            audit_retention: Some(
+                self.audit_retention_days
+                    .or(file.audit_retention_days)
+                    .unwrap_or(365),
+            )
+            .filter(|d| *d > 0)
+            .map(|d| Duration::from_secs(d.saturating_mul(86_400))),
             max_body_bytes: self
                 .max_body_bytes
                 .or(file.max_body_bytes)

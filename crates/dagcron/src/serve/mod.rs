@@ -184,7 +184,10 @@ impl<S: Store> Node<S> {
         let pruner = Pruner::new(
             self.store.clone(),
             Arc::new(SystemClock),
-            PruneConfig::default(),
+            PruneConfig {
+                audit_max_age: config.audit_retention,
+                ..PruneConfig::default()
+            },
             pruned.clone(),
         );
         let _prune_task = AbortOnDrop(tokio::spawn(pruner.run(stop.clone())));
