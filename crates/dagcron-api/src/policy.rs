@@ -1,7 +1,9 @@
 //! Execution policies per namespace (see [`dagcron_core::exec_policy`]):
 //! set by an instance admin (a tenant may not widen its own), read by
-//! anyone of the namespace, stored as a setting of the instance so that
-//! every node applies them.
+//! anyone of the namespace, stored as settings of the instance so that
+//! every node applies them. A namespace without a policy of its own has
+//! the instance's default (`/api/v1/admin/policy`), itself the built-in
+//! default until an instance admin sets it.
 //!
 //! A job file that a policy refuses is refused whole with `403` and the
 //! code `policy_refused`, each problem naming the task and the rule. The
@@ -29,23 +31,37 @@ fn key(namespace: &str) -> String {
     format!("policy/{namespace}")
 }
 
-/// The policy of `namespace` as stored in the setting `text` (none: the
-/// instance's default).
-fn parse(namespace: &str, text: Option<String>) -> Result<ExecPolicy, String> {
+/// The setting of the instance's default policy: the policy of every
+/// namespace that has none of its own (none set: [`ExecPolicy::default`]).
+const DEFAULT_KEY: &str = "policy";
+
+/// The policy stored in the setting `text` of `whose`; none: `fallback`.
+fn parse(whose: &str, text: Option<String>, fallback: ExecPolicy) -> Result<ExecPolicy, String> {
     match text {
-        None => Ok(ExecPolicy::default()),
+        None => Ok(fallback),
         Some(text) => serde_json::from_str(&text)
-            .map_err(|e| format!("the stored policy of {namespace} does not read back: {e}")),
+            .map_err(|e| format!("the stored policy of {whose} does not read back: {e}")),
     }
 }
 
-/// The policy of `namespace`, read from `store`.
+/// The policy of `namespace`, read from `store`: its own, or the
+/// instance's default, or the built-in default.
 pub async fn policy_of<S: Store>(store: &S, namespace: &str) -> Result<ExecPolicy, String> {
-    let text = store
-        .get_setting(&key(namespace))
+    let [own, default] = store
+        .get_settings([&key(namespace), DEFAULT_KEY])
         .await
         .map_err(|e| format!("reading the execution policy of {namespace}: {e}"))?;
-    parse(namespace, text)
+    let default = parse("the instance", default, ExecPolicy::default())?;
+    parse(namespace, own, default)
+}
+
+/// The instance's default policy, read from `store`.
+async fn default_of<S: Store>(store: &S) -> Result<ExecPolicy, String> {
+    let text = store
+        .get_setting(DEFAULT_KEY)
+        .await
+        .map_err(|e| format!("reading the instance's default execution policy: {e}"))?;
+    parse("the instance", text, ExecPolicy::default())
 }
 
 fn to_wire(p: ExecPolicy) -> Policy {
@@ -104,21 +120,40 @@ pub(crate) async fn get_policy<S: Store>(
     Ok(Json(to_wire(policy)))
 }
 
-/// Sets a namespace's execution policy, whole (an instance admin's call).
-/// Jobs already applied are not changed: each attempt is checked again
-/// when it starts, and one the new policy refuses fails with the rule.
-#[utoipa::path(put, path = "/api/v1/namespaces/{ns}/policy", tag = "admin",
-    params(("ns" = String, Path, description = "Namespace")),
-    request_body(content = Policy, content_type = "application/json"),
+/// The instance's default execution policy: the policy of every namespace
+/// without one of its own.
+#[utoipa::path(get, path = "/api/v1/admin/policy", tag = "admin",
     responses((status = 200, body = Policy), Errors))]
-pub(crate) async fn put_policy<S: Store>(
+pub(crate) async fn get_default_policy<S: Store>(
     State(st): State<AppState<S>>,
     Extension(who): Extension<Principal>,
-    Path(ns): Path<String>,
+) -> Result<Json<Policy>, ApiError> {
+    who.allow(Need::Read, None, || ApiError::not_found("no such path"))?;
+    let policy = default_of(&*st.store).await.map_err(internal)?;
+    Ok(Json(to_wire(policy)))
+}
+
+/// Sets the instance's default execution policy, whole (an instance
+/// admin's call): every namespace without a policy of its own has it.
+#[utoipa::path(put, path = "/api/v1/admin/policy", tag = "admin",
+    request_body(content = Policy, content_type = "application/json"),
+    responses((status = 200, body = Policy), Errors))]
+pub(crate) async fn put_default_policy<S: Store>(
+    State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
     body: axum::body::Bytes,
 ) -> Result<Json<Policy>, ApiError> {
-    crate::quotas::may_set(&who, &ns)?;
-    let wire: Policy = crate::operations::object(&body).map_err(|e| {
+    who.allow(Need::Administer, None, || {
+        ApiError::not_found("no such path")
+    })?;
+    let policy = valid(&body, "the instance")?;
+    store_policy(&st, DEFAULT_KEY, &policy).await?;
+    Ok(Json(to_wire(policy)))
+}
+
+/// A policy body, parsed and checked; `whose` names it in the errors.
+fn valid(body: &[u8], whose: &str) -> Result<ExecPolicy, ApiError> {
+    let wire: Policy = crate::operations::object(body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected a policy object (shell, http, wasm, wasm_modules, wasm_dirs, wasm_write_dirs, wasm_env, http_allow, run_as, weight): {e}"
         ))
@@ -134,15 +169,60 @@ pub(crate) async fn put_policy<S: Store>(
         })
         .collect();
     if !problems.is_empty() {
-        let mut err = ApiError::bad_request(format!("the policy for {ns} is not valid"));
+        let mut err = ApiError::bad_request(format!("the policy for {whose} is not valid"));
         err.details = Some(problems);
         return Err(err);
     }
-    let text = serde_json::to_string(&policy).expect("a policy serializes");
-    let value = (policy != ExecPolicy::default()).then_some(text.as_str());
+    Ok(policy)
+}
+
+/// Stores `policy` under the setting `key`.
+async fn store_policy<S: Store>(
+    st: &AppState<S>,
+    key: &str,
+    policy: &ExecPolicy,
+) -> Result<(), ApiError> {
+    let text = serde_json::to_string(policy).expect("a policy serializes");
     st.store
-        .set_setting(&key(&ns), value, Timestamp::now())
+        .set_setting(key, Some(&text), Timestamp::now())
         .await?;
+    Ok(())
+}
+
+/// Removes a namespace's own execution policy: the instance's default
+/// applies to it again (an instance admin's call).
+#[utoipa::path(delete, path = "/api/v1/namespaces/{ns}/policy", tag = "admin",
+    params(("ns" = String, Path, description = "Namespace")),
+    responses((status = 200, body = Policy), Errors))]
+pub(crate) async fn delete_policy<S: Store>(
+    State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
+    Path(ns): Path<String>,
+) -> Result<Json<Policy>, ApiError> {
+    crate::quotas::may_set(&who, &ns)?;
+    st.store
+        .set_setting(&key(&ns), None, Timestamp::now())
+        .await?;
+    let policy = policy_of(&*st.store, &ns).await.map_err(internal)?;
+    Ok(Json(to_wire(policy)))
+}
+
+/// Sets a namespace's execution policy, whole (an instance admin's call).
+/// Jobs already applied are not changed: each attempt is checked again
+/// when it starts, and one the new policy refuses fails with the rule.
+#[utoipa::path(put, path = "/api/v1/namespaces/{ns}/policy", tag = "admin",
+    params(("ns" = String, Path, description = "Namespace")),
+    request_body(content = Policy, content_type = "application/json"),
+    responses((status = 200, body = Policy), Errors))]
+pub(crate) async fn put_policy<S: Store>(
+    State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
+    Path(ns): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Policy>, ApiError> {
+    crate::quotas::may_set(&who, &ns)?;
+    let policy = valid(&body, &ns)?;
+    store_policy(&st, &key(&ns), &policy).await?;
     Ok(Json(to_wire(policy)))
 }
 

@@ -39,7 +39,8 @@ use dagcron_core::authz::Need;
         crate::operations::get_read_only, crate::operations::put_read_only,
         crate::operations::pause_all, crate::operations::resume_all,
         crate::quotas::get_quotas, crate::quotas::put_quotas, crate::upcoming::upcoming,
-        crate::policy::get_policy, crate::policy::put_policy,
+        crate::policy::get_policy, crate::policy::put_policy, crate::policy::delete_policy,
+        crate::policy::get_default_policy, crate::policy::put_default_policy,
         crate::retention::get_retention, crate::retention::put_retention, crate::retention::prune
     ),
     components(schemas(ErrorBody)),
@@ -109,7 +110,13 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
         )
         .route(
             "/api/v1/namespaces/{ns}/policy",
-            get(crate::policy::get_policy::<S>).put(crate::policy::put_policy::<S>),
+            get(crate::policy::get_policy::<S>)
+                .put(crate::policy::put_policy::<S>)
+                .delete(crate::policy::delete_policy::<S>),
+        )
+        .route(
+            "/api/v1/admin/policy",
+            get(crate::policy::get_default_policy::<S>).put(crate::policy::put_default_policy::<S>),
         )
         .route(
             "/api/v1/namespaces/{ns}/retention",

@@ -1015,12 +1015,19 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
     use Role::*;
     Some(match (method, path) {
         ("get", "/healthz" | "/readyz" | "/api/v1/openapi.json") => Public,
-        ("get", "/api/v1/cluster" | "/api/v1/workers" | "/metrics" | "/api/v1/admin/read-only") => {
-            Instance(Viewer)
-        }
+        (
+            "get",
+            "/api/v1/cluster"
+            | "/api/v1/workers"
+            | "/metrics"
+            | "/api/v1/admin/read-only"
+            | "/api/v1/admin/policy",
+        ) => Instance(Viewer),
+        ("delete", "/api/v1/namespaces/{ns}/policy") => Instance(Admin),
         (
             "put",
             "/api/v1/admin/read-only"
+            | "/api/v1/admin/policy"
             | "/api/v1/namespaces/{ns}/quotas"
             | "/api/v1/namespaces/{ns}/policy"
             | "/api/v1/namespaces/{ns}/retention",
@@ -2363,6 +2370,55 @@ jobs:
     );
     let (status, _) = api.get("/api/v1/namespaces/a/jobs/hostile").await;
     assert_eq!(status, StatusCode::NOT_FOUND, "nothing of the file applied");
+    // The instance's default applies to every namespace without a policy
+    // of its own; a namespace's own policy removed, the default is its.
+    let (status, body) = api
+        .call(
+            Method::PUT,
+            "/api/v1/admin/policy",
+            "application/json",
+            r#"{"http": false}"#,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, c) = api.get("/api/v1/namespaces/c/policy").await;
+    assert_eq!(c["http"], false);
+    let (_, a) = api.get("/api/v1/namespaces/a/policy").await;
+    assert_eq!(
+        (a["http"].clone(), a["shell"].clone()),
+        (json!(true), json!("agents"))
+    );
+    let (status, a) = api
+        .call(
+            Method::DELETE,
+            "/api/v1/namespaces/a/policy",
+            "application/json",
+            "",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{a}");
+    assert_eq!(
+        (a["http"].clone(), a["shell"].clone()),
+        (json!(false), json!("server"))
+    );
+    let (status, body) = api
+        .call(
+            Method::POST,
+            "/api/v1/apply",
+            "application/yaml",
+            "namespace: c\njobs:\n  - { name: j, tasks: [{ id: t, http: { url: 'https://example.com/' } }] }\n",
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let (status, _) = api
+        .call(
+            Method::PUT,
+            "/api/v1/admin/policy",
+            "application/json",
+            "{}",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
     // Another namespace keeps the default policy.
     let (status, body) = api
         .call(

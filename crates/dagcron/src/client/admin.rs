@@ -47,18 +47,19 @@ pub(crate) enum AdminCommand {
         #[arg(long)]
         clear: bool,
     },
-    /// The execution policy of a namespace: what its jobs' code may do
-    /// (executors, WebAssembly directories and variables, http
-    /// destinations, the user of shell tasks); with `--file`, replaces it
-    /// (an instance admin).
+    /// The execution policy of a namespace, or without one the instance's
+    /// default: what jobs' code may do (executors, WebAssembly directories
+    /// and variables, http destinations, the user of shell tasks, the
+    /// share of the pool); with `--file`, replaces it (an instance admin).
     Policy {
-        /// Namespace.
-        namespace: String,
+        /// Namespace (none: the instance's default policy).
+        namespace: Option<String>,
         /// A policy, whole, as YAML or JSON (`shell: agents`,
         /// `http_allow: [10.0.0.0/8]`, ...; a field left out takes its default).
         #[arg(long)]
         file: Option<std::path::PathBuf>,
-        /// Back to the instance's default policy.
+        /// A namespace back to the instance's default policy; the
+        /// instance's default back to the built-in one.
         #[arg(long, conflicts_with = "file")]
         default: bool,
     },
@@ -255,8 +256,15 @@ pub(crate) async fn run(c: &Client, cmd: AdminCommand, out: &mut Output) -> Resu
             file,
             default,
         } => {
-            let path = format!("/api/v1/namespaces/{namespace}/policy");
+            let path = match &namespace {
+                Some(ns) => format!("/api/v1/namespaces/{ns}/policy"),
+                None => "/api/v1/admin/policy".to_string(),
+            };
             let wanted: Policy = match (file, default) {
+                (None, true) if namespace.is_some() => {
+                    c.delete(&path).await?;
+                    return out.show(&c.get::<Policy>(&path).await?);
+                }
                 (Some(file), _) => {
                     let text = std::fs::read_to_string(&file)
                         .with_context(|| format!("reading the policy file {}", file.display()))?;
