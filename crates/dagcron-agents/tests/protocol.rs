@@ -359,18 +359,15 @@ fn result_of(attempt: v1::AttemptRef, output: &[u8]) -> v1::AgentMessage {
     }
 }
 
-/// A rogue agent reported a forged `succeeded` result, with forged output,
-/// for another agent's attempt (its fencing token was its own plus one): it
-/// was accepted, and the real result refused as stale. A report is now
-/// taken only from the agent the attempt was given to.
-#[tokio::test]
-async fn regression_a_forged_result_from_another_agent_is_refused() {
-    let pool = AgentPool::new(PoolConfig::default());
-    let addr = free_addr();
-    let stop = CancellationToken::new();
-    serve(&pool, addr, stop.clone()).await;
-    let (honest_tx, mut honest) = hand_agent(addr, "honest", "worker").await;
-    let (rogue_tx, _rogue) = hand_agent(addr, "rogue", "bait").await;
+/// Once both agents are connected, a task is assigned to `owner`; the
+/// forger reports a result for it first: refused and counted, the attempt
+/// goes on; then the owner's real result ends it.
+async fn forgery_refused_and_real_result_taken(
+    pool: &AgentPool,
+    owner_tx: tokio::sync::mpsc::Sender<v1::AgentMessage>,
+    owner: &mut tonic::Streaming<v1::ServerMessage>,
+    forger_tx: tokio::sync::mpsc::Sender<v1::AgentMessage>,
+) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while pool.workers().len() < 2 {
         assert!(
@@ -379,9 +376,8 @@ async fn regression_a_forged_result_from_another_agent_is_refused() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (attempt, mut outcome) = assigned_to_worker(&pool, &mut honest).await;
-    // The rogue, knowing the token, reports first: refused.
-    rogue_tx
+    let (attempt, mut outcome) = assigned_to_worker(pool, owner).await;
+    forger_tx
         .send(result_of(attempt.clone(), b"forged output"))
         .await
         .unwrap();
@@ -396,7 +392,7 @@ async fn regression_a_forged_result_from_another_agent_is_refused() {
         outcome.try_recv().is_err(),
         "the forged result ended the attempt"
     );
-    honest_tx
+    owner_tx
         .send(result_of(attempt, b"real output"))
         .await
         .unwrap();
@@ -408,6 +404,21 @@ async fn regression_a_forged_result_from_another_agent_is_refused() {
     assert_eq!(String::from_utf8_lossy(&outcome.log), "real output");
     assert_eq!(pool.foreign_reports(), 1);
     assert_eq!(pool.stale_results(), 0, "the real result was not refused");
+}
+
+/// A rogue agent reported a forged `succeeded` result, with forged output,
+/// for another agent's attempt (its fencing token was its own plus one): it
+/// was accepted, and the real result refused as stale. A report is now
+/// taken only from the agent the attempt was given to.
+#[tokio::test]
+async fn regression_a_forged_result_from_another_agent_is_refused() {
+    let pool = AgentPool::new(PoolConfig::default());
+    let addr = free_addr();
+    let stop = CancellationToken::new();
+    serve(&pool, addr, stop.clone()).await;
+    let (honest_tx, mut honest) = hand_agent(addr, "honest", "worker").await;
+    let (rogue_tx, _rogue) = hand_agent(addr, "rogue", "bait").await;
+    forgery_refused_and_real_result_taken(&pool, honest_tx, &mut honest, rogue_tx).await;
     stop.cancel();
 }
 
@@ -438,41 +449,8 @@ async fn regression_an_agent_of_another_join_token_under_the_same_name_cannot_re
     serve(&pool, addr, stop.clone()).await;
     let (owner_tx, mut owner) = hand_agent_with(addr, "edge-1", "worker", "join-of-ns").await;
     let (forger_tx, _forger) = hand_agent_with(addr, "edge-1", "worker", "join-of-alpha").await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while pool.workers().len() < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "agents did not connect"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     // The task is of namespace `ns`: only the agent of its join token takes it.
-    let (attempt, mut outcome) = assigned_to_worker(&pool, &mut owner).await;
-    forger_tx
-        .send(result_of(attempt.clone(), b"forged output"))
-        .await
-        .unwrap();
-    while pool.foreign_reports() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the forgery was not refused"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(
-        outcome.try_recv().is_err(),
-        "the forged result ended the attempt"
-    );
-    owner_tx
-        .send(result_of(attempt, b"real output"))
-        .await
-        .unwrap();
-    let outcome = tokio::time::timeout(Duration::from_secs(20), outcome)
-        .await
-        .expect("the real result arrives")
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&outcome.log), "real output");
-    assert_eq!(pool.foreign_reports(), 1);
+    forgery_refused_and_real_result_taken(&pool, owner_tx, &mut owner, forger_tx).await;
     stop.cancel();
 }
 
