@@ -88,11 +88,11 @@ fn main() {
     // without it to see what the sandbox costs.
     let sandboxed = std::env::var("DAGCRON_BENCH_SANDBOX").is_ok_and(|v| v == "1");
     if sandboxed {
-        dagcron_exec::sandbox::enable(
-            &[dir.path().to_path_buf()],
-            dagcron_exec::sandbox::TaskUser::nobody(),
-        )
-        .expect("the sandbox of shell tasks");
+        // A data directory of the "server", hidden from the tasks.
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        dagcron_exec::sandbox::enable(&[data], dagcron_exec::sandbox::TaskUser::nobody())
+            .expect("the sandbox of shell tasks");
     }
     let shell_name = if sandboxed {
         "shell `true` (sandboxed)"
