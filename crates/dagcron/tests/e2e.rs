@@ -1135,3 +1135,57 @@ fn a_run_planned_from_the_command_line_survives_a_kill_and_is_made_once() {
     assert_eq!(upcoming.matches("planned").count(), 1, "{upcoming}");
     assert!(upcoming.contains(&far.to_string()), "{upcoming}");
 }
+
+/// Headers were read with no timeout: 20 slowloris connections (a request
+/// line and one header, then nothing) were still open after 45 s. A
+/// connection that sends nothing, or stops in its headers, is now closed
+/// after the header timeout (10 s), and the server answers meanwhile.
+#[test]
+fn regression_slow_clients_are_closed_after_the_header_timeout() {
+    use std::io::{Read, Write};
+    let (_dir, data) = setup();
+    let server = InProcess::start(&data, &[]);
+    let address = server.url.trim_start_matches("http://").to_string();
+    let mut slow: Vec<std::net::TcpStream> = (0..20)
+        .map(|i| {
+            let mut c = std::net::TcpStream::connect(&address).unwrap();
+            if i % 2 == 0 {
+                c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+                    .unwrap();
+            }
+            c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            c
+        })
+        .collect();
+    let started = Instant::now();
+    assert_eq!(
+        server
+            .http()
+            .get(format!("{}/healthz", server.url))
+            .send()
+            .unwrap()
+            .status(),
+        200,
+        "the server answers beside them"
+    );
+    for c in &mut slow {
+        let mut buf = [0u8; 256];
+        // Closed: the read ends (at once with an end of file, or a reset),
+        // long before the 30 s of the read timeout.
+        match c.read(&mut buf) {
+            Ok(n) => assert!(
+                n == 0 || buf[..n].starts_with(b"HTTP/1.1 408"),
+                "{:?}",
+                &buf[..n]
+            ),
+            Err(e) => assert!(
+                !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+                "still open after {:?}",
+                started.elapsed()
+            ),
+        }
+    }
+}
