@@ -1,6 +1,7 @@
 //! The agent: `dagcron worker --server URL`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dagcron_exec::{AttemptContext, Limits};
@@ -9,6 +10,7 @@ use dagcron_proto::v1::{self, agent_message, server_message};
 use dagcron_proto::{ClockEstimate, ClockSample, PROTOCOL_VERSION};
 use jiff::Timestamp;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
@@ -87,6 +89,94 @@ struct Local {
     unreported: Vec<v1::Result>,
     clock: ClockEstimate,
     draining: bool,
+    watch: Watch,
+}
+
+/// The part of its lease that an agent trusts: the server keeps an agent's
+/// attempts for its lease after it last heard from it, then gives them to
+/// another agent. The agent counts the lease from the last message the
+/// server acknowledged (sent at or before the server heard it), and stops
+/// trusting it a quarter early, leaving the server's grace for the kill.
+const TRUSTED_PART: f64 = 0.75;
+
+/// An assignment that reaches the agent later than this after the server
+/// sent it is not started: the server may already have given it to another
+/// agent (it waits 5 s for an acceptance, and this leaves a second for the
+/// error of the agent's estimate of the server's clock).
+const ASSIGNMENT_MAX_AGE_US: i64 = 4_000_000;
+
+/// The agent's side of its lease (see [`TRUSTED_PART`]): when it ends
+/// without a word from the server, every running attempt is killed, so
+/// that its retry elsewhere never runs beside it. Kept apart from the
+/// connection's loop, which may wait on a stalled stream.
+#[derive(Clone, Default)]
+struct Watch(Arc<Mutex<Trust>>);
+
+#[derive(Default)]
+struct Trust {
+    until: Option<Instant>,
+    /// The parent of the running attempts' tokens.
+    attempts: CancellationToken,
+}
+
+impl Watch {
+    /// The server has heard the agent at or after `heard`: its lease runs
+    /// to `heard + lease` on the server's side.
+    fn heard(&self, heard: Instant, lease: Duration) {
+        let until = heard + lease.mul_f64(TRUSTED_PART);
+        let mut trust = self.0.lock().expect("watch lock");
+        trust.until = Some(trust.until.map_or(until, |u| u.max(until)));
+    }
+
+    /// The token of a new attempt, cancelled when the lease ends.
+    fn attempt_token(&self) -> CancellationToken {
+        self.0.lock().expect("watch lock").attempts.child_token()
+    }
+
+    /// Whether the agent's lease holds at `now`.
+    fn trusted(&self, now: Instant) -> bool {
+        self.0
+            .lock()
+            .expect("watch lock")
+            .until
+            .is_some_and(|u| now < u)
+    }
+
+    /// Kills the running attempts if the lease has ended by `now`; true
+    /// if it had.
+    fn expire(&self, now: Instant) -> bool {
+        let mut trust = self.0.lock().expect("watch lock");
+        match trust.until {
+            Some(until) if now >= until => {
+                trust.until = None;
+                std::mem::take(&mut trust.attempts).cancel();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Checks the lease every 100 ms until dropped.
+    async fn guard(self) {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tick.tick().await;
+            if self.expire(Instant::now()) {
+                tracing::error!(
+                    "no word from the server within this agent's lease: its running attempts are killed, as the server will give them to another agent"
+                );
+            }
+        }
+    }
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Runs the agent until `shutdown`, then drains: it takes nothing new and
@@ -98,7 +188,10 @@ pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> Result<(),
         unreported: vec![],
         clock: ClockEstimate::default(),
         draining: false,
+        watch: Watch::default(),
     };
+    let guard = tokio::spawn(local.watch.clone().guard());
+    let _guard = AbortOnDrop(guard);
     if config.servers.is_empty() {
         return Err(AgentError::Refused("no server URL given".into()));
     }
@@ -199,6 +292,7 @@ async fn session(
         unreported: std::mem::take(&mut local.unreported),
     };
     let reported = hello.unreported.clone();
+    let hello_sent = Instant::now();
     let _ = out.send(send(agent_message::Body::Hello(hello))).await;
     let mut inbound = match client.attach(ReceiverStream::new(rx)).await {
         Ok(r) => r.into_inner(),
@@ -208,7 +302,13 @@ async fn session(
             return Err(None);
         }
     };
-    let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
+    let mut every = Duration::from_secs(1);
+    let mut heartbeat = tokio::time::interval(every);
+    let mut lease = Duration::ZERO;
+    // The heartbeats sent lately, to tell from an acknowledgement when the
+    // server heard the agent.
+    let mut beats: VecDeque<(i64, Instant)> = VecDeque::new();
+    let mut last_heard = Instant::now();
     loop {
         tokio::select! {
             msg = inbound.message() => {
@@ -219,15 +319,22 @@ async fn session(
                         return Err(None);
                     }
                 };
+                last_heard = Instant::now();
                 match msg.body {
                     Some(server_message::Body::Welcome(w)) => {
                         tracing::info!(session = %w.session_id, "connected to {server}");
-                        heartbeat = tokio::time::interval(Duration::from_millis(u64::from(w.heartbeat_interval_ms.max(50))));
+                        every = Duration::from_millis(u64::from(w.heartbeat_interval_ms.max(50)));
+                        heartbeat = tokio::time::interval(every);
+                        lease = Duration::from_millis(u64::from(w.lease_ttl_ms));
+                        local.watch.heard(hello_sent, lease);
                     }
                     Some(server_message::Body::Refusal(r)) => {
                         return Err(Some(AgentError::Refused(r.reason)));
                     }
                     Some(server_message::Body::HeartbeatAck(ack)) => {
+                        if let Some(&(_, sent)) = beats.iter().find(|(at, _)| *at == ack.agent_sent_at_us) {
+                            local.watch.heard(sent, lease);
+                        }
                         local.clock.add(ClockSample {
                             t0: ack.agent_sent_at_us,
                             t1: ack.received_at_us,
@@ -240,7 +347,20 @@ async fn session(
                     Some(server_message::Body::Assignment(_)) if local.draining => {
                         tracing::info!("draining: an assignment is left for another agent");
                     }
-                    Some(server_message::Body::Assignment(a)) => start(a, local, &out, done_tx).await,
+                    Some(server_message::Body::Assignment(_)) if !local.watch.trusted(Instant::now()) => {
+                        tracing::warn!("an assignment came after this agent's lease ended: not started");
+                    }
+                    Some(server_message::Body::Assignment(a)) => {
+                        // Its age by the server's clock, as this agent estimates it.
+                        let age_us = local.clock.best().map(|_| now_us() - local.clock.to_agent_clock(msg.sent_at_us));
+                        match age_us {
+                            Some(age_us) if age_us > ASSIGNMENT_MAX_AGE_US => tracing::warn!(
+                                "an assignment came {:.1} s after the server sent it: not started (the server gives it to another agent)",
+                                age_us as f64 / 1e6
+                            ),
+                            _ => start(a, local, &out, done_tx).await,
+                        }
+                    }
                     Some(server_message::Body::Cancel(c)) => {
                         let token = c.attempt.map_or(0, |a| a.fencing_token);
                         if let Some((_, cancel)) = local.running.get(&token) {
@@ -263,6 +383,13 @@ async fn session(
                 }
             }
             _ = heartbeat.tick() => {
+                // A cut that leaves the connection open (packets dropped)
+                // is seen by the silence, not by the socket.
+                let silence = last_heard.elapsed();
+                if silence > every * 2 + Duration::from_secs(1) {
+                    tracing::warn!("no word from the server for {:.1} s: reconnecting", silence.as_secs_f64());
+                    return Err(None);
+                }
                 let best = local.clock.best();
                 let beat = v1::Heartbeat {
                     running: local.running.values().map(|(r, _)| r.clone()).collect(),
@@ -271,7 +398,14 @@ async fn session(
                     round_trip_us: best.map_or(0, |s| s.round_trip_us()),
                     draining: local.draining,
                 };
-                if out.send(send(agent_message::Body::Heartbeat(beat))).await.is_err() {
+                let message = send(agent_message::Body::Heartbeat(beat));
+                beats.push_back((message.sent_at_us, Instant::now()));
+                if beats.len() > 64 {
+                    beats.pop_front();
+                }
+                // A stream that takes nothing more is as good as cut.
+                if out.try_send(message).is_err() {
+                    tracing::warn!("the connection to the server takes nothing more: reconnecting");
                     return Err(None);
                 }
             }
@@ -316,7 +450,7 @@ async fn start(
         return;
     };
     let token = attempt.fencing_token;
-    let cancel = CancellationToken::new();
+    let cancel = local.watch.attempt_token();
     local
         .running
         .insert(token, (attempt.clone(), cancel.clone()));

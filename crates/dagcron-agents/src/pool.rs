@@ -25,6 +25,13 @@ use crate::fair::FairQueue;
 /// from a stale one.
 const TAKEN_KEPT: usize = 4096;
 
+/// How long past an agent's lease the pool waits before it reports the
+/// agent's attempts lost (and the engine may retry them): an agent that
+/// lost its server kills its attempts before its lease ends on the
+/// server's side, and this covers the kill (the processes and their pipes
+/// seen gone).
+pub(crate) const KILL_GRACE: Duration = Duration::from_secs(5);
+
 /// Settings of the pool.
 #[derive(Clone, Debug)]
 pub struct PoolConfig {
@@ -116,6 +123,9 @@ struct Agent {
     version: String,
     tx: Option<Tx>,
     last_seen: Instant,
+    /// Not heard from for its lease: it gets nothing new, and its attempts
+    /// are lost once [`KILL_GRACE`] more has passed.
+    lapsed: bool,
     last_heartbeat: Timestamp,
     connected_at: Timestamp,
     clock_offset_us: i64,
@@ -139,7 +149,7 @@ impl Agent {
     }
 
     fn has_room(&self) -> bool {
-        self.tx.is_some() && !self.draining && self.running < self.capacity
+        self.tx.is_some() && !self.draining && !self.lapsed && self.running < self.capacity
     }
 }
 
@@ -307,27 +317,40 @@ impl State {
         }
     }
 
-    /// Ends agents whose lease passed (their attempts are lost), sends
-    /// unaccepted assignments elsewhere, and stops cancelled attempts.
+    /// Ends agents whose lease passed (their attempts are lost once the
+    /// agent has killed them), sends unaccepted assignments elsewhere, and
+    /// stops cancelled attempts.
     fn upkeep(&mut self, config: &PoolConfig, at: Moment, outs: &mut Outs) {
         let state = self;
         let ttl = config.lease_ttl;
-        let expired: Vec<u64> = state
-            .agents
-            .iter()
-            .filter(|(_, a)| at.mono.saturating_duration_since(a.last_seen) > ttl)
-            .map(|(s, _)| *s)
-            .collect();
+        let mut expired = vec![];
+        for (session, agent) in &mut state.agents {
+            let silent = at.mono.saturating_duration_since(agent.last_seen);
+            if silent > ttl + KILL_GRACE {
+                expired.push(*session);
+            } else if silent > ttl && !agent.lapsed {
+                agent.lapsed = true;
+                tracing::warn!(agent = %agent.id, "agent lease ended; it gets no new attempts, and its attempts are lost once it has had time to kill them");
+            }
+        }
         for session in &expired {
             if let Some(agent) = state.agents.remove(session) {
-                tracing::warn!(agent = %agent.id, "agent lease ended; its attempts are lost");
+                tracing::warn!(agent = %agent.id, "agent gone; its attempts are lost");
             }
         }
         let tokens: Vec<i64> = state.inflight.keys().copied().collect();
         for token in tokens {
             let inflight = &state.inflight[&token];
             let gone = !state.agents.contains_key(&inflight.session);
+            // Not accepted in time by an agent heard from since: it did
+            // not take it, and never will (an agent starts no assignment
+            // older than the acceptance window). From an agent not heard
+            // from, an acceptance may be on its way: it waits for the lease.
+            let heard_since = state.agents.get(&inflight.session).is_some_and(|a| {
+                a.last_seen.saturating_duration_since(inflight.sent) > config.accept_timeout
+            });
             let late = !inflight.accepted
+                && heard_since
                 && at.mono.saturating_duration_since(inflight.sent) > config.accept_timeout;
             let cancelled = inflight.task.cancel.is_cancelled();
             if cancelled && !gone && !late {
@@ -458,6 +481,7 @@ impl State {
             return;
         };
         agent.last_seen = at.mono;
+        agent.lapsed = false;
         match msg.body {
             Some(agent_message::Body::Heartbeat(h)) => {
                 agent.last_heartbeat = at.wall;
@@ -508,12 +532,19 @@ impl State {
                 }
             }
             Some(agent_message::Body::Accepted(a)) => {
-                let token = a.attempt.map_or(0, |a| a.fencing_token);
+                let token = a.attempt.as_ref().map_or(0, |a| a.fencing_token);
                 if !state.sent_by_its_agent(session, token) {
                     return;
                 }
                 if let Some(inflight) = state.inflight.get_mut(&token) {
                     inflight.accepted = true;
+                } else if let Some(tx) = state.agents.get(&session).and_then(|a| a.tx.as_ref()) {
+                    // Accepted too late: it went to another agent, or ended.
+                    let cancel = v1::Cancel {
+                        attempt: a.attempt,
+                        reason: "accepted too late; the attempt went elsewhere".into(),
+                    };
+                    outs.send(tx, at, server_message::Body::Cancel(cancel));
                 }
             }
             Some(agent_message::Body::Result(r)) => state.on_result(session, &r, outs),
@@ -900,6 +931,7 @@ impl Agents for AgentPool {
                     version: hello.version.clone(),
                     tx: Some(tx.clone()),
                     last_seen: at.mono,
+                    lapsed: false,
                     last_heartbeat: at.wall,
                     connected_at: at.wall,
                     clock_offset_us: 0,
@@ -982,6 +1014,7 @@ mod tests {
             version: "test".into(),
             tx: Some(tx),
             last_seen: at.mono,
+            lapsed: false,
             last_heartbeat: at.wall,
             connected_at: at.wall,
             clock_offset_us: 0,

@@ -268,7 +268,11 @@ async fn ready<S: Store>(State(state): State<AppState<S>>) -> impl IntoResponse 
         Ok(Err(e)) => Some(e.to_string()),
         Err(_) => Some(format!("the engine's loop gave {waited}")),
     };
-    let mut checks = vec![check("store", store), check("engine", engine)];
+    let mut checks = vec![
+        check("store", store),
+        check("engine", engine),
+        check("writes", state.engine.write_problem()),
+    ];
     if let Some(cluster) = &state.cluster {
         let node = cluster.local();
         let lease = (!node.lease_valid).then(|| "the lease is not renewed".to_string());

@@ -12,7 +12,7 @@
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -133,11 +133,30 @@ impl ClusterHandle {
 }
 
 /// Registers the node and returns what its engine needs.
+///
+/// A node whose round trip to the database is longer than its heartbeat
+/// interval could not renew its lease in time: it would join, take jobs
+/// from the others, be fenced and start over. It waits instead, trying
+/// again with a growing pause (up to [`MAX_JOIN_PAUSE`]), and says why.
 pub async fn register<S: Coordination>(
     store: &S,
     config: &ClusterConfig,
     clock: &dyn Clock,
 ) -> Result<(Registration, NodeIdentity), StorageError> {
+    let mut pause = Duration::from_millis(500);
+    loop {
+        let round_trip = round_trip(store).await?;
+        if round_trip <= config.heartbeat_every() {
+            break;
+        }
+        tracing::warn!(
+            round_trip_ms = round_trip.as_millis() as u64,
+            heartbeat_every_ms = config.heartbeat_every().as_millis() as u64,
+            "the database is too far away to keep a lease (its round trip is longer than the heartbeat interval): not joining yet, trying again in {pause:?}"
+        );
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_JOIN_PAUSE);
+    }
     let sent = clock.now();
     let registration = store
         .register(
@@ -159,8 +178,25 @@ pub async fn register<S: Coordination>(
         slot: registration.slot,
         lease,
         peers: Arc::new(AtomicBool::new(true)),
+        ahead_us: Arc::default(),
     };
     Ok((registration, identity))
+}
+
+/// The longest pause between two tries to join of a node too far from
+/// the database (see [`register`]).
+pub const MAX_JOIN_PAUSE: Duration = Duration::from_secs(30);
+
+/// The middle of three round trips to the database.
+async fn round_trip<S: Coordination>(store: &S) -> Result<Duration, StorageError> {
+    let mut times = [Duration::ZERO; 3];
+    for t in &mut times {
+        let started = tokio::time::Instant::now();
+        store.database_now().await?;
+        *t = started.elapsed();
+    }
+    times.sort();
+    Ok(times[1])
 }
 
 /// Keeps a node's membership and share of the work; see the module documentation.
@@ -172,6 +208,8 @@ pub struct Coordinator<S: Coordination> {
     lease: Lease,
     /// See [`NodeIdentity::peers`].
     peers: Arc<AtomicBool>,
+    /// See [`NodeIdentity::ahead_us`].
+    ahead_us: Arc<AtomicI64>,
     status: Arc<Mutex<LocalStatus>>,
     members: Option<Vec<String>>,
     ring: Arc<Ring>,
@@ -217,6 +255,7 @@ impl<S: Coordination> Coordinator<S> {
             clock,
             lease: identity.lease.clone(),
             peers: identity.peers.clone(),
+            ahead_us: identity.ahead_us.clone(),
             status: Arc::new(Mutex::new(status)),
             members: None,
             ring: Arc::new(Ring::default()),
@@ -270,6 +309,7 @@ impl<S: Coordination> Coordinator<S> {
             self.status.clone(),
             self.owned.clone(),
             self.draining.clone(),
+            self.ahead_us.clone(),
         ));
         loop {
             let draining = self.draining.load(Ordering::SeqCst);
@@ -440,11 +480,13 @@ async fn heartbeats<S: Coordination>(
     status: Arc<Mutex<LocalStatus>>,
     owned: Arc<AtomicUsize>,
     draining: Arc<AtomicBool>,
+    ahead_us: Arc<AtomicI64>,
 ) -> Result<(), StorageError> {
     loop {
         let started = tokio::time::Instant::now();
-        match beat(&store, &config, &*clock, &lease, &status, &owned, &draining).await {
-            Ok(()) => {}
+        let beat = beat(&store, &config, &*clock, &lease, &status, &owned, &draining);
+        match beat.await {
+            Ok(skew_us) => ahead_us.store(skew_us, Ordering::SeqCst),
             Err(StorageError::Fenced(m)) => {
                 lease.revoke();
                 return Err(StorageError::Fenced(m));
@@ -459,6 +501,7 @@ async fn heartbeats<S: Coordination>(
 }
 
 /// One heartbeat: the clock against the database's, then the lease.
+/// Returns the clock's skew (microseconds ahead of the database's).
 async fn beat<S: Coordination>(
     store: &S,
     config: &ClusterConfig,
@@ -467,7 +510,7 @@ async fn beat<S: Coordination>(
     status: &Mutex<LocalStatus>,
     owned: &AtomicUsize,
     draining: &AtomicBool,
-) -> Result<(), StorageError> {
+) -> Result<i64, StorageError> {
     let before = clock.now();
     let db = store.database_now().await?;
     let after = clock.now();
@@ -509,7 +552,7 @@ async fn beat<S: Coordination>(
         )));
     }
     lease.extend_to(sent.checked_add(config.trusted()).unwrap_or(sent));
-    Ok(())
+    Ok(skew_us)
 }
 
 /// Why the node stops when its heartbeats have stopped.

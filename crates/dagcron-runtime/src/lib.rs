@@ -13,8 +13,9 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{ClusterConfig, ClusterHandle, Coordinator, LocalStatus};
 pub use engine::{
     Engine, EngineConfig, EngineError, EngineEvent, EngineHandle, Intervened, Lease,
-    MAX_TRIGGER_RUNS, NodeIdentity, Observer, Ownership, Policies, PolicyLookup, PolicySource,
-    Remote, RemoteTask, RemoteWorkers, Report, Resolved, SecretSource, Secrets,
+    MAX_TRIGGER_RUNS, NodeIdentity, Observer, OutputReserve, Ownership, Policies, PolicyLookup,
+    PolicySource, Remote, RemoteTask, RemoteWorkers, Report, Resolved, SecretSource, Secrets,
+    WriteHealth,
 };
 pub use metrics::{EngineGauges, EngineMetrics};
 pub use prune::{PruneConfig, PruneMetrics, PruneReport, Pruner};

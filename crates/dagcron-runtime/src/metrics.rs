@@ -160,6 +160,9 @@ pub struct EngineMetrics {
     commit: Histogram,
     batch_writes: Histogram,
     commit_retries: Counter,
+    early_fires: Counter,
+    output_dropped: Counter,
+    degraded: prometheus_client::metrics::gauge::Gauge,
     places: Mutex<Places>,
 }
 
@@ -179,6 +182,9 @@ impl EngineMetrics {
             commit: commit_seconds(),
             batch_writes: Histogram::new(exponential_buckets(1.0, 2.0, 16)),
             commit_retries: Counter::default(),
+            early_fires: Counter::default(),
+            output_dropped: Counter::default(),
+            degraded: Default::default(),
             places: Mutex::new(Places {
                 max: max_job_series,
                 own: HashSet::new(),
@@ -252,6 +258,21 @@ impl EngineMetrics {
             "dagcron_store_commit_retries",
             "Commits tried again after the database failed",
             self.commit_retries.clone(),
+        );
+        r.register(
+            "dagcron_early_fires_refused",
+            "Fires the database refused because they were made before their instant by its clock (this node's clock is ahead)",
+            self.early_fires.clone(),
+        );
+        r.register(
+            "dagcron_output_dropped_bytes",
+            "Bytes of attempts' output dropped because the disk of the data was within its reserve",
+            self.output_dropped.clone(),
+        );
+        r.register(
+            "dagcron_store_degraded",
+            "1 while the store refuses this server's commits for lack of space (nothing starts meanwhile), else 0",
+            self.degraded.clone(),
         );
     }
 
@@ -369,6 +390,21 @@ impl EngineMetrics {
     /// A commit is tried again.
     pub fn commit_retried(&self) {
         self.commit_retries.inc();
+    }
+
+    /// A fire made before its instant by the database's clock was refused.
+    pub fn early_fire_refused(&self) {
+        self.early_fires.inc();
+    }
+
+    /// `bytes` of an attempt's output were dropped to keep the disk's reserve.
+    pub fn output_dropped(&self, bytes: u64) {
+        self.output_dropped.inc_by(bytes);
+    }
+
+    /// Whether commits fail for lack of space.
+    pub fn set_degraded(&self, degraded: bool) {
+        self.degraded.set(i64::from(degraded));
     }
 
     /// A deleted job: its series go, and its place is free.

@@ -902,6 +902,7 @@ async fn a_cluster_node_fires_what_it_owns_and_stops_when_its_lease_ends() {
             slot: 3,
             lease: lease.clone(),
             peers: Default::default(),
+            ahead_us: Default::default(),
         }),
         ..EngineConfig::default()
     };
@@ -979,6 +980,7 @@ async fn a_lone_node_keeps_what_its_pool_has_no_room_for() {
             slot: 1,
             lease,
             peers: peers.clone(),
+            ahead_us: Default::default(),
         }),
         ..EngineConfig::default()
     };
@@ -2514,4 +2516,140 @@ async fn a_deleted_job_is_forgotten_and_the_dry_run_says_so() {
     );
     assert!(store.last_fires().await.unwrap().is_empty());
     assert!(store.history_jobs(None, None, 10).await.unwrap().is_empty());
+}
+
+/// After a takeover, a node fired instants another node had already
+/// recorded: the ledger refused them, but the runs the engine had made for
+/// them stayed in its memory, each holding a place of its job for good (a
+/// job of 16 places ran 2 at a time, its pending runs growing). The run of
+/// a refused fire is now dropped at once: its task never starts here (the
+/// node that recorded the fire runs it), and the next run takes the place.
+#[tokio::test]
+async fn regression_the_run_of_a_fire_already_recorded_is_dropped() {
+    let h = fresh("2026-01-01T00:00:59.5Z").await;
+    let marks = tempfile::tempdir().unwrap();
+    h.apply(&format!(
+        "namespace: t\njobs:\n  - name: m\n    schedule: '* * * * * *'\n    concurrency: queue\n    max_active_runs: 1\n    tasks: [{{ id: a, shell: 'touch {}/ran-$DAGCRON_SCHEDULED_AT' }}]\n",
+        marks.path().display()
+    ))
+    .await;
+    // Another node fired 00:01:00 first.
+    let taken = ts("2026-01-01T00:01:00Z");
+    let fire = dagcron_store::Write::Fire {
+        namespace: "t".into(),
+        job: "m".into(),
+        scheduled_at: taken,
+        outcome: FireOutcome::Fired,
+        calendar: None,
+        run: None,
+    };
+    assert_eq!(
+        h.store.write(&[fire]).await.unwrap(),
+        [dagcron_store::WriteResult::Done]
+    );
+    // Both fires come due in one wake: the refused one first.
+    h.clock.set(ts("2026-01-01T00:01:01Z"));
+    h.until("the run of 00:01:01 succeeded", async |s| {
+        let runs = s.list_runs("t", "m", 10, None).await.unwrap().items;
+        runs.iter()
+            .any(|r| r.scheduled_at == ts("2026-01-01T00:01:01Z") && r.state == RunState::Succeeded)
+    })
+    .await;
+    let runs = h.runs("m").await;
+    assert!(
+        runs.iter().all(|r| r.scheduled_at != taken),
+        "no run of the refused fire: {runs:?}"
+    );
+    let mut ran: Vec<String> = std::fs::read_dir(marks.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    ran.sort();
+    assert_eq!(
+        ran,
+        ["ran-2026-01-01T00:01:01Z"],
+        "the refused fire's task ran here"
+    );
+    h.stop().await;
+}
+
+/// A node whose clock was 3 s ahead of the database's fired 3 s early by
+/// the database's clock. A node's engine now waits until a fire is due by
+/// the database's clock too, as the node's heartbeats measure it.
+#[tokio::test]
+async fn regression_a_node_ahead_of_the_database_does_not_fire_early() {
+    use dagcron_runtime::{Lease, NodeIdentity};
+    use std::sync::atomic::AtomicI64;
+
+    let lease = Lease::new();
+    lease.extend_to(ts("2026-01-01T01:00:00Z"));
+    let config = EngineConfig {
+        node: Some(NodeIdentity {
+            slot: 1,
+            lease,
+            peers: Default::default(),
+            ahead_us: Arc::new(AtomicI64::new(3_000_000)),
+        }),
+        ..EngineConfig::default()
+    };
+    let h = fresh_with("2026-01-01T00:00:50Z", config).await;
+    h.apply("namespace: t\njobs:\n  - { name: m, schedule: '0 * * * * *', tasks: [{ id: a, noop: true }] }\n  - { name: probe, tasks: [{ id: a, noop: true }] }\n").await;
+    let all: dagcron_runtime::Ownership = Arc::new(|_: &str, _: &str| true);
+    assert_eq!(h.handle.set_ownership(all).await.unwrap(), 2);
+    // At 00:01:02 by this node's clock, 00:00:59 by the database's.
+    h.clock.set(ts("2026-01-01T00:01:02Z"));
+    // A run triggered by hand and finished: the engine has handled its
+    // timers due at this instant.
+    let probe = h
+        .handle
+        .trigger("t", "probe", Default::default())
+        .await
+        .unwrap();
+    h.until("the probe finished", async |s| {
+        s.get_run(probe).await.unwrap().unwrap().state == RunState::Succeeded
+    })
+    .await;
+    assert!(
+        h.runs("m").await.is_empty(),
+        "fired before its instant by the database's clock"
+    );
+    h.clock.set(ts("2026-01-01T00:01:03Z"));
+    h.until_fires("m", 1).await;
+    let run = &h.runs("m").await[0];
+    assert_eq!(run.scheduled_at, ts("2026-01-01T00:01:00Z"));
+    assert!(run.created_at >= ts("2026-01-01T00:01:03Z"), "{run:?}");
+    h.stop().await;
+}
+
+/// Output is dropped before it fills the disk: an attempt whose output
+/// would leave less than the reserve free keeps a note in its place, and
+/// the bytes dropped are counted.
+#[tokio::test]
+async fn output_that_would_eat_into_the_disk_reserve_is_dropped() {
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let config = EngineConfig {
+        // More than any disk has free.
+        output_reserve: Some(dagcron_runtime::OutputReserve {
+            dir: dir.path().to_path_buf(),
+            bytes: u64::MAX / 4,
+        }),
+        ..EngineConfig::default()
+    };
+    let h = start(dir, ManualClock::new(ts("2026-01-01T00:00:00Z")), config).await;
+    h.apply("namespace: t\njobs:\n  - { name: loud, tasks: [{ id: a, shell: 'echo hello' }] }\n")
+        .await;
+    let id = h
+        .handle
+        .trigger("t", "loud", Default::default())
+        .await
+        .unwrap();
+    h.until("the run succeeded", async |s| {
+        s.get_run(id).await.unwrap().unwrap().state == RunState::Succeeded
+    })
+    .await;
+    let log = h.store.read_log(id, "a", 1).await.unwrap().unwrap();
+    let text = String::from_utf8(log).unwrap();
+    assert!(text.contains("6 bytes of output dropped"), "{text}");
+    assert_eq!(h.sample("dagcron_output_dropped_bytes_total"), 6.0);
+    h.stop().await;
 }

@@ -40,11 +40,14 @@ pub(crate) async fn apply(
     // table gains until it is large enough for the planner to change its
     // mind. Looking each row up by its key costs the batch's size alone.
     *sent += 1;
-    sqlx::query("SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)")
-        .execute(&mut *conn)
-        .await?;
+    let (_, _, now_us): (String, String, i64) = sqlx::query_as(
+        "SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
+                (extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
     let mut results: Vec<Option<WriteResult>> = vec![None; batch.len()];
-    let fired = insert_fires(conn, batch, epoch, &mut results, sent).await?;
+    let fired = insert_fires(conn, batch, epoch, now_us, &mut results, sent).await?;
 
     // The runs this batch inserts, and the rows of the others it changes.
     let mut inserted = HashSet::new();
@@ -138,10 +141,16 @@ pub(crate) async fn apply(
 
 /// Inserts the batch's fires; the ledger's key refuses the ones already
 /// recorded. Returns the positions of the fires inserted.
+///
+/// A fire is never made before its instant by the database's clock, which
+/// `now_us` read at the start of the batch: one that is (its node's clock
+/// is ahead) is refused. A run made ahead on purpose (`send_ahead`: made
+/// before its instant by its own node's clock too) is not a fire made early.
 async fn insert_fires(
     conn: &mut PgConnection,
     batch: &[Write],
     epoch: Option<i64>,
+    now_us: i64,
     results: &mut [Option<WriteResult>],
     sent: &mut u64,
 ) -> Result<HashSet<usize>, sqlx::Error> {
@@ -162,6 +171,12 @@ async fn insert_fires(
             // The same fire twice in one batch: the first one is recorded.
             if !seen.insert((namespace, job, *scheduled_at)) {
                 results[i] = Some(WriteResult::fire_recorded(namespace, job, *scheduled_at));
+                continue;
+            }
+            let ahead_on_purpose = run.as_ref().is_some_and(|r| r.created_at < *scheduled_at);
+            if scheduled_at.as_microsecond() > now_us && !ahead_on_purpose {
+                let now = jiff::Timestamp::from_microsecond(now_us).unwrap_or_default();
+                results[i] = Some(WriteResult::fire_early(namespace, job, *scheduled_at, now));
                 continue;
             }
             index.push(i);

@@ -73,45 +73,24 @@ impl Coordination for PgStore {
         version: &str,
         ttl: Duration,
     ) -> Result<Registration> {
-        let ttl = millis(ttl);
-        let (epoch, slot) = transaction!(self, fenced = false, |conn| {
-                    // Registrations take turns, so that two nodes never pick one slot.
-                    sqlx::query("LOCK TABLE nodes IN SHARE ROW EXCLUSIVE MODE")
-                        .execute(&mut *conn)
-                        .await?;
-                    let used: Vec<i16> = sqlx::query_scalar(
-                        "SELECT slot FROM nodes WHERE id <> $1 AND state IN ('alive', 'draining') AND lease_until > now()",
-                    )
-                    .bind(id)
-                    .fetch_all(&mut *conn)
-                    .await?;
-                    let Some(slot) = (0..i16::from(MAX_NODES)).find(|s| !used.contains(s)) else {
-                        return Ok(None);
-                    };
-                    let epoch: i64 = sqlx::query_scalar(
-                        "INSERT INTO nodes (id, epoch, slot, state, eligible, address, version, started_at, heartbeat_at, lease_until)
-                         VALUES ($1, nextval('node_epochs'), $2, 'alive', TRUE, $3, $4, now(), now(), now() + $5 * interval '1 millisecond')
-                         ON CONFLICT (id) DO UPDATE SET epoch = EXCLUDED.epoch, slot = EXCLUDED.slot, state = 'alive',
-                            eligible = TRUE, address = EXCLUDED.address, version = EXCLUDED.version,
-                            started_at = now(), heartbeat_at = now(), lease_until = EXCLUDED.lease_until,
-                            clock_skew_us = 0, owned_jobs = 0
-                         RETURNING epoch",
-                    )
-                    .bind(id)
-                    .bind(slot)
-                    .bind(address)
-                    .bind(version)
-                    .bind(ttl)
-                    .fetch_one(&mut *conn)
-                    .await?;
-                    notify(conn, "nodes").await?;
-                    Ok(Some((epoch, slot)))
-                })?
-            .ok_or_else(|| {
-                StorageError::Invalid(format!(
-                    "the cluster already has {MAX_NODES} live nodes, the most it can hold"
-                ))
-            })?;
+        // One statement, so that nothing is held across round trips: the
+        // lock that registrations take (never a heartbeat) lasts as long as
+        // the function runs in the database, however slow this node's link.
+        let row: (Option<i64>, Option<i16>) =
+            sqlx::query_as("SELECT r_epoch, r_slot FROM dagcron_register($1, $2, $3, $4, $5)")
+                .bind(id)
+                .bind(address)
+                .bind(version)
+                .bind(millis(ttl))
+                .bind(i32::from(MAX_NODES))
+                .fetch_one(&self.pool)
+                .await
+                .map_err(unavailable)?;
+        let (Some(epoch), Some(slot)) = row else {
+            return Err(StorageError::Invalid(format!(
+                "the cluster already has {MAX_NODES} live nodes, the most it can hold"
+            )));
+        };
         *self.fence.write().expect("fence lock") = Some(Fence {
             id: id.to_string(),
             epoch,

@@ -61,8 +61,17 @@ struct Counters {
 }
 
 fn unavailable(e: sqlx::Error) -> StorageError {
+    // 53100: disk_full.
+    if matches!(&e, sqlx::Error::Database(d) if d.code().as_deref() == Some("53100")) {
+        return StorageError::Full(e.to_string());
+    }
     StorageError::Unavailable(e.to_string())
 }
+
+/// How long a session may sit in an open transaction waiting for its
+/// node; beyond it the database ends the session and its locks go.
+/// Far above any wait of a live node between the statements of a batch.
+const IDLE_IN_TRANSACTION: &str = "10s";
 
 /// Deadlocks and serialization failures: the batch can simply run again.
 fn is_transient(e: &sqlx::Error) -> bool {
@@ -125,7 +134,13 @@ impl PgStore {
             // database), and kept until the next ANALYZE: its sequential
             // scans of runs, tasks and attempts then cost more with every
             // row added.
-            .options([("plan_cache_mode", "force_custom_plan")]);
+            .options([
+                ("plan_cache_mode", "force_custom_plan"),
+                // A node cut off in the middle of a transaction holds its
+                // locks (on its runs, on its row that a reap waits for)
+                // until the database notices: at most this long.
+                ("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION),
+            ]);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(Duration::from_secs(10))

@@ -61,6 +61,8 @@ async fn registrations_get_distinct_epochs_and_slots() {
             .iter()
             .all(|n| n.state == NodeState::Alive && n.lease_valid)
     );
+    // A node owns no job until a heartbeat has checked its clock.
+    assert!(nodes.iter().all(|n| !n.eligible), "{nodes:?}");
     assert!(
         a.heartbeat(
             Heartbeat {
@@ -77,6 +79,46 @@ async fn registrations_get_distinct_epochs_and_slots() {
     assert_eq!(
         (n.eligible, n.clock_skew_us, n.owned_jobs),
         (false, 1234, 7)
+    );
+}
+
+/// A fire is never made before its instant by the database's clock: one
+/// made early (its node's clock ahead) is refused and nothing is written;
+/// a run made ahead of its instant on purpose (`send_ahead`, made before
+/// its instant by its node's clock too) is not refused.
+#[tokio::test]
+async fn a_fire_made_before_its_instant_by_the_database_clock_is_refused() {
+    let db = TestDatabase::create("early-fires").await;
+    let a = node(&db, "a").await;
+    let soon = Timestamp::now().as_second() + 30;
+    match &a.write(&[fire(soon, 1)]).await.unwrap()[..] {
+        [WriteResult::Early(why)] => assert!(why.contains("before its instant"), "{why}"),
+        other => panic!("expected an early fire refused, got {other:?}"),
+    }
+    assert!(a.get_run(1).await.unwrap().is_none(), "nothing was written");
+    let skipped = Write::Fire {
+        namespace: "ns".into(),
+        job: "j".into(),
+        scheduled_at: Timestamp::from_second(soon).unwrap(),
+        outcome: FireOutcome::SkippedOverlap,
+        calendar: None,
+        run: None,
+    };
+    assert!(matches!(
+        &a.write(&[skipped]).await.unwrap()[..],
+        [WriteResult::Early(_)]
+    ));
+    let mut ahead = fire(soon, 2);
+    if let Write::Fire { run: Some(r), .. } = &mut ahead {
+        r.created_at = Timestamp::from_second(soon - 5).unwrap();
+    }
+    assert_eq!(a.write(&[ahead]).await.unwrap(), [WriteResult::Done]);
+    // The same instant once it has come is no longer early.
+    assert_eq!(
+        a.write(&[fire(Timestamp::now().as_second() - 1, 3)])
+            .await
+            .unwrap(),
+        [WriteResult::Done]
     );
 }
 

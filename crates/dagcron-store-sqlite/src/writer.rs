@@ -26,6 +26,9 @@ pub(crate) struct Writer {
 }
 
 fn failed(e: rusqlite::Error) -> StorageError {
+    if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+        return StorageError::Full(e.to_string());
+    }
     StorageError::Unavailable(e.to_string())
 }
 

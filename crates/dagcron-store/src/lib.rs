@@ -476,6 +476,9 @@ pub enum WriteResult {
     /// The previous state was not the expected one, or the fire was already
     /// recorded: nothing changed. Says what was found.
     Conflict(String),
+    /// A fire made before its instant by the store's clock (a node whose
+    /// clock is ahead): refused, nothing changed. Says by how much.
+    Early(String),
 }
 
 /// An attempt as stored.
@@ -789,6 +792,23 @@ impl WriteResult {
         ))
     }
 
+    /// Why it was refused (empty when it was not).
+    pub fn reason(&self) -> &str {
+        match self {
+            WriteResult::Done => "",
+            WriteResult::Conflict(why) | WriteResult::Early(why) => why,
+        }
+    }
+
+    /// A fire refused because its instant, `at`, has not come by the
+    /// store's clock, which reads `now`.
+    pub fn fire_early(namespace: &str, job: &str, at: Timestamp, now: Timestamp) -> WriteResult {
+        WriteResult::Early(format!(
+            "fire {namespace}/{job} at {at} refused: made {:.3} s before its instant by the database's clock ({now})",
+            at.duration_since(now).as_secs_f64()
+        ))
+    }
+
     /// An attempt refused because it exists.
     pub fn attempt_exists(run: RunId, task: &str, number: impl fmt::Display) -> WriteResult {
         WriteResult::Conflict(format!("attempt {number} of {run}/{task} already exists"))
@@ -836,13 +856,17 @@ pub enum StorageError {
     /// This node's lease has ended or its epoch is stale: the write was
     /// refused, and the node must stop acting on its state.
     Fenced(String),
+    /// The disk (or the database's space) is full: nothing was written;
+    /// retrying succeeds once there is room again.
+    Full(String),
 }
 
 impl StorageError {
     /// Whether trying the same operation again may succeed (the database
-    /// was unreachable or busy); never for a fenced node or bad data.
+    /// was unreachable or busy, or out of space); never for a fenced node
+    /// or bad data.
     pub fn is_transient(&self) -> bool {
-        matches!(self, StorageError::Unavailable(_))
+        matches!(self, StorageError::Unavailable(_) | StorageError::Full(_))
     }
 }
 
@@ -853,6 +877,7 @@ impl fmt::Display for StorageError {
             StorageError::Corrupt(m) => write!(f, "stored data is corrupt: {m}"),
             StorageError::Invalid(m) => write!(f, "invalid storage request: {m}"),
             StorageError::Fenced(m) => write!(f, "write refused, this node is fenced: {m}"),
+            StorageError::Full(m) => write!(f, "no space left for the database: {m}"),
         }
     }
 }

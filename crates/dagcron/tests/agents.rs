@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{
-    Agent, InProcess, Killed, Server, join_token, log, setup, wait_process_gone, wait_until,
+    Agent, InProcess, Killed, Server, attempt_pids, join_token, log, setup, wait_process_gone,
+    wait_until,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -237,11 +238,14 @@ fn timed_instructions_are_sent_ahead_and_started_at_their_instant() {
 }
 
 /// A TCP proxy between an agent and the server whose connections can be
-/// cut (both directions closed, new ones refused) and restored: a network
-/// failure between real processes.
+/// cut (both directions closed, new ones refused) and restored, or stalled
+/// (nothing passes, the connections stay open, what was sent meanwhile
+/// arrives when it heals: packets dropped and sent again): network
+/// failures between real processes.
 struct Proxy {
     port: u16,
     cut: Arc<AtomicBool>,
+    stalled: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     open: Arc<Mutex<Vec<TcpStream>>>,
 }
@@ -254,10 +258,12 @@ impl Proxy {
         let proxy = Proxy {
             port,
             cut: Arc::default(),
+            stalled: Arc::default(),
             stop: Arc::default(),
             open: Arc::default(),
         };
         let (cut, stop, open) = (proxy.cut.clone(), proxy.stop.clone(), proxy.open.clone());
+        let stalled = proxy.stalled.clone();
         std::thread::spawn(move || {
             while !stop.load(Ordering::SeqCst) {
                 let Ok((client, _)) = listener.accept() else {
@@ -278,11 +284,9 @@ impl Proxy {
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
                 for (from, to) in [(&client, &server), (&server, &client)] {
-                    let (mut from, mut to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
-                    std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut to);
-                        let _ = to.shutdown(Shutdown::Both);
-                    });
+                    let (from, to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
+                    let stalled = stalled.clone();
+                    std::thread::spawn(move || pass(from, to, &stalled));
                 }
                 open.extend([client, server]);
             }
@@ -302,13 +306,114 @@ impl Proxy {
     fn restore(&self) {
         self.cut.store(false, Ordering::SeqCst);
     }
+
+    /// Nothing passes either way until [`Proxy::heal`]; no side is told.
+    fn stall(&self) {
+        self.stalled.store(true, Ordering::SeqCst);
+    }
+
+    fn heal(&self) {
+        self.stalled.store(false, Ordering::SeqCst);
+    }
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.heal();
         self.cut();
     }
+}
+
+/// Copies `from` to `to` until either side closes, holding everything back
+/// while `stalled`.
+fn pass(mut from: TcpStream, mut to: TcpStream, stalled: &AtomicBool) {
+    use std::io::{Read, Write};
+    from.set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let mut buf = [0u8; 16 << 10];
+    loop {
+        if stalled.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+/// An agent cut off silently (its connection open, nothing passing) kept
+/// running its attempt past its lease while the server retried it on
+/// another agent: both ran at once. The agent now kills its attempts when
+/// its lease ends without a word from the server, and the server reports
+/// them lost only after a grace that covers the kill.
+#[test]
+fn regression_a_silently_cut_off_agent_kills_its_attempt_before_the_retry_starts() {
+    let (dir, data) = setup();
+    let mut server = Server::start(&data, &["--agent-lease-ttl-ms", "4000"]);
+    server.namespace = "a".into();
+    let port: u16 = server.url.rsplit(':').next().unwrap().parse().unwrap();
+    let proxy = Proxy::start(port);
+    let via = format!("http://127.0.0.1:{}", proxy.port);
+    let root = dir.path().join("agents");
+    let far = Agent::start_via(&server, &via, &root, "far", "pool=w", 2);
+    let d = dir.path().display();
+    // The first attempt holds a lock on a file while it runs (its processes
+    // hold it; it goes when they are gone); a later attempt checks, as it
+    // starts, that it can take the lock: that the first is gone.
+    let script = format!(
+        "lock={d}/lock; if [ $DAGCRON_ATTEMPT -eq 1 ]; then exec 9>$lock; flock 9; touch {d}/started; sleep 30; touch {d}/done-1; elif ! flock -n $lock true; then touch {d}/overlap; fi"
+    );
+    let yaml = format!(
+        "namespace: a\njobs:\n  - name: cut\n    retry: {{ max_attempts: 2, backoff: fixed, initial: 100ms, max: 100ms }}\n    tasks:\n      - {{ id: t, shell: '{}', run_on: {{ labels: {{ pool: w }} }} }}\n",
+        script.replace('\'', "''")
+    );
+    let (status, body) = server.post("/api/v1/apply", &yaml, "application/yaml");
+    assert_eq!(status, 200, "{body}");
+    let id = server.trigger("cut");
+    wait_until("the first attempt runs", || {
+        dir.path().join("started").exists()
+    });
+    let _near = Agent::start(&server, &root, "near", "pool=w", 2);
+    let cut = Instant::now();
+    proxy.stall();
+    let run = server.wait_run(id, "succeeded");
+    let states: Vec<&str> = run["tasks"][0]["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["lost", "succeeded"], "{run}");
+    assert!(
+        !dir.path().join("overlap").exists(),
+        "the retry started while the first attempt still ran"
+    );
+    let retried = cut.elapsed();
+    proxy.heal();
+    // The first attempt was killed, not left to finish.
+    assert_eq!(attempt_pids(id, "t", 1), Vec::<u32>::new());
+    assert!(!dir.path().join("done-1").exists());
+    let text = std::fs::read_to_string(&far.log).unwrap();
+    assert!(text.contains("its running attempts are killed"), "{text}");
+    eprintln!(
+        "silent cut: retried {} ms after the cut, no overlap",
+        retried.as_millis()
+    );
+    server.signal(Signal::SIGTERM);
 }
 
 /// The agent's network is cut while it runs a task, then restored: within

@@ -79,26 +79,42 @@ impl Cluster {
     /// Starts node `i` on the database at `url` (the test's own, or a
     /// proxy in front of it).
     fn start_via(&mut self, i: usize, url: &str) {
-        let ttl = self.ttl_ms.to_string();
+        let (args, log) = self.node_args(i, url);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut server = Server::spawn(&args, &log);
+        server.namespace = "c".into();
+        server.token = Some(self.token.clone());
+        self.nodes[i] = Some(server);
+    }
+
+    /// Starts node `i` on the database at `url` without waiting for it to
+    /// answer (it may not, for a while).
+    fn launch_via(&self, i: usize, url: &str) -> (Killed, std::path::PathBuf) {
+        let (args, log) = self.node_args(i, url);
+        let (mut cmd, _) = common::serve_command(&log);
+        (Killed(cmd.args(&args).spawn().unwrap()), log)
+    }
+
+    /// The flags of node `i` on the database at `url`, and its log.
+    fn node_args(&self, i: usize, url: &str) -> (Vec<String>, std::path::PathBuf) {
         let id = format!("n{i}");
         let log = self.dir.path().join(format!("{id}.log"));
-        let mut args = vec![
+        let mut args: Vec<String> = [
             "--database",
             url,
             "--node-id",
             &id,
             "--lease-ttl-ms",
-            &ttl,
+            &self.ttl_ms.to_string(),
             "--misfire-grace",
             "0",
             "--key-file",
             self.key_file.to_str().unwrap(),
-        ];
-        args.extend(self.extra.iter().map(String::as_str));
-        let mut server = Server::spawn(&args, &log);
-        server.namespace = "c".into();
-        server.token = Some(self.token.clone());
-        self.nodes[i] = Some(server);
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(self.extra.iter().cloned());
+        (args, log)
     }
 
     fn node(&self, i: usize) -> &Server {
@@ -789,6 +805,77 @@ fn regression_a_node_far_from_its_database_keeps_its_lease() {
     }
     slow.delay(Duration::ZERO);
     assert_eq!(cluster.epoch_of(0), epoch);
+}
+
+/// One node with a slow link to the database fenced the healthy ones: its
+/// registration held a table lock across several round trips, and their
+/// heartbeats waited behind it (fenced in turn, it came back and blocked
+/// them again). A registration is now one statement that takes no lock a
+/// heartbeat needs, and a node whose round trip to the database is longer
+/// than its heartbeat interval waits to join.
+#[test]
+fn regression_a_node_with_a_slow_link_fences_no_healthy_node() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cluster = Cluster::with_flags("slow-link", 0, 2000, &[]);
+    cluster.nodes = vec![None, None, None];
+    let slow = Partition::in_front_of(&cluster.db.url);
+    cluster.start_via(0, &slow.url);
+    cluster.start(1);
+    cluster.start(2);
+    let (yaml, jobs) = every_second(10, "s");
+    cluster.apply(&yaml);
+    cluster.wait_converged(10);
+    let healthy = [(1, cluster.epoch_of(1)), (2, cluster.epoch_of(2))];
+    // The healthy nodes keep their registrations and never stop.
+    let check_healthy = |cluster: &mut Cluster| {
+        for (i, epoch) in healthy {
+            let exited = cluster.node_mut(i).child.try_wait().unwrap();
+            assert!(exited.is_none(), "healthy node {i} stopped: {exited:?}");
+            assert_eq!(cluster.epoch_of(i), epoch, "node {i} registered again");
+        }
+    };
+    let from = Timestamp::now() + jiff::SignedDuration::from_secs(1);
+    // Each way, each chunk: a round trip of at least 800 ms, twice the
+    // heartbeat interval of a 2 s lease.
+    slow.delay(Duration::from_millis(400));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = cluster.node_mut(0).child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the slow node kept its lease");
+        check_healthy(&mut cluster);
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(status.code(), Some(75), "the slow node is fenced");
+    cluster.nodes[0] = None;
+    // Started again over the same link, as a supervisor would: it connects,
+    // then waits to join, while the others go on.
+    let (restarted, log) = cluster.launch_via(0, &slow.url);
+    let waiting = "not joining yet";
+    let until = Instant::now() + Duration::from_secs(40);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains(waiting)
+    {
+        assert!(Instant::now() < until, "the slow node did not say it waits");
+        check_healthy(&mut cluster);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for _ in 0..25 {
+        check_healthy(&mut cluster);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The link heals: it joins, and the three share the jobs.
+    slow.delay(Duration::ZERO);
+    drop(restarted);
+    cluster.start_via(0, &slow.url);
+    cluster.wait_converged(10);
+    check_healthy(&mut cluster);
+    let to = Timestamp::now();
+    cluster.wait_fired_through(&jobs, to + jiff::SignedDuration::from_secs(1));
+    let checked = assert_exactly_once(cluster.node(1), &jobs, from, to);
+    eprintln!("slow link: {checked} (job, second) pairs fired once, no healthy node fenced");
 }
 
 /// A TCP proxy in front of PostgreSQL that can stop passing bytes while

@@ -345,6 +345,7 @@ impl<S: Store> Engine<S> {
             agent,
             ..
         } = done;
+        let outcome = self.within_reserve(outcome);
         if let Some(foreign) = self.foreign.remove(&(id, i)) {
             if foreign.withdrawn {
                 // Its end is recorded already (cancelled by the withdrawal).
@@ -412,6 +413,59 @@ impl<S: Store> Engine<S> {
             recorded: false,
         };
         self.step(id, event, at, Some(outcome));
+    }
+}
+
+impl<S: Store> Engine<S> {
+    /// `outcome`, or, when its output would leave the disk of the data
+    /// less free space than its reserve, `outcome` with a note in place of
+    /// its output: output is dropped before it fills the disk.
+    fn within_reserve(&self, mut outcome: Outcome) -> Outcome {
+        let Some(reserve) = &self.config.output_reserve else {
+            return outcome;
+        };
+        let size = outcome.log.len() as u64;
+        if size == 0 || reserve.room_for(size) {
+            return outcome;
+        }
+        tracing::warn!(
+            "{size} bytes of an attempt's output dropped: the disk of {} has less than {} MiB free",
+            reserve.dir.display(),
+            reserve.bytes >> 20
+        );
+        if let Some(m) = &self.config.metrics {
+            m.output_dropped(size);
+        }
+        outcome.log = format!(
+            "[dagcron: {size} bytes of output dropped: the server's disk has less than {} MiB free]\n",
+            reserve.bytes >> 20
+        )
+        .into_bytes();
+        outcome
+    }
+}
+
+/// The free space an attempt's output may never take: output that would
+/// leave less than `bytes` free on the file system of `dir` is dropped.
+#[derive(Clone, Debug)]
+pub struct OutputReserve {
+    /// A directory on the file system that holds the data.
+    pub dir: std::path::PathBuf,
+    /// The space kept free, in bytes.
+    pub bytes: u64,
+}
+
+impl OutputReserve {
+    /// Whether `size` more bytes leave the reserve free (yes when the
+    /// free space cannot be read).
+    fn room_for(&self, size: u64) -> bool {
+        match nix::sys::statvfs::statvfs(&self.dir) {
+            Ok(fs) => {
+                let free = u64::from(fs.blocks_available()) * u64::from(fs.fragment_size());
+                free >= self.bytes.saturating_add(size)
+            }
+            Err(_) => true,
+        }
     }
 }
 

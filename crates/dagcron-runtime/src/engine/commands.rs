@@ -998,6 +998,7 @@ fn copy_of(e: &StorageError) -> StorageError {
         StorageError::Invalid(m) => StorageError::Invalid(m.clone()),
         StorageError::Fenced(m) => StorageError::Fenced(m.clone()),
         StorageError::Unavailable(m) => StorageError::Unavailable(m.clone()),
+        StorageError::Full(m) => StorageError::Full(m.clone()),
         other => StorageError::Unavailable(other.to_string()),
     }
 }

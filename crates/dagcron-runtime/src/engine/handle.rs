@@ -201,6 +201,7 @@ pub struct EngineHandle {
     pub(super) tx: mpsc::Sender<Command>,
     pub(super) live: LiveLogs,
     pub(super) fenced: CancellationToken,
+    pub(super) write_health: WriteHealth,
 }
 
 /// The output of attempts running in this process, by (run, task, attempt).
@@ -208,6 +209,12 @@ pub(crate) type LiveLogs =
     Arc<std::sync::Mutex<HashMap<(RunId, String, u32), dagcron_exec::LiveLog>>>;
 
 impl EngineHandle {
+    /// Why the engine's commits fail now, if they do (a disk full): the
+    /// server is then degraded, reading but starting nothing.
+    pub fn write_problem(&self) -> Option<String> {
+        self.write_health.problem()
+    }
+
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, EngineError> {
         let (tx, rx) = oneshot::channel();
         self.tx

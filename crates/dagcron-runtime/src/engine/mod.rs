@@ -46,6 +46,7 @@ mod timers;
 #[cfg(test)]
 mod tests;
 
+pub use attempts::OutputReserve;
 pub use handle::EngineHandle;
 pub(crate) use handle::{CaughtUp, Command, LiveLogs, RerunRead, SharedNews};
 pub use lease::Lease;
@@ -103,6 +104,10 @@ pub struct EngineConfig {
     pub remote: Option<RemoteWorkers>,
     /// Where the values of the secrets tasks refer to come from.
     pub secrets: Option<SecretSource>,
+    /// The free space attempts' output may not take (none: no check).
+    pub output_reserve: Option<attempts::OutputReserve>,
+    /// Whether commits go through (see [`WriteHealth`]).
+    pub write_health: WriteHealth,
     /// Where the execution policies of namespaces come from; none: every
     /// executor is allowed (an engine without tenants, as in tests).
     pub policies: Option<PolicySource>,
@@ -309,6 +314,11 @@ pub struct NodeIdentity {
     /// handed to the cluster, they would only come back to it, through
     /// the database.
     pub peers: Arc<std::sync::atomic::AtomicBool>,
+    /// How far this node's clock is ahead of the database's, in
+    /// microseconds, as its last heartbeat measured it (kept by the
+    /// coordinator; negative: behind). A fire waits until its instant has
+    /// come by the database's clock too: a node ahead never fires early.
+    pub ahead_us: Arc<std::sync::atomic::AtomicI64>,
 }
 
 /// Bits of a run id that hold the node's slot.
@@ -331,6 +341,8 @@ impl Default for EngineConfig {
             secrets: None,
             policies: None,
             max_fires_per_namespace: None,
+            write_health: WriteHealth::default(),
+            output_reserve: None,
         }
     }
 }
@@ -412,19 +424,50 @@ async fn commit_with_retries<S: Store>(
     store: &S,
     writes: &Arc<Vec<Write>>,
     metrics: Option<&crate::EngineMetrics>,
+    health: &WriteHealth,
+    stopping: &CancellationToken,
 ) -> Result<Vec<WriteResult>, StorageError> {
     if writes.is_empty() {
         return Ok(vec![]);
     }
     let began = std::time::Instant::now();
     let mut tries = 0;
+    let mut pause = Duration::from_millis(100);
+    let mut said: Option<std::time::Instant> = None;
     loop {
         match store.write_shared(writes.clone()).await {
             Ok(r) => {
                 if let Some(m) = metrics {
                     m.committed(began.elapsed().as_secs_f64(), writes.len());
                 }
+                if health.set(None) {
+                    tracing::warn!("commits go through again: the server is back to normal");
+                    if let Some(m) = metrics {
+                        m.set_degraded(false);
+                    }
+                }
                 return Ok(r);
+            }
+            // No room left: degraded, not dead. The batch waits and is
+            // tried again until there is room (nothing it would start runs
+            // meanwhile: attempts start after their commit), the loop goes
+            // on deciding into the next one, and readiness says why.
+            Err(StorageError::Full(why)) if !stopping.is_cancelled() => {
+                health.set(Some(format!("commits fail for lack of space: {why}")));
+                if let Some(m) = metrics {
+                    m.set_degraded(true);
+                }
+                if said.is_none_or(|at| at.elapsed() >= DEGRADED_LOG_EVERY) {
+                    tracing::error!(
+                        "commits fail for lack of space ({why}): nothing starts, and what was decided waits in memory until there is room"
+                    );
+                    said = Some(std::time::Instant::now());
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = stopping.cancelled() => {}
+                }
+                pause = (pause * 2).min(Duration::from_secs(2));
             }
             Err(e) if tries < 5 && e.is_transient() => {
                 if let Some(m) = metrics {
@@ -436,6 +479,26 @@ async fn commit_with_retries<S: Store>(
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// How often a server whose commits fail for lack of space says so.
+const DEGRADED_LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Whether the store takes the engine's commits; shared with the API's
+/// readiness check.
+#[derive(Clone, Debug, Default)]
+pub struct WriteHealth(Arc<std::sync::Mutex<Option<String>>>);
+
+impl WriteHealth {
+    /// Why commits fail now (none: they do not).
+    pub fn problem(&self) -> Option<String> {
+        self.0.lock().expect("write health lock").clone()
+    }
+
+    /// Sets the problem; returns whether there was one before.
+    fn set(&self, problem: Option<String>) -> bool {
+        std::mem::replace(&mut *self.0.lock().expect("write health lock"), problem).is_some()
     }
 }
 
@@ -727,6 +790,9 @@ pub struct Engine<S: Store> {
     /// The parent of every attempt's cancellation token: cancelled, it
     /// stops every attempt this engine runs, whatever the loop is doing.
     kill_switch: CancellationToken,
+    /// Cancelled when the loop is asked to stop: a commit waiting for room
+    /// gives up then.
+    stopping: CancellationToken,
     /// The attempt tasks of the pool: waited for once they are killed.
     attempts: tokio_util::task::TaskTracker,
     /// Cancelled when `run` returns (stops the lease watchdog).

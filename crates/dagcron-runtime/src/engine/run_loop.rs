@@ -42,6 +42,7 @@ impl<S: Store> Engine<S> {
             last_wake: now,
             killing: false,
             kill_switch: CancellationToken::new(),
+            stopping: CancellationToken::new(),
             attempts: tokio_util::task::TaskTracker::new(),
             done: CancellationToken::new(),
             ownership: None,
@@ -64,7 +65,12 @@ impl<S: Store> Engine<S> {
                 fenced.clone(),
             ));
         }
-        let handle = EngineHandle { tx, live, fenced };
+        let handle = EngineHandle {
+            tx,
+            live,
+            fenced,
+            write_health: engine.config.write_health.clone(),
+        };
         Ok((engine, handle))
     }
 
@@ -104,6 +110,7 @@ impl<S: Store> Engine<S> {
         drain: Duration,
     ) -> Result<(), StorageError> {
         let mut commands = self.commands.take().expect("run is called once");
+        self.stopping = shutdown.clone();
         self.dispatch();
         self.flush().await?;
         // Commits are pipelined: while batches are being committed, the
@@ -249,8 +256,14 @@ impl<S: Store> Engine<S> {
     pub(super) async fn flush(&mut self) -> Result<(), StorageError> {
         self.check_lease()?;
         let writes = Arc::new(std::mem::take(&mut self.writes));
-        let results =
-            commit_with_retries(&*self.store, &writes, self.config.metrics.as_deref()).await?;
+        let results = commit_with_retries(
+            &*self.store,
+            &writes,
+            self.config.metrics.as_deref(),
+            &self.config.write_health,
+            &self.stopping,
+        )
+        .await?;
         self.check_lease()?;
         let effects = std::mem::take(&mut self.effects);
         self.committed(&writes, &results, effects);
@@ -262,11 +275,12 @@ impl<S: Store> Engine<S> {
     fn commit(&self, writes: Arc<Vec<Write>>) -> Commit {
         let store = self.store.clone();
         let metrics = self.config.metrics.clone();
+        let health = self.config.write_health.clone();
+        let stopping = self.stopping.clone();
         let batch = writes.clone();
-        let task =
-            tokio::spawn(
-                async move { commit_with_retries(&*store, &batch, metrics.as_deref()).await },
-            );
+        let task = tokio::spawn(async move {
+            commit_with_retries(&*store, &batch, metrics.as_deref(), &health, &stopping).await
+        });
         Box::pin(async move {
             let results = match task.await {
                 Ok(results) => results,
@@ -286,15 +300,29 @@ impl<S: Store> Engine<S> {
         results: &[WriteResult],
         effects: Vec<Action>,
     ) {
+        let now = self.clock.now();
         for (w, r) in writes.iter().zip(results) {
-            if let WriteResult::Conflict(why) = r {
-                // A fire already in the ledger is expected after a crash
-                // between commit and arming; anything else is a bug.
-                if matches!(w, Write::Fire { .. }) {
-                    tracing::info!("{why}");
-                } else {
-                    tracing::error!("refused state change: {why}");
+            match (w, r) {
+                (_, WriteResult::Done) => {}
+                // A fire already in the ledger (after a crash between commit
+                // and arming, or made by another node first in a takeover)
+                // or refused as early: its run was never stored, and must
+                // not hold a place of its job.
+                (Write::Fire { run, .. }, refusal) => {
+                    if let WriteResult::Early(why) = refusal {
+                        tracing::error!("{why}");
+                        if let Some(m) = &self.config.metrics {
+                            m.early_fire_refused();
+                        }
+                    } else {
+                        tracing::info!("{}", refusal.reason());
+                    }
+                    if let Some(run) = run {
+                        self.forget_run(run.id, now);
+                    }
                 }
+                // Anything else is a bug.
+                (_, refusal) => tracing::error!("refused state change: {}", refusal.reason()),
             }
         }
         for effect in effects {
@@ -306,12 +334,22 @@ impl<S: Store> Engine<S> {
                     write,
                     lane,
                 } => {
-                    if results.get(write) == Some(&WriteResult::Done) {
+                    let known = self.runs.contains_key(&run);
+                    if known && results.get(write) == Some(&WriteResult::Done) {
                         self.spawn(run, task, number);
                     } else {
-                        // Only a second engine acting on the same run could
-                        // cause this; fencing is meant to make it impossible.
-                        tracing::error!(run, task, number, "attempt not recorded; not starting it");
+                        if known {
+                            // Only a second engine acting on the same run
+                            // could cause this; fencing is meant to make it
+                            // impossible. (A run dropped because its fire was
+                            // refused has nothing to start.)
+                            tracing::error!(
+                                run,
+                                task,
+                                number,
+                                "attempt not recorded; not starting it"
+                            );
+                        }
                         *self.lane(lane) -= 1;
                     }
                 }

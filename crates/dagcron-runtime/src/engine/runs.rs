@@ -476,6 +476,19 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// Run `id` was never stored (its fire was refused): it is dropped
+    /// from memory, with anything it holds, as if it had never been made.
+    pub(super) fn forget_run(&mut self, id: RunId, now: Timestamp) {
+        let Some(run) = self.runs.get(&id) else {
+            return;
+        };
+        for token in run.tokens.iter().flatten() {
+            token.cancel();
+        }
+        self.shared.retain(|(run, _), _| *run != id);
+        self.finished(id, now);
+    }
+
     /// Run `id` is over: it leaves its job's slots (a queued run may start).
     fn finished(&mut self, id: RunId, now: Timestamp) {
         let Some(run) = self.runs.remove(&id) else {

@@ -88,6 +88,14 @@ pub(super) const WARM_UP_FIRES: usize = 16;
 pub(super) const WARM_UP_AHEAD: SignedDuration = SignedDuration::from_millis(2);
 
 impl<S: Store> Engine<S> {
+    /// How far this node's clock is ahead of the database's, as last
+    /// measured (zero outside a cluster).
+    fn ahead_of_database(&self) -> SignedDuration {
+        self.config.node.as_ref().map_or(SignedDuration::ZERO, |n| {
+            SignedDuration::from_micros(n.ahead_us.load(std::sync::atomic::Ordering::Relaxed))
+        })
+    }
+
     pub(super) fn arm(&mut self, at: Timestamp, timer: Timer) {
         self.timers.push(at, timer);
     }
@@ -181,6 +189,22 @@ impl<S: Store> Engine<S> {
                     else {
                         continue;
                     };
+                    // A node whose clock is ahead of the database's waits
+                    // until the fire is due by the database's clock too.
+                    let ahead = self.ahead_of_database();
+                    let handle = fires::handle_at(&entry.timing, at);
+                    if ahead.is_positive() && now.duration_since(handle) < ahead {
+                        let later = handle.checked_add(ahead).unwrap_or(handle);
+                        self.arm(
+                            later,
+                            Timer::Fire {
+                                key,
+                                generation,
+                                at,
+                            },
+                        );
+                        continue;
+                    }
                     // Ordinary delays (a busy loop, a slow commit) never
                     // count: at least RUNNING_GRACE_FLOOR.
                     let grace = self.config.misfire_grace.max(RUNNING_GRACE_FLOOR);

@@ -94,6 +94,11 @@ pub struct ServeArgs {
     /// [default: 365].
     #[arg(long, env = "DAGCRON_AUDIT_RETENTION_DAYS")]
     audit_retention_days: Option<u64>,
+    /// Mebibytes of the data directory's disk that attempts' output never
+    /// takes: output that would leave less free is dropped, with a note in
+    /// its place (0: no reserve; the embedded database only) [default: 64].
+    #[arg(long, env = "DAGCRON_DISK_RESERVE_MB")]
+    disk_reserve_mb: Option<u64>,
     /// The server key that API tokens are hashed under (32 bytes) [default:
     /// DATA_DIR/server.key, created on the first start; required in a
     /// cluster, the same file on every node: `dagcron tokens bootstrap` makes one].
@@ -149,6 +154,7 @@ struct FileConfig {
     max_ready_backlog: Option<usize>,
     max_fires_per_namespace: Option<u32>,
     audit_retention_days: Option<u64>,
+    disk_reserve_mb: Option<u64>,
     key_file: Option<PathBuf>,
     master_key_file: Option<PathBuf>,
     tls_cert: Option<PathBuf>,
@@ -178,6 +184,8 @@ pub struct Config {
     pub(super) max_fires_per_namespace: Option<u32>,
     /// How long audit rows are kept (none: forever).
     pub(super) audit_retention: Option<Duration>,
+    /// Bytes of the data directory's disk kept free of attempts' output.
+    pub(super) disk_reserve: u64,
     pub(super) agents: PoolConfig,
     pub(super) tls: Option<Arc<rustls::ServerConfig>>,
     pass_env: Vec<String>,
@@ -320,6 +328,11 @@ impl ServeArgs {
             )
             .filter(|d| *d > 0)
             .map(|d| Duration::from_secs(d.saturating_mul(86_400))),
+            disk_reserve: self
+                .disk_reserve_mb
+                .or(file.disk_reserve_mb)
+                .unwrap_or(64)
+                .saturating_mul(1 << 20),
             max_body_bytes: self
                 .max_body_bytes
                 .or(file.max_body_bytes)

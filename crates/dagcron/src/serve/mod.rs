@@ -23,8 +23,8 @@ use dagcron_api::secrets::StoredSecrets;
 use dagcron_api::{AppState, router};
 use dagcron_core::JobFile;
 use dagcron_runtime::{
-    Engine, EngineConfig, EngineMetrics, PolicySource, PruneConfig, Pruner, RemoteWorkers,
-    SecretSource, SystemClock,
+    Engine, EngineConfig, EngineMetrics, OutputReserve, PolicySource, PruneConfig, Pruner,
+    RemoteWorkers, SecretSource, SystemClock,
 };
 use dagcron_store::{StorageError, Store};
 use tokio::net::TcpListener;
@@ -164,6 +164,14 @@ impl<S: Store> Node<S> {
                 dagcron_api::policy::StoredPolicies::new(self.store.clone()),
             ))),
             node: self.identity,
+            output_reserve: self
+                .data_dir
+                .clone()
+                .filter(|_| config.disk_reserve > 0)
+                .map(|dir| OutputReserve {
+                    dir,
+                    bytes: config.disk_reserve,
+                }),
             ..EngineConfig::default()
         };
         let (engine, handle) =

@@ -51,7 +51,7 @@ impl DerefMut for Server {
 }
 
 /// The instance-admin token the first start of a server wrote in `data`.
-fn admin_token(data: &Path) -> String {
+pub fn admin_token(data: &Path) -> String {
     std::fs::read_to_string(data.join("admin.token"))
         .expect("the server wrote its admin token")
         .trim()
@@ -566,7 +566,7 @@ pub fn wait_gone(pid: u32, what: &str) {
 pub struct Agent {
     pub child: Child,
     pub dir: PathBuf,
-    log: PathBuf,
+    pub log: PathBuf,
 }
 
 impl Agent {
