@@ -305,11 +305,13 @@ impl<S: Coordination> Coordinator<S> {
             self.store.clone(),
             self.config.clone(),
             self.clock.clone(),
-            self.lease.clone(),
-            self.status.clone(),
-            self.owned.clone(),
-            self.draining.clone(),
-            self.ahead_us.clone(),
+            Beating {
+                lease: self.lease.clone(),
+                status: self.status.clone(),
+                owned: self.owned.clone(),
+                draining: self.draining.clone(),
+                ahead_us: self.ahead_us.clone(),
+            },
         ));
         loop {
             let draining = self.draining.load(Ordering::SeqCst);
@@ -476,41 +478,50 @@ async fn heartbeats<S: Coordination>(
     store: S,
     config: ClusterConfig,
     clock: Arc<dyn Clock>,
-    lease: Lease,
-    status: Arc<Mutex<LocalStatus>>,
-    owned: Arc<AtomicUsize>,
-    draining: Arc<AtomicBool>,
-    ahead_us: Arc<AtomicI64>,
+    node: Beating,
 ) -> Result<(), StorageError> {
     loop {
         let started = tokio::time::Instant::now();
-        let beat = beat(&store, &config, &*clock, &lease, &status, &owned, &draining);
-        match beat.await {
-            Ok(skew_us) => ahead_us.store(skew_us, Ordering::SeqCst),
+        match beat(&store, &config, &*clock, &node).await {
+            Ok(()) => {}
             Err(StorageError::Fenced(m)) => {
-                lease.revoke();
+                node.lease.revoke();
                 return Err(StorageError::Fenced(m));
             }
             Err(e) => {
                 tracing::warn!("heartbeat failed: {e}");
-                status.lock().expect("status lock").problem = Some(e.to_string());
+                node.status.lock().expect("status lock").problem = Some(e.to_string());
             }
         }
         tokio::time::sleep_until(started + config.heartbeat_every()).await;
     }
 }
 
+/// What the heartbeats read and keep up to date, shared with the
+/// coordinator and the engine.
+struct Beating {
+    lease: Lease,
+    status: Arc<Mutex<LocalStatus>>,
+    owned: Arc<AtomicUsize>,
+    draining: Arc<AtomicBool>,
+    /// See [`NodeIdentity::ahead_us`].
+    ahead_us: Arc<AtomicI64>,
+}
+
 /// One heartbeat: the clock against the database's, then the lease.
-/// Returns the clock's skew (microseconds ahead of the database's).
 async fn beat<S: Coordination>(
     store: &S,
     config: &ClusterConfig,
     clock: &dyn Clock,
-    lease: &Lease,
-    status: &Mutex<LocalStatus>,
-    owned: &AtomicUsize,
-    draining: &AtomicBool,
-) -> Result<i64, StorageError> {
+    node: &Beating,
+) -> Result<(), StorageError> {
+    let Beating {
+        lease,
+        status,
+        owned,
+        draining,
+        ahead_us,
+    } = node;
     let before = clock.now();
     let db = store.database_now().await?;
     let after = clock.now();
@@ -518,6 +529,7 @@ async fn beat<S: Coordination>(
     let skew_us = middle_us - db.as_microsecond();
     let bound = i64::try_from(config.max_clock_skew.as_micros()).unwrap_or(i64::MAX);
     let clock_ok = skew_us.abs() <= bound;
+    ahead_us.store(skew_us, Ordering::SeqCst);
     let was_ok = {
         let mut s = status.lock().expect("status lock");
         let was = s.clock_ok;
@@ -552,7 +564,7 @@ async fn beat<S: Coordination>(
         )));
     }
     lease.extend_to(sent.checked_add(config.trusted()).unwrap_or(sent));
-    Ok(skew_us)
+    Ok(())
 }
 
 /// Why the node stops when its heartbeats have stopped.

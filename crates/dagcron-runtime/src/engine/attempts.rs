@@ -461,7 +461,7 @@ impl OutputReserve {
     fn room_for(&self, size: u64) -> bool {
         match nix::sys::statvfs::statvfs(&self.dir) {
             Ok(fs) => {
-                let free = u64::from(fs.blocks_available()) * u64::from(fs.fragment_size());
+                let free = fs.blocks_available().saturating_mul(fs.fragment_size());
                 free >= self.bytes.saturating_add(size)
             }
             Err(_) => true,
