@@ -146,17 +146,23 @@ impl FireBucket {
     /// `rate` a second since the bucket was last seen (an instant before
     /// that refills nothing).
     pub fn take(&mut self, rate: u32, now: Timestamp) -> bool {
-        let elapsed = now.duration_since(self.at).as_secs_f64().max(0.0);
-        self.tokens = (self.tokens + elapsed * f64::from(rate)).min(f64::from(rate));
-        if now > self.at {
-            self.at = now;
-        }
-        if self.tokens >= 1.0 {
+        if self.ready(rate, now) {
             self.tokens -= 1.0;
             true
         } else {
             false
         }
+    }
+
+    /// Whether a fire at `now` would be taken (refilled as by
+    /// [`FireBucket::take`], nothing taken).
+    pub fn ready(&mut self, rate: u32, now: Timestamp) -> bool {
+        let elapsed = now.duration_since(self.at).as_secs_f64().max(0.0);
+        self.tokens = (self.tokens + elapsed * f64::from(rate)).min(f64::from(rate));
+        if now > self.at {
+            self.at = now;
+        }
+        self.tokens >= 1.0
     }
 }
 

@@ -12,7 +12,7 @@ pub mod trace;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use cluster::{ClusterConfig, ClusterHandle, Coordinator, LocalStatus};
 pub use engine::{
-    Engine, EngineConfig, EngineError, EngineEvent, EngineHandle, Intervened, Lease,
+    CatchUpPace, Engine, EngineConfig, EngineError, EngineEvent, EngineHandle, Intervened, Lease,
     MAX_TRIGGER_RUNS, NodeIdentity, Observer, OutputReserve, Ownership, Policies, PolicyLookup,
     PolicySource, Remote, RemoteTask, RemoteWorkers, Report, Resolved, SecretSource, Secrets,
     WriteHealth,

@@ -2653,3 +2653,75 @@ async fn output_that_would_eat_into_the_disk_reserve_is_dropped() {
     assert_eq!(h.sample("dagcron_output_dropped_bytes_total"), 6.0);
     h.stop().await;
 }
+
+/// After a long outage, the catch-up of the missed fires came as one
+/// burst (its output filled the disk again). Runs of missed fires now
+/// begin at the pace of the server's and their job's allowances, oldest
+/// first, each counted against its job from the moment it is made.
+#[tokio::test]
+async fn catch_up_runs_begin_at_their_pace() {
+    let pace = dagcron_runtime::CatchUpPace {
+        per_server: 50,
+        per_job: 2,
+    };
+    let config = || EngineConfig {
+        misfire_grace: Duration::ZERO,
+        catch_up_pace: Some(pace),
+        ..EngineConfig::default()
+    };
+    let h = fresh_with("2026-01-01T00:00:00.5Z", config()).await;
+    h.apply("namespace: t\njobs:\n  - { name: s, schedule: '* * * * * *', misfire: run_all, max_catchup: 10, concurrency: allow, max_active_runs: 100, tasks: [{ id: a, noop: true }] }\n  - { name: probe, tasks: [{ id: a, noop: true }] }\n").await;
+    h.clock.set(ts("2026-01-01T00:00:01Z"));
+    h.until_fires("s", 1).await;
+    let (dir, clock) = h.stop().await;
+    // Down for a minute.
+    clock.set(ts("2026-01-01T00:01:01.5Z"));
+    let h = start(dir, clock, config()).await;
+    let caught_up = async |h: &Harness| {
+        h.runs("s")
+            .await
+            .iter()
+            .filter(|r| r.trigger == Trigger::Catchup && r.state == RunState::Succeeded)
+            .count()
+    };
+    // A run triggered by hand and finished: the engine has handled what
+    // was due at this instant.
+    let settle = async |h: &Harness| {
+        let id = h
+            .handle
+            .trigger("t", "probe", Default::default())
+            .await
+            .unwrap();
+        h.until("the probe finished", async |s| {
+            s.get_run(id).await.unwrap().unwrap().state == RunState::Succeeded
+        })
+        .await;
+    };
+    h.until("the first two caught up", async |_| {
+        caught_up(&h).await >= 2
+    })
+    .await;
+    settle(&h).await;
+    assert_eq!(
+        caught_up(&h).await,
+        2,
+        "one second's worth of the job's allowance"
+    );
+    let runs = h.runs("s").await;
+    let made = runs
+        .iter()
+        .filter(|r| r.trigger == Trigger::Catchup)
+        .count();
+    assert_eq!(made, 10, "every catch-up run is made at once, and waits");
+    // Two more each second, the job's allowance.
+    for (second, expected) in [("02.5", 4), ("03.5", 6), ("04.5", 8), ("05.5", 10)] {
+        h.clock.set(ts(&format!("2026-01-01T00:01:{second}Z")));
+        h.until(&format!("{expected} caught up"), async |_| {
+            caught_up(&h).await == expected
+        })
+        .await;
+        settle(&h).await;
+        assert_eq!(caught_up(&h).await, expected);
+    }
+    h.stop().await;
+}

@@ -104,6 +104,10 @@ pub struct EngineConfig {
     pub remote: Option<RemoteWorkers>,
     /// Where the values of the secrets tasks refer to come from.
     pub secrets: Option<SecretSource>,
+    /// How many runs of missed fires caught up may begin per second on
+    /// this node, and per job (none: as they come). After a long outage a
+    /// server catches up at this pace rather than in one burst.
+    pub catch_up_pace: Option<CatchUpPace>,
     /// The free space attempts' output may not take (none: no check).
     pub output_reserve: Option<attempts::OutputReserve>,
     /// Whether commits go through (see [`WriteHealth`]).
@@ -343,6 +347,7 @@ impl Default for EngineConfig {
             max_fires_per_namespace: None,
             write_health: WriteHealth::default(),
             output_reserve: None,
+            catch_up_pace: Some(CatchUpPace::default()),
         }
     }
 }
@@ -482,6 +487,40 @@ async fn commit_with_retries<S: Store>(
     }
 }
 
+/// The pace of catch-up runs (see [`EngineConfig::catch_up_pace`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CatchUpPace {
+    /// Runs of missed fires that may begin per second on this node.
+    pub per_server: u32,
+    /// ...and per job.
+    pub per_job: u32,
+}
+
+impl Default for CatchUpPace {
+    fn default() -> CatchUpPace {
+        CatchUpPace {
+            per_server: 50,
+            per_job: 5,
+        }
+    }
+}
+
+/// Runs of missed fires waiting for their turn to begin: they count
+/// against their job's limits from the moment they are made, and begin
+/// as the server's and their job's allowances (token buckets of one
+/// second's worth) let them, oldest first.
+#[derive(Default)]
+struct Pace {
+    server: Option<policy::FireBucket>,
+    jobs: HashMap<Arc<JobKey>, policy::FireBucket>,
+    waiting: VecDeque<RunId>,
+    /// Whether a [`Timer::Paced`] is armed.
+    armed: bool,
+}
+
+/// How often waiting catch-up runs are looked at.
+const PACE_TICK: SignedDuration = SignedDuration::from_millis(100);
+
 /// How often a server whose commits fail for lack of space says so.
 const DEGRADED_LOG_EVERY: Duration = Duration::from_secs(5);
 
@@ -605,6 +644,9 @@ struct RunEntry {
     /// For a run made ahead of its instant (`send_ahead`): nothing of it
     /// starts before this.
     start_at: Option<Timestamp>,
+    /// A run of a missed fire caught up: it begins at the pace of
+    /// [`EngineConfig::catch_up_pace`].
+    caught_up: bool,
     /// When it was created (a run rebuilt after a restart keeps it).
     created_at: Timestamp,
     /// When each task last became ready, and when its attempt here started.
@@ -646,6 +688,8 @@ enum Timer {
     Planned {
         run: RunId,
     },
+    /// Runs of missed fires wait for their turn to begin (see [`Pace`]).
+    Paced,
     /// Catch up missed fires again (reading their job failed).
     CatchUp {
         key: Arc<JobKey>,
@@ -793,6 +837,8 @@ pub struct Engine<S: Store> {
     /// Cancelled when the loop is asked to stop: a commit waiting for room
     /// gives up then.
     stopping: CancellationToken,
+    /// Runs of missed fires waiting to begin.
+    pace: Pace,
     /// The attempt tasks of the pool: waited for once they are killed.
     attempts: tokio_util::task::TaskTracker,
     /// Cancelled when `run` returns (stops the lease watchdog).

@@ -407,6 +407,7 @@ impl<S: Store> Engine<S> {
             machine: RunMachine::rebuilt(record.state, record.closing, tasks),
             tokens,
             start_at: None,
+            caught_up: false,
             created_at: record.created_at,
             times: vec![TaskTimes::default(); job.tasks.len()],
             trace: self.trace_of(

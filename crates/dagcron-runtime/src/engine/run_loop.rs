@@ -43,6 +43,7 @@ impl<S: Store> Engine<S> {
             killing: false,
             kill_switch: CancellationToken::new(),
             stopping: CancellationToken::new(),
+            pace: Pace::default(),
             attempts: tokio_util::task::TaskTracker::new(),
             done: CancellationToken::new(),
             ownership: None,

@@ -213,6 +213,7 @@ impl<S: Store> Engine<S> {
                 },
                 tokens: vec![None; job.tasks.len()],
                 start_at: None,
+                caught_up: trigger == Trigger::Catchup,
                 created_at: now,
                 times: vec![TaskTimes::default(); job.tasks.len()],
                 trace,
@@ -291,7 +292,60 @@ impl<S: Store> Engine<S> {
         };
         let key = run.key.clone();
         self.jobs.get_mut(&*key).expect("job").active.insert(id);
+        if run.caught_up && self.config.catch_up_pace.is_some() {
+            // Its place is taken now; it begins in its turn.
+            self.pace.waiting.push_back(id);
+            self.paced(now);
+            return;
+        }
         self.step(id, Event::Begin, now, None);
+    }
+
+    /// Begins the waiting catch-up runs the allowances let begin now,
+    /// oldest first, and looks again a little later while some wait.
+    pub(super) fn paced(&mut self, now: Timestamp) {
+        let Some(pace) = self.config.catch_up_pace else {
+            return;
+        };
+        let mut begin = vec![];
+        let mut left = VecDeque::new();
+        let server = self
+            .pace
+            .server
+            .get_or_insert_with(|| policy::FireBucket::full(pace.per_server, now));
+        while let Some(id) = self.pace.waiting.pop_front() {
+            let Some(run) = self.runs.get(&id) else {
+                continue;
+            };
+            if !server.ready(pace.per_server, now) {
+                left.push_back(id);
+                left.extend(self.pace.waiting.drain(..));
+                break;
+            }
+            let job = self
+                .pace
+                .jobs
+                .entry(run.key.clone())
+                .or_insert_with(|| policy::FireBucket::full(pace.per_job, now));
+            if job.take(pace.per_job, now) {
+                server.take(pace.per_server, now);
+                begin.push(id);
+            } else {
+                left.push_back(id);
+            }
+        }
+        self.pace.waiting = left;
+        if self.pace.waiting.is_empty() && self.pace.jobs.len() > 10_000 {
+            // Jobs come and go: a map this large starts over.
+            self.pace.jobs.clear();
+        }
+        if !self.pace.waiting.is_empty() && !self.pace.armed {
+            self.pace.armed = true;
+            self.arm(now.checked_add(PACE_TICK).unwrap_or(now), Timer::Paced);
+        }
+        for id in begin {
+            self.step(id, Event::Begin, now, None);
+        }
     }
 
     /// Stops a run, to end in `final_state` once its attempts have ended.

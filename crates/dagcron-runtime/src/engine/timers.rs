@@ -242,6 +242,10 @@ impl<S: Store> Engine<S> {
                     self.fire(&key, &job, at, Trigger::Schedule, FireOutcome::Fired);
                     fired.push((key, at));
                 }
+                Timer::Paced => {
+                    self.pace.armed = false;
+                    self.paced(now);
+                }
                 Timer::Retry { run, task } => {
                     self.step(run, Event::RetryDue { task }, now, None);
                 }

@@ -99,6 +99,14 @@ pub struct ServeArgs {
     /// its place (0: no reserve; the embedded database only) [default: 64].
     #[arg(long, env = "DAGCRON_DISK_RESERVE_MB")]
     disk_reserve_mb: Option<u64>,
+    /// Runs of missed fires caught up (after an outage, by the jobs'
+    /// misfire policies) that may begin per second on this node; the rest
+    /// wait their turn (0: no pace) [default: 50].
+    #[arg(long, env = "DAGCRON_CATCH_UP_PER_SECOND")]
+    catch_up_per_second: Option<u32>,
+    /// ...and per job [default: 5].
+    #[arg(long, env = "DAGCRON_CATCH_UP_PER_JOB")]
+    catch_up_per_job: Option<u32>,
     /// The server key that API tokens are hashed under (32 bytes) [default:
     /// DATA_DIR/server.key, created on the first start; required in a
     /// cluster, the same file on every node: `dagcron tokens bootstrap` makes one].
@@ -155,6 +163,8 @@ struct FileConfig {
     max_fires_per_namespace: Option<u32>,
     audit_retention_days: Option<u64>,
     disk_reserve_mb: Option<u64>,
+    catch_up_per_second: Option<u32>,
+    catch_up_per_job: Option<u32>,
     key_file: Option<PathBuf>,
     master_key_file: Option<PathBuf>,
     tls_cert: Option<PathBuf>,
@@ -186,6 +196,8 @@ pub struct Config {
     pub(super) audit_retention: Option<Duration>,
     /// Bytes of the data directory's disk kept free of attempts' output.
     pub(super) disk_reserve: u64,
+    /// The pace of catch-up runs (none: as they come).
+    pub(super) catch_up_pace: Option<dagcron_runtime::CatchUpPace>,
     pub(super) agents: PoolConfig,
     pub(super) tls: Option<Arc<rustls::ServerConfig>>,
     pass_env: Vec<String>,
@@ -333,6 +345,21 @@ impl ServeArgs {
                 .or(file.disk_reserve_mb)
                 .unwrap_or(64)
                 .saturating_mul(1 << 20),
+            catch_up_pace: {
+                let default = dagcron_runtime::CatchUpPace::default();
+                let per_server = self
+                    .catch_up_per_second
+                    .or(file.catch_up_per_second)
+                    .unwrap_or(default.per_server);
+                let per_job = self
+                    .catch_up_per_job
+                    .or(file.catch_up_per_job)
+                    .unwrap_or(default.per_job);
+                (per_server > 0 && per_job > 0).then_some(dagcron_runtime::CatchUpPace {
+                    per_server,
+                    per_job,
+                })
+            },
             max_body_bytes: self
                 .max_body_bytes
                 .or(file.max_body_bytes)

@@ -164,6 +164,7 @@ impl<S: Store> Node<S> {
                 dagcron_api::policy::StoredPolicies::new(self.store.clone()),
             ))),
             node: self.identity,
+            catch_up_pace: config.catch_up_pace,
             output_reserve: self
                 .data_dir
                 .clone()
