@@ -1428,7 +1428,7 @@ async fn readiness_checks_the_store_and_the_engine() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
         body,
-        json!({"ready": true, "checks": [{"name": "store", "ok": true}, {"name": "engine", "ok": true}]})
+        json!({"ready": true, "checks": [{"name": "store", "ok": true}, {"name": "engine", "ok": true}, {"name": "writes", "ok": true}]})
     );
     api.stop.cancel();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);

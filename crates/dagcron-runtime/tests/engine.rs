@@ -120,6 +120,22 @@ impl Harness {
         .await;
     }
 
+    /// Triggers `job` of namespace `t` and waits (bounded) until the run
+    /// has succeeded. With a no-op job, a point where the engine has
+    /// handled every timer due at the clock's instant.
+    async fn run_to_end(&self, job: &str) -> dagcron_store::RunId {
+        let id = self
+            .handle
+            .trigger("t", job, Default::default())
+            .await
+            .unwrap();
+        self.until(&format!("the run of {job} succeeded"), async |s| {
+            s.get_run(id).await.unwrap().unwrap().state == RunState::Succeeded
+        })
+        .await;
+        id
+    }
+
     async fn idle(&self) {
         self.until("no active runs", async |s| {
             s.active_runs().await.unwrap().is_empty()
@@ -2598,17 +2614,8 @@ async fn regression_a_node_ahead_of_the_database_does_not_fire_early() {
     assert_eq!(h.handle.set_ownership(all).await.unwrap(), 2);
     // At 00:01:02 by this node's clock, 00:00:59 by the database's.
     h.clock.set(ts("2026-01-01T00:01:02Z"));
-    // A run triggered by hand and finished: the engine has handled its
-    // timers due at this instant.
-    let probe = h
-        .handle
-        .trigger("t", "probe", Default::default())
-        .await
-        .unwrap();
-    h.until("the probe finished", async |s| {
-        s.get_run(probe).await.unwrap().unwrap().state == RunState::Succeeded
-    })
-    .await;
+    // The engine has handled its timers due at this instant.
+    h.run_to_end("probe").await;
     assert!(
         h.runs("m").await.is_empty(),
         "fired before its instant by the database's clock"
@@ -2638,15 +2645,7 @@ async fn output_that_would_eat_into_the_disk_reserve_is_dropped() {
     let h = start(dir, ManualClock::new(ts("2026-01-01T00:00:00Z")), config).await;
     h.apply("namespace: t\njobs:\n  - { name: loud, tasks: [{ id: a, shell: 'echo hello' }] }\n")
         .await;
-    let id = h
-        .handle
-        .trigger("t", "loud", Default::default())
-        .await
-        .unwrap();
-    h.until("the run succeeded", async |s| {
-        s.get_run(id).await.unwrap().unwrap().state == RunState::Succeeded
-    })
-    .await;
+    let id = h.run_to_end("loud").await;
     let log = h.store.read_log(id, "a", 1).await.unwrap().unwrap();
     let text = String::from_utf8(log).unwrap();
     assert!(text.contains("6 bytes of output dropped"), "{text}");
@@ -2684,24 +2683,11 @@ async fn catch_up_runs_begin_at_their_pace() {
             .filter(|r| r.trigger == Trigger::Catchup && r.state == RunState::Succeeded)
             .count()
     };
-    // A run triggered by hand and finished: the engine has handled what
-    // was due at this instant.
-    let settle = async |h: &Harness| {
-        let id = h
-            .handle
-            .trigger("t", "probe", Default::default())
-            .await
-            .unwrap();
-        h.until("the probe finished", async |s| {
-            s.get_run(id).await.unwrap().unwrap().state == RunState::Succeeded
-        })
-        .await;
-    };
     h.until("the first two caught up", async |_| {
         caught_up(&h).await >= 2
     })
     .await;
-    settle(&h).await;
+    h.run_to_end("probe").await;
     assert_eq!(
         caught_up(&h).await,
         2,
@@ -2720,7 +2706,7 @@ async fn catch_up_runs_begin_at_their_pace() {
             caught_up(&h).await == expected
         })
         .await;
-        settle(&h).await;
+        h.run_to_end("probe").await;
         assert_eq!(caught_up(&h).await, expected);
     }
     h.stop().await;

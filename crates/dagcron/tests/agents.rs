@@ -285,8 +285,10 @@ impl Proxy {
                 let _ = server.set_nodelay(true);
                 for (from, to) in [(&client, &server), (&server, &client)] {
                     let (from, to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
-                    let stalled = stalled.clone();
-                    std::thread::spawn(move || pass(from, to, &stalled));
+                    let (stalled, stop) = (stalled.clone(), stop.clone());
+                    std::thread::spawn(move || {
+                        common::pipe(from, to, &stalled, &stop, &Default::default());
+                    });
                 }
                 open.extend([client, server]);
             }
@@ -323,36 +325,6 @@ impl Drop for Proxy {
         self.heal();
         self.cut();
     }
-}
-
-/// Copies `from` to `to` until either side closes, holding everything back
-/// while `stalled`.
-fn pass(mut from: TcpStream, mut to: TcpStream, stalled: &AtomicBool) {
-    use std::io::{Read, Write};
-    from.set_read_timeout(Some(Duration::from_millis(50)))
-        .unwrap();
-    let mut buf = [0u8; 16 << 10];
-    loop {
-        if stalled.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(20));
-            continue;
-        }
-        match from.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                if to.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => break,
-        }
-    }
-    let _ = to.shutdown(Shutdown::Both);
 }
 
 /// An agent cut off silently (its connection open, nothing passing) kept

@@ -917,7 +917,7 @@ impl Partition {
                     (server, client),
                 ] {
                     let (c, st, d) = (c.clone(), st.clone(), d.clone());
-                    std::thread::spawn(move || pipe(from, to, &c, &st, &d));
+                    std::thread::spawn(move || common::pipe(from, to, &c, &st, &d));
                 }
             }
         });
@@ -943,46 +943,6 @@ impl Partition {
 impl Drop for Partition {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-/// Copies bytes until either side closes; while `cut`, copies nothing and
-/// keeps both sides open.
-fn pipe(
-    mut from: std::net::TcpStream,
-    mut to: std::net::TcpStream,
-    cut: &std::sync::atomic::AtomicBool,
-    stop: &std::sync::atomic::AtomicBool,
-    delay: &std::sync::atomic::AtomicU64,
-) {
-    use std::io::{Read, Write};
-    use std::sync::atomic::Ordering;
-    from.set_read_timeout(Some(Duration::from_millis(50)))
-        .unwrap();
-    let mut buf = [0u8; 16 << 10];
-    while !stop.load(Ordering::SeqCst) {
-        if cut.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(50));
-            continue;
-        }
-        match from.read(&mut buf) {
-            Ok(0) => return,
-            Ok(n) => {
-                let wait = delay.load(Ordering::SeqCst);
-                if wait > 0 {
-                    std::thread::sleep(Duration::from_millis(wait));
-                }
-                if to.write_all(&buf[..n]).is_err() {
-                    return;
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => return,
-        }
     }
 }
 

@@ -650,3 +650,47 @@ pub fn log(server: &Api, id: i64, task: &str, attempt: u32) -> String {
         .text()
         .unwrap()
 }
+
+/// Copies bytes from `from` to `to` for a test's TCP proxy until either
+/// side closes or `stop`, then closes `to`. While `held`, nothing passes
+/// and both sides stay open (what was sent arrives once it is let go, as
+/// with packets dropped and sent again); every chunk waits `delay_ms`
+/// before it passes.
+pub fn pipe(
+    mut from: std::net::TcpStream,
+    mut to: std::net::TcpStream,
+    held: &std::sync::atomic::AtomicBool,
+    stop: &std::sync::atomic::AtomicBool,
+    delay_ms: &std::sync::atomic::AtomicU64,
+) {
+    use std::io::{Read, Write};
+    use std::sync::atomic::Ordering;
+    from.set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let mut buf = [0u8; 16 << 10];
+    while !stop.load(Ordering::SeqCst) {
+        if held.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                let wait = delay_ms.load(Ordering::SeqCst);
+                if wait > 0 {
+                    std::thread::sleep(Duration::from_millis(wait));
+                }
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
