@@ -40,6 +40,26 @@ impl Clock for SystemClock {
     }
 }
 
+/// The system clock read `offset` away from the true time: a node whose
+/// clock is wrong, for fault drills and their tests, never for real work.
+#[derive(Clone, Copy, Debug)]
+pub struct SkewedClock {
+    /// How far ahead it reads (negative: behind).
+    pub offset: SignedDuration,
+}
+
+impl Clock for SkewedClock {
+    fn now(&self) -> Timestamp {
+        let now = Timestamp::now();
+        now.checked_add(self.offset).unwrap_or(now)
+    }
+
+    fn sleep_until(&self, at: Timestamp) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let at = at.checked_sub(self.offset).unwrap_or(at);
+        SystemClock.sleep_until(at)
+    }
+}
+
 /// How close to its instant a wait leaves the coarse timer for the precise one.
 const NEAR: Duration = Duration::from_millis(2);
 

@@ -9,7 +9,7 @@ pub mod metrics;
 pub mod prune;
 pub mod trace;
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock, SkewedClock, SystemClock};
 pub use cluster::{ClusterConfig, ClusterHandle, Coordinator, LocalStatus};
 pub use engine::{
     CatchUpPace, Engine, EngineConfig, EngineError, EngineEvent, EngineHandle, Intervened, Lease,

@@ -79,7 +79,13 @@ impl Cluster {
     /// Starts node `i` on the database at `url` (the test's own, or a
     /// proxy in front of it).
     fn start_via(&mut self, i: usize, url: &str) {
-        let (args, log) = self.node_args(i, url);
+        self.start_with(i, url, &[]);
+    }
+
+    /// Starts node `i` on the database at `url` with more flags of its own.
+    fn start_with(&mut self, i: usize, url: &str, flags: &[&str]) {
+        let (mut args, log) = self.node_args(i, url);
+        args.extend(flags.iter().map(|f| f.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut server = Server::spawn(&args, &log);
         server.namespace = "c".into();
@@ -876,6 +882,60 @@ fn regression_a_node_with_a_slow_link_fences_no_healthy_node() {
     cluster.wait_fired_through(&jobs, to + jiff::SignedDuration::from_secs(1));
     let checked = assert_exactly_once(cluster.node(1), &jobs, from, to);
     eprintln!("slow link: {checked} (job, second) pairs fired once, no healthy node fenced");
+}
+
+/// A node started with its clock 3 s ahead of the database's took jobs for
+/// a moment (it was eligible until its first heartbeat) and fired them up
+/// to 3 s before their instants. A node now owns nothing until a heartbeat
+/// has checked its clock: one this far off never does, however often it
+/// starts.
+#[test]
+fn regression_a_node_whose_clock_is_ahead_never_fires() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cluster = Cluster::new("skewed", 2, 2000);
+    cluster.nodes.push(None);
+    let (yaml, jobs) = every_second(20, "k");
+    cluster.apply(&yaml);
+    cluster.wait_converged(20);
+    let healthy = [cluster.epoch_of(0), cluster.epoch_of(1)];
+    let from = Timestamp::now() + jiff::SignedDuration::from_secs(1);
+    let url = cluster.db.url.clone();
+    for start in 0..4 {
+        cluster.start_with(2, &url, &["--fault-clock-offset-ms", "3000"]);
+        // It says its clock is off, and is not ready.
+        wait_until("the skewed node finds its clock off", || {
+            let resp = cluster
+                .node(2)
+                .http()
+                .get(format!("{}/readyz", cluster.node(2).url))
+                .send()
+                .unwrap();
+            resp.status().as_u16() == 503
+                && resp.json::<Value>().unwrap()["checks"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|c| c["name"] == "clock" && c["ok"] == false)
+        });
+        // A few heartbeats more.
+        std::thread::sleep(Duration::from_millis(1200));
+        let view = cluster.node(2).get("/api/v1/cluster");
+        assert_eq!(view["this_node"]["owned_jobs"], 0, "start {start}: {view}");
+        cluster.node_mut(2).signal(Signal::SIGKILL);
+        cluster.nodes[2] = None;
+    }
+    let to = Timestamp::now();
+    cluster.wait_fired_through(&jobs, to + jiff::SignedDuration::from_secs(1));
+    let by_others = cluster.count(&format!(
+        "SELECT count(*) FROM fires WHERE node_epoch NOT IN ({}, {})",
+        healthy[0], healthy[1]
+    ));
+    assert_eq!(by_others, 0, "the skewed node fired");
+    assert_eq!([cluster.epoch_of(0), cluster.epoch_of(1)], healthy);
+    let checked = assert_exactly_once(cluster.node(0), &jobs, from, to);
+    eprintln!(
+        "skewed clock: 4 starts 3 s ahead, nothing fired by it; {checked} (job, second) pairs fired once"
+    );
 }
 
 /// A TCP proxy in front of PostgreSQL that can stop passing bytes while

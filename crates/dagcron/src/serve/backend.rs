@@ -13,7 +13,7 @@ use dagcron_api::auth::Keyring;
 use dagcron_api::secrets::{KeyFiles, KeySet, MasterKey};
 use dagcron_core::authz::Role;
 use dagcron_runtime::cluster::{self, ClusterConfig, ClusterHandle, Coordinator};
-use dagcron_runtime::{EngineHandle, NodeIdentity, SystemClock};
+use dagcron_runtime::{EngineHandle, NodeIdentity};
 use dagcron_store::cluster::Coordination;
 use dagcron_store::{StorageError, Store};
 use dagcron_store_postgres::PgStore;
@@ -107,7 +107,7 @@ pub(super) async fn member(
     let store = PgStore::connect(&settings.url, (config.pool_size as u32).clamp(4, 16))
         .await
         .context("opening the PostgreSQL database")?;
-    let clock = Arc::new(SystemClock);
+    let clock = config.clock();
     let cluster_config = ClusterConfig {
         lease_ttl: settings.lease_ttl,
         max_clock_skew: settings.max_clock_skew,

@@ -107,6 +107,16 @@ pub struct ServeArgs {
     /// ...and per job [default: 5].
     #[arg(long, env = "DAGCRON_CATCH_UP_PER_JOB")]
     catch_up_per_job: Option<u32>,
+    /// For fault drills only: this server's clock reads this many
+    /// milliseconds ahead of the system's (negative: behind), as a node
+    /// whose clock is wrong would.
+    #[arg(
+        long,
+        env = "DAGCRON_FAULT_CLOCK_OFFSET_MS",
+        hide = true,
+        allow_hyphen_values = true
+    )]
+    fault_clock_offset_ms: Option<i64>,
     /// The server key that API tokens are hashed under (32 bytes) [default:
     /// DATA_DIR/server.key, created on the first start; required in a
     /// cluster, the same file on every node: `dagcron tokens bootstrap` makes one].
@@ -198,6 +208,8 @@ pub struct Config {
     pub(super) disk_reserve: u64,
     /// The pace of catch-up runs (none: as they come).
     pub(super) catch_up_pace: Option<dagcron_runtime::CatchUpPace>,
+    /// How far this server's clock is set off, for fault drills.
+    clock_offset_ms: i64,
     pub(super) agents: PoolConfig,
     pub(super) tls: Option<Arc<rustls::ServerConfig>>,
     pass_env: Vec<String>,
@@ -345,6 +357,7 @@ impl ServeArgs {
                 .or(file.disk_reserve_mb)
                 .unwrap_or(64)
                 .saturating_mul(1 << 20),
+            clock_offset_ms: self.fault_clock_offset_ms.unwrap_or(0),
             catch_up_pace: {
                 let default = dagcron_runtime::CatchUpPace::default();
                 let per_server = self
@@ -425,6 +438,22 @@ impl Config {
     }
 
     /// The address to bind (the caller binds it: see [`run`]).
+    /// The clock of this server: the system's, unless a fault drill sets
+    /// it off.
+    pub(super) fn clock(&self) -> std::sync::Arc<dyn dagcron_runtime::Clock> {
+        match self.clock_offset_ms {
+            0 => std::sync::Arc::new(dagcron_runtime::SystemClock),
+            ms => {
+                tracing::warn!(
+                    "this server's clock is set {ms} ms off the system's (a fault drill)"
+                );
+                std::sync::Arc::new(dagcron_runtime::SkewedClock {
+                    offset: jiff::SignedDuration::from_millis(ms),
+                })
+            }
+        }
+    }
+
     pub fn listen(&self) -> SocketAddr {
         self.listen
     }

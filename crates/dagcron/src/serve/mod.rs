@@ -175,10 +175,9 @@ impl<S: Store> Node<S> {
                 }),
             ..EngineConfig::default()
         };
-        let (engine, handle) =
-            Engine::start(self.store.clone(), Arc::new(SystemClock), engine_config)
-                .await
-                .context("starting the engine")?;
+        let (engine, handle) = Engine::start(self.store.clone(), config.clock(), engine_config)
+            .await
+            .context("starting the engine")?;
         let stop = CancellationToken::new();
         let drained = CancellationToken::new();
         let (cluster, mut coordinator) = match self.join {
