@@ -437,7 +437,6 @@ impl Config {
             .config()
     }
 
-    /// The address to bind (the caller binds it: see [`run`]).
     /// The clock of this server: the system's, unless a fault drill sets
     /// it off.
     pub(super) fn clock(&self) -> std::sync::Arc<dyn dagcron_runtime::Clock> {
@@ -454,6 +453,7 @@ impl Config {
         }
     }
 
+    /// The address to bind (the caller binds it: see [`run`]).
     pub fn listen(&self) -> SocketAddr {
         self.listen
     }
