@@ -128,9 +128,10 @@ impl Watch {
         trust.until = Some(trust.until.map_or(until, |u| u.max(until)));
     }
 
-    /// The token of a new attempt, cancelled when the lease ends.
-    fn attempt_token(&self) -> CancellationToken {
-        self.0.lock().expect("watch lock").attempts.child_token()
+    /// The lease's token now: cancelled when the lease ends (the parent
+    /// of the attempts' tokens).
+    fn lease_token(&self) -> CancellationToken {
+        self.0.lock().expect("watch lock").attempts.clone()
     }
 
     /// Whether the agent's lease holds at `now`.
@@ -450,7 +451,8 @@ async fn start(
         return;
     };
     let token = attempt.fencing_token;
-    let cancel = local.watch.attempt_token();
+    let lease = local.watch.lease_token();
+    let cancel = lease.child_token();
     local
         .running
         .insert(token, (attempt.clone(), cancel.clone()));
@@ -513,9 +515,18 @@ async fn start(
                     max_output: a.max_output_bytes as usize,
                 };
                 let started = now_us();
-                let outcome =
+                let mut outcome =
                     dagcron_exec::run_live(&executor, &ctx, timeout, cancel, limits, Some(&live))
                         .await;
+                if lease.is_cancelled() {
+                    // Killed for the lease, not cancelled by the server: a
+                    // failure its retries may take up.
+                    let why =
+                        "killed by its agent: no word from the server within the agent's lease";
+                    outcome.ending =
+                        dagcron_exec::Ending::Failed(dagcron_core::Failure::Error(why.into()));
+                    outcome.error = Some(why.into());
+                }
                 let mut result = convert::outcome_to_result(attempt.clone(), &outcome);
                 result.started_at_us = started;
                 result.finished_at_us = now_us();

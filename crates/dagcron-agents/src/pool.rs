@@ -346,8 +346,12 @@ impl State {
             // not take it, and never will (an agent starts no assignment
             // older than the acceptance window). From an agent not heard
             // from, an acceptance may be on its way: it waits for the lease.
-            let heard_since = state.agents.get(&inflight.session).is_some_and(|a| {
-                a.last_seen.saturating_duration_since(inflight.sent) > config.accept_timeout
+            // Any session of the same agent counts: after a reconnection the
+            // agent speaks on its new one.
+            let heard_since = state.agents.values().any(|a| {
+                a.id == inflight.agent
+                    && a.principal == inflight.principal
+                    && a.last_seen.saturating_duration_since(inflight.sent) > config.accept_timeout
             });
             let late = !inflight.accepted
                 && heard_since
@@ -913,6 +917,12 @@ impl Agents for AgentPool {
         let session = self.with_state(|state, at, outs| {
             state.next_session += 1;
             let session = state.next_session;
+            // The agent's older sessions get nothing more: it left them.
+            for old in state.agents.values_mut() {
+                if old.id == hello.agent_id && old.principal == grant.token_id {
+                    old.tx = None;
+                }
+            }
             // A reconnection replaces the agent's previous session, whose
             // attempts move over when the agent's heartbeat lists them.
             state.agents.insert(

@@ -15,10 +15,13 @@ LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM 1 FROM nodes WHERE id = p_id FOR UPDATE;
     PERFORM pg_advisory_xact_lock(hashtext('dagcron registrations'));
+    -- A slot is free a lease's length after its node's lease ended: a
+    -- heartbeat of that node sent in time but not yet committed would
+    -- otherwise keep it alive beside a new node on the same slot.
     SELECT s INTO r_slot FROM generate_series(0, p_max_nodes - 1) AS s
     WHERE s NOT IN (SELECT n.slot FROM nodes n
                     WHERE n.id <> p_id AND n.state IN ('alive', 'draining')
-                      AND n.lease_until > clock_timestamp())
+                      AND n.lease_until > clock_timestamp() - p_ttl_ms * interval '1 millisecond')
     ORDER BY s LIMIT 1;
     IF r_slot IS NULL THEN
         RETURN;

@@ -690,6 +690,13 @@ enum Timer {
     },
     /// Runs of missed fires wait for their turn to begin (see [`Pace`]).
     Paced,
+    /// A fire the store refused as early, made again (its next fire is
+    /// armed already).
+    Refire {
+        key: Arc<JobKey>,
+        generation: u64,
+        at: Timestamp,
+    },
     /// Catch up missed fires again (reading their job failed).
     CatchUp {
         key: Arc<JobKey>,

@@ -42,7 +42,13 @@ impl<S: Store> Engine<S> {
             last_wake: now,
             killing: false,
             kill_switch: CancellationToken::new(),
-            stopping: CancellationToken::new(),
+            // Until the loop runs, a commit that finds no room gives up at
+            // once: a server that starts on a full disk stops and says why.
+            stopping: {
+                let stopping = CancellationToken::new();
+                stopping.cancel();
+                stopping
+            },
             pace: Pace::default(),
             attempts: tokio_util::task::TaskTracker::new(),
             done: CancellationToken::new(),
@@ -309,17 +315,27 @@ impl<S: Store> Engine<S> {
                 // and arming, or made by another node first in a takeover)
                 // or refused as early: its run was never stored, and must
                 // not hold a place of its job.
-                (Write::Fire { run, .. }, refusal) => {
+                (
+                    Write::Fire {
+                        namespace,
+                        job,
+                        scheduled_at,
+                        run,
+                        ..
+                    },
+                    refusal,
+                ) => {
+                    if let Some(run) = run {
+                        self.forget_run(run.id, now);
+                    }
                     if let WriteResult::Early(why) = refusal {
-                        tracing::error!("{why}");
+                        tracing::warn!("{why}; made again a little later");
                         if let Some(m) = &self.config.metrics {
                             m.early_fire_refused();
                         }
+                        self.refire(namespace, job, *scheduled_at, now);
                     } else {
                         tracing::info!("{}", refusal.reason());
-                    }
-                    if let Some(run) = run {
-                        self.forget_run(run.id, now);
                     }
                 }
                 // Anything else is a bug.

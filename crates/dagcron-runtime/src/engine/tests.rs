@@ -367,3 +367,63 @@ async fn an_instant_of_many_fires_is_warmed_up_ahead_and_fires_at_its_time() {
     .await;
     assert_eq!(engine2.warm_up_at(engine2.timers.next_at()), None);
 }
+
+/// A fire the store refused as made before its instant by its clock was
+/// lost: its run was dropped and the series had moved on. It is now made
+/// again a little later, with a new run, and the series is not armed twice.
+#[tokio::test]
+async fn a_fire_refused_as_early_is_made_again_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut engine, clock, (mut commands, _handle)) =
+        engine_at(&dir, "2026-01-10T00:00:00.5Z").await;
+    apply(
+        &mut engine,
+        &mut commands,
+        jobs("namespace: t\njobs:\n  - { name: s, schedule: '* * * * * *', concurrency: allow, tasks: [{ id: a, noop: true }] }\n"),
+    )
+    .await;
+    let at: Timestamp = "2026-01-10T00:00:01Z".parse().unwrap();
+    clock.set(at);
+    engine.on_timers();
+    let writes = std::mem::take(&mut engine.writes);
+    let effects = std::mem::take(&mut engine.effects);
+    let first = writes
+        .iter()
+        .find_map(|w| match w {
+            Write::Fire {
+                scheduled_at,
+                run: Some(run),
+                ..
+            } if *scheduled_at == at => Some(run.id),
+            _ => None,
+        })
+        .expect("fired");
+    // The store refuses the fire as early, and so every write of its run.
+    let results: Vec<WriteResult> = writes
+        .iter()
+        .map(|w| match w {
+            Write::Fire { .. } => WriteResult::Early("early".into()),
+            _ => WriteResult::Conflict("no such run".into()),
+        })
+        .collect();
+    engine.committed(&writes, &results, effects);
+    assert!(!engine.runs.contains_key(&first), "its run is dropped");
+    let fires_of = |engine: &Engine<_>, when: Timestamp| {
+        engine
+            .writes
+            .iter()
+            .filter(|w| matches!(w, Write::Fire { scheduled_at, .. } if *scheduled_at == when))
+            .count()
+    };
+    // 100 ms later: made again, with a new run.
+    clock.set("2026-01-10T00:00:01.1Z".parse().unwrap());
+    engine.on_timers();
+    assert_eq!(fires_of(&engine, at), 1, "made again");
+    assert!(engine.runs.keys().any(|id| *id != first));
+    engine.flush().await.unwrap();
+    // The next second fires once.
+    let next: Timestamp = "2026-01-10T00:00:02Z".parse().unwrap();
+    clock.set(next);
+    engine.on_timers();
+    assert_eq!(fires_of(&engine, next), 1, "the series is armed once");
+}

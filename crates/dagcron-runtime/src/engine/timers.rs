@@ -88,6 +88,28 @@ pub(super) const WARM_UP_FIRES: usize = 16;
 pub(super) const WARM_UP_AHEAD: SignedDuration = SignedDuration::from_millis(2);
 
 impl<S: Store> Engine<S> {
+    /// Makes the fire of `namespace/job` at `at`, which the store refused
+    /// as made before its instant by its clock, again a little later: after
+    /// as long as this node's clock is measured ahead, and at least 100 ms.
+    pub(super) fn refire(&mut self, namespace: &str, job: &str, at: Timestamp, now: Timestamp) {
+        let key = (namespace.to_string(), job.to_string());
+        let Some((key, entry)) = self.jobs.get_key_value(&key) else {
+            return;
+        };
+        let (key, generation) = (key.clone(), entry.generation);
+        let wait = self
+            .ahead_of_database()
+            .max(SignedDuration::from_millis(100));
+        self.arm(
+            now.checked_add(wait).unwrap_or(now),
+            Timer::Refire {
+                key,
+                generation,
+                at,
+            },
+        );
+    }
+
     /// How far this node's clock is ahead of the database's, as last
     /// measured (zero outside a cluster).
     fn ahead_of_database(&self) -> SignedDuration {
@@ -241,6 +263,31 @@ impl<S: Store> Engine<S> {
                     };
                     self.fire(&key, &job, at, Trigger::Schedule, FireOutcome::Fired);
                     fired.push((key, at));
+                }
+                Timer::Refire {
+                    key,
+                    generation,
+                    at,
+                } => {
+                    let Some(entry) = self
+                        .jobs
+                        .get(&*key)
+                        .filter(|e| e.generation == generation && !e.paused)
+                    else {
+                        continue;
+                    };
+                    if let Some(calendar) = entry.timing.excluded_by(at).map(str::to_string) {
+                        self.record_suppressed(&key, at, &calendar);
+                        continue;
+                    }
+                    match entry.job.clone() {
+                        Some(job) => {
+                            self.fire(&key, &job, at, Trigger::Schedule, FireOutcome::Fired)
+                        }
+                        None => {
+                            tracing::warn!(job = %format!("{}/{}", key.0, key.1), "fire of {at} refused as early could not be made again: its job is not in memory")
+                        }
+                    }
                 }
                 Timer::Paced => {
                     self.pace.armed = false;

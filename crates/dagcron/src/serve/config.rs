@@ -411,6 +411,10 @@ impl ServeArgs {
             lease_ttl_ms >= 500,
             "lease_ttl_ms must be at least 500 (heartbeats are a fifth of it)"
         );
+        anyhow::ensure!(
+            config.agents.lease_ttl >= Duration::from_secs(1),
+            "agent_lease_ttl_ms must be at least 1000 (agents heartbeat every quarter of it, and kill their attempts at three quarters without an answer)"
+        );
         Ok(config)
     }
 }

@@ -105,7 +105,12 @@ pub async fn run(
     match &config.backend {
         Backend::Embedded(settings) => embedded(settings).await?.run(serving, shutdown).await,
         Backend::Cluster(settings) => {
-            let node = member(settings, &config, address, &serving.agents).await?;
+            // Joining may wait (a database too far away): a signal meanwhile stops it.
+            let mut shutdown = std::pin::pin!(shutdown);
+            let node = tokio::select! {
+                node = member(settings, &config, address, &serving.agents) => node?,
+                () = &mut shutdown => return Ok(Exit::Stopped),
+            };
             node.run(serving, shutdown).await
         }
     }
