@@ -11,6 +11,7 @@ use dagcron_proto::{ClockEstimate, ClockSample, PROTOCOL_VERSION};
 use jiff::Timestamp;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
@@ -278,7 +279,10 @@ async fn session(
             return Err(None);
         }
     };
+    // Heartbeats, acceptances and results go apart from the output, taken
+    // in turn with it: much output on a slow link never holds them up.
     let (out, rx) = mpsc::channel::<v1::AgentMessage>(1024);
+    let (logs, logs_rx) = mpsc::channel::<v1::AgentMessage>(256);
     let hello = v1::Hello {
         agent_id: config.agent_id.clone(),
         labels: config
@@ -295,7 +299,8 @@ async fn session(
     let reported = hello.unreported.clone();
     let hello_sent = Instant::now();
     let _ = out.send(send(agent_message::Body::Hello(hello))).await;
-    let mut inbound = match client.attach(ReceiverStream::new(rx)).await {
+    let outbound = ReceiverStream::new(rx).merge(ReceiverStream::new(logs_rx));
+    let mut inbound = match client.attach(outbound).await {
         Ok(r) => r.into_inner(),
         Err(e) => {
             tracing::warn!("attaching failed: {e}");
@@ -359,7 +364,7 @@ async fn session(
                                 "an assignment came {:.1} s after the server sent it: not started (the server gives it to another agent)",
                                 age_us as f64 / 1e6
                             ),
-                            _ => start(a, local, &out, done_tx).await,
+                            _ => start(a, local, &out, &logs, done_tx).await,
                         }
                     }
                     Some(server_message::Body::Cancel(c)) => {
@@ -379,6 +384,7 @@ async fn session(
                     return Err(None);
                 }
                 if local.draining && local.running.is_empty() {
+                    drop(logs);
                     close(out, inbound).await;
                     return Ok(());
                 }
@@ -418,6 +424,7 @@ async fn session(
                     // Say so, then go.
                     let beat = v1::Heartbeat { draining: true, ..Default::default() };
                     let _ = out.send(send(agent_message::Body::Heartbeat(beat))).await;
+                    drop(logs);
                     close(out, inbound).await;
                     return Ok(());
                 }
@@ -445,6 +452,7 @@ async fn start(
     a: v1::Assignment,
     local: &mut Local,
     out: &mpsc::Sender<v1::AgentMessage>,
+    logs: &mpsc::Sender<v1::AgentMessage>,
     done_tx: &mpsc::UnboundedSender<v1::Result>,
 ) {
     let Some(attempt) = a.attempt.clone() else {
@@ -468,7 +476,7 @@ async fn start(
     let live = dagcron_exec::LiveLog::new(a.max_output_bytes as usize);
     // Output goes to the server as it comes, for whoever follows the attempt.
     let forward = {
-        let (live, out, attempt) = (live.clone(), out.clone(), attempt.clone());
+        let (live, out, attempt) = (live.clone(), logs.clone(), attempt.clone());
         async move {
             let mut offset = 0;
             loop {
