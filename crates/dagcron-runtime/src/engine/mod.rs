@@ -439,17 +439,23 @@ async fn commit_with_retries<S: Store>(
     let mut tries = 0;
     let mut pause = Duration::from_millis(100);
     let mut said: Option<std::time::Instant> = None;
+    // Whether this commit counts among those failing for lack of space.
+    let mut failing = false;
     loop {
-        match store.write_shared(writes.clone()).await {
+        let result = store.write_shared(writes.clone()).await;
+        if failing && !matches!(result, Err(StorageError::Full(_)) if !stopping.is_cancelled()) {
+            failing = false;
+            if health.leave() {
+                tracing::warn!("commits go through again: the server is back to normal");
+                if let Some(m) = metrics {
+                    m.set_degraded(false);
+                }
+            }
+        }
+        match result {
             Ok(r) => {
                 if let Some(m) = metrics {
                     m.committed(began.elapsed().as_secs_f64(), writes.len());
-                }
-                if health.set(None) {
-                    tracing::warn!("commits go through again: the server is back to normal");
-                    if let Some(m) = metrics {
-                        m.set_degraded(false);
-                    }
                 }
                 return Ok(r);
             }
@@ -458,7 +464,8 @@ async fn commit_with_retries<S: Store>(
             // meanwhile: attempts start after their commit), the loop goes
             // on deciding into the next one, and readiness says why.
             Err(StorageError::Full(why)) if !stopping.is_cancelled() => {
-                health.set(Some(format!("commits fail for lack of space: {why}")));
+                health.enter(!failing, format!("commits fail for lack of space: {why}"));
+                failing = true;
                 if let Some(m) = metrics {
                     m.set_degraded(true);
                 }
@@ -525,19 +532,32 @@ const PACE_TICK: SignedDuration = SignedDuration::from_millis(100);
 const DEGRADED_LOG_EVERY: Duration = Duration::from_secs(5);
 
 /// Whether the store takes the engine's commits; shared with the API's
-/// readiness check.
+/// readiness check. Commits in flight side by side (two write lanes) each
+/// count: the server is back to normal once none fails.
 #[derive(Clone, Debug, Default)]
-pub struct WriteHealth(Arc<std::sync::Mutex<Option<String>>>);
+pub struct WriteHealth(Arc<std::sync::Mutex<(usize, Option<String>)>>);
 
 impl WriteHealth {
     /// Why commits fail now (none: they do not).
     pub fn problem(&self) -> Option<String> {
-        self.0.lock().expect("write health lock").clone()
+        self.0.lock().expect("write health lock").1.clone()
     }
 
-    /// Sets the problem; returns whether there was one before.
-    fn set(&self, problem: Option<String>) -> bool {
-        std::mem::replace(&mut *self.0.lock().expect("write health lock"), problem).is_some()
+    /// A commit fails for `why` (`first`: it had not failed before).
+    fn enter(&self, first: bool, why: String) {
+        let mut health = self.0.lock().expect("write health lock");
+        health.0 += usize::from(first);
+        health.1 = Some(why);
+    }
+
+    /// A commit that failed does not any more; returns whether none fails now.
+    fn leave(&self) -> bool {
+        let mut health = self.0.lock().expect("write health lock");
+        health.0 = health.0.saturating_sub(1);
+        if health.0 == 0 {
+            health.1 = None;
+        }
+        health.0 == 0
     }
 }
 
