@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{
-    Agent, InProcess, Killed, Server, attempt_pids, join_token, log, setup, wait_process_gone,
-    wait_until,
+    Agent, InProcess, Killed, Server, attempt_pids, attempt_states, join_token, log, setup,
+    wait_process_gone, wait_until,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -363,13 +363,7 @@ fn regression_a_silently_cut_off_agent_kills_its_attempt_before_the_retry_starts
     let cut = Instant::now();
     proxy.stall();
     let run = server.wait_run(id, "succeeded");
-    let states: Vec<&str> = run["tasks"][0]["attempts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["state"].as_str().unwrap())
-        .collect();
-    assert_eq!(states, ["lost", "succeeded"], "{run}");
+    assert_eq!(attempt_states(&run), ["lost", "succeeded"], "{run}");
     assert!(
         !dir.path().join("overlap").exists(),
         "the retry started while the first attempt still ran"

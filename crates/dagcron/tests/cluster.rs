@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{Killed, Server, attempt_pids, join_token, setup};
+use common::{Killed, Server, attempt_pids, attempt_states, join_token, setup};
 use dagcron_test_pg::TestDatabase;
 use jiff::Timestamp;
 use nix::sys::signal::Signal;
@@ -1069,13 +1069,7 @@ fn regression_a_partitioned_node_kills_its_attempts_before_its_lease_ends() {
     let survivor = cluster.node(1);
     for run in &runs {
         let r = survivor.wait_run(*run, "succeeded");
-        let states: Vec<&str> = r["tasks"][0]["attempts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a["state"].as_str().unwrap())
-            .collect();
-        assert_eq!(states, ["lost", "succeeded"], "{r}");
+        assert_eq!(attempt_states(&r), ["lost", "succeeded"], "{r}");
         assert!(
             !dir.join(format!("overlap-{run}")).exists(),
             "the retry of run {run} started while the attempt it replaced still ran"

@@ -110,6 +110,15 @@ impl<S: Store> Engine<S> {
         );
     }
 
+    /// The job of a fire timer of `generation`, if the timer is current
+    /// and the job not paused.
+    fn firing(&self, key: &JobKey, generation: u64) -> Option<&JobEntry> {
+        self.jobs
+            .get(key)
+            .filter(|e| e.generation == generation && !e.paused)
+            .map(|e| &**e)
+    }
+
     /// How far this node's clock is ahead of the database's, as last
     /// measured (zero outside a cluster).
     fn ahead_of_database(&self) -> SignedDuration {
@@ -204,11 +213,7 @@ impl<S: Store> Engine<S> {
                 } => {
                     // One look at the job for what the fire needs: at a
                     // million jobs, each look costs cache misses.
-                    let Some(entry) = self
-                        .jobs
-                        .get(&*key)
-                        .filter(|e| e.generation == generation && !e.paused)
-                    else {
+                    let Some(entry) = self.firing(&key, generation) else {
                         continue;
                     };
                     // A node whose clock is ahead of the database's waits
@@ -269,11 +274,7 @@ impl<S: Store> Engine<S> {
                     generation,
                     at,
                 } => {
-                    let Some(entry) = self
-                        .jobs
-                        .get(&*key)
-                        .filter(|e| e.generation == generation && !e.paused)
-                    else {
+                    let Some(entry) = self.firing(&key, generation) else {
                         continue;
                     };
                     if let Some(calendar) = entry.timing.excluded_by(at).map(str::to_string) {

@@ -694,3 +694,13 @@ pub fn pipe(
     }
     let _ = to.shutdown(std::net::Shutdown::Both);
 }
+
+/// The states of the attempts of a run's first task, in order.
+pub fn attempt_states(run: &Value) -> Vec<String> {
+    run["tasks"][0]["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["state"].as_str().unwrap().to_string())
+        .collect()
+}
