@@ -6,7 +6,6 @@ mod common;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use common::{Server, admin_token, setup, wait_until};
 use jiff::Timestamp;
@@ -115,15 +114,15 @@ fn regression_a_full_disk_degrades_the_server_and_it_recovers_by_itself() {
         .unwrap()
         .to_string();
     assert!(problem.contains("lack of space"), "{problem}");
-    // Degraded for a while, and still up.
-    let degraded = Instant::now();
-    while degraded.elapsed() < Duration::from_secs(4) {
+    // Degraded long enough to say so twice (every 5 s), and still up.
+    wait_until("the server says twice that it is degraded", || {
         assert!(
             server.child.try_wait().unwrap().is_none(),
             "the server exited on a full disk"
         );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        said.matches("commits fail for lack of space (").count() >= 2
+    });
     let metrics = server
         .http()
         .get(format!("{}/metrics", server.url))
