@@ -9,7 +9,7 @@
 //! store, adopts the unfinished runs of dead nodes whose jobs it now owns,
 //! and passes on cancellations asked through other nodes.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
@@ -213,6 +213,8 @@ pub struct Coordinator<S: Coordination> {
     status: Arc<Mutex<LocalStatus>>,
     members: Option<Vec<String>>,
     ring: Arc<Ring>,
+    /// The runs of this node's jobs running elsewhere, as last told to the engine.
+    elsewhere: HashMap<(String, String), u32>,
     /// The jobs revision the engine is up to date with.
     jobs_revision: i64,
     /// Jobs this node owns, as the engine last counted them (told in heartbeats).
@@ -259,6 +261,7 @@ impl<S: Coordination> Coordinator<S> {
             status: Arc::new(Mutex::new(status)),
             members: None,
             ring: Arc::new(Ring::default()),
+            elsewhere: HashMap::new(),
             jobs_revision: jobs_revision.unwrap_or(-1),
             owned: Arc::default(),
             draining: Arc::default(),
@@ -412,10 +415,34 @@ impl<S: Coordination> Coordinator<S> {
             self.jobs_revision = changes.revision;
         }
 
-        if self.members.as_ref() != Some(&members) {
+        let ring_changed = self.members.as_ref() != Some(&members);
+        if ring_changed {
             self.ring = Arc::new(Ring::new(members.iter().cloned(), self.config.vnodes));
+        }
+        // Runs of this node's jobs still running on other nodes (made before
+        // a job moved here, or through another node) count against the
+        // job's overlap policy here: told before the engine arms the fires
+        // of the jobs it gains.
+        let me = self.config.node_id.clone();
+        let elsewhere: HashMap<(String, String), u32> = self
+            .store
+            .running_elsewhere()
+            .await?
+            .into_iter()
+            .filter(|(namespace, job, _)| self.ring.owner(namespace, job) == Some(me.as_str()))
+            .map(|(namespace, job, n)| ((namespace, job), n))
+            .collect();
+        if elsewhere != self.elsewhere {
+            self.engine
+                .running_elsewhere(elsewhere.clone())
+                .await
+                .map_err(engine_error)?;
+            self.elsewhere = elsewhere;
+        }
+
+        if ring_changed {
             let ring = self.ring.clone();
-            let me = self.config.node_id.clone();
+            let me = me.clone();
             let owns: Ownership = Arc::new(move |ns, job| ring.owner(ns, job) == Some(me.as_str()));
             let owned = self
                 .engine
@@ -435,7 +462,7 @@ impl<S: Coordination> Coordinator<S> {
         }
 
         // Runs of dead nodes whose jobs this node now owns.
-        let me = self.config.node_id.as_str();
+        let me = me.as_str();
         let mine: Vec<i64> = self
             .store
             .orphan_runs()

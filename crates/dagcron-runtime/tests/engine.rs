@@ -403,6 +403,43 @@ async fn forbid_skips_overlapping_fires_and_records_them() {
     h.stop().await;
 }
 
+/// Runs of a job running on other nodes (the cluster's coordinator tells
+/// the engine of them) count against the job's overlap policy here: a
+/// forbidden fire is skipped, a queued one waits, and starts once they end.
+#[tokio::test]
+async fn runs_of_a_job_running_on_other_nodes_count_against_its_overlap_policy() {
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;
+    h.apply("namespace: t\njobs:\n  - { name: f, schedule: '* * * * * *', concurrency: forbid, tasks: [{ id: a, noop: true }] }\n  - { name: q, schedule: '* * * * * *', concurrency: queue, tasks: [{ id: a, noop: true }] }\n").await;
+    let job = |name: &str| ("t".to_string(), name.to_string());
+    h.handle
+        .running_elsewhere(std::collections::HashMap::from([
+            (job("f"), 1),
+            (job("q"), 1),
+        ]))
+        .await
+        .unwrap();
+    h.clock.advance(SignedDuration::from_secs(1));
+    h.until_fires("f", 1).await;
+    h.until_fires("q", 1).await;
+    assert_eq!(
+        outcomes_of(&h.fires("f").await),
+        [FireOutcome::SkippedOverlap]
+    );
+    let waiting = h.runs("q").await;
+    assert_eq!(waiting.len(), 1);
+    assert_eq!(waiting[0].state, RunState::Pending);
+    // The run elsewhere ended: the queued run starts.
+    h.handle
+        .running_elsewhere(std::collections::HashMap::new())
+        .await
+        .unwrap();
+    h.until("the queued run succeeded", async |s| {
+        s.get_run(waiting[0].id).await.unwrap().unwrap().state == RunState::Succeeded
+    })
+    .await;
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn queue_runs_one_after_another() {
     let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;

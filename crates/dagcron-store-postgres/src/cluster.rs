@@ -199,6 +199,23 @@ impl Coordination for PgStore {
             .collect())
     }
 
+    async fn running_elsewhere(&self) -> Result<Vec<(String, String, u32)>> {
+        let fence = self.registered()?;
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT namespace, job, count(*) FROM runs
+             WHERE state = 'running' AND owner_epoch IS DISTINCT FROM $1
+             GROUP BY namespace, job",
+        )
+        .bind(fence.epoch)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(rows
+            .into_iter()
+            .map(|(namespace, job, n)| (namespace, job, u32::try_from(n).unwrap_or(u32::MAX)))
+            .collect())
+    }
+
     async fn adopt_runs(&self, ids: &[RunId]) -> Result<Vec<RunRecord>> {
         let fence = self.registered()?;
         let adopted: Vec<RunId> = transaction!(self, fenced = true, |conn| {

@@ -196,6 +196,9 @@ pub trait Coordination: Store + Clone {
     fn reap(&self) -> impl Future<Output = Result<Vec<NodeRecord>>> + Send;
     /// Unfinished runs whose owner is no longer alive or draining.
     fn orphan_runs(&self) -> impl Future<Output = Result<Vec<OrphanRun>>> + Send;
+    /// Runs running on nodes other than this one (or on none: orphans not
+    /// yet adopted), counted per job: (namespace, job, runs).
+    fn running_elsewhere(&self) -> impl Future<Output = Result<Vec<(String, String, u32)>>> + Send;
     /// Takes these orphan runs over (those still orphaned) and returns them.
     fn adopt_runs(&self, ids: &[RunId]) -> impl Future<Output = Result<Vec<RunRecord>>> + Send;
     /// Runs of this node whose cancellation was asked, clearing the requests.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{Killed, Server, attempt_pids, attempt_states, join_token, setup};
 use dagcron_test_pg::TestDatabase;
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
@@ -511,6 +511,55 @@ fn ten_thousand_jobs_are_shared_evenly_by_three_nodes() {
         assert!(resp.status().is_success(), "{}", resp.status());
     }
     cluster.wait_converged(9_997);
+}
+
+/// Jobs whose runs are still running on their old owner move to a node
+/// that joins: the new owner counts those runs, so that a `forbid` job
+/// never has two runs at once across the cluster (before, the new owner
+/// started a run at the next second beside the old one's).
+#[test]
+fn regression_a_job_that_moves_counts_the_runs_still_running_on_its_old_owner() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cluster = Cluster::new("moves", 1, 2000);
+    let jobs: Vec<String> = (0..8).map(|i| format!("m{i}")).collect();
+    let mut yaml = String::from("namespace: c\njobs:\n");
+    for name in &jobs {
+        yaml.push_str(&format!(
+            "  - {{ name: {name}, schedule: '* * * * * *', concurrency: forbid, tasks: [{{ id: t, shell: 'sleep 4' }}] }}\n"
+        ));
+    }
+    cluster.apply(&yaml);
+    wait_until("every job has a run running on n0", || {
+        cluster.count("SELECT count(DISTINCT job) FROM runs WHERE state = 'running'") == 8
+    });
+    let n0 = cluster.epoch_of(0);
+    cluster.nodes.push(None);
+    cluster.start(1);
+    cluster.wait_converged(8);
+    let n1 = cluster.epoch_of(1);
+    let joined = Timestamp::now();
+    // Past the end of n0's last runs, and a few fires of n1's own after.
+    cluster.wait_fired_through(&jobs, joined + SignedDuration::from_secs(7));
+    let moved = cluster.count(&format!(
+        "SELECT count(DISTINCT job) FROM runs WHERE owner_epoch = {n1}"
+    ));
+    assert!(moved > 0, "no job moved to the node that joined");
+    let skipped_for_n0 = cluster.count(&format!(
+        "SELECT count(*) FROM fires
+         WHERE outcome = 'skipped_overlap' AND node_epoch = {n1}
+           AND job IN (SELECT job FROM runs WHERE owner_epoch = {n0})"
+    ));
+    let overlapping = cluster.count(
+        "SELECT count(*) FROM runs a JOIN runs b
+           ON a.namespace = b.namespace AND a.job = b.job AND a.id < b.id
+         WHERE a.started_at IS NOT NULL AND b.started_at IS NOT NULL
+           AND a.started_at < COALESCE(b.finished_at, 9223372036854775807)
+           AND b.started_at < COALESCE(a.finished_at, 9223372036854775807)",
+    );
+    assert_eq!(
+        overlapping, 0,
+        "runs of a forbid job ran at once ({moved} jobs moved, {skipped_for_n0} fires skipped for n0's runs)"
+    );
 }
 
 /// Waits (bounded) until `check` holds.

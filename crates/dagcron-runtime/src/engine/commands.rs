@@ -410,6 +410,10 @@ impl<S: Store> Engine<S> {
                 let owned = self.sync_jobs(changed, deleted, now);
                 self.reply_after_commit(reply, Ok(owned));
             }
+            Command::Elsewhere { running, reply } => {
+                self.set_elsewhere(running, now);
+                let _ = reply.send(Ok(()));
+            }
             Command::Adopt { runs, alive, reply } => {
                 // The jobs of the runs are read beside the loop, once each.
                 let runs: Vec<RunRecord> = runs
@@ -739,8 +743,7 @@ impl<S: Store> Engine<S> {
                 key.0, key.1
             )));
         }
-        let entry = &self.jobs[key];
-        let (mut active, mut queued) = (entry.active.len() as u32, entry.queued.len() as u32);
+        let (mut active, mut queued) = (self.running(key), self.jobs[key].queued.len() as u32);
         let mut decisions = Vec::with_capacity(runs);
         for _ in 0..runs {
             let decision = policy::on_fire(

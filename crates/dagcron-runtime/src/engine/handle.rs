@@ -141,6 +141,13 @@ pub(crate) enum Command {
         deleted: Vec<(String, String)>,
         reply: Reply<usize>,
     },
+    /// Runs of this node's jobs running on other nodes (made before the
+    /// job moved here, or by a trigger through another node), per job:
+    /// they count against the job's overlap policy here.
+    Elsewhere {
+        running: HashMap<JobKey, u32>,
+        reply: Reply<()>,
+    },
     /// Runs taken over from a dead node; `alive` are the epochs of the
     /// nodes still alive (their attempts go on).
     Adopt {
@@ -373,6 +380,16 @@ impl EngineHandle {
             reply,
         })
         .await
+    }
+
+    /// Tells the engine which of its jobs have runs running on other
+    /// nodes, and how many (see [`Command::Elsewhere`]).
+    pub async fn running_elsewhere(
+        &self,
+        running: HashMap<JobKey, u32>,
+    ) -> Result<(), EngineError> {
+        self.ask(|reply| Command::Elsewhere { running, reply })
+            .await
     }
 
     /// Hands the engine runs it now owns (after their node died); `alive`

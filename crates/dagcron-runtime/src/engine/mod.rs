@@ -872,6 +872,10 @@ pub struct Engine<S: Store> {
     done: CancellationToken,
     /// A cluster node's share of the jobs (`None`: all jobs, or none yet in a cluster).
     ownership: Option<Ownership>,
+    /// Runs of this node's jobs running on other nodes, as the coordinator
+    /// last read them (only jobs with some): they count against the job's
+    /// overlap policy as this node's own runs do.
+    elsewhere: HashMap<JobKey, u32>,
     /// Attempts of this node's runs handed to the cluster when its pool was
     /// full, by (run, task): their number.
     shared: HashMap<(RunId, usize), u32>,

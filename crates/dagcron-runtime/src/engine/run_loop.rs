@@ -53,6 +53,7 @@ impl<S: Store> Engine<S> {
             attempts: tokio_util::task::TaskTracker::new(),
             done: CancellationToken::new(),
             ownership: None,
+            elsewhere: HashMap::new(),
             shared: HashMap::new(),
             foreign: HashMap::new(),
             live: LiveLogs::default(),

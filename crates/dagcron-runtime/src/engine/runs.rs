@@ -80,14 +80,30 @@ impl<S: Store> Engine<S> {
 
     /// What the overlap policy of `job` says of one more run of `key` now.
     pub(super) fn overlap(&self, key: &JobKey, job: &Job) -> FireDecision {
-        let entry = &self.jobs[key];
         policy::on_fire(
             job.spec.concurrency,
             job.spec.max_active(),
-            entry.active.len() as u32,
-            entry.queued.len() as u32,
+            self.running(key),
+            self.jobs[key].queued.len() as u32,
             job.spec.max_pending(),
         )
+    }
+
+    /// The runs of `key` running: this node's, and those on other nodes.
+    pub(super) fn running(&self, key: &JobKey) -> u32 {
+        let here = self.jobs.get(key).map_or(0, |e| e.active.len() as u32);
+        here + self.elsewhere.get(key).copied().unwrap_or(0)
+    }
+
+    /// The coordinator read the runs of this node's jobs running on other
+    /// nodes: runs queued behind those that ended may start.
+    pub(super) fn set_elsewhere(&mut self, running: HashMap<JobKey, u32>, now: Timestamp) {
+        let before = std::mem::replace(&mut self.elsewhere, running);
+        for (key, was) in before {
+            if self.elsewhere.get(&key).copied().unwrap_or(0) < was {
+                self.start_queued(&key, now);
+            }
+        }
     }
 
     /// The trace of run `id` of `key` (a child of `caller`'s, if it has
@@ -355,17 +371,14 @@ impl<S: Store> Engine<S> {
 
     pub(super) fn start_queued(&mut self, key: &JobKey, now: Timestamp) {
         loop {
-            let Some(entry) = self.jobs.get_mut(key) else {
-                return;
-            };
-            let Some(&next) = entry.queued.front() else {
+            let Some(&next) = self.jobs.get(key).and_then(|e| e.queued.front()) else {
                 return;
             };
             // The limit of the job's version the run was made with.
-            if entry.active.len() as u32 >= self.runs[&next].job.spec.max_active() {
+            if self.running(key) >= self.runs[&next].job.spec.max_active() {
                 return;
             }
-            entry.queued.pop_front();
+            self.jobs.get_mut(key).expect("job").queued.pop_front();
             self.begin(next, now);
         }
     }
