@@ -1,5 +1,6 @@
 //! The pool and an agent in one process, over real gRPC on loopback.
 
+use dagcron_testkit::until_async;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -157,14 +158,10 @@ async fn a_result_made_while_cut_off_is_reported_after_reconnecting() {
         },
         agent_stop.clone(),
     ));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while pool.workers().is_empty() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the agent did not connect"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_async("the agent is connected", async || {
+        !pool.workers().is_empty()
+    })
+    .await;
     let (tx, outcome) = oneshot::channel();
     let marks = tempfile::tempdir().unwrap();
     let ended = marks.path().join("ended");
@@ -172,10 +169,10 @@ async fn a_result_made_while_cut_off_is_reported_after_reconnecting() {
         &format!("sleep 1; touch {}; echo done", ended.display()),
         tx,
     ));
-    while pool.workers()[0].running == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "not assigned");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_async("the attempt is assigned", async || {
+        pool.workers()[0].running > 0
+    })
+    .await;
     // Cut: the server goes away while the attempt runs (the pool ends its
     // streams, the server stops).
     let closing = CancellationToken::new();
@@ -184,13 +181,7 @@ async fn a_result_made_while_cut_off_is_reported_after_reconnecting() {
     first.cancel();
     let _ = server.await;
     // The attempt ends while no server is there.
-    while !ended.exists() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the attempt did not end"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_async("the attempt ends", async || ended.exists()).await;
     // Back, with the same pool.
     let second = CancellationToken::new();
     serve(&pool, addr, second.clone()).await;
@@ -230,11 +221,10 @@ async fn jobs_take_turns_for_a_busy_agent() {
         },
         stop.clone(),
     ));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while pool.workers().is_empty() {
-        assert!(tokio::time::Instant::now() < deadline, "no agent");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_async("the agent is connected", async || {
+        !pool.workers().is_empty()
+    })
+    .await;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let submit = |job: &'static str, n: u32| {
         let (once, done) = oneshot::channel();
@@ -368,26 +358,19 @@ async fn forgery_refused_and_real_result_taken(
     owner: &mut tonic::Streaming<v1::ServerMessage>,
     forger_tx: tokio::sync::mpsc::Sender<v1::AgentMessage>,
 ) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while pool.workers().len() < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "agents did not connect"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_async("both agents are connected", async || {
+        pool.workers().len() >= 2
+    })
+    .await;
     let (attempt, mut outcome) = assigned_to_worker(pool, owner).await;
     forger_tx
         .send(result_of(attempt.clone(), b"forged output"))
         .await
         .unwrap();
-    while pool.foreign_reports() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the forgery was not refused"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_async("the forgery is refused", async || {
+        pool.foreign_reports() > 0
+    })
+    .await;
     assert!(
         outcome.try_recv().is_err(),
         "the forged result ended the attempt"
@@ -464,11 +447,10 @@ async fn a_result_sent_twice_is_taken_once_and_not_counted_stale() {
     let stop = CancellationToken::new();
     serve(&pool, addr, stop.clone()).await;
     let (agent_tx, mut agent) = hand_agent(addr, "a", "worker").await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while pool.workers().is_empty() {
-        assert!(tokio::time::Instant::now() < deadline, "no agent");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_async("the agent is connected", async || {
+        !pool.workers().is_empty()
+    })
+    .await;
     let (attempt, outcome) = assigned_to_worker(&pool, &mut agent).await;
     let mut never_issued = attempt.clone();
     never_issued.fencing_token += 1_000_000;
@@ -484,13 +466,10 @@ async fn a_result_sent_twice_is_taken_once_and_not_counted_stale() {
         .expect("the result arrives")
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&outcome.log), "first");
-    while pool.stale_results() + pool.duplicate_results() < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the later results were not handled"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_async("the later results are handled", async || {
+        pool.stale_results() + pool.duplicate_results() >= 2
+    })
+    .await;
     assert_eq!(pool.duplicate_results(), 1);
     assert_eq!(
         pool.stale_results(),

@@ -139,31 +139,18 @@ async fn timeout_kills_the_whole_process_group() {
         .parse()
         .unwrap();
     // The grandchild was reaped by nobody but is killed: wait until it is gone.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while alive(pid)
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.contains(") Z "))
-            .unwrap_or(true)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "grandchild {pid} survived the timeout"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_gone(pid, "grandchild").await;
 }
 
 /// Waits (bounded) until process `pid` is gone or a zombie.
 async fn until_gone(pid: i32, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while alive(pid)
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.contains(") Z "))
-            .unwrap_or(true)
-    {
-        assert!(Instant::now() < deadline, "{what} {pid} survived");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    dagcron_testkit::until_async(&format!("{what} {pid} is gone"), async || {
+        !alive(pid)
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| s.contains(") Z "))
+                .unwrap_or(true)
+    })
+    .await;
 }
 
 /// A descendant that left the process group (`setsid`) kept the output

@@ -10,6 +10,7 @@ use dagcron_core::{AttemptState, FireOutcome, JobFile, RunState, TaskState};
 use dagcron_runtime::{Clock, Engine, EngineConfig, EngineHandle, EngineMetrics, ManualClock};
 use dagcron_store::{JobUpsert, RunRecord, Store, Trigger};
 use dagcron_store_sqlite::SqliteStore;
+use dagcron_testkit::until_async;
 use jiff::{SignedDuration, Timestamp};
 use tokio_util::sync::CancellationToken;
 
@@ -97,14 +98,7 @@ impl Harness {
 
     /// Waits (bounded) until `check` holds on the store.
     async fn until<F: AsyncFnMut(&SqliteStore) -> bool>(&self, what: &str, mut check: F) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while !check(&self.store).await {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for: {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        until_async(what, async || check(&self.store).await).await
     }
 
     /// Waits (bounded) until the ledger of job `job` of namespace `t` has
@@ -242,7 +236,7 @@ async fn retries_happen_after_the_configured_delays() {
         .await;
         // Not a second early.
         h.clock.advance(SignedDuration::from_secs(wait - 1));
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        h.handle.settle().await.unwrap();
         assert_eq!(
             h.store.get_run(run).await.unwrap().unwrap().tasks[0]
                 .attempts
@@ -858,7 +852,7 @@ async fn pause_suppresses_and_resume_catches_up() {
     .await;
     h.handle.pause("t", "p", true).await.unwrap();
     h.clock.advance(SignedDuration::from_secs(180));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    h.handle.settle().await.unwrap();
     assert_eq!(
         h.store
             .list_fires("t", "p", Timestamp::UNIX_EPOCH, Timestamp::MAX, 10)
@@ -970,16 +964,12 @@ async fn a_cluster_node_fires_what_it_owns_and_stops_when_its_lease_ends() {
     handle.apply(file.validate().unwrap()).await.unwrap();
     let runs = async |job: &str| store.list_runs("t", job, 100, None).await.unwrap().items;
     let until = async |what: &str, check: &dyn Fn(usize, usize) -> bool| {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        loop {
+        until_async(what, async || {
             let (a, b) = (runs("a").await, runs("b").await);
             let settled = a.iter().chain(&b).all(|r| r.state == RunState::Succeeded);
-            if settled && check(a.len(), b.len()) {
-                return;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+            settled && check(a.len(), b.len())
+        })
+        .await
     };
 
     let only =
@@ -1430,30 +1420,19 @@ async fn regression_replace_starts_the_new_run_once_the_old_one_has_ended() {
     handle.apply(file.validate().unwrap()).await.unwrap();
     let param = |n: &str| BTreeMap::from([("n".to_string(), n.to_string())]);
     let old = handle.trigger("t", "r", param("1")).await.unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while store.get_run(old).await.unwrap().unwrap().tasks[0]
-        .attempts
-        .is_empty()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the first attempt never started"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_async("the first attempt started", async || {
+        !store.get_run(old).await.unwrap().unwrap().tasks[0]
+            .attempts
+            .is_empty()
+    })
+    .await;
     let new = handle.trigger("t", "r", param("2")).await.unwrap();
-    loop {
+    let r = until_async("the new run ended", async || {
         let r = store.get_run(new).await.unwrap().unwrap();
-        if r.state.is_terminal() {
-            assert_eq!(r.state, RunState::Succeeded);
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the new run never ended"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+        r.state.is_terminal().then_some(r)
+    })
+    .await;
+    assert_eq!(r.state, RunState::Succeeded);
     let old = store.get_run(old).await.unwrap().unwrap();
     let new = store.get_run(new).await.unwrap().unwrap();
     assert_eq!(old.state, RunState::Cancelled);

@@ -1,5 +1,6 @@
 //! Membership, leases, fencing and hand-over on a real PostgreSQL server.
 
+use dagcron_testkit::until_async;
 use std::time::Duration;
 
 use dagcron_core::{AttemptState, FireOutcome, RunState, TaskState};
@@ -619,23 +620,16 @@ async fn batches_racing_over_the_same_runs_end_each_run_once() {
 /// Waits (bounded) until `n` sessions of the test's database wait for a lock.
 async fn waiting_for_locks(db: &TestDatabase, n: i64) {
     let mut watcher = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    until_async(&format!("{n} session(s) wait for a lock"), async || {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
         )
         .fetch_one(&mut watcher)
         .await
         .unwrap();
-        if waiting == n {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{n} session(s) waiting for a lock: never seen"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        if waiting == n { Ok(()) } else { Err(waiting) }
+    })
+    .await;
 }
 
 /// A run deleted (by retention, say) after a batch read its row and before

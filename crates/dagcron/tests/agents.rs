@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{
-    Agent, InProcess, Killed, Server, attempt_pids, attempt_states, join_token, log, setup,
-    wait_process_gone, wait_until,
+    Agent, InProcess, Killed, Server, attempt_pids, attempt_states, join_token, log, setup, until,
+    wait_process_gone,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -60,7 +60,7 @@ jobs:
 
     // The output of a remote attempt can be followed while it runs.
     let id = server.trigger("chatty");
-    wait_until("the remote attempt runs", || {
+    until("the remote attempt runs", || {
         server.get(&format!("/api/v1/runs/{id}"))["tasks"][0]["state"] == "running"
     });
     let _follow = server.follow_log_until(id, "t", "one");
@@ -75,7 +75,7 @@ jobs:
     // SIGKILL of the agent running an attempt: lost, then retried on the other.
     let id = server.trigger("long");
     let mut first = None;
-    wait_until("an agent starts the attempt", || {
+    until("an agent starts the attempt", || {
         first = [&eu, &us]
             .into_iter()
             .position(|a| a.dir.join("started-1").exists());
@@ -113,7 +113,7 @@ jobs:
         Agent::start(&server, &root, "us-1", "zone=us,pool=x", 2)
     };
     let id = server.trigger("stop");
-    wait_until("the attempt runs", || {
+    until("the attempt runs", || {
         server.get(&format!("/api/v1/runs/{id}"))["tasks"][0]["state"] == "running"
     });
     let (status, body) = server.post(&format!("/api/v1/runs/{id}/cancel"), "", "application/json");
@@ -356,7 +356,7 @@ fn regression_a_silently_cut_off_agent_kills_its_attempt_before_the_retry_starts
     let (status, body) = server.post("/api/v1/apply", &yaml, "application/yaml");
     assert_eq!(status, 200, "{body}");
     let id = server.trigger("cut");
-    wait_until("the first attempt runs", || {
+    until("the first attempt runs", || {
         dir.path().join("started").exists()
     });
     let _near = Agent::start(&server, &root, "near", "pool=w", 2);
@@ -414,12 +414,12 @@ fn an_agent_cut_off_reports_on_reconnection_and_a_late_result_is_refused() {
     // A short cut: the task ends while the agent is unreachable; its result
     // comes with the next hello.
     let id = server.trigger("cut");
-    wait_until("the task starts", || agent.dir.join("started-1").exists());
+    until("the task starts", || agent.dir.join("started-1").exists());
     proxy.cut();
-    wait_until("the server sees the agent gone", || {
+    until("the server sees the agent gone", || {
         server.get("/api/v1/workers")["items"][0]["connected"] == false
     });
-    wait_until("the task ends, unreported", || {
+    until("the task ends, unreported", || {
         agent.dir.join("done-1").exists()
     });
     assert_eq!(
@@ -439,12 +439,12 @@ fn an_agent_cut_off_reports_on_reconnection_and_a_late_result_is_refused() {
     // (on the same agent once it is back); the first result, reported on
     // reconnection, carries a stale token and is refused.
     let id = server.trigger("cut");
-    wait_until("the task starts", || agent.dir.join("started-1").exists());
+    until("the task starts", || agent.dir.join("started-1").exists());
     proxy.cut();
-    wait_until("the attempt is declared lost", || {
+    until("the attempt is declared lost", || {
         server.get(&format!("/api/v1/runs/{id}"))["tasks"][0]["attempts"][0]["state"] == "lost"
     });
-    wait_until("the first attempt ends, unreported", || {
+    until("the first attempt ends, unreported", || {
         agent.dir.join("done-1").exists()
     });
     proxy.restore();
@@ -470,22 +470,15 @@ fn an_agent_drains_on_sigterm() {
     let (status, body) = server.post("/api/v1/apply", yaml, "application/yaml");
     assert_eq!(status, 200, "{body}");
     let running = server.trigger("drain");
-    wait_until("the agent runs the task", || {
+    until("the agent runs the task", || {
         first.dir.join(format!("started-{running}")).exists()
     });
     kill(Pid::from_raw(first.child.id() as i32), Signal::SIGTERM).unwrap();
-    wait_until("the server knows the agent drains", || {
+    until("the server knows the agent drains", || {
         server.get("/api/v1/workers")["items"][0]["draining"] == true
     });
     let waiting = server.trigger("drain");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = first.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "the agent did not exit");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = until("the agent exits", || first.child.try_wait().unwrap());
     assert!(status.success(), "{status}");
     assert!(first.dir.join(format!("finished-{running}")).exists());
     server.wait_run(running, "succeeded");
@@ -520,7 +513,7 @@ fn remote_tasks_are_not_bounded_by_the_servers_pool() {
     let (status, body) = server.post("/api/v1/apply", &yaml, "application/yaml");
     assert_eq!(status, 200, "{body}");
     let id = server.trigger("wide");
-    wait_until("the four tasks start", || {
+    until("the four tasks start", || {
         (0..4).all(|t| agent.dir.join(format!("started-{t}")).exists())
     });
     assert!(
@@ -831,7 +824,7 @@ fn agents_present_a_client_certificate_when_the_server_asks() {
             .spawn()
             .unwrap(),
     );
-    wait_until("the agent with its certificate is connected", || {
+    until("the agent with its certificate is connected", || {
         server.get("/api/v1/workers")["items"]
             .as_array()
             .is_some_and(|a| a.iter().any(|x| x["id"] == "m-agent"))

@@ -37,16 +37,9 @@ impl Drop for Browser {
     }
 }
 
-/// Polls `f` every 100 ms for up to `secs` seconds; panics with `what`.
-fn wait_for<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < end, "waited {secs} s for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+/// Polls `f` for up to `secs` seconds; panics with `what`.
+fn wait_for<T>(secs: u64, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    common::until_within(Duration::from_secs(secs), what, f)
 }
 
 impl Browser {

@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{Killed, Server, attempt_pids, attempt_states, join_token, setup};
+use common::{Killed, Server, attempt_pids, attempt_states, join_token, setup, until};
 use dagcron_test_pg::TestDatabase;
 use jiff::{SignedDuration, Timestamp};
 use nix::sys::signal::Signal;
@@ -146,8 +146,7 @@ impl Cluster {
     /// them, and their owned jobs add up to `jobs`.
     fn wait_converged(&self, jobs: i64) -> Vec<i64> {
         let live = self.nodes.iter().flatten().count();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
+        until("the cluster converges", || {
             let views: Vec<Value> = self
                 .nodes
                 .iter()
@@ -167,14 +166,11 @@ impl Cluster {
                 .map(|v| v["this_node"]["owned_jobs"].as_i64().unwrap())
                 .collect();
             if agreed && alive == live && owned.iter().sum::<i64>() == jobs {
-                return owned;
+                Ok(owned)
+            } else {
+                Err(format!("{views:?}"))
             }
-            assert!(
-                Instant::now() < deadline,
-                "the cluster did not converge: {views:?}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        })
     }
 
     fn apply(&self, yaml: &str) {
@@ -198,7 +194,7 @@ impl Cluster {
             "SELECT count(DISTINCT job) FROM fires WHERE namespace = 'c' AND job IN ({names}) AND scheduled_at >= {}",
             us(t)
         );
-        wait_until(&format!("every job fired through {t}"), || {
+        until(&format!("every job fired through {t}"), || {
             self.count(&sql) == jobs.len() as i64
         });
     }
@@ -354,7 +350,7 @@ fn a_paused_node_does_not_fire_or_write_after_it_wakes() {
     cluster.node(0).send(Signal::SIGSTOP);
     // Paused for longer than its lease: the other node takes every job
     // over and fires them.
-    wait_until("node 1 owns every job", || {
+    until("node 1 owns every job", || {
         cluster.node(1).get("/api/v1/cluster")["this_node"]["owned_jobs"] == 60
     });
     cluster.wait_fired_through(&jobs, Timestamp::now() + jiff::SignedDuration::from_secs(1));
@@ -423,11 +419,7 @@ fn graceful_shutdown_hands_over_at_once_and_loses_nothing() {
             .node(0)
             .post(&format!("/api/v1/runs/{id}/cancel"), "", "application/json");
     assert!(status < 300, "{status} {body}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while cluster.node(0).get(&format!("/api/v1/runs/{id}"))["state"] != "cancelled" {
-        assert!(Instant::now() < deadline, "the run was not cancelled");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    cluster.node(0).wait_run(id, "cancelled");
 
     let from = Timestamp::now() + jiff::SignedDuration::from_secs(1);
     cluster.wait_fired_through(&jobs, from);
@@ -529,7 +521,7 @@ fn regression_a_job_that_moves_counts_the_runs_still_running_on_its_old_owner() 
         ));
     }
     cluster.apply(&yaml);
-    wait_until("every job has a run running on n0", || {
+    until("every job has a run running on n0", || {
         cluster.count("SELECT count(DISTINCT job) FROM runs WHERE state = 'running'") == 8
     });
     let n0 = cluster.epoch_of(0);
@@ -562,15 +554,6 @@ fn regression_a_job_that_moves_counts_the_runs_still_running_on_its_old_owner() 
     );
 }
 
-/// Waits (bounded) until `check` holds.
-fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Nodes with one slot each: a run's parallel tasks overflow to the other
 /// node, which claims and runs them; when that node is killed mid-task, its
 /// attempt is declared lost once its lease ends and is retried.
@@ -597,7 +580,7 @@ fn attempts_overflow_to_a_node_with_room_and_survive_its_death() {
     assert!(on0 > 0 && on1 > 0, "both nodes ran tasks: {on0} and {on1}");
 
     let id = cluster.node(0).trigger("long");
-    wait_until("node 1 runs one of the run's tasks", || {
+    until("node 1 runs one of the run's tasks", || {
         cluster.count(&format!(
             "SELECT count(*) FROM attempts WHERE run_id = {id} AND node_epoch = {e1} AND state = 'running'"
         )) == 1
@@ -647,7 +630,7 @@ fn attempts_overflow_to_a_node_with_room_and_survive_its_death() {
     ));
     cluster.wait_converged(3);
     let id = cluster.node(0).trigger("stop");
-    wait_until("node 1 runs one of the run's tasks", || {
+    until("node 1 runs one of the run's tasks", || {
         cluster.count(&format!(
             "SELECT count(*) FROM attempts WHERE run_id = {id} AND node_epoch = {e1} AND state = 'running'"
         )) == 1
@@ -660,7 +643,7 @@ fn attempts_overflow_to_a_node_with_room_and_survive_its_death() {
     cluster.node(0).wait_run(id, "cancelled");
     // Their processes are gone, and neither left its mark.
     for task in ["a", "b"] {
-        wait_until("the task's processes are gone", || {
+        until("the task's processes are gone", || {
             attempt_pids(id, task, 1).is_empty()
         });
     }
@@ -721,7 +704,7 @@ fn an_agent_on_one_node_serves_the_cluster_and_outlives_its_node() {
             .iter()
             .any(|w| w["connected"] == true)
     };
-    wait_until("the agent is connected to node 1", || {
+    until("the agent is connected to node 1", || {
         connected(cluster.node(1))
     });
     cluster.apply(
@@ -756,13 +739,13 @@ fn an_agent_on_one_node_serves_the_cluster_and_outlives_its_node() {
 
     // Node 1 killed while the agent runs a task of node 0's run.
     let id = cluster.node(0).trigger("long");
-    wait_until("the agent starts the task", || {
+    until("the agent starts the task", || {
         edge.join("started-1").exists()
     });
     let kill = Instant::now();
     cluster.node_mut(1).signal(Signal::SIGKILL);
     cluster.nodes[1] = None;
-    wait_until("the agent moves to node 0", || connected(cluster.node(0)));
+    until("the agent moves to node 0", || connected(cluster.node(0)));
     let run = cluster.node(0).wait_run(id, "succeeded");
     let states: Vec<&str> = run["tasks"][0]["attempts"]
         .as_array()
@@ -838,8 +821,8 @@ fn regression_a_node_far_from_its_database_keeps_its_lease() {
     assert_eq!(status, 200, "{body}");
     slow.delay(Duration::from_millis(100));
     // Three lease lengths: node 0 stays alive with the same epoch, as node 1 sees it.
-    let until = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < until {
+    let end = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < end {
         let view = cluster.node(1).get("/api/v1/cluster");
         let n0 = view["nodes"]
             .as_array()
@@ -893,44 +876,25 @@ fn regression_a_node_with_a_slow_link_fences_no_healthy_node() {
     // Each way, each chunk: a round trip of at least 800 ms, twice the
     // heartbeat interval of a 2 s lease.
     slow.delay(Duration::from_millis(400));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = cluster.node_mut(0).child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "the slow node kept its lease");
+    let status = until("the slow node loses its lease", || {
         check_healthy(&mut cluster);
-        std::thread::sleep(Duration::from_millis(200));
-    };
+        cluster.node_mut(0).child.try_wait().unwrap()
+    });
     assert_eq!(status.code(), Some(75), "the slow node is fenced");
     cluster.nodes[0] = None;
     // Started again over the same link, as a supervisor would: it connects,
     // then waits to join, while the others go on.
     let (restarted, log) = cluster.launch_via(0, &slow.url);
     let waiting = "not joining yet";
-    let until = Instant::now() + Duration::from_secs(40);
-    while !std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains(waiting)
-    {
-        assert!(Instant::now() < until, "the slow node did not say it waits");
+    // It says it waits, and tries to join twice more.
+    until("the slow node has tried to join three times", || {
         check_healthy(&mut cluster);
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    // While it tries to join twice more.
-    while std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .matches(waiting)
-        .count()
-        < 3
-    {
-        assert!(
-            Instant::now() < until,
-            "the slow node stopped trying to join"
-        );
-        check_healthy(&mut cluster);
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches(waiting)
+            .count()
+            >= 3
+    });
     // The link heals: it joins, and the three share the jobs.
     slow.delay(Duration::ZERO);
     drop(restarted);
@@ -962,7 +926,7 @@ fn regression_a_node_whose_clock_is_ahead_never_fires() {
     for start in 0..4 {
         cluster.start_with(2, &url, &["--fault-clock-offset-ms", "3000"]);
         // It says its clock is off, and is not ready.
-        wait_until("the skewed node finds its clock off", || {
+        until("the skewed node finds its clock off", || {
             let resp = cluster
                 .node(2)
                 .http()
@@ -977,7 +941,7 @@ fn regression_a_node_whose_clock_is_ahead_never_fires() {
                     .any(|c| c["name"] == "clock" && c["ok"] == false)
         });
         // A few heartbeats more.
-        wait_until("the skewed node beats for a second", || {
+        until("the skewed node beats for a second", || {
             cluster.count("SELECT count(*) FROM nodes WHERE id = 'n2' AND heartbeat_at >= started_at + interval '1 second'") == 1
         });
         let view = cluster.node(2).get("/api/v1/cluster");
@@ -1101,7 +1065,7 @@ fn regression_a_partitioned_node_kills_its_attempts_before_its_lease_ends() {
     let runs: Vec<i64> = (0..6).map(|_| cluster.node(0).trigger("work")).collect();
     for run in &runs {
         let started = dir.join(format!("started-{run}"));
-        wait_until("the first attempt runs", || started.exists());
+        until("the first attempt runs", || started.exists());
     }
     partition.cut();
     // A request that makes the cut-off node wait on its database while its
@@ -1116,14 +1080,7 @@ fn regression_a_partitioned_node_kills_its_attempts_before_its_lease_ends() {
     });
     let status = {
         let node = cluster.node_mut(0);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = node.child.try_wait().unwrap() {
-                break status;
-            }
-            assert!(Instant::now() < deadline, "the cut-off node did not stop");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        until("the cut-off node stops", || node.child.try_wait().unwrap())
     };
     assert_eq!(status.code(), Some(75), "the cut-off node exits with 75");
     cluster.nodes[0] = None;
@@ -1203,7 +1160,7 @@ fn read_only_set_through_one_node_holds_on_every_node() {
             .map_or(0, Vec::len)
     };
     let before = fired(cluster.node(1));
-    wait_until("the scheduled job fires while read-only", || {
+    until("the scheduled job fires while read-only", || {
         fired(cluster.node(1)) > before
     });
     let paused = cluster

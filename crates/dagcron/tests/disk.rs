@@ -7,7 +7,7 @@ mod common;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use common::{Server, admin_token, setup, wait_until};
+use common::{Server, admin_token, setup, until};
 use jiff::Timestamp;
 use serde_json::Value;
 
@@ -94,7 +94,7 @@ fn regression_a_full_disk_degrades_the_server_and_it_recovers_by_itself() {
     let from = Timestamp::now();
 
     fill(&disk.0.join("filler"));
-    wait_until("readiness says the writes fail", || {
+    until("readiness says the writes fail", || {
         let (code, body) = ready(&server);
         code == 503
             && body["checks"]
@@ -115,7 +115,7 @@ fn regression_a_full_disk_degrades_the_server_and_it_recovers_by_itself() {
         .to_string();
     assert!(problem.contains("lack of space"), "{problem}");
     // Degraded long enough to say so twice (every 5 s), and still up.
-    wait_until("the server says twice that it is degraded", || {
+    until("the server says twice that it is degraded", || {
         assert!(
             server.child.try_wait().unwrap().is_none(),
             "the server exited on a full disk"
@@ -133,9 +133,9 @@ fn regression_a_full_disk_degrades_the_server_and_it_recovers_by_itself() {
     assert!(metrics.contains("dagcron_store_degraded 1"), "{metrics}");
 
     std::fs::remove_file(disk.0.join("filler")).unwrap();
-    wait_until("ready again", || ready(&server).0 == 200);
+    until("ready again", || ready(&server).0 == 200);
     let to = Timestamp::now();
-    wait_until("the last second fired", || {
+    until("the last second fired", || {
         server
             .all_runs("tick")
             .iter()

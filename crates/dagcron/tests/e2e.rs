@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Api, InProcess, Server, attempt_pid, setup, wait_gone};
+use common::{Api, InProcess, Server, attempt_pid, setup, until, wait_gone};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -51,18 +51,13 @@ fn kill_nine_loses_and_doubles_nothing() {
     assert_eq!(status, 200, "{body}");
     let applied_at = jiff::Timestamp::now();
     // Run until some `long` attempts are in flight, then kill without warning.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    until("some long attempts run, after three ticks", || {
         let running = server
             .all_runs("long")
             .iter()
             .any(|r| r["tasks"][0]["state"] == "running");
-        if running && server.all_runs("tick").len() >= 3 {
-            break;
-        }
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        running && server.all_runs("tick").len() >= 3
+    });
     let before = server.all_runs("tick").len();
     server.signal(Signal::SIGKILL);
     // The process is down: the fires of these seconds are missed, and must
@@ -217,11 +212,9 @@ jobs:
         "application/json",
     );
     // SIGTERM once the attempt is running: it must be allowed to finish.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while server.get(&format!("/api/v1/runs/{}", run["id"]))["tasks"][0]["state"] != "running" {
-        assert!(Instant::now() < deadline, "the attempt did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until("the attempt runs", || {
+        server.get(&format!("/api/v1/runs/{}", run["id"]))["tasks"][0]["state"] == "running"
+    });
     server.signal(Signal::SIGTERM);
     let server = Server::start(&data, &[]);
     let run = server.get(&format!("/api/v1/runs/{}", run["id"]));
@@ -348,12 +341,9 @@ fn following_a_running_attempt_streams_its_output() {
     );
     assert_eq!(status, 201, "{run}");
     let id = run["id"].as_i64().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while server.get(&format!("/api/v1/runs/{id}"))["tasks"][0]["attempts"][0]["state"] != "running"
-    {
-        assert!(Instant::now() < deadline, "the attempt did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until("the attempt runs", || {
+        server.get(&format!("/api/v1/runs/{id}"))["tasks"][0]["attempts"][0]["state"] == "running"
+    });
     let (mut resp, mut seen) = server.follow_log_until(id, "t", "first");
     assert_eq!(
         server.get(&format!("/api/v1/runs/{id}"))["state"],
@@ -798,20 +788,16 @@ fn the_master_key_rotates_without_losing_a_secret() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    until("the secrets are re-encrypted", || {
         let keys = server.get("/api/v1/secrets/keys");
         let current = keys["current"].as_str().unwrap();
         let all = keys["keys"].as_array().unwrap();
         if current != first && all.len() == 1 && all[0]["secrets"] == 2 {
-            break;
+            Ok(())
+        } else {
+            Err(keys)
         }
-        assert!(
-            Instant::now() < deadline,
-            "the secrets were not re-encrypted: {keys}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    });
     assert!(
         std::fs::read_dir(data.join("master-keys"))
             .unwrap()
@@ -1115,18 +1101,13 @@ fn a_run_planned_from_the_command_line_survives_a_kill_and_is_made_once() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let server = Server::start(&data, &["--misfire-grace", "0"]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let made = loop {
+    let made = until("the planned run is made", || {
         let runs = server.all_runs("later");
-        if let Some(r) = runs.iter().find(|r| r["state"] == "succeeded") {
-            break r.clone();
+        match runs.iter().find(|r| r["state"] == "succeeded") {
+            Some(r) => Ok(r.clone()),
+            None => Err(format!("{runs:?}")),
         }
-        assert!(
-            Instant::now() < deadline,
-            "the planned run was not made: {runs:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    });
     assert_eq!(made["scheduled_at"], at.to_string());
     let runs = server.all_runs("later");
     assert_eq!(runs.len(), 2, "{runs:?}");

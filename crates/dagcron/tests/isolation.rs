@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{Api, Server, log, setup, wait_until};
+use common::{Api, Server, log, setup, until};
 use serde_json::{Value, json};
 
 /// The shared agent token, in the server's environment.
@@ -56,7 +56,7 @@ fn apply(api: &Api, yaml: &str) -> (u16, Value) {
 /// Waits for run `id` to end, whatever its end; returns it.
 fn ended(api: &Api, id: i64) -> Value {
     let mut run = Value::Null;
-    wait_until("the run ends", || {
+    until("the run ends", || {
         run = api.get(&format!("/api/v1/runs/{id}"));
         matches!(
             run["state"].as_str(),
@@ -100,7 +100,7 @@ fn an_alpha_developers_shell_task_reads_nothing_of_the_server_or_of_beta() {
     );
     assert_eq!(status, 200, "{body}");
     let beta_run = beta.trigger("db");
-    wait_until("beta's task runs", || ready.exists());
+    until("beta's task runs", || ready.exists());
 
     // alpha's author tries everything at once.
     let script = format!(
@@ -200,7 +200,7 @@ fn an_alpha_http_task_to_a_loopback_listener_is_refused() {
     );
     assert_eq!(status, 403);
     // The engine reads a changed policy within a few seconds.
-    wait_until("the new policy applies", || {
+    until("the new policy applies", || {
         let id = alpha.trigger("ssrf");
         let run = ended(&alpha, id);
         run["tasks"][0]["attempts"][0]["exit_code"] == 401

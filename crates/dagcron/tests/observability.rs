@@ -8,9 +8,8 @@ mod common;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
-use common::{InProcess, Killed, Server, join_token, setup};
+use common::{InProcess, Killed, Server, join_token, setup, until};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -196,8 +195,7 @@ fn metrics_are_scraped_with_a_token_or_on_their_own_address() {
     assert_eq!(status, 200);
     server.stop();
     let server = InProcess::start(&data, &[]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    until("the metrics show a peak of 2 fires a second", || {
         let text = server
             .http()
             .get(format!("{}/metrics", server.url))
@@ -206,11 +204,11 @@ fn metrics_are_scraped_with_a_token_or_on_their_own_address() {
             .text()
             .unwrap();
         if text.contains("dagcron_schedule_peak_fires_per_second 2") {
-            break;
+            Ok(())
+        } else {
+            Err(text)
         }
-        assert!(Instant::now() < deadline, "no peak of 2 in:\n{text}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    });
     server.stop();
     drop(dir);
 }
@@ -293,8 +291,7 @@ fn receiver() -> (String, Receiver) {
 impl Receiver {
     /// Waits (bounded) until `n` spans of trace `trace` have come.
     fn trace(&self, trace: &str, n: usize) -> Vec<(String, Span)> {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        until(&format!("{n} spans of trace {trace} have come"), || {
             let spans: Vec<(String, Span)> = self
                 .spans
                 .lock()
@@ -304,15 +301,11 @@ impl Receiver {
                 .cloned()
                 .collect();
             if spans.len() >= n {
-                return spans;
+                Ok(spans)
+            } else {
+                Err(format!("{} came", spans.len()))
             }
-            assert!(
-                Instant::now() < deadline,
-                "{} of {n} spans of trace {trace} came",
-                spans.len()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        })
     }
 }
 
@@ -350,16 +343,13 @@ fn a_run_s_trace_reaches_its_tasks_and_the_receiver() {
             .spawn()
             .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !server.get("/api/v1/workers")["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|w| w["id"] == "tracer" && w["connected"] == true)
-    {
-        assert!(Instant::now() < deadline, "the agent did not connect");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until("the agent is connected", || {
+        server.get("/api/v1/workers")["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["id"] == "tracer" && w["connected"] == true)
+    });
     let job = format!(
         concat!(
             "namespace: e2e\njobs:\n  - name: traced\n",

@@ -5,9 +5,8 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
 
-use common::{Api, InProcess, Server, setup};
+use common::{Api, InProcess, Server, setup, until};
 use serde_json::{Value, json};
 
 /// Runs the command line against `server`; returns (success, stdout, stderr).
@@ -237,11 +236,9 @@ fn held_tasks_are_listed_and_settled_from_the_command_line() {
         &["apply", "-f", &write(dir.path(), "etl.yaml", &file)],
     );
     let held = |run: i64| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while server.get(&format!("/api/v1/runs/{run}"))["tasks"][0]["state"] != "held" {
-            assert!(Instant::now() < deadline, "run {run} never held its task");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        until(&format!("run {run} holds its task"), || {
+            server.get(&format!("/api/v1/runs/{run}"))["tasks"][0]["state"] == "held"
+        });
     };
     let trigger = || {
         let out = ok(&server, &["--json", "jobs", "trigger", "e2e/etl"]);
@@ -333,15 +330,13 @@ fn an_upgrade_that_changes_a_zones_rules_is_reported_at_start() {
     drop(db);
 
     let server = Server::start(&data, &[]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let warning = loop {
+    let warning = until("the server warns of changed rules", || {
         let log = std::fs::read_to_string(&server.log).unwrap_or_default();
-        if let Some(line) = log.lines().find(|l| l.contains("other scheduling rules")) {
-            break line.to_string();
+        match log.lines().find(|l| l.contains("other scheduling rules")) {
+            Some(line) => Ok(line.to_string()),
+            None => Err(log),
         }
-        assert!(Instant::now() < deadline, "no warning in:\n{log}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    });
     assert!(
         warning.contains("WARN")
             && warning.contains(

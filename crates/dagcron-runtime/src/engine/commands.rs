@@ -473,6 +473,10 @@ impl<S: Store> Engine<S> {
             Command::Ping { reply } => {
                 let _ = reply.send(Ok(()));
             }
+            Command::Settle { reply } => {
+                self.on_timers();
+                self.reply_after_commit(reply, Ok(()));
+            }
             Command::Gauges { reply } => {
                 let _ = reply.send(Ok(self.gauges(now)));
             }

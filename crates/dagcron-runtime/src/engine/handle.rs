@@ -159,6 +159,11 @@ pub(crate) enum Command {
     Ping {
         reply: Reply<()>,
     },
+    /// Answered once the timers due now are handled and what they wrote
+    /// is committed (see [`EngineHandle::settle`]).
+    Settle {
+        reply: Reply<()>,
+    },
     /// What is running and waiting now, for the metrics.
     Gauges {
         reply: Reply<crate::EngineGauges>,
@@ -422,6 +427,15 @@ impl EngineHandle {
     /// alive and taking commands (for readiness).
     pub async fn ping(&self) -> Result<(), EngineError> {
         self.ask(|reply| Command::Ping { reply }).await
+    }
+
+    /// Handles every timer due at the clock's instant now and answers once
+    /// what they wrote is committed: the barrier of a test that moves a
+    /// manual clock and then checks that nothing happened. (Work a timer
+    /// sends beside the loop, such as reading a job ahead of its fire,
+    /// may still come back after it.)
+    pub async fn settle(&self) -> Result<(), EngineError> {
+        self.ask(|reply| Command::Settle { reply }).await
     }
 
     /// What is running and waiting now (runs by namespace and state, the

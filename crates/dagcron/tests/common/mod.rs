@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -61,24 +61,17 @@ pub fn admin_token(data: &Path) -> String {
 /// The address a server started with `--address-file file` wrote there,
 /// once it answers (bounded; a server that exits first fails the test).
 pub fn wait_address(child: &mut Child, file: &Path, log: &Path) -> SocketAddr {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(address) = std::fs::read_to_string(file)
-            .ok()
-            .and_then(|text| text.trim().parse().ok())
-        {
-            return address;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("server exited with {status}; see {}", log.display());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "server did not come up; see {}",
-            log.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until(
+        &format!("the server comes up (see {})", log.display()),
+        || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("server exited with {status}; see {}", log.display());
+            }
+            std::fs::read_to_string(file)
+                .ok()
+                .and_then(|text| text.trim().parse().ok())
+        },
+    )
 }
 
 /// `dagcron serve` on `127.0.0.1:0` with `--address-file` beside `log`
@@ -355,18 +348,14 @@ impl Api {
 
     /// Waits (bounded) until run `id` is in `state`; returns the run.
     pub fn wait_run(&self, id: i64, state: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
+        until(&format!("run {id} is {state}"), || {
             let run = self.get(&format!("/api/v1/runs/{id}"));
             if run["state"] == state {
-                return run;
+                Ok(run)
+            } else {
+                Err(run)
             }
-            assert!(
-                Instant::now() < deadline,
-                "run {id} did not become {state}: {run}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        })
     }
 
     pub fn all_runs(&self, job: &str) -> Vec<Value> {
@@ -414,26 +403,18 @@ impl Api {
 
     /// Waits (bounded) until `job` has at least `n` runs.
     pub fn wait_runs(&self, job: &str, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.all_runs(job).len() < n {
-            assert!(Instant::now() < deadline, "{job} did not reach {n} runs");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        until(&format!("{job} has {n} runs"), || {
+            self.all_runs(job).len() >= n
+        });
     }
 
     pub fn wait_idle(&self, jobs: &[&str]) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let busy = jobs
+        until("the runs have finished", || {
+            !jobs
                 .iter()
                 .flat_map(|j| self.all_runs(j))
-                .any(|r| ["pending", "running"].contains(&r["state"].as_str().unwrap()));
-            if !busy {
-                return;
-            }
-            assert!(Instant::now() < deadline, "runs did not finish");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+                .any(|r| ["pending", "running"].contains(&r["state"].as_str().unwrap()))
+        });
     }
 }
 
@@ -518,7 +499,7 @@ pub fn wait_process_gone(pid_file: &Path) {
 /// attempt. Waits for it, bounded.
 pub fn attempt_pid(run: i64, task: &str, attempt: u32) -> u32 {
     let mut found = None;
-    wait_until("the attempt's process runs", || {
+    until("the attempt's process runs", || {
         found = attempt_pids(run, task, attempt).into_iter().min();
         found.is_some()
     });
@@ -546,19 +527,14 @@ pub fn attempt_pids(run: i64, task: &str, attempt: u32) -> Vec<u32> {
 /// Waits (bounded) until process `pid` has ended (or is a zombie its
 /// parent has not reaped yet).
 pub fn wait_gone(pid: u32, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
     // Gone, or a zombie its parent has not reaped yet.
-    while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit(')')
-            .next()
-            .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
-    }) {
-        assert!(
-            Instant::now() < deadline,
-            "process {pid} of {what} still runs"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until(&format!("process {pid} of {what} has ended"), || {
+        !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+        })
+    });
 }
 
 /// A `dagcron worker` process with labels, in a directory of its own
@@ -602,7 +578,7 @@ impl Agent {
             dir,
             log: log_path,
         };
-        wait_until(&format!("agent {id} is connected"), || {
+        until(&format!("agent {id} is connected"), || {
             server.get("/api/v1/workers")["items"]
                 .as_array()
                 .unwrap()
@@ -628,14 +604,8 @@ impl Drop for Agent {
     }
 }
 
-/// Waits (bounded) until `check` holds.
-pub fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+#[allow(unused_imports)]
+pub use dagcron_testkit::{until, until_within};
 
 /// The log of an attempt.
 pub fn log(server: &Api, id: i64, task: &str, attempt: u32) -> String {
