@@ -14,6 +14,7 @@ pub mod duration;
 pub mod exec_policy;
 pub mod fires;
 pub mod hotspots;
+pub mod job;
 pub mod model;
 pub mod policy;
 pub mod rerun;

@@ -1,8 +1,10 @@
-//! Decisions about fires: overlap (concurrency) and catch-up (misfire).
+//! Decisions about fires: what a fire ledger row says, catch-up (misfire),
+//! the namespace's fire quota, a run's outcome. What one more run of a
+//! job does under its overlap policy is the job machine's ([`crate::job`]).
 
 use jiff::Timestamp;
 
-use crate::model::{Concurrency, Misfire};
+use crate::model::Misfire;
 use crate::state::{RunState, TaskState};
 
 /// What to do with a fire, given the runs already active.
@@ -19,41 +21,6 @@ pub enum FireDecision {
     /// Create no run: as many runs wait as the job allows
     /// (`max_pending_runs`); record the fire as skipped by the backlog.
     Backlog,
-}
-
-/// The overlap decision for a new fire of a job with `active` runs going on
-/// and `waiting` runs pending behind them (queued, or waiting for the runs
-/// they replace to end); at most `max_pending` may wait.
-pub fn on_fire(
-    policy: Concurrency,
-    max_active_runs: u32,
-    active: u32,
-    waiting: u32,
-    max_pending: u32,
-) -> FireDecision {
-    match overlap(policy, max_active_runs, active, waiting) {
-        FireDecision::Queue | FireDecision::Replace if waiting >= max_pending => {
-            FireDecision::Backlog
-        }
-        decision => decision,
-    }
-}
-
-fn overlap(policy: Concurrency, max_active_runs: u32, active: u32, waiting: u32) -> FireDecision {
-    match policy {
-        Concurrency::Allow | Concurrency::Queue if active < max_active_runs => FireDecision::Start,
-        Concurrency::Allow | Concurrency::Queue => FireDecision::Queue,
-        Concurrency::Forbid if active > 0 => FireDecision::Skip,
-        Concurrency::Forbid => FireDecision::Start,
-        Concurrency::Replace if active > 0 => FireDecision::Replace,
-        Concurrency::Replace => FireDecision::Start,
-        // One waits at most: it is the next to start, so nothing may be
-        // started or queued beside it, even in the instant between the
-        // active run's end and its start.
-        Concurrency::BufferOne if waiting > 0 => FireDecision::Skip,
-        Concurrency::BufferOne if active > 0 => FireDecision::Queue,
-        Concurrency::BufferOne => FireDecision::Start,
-    }
 }
 
 /// Whether a job is paused after an apply, given its state before (`None`
@@ -249,91 +216,6 @@ mod tests {
         // The file's `paused` changed: it wins.
         assert!(paused_after_apply(Some((false, false)), true));
         assert!(!paused_after_apply(Some((true, true)), false));
-    }
-
-    #[test]
-    fn overlap_decisions() {
-        use Concurrency::*;
-        use FireDecision as D;
-        // (policy, max_active_runs, active, waiting, decision)
-        let cases = [
-            (Allow, 2, 0, 0, D::Start),
-            (Allow, 2, 2, 0, D::Queue),
-            (Allow, 2, 2, 5, D::Queue),
-            (Forbid, 5, 1, 0, D::Skip),
-            (Forbid, 5, 0, 0, D::Start),
-            (Replace, 1, 1, 0, D::Replace),
-            (Replace, 1, 0, 0, D::Start),
-            (Queue, 1, 1, 0, D::Queue),
-            (Queue, 1, 1, 3, D::Queue),
-            (Queue, 1, 0, 0, D::Start),
-            // Nothing runs: start.
-            (BufferOne, 1, 0, 0, D::Start),
-            // One runs: the next waits behind it.
-            (BufferOne, 1, 1, 0, D::Queue),
-            // One runs and one waits: skipped.
-            (BufferOne, 1, 1, 1, D::Skip),
-            // The waiting one is about to start: still the only one waiting.
-            (BufferOne, 1, 0, 1, D::Skip),
-            // More waiting than one (a backfill queued them): skipped.
-            (BufferOne, 1, 1, 4, D::Skip),
-            // `max_active_runs` does not widen it.
-            (BufferOne, 5, 1, 0, D::Queue),
-        ];
-        for (policy, max, active, waiting, want) in cases {
-            assert_eq!(
-                on_fire(policy, max, active, waiting, 100),
-                want,
-                "{policy:?} max={max} active={active} waiting={waiting}"
-            );
-        }
-        // As many waiting as the job allows: the backlog declines the fire.
-        assert_eq!(on_fire(Queue, 1, 1, 3, 3), D::Backlog);
-        assert_eq!(on_fire(Allow, 2, 2, 2, 3), D::Queue);
-        assert_eq!(
-            on_fire(Allow, 2, 1, 9, 3),
-            D::Start,
-            "a free slot starts at once"
-        );
-        assert_eq!(
-            on_fire(Forbid, 1, 1, 9, 3),
-            D::Skip,
-            "the overlap policy first"
-        );
-    }
-
-    /// Fires one after another under `buffer_one`, with the runs they make
-    /// starting and ending as the policy says: at most one running and one
-    /// waiting, every other fire skipped.
-    #[test]
-    fn buffer_one_keeps_one_running_and_one_waiting() {
-        let spec: crate::JobSpec = serde_json::from_value(serde_json::json!({
-            "name": "j", "concurrency": "buffer_one", "max_active_runs": 4,
-            "tasks": [{ "id": "a", "noop": true }]
-        }))
-        .unwrap();
-        assert_eq!(spec.max_active(), 1, "always one at a time");
-        let (mut active, mut waiting) = (0u32, 0u32);
-        let mut fire = || {
-            let d = on_fire(spec.concurrency, spec.max_active(), active, waiting, 100);
-            match d {
-                FireDecision::Start => active += 1,
-                FireDecision::Queue => waiting += 1,
-                _ => {}
-            }
-            d
-        };
-        use FireDecision as D;
-        assert_eq!(
-            [fire(), fire(), fire(), fire()],
-            [D::Start, D::Queue, D::Skip, D::Skip]
-        );
-        // The running one ends: the waiting one starts, the next fire waits.
-        (active, waiting) = (1, 0);
-        assert_eq!(
-            on_fire(spec.concurrency, spec.max_active(), active, waiting, 100),
-            D::Queue
-        );
     }
 
     #[test]

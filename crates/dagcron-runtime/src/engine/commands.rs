@@ -716,15 +716,15 @@ impl<S: Store> Engine<S> {
             .planned
             .remove(&id);
         let missed = now.duration_since(at) > grace;
-        let decision = self.overlap(&key, &job);
-        let skip = (missed && job.spec.misfire == dagcron_core::Misfire::Skip)
-            || matches!(decision, FireDecision::Skip | FireDecision::Backlog);
-        if skip {
-            tracing::warn!(namespace = %key.0, job = %key.1, run = id, "run planned for {at} skipped: {}", if missed { "its instant passed while the server was down, and the job's misfire policy is skip" } else { "the job's overlap policy declines it" });
-        }
-        self.step(id, Event::Due { skip }, now, None);
-        if !skip {
-            self.after_new_run(&key, id, decision, now);
+        match job::on_planned_due(&JobPolicy::of(&job.spec), self.job_runs(&key), missed) {
+            job::Fire::Make(decision) => {
+                self.step(id, Event::Due { skip: false }, now, None);
+                self.after_new_run(&key, id, decision, now);
+            }
+            job::Fire::Skip(why) => {
+                tracing::warn!(namespace = %key.0, job = %key.1, run = id, "run planned for {at} skipped: {}", if why == FireOutcome::MissedSkipped { "its instant passed while the server was down, and the job's misfire policy is skip" } else { "the job's overlap policy declines it" });
+                self.step(id, Event::Due { skip: true }, now, None);
+            }
         }
     }
 
@@ -741,53 +741,33 @@ impl<S: Store> Engine<S> {
         runs: usize,
     ) -> Result<Vec<FireDecision>, EngineError> {
         self.backlog_allows(runs)?;
-        if runs > 1 && job.spec.concurrency == dagcron_core::Concurrency::Replace {
-            return Err(EngineError::Invalid(format!(
-                "{}/{}'s concurrency policy is replace: each run would cancel the one before it, so trigger one run at a time",
-                key.0, key.1
-            )));
-        }
-        let (mut active, mut queued) = (self.running(key), self.jobs[key].queued.len() as u32);
-        let mut decisions = Vec::with_capacity(runs);
-        for _ in 0..runs {
-            let decision = policy::on_fire(
-                job.spec.concurrency,
-                job.spec.max_active(),
-                active,
-                queued,
-                job.spec.max_pending(),
-            );
+        job::on_trigger(&JobPolicy::of(&job.spec), self.job_runs(key), runs).map_err(|refusal| {
             // A refusal because of runs of this same trigger says so.
-            let ahead = match decisions.len() {
+            let ahead = |n: u32| match n {
                 0 => String::new(),
                 n => format!(" (counting the {n} run(s) of this trigger before it)"),
             };
-            match decision {
-                FireDecision::Backlog => {
-                    return Err(EngineError::Busy(format!(
-                        "{}/{} has {queued} runs waiting already{ahead}, as many as its max_pending_runs allows; trigger again once some have started",
-                        key.0, key.1
-                    )));
-                }
-                FireDecision::Skip => {
-                    return Err(EngineError::Conflict(match job.spec.concurrency {
-                        dagcron_core::Concurrency::BufferOne => format!(
-                            "{}/{} has a run active and one waiting behind it{ahead}, and its concurrency policy buffer_one keeps at most one waiting; trigger again once the waiting run has started",
-                            key.0, key.1
-                        ),
-                        _ => format!(
-                            "{}/{} has a run active{ahead} and its concurrency policy is forbid",
-                            key.0, key.1
-                        ),
-                    }));
-                }
-                // After `begin`, the run is active; after `Queue`, waiting.
-                FireDecision::Start => active += 1,
-                FireDecision::Queue | FireDecision::Replace => queued += 1,
+            match refusal {
+                job::Refusal::ReplaceMany => EngineError::Invalid(format!(
+                    "{}/{}'s concurrency policy is replace: each run would cancel the one before it, so trigger one run at a time",
+                    key.0, key.1
+                )),
+                job::Refusal::Backlog { waiting, ahead: n } => EngineError::Busy(format!(
+                    "{}/{} has {waiting} runs waiting already{}, as many as its max_pending_runs allows; trigger again once some have started",
+                    key.0, key.1, ahead(n)
+                )),
+                job::Refusal::Overlap { ahead: n } => EngineError::Conflict(match job.spec.concurrency {
+                    dagcron_core::Concurrency::BufferOne => format!(
+                        "{}/{} has a run active and one waiting behind it{}, and its concurrency policy buffer_one keeps at most one waiting; trigger again once the waiting run has started",
+                        key.0, key.1, ahead(n)
+                    ),
+                    _ => format!(
+                        "{}/{} has a run active{} and its concurrency policy is forbid",
+                        key.0, key.1, ahead(n)
+                    ),
+                }),
             }
-            decisions.push(decision);
-        }
-        Ok(decisions)
+        })
     }
 
     /// Re-runs a finished run (see [`EngineHandle::rerun`]), its record and

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dagcron_core::fires::{self, Arming, Missed};
+use dagcron_core::job::{self, JobPolicy, JobRuns};
 use dagcron_core::policy::{self, FireDecision, FireOutcome};
 use dagcron_core::run::{Attempt, Effect, End, Event, Intervention, RunMachine, StoredTask};
 use dagcron_core::{AttemptState, Failure, Job, RunState, TaskState, Timing};

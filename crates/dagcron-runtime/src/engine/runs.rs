@@ -34,30 +34,30 @@ impl<S: Store> Engine<S> {
                 at: now,
             });
         }
-        if trigger == Trigger::Schedule
-            && let Some(rate) = self.config.max_fires_per_namespace
-        {
-            // Counted by the instants fired: a second's fires handled late
-            // still count against that second.
-            let bucket = self
+        // Counted by the instants fired: a second's fires handled late
+        // still count against that second.
+        let within_quota = match self.config.max_fires_per_namespace {
+            Some(rate) if trigger == Trigger::Schedule => self
                 .fire_quota
                 .entry(key.0.clone())
-                .or_insert_with(|| policy::FireBucket::full(rate, at));
-            if !bucket.take(rate, at) {
-                self.record_fire(key, at, FireOutcome::SkippedQuota, None);
+                .or_insert_with(|| policy::FireBucket::full(rate, at))
+                .take(rate, at),
+            _ => true,
+        };
+        let decision = match job::on_fire(
+            &JobPolicy::of(&job.spec),
+            self.job_runs(key),
+            within_quota,
+        ) {
+            job::Fire::Make(decision) => decision,
+            job::Fire::Skip(skipped) => {
+                if skipped == FireOutcome::SkippedBacklog {
+                    tracing::warn!(namespace = %key.0, job = %key.1, "fire of {at} skipped: {} runs of the job wait already (max_pending_runs)", job.spec.max_pending());
+                }
+                self.record_fire(key, at, skipped, None);
                 return;
             }
-        }
-        let decision = self.overlap(key, job);
-        if decision == FireDecision::Skip {
-            self.record_fire(key, at, FireOutcome::SkippedOverlap, None);
-            return;
-        }
-        if decision == FireDecision::Backlog {
-            tracing::warn!(namespace = %key.0, job = %key.1, "fire of {at} skipped: {} runs of the job wait already (max_pending_runs)", job.spec.max_pending());
-            self.record_fire(key, at, FireOutcome::SkippedBacklog, None);
-            return;
-        }
+        };
         let run = self.new_run(
             key,
             job,
@@ -78,21 +78,15 @@ impl<S: Store> Engine<S> {
         self.after_new_run(key, id, decision, now);
     }
 
-    /// What the overlap policy of `job` says of one more run of `key` now.
-    pub(super) fn overlap(&self, key: &JobKey, job: &Job) -> FireDecision {
-        policy::on_fire(
-            job.spec.concurrency,
-            job.spec.max_active(),
-            self.running(key),
-            self.jobs[key].queued.len() as u32,
-            job.spec.max_pending(),
-        )
-    }
-
-    /// The runs of `key` running: this node's, and those on other nodes.
-    pub(super) fn running(&self, key: &JobKey) -> u32 {
-        let here = self.jobs.get(key).map_or(0, |e| e.active.len() as u32);
-        here + self.elsewhere.get(key).copied().unwrap_or(0)
+    /// The runs of `key` as the job machine counts them: those running
+    /// (this node's, and those on other nodes) and those waiting here.
+    pub(super) fn job_runs(&self, key: &JobKey) -> JobRuns {
+        let entry = self.jobs.get(key);
+        JobRuns {
+            running: entry.map_or(0, |e| e.active.len() as u32)
+                + self.elsewhere.get(key).copied().unwrap_or(0),
+            waiting: entry.map_or(0, |e| e.queued.len() as u32),
+        }
     }
 
     /// The coordinator read the runs of this node's jobs running on other
@@ -375,7 +369,7 @@ impl<S: Store> Engine<S> {
                 return;
             };
             // The limit of the job's version the run was made with.
-            if self.running(key) >= self.runs[&next].job.spec.max_active() {
+            if !job::may_start(self.runs[&next].job.spec.max_active(), self.job_runs(key)) {
                 return;
             }
             self.jobs.get_mut(key).expect("job").queued.pop_front();
