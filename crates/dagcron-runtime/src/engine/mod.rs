@@ -762,6 +762,9 @@ enum Action {
         /// What it counts against.
         lane: Lane,
     },
+    /// Kill a running attempt (through its token): its stop is recorded
+    /// first, so that nothing is acted on that a failed commit would undo.
+    Kill(CancellationToken),
     Reply(Box<dyn FnOnce() + Send>),
 }
 

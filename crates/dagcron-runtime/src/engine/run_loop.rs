@@ -371,6 +371,7 @@ impl<S: Store> Engine<S> {
                         *self.lane(lane) -= 1;
                     }
                 }
+                Action::Kill(token) => token.cancel(),
                 Action::Reply(f) => f(),
             }
         }

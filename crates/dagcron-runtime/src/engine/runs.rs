@@ -500,7 +500,7 @@ impl<S: Store> Engine<S> {
             }
             Effect::Kill { task } => {
                 if let Some(token) = &self.runs[&id].tokens[task] {
-                    token.cancel();
+                    self.effects.push(Action::Kill(token.clone()));
                 }
             }
             Effect::Ready { task } => {
