@@ -768,7 +768,8 @@ fn an_agent_on_one_node_serves_the_cluster_and_outlives_its_node() {
 /// Right after an apply through one node returned, a trigger of the new
 /// job through another node answered 404 (the change had not reached it).
 /// Node 0 reaches the database through a proxy that delays every chunk, so
-/// that the announcement of the change reaches it late.
+/// that the announcement of the change reaches it late. (Node 0 reads the
+/// job beside its loop and takes the call again once it is installed.)
 #[test]
 fn regression_a_job_applied_through_one_node_is_known_to_every_node_at_once() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -795,6 +796,23 @@ fn regression_a_job_applied_through_one_node_is_known_to_every_node_at_once() {
         assert_eq!(
             status, 201,
             "job {i} applied through node 1, triggered through node 0: {body}"
+        );
+        let yaml = format!(
+            "namespace: c\njobs:\n  - {{ name: filled{i}, schedule: '0 0 0 * * *', tasks: [{{ id: t, noop: true }}] }}\n"
+        );
+        let (status, body) = cluster
+            .node(1)
+            .post("/api/v1/apply", &yaml, "application/yaml");
+        assert_eq!(status, 200, "{body}");
+        let (status, body) = cluster.node(0).post(
+            &format!("/api/v1/namespaces/c/jobs/filled{i}/backfill"),
+            r#"{"from": "2026-01-01T00:00:00Z", "to": "2026-01-03T00:00:00Z"}"#,
+            "application/json",
+        );
+        assert_eq!(
+            (status, body["runs"].as_array().map(Vec::len)),
+            (201, Some(2)),
+            "job {i} applied through node 1, backfilled through node 0: {body}"
         );
     }
     slow.delay(Duration::ZERO);

@@ -148,6 +148,17 @@ impl<S: Store> Engine<S> {
                 let key = (namespace, name);
                 match self.jobs.get(&key).map(|e| e.job.clone()) {
                     Some(Some(job)) => self.trigger(key, job, runs, caller, at, reply, now),
+                    None => self.unknown_job(
+                        key.clone(),
+                        Command::Trigger {
+                            namespace: key.0,
+                            name: key.1,
+                            runs,
+                            caller,
+                            at,
+                            reply,
+                        },
+                    ),
                     Some(None) => {
                         // Not in memory: read beside the loop, once for
                         // all the triggers that come meanwhile.
@@ -165,13 +176,6 @@ impl<S: Store> Engine<S> {
                         let read = self.job_of(&key);
                         self.beside(read, move |job| Command::Loaded { key, job });
                     }
-                    None => match self.known_job(&key).await {
-                        // Applied through another node and just learned of.
-                        Ok(job) => self.trigger(key, job, runs, caller, at, reply, now),
-                        Err(e) => {
-                            let _ = reply.send(Err(e));
-                        }
-                    },
                 }
             }
             Command::Loaded { key, job } => {
@@ -230,19 +234,19 @@ impl<S: Store> Engine<S> {
                     let _ = reply.send(Err(e));
                     return;
                 }
-                // A job applied through another node and not yet announced
-                // here is read through at once; a known one beside the loop.
-                let known = if self.jobs.contains_key(&key) {
-                    None
-                } else {
-                    match self.known_job(&key).await {
-                        Ok(job) => Some(job),
-                        Err(e) => {
-                            let _ = reply.send(Err(e));
-                            return;
-                        }
-                    }
-                };
+                if !self.jobs.contains_key(&key) {
+                    self.unknown_job(
+                        key.clone(),
+                        Command::Backfill {
+                            namespace: key.0,
+                            name: key.1,
+                            from,
+                            to,
+                            reply,
+                        },
+                    );
+                    return;
+                }
                 let read = self.job_of(&key);
                 let Some(back) = self.commands_back.upgrade() else {
                     return;
@@ -252,19 +256,16 @@ impl<S: Store> Engine<S> {
                 let store = self.store.clone();
                 let max = self.config.max_backfill;
                 tokio::spawn(async move {
-                    let job = match known {
-                        Some(job) => job,
-                        None => match read.await {
-                            Ok(Some(job)) => job,
-                            Ok(None) => {
-                                let _ = reply.send(Err(no_such_job(&key)));
-                                return;
-                            }
-                            Err(e) => {
-                                let _ = reply.send(Err(EngineError::Storage(e)));
-                                return;
-                            }
-                        },
+                    let job = match read.await {
+                        Ok(Some(job)) => job,
+                        Ok(None) => {
+                            let _ = reply.send(Err(no_such_job(&key)));
+                            return;
+                        }
+                        Err(e) => {
+                            let _ = reply.send(Err(EngineError::Storage(e)));
+                            return;
+                        }
                     };
                     let fires = backfill_fires(&*store, &key, &job, from, to, max).await;
                     let _ = back
@@ -393,6 +394,20 @@ impl<S: Store> Engine<S> {
                 Ok(read) => self.rerun(read, failed_only, reply, now).await,
                 Err(e) => {
                     let _ = reply.send(Err(e));
+                }
+            },
+            Command::Learned { key, stored, call } => match stored {
+                Err(e) => call.refuse(EngineError::Storage(e)),
+                Ok(stored) => {
+                    if let Some(stored) = stored {
+                        self.sync_jobs(vec![stored], vec![], now);
+                    }
+                    if self.jobs.contains_key(&key) {
+                        // Taken again, as if it had just come.
+                        self.beside(std::future::ready(()), move |()| *call);
+                    } else {
+                        call.refuse(no_such_job(&key));
+                    }
                 }
             },
             Command::Own { owns, reply } => self.set_ownership(owns, reply),
@@ -788,16 +803,15 @@ impl<S: Store> Engine<S> {
         }
         if !self.jobs.contains_key(&key) {
             // Applied through another node and not announced here yet, or deleted.
-            if let Err(e) = self.known_job(&key).await {
-                let _ = reply.send(Err(match e {
-                    EngineError::NotFound(_) => EngineError::Conflict(format!(
-                        "run {} is a run of job {}/{}, which was deleted: it cannot run again (apply the job again first)",
-                        record.id, key.0, key.1
-                    )),
-                    other => other,
-                }));
-                return;
-            }
+            self.unknown_job(
+                key,
+                Command::RerunRead {
+                    read: Box::new(Ok(RerunRead { record, job })),
+                    failed_only,
+                    reply,
+                },
+            );
+            return;
         }
         let before: Vec<Option<TaskState>> = job
             .tasks
@@ -860,6 +874,56 @@ impl<S: Store> Engine<S> {
             let out = work.await;
             let _ = tx.send(back(out)).await;
         });
+    }
+}
+
+impl<S: Store> Engine<S> {
+    /// A call names job `key`, which this node does not know. In a cluster
+    /// it may have been applied through another node and not announced
+    /// here yet (once an apply has returned, every node takes calls about
+    /// the job): it is read beside the loop, installed, and the call taken
+    /// again (`Command::Learned`). Otherwise there is no such job.
+    fn unknown_job(&self, key: JobKey, call: Command) {
+        if self.config.node.is_none() {
+            call.refuse(no_such_job(&key));
+            return;
+        }
+        let store = self.store.clone();
+        let read = key.clone();
+        self.beside(
+            async move { store.get_job(&read.0, &read.1).await },
+            move |stored| Command::Learned {
+                key,
+                stored,
+                call: Box::new(call),
+            },
+        );
+    }
+}
+
+impl Command {
+    /// Answers a call about a job (a trigger, a backfill, a re-run) with
+    /// `e` (see [`Engine::unknown_job`]).
+    fn refuse(self, e: EngineError) {
+        match self {
+            Command::Trigger { reply, .. } => {
+                let _ = reply.send(Err(e));
+            }
+            Command::Backfill { reply, .. } => {
+                let _ = reply.send(Err(e));
+            }
+            Command::RerunRead { read, reply, .. } => {
+                let e = match (e, *read) {
+                    (EngineError::NotFound(_), Ok(read)) => EngineError::Conflict(format!(
+                        "run {} is a run of job {}/{}, which was deleted: it cannot run again (apply the job again first)",
+                        read.record.id, read.record.namespace, read.record.job
+                    )),
+                    (e, _) => e,
+                };
+                let _ = reply.send(Err(e));
+            }
+            _ => tracing::error!("a call that names no job was refused: {e}"),
+        }
     }
 }
 

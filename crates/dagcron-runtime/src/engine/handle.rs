@@ -71,6 +71,13 @@ pub(crate) enum Command {
         failed_only: bool,
         reply: Reply<RunId>,
     },
+    /// A job a call named was read beside the loop (see
+    /// `Engine::unknown_job`): the call is taken again once it is installed.
+    Learned {
+        key: JobKey,
+        stored: Result<Option<StoredJob>, StorageError>,
+        call: Box<Command>,
+    },
     /// The run to re-run and the spec of its version, read beside the loop.
     RerunRead {
         read: Box<Result<RerunRead, EngineError>>,

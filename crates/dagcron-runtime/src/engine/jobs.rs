@@ -372,38 +372,6 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// The whole job of `key`, for a command: not found unless this engine
-    /// schedules it.
-    ///
-    /// The job stays in memory while its runs go on (see [`Engine::let_go_if_idle`]).
-    pub(super) async fn known_job(&mut self, key: &JobKey) -> Result<Arc<Job>, EngineError> {
-        if !self.jobs.contains_key(key) && self.config.node.is_some() {
-            // Applied through another node, and not announced here yet: once
-            // an apply has returned, every node accepts calls about the job.
-            let stored = self
-                .store
-                .get_job(&key.0, &key.1)
-                .await
-                .map_err(EngineError::Storage)?;
-            if let Some(stored) = stored {
-                let now = self.clock.now();
-                self.sync_jobs(vec![stored], vec![], now);
-            }
-        }
-        if !self.jobs.contains_key(key) {
-            return Err(no_such_job(key));
-        }
-        let job = self
-            .job_of(key)
-            .await
-            .map_err(EngineError::Storage)?
-            .ok_or_else(|| no_such_job(key))?;
-        if let Some(entry) = self.jobs.get_mut(key) {
-            entry.job = Some(job.clone());
-        }
-        Ok(job)
-    }
-
     /// Drops the whole job of `key` from memory once it has no run and no
     /// fire near (a job triggered by hand stays while its runs go on).
     pub(super) fn let_go_if_idle(&mut self, key: &JobKey, now: Timestamp) {
