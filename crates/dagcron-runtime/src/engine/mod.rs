@@ -598,6 +598,11 @@ fn no_such_job(key: &JobKey) -> EngineError {
     EngineError::NotFound(format!("no job {}/{}", key.0, key.1))
 }
 
+/// At most this many dropped runs are remembered between two moments when
+/// no batch is in flight: past it, their refused writes are logged as
+/// errors, nothing worse.
+const MAX_DROPPED: usize = 10_000;
+
 struct JobEntry {
     /// When it fires and what to do with missed fires: always in memory.
     timing: Timing,
@@ -880,6 +885,9 @@ pub struct Engine<S: Store> {
     /// last read them (only jobs with some): they count against the job's
     /// overlap policy as this node's own runs do.
     elsewhere: HashMap<JobKey, u32>,
+    /// Runs dropped because the ledger refused their fire, while writes of
+    /// theirs may still be in a batch (see [`MAX_DROPPED`]).
+    dropped: HashSet<RunId>,
     /// Attempts of this node's runs handed to the cluster when its pool was
     /// full, by (run, task): their number.
     shared: HashMap<(RunId, usize), u32>,

@@ -54,6 +54,7 @@ impl<S: Store> Engine<S> {
             done: CancellationToken::new(),
             ownership: None,
             elsewhere: HashMap::new(),
+            dropped: HashSet::new(),
             shared: HashMap::new(),
             foreign: HashMap::new(),
             live: LiveLogs::default(),
@@ -180,6 +181,10 @@ impl<S: Store> Engine<S> {
                 let results = results?;
                 self.check_lease()?;
                 self.committed(&writes, &results, effects);
+                if commits.is_empty() && self.writes.is_empty() {
+                    // No write of a dropped run is left anywhere.
+                    self.dropped.clear();
+                }
             }
             self.dispatch();
             if !(self.writes.is_empty() && self.effects.is_empty())
@@ -328,6 +333,11 @@ impl<S: Store> Engine<S> {
                 ) => {
                     if let Some(run) = run {
                         self.forget_run(run.id, now);
+                        // Its other writes, in this batch or the next one,
+                        // are refused too: that is no bug.
+                        if self.dropped.len() < MAX_DROPPED {
+                            self.dropped.insert(run.id);
+                        }
                     }
                     if let WriteResult::Early(why) = refusal {
                         tracing::warn!("{why}; made again a little later");
@@ -338,6 +348,12 @@ impl<S: Store> Engine<S> {
                     } else {
                         tracing::info!("{}", refusal.reason());
                     }
+                }
+                (w, refusal) if w.run_id().is_some_and(|id| self.dropped.contains(&id)) => {
+                    tracing::debug!(
+                        "write of a run whose fire was refused: {}",
+                        refusal.reason()
+                    );
                 }
                 // Anything else is a bug.
                 (_, refusal) => tracing::error!("refused state change: {}", refusal.reason()),
