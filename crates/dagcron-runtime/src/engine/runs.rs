@@ -84,9 +84,18 @@ impl<S: Store> Engine<S> {
         let entry = self.jobs.get(key);
         JobRuns {
             running: entry.map_or(0, |e| e.active.len() as u32)
-                + self.elsewhere.get(key).copied().unwrap_or(0),
+                + self.running_elsewhere(key),
             waiting: entry.map_or(0, |e| e.queued.len() as u32),
         }
+    }
+
+    /// The runs of `key` running on other nodes (none, nearly always: no
+    /// hashing then).
+    fn running_elsewhere(&self, key: &JobKey) -> u32 {
+        if self.elsewhere.is_empty() {
+            return 0;
+        }
+        self.elsewhere.get(key).copied().unwrap_or(0)
     }
 
     /// The coordinator read the runs of this node's jobs running on other
