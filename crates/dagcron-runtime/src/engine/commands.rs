@@ -1,502 +1,16 @@
-//! What the API and the coordinator ask of the engine.
+//! What the requests and completions share: triggers and their job
+//! machine's answer, plans, re-runs, a job a call names that is not known
+//! yet, and work sent beside the loop.
 
 use super::*;
 use runs::Rerun;
 
 impl<S: Store> Engine<S> {
-    pub(super) async fn on_command(&mut self, cmd: Command) {
-        let now = self.clock.now();
-        match cmd {
-            Command::Apply {
-                jobs,
-                origin,
-                reply,
-            } => {
-                // Applying is committed on its own, beside the loop, before
-                // the engine changes its timers. The specs are serialized
-                // for the store, and the jobs made ready to install while
-                // the store writes them, on a blocking thread: tens of
-                // milliseconds for a large file, which must not hold up a
-                // thread the loop may need to fire on time.
-                let store = self.store.clone();
-                let cache = self.timetables.clone();
-                self.beside(
-                    async move {
-                        let prepare = tokio::task::spawn_blocking(move || {
-                            let upserts: Vec<JobUpsert> = jobs
-                                .iter()
-                                .map(|job| JobUpsert {
-                                    origin: origin.clone(),
-                                    ..JobUpsert::of(job)
-                                })
-                                .collect();
-                            let write =
-                                tokio::spawn(
-                                    async move { store.apply_jobs_owned(upserts, now).await },
-                                );
-                            // The cache locked for one job at a time: the
-                            // loop may need it meanwhile.
-                            let ready: Vec<Installable> = jobs
-                                .into_iter()
-                                .map(|job| Installable::of(job, &mut timetables(&cache)))
-                                .collect();
-                            (ready, write)
-                        });
-                        let (ready, write) = match prepare.await {
-                            Ok(prepared) => prepared,
-                            Err(e) => std::panic::resume_unwind(e.into_panic()),
-                        };
-                        let results = write.await.unwrap_or_else(|e| {
-                            Err(StorageError::Unavailable(format!("applying jobs: {e}")))
-                        });
-                        (ready, results)
-                    },
-                    |(jobs, results)| Command::Applied {
-                        jobs,
-                        results,
-                        reply,
-                    },
-                );
-            }
-            Command::Applied {
-                jobs,
-                results,
-                reply,
-            } => {
-                let results = match results {
-                    Ok(results) => results,
-                    Err(e) => {
-                        let _ = reply.send(Err(EngineError::Storage(e)));
-                        return;
-                    }
-                };
-                // The apply is committed: answered now. Its jobs are
-                // installed before any later command is taken, so that a
-                // trigger or a delete sent after the answer finds them.
-                let out = jobs.iter().zip(&results);
-                let _ = reply.send(Ok(out.map(|(ready, r)| (ready.job.key(), *r)).collect()));
-                self.installing = Some(Installing {
-                    jobs: jobs
-                        .into_iter()
-                        .zip(results)
-                        .collect::<Vec<_>>()
-                        .into_iter(),
-                    resumed: Vec::new(),
-                    at: now,
-                });
-                self.install_some(now);
-            }
-            Command::Delete {
-                namespace,
-                name,
-                reply,
-            } => {
-                let store = self.store.clone();
-                let key = (namespace, name);
-                let (ns, name) = key.clone();
-                self.beside(
-                    async move { store.delete_job(&ns, &name).await },
-                    |result| Command::Deleted { key, result, reply },
-                );
-            }
-            Command::Deleted { key, result, reply } => {
-                let result = job_found(result, &key);
-                if result.is_ok() {
-                    self.remove_job(&key, now);
-                }
-                self.reply_after_commit(reply, result);
-            }
-            Command::Pause {
-                namespace,
-                name,
-                paused,
-                reply,
-            } => {
-                let store = self.store.clone();
-                let key = (namespace, name);
-                let (ns, name) = key.clone();
-                self.beside(
-                    async move { store.set_paused(&ns, &name, paused).await },
-                    move |result| Command::Paused {
-                        key,
-                        paused,
-                        result,
-                        reply,
-                    },
-                );
-            }
-            Command::Paused {
-                key,
-                paused,
-                result,
-                reply,
-            } => {
-                let result = job_found(result, &key);
-                if result.is_ok() {
-                    self.set_job_paused(&key, paused, now);
-                }
-                self.reply_after_commit(reply, result);
-            }
-            Command::Trigger {
-                namespace,
-                name,
-                runs,
-                caller,
-                at,
-                reply,
-            } => {
-                let key = (namespace, name);
-                match self.jobs.get(&key).map(|e| e.job.clone()) {
-                    Some(Some(job)) => self.trigger(key, job, runs, caller, at, reply, now),
-                    None => self.unknown_job(
-                        key.clone(),
-                        Command::Trigger {
-                            namespace: key.0,
-                            name: key.1,
-                            runs,
-                            caller,
-                            at,
-                            reply,
-                        },
-                    ),
-                    Some(None) => {
-                        // Not in memory: read beside the loop, once for
-                        // all the triggers that come meanwhile.
-                        let waiting = handle::WaitingTrigger {
-                            runs,
-                            caller,
-                            at,
-                            reply,
-                        };
-                        if let Some(queue) = self.loading.get_mut(&key) {
-                            queue.push(waiting);
-                            return;
-                        }
-                        self.loading.insert(key.clone(), vec![waiting]);
-                        let read = self.job_of(&key);
-                        self.beside(read, move |job| Command::Loaded { key, job });
-                    }
-                }
-            }
-            Command::Loaded { key, job } => {
-                let waiting = self.loading.remove(&key).unwrap_or_default();
-                match job {
-                    Ok(Some(job)) if self.jobs.contains_key(&key) => {
-                        if let Some(entry) = self.jobs.get_mut(&key) {
-                            entry.job.get_or_insert_with(|| job.clone());
-                        }
-                        for w in waiting {
-                            self.trigger(
-                                key.clone(),
-                                job.clone(),
-                                w.runs,
-                                w.caller,
-                                w.at,
-                                w.reply,
-                                now,
-                            );
-                        }
-                    }
-                    Ok(_) => {
-                        for w in waiting {
-                            let _ = w.reply.send(Err(no_such_job(&key)));
-                        }
-                    }
-                    Err(e) => {
-                        for w in waiting {
-                            let _ = w.reply.send(Err(EngineError::Storage(copy_of(&e))));
-                        }
-                    }
-                }
-            }
-            Command::CaughtUp(fires) => self.caught_up(*fires),
-            Command::Prepared {
-                key,
-                generation,
-                at,
-                job,
-            } => self.prepared(key, generation, at, job, now),
-            Command::Backfill {
-                namespace,
-                name,
-                from,
-                to,
-                reply,
-            } => {
-                let key = (namespace, name);
-                if to <= from {
-                    let _ = reply.send(Err(EngineError::Invalid(format!(
-                        "`to` ({to}) must be after `from` ({from})"
-                    ))));
-                    return;
-                }
-                if let Err(e) = self.backlog_allows(1) {
-                    let _ = reply.send(Err(e));
-                    return;
-                }
-                if !self.jobs.contains_key(&key) {
-                    self.unknown_job(
-                        key.clone(),
-                        Command::Backfill {
-                            namespace: key.0,
-                            name: key.1,
-                            from,
-                            to,
-                            reply,
-                        },
-                    );
-                    return;
-                }
-                let read = self.job_of(&key);
-                let Some(back) = self.commands_back.upgrade() else {
-                    return;
-                };
-                // Listing the fires of a long range over many schedules takes
-                // a while: it is done beside the loop, so no fire waits for it.
-                let store = self.store.clone();
-                let max = self.config.max_backfill;
-                tokio::spawn(async move {
-                    let job = match read.await {
-                        Ok(Some(job)) => job,
-                        Ok(None) => {
-                            let _ = reply.send(Err(no_such_job(&key)));
-                            return;
-                        }
-                        Err(e) => {
-                            let _ = reply.send(Err(EngineError::Storage(e)));
-                            return;
-                        }
-                    };
-                    let fires = backfill_fires(&*store, &key, &job, from, to, max).await;
-                    let _ = back
-                        .send(Command::Backfilled {
-                            key,
-                            job,
-                            fires,
-                            reply,
-                        })
-                        .await;
-                });
-            }
-            Command::Backfilled {
-                key,
-                job,
-                fires,
-                reply,
-            } => {
-                let fires = match fires {
-                    Ok(_) if !self.jobs.contains_key(&key) => Err(no_such_job(&key)),
-                    other => other,
-                };
-                let instants = match fires {
-                    Ok(instants) => instants,
-                    Err(e) => {
-                        let _ = reply.send(Err(e));
-                        return;
-                    }
-                };
-                let mut ids = Vec::new();
-                for at in instants {
-                    let run = self.new_run(
-                        &key,
-                        &job,
-                        Trigger::Backfill,
-                        at,
-                        job.spec.params.clone(),
-                        FireDecision::Queue,
-                        now,
-                        None,
-                        None,
-                    );
-                    let id = run.id;
-                    // A fire recorded meanwhile is refused by the store, and
-                    // its run is not created.
-                    self.record_fire(&key, at, FireOutcome::Fired, Some(run));
-                    self.jobs.get_mut(&key).expect("job").queued.push_back(id);
-                    ids.push(id);
-                }
-                self.start_queued(&key, now);
-                self.let_go_if_idle(&key, now);
-                self.reply_after_commit(reply, Ok(ids));
-            }
-            Command::Cancel { run, reply } => {
-                if self.runs.contains_key(&run) {
-                    self.stop(run, RunState::Cancelled, now);
-                    self.reply_after_commit(reply, Ok(()));
-                    return;
-                }
-                // Not run here: asked of its node through the store, beside
-                // the loop (nothing here changes, so the answer goes straight back).
-                let store = self.store.clone();
-                tokio::spawn(async move {
-                    let _ = reply.send(request_cancel(&*store, run).await);
-                });
-            }
-            Command::Intervene {
-                run,
-                task,
-                action,
-                reply,
-            } => {
-                let Some(entry) = self.runs.get(&run) else {
-                    // Not run here: asked of its node through the store.
-                    let store = self.store.clone();
-                    tokio::spawn(async move {
-                        let _ = reply.send(request_intervention(&*store, run, &task, action).await);
-                    });
-                    return;
-                };
-                let Some(index) = entry.job.tasks.iter().position(|t| t.id == task) else {
-                    let _ = reply.send(Err(no_such_task(run, &task)));
-                    return;
-                };
-                if let Err(e) = entry.machine.may_intervene(index, action) {
-                    let _ = reply.send(Err(refused(run, &task, action, e)));
-                    return;
-                }
-                let key = &entry.key;
-                tracing::info!(namespace = %key.0, job = %key.1, run, task = %task, "{} by an operator", action.as_str());
-                self.step(
-                    run,
-                    Event::Intervene {
-                        task: index,
-                        action,
-                    },
-                    now,
-                    None,
-                );
-                self.reply_after_commit(reply, Ok(Intervened::Done));
-            }
-            Command::Rerun {
-                run,
-                failed_only,
-                reply,
-            } => {
-                if self.runs.contains_key(&run) {
-                    let _ = reply.send(Err(still_going(run)));
-                    return;
-                }
-                // The run and its version's spec are read beside the loop.
-                let store = self.store.clone();
-                self.beside(async move { read_rerun(&*store, run).await }, move |read| {
-                    Command::RerunRead {
-                        read: Box::new(read),
-                        failed_only,
-                        reply,
-                    }
-                });
-            }
-            Command::RerunRead {
-                read,
-                failed_only,
-                reply,
-            } => match *read {
-                Ok(read) => self.rerun(read, failed_only, reply, now).await,
-                Err(e) => {
-                    let _ = reply.send(Err(e));
-                }
-            },
-            Command::Learned { key, stored, call } => match stored {
-                Err(e) => call.refuse(EngineError::Storage(e)),
-                Ok(stored) => {
-                    if let Some(stored) = stored {
-                        self.sync_jobs(vec![stored], vec![], now);
-                    }
-                    if self.jobs.contains_key(&key) {
-                        // Taken again, as if it had just come.
-                        self.beside(std::future::ready(()), move |()| *call);
-                    } else {
-                        call.refuse(no_such_job(&key));
-                    }
-                }
-            },
-            Command::Own { owns, reply } => self.set_ownership(owns, reply),
-            Command::Owned {
-                gained,
-                last,
-                owned,
-                reply,
-            } => self.owned(gained, last, owned, reply, now),
-            Command::Sync {
-                changed,
-                deleted,
-                reply,
-            } => {
-                let owned = self.sync_jobs(changed, deleted, now);
-                self.reply_after_commit(reply, Ok(owned));
-            }
-            Command::Elsewhere { running, reply } => {
-                self.set_elsewhere(running, now);
-                let _ = reply.send(Ok(()));
-            }
-            Command::Adopt { runs, alive, reply } => {
-                // The jobs of the runs are read beside the loop, once each.
-                let runs: Vec<RunRecord> = runs
-                    .into_iter()
-                    .filter(|r| !self.runs.contains_key(&r.id))
-                    .collect();
-                let mut reads = Vec::new();
-                let mut seen = HashSet::new();
-                for r in &runs {
-                    let key = (r.namespace.clone(), r.job.clone());
-                    let at = (key.clone(), r.job_version);
-                    if self.jobs.contains_key(&key) && seen.insert(at.clone()) {
-                        reads.push((at, self.job_at(&key, r.job_version)));
-                    }
-                }
-                let read = async move {
-                    let mut jobs = HashMap::new();
-                    for (key, read) in reads {
-                        jobs.insert(key, read.await?);
-                    }
-                    Ok(jobs)
-                };
-                self.beside(read, |jobs| Command::Adopted {
-                    runs,
-                    jobs,
-                    alive,
-                    reply,
-                });
-            }
-            Command::Adopted {
-                runs,
-                jobs,
-                alive,
-                reply,
-            } => {
-                let mut jobs = match jobs {
-                    Ok(jobs) => jobs,
-                    Err(e) => {
-                        let _ = reply.send(Err(EngineError::Storage(e)));
-                        return;
-                    }
-                };
-                for record in runs {
-                    if self.runs.contains_key(&record.id) {
-                        continue;
-                    }
-                    tracing::info!(run = record.id, job = %format!("{}/{}", record.namespace, record.job), "taking over a run of a node that is gone");
-                    let at = (
-                        (record.namespace.clone(), record.job.clone()),
-                        record.job_version,
-                    );
-                    let job = jobs.get_mut(&at).and_then(|j| j.clone());
-                    self.rebuild_run(record, job, &alive, now);
-                }
-                self.reply_after_commit(reply, Ok(()));
-            }
-            Command::Ping { reply } => {
-                let _ = reply.send(Ok(()));
-            }
-            Command::Settle { reply } => {
-                self.on_timers();
-                self.reply_after_commit(reply, Ok(()));
-            }
-            Command::Gauges { reply } => {
-                let _ = reply.send(Ok(self.gauges(now)));
-            }
-            Command::Work { reply } => self.share_work(reply),
-            Command::Worked { news, reply } => self.worked(news, reply, now),
+    /// Takes a command: a request, or the completion of work done beside the loop.
+    pub(super) fn on_command(&mut self, cmd: impl Into<Command>) {
+        match cmd.into() {
+            Command::Request(request) => self.on_request(request),
+            Command::Done(done) => self.on_completion(done),
         }
     }
 
@@ -519,7 +33,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// What is running and waiting now (see [`crate::EngineGauges`]).
-    fn gauges(&self, now: Timestamp) -> crate::EngineGauges {
+    pub(super) fn gauges(&self, now: Timestamp) -> crate::EngineGauges {
         let mut runs: HashMap<(&str, &'static str), u64> = HashMap::new();
         let mut held: std::collections::BTreeMap<&str, u64> = Default::default();
         for run in self.runs.values() {
@@ -566,7 +80,7 @@ impl<S: Store> Engine<S> {
     /// Makes `runs` of `job` now, or plans them `at` an instant: all of
     /// them, decided together, or none (see [`EngineHandle::trigger_runs`]).
     #[allow(clippy::too_many_arguments)]
-    fn trigger(
+    pub(super) fn trigger(
         &mut self,
         key: JobKey,
         job: Arc<Job>,
@@ -665,7 +179,7 @@ impl<S: Store> Engine<S> {
     /// [`Engine::planned_due`] makes them. A job has at most its
     /// `max_pending_runs` planned at once.
     #[allow(clippy::too_many_arguments)]
-    fn plan(
+    pub(super) fn plan(
         &mut self,
         key: JobKey,
         job: Arc<Job>,
@@ -749,7 +263,7 @@ impl<S: Store> Engine<S> {
     /// would have more runs waiting than it may (`Busy`), its policy
     /// declines one while a run goes on (`Conflict`), or it would replace
     /// runs of the same trigger (`Invalid`).
-    fn admit(
+    pub(super) fn admit(
         &self,
         key: &JobKey,
         job: &Job,
@@ -787,7 +301,7 @@ impl<S: Store> Engine<S> {
 
     /// Re-runs a finished run (see [`EngineHandle::rerun`]), its record and
     /// its version's job read beside the loop.
-    async fn rerun(
+    pub(super) fn rerun(
         &mut self,
         read: RerunRead,
         failed_only: bool,
@@ -805,7 +319,7 @@ impl<S: Store> Engine<S> {
             // Applied through another node and not announced here yet, or deleted.
             self.unknown_job(
                 key,
-                Command::RerunRead {
+                Completion::RerunRead {
                     read: Box::new(Ok(RerunRead { record, job })),
                     failed_only,
                     reply,
@@ -862,17 +376,27 @@ impl<S: Store> Engine<S> {
     /// Runs `work` beside the loop (a store read or a write committed on
     /// its own); its result comes back as the command `back` makes of it,
     /// so that no timer waits for the store.
+    /// Takes `command` again, after the commands already waiting.
+    pub(super) fn again(&self, command: Command) {
+        let Some(tx) = self.commands_back.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let _ = tx.send(command).await;
+        });
+    }
+
     pub(super) fn beside<T: Send + 'static>(
         &self,
         work: impl Future<Output = T> + Send + 'static,
-        back: impl FnOnce(T) -> Command + Send + 'static,
+        back: impl FnOnce(T) -> Completion + Send + 'static,
     ) {
         let Some(tx) = self.commands_back.upgrade() else {
             return;
         };
         tokio::spawn(async move {
             let out = work.await;
-            let _ = tx.send(back(out)).await;
+            let _ = tx.send(Command::Done(back(out))).await;
         });
     }
 }
@@ -882,8 +406,9 @@ impl<S: Store> Engine<S> {
     /// it may have been applied through another node and not announced
     /// here yet (once an apply has returned, every node takes calls about
     /// the job): it is read beside the loop, installed, and the call taken
-    /// again (`Command::Learned`). Otherwise there is no such job.
-    fn unknown_job(&self, key: JobKey, call: Command) {
+    /// again (`Completion::Learned`). Otherwise there is no such job.
+    pub(super) fn unknown_job(&self, key: JobKey, call: impl Into<Command>) {
+        let call = call.into();
         if self.config.node.is_none() {
             call.refuse(no_such_job(&key));
             return;
@@ -892,7 +417,7 @@ impl<S: Store> Engine<S> {
         let read = key.clone();
         self.beside(
             async move { store.get_job(&read.0, &read.1).await },
-            move |stored| Command::Learned {
+            move |stored| Completion::Learned {
                 key,
                 stored,
                 call: Box::new(call),
@@ -904,15 +429,15 @@ impl<S: Store> Engine<S> {
 impl Command {
     /// Answers a call about a job (a trigger, a backfill, a re-run) with
     /// `e` (see [`Engine::unknown_job`]).
-    fn refuse(self, e: EngineError) {
+    pub(super) fn refuse(self, e: EngineError) {
         match self {
-            Command::Trigger { reply, .. } => {
+            Command::Request(Request::Trigger { reply, .. }) => {
                 let _ = reply.send(Err(e));
             }
-            Command::Backfill { reply, .. } => {
+            Command::Request(Request::Backfill { reply, .. }) => {
                 let _ = reply.send(Err(e));
             }
-            Command::RerunRead { read, reply, .. } => {
+            Command::Done(Completion::RerunRead { read, reply, .. }) => {
                 let e = match (e, *read) {
                     (EngineError::NotFound(_), Ok(read)) => EngineError::Conflict(format!(
                         "run {} is a run of job {}/{}, which was deleted: it cannot run again (apply the job again first)",
@@ -928,14 +453,14 @@ impl Command {
 }
 
 /// What a re-run answers for a run that has not ended.
-fn still_going(run: RunId) -> EngineError {
+pub(super) fn still_going(run: RunId) -> EngineError {
     EngineError::Conflict(format!(
         "run {run} has not finished: wait for it to end, or cancel it, before running it again"
     ))
 }
 
 /// The run to re-run and its job at the run's version, from the store.
-async fn read_rerun<S: Store>(store: &S, run: RunId) -> Result<RerunRead, EngineError> {
+pub(super) async fn read_rerun<S: Store>(store: &S, run: RunId) -> Result<RerunRead, EngineError> {
     let record = store
         .get_run(run)
         .await
@@ -966,7 +491,7 @@ async fn read_rerun<S: Store>(store: &S, run: RunId) -> Result<RerunRead, Engine
 }
 
 /// Asks the node running `run` to cancel it, through the store.
-async fn request_cancel<S: Store>(store: &S, run: RunId) -> Result<(), EngineError> {
+pub(super) async fn request_cancel<S: Store>(store: &S, run: RunId) -> Result<(), EngineError> {
     let record = store
         .get_run(run)
         .await
@@ -988,11 +513,11 @@ async fn request_cancel<S: Store>(store: &S, run: RunId) -> Result<(), EngineErr
     }
 }
 
-fn no_such_task(run: RunId, task: &str) -> EngineError {
+pub(super) fn no_such_task(run: RunId, task: &str) -> EngineError {
     EngineError::NotFound(format!("run {run} has no task {task:?}"))
 }
 
-fn refused(
+pub(super) fn refused(
     run: RunId,
     task: &str,
     action: Intervention,
@@ -1006,7 +531,7 @@ fn refused(
 
 /// Asks the node running `run` to do `action` to `task`, through the store,
 /// once the stored run says it applies.
-async fn request_intervention<S: Store>(
+pub(super) async fn request_intervention<S: Store>(
     store: &S,
     run: RunId,
     task: &str,
@@ -1034,7 +559,10 @@ async fn request_intervention<S: Store>(
 }
 
 /// The store's answer to a change of a job: done, or no such job.
-fn job_found(result: Result<bool, StorageError>, key: &JobKey) -> Result<(), EngineError> {
+pub(super) fn job_found(
+    result: Result<bool, StorageError>,
+    key: &JobKey,
+) -> Result<(), EngineError> {
     match result {
         Ok(true) => Ok(()),
         Ok(false) => Err(no_such_job(key)),
@@ -1043,7 +571,7 @@ fn job_found(result: Result<bool, StorageError>, key: &JobKey) -> Result<(), Eng
 }
 
 /// The same storage error again, for each of the callers it answers.
-fn copy_of(e: &StorageError) -> StorageError {
+pub(super) fn copy_of(e: &StorageError) -> StorageError {
     match e {
         StorageError::Corrupt(m) => StorageError::Corrupt(m.clone()),
         StorageError::Invalid(m) => StorageError::Invalid(m.clone()),

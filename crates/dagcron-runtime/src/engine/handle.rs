@@ -11,8 +11,27 @@ pub(crate) struct WaitingTrigger {
     pub(super) reply: Reply<Vec<RunRecord>>,
 }
 
-/// What the API asks of the engine.
+/// What the engine's loop takes: a request (from the API, the coordinator
+/// or a test) or a completion (the answer of work done beside the loop).
 pub(crate) enum Command {
+    Request(Request),
+    Done(Completion),
+}
+
+impl From<Request> for Command {
+    fn from(request: Request) -> Command {
+        Command::Request(request)
+    }
+}
+
+impl From<Completion> for Command {
+    fn from(done: Completion) -> Command {
+        Command::Done(done)
+    }
+}
+
+/// What the API and the coordinator ask of the engine.
+pub(crate) enum Request {
     Apply {
         jobs: Vec<Job>,
         origin: Origin,
@@ -46,14 +65,6 @@ pub(crate) enum Command {
         to: Timestamp,
         reply: Reply<Vec<RunId>>,
     },
-    /// The fires of a backfill, listed beside the loop: those of the range
-    /// not yet in the ledger.
-    Backfilled {
-        key: JobKey,
-        job: Arc<Job>,
-        fires: Result<Vec<Timestamp>, EngineError>,
-        reply: Reply<Vec<RunId>>,
-    },
     Cancel {
         run: RunId,
         reply: Reply<()>,
@@ -70,6 +81,61 @@ pub(crate) enum Command {
         run: RunId,
         failed_only: bool,
         reply: Reply<RunId>,
+    },
+    /// A cluster node's share of the jobs changed.
+    Own {
+        owns: Ownership,
+        reply: Reply<usize>,
+    },
+    /// Jobs changed in the store (applied through another node).
+    Sync {
+        changed: Vec<StoredJob>,
+        deleted: Vec<(String, String)>,
+        reply: Reply<usize>,
+    },
+    /// Runs of this node's jobs running on other nodes (made before the
+    /// job moved here, or by a trigger through another node), per job:
+    /// they count against the job's overlap policy here.
+    Elsewhere {
+        running: HashMap<JobKey, u32>,
+        reply: Reply<()>,
+    },
+    /// Runs taken over from a dead node; `alive` are the epochs of the
+    /// nodes still alive (their attempts go on).
+    Adopt {
+        runs: Vec<RunRecord>,
+        alive: HashSet<i64>,
+        reply: Reply<()>,
+    },
+    /// Answered at once by the loop: it is alive and taking commands.
+    Ping {
+        reply: Reply<()>,
+    },
+    /// Answered once the timers due now are handled and what they wrote
+    /// is committed (see [`EngineHandle::settle`]).
+    Settle {
+        reply: Reply<()>,
+    },
+    /// What is running and waiting now, for the metrics.
+    Gauges {
+        reply: Reply<crate::EngineGauges>,
+    },
+    /// Work shared across the cluster: claim attempts, learn the outcome of
+    /// attempts others claimed, stop attempts withdrawn by their owners.
+    Work {
+        reply: Reply<()>,
+    },
+}
+
+/// The answer of work done beside the loop, for the decision that waits on it.
+pub(crate) enum Completion {
+    /// The fires of a backfill, listed beside the loop: those of the range
+    /// not yet in the ledger.
+    Backfilled {
+        key: JobKey,
+        job: Arc<Job>,
+        fires: Result<Vec<Timestamp>, EngineError>,
+        reply: Reply<Vec<RunId>>,
     },
     /// A job a call named was read beside the loop (see
     /// `Engine::unknown_job`): the call is taken again once it is installed.
@@ -137,49 +203,6 @@ pub(crate) enum Command {
         key: JobKey,
         job: Result<Option<Arc<Job>>, StorageError>,
     },
-    /// A cluster node's share of the jobs changed.
-    Own {
-        owns: Ownership,
-        reply: Reply<usize>,
-    },
-    /// Jobs changed in the store (applied through another node).
-    Sync {
-        changed: Vec<StoredJob>,
-        deleted: Vec<(String, String)>,
-        reply: Reply<usize>,
-    },
-    /// Runs of this node's jobs running on other nodes (made before the
-    /// job moved here, or by a trigger through another node), per job:
-    /// they count against the job's overlap policy here.
-    Elsewhere {
-        running: HashMap<JobKey, u32>,
-        reply: Reply<()>,
-    },
-    /// Runs taken over from a dead node; `alive` are the epochs of the
-    /// nodes still alive (their attempts go on).
-    Adopt {
-        runs: Vec<RunRecord>,
-        alive: HashSet<i64>,
-        reply: Reply<()>,
-    },
-    /// Answered at once by the loop: it is alive and taking commands.
-    Ping {
-        reply: Reply<()>,
-    },
-    /// Answered once the timers due now are handled and what they wrote
-    /// is committed (see [`EngineHandle::settle`]).
-    Settle {
-        reply: Reply<()>,
-    },
-    /// What is running and waiting now, for the metrics.
-    Gauges {
-        reply: Reply<crate::EngineGauges>,
-    },
-    /// Work shared across the cluster: claim attempts, learn the outcome of
-    /// attempts others claimed, stop attempts withdrawn by their owners.
-    Work {
-        reply: Reply<()>,
-    },
 }
 
 /// Jobs as runs of them have them: by job and version.
@@ -234,10 +257,10 @@ impl EngineHandle {
         self.write_health.problem()
     }
 
-    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, EngineError> {
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, EngineError> {
         let (tx, rx) = oneshot::channel();
         self.tx
-            .send(make(tx))
+            .send(Command::Request(make(tx)))
             .await
             .map_err(|_| EngineError::Stopped)?;
         rx.await.map_err(|_| EngineError::Stopped)?
@@ -255,7 +278,7 @@ impl EngineHandle {
         jobs: Vec<Job>,
         origin: Origin,
     ) -> Result<Vec<(String, ApplyResult)>, EngineError> {
-        self.ask(|reply| Command::Apply {
+        self.ask(|reply| Request::Apply {
             jobs,
             origin,
             reply,
@@ -265,7 +288,7 @@ impl EngineHandle {
 
     /// Deletes a job; its history stays.
     pub async fn delete(&self, namespace: &str, name: &str) -> Result<(), EngineError> {
-        self.ask(|reply| Command::Delete {
+        self.ask(|reply| Request::Delete {
             namespace: namespace.into(),
             name: name.into(),
             reply,
@@ -280,7 +303,7 @@ impl EngineHandle {
         name: &str,
         paused: bool,
     ) -> Result<(), EngineError> {
-        self.ask(|reply| Command::Pause {
+        self.ask(|reply| Request::Pause {
             namespace: namespace.into(),
             name: name.into(),
             paused,
@@ -336,7 +359,7 @@ impl EngineHandle {
         caller: Option<TraceParent>,
         at: Option<Timestamp>,
     ) -> Result<Vec<RunRecord>, EngineError> {
-        self.ask(|reply| Command::Trigger {
+        self.ask(|reply| Request::Trigger {
             namespace: namespace.into(),
             name: name.into(),
             runs,
@@ -355,7 +378,7 @@ impl EngineHandle {
         from: Timestamp,
         to: Timestamp,
     ) -> Result<Vec<RunId>, EngineError> {
-        self.ask(|reply| Command::Backfill {
+        self.ask(|reply| Request::Backfill {
             namespace: namespace.into(),
             name: name.into(),
             from,
@@ -376,7 +399,7 @@ impl EngineHandle {
 
     /// Tells a cluster node's engine which jobs it owns; returns how many.
     pub async fn set_ownership(&self, owns: Ownership) -> Result<usize, EngineError> {
-        self.ask(|reply| Command::Own { owns, reply }).await
+        self.ask(|reply| Request::Own { owns, reply }).await
     }
 
     /// Takes in jobs changed and deleted through other nodes; returns how
@@ -386,7 +409,7 @@ impl EngineHandle {
         changed: Vec<StoredJob>,
         deleted: Vec<(String, String)>,
     ) -> Result<usize, EngineError> {
-        self.ask(|reply| Command::Sync {
+        self.ask(|reply| Request::Sync {
             changed,
             deleted,
             reply,
@@ -395,12 +418,12 @@ impl EngineHandle {
     }
 
     /// Tells the engine which of its jobs have runs running on other
-    /// nodes, and how many (see [`Command::Elsewhere`]).
+    /// nodes, and how many (see [`Request::Elsewhere`]).
     pub async fn running_elsewhere(
         &self,
         running: HashMap<JobKey, u32>,
     ) -> Result<(), EngineError> {
-        self.ask(|reply| Command::Elsewhere { running, reply })
+        self.ask(|reply| Request::Elsewhere { running, reply })
             .await
     }
 
@@ -411,7 +434,7 @@ impl EngineHandle {
         runs: Vec<RunRecord>,
         alive: HashSet<i64>,
     ) -> Result<(), EngineError> {
-        self.ask(|reply| Command::Adopt { runs, alive, reply })
+        self.ask(|reply| Request::Adopt { runs, alive, reply })
             .await
     }
 
@@ -420,7 +443,7 @@ impl EngineHandle {
     /// this node's attempts that others ran, and stops the attempts it runs
     /// for others that their owners withdrew.
     pub async fn share_work(&self) -> Result<(), EngineError> {
-        self.ask(|reply| Command::Work { reply }).await
+        self.ask(|reply| Request::Work { reply }).await
     }
 
     /// Resolves once a cluster node's lease has ended and every attempt it
@@ -433,7 +456,7 @@ impl EngineHandle {
     /// Answers once the engine's loop has taken the call: whether it is
     /// alive and taking commands (for readiness).
     pub async fn ping(&self) -> Result<(), EngineError> {
-        self.ask(|reply| Command::Ping { reply }).await
+        self.ask(|reply| Request::Ping { reply }).await
     }
 
     /// Handles every timer due at the clock's instant now and answers once
@@ -442,13 +465,13 @@ impl EngineHandle {
     /// sends beside the loop, such as reading a job ahead of its fire,
     /// may still come back after it.)
     pub async fn settle(&self) -> Result<(), EngineError> {
-        self.ask(|reply| Command::Settle { reply }).await
+        self.ask(|reply| Request::Settle { reply }).await
     }
 
     /// What is running and waiting now (runs by namespace and state, the
     /// ready queues, the pool), for the metrics.
     pub async fn gauges(&self) -> Result<crate::EngineGauges, EngineError> {
-        self.ask(|reply| Command::Gauges { reply }).await
+        self.ask(|reply| Request::Gauges { reply }).await
     }
 
     /// A new run of a finished run: the same job version and parameters,
@@ -459,7 +482,7 @@ impl EngineHandle {
     /// of a deleted job or of a version no longer stored, and as a trigger
     /// is by the version's concurrency policy.
     pub async fn rerun(&self, run: RunId, failed_only: bool) -> Result<RunId, EngineError> {
-        self.ask(|reply| Command::Rerun {
+        self.ask(|reply| Request::Rerun {
             run,
             failed_only,
             reply,
@@ -478,7 +501,7 @@ impl EngineHandle {
         task: &str,
         action: Intervention,
     ) -> Result<Intervened, EngineError> {
-        self.ask(|reply| Command::Intervene {
+        self.ask(|reply| Request::Intervene {
             run,
             task: task.into(),
             action,
@@ -490,6 +513,6 @@ impl EngineHandle {
     /// Cancels a run: running attempts are stopped, pending tasks cancelled.
     /// A run of another cluster node is cancelled by that node.
     pub async fn cancel(&self, run: RunId) -> Result<(), EngineError> {
-        self.ask(|reply| Command::Cancel { run, reply }).await
+        self.ask(|reply| Request::Cancel { run, reply }).await
     }
 }

@@ -184,7 +184,7 @@ impl<S: Store> Engine<S> {
         let keys: Vec<JobKey> = gained.iter().map(|(k, _)| k.clone()).collect();
         self.beside(
             async move { store.last_fires_of(&keys).await },
-            move |last| Command::Owned {
+            move |last| Completion::Owned {
                 gained,
                 last,
                 owned,

@@ -33,10 +33,12 @@ use crate::trace::{RunTrace, TraceParent};
 mod attempts;
 mod commands;
 mod commits;
+mod completions;
 mod handle;
 mod jobs;
 mod lease;
 mod recovery;
+mod requests;
 mod run_loop;
 mod runs;
 mod shared;
@@ -49,7 +51,7 @@ mod tests;
 
 pub use attempts::OutputReserve;
 pub use handle::EngineHandle;
-pub(crate) use handle::{CaughtUp, Command, LiveLogs, RerunRead, SharedNews};
+pub(crate) use handle::{CaughtUp, Command, Completion, LiveLogs, Request, RerunRead, SharedNews};
 pub use lease::Lease;
 use lease::lease_watchdog;
 

@@ -204,7 +204,7 @@ impl<S: Store> Engine<S> {
         let read = self.job_of(key);
         let key = key.clone();
         self.beside(read, move |job| {
-            Command::CaughtUp(Box::new(CaughtUp {
+            Completion::CaughtUp(Box::new(CaughtUp {
                 key,
                 generation,
                 since,

@@ -160,10 +160,10 @@ impl<S: Store> Engine<S> {
                     }
                 }
                 Some(cmd) = commands.recv(), if self.installing.is_none() => {
-                    self.on_command(cmd).await;
+                    self.on_command(cmd);
                     while self.installing.is_none() {
                         let Ok(cmd) = commands.try_recv() else { break };
-                        self.on_command(cmd).await;
+                        self.on_command(cmd);
                     }
                 }
                 () = sleep => match warm.and(next) {

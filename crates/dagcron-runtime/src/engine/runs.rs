@@ -83,8 +83,7 @@ impl<S: Store> Engine<S> {
     pub(super) fn job_runs(&self, key: &JobKey) -> JobRuns {
         let entry = self.jobs.get(key);
         JobRuns {
-            running: entry.map_or(0, |e| e.active.len() as u32)
-                + self.running_elsewhere(key),
+            running: entry.map_or(0, |e| e.active.len() as u32) + self.running_elsewhere(key),
             waiting: entry.map_or(0, |e| e.queued.len() as u32),
         }
     }

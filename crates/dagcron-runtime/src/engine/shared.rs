@@ -6,7 +6,7 @@ use jobs::read_version;
 
 impl<S: Store> Engine<S> {
     /// See [`EngineHandle::share_work`]: the store is asked beside the
-    /// loop (the answers come back as [`Command::Worked`]); the pool's room
+    /// loop (the answers come back as [`Completion::Worked`]); the pool's room
     /// is held for the claims meanwhile.
     pub(super) fn share_work(&mut self, reply: Reply<()>) {
         if self.config.node.is_none() {
@@ -68,7 +68,7 @@ impl<S: Store> Engine<S> {
             }
             Ok(news)
         };
-        self.beside(work, |news| Command::Worked { news, reply });
+        self.beside(work, |news| Completion::Worked { news, reply });
     }
 
     /// The store's answers for the shared work (see [`Engine::share_work`]).

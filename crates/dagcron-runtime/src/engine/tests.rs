@@ -18,20 +18,18 @@ async fn apply<S: Store>(
     jobs: Vec<Job>,
 ) {
     let (reply, applied) = oneshot::channel();
-    engine
-        .on_command(Command::Apply {
-            jobs,
-            origin: Origin::default(),
-            reply,
-        })
-        .await;
+    engine.on_command(Request::Apply {
+        jobs,
+        origin: Origin::default(),
+        reply,
+    });
     assert!(
         engine.jobs.is_empty(),
         "nothing changes before the store answers"
     );
     let answer = back(commands).await;
-    assert!(matches!(answer, Command::Applied { .. }));
-    engine.on_command(answer).await;
+    assert!(matches!(answer, Command::Done(Completion::Applied { .. })));
+    engine.on_command(answer);
     while engine.installing.is_some() {
         let now = engine.clock.now();
         engine.install_some(now);
@@ -56,16 +54,14 @@ async fn a_large_apply_is_installed_a_slice_at_a_time() {
         ));
     }
     let (reply, mut applied) = oneshot::channel();
-    engine
-        .on_command(Command::Apply {
-            jobs: jobs(&yaml),
-            origin: Origin::default(),
-            reply,
-        })
-        .await;
+    engine.on_command(Request::Apply {
+        jobs: jobs(&yaml),
+        origin: Origin::default(),
+        reply,
+    });
     let answer = back(&mut commands).await;
     assert!(applied.try_recv().is_err(), "answered once committed");
-    engine.on_command(answer).await;
+    engine.on_command(answer);
     let answer = applied.try_recv().unwrap().unwrap();
     assert_eq!(answer.len(), n);
     let now = clock.now();
@@ -141,8 +137,8 @@ async fn reads_of_jobs_for_fires_and_triggers_do_not_hold_the_loop() {
     engine.on_timers();
     assert!(engine.writes.is_empty() && engine.jobs[&key].job.is_none());
     let read = back(&mut commands).await;
-    assert!(matches!(read, Command::Prepared { .. }));
-    engine.on_command(read).await;
+    assert!(matches!(read, Command::Done(Completion::Prepared { .. })));
+    engine.on_command(read);
     assert!(engine.jobs[&key].job.is_some());
     clock.set("2026-01-10T01:00:00Z".parse().unwrap());
     engine.on_timers();
@@ -164,16 +160,14 @@ async fn reads_of_jobs_for_fires_and_triggers_do_not_hold_the_loop() {
     let mut answers = Vec::new();
     for runs in [1, 3] {
         let (reply, triggered) = oneshot::channel();
-        engine2
-            .on_command(Command::Trigger {
-                namespace: key.0.clone(),
-                name: key.1.clone(),
-                runs: vec![Default::default(); runs],
-                caller: None,
-                at: None,
-                reply,
-            })
-            .await;
+        engine2.on_command(Request::Trigger {
+            namespace: key.0.clone(),
+            name: key.1.clone(),
+            runs: vec![Default::default(); runs],
+            caller: None,
+            at: None,
+            reply,
+        });
         answers.push(triggered);
     }
     assert!(engine2.runs.is_empty() && engine2.writes.is_empty());
@@ -183,8 +177,8 @@ async fn reads_of_jobs_for_fires_and_triggers_do_not_hold_the_loop() {
         "one read, two triggers waiting"
     );
     let read = back(&mut commands2).await;
-    assert!(matches!(read, Command::Loaded { .. }));
-    engine2.on_command(read).await;
+    assert!(matches!(read, Command::Done(Completion::Loaded { .. })));
+    engine2.on_command(read);
     assert!(engine2.loading.is_empty());
     engine2.flush().await.unwrap();
     let mut made = Vec::new();
@@ -223,21 +217,22 @@ async fn regression_a_backfill_does_not_hold_the_loop() {
     .unwrap();
     apply(&mut engine, &mut commands, file.validate().unwrap()).await;
     let (reply, done) = oneshot::channel();
-    engine
-        .on_command(Command::Backfill {
-            namespace: "t".into(),
-            name: "wide".into(),
-            from: "2026-01-09T21:30:00Z".parse().unwrap(),
-            to: "2026-01-10T00:00:00Z".parse().unwrap(),
-            reply,
-        })
-        .await;
+    engine.on_command(Request::Backfill {
+        namespace: "t".into(),
+        name: "wide".into(),
+        from: "2026-01-09T21:30:00Z".parse().unwrap(),
+        to: "2026-01-10T00:00:00Z".parse().unwrap(),
+        reply,
+    });
     // The loop is free at once: no run decided, no write queued.
     assert!(engine.writes.is_empty() && engine.runs.is_empty());
     // The listing comes back as a command; handled, it makes the runs.
     let listed = back(&mut commands).await;
-    assert!(matches!(listed, Command::Backfilled { .. }));
-    engine.on_command(listed).await;
+    assert!(matches!(
+        listed,
+        Command::Done(Completion::Backfilled { .. })
+    ));
+    engine.on_command(listed);
     engine.flush().await.unwrap();
     assert_eq!(done.await.unwrap().unwrap().len(), 9000);
 }
@@ -259,7 +254,7 @@ async fn the_job_of_missed_fires_is_read_beside_the_loop() {
     .await;
     let pause = |paused| {
         let (reply, answered) = oneshot::channel();
-        let cmd = Command::Pause {
+        let cmd = Request::Pause {
             namespace: "t".into(),
             name: "minutely".into(),
             paused,
@@ -268,25 +263,25 @@ async fn the_job_of_missed_fires_is_read_beside_the_loop() {
         (cmd, answered)
     };
     let (cmd, answered) = pause(true);
-    engine.on_command(cmd).await;
+    engine.on_command(cmd);
     let stored = back(&mut commands).await;
-    engine.on_command(stored).await;
+    engine.on_command(stored);
     engine.flush().await.unwrap();
     answered.await.unwrap().unwrap();
 
     clock.set("2026-01-10T00:10:30Z".parse().unwrap());
     let (cmd, answered) = pause(false);
-    engine.on_command(cmd).await;
+    engine.on_command(cmd);
     let stored = back(&mut commands).await;
-    assert!(matches!(stored, Command::Paused { .. }));
-    engine.on_command(stored).await;
+    assert!(matches!(stored, Command::Done(Completion::Paused { .. })));
+    engine.on_command(stored);
     assert!(
         engine.runs.is_empty() && engine.writes.is_empty(),
         "nothing decided yet"
     );
     let read = back(&mut commands).await;
-    assert!(matches!(read, Command::CaughtUp(_)));
-    engine.on_command(read).await;
+    assert!(matches!(read, Command::Done(Completion::CaughtUp(_))));
+    engine.on_command(read);
     let fires: Vec<FireOutcome> = engine
         .writes
         .iter()

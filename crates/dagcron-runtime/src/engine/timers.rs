@@ -336,7 +336,7 @@ impl<S: Store> Engine<S> {
         // read comes back as a command, and the fire is armed then.
         for (key, generation, at) in to_read {
             let read = self.job_of(&key);
-            self.beside(read, move |job| Command::Prepared {
+            self.beside(read, move |job| Completion::Prepared {
                 key,
                 generation,
                 at,
