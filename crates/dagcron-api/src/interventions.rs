@@ -14,7 +14,8 @@ use dagcron_runtime::Intervened;
 use dagcron_store::{RunId, Store};
 
 use crate::auth::{AuditNamespace, Principal};
-use crate::routes::{no_namespace, no_run, run_json};
+use crate::routes::{no_namespace, no_run};
+use crate::runs::run_json;
 use crate::wire::{Errors, HeldPage, HeldTask, RunAnswer};
 use crate::{ApiError, AppState};
 

@@ -7,7 +7,9 @@
 pub mod audit;
 pub mod auth;
 mod error;
+mod health;
 mod interventions;
+mod jobs;
 mod metrics;
 mod operations;
 pub mod policy;
@@ -15,6 +17,7 @@ pub mod quotas;
 mod reruns;
 mod retention;
 mod routes;
+mod runs;
 pub mod schedules;
 pub mod secrets;
 pub mod tokens;

@@ -10,7 +10,8 @@ use dagcron_core::authz::Need;
 use dagcron_store::{RunId, Store};
 
 use crate::auth::{AuditNamespace, Principal};
-use crate::routes::{no_run, run_json};
+use crate::routes::no_run;
+use crate::runs::run_json;
 use crate::wire::{Errors, RerunBody, RunAnswer};
 use crate::{ApiError, AppState};
 

@@ -11,7 +11,8 @@ use jiff::Timestamp;
 use serde::Deserialize;
 
 use crate::auth::Principal;
-use crate::routes::{no_job, stored_job};
+use crate::jobs::stored_job;
+use crate::routes::no_job;
 use crate::wire::{Errors, UpcomingAnswer, UpcomingFire};
 use crate::{ApiError, AppState};
 
