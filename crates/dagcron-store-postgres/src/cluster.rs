@@ -15,8 +15,8 @@ use sqlx::Row;
 use sqlx::postgres::{PgListener, PgRow};
 
 use crate::{
-    CHANNEL, Fence, JOB_COLUMNS, PgStore, RUN_COLUMNS, job_from_row, notify, parse, transaction,
-    ts, unavailable,
+    CHANNEL, Cells, Fence, JOB_COLUMNS, PgStore, RUN_COLUMNS, notify, parse, read, transaction, ts,
+    unavailable,
 };
 
 /// Run ids carry the slot of their node; this many nodes can be alive at once.
@@ -289,7 +289,10 @@ impl Coordination for PgStore {
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
-        let changed = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
+        let changed = rows
+            .iter()
+            .map(|r| read::job(&Cells(r)))
+            .collect::<Result<Vec<_>>>()?;
         let deleted =
             sqlx::query_as("SELECT namespace, name FROM deleted_jobs WHERE revision > $1")
                 .bind(since)

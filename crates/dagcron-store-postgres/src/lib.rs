@@ -16,8 +16,8 @@ use std::time::Duration;
 use dagcron_core::{AttemptState, FireOutcome, RunState};
 use dagcron_store::{
     ApplyResult, AttemptKey, AuditEntry, ClaimedAttempt, FireRecord, JobUpsert, JobVersion, NewRun,
-    Origin, Page, RemoteAttempt, Result, RunId, RunRecord, SecretRecord, StorageError, Store,
-    StoredJob, TokenRecord, Trigger, VersionRecord, Write, WriteResult,
+    Page, RemoteAttempt, Result, RunId, RunRecord, SecretRecord, StorageError, Store, StoredJob,
+    TokenRecord, VersionRecord, Write, WriteResult,
 };
 use jiff::Timestamp;
 use sqlx::Row;
@@ -78,49 +78,15 @@ fn is_transient(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if matches!(d.code().as_deref(), Some("40P01" | "40001")))
 }
 
-fn ts(us: i64) -> Result<Timestamp> {
-    Timestamp::from_microsecond(us).map_err(|e| StorageError::Corrupt(format!("instant {us}: {e}")))
-}
+pub(crate) use dagcron_store::rows::{self as read, labels_json, opt_ts, parse, ts};
+use dagcron_store::rows::{SECRET_COLUMNS, TOKEN_COLUMNS, VERSION_COLUMNS};
 
-fn opt_ts(us: Option<i64>) -> Result<Option<Timestamp>> {
-    us.map(ts).transpose()
-}
+dagcron_store::cells!(PgRow);
 
-fn parse<T: FromStr<Err = String>>(s: &str) -> Result<T> {
-    s.parse().map_err(StorageError::Corrupt)
-}
-
-const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing, trace, rerun_of, tasks";
+/// A run's columns, then its tasks (see [`rows::Row`]).
+const RUN_COLUMNS: &str = concat!(dagcron_store::run_columns!(), ", tasks");
+/// A job's columns, as [`dagcron_store::rows::job`] reads them.
 pub(crate) const JOB_COLUMNS: &str = "namespace, name, version, spec, paused, updated_at, rules";
-
-const VERSION_COLUMNS: &str =
-    "namespace, name, version, created_at, applied_by, applied_by_name, rollback_of, rules";
-
-fn version_from_row(row: &PgRow) -> Result<VersionRecord> {
-    Ok(VersionRecord {
-        namespace: row.get(0),
-        name: row.get(1),
-        version: row.get(2),
-        applied_at: ts(row.get(3))?,
-        origin: Origin {
-            by: dagcron_store::actor_of(row.get(4), row.get(5)),
-            rollback_of: row.get(6),
-        },
-        rules: dagcron_store::parse_rules(row.get(7))?,
-    })
-}
-
-pub(crate) fn job_from_row(row: &PgRow) -> Result<StoredJob> {
-    Ok(StoredJob {
-        namespace: row.get(0),
-        name: row.get(1),
-        version: row.get(2),
-        spec: row.get(3),
-        paused: row.get(4),
-        updated_at: ts(row.get(5))?,
-        rules: dagcron_store::parse_rules(row.get(6))?,
-    })
-}
 
 impl PgStore {
     /// Connects to `url` with a pool of up to `max_connections` and migrates
@@ -244,32 +210,13 @@ impl PgStore {
             .fetch_all(&self.pool)
             .await
             .map_err(unavailable)?;
-        rows.into_iter()
+        rows.iter()
             .map(|row| {
-                let id: RunId = row.get(0);
-                Ok(RunRecord {
-                    id,
-                    namespace: row.get(1),
-                    job: row.get(2),
-                    job_version: row.get(3),
-                    trigger: Trigger::parse(row.get(4)).ok_or_else(|| {
-                        StorageError::Corrupt(format!("run {id}: unknown trigger"))
-                    })?,
-                    scheduled_at: ts(row.get(5))?,
-                    state: parse(row.get::<&str, _>(6))?,
-                    params: serde_json::from_str(row.get(7))
-                        .map_err(|e| StorageError::Corrupt(format!("run {id} params: {e}")))?,
-                    created_at: ts(row.get(8))?,
-                    started_at: opt_ts(row.get(9))?,
-                    finished_at: opt_ts(row.get(10))?,
-                    closing: row.get::<Option<&str>, _>(11).map(parse).transpose()?,
-                    trace: row.get(12),
-                    rerun_of: row.get(13),
-                    tasks: rows::parse_tasks(id, row.get(14))?
-                        .into_iter()
-                        .map(rows::Task::record)
-                        .collect::<Result<_>>()?,
-                })
+                let tasks = rows::parse_tasks(row.get(0), row.get(14))?
+                    .into_iter()
+                    .map(rows::Task::record)
+                    .collect::<Result<_>>()?;
+                read::run(&Cells(row), tasks)
             })
             .collect()
     }
@@ -313,11 +260,6 @@ macro_rules! transaction {
     }};
 }
 pub(crate) use transaction;
-
-/// Labels as a JSON object, for the `run_on` column.
-pub(crate) fn labels_json(labels: &BTreeMap<String, String>) -> String {
-    serde_json::to_string(labels).expect("labels serialize")
-}
 
 async fn notify(conn: &mut PgConnection, what: &str) -> std::result::Result<(), sqlx::Error> {
     sqlx::query("SELECT pg_notify($1, $2)")
@@ -464,40 +406,6 @@ async fn claim_some(
     Ok(out)
 }
 
-const TOKEN_COLUMNS: &str = "id, name, role, namespace, created_at, expires_at, last_used_at, revoked_at, created_by, labels";
-
-fn token_from_row(row: &PgRow) -> Result<TokenRecord> {
-    let opt = |i: usize| opt_ts(row.get(i));
-    Ok(TokenRecord {
-        id: row.get(0),
-        name: row.get(1),
-        role: row.get(2),
-        namespace: row.get(3),
-        created_at: ts(row.get(4))?,
-        expires_at: opt(5)?,
-        last_used_at: opt(6)?,
-        revoked_at: opt(7)?,
-        created_by: row.get(8),
-        labels: row
-            .get::<Option<String>, _>(9)
-            .map(|l| serde_json::from_str(&l))
-            .transpose()
-            .map_err(|e| StorageError::Corrupt(format!("token labels: {e}")))?,
-    })
-}
-
-fn secret_from_row(r: &PgRow) -> Result<SecretRecord> {
-    Ok(SecretRecord {
-        namespace: r.get(0),
-        name: r.get(1),
-        version: r.get(2),
-        key_id: r.get(3),
-        nonce: r.get(4),
-        ciphertext: r.get(5),
-        updated_at: ts(r.get(6))?,
-    })
-}
-
 impl Store for PgStore {
     async fn apply_jobs(&self, jobs: &[JobUpsert], at: Timestamp) -> Result<Vec<ApplyResult>> {
         let at = at.as_microsecond();
@@ -599,7 +507,7 @@ impl Store for PgStore {
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
-        rows.iter().map(job_from_row).collect()
+        rows.iter().map(|r| read::job(&Cells(r))).collect()
     }
 
     async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<StoredJob>> {
@@ -611,7 +519,7 @@ impl Store for PgStore {
         .fetch_optional(&self.pool)
         .await
         .map_err(unavailable)?;
-        row.as_ref().map(job_from_row).transpose()
+        row.as_ref().map(|r| read::job(&Cells(r))).transpose()
     }
 
     async fn list_jobs(
@@ -630,7 +538,10 @@ impl Store for PgStore {
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
-        let items = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
+        let items = rows
+            .iter()
+            .map(|r| read::job(&Cells(r)))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Page::from_overfetch(
             items,
             limit,
@@ -689,7 +600,7 @@ impl Store for PgStore {
         .map_err(unavailable)?;
         let items = rows
             .iter()
-            .map(version_from_row)
+            .map(|r| read::version(&Cells(r)))
             .collect::<Result<Vec<_>>>()?;
         Ok(Page::from_overfetch(
             items,
@@ -715,7 +626,7 @@ impl Store for PgStore {
         .map_err(unavailable)?;
         row.map(|r| {
             Ok(JobVersion {
-                info: version_from_row(&r)?,
+                info: read::version(&Cells(&r))?,
                 spec: r.get(8),
             })
         })
@@ -947,7 +858,7 @@ impl Store for PgStore {
         .fetch_optional(&self.pool)
         .await
         .map_err(unavailable)?;
-        row.map(|r| token_from_row(&r)).transpose()
+        row.map(|r| read::token(&Cells(&r))).transpose()
     }
 
     async fn list_tokens(&self) -> Result<Vec<TokenRecord>> {
@@ -957,7 +868,7 @@ impl Store for PgStore {
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
-        rows.iter().map(token_from_row).collect()
+        rows.iter().map(|r| read::token(&Cells(r))).collect()
     }
 
     async fn revoke_token(&self, id: &str, at: Timestamp) -> Result<bool> {
@@ -1001,36 +912,36 @@ impl Store for PgStore {
     }
 
     async fn get_secret(&self, namespace: &str, name: &str) -> Result<Option<SecretRecord>> {
-        let row = sqlx::query(
-            "SELECT namespace, name, version, key_id, nonce, ciphertext, updated_at FROM secrets WHERE namespace = $1 AND name = $2",
-        )
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {SECRET_COLUMNS} FROM secrets WHERE namespace = $1 AND name = $2"
+        )))
         .bind(namespace)
         .bind(name)
         .fetch_optional(&self.pool)
         .await
         .map_err(unavailable)?;
-        row.map(|r| secret_from_row(&r)).transpose()
+        row.map(|r| read::secret(&Cells(&r))).transpose()
     }
 
     async fn list_secrets(&self, namespace: &str) -> Result<Vec<SecretRecord>> {
-        let rows = sqlx::query(
-            "SELECT namespace, name, version, key_id, nonce, ciphertext, updated_at FROM secrets WHERE namespace = $1 ORDER BY name",
-        )
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {SECRET_COLUMNS} FROM secrets WHERE namespace = $1 ORDER BY name"
+        )))
         .bind(namespace)
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
-        rows.iter().map(secret_from_row).collect()
+        rows.iter().map(|r| read::secret(&Cells(r))).collect()
     }
 
     async fn list_all_secrets(&self) -> Result<Vec<SecretRecord>> {
-        let rows = sqlx::query(
-            "SELECT namespace, name, version, key_id, nonce, ciphertext, updated_at FROM secrets ORDER BY namespace, name",
-        )
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {SECRET_COLUMNS} FROM secrets ORDER BY namespace, name"
+        )))
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
-        rows.iter().map(secret_from_row).collect()
+        rows.iter().map(|r| read::secret(&Cells(r))).collect()
     }
 
     async fn get_setting(&self, key: &str) -> Result<Option<String>> {
@@ -1132,32 +1043,18 @@ impl Store for PgStore {
         limit: u32,
         namespace: Option<&str>,
     ) -> Result<Vec<AuditEntry>> {
-        let rows = sqlx::query(
-            "SELECT seq, at, principal, principal_name, action, namespace, outcome, address, prev_hash, hash FROM audit
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {} FROM audit
              WHERE seq > $1 AND ($2::text IS NULL OR namespace = $2) ORDER BY seq LIMIT $3",
-        )
+            dagcron_store::rows::AUDIT_COLUMNS
+        )))
         .bind(after)
         .bind(namespace)
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await
         .map_err(unavailable)?;
-        rows.iter()
-            .map(|r| {
-                Ok(AuditEntry {
-                    seq: r.get(0),
-                    at: ts(r.get(1))?,
-                    principal: r.get(2),
-                    principal_name: r.get(3),
-                    action: r.get(4),
-                    namespace: r.get(5),
-                    outcome: u16::try_from(r.get::<i32, _>(6)).unwrap_or(0),
-                    address: r.get(7),
-                    prev_hash: r.get(8),
-                    hash: r.get(9),
-                })
-            })
-            .collect()
+        rows.iter().map(|r| read::audit(&Cells(r))).collect()
     }
 
     async fn max_run_id(&self) -> Result<RunId> {

@@ -6,15 +6,14 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use dagcron_core::{AttemptState, FireOutcome};
 use dagcron_store::{
-    ApplyResult, AttemptRecord, AuditEntry, FireRecord, JobUpsert, JobVersion, Origin, Page,
-    Result, RunId, RunRecord, SecretRecord, StorageError, Store, StoredJob, StoredTimingRow,
-    TaskRecord, TokenRecord, Trigger, VersionRecord, Write, WriteResult,
+    ApplyResult, AttemptRecord, AuditEntry, FireRecord, JobUpsert, JobVersion, Page, Result, RunId,
+    RunRecord, SecretRecord, StorageError, Store, StoredJob, StoredTimingRow, TaskRecord,
+    TokenRecord, VersionRecord, Write, WriteResult,
 };
 use jiff::Timestamp;
 use sqlx::sqlite::{
@@ -51,17 +50,11 @@ fn micros(t: Timestamp) -> i64 {
     t.as_microsecond()
 }
 
-fn ts(us: i64) -> Result<Timestamp> {
-    Timestamp::from_microsecond(us).map_err(|e| StorageError::Corrupt(format!("instant {us}: {e}")))
-}
+use dagcron_store::rows::{
+    self as read, RUN_COLUMNS, SECRET_COLUMNS, TOKEN_COLUMNS, VERSION_COLUMNS, opt_ts, parse, ts,
+};
 
-fn opt_ts(us: Option<i64>) -> Result<Option<Timestamp>> {
-    us.map(ts).transpose()
-}
-
-fn parse<T: FromStr<Err = String>>(s: &str) -> Result<T> {
-    s.parse().map_err(StorageError::Corrupt)
-}
+dagcron_store::cells!(SqliteRow);
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path` and migrates it.
@@ -181,30 +174,8 @@ impl SqliteStore {
         let ids: Vec<RunId> = rows.iter().map(|r| r.get(0)).collect();
         let mut tasks = Self::load_tasks(&mut tx, &ids).await?;
         tx.commit().await.map_err(unavailable)?;
-        rows.into_iter()
-            .map(|row| {
-                let id: RunId = row.get(0);
-                Ok(RunRecord {
-                    id,
-                    namespace: row.get(1),
-                    job: row.get(2),
-                    job_version: row.get(3),
-                    trigger: Trigger::parse(row.get(4)).ok_or_else(|| {
-                        StorageError::Corrupt(format!("run {id}: unknown trigger"))
-                    })?,
-                    scheduled_at: ts(row.get(5))?,
-                    state: parse(row.get::<&str, _>(6))?,
-                    params: serde_json::from_str(row.get(7))
-                        .map_err(|e| StorageError::Corrupt(format!("run {id} params: {e}")))?,
-                    created_at: ts(row.get(8))?,
-                    started_at: opt_ts(row.get(9))?,
-                    finished_at: opt_ts(row.get(10))?,
-                    closing: row.get::<Option<&str>, _>(11).map(parse).transpose()?,
-                    trace: row.get(12),
-                    rerun_of: row.get(13),
-                    tasks: tasks.remove(&id).unwrap_or_default(),
-                })
-            })
+        rows.iter()
+            .map(|row| read::run(&Cells(row), tasks.remove(&row.get(0)).unwrap_or_default()))
             .collect()
     }
 }
@@ -218,74 +189,10 @@ fn active_runs_sql() -> String {
     )
 }
 
-const RUN_COLUMNS: &str = "id, namespace, job, job_version, trigger, scheduled_at, state, params, created_at, started_at, finished_at, closing, trace, rerun_of";
-
-const TOKEN_COLUMNS: &str = "id, name, role, namespace, created_at, expires_at, last_used_at, revoked_at, created_by, labels";
-
-fn token_from_row(row: &SqliteRow) -> Result<TokenRecord> {
-    Ok(TokenRecord {
-        id: row.get(0),
-        name: row.get(1),
-        role: row.get(2),
-        namespace: row.get(3),
-        created_at: ts(row.get(4))?,
-        expires_at: opt_ts(row.get(5))?,
-        last_used_at: opt_ts(row.get(6))?,
-        revoked_at: opt_ts(row.get(7))?,
-        created_by: row.get(8),
-        labels: row
-            .get::<Option<String>, _>(9)
-            .map(|l| serde_json::from_str(&l))
-            .transpose()
-            .map_err(|e| StorageError::Corrupt(format!("token labels: {e}")))?,
-    })
-}
-
-fn secret_from_row(r: &SqliteRow) -> Result<SecretRecord> {
-    Ok(SecretRecord {
-        namespace: r.get(0),
-        name: r.get(1),
-        version: r.get(2),
-        key_id: r.get(3),
-        nonce: r.get(4),
-        ciphertext: r.get(5),
-        updated_at: ts(r.get(6))?,
-    })
-}
-
-fn job_from_row(row: &SqliteRow) -> Result<StoredJob> {
-    Ok(StoredJob {
-        namespace: row.get(0),
-        name: row.get(1),
-        version: row.get(2),
-        spec: row.get(3),
-        paused: row.get::<i64, _>(4) != 0,
-        updated_at: ts(row.get(5))?,
-        rules: dagcron_store::parse_rules(row.get(6))?,
-    })
-}
-
 /// Jobs with their specs (the current version's: the spec is stored once,
-/// in `job_versions`), as [`job_from_row`] reads them; the `WHERE` follows.
+/// in `job_versions`), as [`read::job`] reads them; the `WHERE` follows.
 pub(crate) const SELECT_JOBS: &str = "SELECT j.namespace, j.name, j.version, v.spec, j.paused, j.updated_at, j.rules
      FROM jobs AS j JOIN job_versions AS v ON v.namespace = j.namespace AND v.name = j.name AND v.version = j.version";
-
-const VERSION_COLUMNS: &str =
-    "namespace, name, version, created_at, applied_by, applied_by_name, rollback_of, rules";
-
-fn version_from_row(row: &SqliteRow) -> Result<VersionRecord> {
-    Ok(VersionRecord {
-        namespace: row.get(0),
-        name: row.get(1),
-        version: row.get(2),
-        applied_at: ts(row.get(3))?,
-        origin: Origin {
-            by: dagcron_store::actor_of(row.get(4), row.get(5)),
-            rollback_of: row.get(6),
-        },
-        rules: dagcron_store::parse_rules(row.get(7))?,
-    })
-}
 
 impl SqliteStore {
     /// `read` through the bulk reader, on a blocking thread.
@@ -344,7 +251,7 @@ impl Store for SqliteStore {
         .fetch_optional(&self.reader)
         .await
         .map_err(unavailable)?;
-        row.as_ref().map(job_from_row).transpose()
+        row.as_ref().map(|r| read::job(&Cells(r))).transpose()
     }
 
     async fn list_jobs(
@@ -363,7 +270,10 @@ impl Store for SqliteStore {
         .fetch_all(&self.reader)
         .await
         .map_err(unavailable)?;
-        let items = rows.iter().map(job_from_row).collect::<Result<Vec<_>>>()?;
+        let items = rows
+            .iter()
+            .map(|r| read::job(&Cells(r)))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Page::from_overfetch(
             items,
             limit,
@@ -426,7 +336,7 @@ impl Store for SqliteStore {
         .map_err(unavailable)?;
         let items = rows
             .iter()
-            .map(version_from_row)
+            .map(|r| read::version(&Cells(r)))
             .collect::<Result<Vec<_>>>()?;
         Ok(Page::from_overfetch(
             items,
@@ -452,7 +362,7 @@ impl Store for SqliteStore {
         .map_err(unavailable)?;
         row.map(|r| {
             Ok(JobVersion {
-                info: version_from_row(&r)?,
+                info: read::version(&Cells(&r))?,
                 spec: r.get(8),
             })
         })
@@ -646,7 +556,7 @@ impl Store for SqliteStore {
         .fetch_optional(&self.reader)
         .await
         .map_err(unavailable)?;
-        row.map(|r| token_from_row(&r)).transpose()
+        row.map(|r| read::token(&Cells(&r))).transpose()
     }
 
     async fn list_tokens(&self) -> Result<Vec<TokenRecord>> {
@@ -656,7 +566,7 @@ impl Store for SqliteStore {
         .fetch_all(&self.reader)
         .await
         .map_err(unavailable)?;
-        rows.iter().map(token_from_row).collect()
+        rows.iter().map(|r| read::token(&Cells(r))).collect()
     }
 
     async fn revoke_token(&self, id: &str, at: Timestamp) -> Result<bool> {
@@ -701,36 +611,36 @@ impl Store for SqliteStore {
     }
 
     async fn get_secret(&self, namespace: &str, name: &str) -> Result<Option<SecretRecord>> {
-        let row = sqlx::query(
-            "SELECT namespace, name, version, key_id, nonce, ciphertext, updated_at FROM secrets WHERE namespace = ? AND name = ?",
-        )
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {SECRET_COLUMNS} FROM secrets WHERE namespace = ? AND name = ?"
+        )))
         .bind(namespace)
         .bind(name)
         .fetch_optional(&self.reader)
         .await
         .map_err(unavailable)?;
-        row.map(|r| secret_from_row(&r)).transpose()
+        row.map(|r| read::secret(&Cells(&r))).transpose()
     }
 
     async fn list_secrets(&self, namespace: &str) -> Result<Vec<SecretRecord>> {
-        let rows = sqlx::query(
-            "SELECT namespace, name, version, key_id, nonce, ciphertext, updated_at FROM secrets WHERE namespace = ? ORDER BY name",
-        )
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {SECRET_COLUMNS} FROM secrets WHERE namespace = ? ORDER BY name"
+        )))
         .bind(namespace)
         .fetch_all(&self.reader)
         .await
         .map_err(unavailable)?;
-        rows.iter().map(secret_from_row).collect()
+        rows.iter().map(|r| read::secret(&Cells(r))).collect()
     }
 
     async fn list_all_secrets(&self) -> Result<Vec<SecretRecord>> {
-        let rows = sqlx::query(
-            "SELECT namespace, name, version, key_id, nonce, ciphertext, updated_at FROM secrets ORDER BY namespace, name",
-        )
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {SECRET_COLUMNS} FROM secrets ORDER BY namespace, name"
+        )))
         .fetch_all(&self.reader)
         .await
         .map_err(unavailable)?;
-        rows.iter().map(secret_from_row).collect()
+        rows.iter().map(|r| read::secret(&Cells(r))).collect()
     }
 
     async fn get_setting(&self, key: &str) -> Result<Option<String>> {
@@ -861,10 +771,11 @@ impl Store for SqliteStore {
         limit: u32,
         namespace: Option<&str>,
     ) -> Result<Vec<AuditEntry>> {
-        let rows = sqlx::query(
-            "SELECT seq, at, principal, principal_name, action, namespace, outcome, address, prev_hash, hash FROM audit
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {} FROM audit
              WHERE seq > ? AND (? IS NULL OR namespace = ?) ORDER BY seq LIMIT ?",
-        )
+            dagcron_store::rows::AUDIT_COLUMNS
+        )))
         .bind(after)
         .bind(namespace)
         .bind(namespace)
@@ -872,22 +783,7 @@ impl Store for SqliteStore {
         .fetch_all(&self.reader)
         .await
         .map_err(unavailable)?;
-        rows.iter()
-            .map(|r| {
-                Ok(AuditEntry {
-                    seq: r.get(0),
-                    at: ts(r.get(1))?,
-                    principal: r.get(2),
-                    principal_name: r.get(3),
-                    action: r.get(4),
-                    namespace: r.get(5),
-                    outcome: u16::try_from(r.get::<i64, _>(6)).unwrap_or(0),
-                    address: r.get(7),
-                    prev_hash: r.get(8),
-                    hash: r.get(9),
-                })
-            })
-            .collect()
+        rows.iter().map(|r| read::audit(&Cells(r))).collect()
     }
 
     async fn max_run_id(&self) -> Result<RunId> {

@@ -13,8 +13,11 @@
 pub mod batches;
 pub mod cluster;
 pub mod conformance;
+pub mod memory;
 pub mod plan;
 pub mod retention;
+pub mod rows;
+pub mod run_row;
 
 use std::collections::BTreeMap;
 use std::fmt;

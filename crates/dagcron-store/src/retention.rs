@@ -5,6 +5,7 @@
 use dagcron_core::retention::{FireFacts, JobFacts, RunFacts};
 use jiff::Timestamp;
 
+use crate::rows::ts as instant;
 use crate::{Result, RunId, StorageError};
 
 /// A job with history: it exists, or it was deleted and its versions are
@@ -76,10 +77,6 @@ pub type RunRow = (i64, String, i64, Option<i64>, bool, i64, bool);
 
 /// A row of [`crate::Store::fire_history`]: the instant, its run stored.
 pub type FireRow = (i64, bool);
-
-fn instant(us: i64) -> Result<Timestamp> {
-    Timestamp::from_microsecond(us).map_err(|e| StorageError::Corrupt(format!("instant {us}: {e}")))
-}
 
 /// Reads a [`HistoryRow`].
 pub fn history_job((namespace, name, deleted, fire, run): HistoryRow) -> Result<HistoryJob> {
