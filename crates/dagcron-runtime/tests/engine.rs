@@ -1,6 +1,9 @@
-//! The engine with a manual clock and a real SQLite file: a year of fires,
-//! retries with their exact delays, DAG rules, overlap and misfire policies,
-//! cancellation, deadlines, and recovery after the engine is dropped mid-run.
+//! The engine with a manual clock: a year of fires, retries with their
+//! exact delays, DAG rules, overlap and misfire policies, cancellation,
+//! deadlines, and recovery after the engine is dropped mid-run. Most tests
+//! keep their data in the in-memory store (which passes the same
+//! conformance suite as the SQL stores; a restart keeps it, as a file
+//! would be kept); the tests that say so use a real SQLite file.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,6 +11,7 @@ use std::time::Duration;
 
 use dagcron_core::{AttemptState, FireOutcome, JobFile, RunState, TaskState};
 use dagcron_runtime::{Clock, Engine, EngineConfig, EngineHandle, EngineMetrics, ManualClock};
+use dagcron_store::memory::MemoryStore;
 use dagcron_store::{JobUpsert, RunRecord, Store, Trigger};
 use dagcron_store_sqlite::SqliteStore;
 use dagcron_testkit::until_async;
@@ -15,25 +19,20 @@ use jiff::{SignedDuration, Timestamp};
 use tokio_util::sync::CancellationToken;
 
 struct Harness {
-    store: Arc<SqliteStore>,
+    store: Arc<MemoryStore>,
     metrics: Arc<EngineMetrics>,
     clock: ManualClock,
     handle: EngineHandle,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
-    _dir: Arc<tempfile::TempDir>,
 }
 
 fn ts(s: &str) -> Timestamp {
     s.parse().unwrap()
 }
 
-async fn start(dir: Arc<tempfile::TempDir>, clock: ManualClock, config: EngineConfig) -> Harness {
-    let store = Arc::new(
-        SqliteStore::open(&dir.path().join("db.sqlite"))
-            .await
-            .unwrap(),
-    );
+/// An engine on `store` (a new one, or the one a stopped engine left).
+async fn start(store: Arc<MemoryStore>, clock: ManualClock, config: EngineConfig) -> Harness {
     let metrics = config
         .metrics
         .clone()
@@ -55,7 +54,6 @@ async fn start(dir: Arc<tempfile::TempDir>, clock: ManualClock, config: EngineCo
         handle,
         shutdown,
         task,
-        _dir: dir,
     }
 }
 
@@ -83,7 +81,7 @@ async fn fresh_with_grace(at: &str, misfire_grace: Duration) -> Harness {
 /// A fresh engine and store at `at`, with `config`.
 async fn fresh_with(at: &str, config: EngineConfig) -> Harness {
     start(
-        Arc::new(tempfile::tempdir().unwrap()),
+        Arc::new(MemoryStore::new()),
         ManualClock::new(ts(at)),
         config,
     )
@@ -97,7 +95,7 @@ impl Harness {
     }
 
     /// Waits (bounded) until `check` holds on the store.
-    async fn until<F: AsyncFnMut(&SqliteStore) -> bool>(&self, what: &str, mut check: F) {
+    async fn until<F: AsyncFnMut(&MemoryStore) -> bool>(&self, what: &str, mut check: F) {
         until_async(what, async || check(&self.store).await).await
     }
 
@@ -160,10 +158,10 @@ impl Harness {
             .map_or(0.0, |v| v.parse().unwrap())
     }
 
-    async fn stop(self) -> (Arc<tempfile::TempDir>, ManualClock) {
+    async fn stop(self) -> (Arc<MemoryStore>, ManualClock) {
         self.shutdown.cancel();
         self.task.await.unwrap();
-        (self._dir, self.clock)
+        (self.store, self.clock)
     }
 }
 
@@ -754,7 +752,7 @@ async fn an_attempt_running_when_the_engine_died_is_lost_and_retried() {
     .await;
     // Simulate a crash: the engine task disappears without any cleanup.
     h.task.abort();
-    let (dir_h, clock) = (h._dir.clone(), h.clock.clone());
+    let (dir_h, clock) = (h.store.clone(), h.clock.clone());
     drop(h);
     let config = EngineConfig {
         misfire_grace: Duration::ZERO,
@@ -787,7 +785,7 @@ async fn at_most_once_marks_lost_work_failed() {
     })
     .await;
     h.task.abort();
-    let (dir_h, clock) = (h._dir.clone(), h.clock.clone());
+    let (dir_h, clock) = (h.store.clone(), h.clock.clone());
     drop(h);
     let h = start(dir_h, clock, EngineConfig::default()).await;
     h.idle().await;
@@ -1215,10 +1213,10 @@ impl Harness {
             .unwrap()
     }
 
-    /// Kills the engine (as `kill -9` would) and starts it again on the same file.
+    /// Kills the engine (as `kill -9` would) and starts it again on the same data.
     async fn restart(self, config: EngineConfig) -> Harness {
         self.task.abort();
-        let (dir, clock) = (self._dir.clone(), self.clock.clone());
+        let (dir, clock) = (self.store.clone(), self.clock.clone());
         drop(self);
         start(dir, clock, config).await
     }
@@ -1480,7 +1478,7 @@ async fn regression_an_acknowledged_cancel_survives_a_crash() {
         }])
         .await
         .unwrap();
-    let (dir, clock) = (h._dir.clone(), h.clock.clone());
+    let (dir, clock) = (h.store.clone(), h.clock.clone());
     drop(h);
     let h = start(dir, clock, EngineConfig::default()).await;
     h.clock.advance(SignedDuration::from_secs(5));
@@ -1762,7 +1760,7 @@ async fn regression_a_rerun_of_an_older_version_survives_a_restart_as_that_versi
     })
     .await;
     h.task.abort();
-    let (dir2, clock) = (h._dir.clone(), h.clock.clone());
+    let (dir2, clock) = (h.store.clone(), h.clock.clone());
     drop(h);
     let h = start(dir2, clock, EngineConfig::default()).await;
     // The lost attempt is retried after its backoff.
@@ -2254,7 +2252,7 @@ async fn held_tasks_wait_across_a_restart_until_an_operator_or_the_deadline() {
         .trigger("t", "late", BTreeMap::new())
         .await
         .unwrap();
-    let task_of = async |s: &SqliteStore, run| {
+    let task_of = async |s: &MemoryStore, run| {
         let r = s.get_run(run).await.unwrap().unwrap();
         (r.tasks[0].state, r.tasks[0].attempts.len())
     };
@@ -2273,7 +2271,7 @@ async fn held_tasks_wait_across_a_restart_until_an_operator_or_the_deadline() {
     );
     // A crash: once's attempt is lost; at most once, it is not run again.
     h.task.abort();
-    let (dir_h, clock) = (h._dir.clone(), h.clock.clone());
+    let (dir_h, clock) = (h.store.clone(), h.clock.clone());
     drop(h);
     let h = start(dir_h, clock, EngineConfig::default()).await;
     h.until("once held", async |s| {
@@ -2329,11 +2327,11 @@ async fn held_tasks_wait_across_a_restart_until_an_operator_or_the_deadline() {
 }
 
 /// A pruner of `store` whose clock stands at `at`, with no pause.
-fn pruner_at(
-    store: &Arc<SqliteStore>,
+fn pruner_at<S: Store>(
+    store: &Arc<S>,
     at: Timestamp,
     metrics: &dagcron_runtime::PruneMetrics,
-) -> dagcron_runtime::Pruner<SqliteStore> {
+) -> dagcron_runtime::Pruner<S> {
     dagcron_runtime::Pruner::new(
         store.clone(),
         Arc::new(ManualClock::new(at)),
@@ -2416,12 +2414,7 @@ async fn pruning_never_makes_a_fire_happen_twice() {
         h.until_fires("hourly", n).await;
         h.idle().await;
     }
-    let (dir, clock) = h.stop().await;
-    let store = Arc::new(
-        SqliteStore::open(&dir.path().join("db.sqlite"))
-            .await
-            .unwrap(),
-    );
+    let (store, clock) = h.stop().await;
     store
         .set_setting(
             &dagcron_runtime::prune::setting_key("t"),
@@ -2456,13 +2449,13 @@ async fn pruning_never_makes_a_fire_happen_twice() {
         text.contains("dagcron_pruned_total{what=\"jobs\"} 0"),
         "{text}"
     );
-    drop((pruner, store));
+    drop(pruner);
 
     let config = EngineConfig {
         misfire_grace: LONG_GRACE,
         ..EngineConfig::default()
     };
-    let h = start(dir, clock, config).await;
+    let h = start(store, clock, config).await;
     h.clock.advance(SignedDuration::from_secs(3600));
     h.until_fires("hourly", 2).await;
     h.idle().await;
@@ -2682,7 +2675,12 @@ async fn output_that_would_eat_into_the_disk_reserve_is_dropped() {
         }),
         ..EngineConfig::default()
     };
-    let h = start(dir, ManualClock::new(ts("2026-01-01T00:00:00Z")), config).await;
+    let h = start(
+        Arc::new(MemoryStore::new()),
+        ManualClock::new(ts("2026-01-01T00:00:00Z")),
+        config,
+    )
+    .await;
     h.apply("namespace: t\njobs:\n  - { name: loud, tasks: [{ id: a, shell: 'echo hello' }] }\n")
         .await;
     let id = h.run_to_end("loud").await;

@@ -1,14 +1,14 @@
 //! The PostgreSQL store's write path (a batch's runs read, its writes
-//! applied to their rows, the rows written back) against the embedded
-//! store applying one write at a time, on random batches: same results,
-//! same runs, tasks and attempts. A database and a file per store, reset
-//! between cases; the batches also make new runs, and change them in the
-//! batch that makes them.
+//! applied to their rows, the rows written back) against the reference
+//! meaning of each write (the in-memory store, one write at a time), on
+//! random batches: same results, same runs, tasks and attempts. One
+//! database, reset between cases; the batches also make new runs, and
+//! change them in the batch that makes them.
 
 use dagcron_store::Store;
 use dagcron_store::batches::{same_meaning, seed, write};
+use dagcron_store::memory::MemoryStore;
 use dagcron_store_postgres::PgStore;
-use dagcron_store_sqlite::SqliteStore;
 use dagcron_test_pg::TestDatabase;
 use proptest::prelude::*;
 
@@ -23,7 +23,7 @@ async fn reset(store: &PgStore, url: &str) {
 }
 
 #[test]
-fn batches_mean_what_one_write_at_a_time_means_on_the_embedded_store() {
+fn batches_mean_what_the_reference_means() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -33,11 +33,7 @@ fn batches_mean_what_one_write_at_a_time_means_on_the_embedded_store() {
     let config = ProptestConfig::with_cases(96);
     proptest!(config, |(batches in proptest::collection::vec(proptest::collection::vec(write(), 1..8), 1..5))| {
         rt.block_on(async {
-            let dir = tempfile::tempdir().unwrap();
-            let reference = SqliteStore::open(&dir.path().join("reference.db"))
-                .await
-                .unwrap()
-                .with_grouped_writes(false);
+            let reference = MemoryStore::new();
             reference.write(&seed()).await.unwrap();
             reset(&store, &db.url).await;
             same_meaning(&store, &reference, &batches).await

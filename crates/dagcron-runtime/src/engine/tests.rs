@@ -1,6 +1,7 @@
 //! The engine's own tests (the integration tests are in tests/engine.rs).
 
 use super::*;
+use dagcron_store::memory::MemoryStore;
 
 /// The next command that work done beside the loop sends back.
 async fn back(commands: &mut mpsc::Receiver<Command>) -> Command {
@@ -43,9 +44,7 @@ async fn apply<S: Store>(
 /// no other command until the whole apply is in).
 #[tokio::test]
 async fn a_large_apply_is_installed_a_slice_at_a_time() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut engine, clock, (mut commands, _handle)) =
-        engine_at(&dir, "2026-01-10T00:00:00Z").await;
+    let (mut engine, clock, (mut commands, _handle)) = engine_at("2026-01-10T00:00:00Z").await;
     let n = INSTALL_SLICE * 2 + INSTALL_SLICE / 2;
     let mut yaml = String::from("namespace: t\njobs:\n");
     for i in 0..n {
@@ -88,19 +87,15 @@ async fn a_large_apply_is_installed_a_slice_at_a_time() {
     assert_eq!(armed, n);
 }
 
+/// An engine on a new in-memory store at `at`, not yet running.
 async fn engine_at(
-    dir: &tempfile::TempDir,
     at: &str,
 ) -> (
-    Engine<dagcron_store_sqlite::SqliteStore>,
+    Engine<MemoryStore>,
     Arc<crate::ManualClock>,
     (mpsc::Receiver<Command>, EngineHandle),
 ) {
-    let store = Arc::new(
-        dagcron_store_sqlite::SqliteStore::open(&dir.path().join("db"))
-            .await
-            .unwrap(),
-    );
+    let store = Arc::new(MemoryStore::new());
     let clock = Arc::new(crate::ManualClock::new(at.parse().unwrap()));
     let (mut engine, handle) = Engine::start(store, clock.clone(), EngineConfig::default())
         .await
@@ -120,9 +115,7 @@ fn jobs(yaml: &str) -> Vec<Job> {
 /// run beside the loop and come back as commands.
 #[tokio::test]
 async fn reads_of_jobs_for_fires_and_triggers_do_not_hold_the_loop() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut engine, clock, (mut commands, _handle)) =
-        engine_at(&dir, "2026-01-10T00:00:00Z").await;
+    let (mut engine, clock, (mut commands, _handle)) = engine_at("2026-01-10T00:00:00Z").await;
     apply(
         &mut engine,
         &mut commands,
@@ -145,9 +138,7 @@ async fn reads_of_jobs_for_fires_and_triggers_do_not_hold_the_loop() {
     assert_eq!(engine.runs.len(), 1, "fired on time");
 
     // A trigger of a job not in memory.
-    let dir2 = tempfile::tempdir().unwrap();
-    let (mut engine2, _, (mut commands2, _handle2)) =
-        engine_at(&dir2, "2026-01-10T00:00:00Z").await;
+    let (mut engine2, _, (mut commands2, _handle2)) = engine_at("2026-01-10T00:00:00Z").await;
     apply(
         &mut engine2,
         &mut commands2,
@@ -200,9 +191,7 @@ async fn reads_of_jobs_for_fires_and_triggers_do_not_hold_the_loop() {
 /// listed fires come back as a command of their own.
 #[tokio::test]
 async fn regression_a_backfill_does_not_hold_the_loop() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut engine, _clock, (mut commands, _handle)) =
-        engine_at(&dir, "2026-01-10T00:00:00Z").await;
+    let (mut engine, _clock, (mut commands, _handle)) = engine_at("2026-01-10T00:00:00Z").await;
     // 64 schedules: one per second of each minute, and 4 more at the same instants.
     let schedules: Vec<String> = (0..64)
         .map(|i| match i {
@@ -243,9 +232,7 @@ async fn regression_a_backfill_does_not_hold_the_loop() {
 /// recorded when it comes back.
 #[tokio::test]
 async fn the_job_of_missed_fires_is_read_beside_the_loop() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut engine, clock, (mut commands, _handle)) =
-        engine_at(&dir, "2026-01-10T00:00:30Z").await;
+    let (mut engine, clock, (mut commands, _handle)) = engine_at("2026-01-10T00:00:30Z").await;
     apply(
         &mut engine,
         &mut commands,
@@ -304,9 +291,7 @@ async fn the_job_of_missed_fires_is_read_beside_the_loop() {
 /// the extra wake-up.
 #[tokio::test]
 async fn an_instant_of_many_fires_is_warmed_up_ahead_and_fires_at_its_time() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut engine, clock, (mut commands, _handle)) =
-        engine_at(&dir, "2026-01-10T00:00:00.5Z").await;
+    let (mut engine, clock, (mut commands, _handle)) = engine_at("2026-01-10T00:00:00.5Z").await;
     let many: String = (0..timers::WARM_UP_FIRES)
         .map(|i| {
             format!(
@@ -351,9 +336,7 @@ async fn an_instant_of_many_fires_is_warmed_up_ahead_and_fires_at_its_time() {
     );
 
     // A few fires: no wake-up ahead of them.
-    let dir2 = tempfile::tempdir().unwrap();
-    let (mut engine2, _, (mut commands2, _handle2)) =
-        engine_at(&dir2, "2026-01-10T00:00:00.5Z").await;
+    let (mut engine2, _, (mut commands2, _handle2)) = engine_at("2026-01-10T00:00:00.5Z").await;
     apply(
         &mut engine2,
         &mut commands2,
@@ -368,9 +351,7 @@ async fn an_instant_of_many_fires_is_warmed_up_ahead_and_fires_at_its_time() {
 /// again a little later, with a new run, and the series is not armed twice.
 #[tokio::test]
 async fn a_fire_refused_as_early_is_made_again_later() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut engine, clock, (mut commands, _handle)) =
-        engine_at(&dir, "2026-01-10T00:00:00.5Z").await;
+    let (mut engine, clock, (mut commands, _handle)) = engine_at("2026-01-10T00:00:00.5Z").await;
     apply(
         &mut engine,
         &mut commands,
