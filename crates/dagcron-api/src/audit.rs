@@ -4,7 +4,7 @@
 use axum::Json;
 use axum::extract::{Extension, Query, State};
 use dagcron_core::authz::Need;
-use dagcron_store::Store;
+use dagcron_store::prelude::*;
 use serde::Deserialize;
 
 use crate::auth::Principal;

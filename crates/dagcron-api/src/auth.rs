@@ -16,7 +16,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use dagcron_core::authz::{Decision, Grant, Need, Role};
-use dagcron_store::{Store, TokenRecord};
+use dagcron_store::TokenRecord;
+use dagcron_store::prelude::*;
 use hmac::{KeyInit, Mac};
 use jiff::Timestamp;
 

@@ -4,7 +4,7 @@ use axum::Json;
 use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use dagcron_store::Store;
+use dagcron_store::prelude::*;
 
 use crate::auth::Principal;
 use crate::wire::{

@@ -11,7 +11,8 @@ use dagcron_core::TaskState;
 use dagcron_core::authz::Need;
 use dagcron_core::run::Intervention;
 use dagcron_runtime::Intervened;
-use dagcron_store::{RunId, Store};
+use dagcron_store::RunId;
+use dagcron_store::prelude::*;
 
 use crate::auth::{AuditNamespace, Principal};
 use crate::routes::{no_namespace, no_run};

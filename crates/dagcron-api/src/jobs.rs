@@ -5,7 +5,8 @@ use axum::body::Bytes;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use dagcron_core::{Job, JobFile, JobSpec};
-use dagcron_store::{Store, StoredJob};
+use dagcron_store::StoredJob;
+use dagcron_store::prelude::*;
 use jiff::Timestamp;
 
 use crate::auth::{AuditNamespace, Principal};

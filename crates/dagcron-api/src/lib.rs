@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use dagcron_runtime::{ClusterHandle, EngineHandle};
-use dagcron_store::Store;
+use dagcron_store::prelude::*;
 
 pub use error::ApiError;
 pub use metrics::metrics_router;

@@ -12,7 +12,7 @@ use axum::Json;
 use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use dagcron_core::authz::Need;
-use dagcron_store::Store;
+use dagcron_store::prelude::*;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 

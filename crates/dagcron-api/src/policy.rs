@@ -20,7 +20,7 @@ use axum::http::StatusCode;
 use dagcron_core::Job;
 use dagcron_core::authz::Need;
 use dagcron_core::exec_policy::{ExecPolicy, ShellRule};
-use dagcron_store::Store;
+use dagcron_store::prelude::*;
 use jiff::Timestamp;
 
 use crate::auth::Principal;

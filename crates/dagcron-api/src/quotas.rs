@@ -17,7 +17,7 @@ use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use dagcron_core::Job;
 use dagcron_core::authz::Need;
-use dagcron_store::Store;
+use dagcron_store::prelude::*;
 use jiff::Timestamp;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -7,7 +7,8 @@ use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use dagcron_core::authz::Need;
-use dagcron_store::{RunId, Store};
+use dagcron_store::RunId;
+use dagcron_store::prelude::*;
 
 use crate::auth::{AuditNamespace, Principal};
 use crate::routes::no_run;

@@ -14,7 +14,7 @@ use dagcron_core::authz::Need;
 use dagcron_core::retention::{MAX_AGE_SECONDS, MAX_KEEP_LAST, MIN_AGE_SECONDS};
 use dagcron_runtime::prune::{policy_of, setting_key};
 use dagcron_runtime::{PruneConfig, Pruner, SystemClock};
-use dagcron_store::Store;
+use dagcron_store::prelude::*;
 use jiff::Timestamp;
 
 use crate::auth::Principal;

@@ -4,7 +4,8 @@
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use dagcron_store::{RunId, Store};
+use dagcron_store::RunId;
+use dagcron_store::prelude::*;
 use serde::Deserialize;
 
 use crate::health::*;

@@ -6,7 +6,8 @@ use axum::body::Bytes;
 use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
-use dagcron_store::{RunId, Store};
+use dagcron_store::RunId;
+use dagcron_store::prelude::*;
 use jiff::Timestamp;
 use serde::Deserialize;
 

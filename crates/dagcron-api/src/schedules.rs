@@ -9,7 +9,8 @@ use axum::http::StatusCode;
 use dagcron_core::authz::Need;
 use dagcron_core::hotspots::{self, HotspotJob, Hotspots, Limits};
 use dagcron_core::{Dur, Job};
-use dagcron_store::{Store, StoredJob};
+use dagcron_store::StoredJob;
+use dagcron_store::prelude::*;
 use jiff::Timestamp;
 use serde::Deserialize;
 

@@ -16,7 +16,8 @@ use axum::body::Bytes;
 use axum::extract::{Extension, Path as UrlPath, State};
 use axum::http::StatusCode;
 use dagcron_core::authz::Need;
-use dagcron_store::{SecretRecord, Store};
+use dagcron_store::SecretRecord;
+use dagcron_store::prelude::*;
 use jiff::Timestamp;
 use sha2::Digest;
 

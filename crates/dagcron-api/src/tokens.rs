@@ -7,7 +7,8 @@ use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use dagcron_core::authz::{Grant, Need, Role};
-use dagcron_store::{Store, TokenRecord};
+use dagcron_store::TokenRecord;
+use dagcron_store::prelude::*;
 use jiff::Timestamp;
 
 use crate::auth::{Principal, new_token};

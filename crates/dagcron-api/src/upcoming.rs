@@ -6,7 +6,7 @@ use axum::Json;
 use axum::extract::{Extension, Path, Query, State};
 use dagcron_core::Job;
 use dagcron_core::authz::Need;
-use dagcron_store::Store;
+use dagcron_store::prelude::*;
 use jiff::Timestamp;
 use serde::Deserialize;
 

@@ -8,7 +8,8 @@ use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
 use dagcron_core::Job;
 use dagcron_core::authz::Need;
-use dagcron_store::{ApplyResult, Origin, Store};
+use dagcron_store::prelude::*;
+use dagcron_store::{ApplyResult, Origin};
 
 use crate::auth::Principal;
 use crate::routes::{PageQuery, limit, no_job};

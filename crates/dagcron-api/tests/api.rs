@@ -9,7 +9,7 @@ use axum::http::{Method, Request, StatusCode};
 use dagcron_api::{AppState, router};
 use dagcron_core::authz::{Grant, Role};
 use dagcron_runtime::{Engine, EngineConfig, SystemClock};
-use dagcron_store::Store;
+use dagcron_store::prelude::*;
 use dagcron_store_sqlite::SqliteStore;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};

@@ -143,7 +143,7 @@ async fn phase(dir: &Path, noisy: u64, secs: u64, pool: usize) -> (Vec<f64>, u64
     tokio::time::sleep(Duration::from_secs(secs)).await;
     stop.cancel();
     let _ = running.await;
-    let runs = dagcron_store::Store::count_unfinished_runs(&*store, "alpha")
+    let runs = dagcron_store::RunStore::count_unfinished_runs(&*store, "alpha")
         .await
         .unwrap_or(0);
     (lateness(&out), runs)

@@ -22,7 +22,7 @@ use dagcron_runtime::{
     Engine, EngineConfig, EngineEvent, EngineHandle, Observer, PruneConfig, PruneMetrics, Pruner,
     SystemClock,
 };
-use dagcron_store::Store;
+use dagcron_store::prelude::*;
 use tokio_util::sync::CancellationToken;
 
 /// Runs per job.

@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use dagcron_core::Retention;
 use dagcron_core::retention::{JobFacts, RunFacts};
-use dagcron_store::{HistoryJob, Prune, Pruned, RunId, StorageError, Store};
+use dagcron_store::prelude::*;
+use dagcron_store::{HistoryJob, Prune, Pruned, RunId, StorageError};
 use jiff::Timestamp;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -178,7 +179,7 @@ impl<S: Store> Pruner<S> {
 
     /// Deletes the audit rows older than the retention of the audit log
     /// ([`PruneConfig::audit_max_age`]; none: nothing), keeping its
-    /// checkpoint (see `Store::prune_audit`); how many rows went.
+    /// checkpoint (see `AuditStore::prune_audit`); how many rows went.
     pub async fn prune_audit(&self) -> Result<u64, StorageError> {
         let Some(age) = self.config.audit_max_age else {
             return Ok(0);

@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use dagcron_store::{AuditEntry, Result, StorageError};
 use tokio::sync::oneshot;
 
-use crate::{PgStore, transaction};
+use crate::{Cells, PgStore, read, transaction, unavailable};
+use dagcron_store::prelude::*;
+use jiff::Timestamp;
 
 /// The appends waiting for the next group, and the turn to commit one.
 #[derive(Debug, Default)]
@@ -89,6 +91,67 @@ impl PgStore {
             .execute(&mut *conn)
             .await?;
             Ok(())
+        })
+    }
+}
+
+impl AuditStore for PgStore {
+    async fn append_audit(&self, entry: AuditEntry) -> Result<()> {
+        self.append_audit_grouped(entry).await
+    }
+
+    async fn list_audit(
+        &self,
+        after: i64,
+        limit: u32,
+        namespace: Option<&str>,
+    ) -> Result<Vec<AuditEntry>> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {} FROM audit
+             WHERE seq > $1 AND ($2::text IS NULL OR namespace = $2) ORDER BY seq LIMIT $3",
+            dagcron_store::rows::AUDIT_COLUMNS
+        )))
+        .bind(after)
+        .bind(namespace)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        rows.iter().map(|r| read::audit(&Cells(r))).collect()
+    }
+
+    async fn prune_audit(&self, before: Timestamp) -> Result<u64> {
+        let before = before.as_microsecond();
+        transaction!(self, fenced = false, |conn| {
+            // The chain's lock: no append comes between the cut and its checkpoint.
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('dagcron audit', 0))")
+                .execute(&mut *conn)
+                .await?;
+            let cut: Option<(i64, Vec<u8>)> = sqlx::query_as(
+                "SELECT seq, hash FROM audit WHERE seq = (SELECT max(seq) FROM audit
+                   WHERE at < $1 AND seq < (SELECT max(seq) FROM audit))",
+            )
+            .bind(before)
+            .fetch_optional(&mut *conn)
+            .await?;
+            let Some((seq, hash)) = cut else {
+                return Ok(0);
+            };
+            let gone = sqlx::query("DELETE FROM audit WHERE seq <= $1")
+                .bind(seq)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            sqlx::query(
+                "INSERT INTO settings (key, value, updated_at) VALUES ($1, $2, $3)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+            )
+            .bind(dagcron_store::AUDIT_CHECKPOINT)
+            .bind(dagcron_store::checkpoint_text(seq, &hash))
+            .bind(before)
+            .execute(&mut *conn)
+            .await?;
+            Ok(gone)
         })
     }
 }

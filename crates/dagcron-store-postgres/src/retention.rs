@@ -1,5 +1,5 @@
 //! The reads and the deletes of retention (see
-//! [`dagcron_store::Store::history_jobs`] and its siblings). Two nodes
+//! [`dagcron_store::HistoryStore::history_jobs`] and its siblings). Two nodes
 //! pruning at once is harmless: each row is checked again as it is
 //! deleted, and a row another node deleted first is simply not counted.
 
@@ -9,6 +9,7 @@ use dagcron_store::{HistoryJob, Prune, Pruned, Result, RunId, run_ended};
 use jiff::Timestamp;
 
 use crate::{PgStore, transaction, unavailable};
+use dagcron_store::prelude::*;
 
 impl PgStore {
     pub(crate) async fn history_jobs_(
@@ -188,5 +189,42 @@ impl PgStore {
             }
             Ok(out)
         })
+    }
+}
+
+impl HistoryStore for PgStore {
+    async fn history_jobs(
+        &self,
+        namespace: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<dagcron_store::HistoryJob>> {
+        self.history_jobs_(namespace, after, limit).await
+    }
+
+    async fn run_history(
+        &self,
+        namespace: &str,
+        job: &str,
+        keep: u32,
+        after: RunId,
+        limit: u32,
+    ) -> Result<Vec<dagcron_core::retention::RunFacts>> {
+        self.run_history_(namespace, job, keep, after, limit).await
+    }
+
+    async fn fire_history(
+        &self,
+        namespace: &str,
+        job: &str,
+        keep: u32,
+        after: Option<Timestamp>,
+        limit: u32,
+    ) -> Result<Vec<dagcron_core::retention::FireFacts>> {
+        self.fire_history_(namespace, job, keep, after, limit).await
+    }
+
+    async fn prune(&self, batch: &dagcron_store::Prune) -> Result<dagcron_store::Pruned> {
+        self.prune_(batch).await
     }
 }

@@ -5,9 +5,9 @@
 //! database, reset between cases; the batches also make new runs, and
 //! change them in the batch that makes them.
 
-use dagcron_store::Store;
 use dagcron_store::batches::{same_meaning, seed, write};
 use dagcron_store::memory::MemoryStore;
+use dagcron_store::prelude::*;
 use dagcron_store_postgres::PgStore;
 use dagcron_test_pg::TestDatabase;
 use proptest::prelude::*;

@@ -34,7 +34,7 @@ impl BulkReader {
         }
     }
 
-    /// See [`dagcron_store::Store::load_jobs`]; blocks.
+    /// See [`dagcron_store::JobStore::load_jobs`]; blocks.
     pub(crate) fn load_jobs(&self, after: (String, String), limit: u32) -> Result<Vec<StoredJob>> {
         let sql = format!(
             "{} WHERE (j.namespace, j.name) > (?1, ?2) ORDER BY j.namespace, j.name LIMIT ?3",
@@ -51,7 +51,7 @@ impl BulkReader {
         })
     }
 
-    /// See [`dagcron_store::Store::load_job_timings`]; blocks. The jobs
+    /// See [`dagcron_store::JobStore::load_job_timings`]; blocks. The jobs
     /// table alone: each row's timing fields, not its spec.
     pub(crate) fn load_job_timings(
         &self,

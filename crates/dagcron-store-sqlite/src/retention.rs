@@ -1,5 +1,5 @@
 //! The reads and the deletes of retention (see
-//! [`dagcron_store::Store::history_jobs`] and its siblings).
+//! [`dagcron_store::HistoryStore::history_jobs`] and its siblings).
 
 use dagcron_core::retention::{FireFacts, RunFacts};
 use dagcron_store::retention::{FireRow, HistoryRow, RunRow, fire_facts, history_job, run_facts};
@@ -8,7 +8,8 @@ use jiff::Timestamp;
 use rusqlite::{OptionalExtension, Transaction, params};
 use sqlx::SqlitePool;
 
-use crate::unavailable;
+use crate::{SqliteStore, unavailable};
+use dagcron_store::prelude::*;
 
 /// Jobs with versions, the instant of their deletion and their newest fire.
 pub(crate) async fn history_jobs(
@@ -159,4 +160,45 @@ pub(crate) fn prune(tx: &Transaction<'_>, batch: &Prune) -> rusqlite::Result<Pru
             .execute(params![ns, job])? as u64;
     }
     Ok(out)
+}
+
+impl HistoryStore for SqliteStore {
+    async fn history_jobs(
+        &self,
+        namespace: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<dagcron_store::HistoryJob>> {
+        history_jobs(&self.reader, namespace, after, limit).await
+    }
+
+    async fn run_history(
+        &self,
+        namespace: &str,
+        job: &str,
+        keep: u32,
+        after: RunId,
+        limit: u32,
+    ) -> Result<Vec<dagcron_core::retention::RunFacts>> {
+        run_history(&self.reader, namespace, job, keep, after, limit).await
+    }
+
+    async fn fire_history(
+        &self,
+        namespace: &str,
+        job: &str,
+        keep: u32,
+        after: Option<Timestamp>,
+        limit: u32,
+    ) -> Result<Vec<dagcron_core::retention::FireFacts>> {
+        fire_history(&self.reader, namespace, job, keep, after, limit).await
+    }
+
+    async fn prune(&self, batch: &dagcron_store::Prune) -> Result<dagcron_store::Pruned> {
+        if batch.is_empty() {
+            return Ok(Default::default());
+        }
+        let batch = batch.clone();
+        self.writer.transaction(move |tx| prune(tx, &batch)).await
+    }
 }

@@ -241,7 +241,7 @@ impl<'a> Current<'a> {
     }
 }
 
-/// See [`dagcron_store::Store::stamp_rules`].
+/// See [`dagcron_store::JobStore::stamp_rules`].
 pub(crate) fn stamp_rules(
     tx: &Transaction<'_>,
     versions: &[(String, String, i64, String)],

@@ -6,9 +6,9 @@
 //! them in; the other applies one statement per write. A fresh database
 //! per case.
 
-use dagcron_store::Store;
 use dagcron_store::batches::{same_meaning, seed, write};
 use dagcron_store::memory::MemoryStore;
+use dagcron_store::prelude::*;
 use dagcron_store_sqlite::SqliteStore;
 use proptest::prelude::*;
 

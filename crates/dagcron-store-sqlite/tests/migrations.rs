@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use dagcron_core::timings::TimetableCache;
-use dagcron_store::Store;
+use dagcron_store::prelude::*;
 use dagcron_store_sqlite::SqliteStore;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 

@@ -507,7 +507,7 @@ pub async fn pause_delete_and_list_jobs<S: Store>(s: &S) {
 
 /// What start-up reads of each job makes the timing of its current
 /// version, with the job's version, pause and rules, in the order and
-/// pages of [`Store::load_jobs`].
+/// pages of [`JobStore::load_jobs`].
 pub async fn start_up_reads_each_jobs_timing<S: Store>(s: &S) {
     let file = |schedule: &str| {
         let spec = serde_json::json!({

@@ -93,7 +93,7 @@ pub struct StoredJob {
 }
 
 /// What start-up reads of a stored job: its timing fields, not its whole
-/// spec (see [`Store::load_job_timings`]).
+/// spec (see [`JobStore::load_job_timings`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredTimingRow {
     /// Tenant.
@@ -602,7 +602,7 @@ pub struct RunRecord {
 }
 
 /// An API token as stored: its identity and authority, never its secret
-/// (only a keyed hash of it, which [`Store::find_token`] looks up).
+/// (only a keyed hash of it, which [`AuthStore::find_token`] looks up).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenRecord {
     /// Public id, such as `tok_3f9a0c1d2e4b`.
@@ -890,15 +890,29 @@ impl std::error::Error for StorageError {}
 /// Result of storage operations.
 pub type Result<T> = std::result::Result<T, StorageError>;
 
-/// Durable state of jobs, fires, runs, tasks, attempts and logs.
-pub trait Store: Send + Sync + 'static {
+/// Durable state of jobs, fires, runs, tasks, attempts and logs: every
+/// concern below, which each backend implements (and the conformance suite
+/// checks). Code that needs the whole store asks for `Store`; a piece that
+/// needs one concern may ask for that trait alone.
+pub trait Store:
+    JobStore + RunStore + AuthStore + AuditStore + HistoryStore + Send + Sync + 'static
+{
+}
+
+impl<T> Store for T where
+    T: JobStore + RunStore + AuthStore + AuditStore + HistoryStore + Send + Sync + 'static
+{
+}
+
+/// Jobs and their versions.
+pub trait JobStore: Send + Sync {
     /// Creates or updates jobs in one transaction; unchanged specs keep their version.
     fn apply_jobs(
         &self,
         jobs: &[JobUpsert],
         at: Timestamp,
     ) -> impl Future<Output = Result<Vec<ApplyResult>>> + Send;
-    /// [`Store::apply_jobs`] of jobs the caller gives up: a backend that
+    /// [`JobStore::apply_jobs`] of jobs the caller gives up: a backend that
     /// applies them on another thread takes them there without copying them.
     fn apply_jobs_owned(
         &self,
@@ -914,7 +928,7 @@ pub trait Store: Send + Sync + 'static {
         after: Option<&(String, String)>,
         limit: u32,
     ) -> impl Future<Output = Result<Vec<StoredJob>>> + Send;
-    /// [`Store::load_jobs`] for start-up: what a job's timing is made
+    /// [`JobStore::load_jobs`] for start-up: what a job's timing is made
     /// from, in the same order and pages (a backend that stores the timing
     /// fields apart reads those instead of each whole spec).
     fn load_job_timings(
@@ -972,11 +986,14 @@ pub trait Store: Send + Sync + 'static {
         &self,
         versions: &[(String, String, i64, Rules)],
     ) -> impl Future<Output = Result<()>> + Send;
+}
 
+/// The fire ledger, runs, their tasks and attempts, and captured output: written in batches (see [`Write`]).
+pub trait RunStore: Send + Sync {
     /// Applies a batch in one transaction; one result per write, in order.
     fn write(&self, batch: &[Write]) -> impl Future<Output = Result<Vec<WriteResult>>> + Send;
 
-    /// How many batches [`Store::write`] may be given at once. The engine
+    /// How many batches [`RunStore::write`] may be given at once. The engine
     /// sends a batch beside the ones in flight only when it touches none
     /// of their runs and none of their jobs' fires, and carries out the
     /// batches' effects in the order it made them. One for a store with a
@@ -985,7 +1002,7 @@ pub trait Store: Send + Sync + 'static {
         1
     }
 
-    /// [`Store::write`] of a shared batch: a backend that applies it on
+    /// [`RunStore::write`] of a shared batch: a backend that applies it on
     /// another thread takes it there without copying it.
     fn write_shared(
         &self,
@@ -1043,94 +1060,6 @@ pub trait Store: Send + Sync + 'static {
         job: &str,
         limit: u32,
     ) -> impl Future<Output = Result<Vec<RunRecord>>> + Send;
-    /// Stores a new API token with the keyed hash of its secret.
-    fn create_token(
-        &self,
-        token: &TokenRecord,
-        hash: &[u8],
-    ) -> impl Future<Output = Result<()>> + Send;
-    /// The token whose secret has this keyed hash.
-    fn find_token(&self, hash: &[u8]) -> impl Future<Output = Result<Option<TokenRecord>>> + Send;
-    /// Every token, oldest first (revoked ones included).
-    fn list_tokens(&self) -> impl Future<Output = Result<Vec<TokenRecord>>> + Send;
-    /// Revokes a token; `false` if there is no such token or it was revoked already.
-    fn revoke_token(&self, id: &str, at: Timestamp) -> impl Future<Output = Result<bool>> + Send;
-    /// Notes that a token was just used.
-    fn token_used(&self, id: &str, at: Timestamp) -> impl Future<Output = Result<()>> + Send;
-
-    /// Stores a secret's new encrypted value (replacing the old one).
-    fn put_secret(&self, secret: &SecretRecord) -> impl Future<Output = Result<()>> + Send;
-    /// One secret.
-    fn get_secret(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> impl Future<Output = Result<Option<SecretRecord>>> + Send;
-    /// The secrets of a namespace, by name.
-    fn list_secrets(
-        &self,
-        namespace: &str,
-    ) -> impl Future<Output = Result<Vec<SecretRecord>>> + Send;
-    /// Every secret, in every namespace (to re-encrypt them under a new key).
-    fn list_all_secrets(&self) -> impl Future<Output = Result<Vec<SecretRecord>>> + Send;
-    /// How many secrets are stored, in every namespace.
-    fn count_secrets(&self) -> impl Future<Output = Result<u64>> + Send;
-    /// Deletes a secret; `false` if there was none.
-    fn delete_secret(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> impl Future<Output = Result<bool>> + Send;
-
-    /// A setting of the instance (such as the read-only mode), shared by
-    /// every node of a cluster; `None` if it is not set.
-    fn get_setting(&self, key: &str) -> impl Future<Output = Result<Option<String>>> + Send;
-    /// Two settings in one read (what a change checks: the read-only mode
-    /// and a namespace's quotas), each `None` if it is not set.
-    fn get_settings(
-        &self,
-        keys: [&str; 2],
-    ) -> impl Future<Output = Result<[Option<String>; 2]>> + Send;
-    /// Sets a setting of the instance, or clears it (`None`).
-    fn set_setting(
-        &self,
-        key: &str,
-        value: Option<&str>,
-        at: Timestamp,
-    ) -> impl Future<Output = Result<()>> + Send;
-
-    /// Appends a row to the audit log, chained after the last one (see
-    /// [`AuditEntry::chain_after`]); appends take turns, so the chain has
-    /// no fork.
-    fn append_audit(&self, entry: AuditEntry) -> impl Future<Output = Result<()>> + Send;
-    /// Audit rows after position `after`, oldest first, at most `limit`,
-    /// of one namespace if asked.
-    fn list_audit(
-        &self,
-        after: i64,
-        limit: u32,
-        namespace: Option<&str>,
-    ) -> impl Future<Output = Result<Vec<AuditEntry>>> + Send;
-
-    /// Deletes the audit rows written before `before`, always keeping the
-    /// newest row (the next append chains after it), and keeps the position
-    /// and hash of the last row deleted as the log's checkpoint
-    /// ([`AUDIT_CHECKPOINT`]), in the same transaction: what is left still
-    /// verifies from there. Returns how many rows went.
-    fn prune_audit(&self, before: Timestamp) -> impl Future<Output = Result<u64>> + Send;
-    /// Where the audit log was last cut: the position and hash of the last
-    /// row pruned; none if it never was.
-    fn audit_checkpoint(&self) -> impl Future<Output = Result<Option<(i64, Vec<u8>)>>> + Send {
-        async {
-            let text = self.get_setting(AUDIT_CHECKPOINT).await?;
-            text.map(|t| {
-                parse_checkpoint(&t).ok_or_else(|| {
-                    StorageError::Corrupt(format!("the audit log's checkpoint {t:?} does not read"))
-                })
-            })
-            .transpose()
-        }
-    }
 
     /// The largest run id ever stored (ids keep increasing across restarts).
     fn max_run_id(&self) -> impl Future<Output = Result<RunId>> + Send;
@@ -1182,6 +1111,115 @@ pub trait Store: Send + Sync + 'static {
         let _ = attempts;
         async { Ok(vec![]) }
     }
+    /// An attempt's captured output.
+    fn read_log(
+        &self,
+        run: RunId,
+        task: &str,
+        number: u32,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
+}
+
+/// API tokens (by the keyed hash of their secret) and encrypted secrets.
+pub trait AuthStore: Send + Sync {
+    /// Stores a new API token with the keyed hash of its secret.
+    fn create_token(
+        &self,
+        token: &TokenRecord,
+        hash: &[u8],
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// The token whose secret has this keyed hash.
+    fn find_token(&self, hash: &[u8]) -> impl Future<Output = Result<Option<TokenRecord>>> + Send;
+    /// Every token, oldest first (revoked ones included).
+    fn list_tokens(&self) -> impl Future<Output = Result<Vec<TokenRecord>>> + Send;
+    /// Revokes a token; `false` if there is no such token or it was revoked already.
+    fn revoke_token(&self, id: &str, at: Timestamp) -> impl Future<Output = Result<bool>> + Send;
+    /// Notes that a token was just used.
+    fn token_used(&self, id: &str, at: Timestamp) -> impl Future<Output = Result<()>> + Send;
+
+    /// Stores a secret's new encrypted value (replacing the old one).
+    fn put_secret(&self, secret: &SecretRecord) -> impl Future<Output = Result<()>> + Send;
+    /// One secret.
+    fn get_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<SecretRecord>>> + Send;
+    /// The secrets of a namespace, by name.
+    fn list_secrets(
+        &self,
+        namespace: &str,
+    ) -> impl Future<Output = Result<Vec<SecretRecord>>> + Send;
+    /// Every secret, in every namespace (to re-encrypt them under a new key).
+    fn list_all_secrets(&self) -> impl Future<Output = Result<Vec<SecretRecord>>> + Send;
+    /// How many secrets are stored, in every namespace.
+    fn count_secrets(&self) -> impl Future<Output = Result<u64>> + Send;
+    /// Deletes a secret; `false` if there was none.
+    fn delete_secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<bool>> + Send;
+}
+
+/// Settings of the instance, shared by every node of a cluster.
+pub trait SettingStore: Send + Sync {
+    /// A setting of the instance (such as the read-only mode), shared by
+    /// every node of a cluster; `None` if it is not set.
+    fn get_setting(&self, key: &str) -> impl Future<Output = Result<Option<String>>> + Send;
+    /// Two settings in one read (what a change checks: the read-only mode
+    /// and a namespace's quotas), each `None` if it is not set.
+    fn get_settings(
+        &self,
+        keys: [&str; 2],
+    ) -> impl Future<Output = Result<[Option<String>; 2]>> + Send;
+    /// Sets a setting of the instance, or clears it (`None`).
+    fn set_setting(
+        &self,
+        key: &str,
+        value: Option<&str>,
+        at: Timestamp,
+    ) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// The audit log, one hash chain (its checkpoint is a setting).
+pub trait AuditStore: SettingStore {
+    /// Appends a row to the audit log, chained after the last one (see
+    /// [`AuditEntry::chain_after`]); appends take turns, so the chain has
+    /// no fork.
+    fn append_audit(&self, entry: AuditEntry) -> impl Future<Output = Result<()>> + Send;
+    /// Audit rows after position `after`, oldest first, at most `limit`,
+    /// of one namespace if asked.
+    fn list_audit(
+        &self,
+        after: i64,
+        limit: u32,
+        namespace: Option<&str>,
+    ) -> impl Future<Output = Result<Vec<AuditEntry>>> + Send;
+
+    /// Deletes the audit rows written before `before`, always keeping the
+    /// newest row (the next append chains after it), and keeps the position
+    /// and hash of the last row deleted as the log's checkpoint
+    /// ([`AUDIT_CHECKPOINT`]), in the same transaction: what is left still
+    /// verifies from there. Returns how many rows went.
+    fn prune_audit(&self, before: Timestamp) -> impl Future<Output = Result<u64>> + Send;
+    /// Where the audit log was last cut: the position and hash of the last
+    /// row pruned; none if it never was.
+    fn audit_checkpoint(&self) -> impl Future<Output = Result<Option<(i64, Vec<u8>)>>> + Send {
+        async {
+            let text = self.get_setting(AUDIT_CHECKPOINT).await?;
+            text.map(|t| {
+                parse_checkpoint(&t).ok_or_else(|| {
+                    StorageError::Corrupt(format!("the audit log's checkpoint {t:?} does not read"))
+                })
+            })
+            .transpose()
+        }
+    }
+}
+
+/// What retention reads of the history, and its deletes (see [`retention`]).
+pub trait HistoryStore: Send + Sync {
     /// Jobs with history (those that exist and those deleted whose
     /// versions are still stored), ordered by (namespace, name), after
     /// `after`, of one namespace if asked, at most `limit`.
@@ -1213,13 +1251,6 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<dagcron_core::retention::FireFacts>>> + Send;
     /// Deletes one batch of history in one transaction (see [`Prune`]).
     fn prune(&self, batch: &Prune) -> impl Future<Output = Result<Pruned>> + Send;
-    /// An attempt's captured output.
-    fn read_log(
-        &self,
-        run: RunId,
-        task: &str,
-        number: u32,
-    ) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send;
 }
 
 /// One row of the audit log: who did what, where, when, with what outcome.
@@ -1282,7 +1313,7 @@ impl AuditEntry {
 }
 
 /// The setting that holds where the audit log was last cut (see
-/// [`Store::prune_audit`]), as written by [`checkpoint_text`].
+/// [`AuditStore::prune_audit`]), as written by [`checkpoint_text`].
 pub const AUDIT_CHECKPOINT: &str = "audit/checkpoint";
 
 /// A checkpoint as it is stored: the position, a space, the hash in hex.
@@ -1430,4 +1461,10 @@ mod state_lists {
             list(AttemptState::ALL, |s| !s.is_terminal())
         );
     }
+}
+
+/// The store's traits, for code that calls the store's methods on a
+/// concrete backend: `use dagcron_store::prelude::*;`.
+pub mod prelude {
+    pub use crate::{AuditStore, AuthStore, HistoryStore, JobStore, RunStore, SettingStore, Store};
 }

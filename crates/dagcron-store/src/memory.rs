@@ -13,11 +13,12 @@ use dagcron_core::retention::{FireFacts, JobFacts, RunFacts};
 use dagcron_core::{FireOutcome, RunState, TaskState};
 use jiff::Timestamp;
 
+use crate::prelude::*;
 use crate::run_row::{self, Effects, Row};
 use crate::{
     ApplyResult, AuditEntry, FireRecord, HistoryJob, JobUpsert, JobVersion, NewRun, Origin, Page,
-    Prune, Pruned, Result, RunId, RunRecord, SecretRecord, StorageError, Store, StoredJob,
-    TokenRecord, VersionRecord, Write, WriteResult,
+    Prune, Pruned, Result, RunId, RunRecord, SecretRecord, StorageError, StoredJob, TokenRecord,
+    VersionRecord, Write, WriteResult,
 };
 
 /// A job and a namespace: (namespace, name).
@@ -380,7 +381,7 @@ impl Data {
     }
 }
 
-impl Store for MemoryStore {
+impl JobStore for MemoryStore {
     async fn apply_jobs(&self, jobs: &[JobUpsert], at: Timestamp) -> Result<Vec<ApplyResult>> {
         let mut data = self.data();
         Ok(jobs.iter().map(|j| data.apply_job(j, at)).collect())
@@ -496,7 +497,9 @@ impl Store for MemoryStore {
         }
         Ok(())
     }
+}
 
+impl RunStore for MemoryStore {
     async fn write(&self, batch: &[Write]) -> Result<Vec<WriteResult>> {
         let mut data = self.data();
         data.check_inserts(batch)?;
@@ -628,6 +631,26 @@ impl Store for MemoryStore {
             .collect()
     }
 
+    async fn max_run_id(&self) -> Result<RunId> {
+        Ok(self.data().runs.keys().next_back().copied().unwrap_or(0))
+    }
+
+    async fn read_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {
+        let data = self.data();
+        let exists = data
+            .runs
+            .get(&run)
+            .is_some_and(|r| run_row::find_attempt(&r.row.tasks, task, number).is_some());
+        Ok(exists.then(|| {
+            data.logs
+                .get(&(run, task.to_string(), number))
+                .cloned()
+                .unwrap_or_default()
+        }))
+    }
+}
+
+impl AuthStore for MemoryStore {
     async fn create_token(&self, token: &TokenRecord, hash: &[u8]) -> Result<()> {
         let mut data = self.data();
         if data
@@ -707,7 +730,9 @@ impl Store for MemoryStore {
     async fn delete_secret(&self, namespace: &str, name: &str) -> Result<bool> {
         Ok(self.data().secrets.remove(&key(namespace, name)).is_some())
     }
+}
 
+impl SettingStore for MemoryStore {
     async fn get_setting(&self, key: &str) -> Result<Option<String>> {
         Ok(self.data().settings.get(key).cloned())
     }
@@ -725,7 +750,9 @@ impl Store for MemoryStore {
         };
         Ok(())
     }
+}
 
+impl AuditStore for MemoryStore {
     async fn append_audit(&self, mut entry: AuditEntry) -> Result<()> {
         let mut data = self.data();
         let prev = data.audit.last().map(|e| (e.seq, e.hash.clone()));
@@ -767,11 +794,9 @@ impl Store for MemoryStore {
         );
         Ok(cut as u64 + 1)
     }
+}
 
-    async fn max_run_id(&self) -> Result<RunId> {
-        Ok(self.data().runs.keys().next_back().copied().unwrap_or(0))
-    }
-
+impl HistoryStore for MemoryStore {
     async fn history_jobs(
         &self,
         namespace: Option<&str>,
@@ -876,19 +901,5 @@ impl Store for MemoryStore {
 
     async fn prune(&self, batch: &Prune) -> Result<Pruned> {
         Ok(self.data().prune(batch))
-    }
-
-    async fn read_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {
-        let data = self.data();
-        let exists = data
-            .runs
-            .get(&run)
-            .is_some_and(|r| run_row::find_attempt(&r.row.tasks, task, number).is_some());
-        Ok(exists.then(|| {
-            data.logs
-                .get(&(run, task.to_string(), number))
-                .cloned()
-                .unwrap_or_default()
-        }))
     }
 }

@@ -1,5 +1,5 @@
 //! What the pruner reads of the history and asks a backend to delete (see
-//! [`crate::Store::history_jobs`] and its siblings); which rows go is
+//! [`crate::HistoryStore::history_jobs`] and its siblings); which rows go is
 //! decided by `dagcron_core::retention`.
 
 use dagcron_core::retention::{FireFacts, JobFacts, RunFacts};
@@ -66,16 +66,16 @@ impl Pruned {
     }
 }
 
-/// A row of [`crate::Store::history_jobs`] as both backends select it:
+/// A row of [`crate::HistoryStore::history_jobs`] as both backends select it:
 /// namespace, name, deletion instant, the newest fire's instant and run
 /// (instants in microseconds).
 pub type HistoryRow = (String, String, Option<i64>, Option<i64>, Option<i64>);
 
-/// A row of [`crate::Store::run_history`]: id, state, created, finished,
+/// A row of [`crate::HistoryStore::run_history`]: id, state, created, finished,
 /// re-run by another, attempts, named by its fire's ledger row.
 pub type RunRow = (i64, String, i64, Option<i64>, bool, i64, bool);
 
-/// A row of [`crate::Store::fire_history`]: the instant, its run stored.
+/// A row of [`crate::HistoryStore::fire_history`]: the instant, its run stored.
 pub type FireRow = (i64, bool);
 
 /// Reads a [`HistoryRow`].

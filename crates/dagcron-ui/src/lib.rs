@@ -34,7 +34,7 @@ use axum::routing::{get, post};
 use dagcron_api::AppState;
 use dagcron_api::auth::{Principal, TokenRefused, principal_of};
 use dagcron_core::authz::{Decision, Need};
-use dagcron_store::Store;
+use dagcron_store::prelude::*;
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
 use tower::ServiceExt;

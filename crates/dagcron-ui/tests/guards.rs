@@ -11,7 +11,7 @@ use axum::http::{Method, Request, StatusCode, header};
 use dagcron_api::{AppState, router};
 use dagcron_core::authz::{Grant, Role};
 use dagcron_runtime::{Engine, EngineConfig, SystemClock};
-use dagcron_store::Store;
+use dagcron_store::prelude::*;
 use dagcron_store_sqlite::SqliteStore;
 use http_body_util::BodyExt;
 use tokio_util::sync::CancellationToken;

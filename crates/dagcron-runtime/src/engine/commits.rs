@@ -1,7 +1,7 @@
 //! The batches being committed.
 //!
 //! A store that commits batches side by side (PostgreSQL: each on a
-//! connection of its own) is given up to [`Store::write_lanes`] of them at
+//! connection of its own) is given up to [`RunStore::write_lanes`] of them at
 //! once, on one condition: a batch is sent beside the ones in flight only if
 //! it touches none of their runs and none of their jobs' fire ledgers. Rows
 //! that one batch changes are so never written by another in flight, and a

@@ -19,9 +19,10 @@ use dagcron_core::policy::{self, FireDecision, FireOutcome};
 use dagcron_core::run::{Attempt, Effect, End, Event, Intervention, RunMachine, StoredTask};
 use dagcron_core::{AttemptState, Failure, Job, RunState, TaskState, Timing};
 use dagcron_exec::{AttemptContext, Ending, Limits, Outcome};
+use dagcron_store::prelude::*;
 use dagcron_store::{
     ApplyResult, AttemptKey, ClaimedAttempt, JobUpsert, NewRun, Origin, RemoteAttempt, RunId,
-    RunRecord, StorageError, Store, StoredJob, StoredTimingRow, Trigger, Write, WriteResult,
+    RunRecord, StorageError, StoredJob, StoredTimingRow, Trigger, Write, WriteResult,
 };
 use jiff::{SignedDuration, Timestamp};
 use tokio::sync::{mpsc, oneshot};

@@ -9,7 +9,7 @@ use axum::response::Response;
 use dagcron_api::ApiError;
 use dagcron_api::wire::{NodeAnswer, WorkerAnswer};
 use dagcron_core::authz::Need;
-use dagcron_store::Store;
+use dagcron_store::prelude::*;
 use serde::Deserialize;
 
 use crate::{Chrome, Ui, error_page, format, render, viewer};

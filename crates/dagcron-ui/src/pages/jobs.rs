@@ -9,7 +9,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use dagcron_core::authz::Need;
 use dagcron_core::{FireOutcome, Job};
-use dagcron_store::{Store, StoredJob};
+use dagcron_store::StoredJob;
+use dagcron_store::prelude::*;
 use jiff::{SignedDuration, Timestamp};
 use serde::Deserialize;
 

@@ -8,7 +8,7 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::{Html, IntoResponse, Response};
 use dagcron_cron::{Options, Schedule};
-use dagcron_store::Store;
+use dagcron_store::prelude::*;
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
 use serde::Deserialize;

@@ -10,7 +10,7 @@ use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use dagcron_api::auth::{TokenRefused, principal_of, refused_signin};
-use dagcron_store::Store;
+use dagcron_store::prelude::*;
 use jiff::Timestamp;
 
 use crate::session::{SESSION_COOKIE, SIGNIN_COOKIE, cookie, random_id, same_secret, set_cookie};

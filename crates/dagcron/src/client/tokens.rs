@@ -136,7 +136,7 @@ pub(super) async fn run(c: &Client, cmd: TokensCommand, out: &mut Output) -> Res
 /// Makes the server key (if missing) and the first instance-admin token of
 /// a cluster, in its database: no server runs yet to ask.
 async fn bootstrap(database: &str, key_file: &Path, out: &mut Output) -> Result<()> {
-    use dagcron_store::Store;
+    use dagcron_store::prelude::*;
     let (keyring, created) = dagcron_api::auth::Keyring::load_or_create(key_file)
         .with_context(|| format!("the server key {}", key_file.display()))?;
     if created {

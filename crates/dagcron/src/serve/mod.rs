@@ -26,7 +26,8 @@ use dagcron_runtime::{
     Engine, EngineConfig, EngineMetrics, OutputReserve, PolicySource, PruneConfig, Pruner,
     RemoteWorkers, SecretSource, SystemClock,
 };
-use dagcron_store::{StorageError, Store};
+use dagcron_store::StorageError;
+use dagcron_store::prelude::*;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;

@@ -1,0 +1,352 @@
+//! The fire ledger, runs, their tasks and attempts, and captured output.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+use dagcron_core::{AttemptState, FireOutcome};
+use dagcron_store::prelude::*;
+use dagcron_store::rows::{labels_json, opt_ts, ts};
+use dagcron_store::{
+    AttemptKey, ClaimedAttempt, FireRecord, Page, RemoteAttempt, Result, RunId, RunRecord,
+    StorageError, Write, WriteResult,
+};
+use jiff::Timestamp;
+
+use crate::transaction;
+use crate::{PgStore, RUN_COLUMNS, batch, claim_some, notify, rows, unavailable};
+
+impl RunStore for PgStore {
+    async fn write(&self, batch: &[Write]) -> Result<Vec<WriteResult>> {
+        if batch.is_empty() {
+            return Ok(vec![]);
+        }
+        let epoch = self.epoch();
+        let mut sent = 0;
+        let results = transaction!(self, fenced = true, |conn| {
+            // BEGIN, the fence check and COMMIT.
+            sent += 3;
+            let (out, notices) = batch::apply(conn, batch, epoch, &mut sent).await?;
+            // Nodes with free capacity come and claim the attempts handed
+            // to the cluster; owners take over the ends of attempts run
+            // for them.
+            for (told, channel) in [(notices.work, "work"), (notices.attempts, "attempts")] {
+                if told {
+                    sent += 1;
+                    notify(conn, channel).await?;
+                }
+            }
+            Ok(out)
+        })?;
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .writes
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        self.stats.statements.fetch_add(sent, Ordering::Relaxed);
+        Ok(results)
+    }
+
+    /// Two batches at once, each in a transaction on a connection of its
+    /// own: while one waits for its commit to reach the disk or for the
+    /// network, the database works on the other (a batch is applied by one
+    /// backend, on one core).
+    fn write_lanes(&self) -> usize {
+        2
+    }
+
+    async fn last_fires(&self) -> Result<Vec<(String, String, Timestamp)>> {
+        let rows: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT namespace, job, MAX(scheduled_at) FROM fires GROUP BY namespace, job ORDER BY namespace, job",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        rows.into_iter()
+            .map(|(n, j, t)| Ok((n, j, ts(t)?)))
+            .collect()
+    }
+
+    async fn last_fires_of(&self, jobs: &[(String, String)]) -> Result<Vec<Option<Timestamp>>> {
+        let (namespaces, names): (Vec<&str>, Vec<&str>) =
+            jobs.iter().map(|(n, j)| (n.as_str(), j.as_str())).unzip();
+        let rows: Vec<Option<i64>> = sqlx::query_scalar(
+            "SELECT (SELECT MAX(scheduled_at) FROM fires f WHERE f.namespace = k.ns AND f.job = k.job)
+             FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(ns, job, i) ORDER BY k.i",
+        )
+        .bind(&namespaces)
+        .bind(&names)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        rows.into_iter().map(opt_ts).collect()
+    }
+
+    async fn list_fires(
+        &self,
+        namespace: &str,
+        job: &str,
+        from: Timestamp,
+        to: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<FireRecord>> {
+        let rows: Vec<(i64, String, Option<i64>, Option<String>)> = sqlx::query_as(
+            "SELECT scheduled_at, outcome, run_id, calendar FROM fires WHERE namespace = $1 AND job = $2 AND scheduled_at >= $3 AND scheduled_at < $4 ORDER BY scheduled_at LIMIT $5",
+        )
+        .bind(namespace)
+        .bind(job)
+        .bind(from.as_microsecond())
+        .bind(to.as_microsecond())
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        rows.into_iter()
+            .map(|(t, o, run_id, calendar)| {
+                Ok(FireRecord {
+                    scheduled_at: ts(t)?,
+                    outcome: FireOutcome::parse(&o)
+                        .ok_or_else(|| StorageError::Corrupt(format!("fire outcome {o:?}")))?,
+                    calendar,
+                    run_id,
+                })
+            })
+            .collect()
+    }
+
+    async fn active_runs(&self) -> Result<Vec<RunRecord>> {
+        let epoch = self.epoch();
+        self.load_runs(
+            format!("SELECT {RUN_COLUMNS} FROM runs WHERE state IN {} AND owner_epoch IS NOT DISTINCT FROM $1 ORDER BY id", dagcron_store::run_unfinished!()),
+            move |q| q.bind(epoch),
+        )
+        .await
+    }
+
+    async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
+        Ok(self
+            .load_runs(
+                format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = $1"),
+                move |q| q.bind(id),
+            )
+            .await?
+            .pop())
+    }
+
+    async fn count_unfinished_runs(&self, namespace: &str) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM runs WHERE namespace = $1 AND state IN ('pending', 'running')",
+        )
+        .bind(namespace)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(n as u64)
+    }
+
+    async fn held_runs(&self, namespace: &str, limit: u32) -> Result<Vec<RunRecord>> {
+        let namespace = namespace.to_string();
+        self.load_runs(
+            format!("SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 AND state IN ('pending', 'running') AND tasks::jsonb @> '[{{\"state\": \"held\"}}]' ORDER BY id LIMIT $2"),
+            move |q| q.bind(namespace).bind(i64::from(limit)),
+        )
+        .await
+    }
+
+    async fn list_runs(
+        &self,
+        namespace: &str,
+        job: &str,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<Page<RunRecord>> {
+        let before = dagcron_store::runs_before(cursor)?;
+        let (namespace, job) = (namespace.to_string(), job.to_string());
+        let items = self
+            .load_runs(
+                format!("SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 AND job = $2 AND id < $3 ORDER BY id DESC LIMIT $4"),
+                move |q| q.bind(namespace).bind(job).bind(before).bind(i64::from(limit) + 1),
+            )
+            .await?;
+        Ok(Page::from_overfetch(
+            items,
+            limit,
+            dagcron_store::run_cursor,
+        ))
+    }
+
+    async fn planned_runs(&self, namespace: &str, job: &str, limit: u32) -> Result<Vec<RunRecord>> {
+        let (namespace, job) = (namespace.to_string(), job.to_string());
+        self.load_runs(
+            format!("SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 AND job = $2 AND state = 'planned' ORDER BY scheduled_at, id LIMIT $3"),
+            move |q| q.bind(namespace).bind(job).bind(i64::from(limit)),
+        )
+        .await
+    }
+
+    async fn max_run_id(&self) -> Result<RunId> {
+        let id: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM runs")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        Ok(id.unwrap_or(0))
+    }
+
+    async fn request_cancel(&self, run: RunId) -> Result<bool> {
+        transaction!(self, fenced = false, |conn| {
+            let n = sqlx::query(concat!(
+                "UPDATE runs SET cancel_requested = TRUE WHERE id = $1 AND state IN ",
+                dagcron_store::run_unfinished!()
+            ))
+            .bind(run)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            if n == 1 {
+                notify(conn, "cancel").await?;
+            }
+            Ok(n == 1)
+        })
+    }
+
+    async fn request_intervention(&self, run: RunId, task: &str, action: &str) -> Result<bool> {
+        let (task, action) = (task.to_string(), action.to_string());
+        transaction!(self, fenced = false, |conn| {
+            let n = sqlx::query(
+                    "INSERT INTO intervention_requests (run_id, task_id, action)
+                     SELECT id, $2, $3 FROM runs WHERE id = $1 AND state IN ('pending', 'running') AND owner_epoch IS NOT NULL",
+                )
+                .bind(run)
+                .bind(&task)
+                .bind(&action)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            if n == 1 {
+                notify(conn, "cancel").await?;
+            }
+            Ok(n == 1)
+        })
+    }
+
+    async fn claim_attempts(
+        &self,
+        limit: usize,
+        agents: &[(BTreeMap<String, String>, usize)],
+        at: Timestamp,
+    ) -> Result<Vec<ClaimedAttempt>> {
+        let Some(epoch) = self.epoch() else {
+            return Ok(vec![]);
+        };
+        // For the node's own pool: attempts that need no agent; for each
+        // agent with room: attempts whose labels it has.
+        let mut wanted: Vec<(Option<String>, i64)> = Vec::new();
+        if limit > 0 {
+            wanted.push((None, i64::try_from(limit).unwrap_or(i64::MAX)));
+        }
+        for (labels, free) in agents.iter().filter(|(_, free)| *free > 0) {
+            wanted.push((
+                Some(labels_json(labels)),
+                i64::try_from(*free).unwrap_or(i64::MAX),
+            ));
+        }
+        if wanted.is_empty() {
+            return Ok(vec![]);
+        }
+        let mut sent = 0;
+        transaction!(self, fenced = true, |conn| {
+            let mut claimed = Vec::new();
+            for (labels, limit) in &wanted {
+                claimed.extend(
+                    claim_some(&mut *conn, labels.as_deref(), *limit, epoch, at, &mut sent).await?,
+                );
+            }
+            Ok::<_, sqlx::Error>(claimed)
+        })
+    }
+
+    async fn remote_attempts(&self) -> Result<Vec<RemoteAttempt>> {
+        let Some(epoch) = self.epoch() else {
+            return Ok(vec![]);
+        };
+        // A node counts as gone once it is marked dead, not merely when its
+        // lease ends: marking waits for its in-flight batches.
+        let rows: Vec<(RunId, String, i32, bool, String)> = sqlx::query_as(
+            "SELECT s.run_id, s.task_id, s.number,
+                    EXISTS (SELECT 1 FROM nodes n WHERE n.epoch = s.node_epoch AND n.state IN ('alive', 'draining')),
+                    r.tasks
+             FROM runs r JOIN shared_attempts s ON s.run_id = r.id
+             WHERE r.owner_epoch = $1 AND r.state = 'running'
+               AND s.node_epoch > 0 AND s.node_epoch <> $1",
+        )
+        .bind(epoch)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        let mut out = Vec::new();
+        for (run, task, number, executor_alive, tasks) in rows {
+            let number = number as u32;
+            let tasks = rows::parse_tasks(run, &tasks)?;
+            let attempt = rows::find_attempt(&tasks, &task, number)
+                .filter(|a| a.state != AttemptState::Dispatching);
+            if let Some(a) = attempt {
+                out.push(RemoteAttempt {
+                    state: a.state,
+                    exit_code: a.exit_code,
+                    error: a.error.clone(),
+                    run,
+                    task,
+                    number,
+                    executor_alive,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn withdrawn_attempts(&self, attempts: &[AttemptKey]) -> Result<Vec<AttemptKey>> {
+        if attempts.is_empty() {
+            return Ok(vec![]);
+        }
+        let mut ids: Vec<RunId> = attempts.iter().map(|a| a.0).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let rows: Vec<(RunId, String)> =
+            sqlx::query_as("SELECT id, tasks FROM runs WHERE id = ANY($1)")
+                .bind(&ids)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(unavailable)?;
+        let mut tasks = BTreeMap::new();
+        for (run, json) in rows {
+            tasks.insert(run, rows::parse_tasks(run, &json)?);
+        }
+        Ok(attempts
+            .iter()
+            .filter(|(run, task, number)| {
+                tasks
+                    .get(run)
+                    .and_then(|ts| rows::find_attempt(ts, task, *number))
+                    .is_some_and(|a| a.state != AttemptState::Running)
+            })
+            .cloned()
+            .collect())
+    }
+
+    async fn read_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {
+        let row: Option<(String, Option<Vec<u8>>)> = sqlx::query_as(
+            "SELECT r.tasks, l.log FROM runs r
+             LEFT JOIN attempt_logs l ON l.run_id = r.id AND l.task_id = $2 AND l.number = $3
+             WHERE r.id = $1",
+        )
+        .bind(run)
+        .bind(task)
+        .bind(number as i32)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        let Some((tasks, log)) = row else {
+            return Ok(None);
+        };
+        let exists = rows::find_attempt(&rows::parse_tasks(run, &tasks)?, task, number).is_some();
+        Ok(exists.then(|| log.unwrap_or_default()))
+    }
+}

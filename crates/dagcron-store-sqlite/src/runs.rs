@@ -1,0 +1,174 @@
+//! The fire ledger, runs, their tasks and attempts, and captured output.
+
+use std::sync::Arc;
+
+use dagcron_core::FireOutcome;
+use dagcron_store::prelude::*;
+use dagcron_store::rows::{RUN_COLUMNS, opt_ts, ts};
+use dagcron_store::{FireRecord, Page, Result, RunId, RunRecord, StorageError, Write, WriteResult};
+use jiff::Timestamp;
+
+use crate::{SqliteStore, active_runs_sql, micros, unavailable, writer};
+
+impl RunStore for SqliteStore {
+    async fn write(&self, batch: &[Write]) -> Result<Vec<WriteResult>> {
+        if batch.is_empty() {
+            return Ok(vec![]);
+        }
+        self.write_shared(Arc::new(batch.to_vec())).await
+    }
+
+    async fn write_shared(&self, batch: Arc<Vec<Write>>) -> Result<Vec<WriteResult>> {
+        if batch.is_empty() {
+            return Ok(vec![]);
+        }
+        let grouped = self.grouped;
+        self.writer
+            .transaction(move |tx| writer::apply_batch(tx, &batch, grouped))
+            .await
+    }
+
+    async fn last_fires(&self) -> Result<Vec<(String, String, Timestamp)>> {
+        let rows: Vec<(String, String, i64)> =
+            sqlx::query_as("SELECT namespace, job, MAX(scheduled_at) FROM fires GROUP BY namespace, job ORDER BY namespace, job").fetch_all(&self.reader).await.map_err(unavailable)?;
+        rows.into_iter()
+            .map(|(n, j, t)| Ok((n, j, ts(t)?)))
+            .collect()
+    }
+
+    async fn last_fires_of(&self, jobs: &[(String, String)]) -> Result<Vec<Option<Timestamp>>> {
+        let mut conn = self.reader.acquire().await.map_err(unavailable)?;
+        let mut out = Vec::with_capacity(jobs.len());
+        for (namespace, job) in jobs {
+            let last: Option<i64> = sqlx::query_scalar(
+                "SELECT MAX(scheduled_at) FROM fires WHERE namespace = ? AND job = ?",
+            )
+            .bind(namespace)
+            .bind(job)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(unavailable)?;
+            out.push(opt_ts(last)?);
+        }
+        Ok(out)
+    }
+
+    async fn list_fires(
+        &self,
+        namespace: &str,
+        job: &str,
+        from: Timestamp,
+        to: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<FireRecord>> {
+        let rows: Vec<(i64, String, Option<i64>, Option<String>)> = sqlx::query_as(
+            "SELECT scheduled_at, outcome, run_id, calendar FROM fires WHERE namespace = ? AND job = ? AND scheduled_at >= ? AND scheduled_at < ? ORDER BY scheduled_at LIMIT ?",
+        )
+        .bind(namespace)
+        .bind(job)
+        .bind(micros(from))
+        .bind(micros(to))
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await
+        .map_err(unavailable)?;
+        rows.into_iter()
+            .map(|(t, o, run_id, calendar)| {
+                Ok(FireRecord {
+                    scheduled_at: ts(t)?,
+                    outcome: FireOutcome::parse(&o)
+                        .ok_or_else(|| StorageError::Corrupt(format!("fire outcome {o:?}")))?,
+                    calendar,
+                    run_id,
+                })
+            })
+            .collect()
+    }
+
+    async fn active_runs(&self) -> Result<Vec<RunRecord>> {
+        self.load_runs(sqlx::query(sqlx::AssertSqlSafe(active_runs_sql())))
+            .await
+    }
+
+    async fn get_run(&self, id: RunId) -> Result<Option<RunRecord>> {
+        let query = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE id = ?"
+        )))
+        .bind(id);
+        Ok(self.load_runs(query).await?.pop())
+    }
+
+    async fn count_unfinished_runs(&self, namespace: &str) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM runs WHERE namespace = ? AND state IN ('pending', 'running')",
+        )
+        .bind(namespace)
+        .fetch_one(&self.reader)
+        .await
+        .map_err(unavailable)?;
+        Ok(n as u64)
+    }
+
+    async fn held_runs(&self, namespace: &str, limit: u32) -> Result<Vec<RunRecord>> {
+        let query = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = ? AND state IN ('pending', 'running') AND EXISTS (SELECT 1 FROM tasks t WHERE t.run_id = runs.id AND t.state = 'held') ORDER BY id LIMIT ?"
+        )))
+        .bind(namespace.to_string())
+        .bind(i64::from(limit));
+        self.load_runs(query).await
+    }
+
+    async fn list_runs(
+        &self,
+        namespace: &str,
+        job: &str,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<Page<RunRecord>> {
+        let before = dagcron_store::runs_before(cursor)?;
+        let query = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = ? AND job = ? AND id < ? ORDER BY id DESC LIMIT ?"
+        )))
+        .bind(namespace.to_string())
+        .bind(job.to_string())
+        .bind(before)
+        .bind(i64::from(limit) + 1);
+        let items = self.load_runs(query).await?;
+        Ok(Page::from_overfetch(
+            items,
+            limit,
+            dagcron_store::run_cursor,
+        ))
+    }
+
+    async fn planned_runs(&self, namespace: &str, job: &str, limit: u32) -> Result<Vec<RunRecord>> {
+        let query = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = ? AND job = ? AND state = 'planned' ORDER BY scheduled_at, id LIMIT ?"
+        )))
+        .bind(namespace.to_string())
+        .bind(job.to_string())
+        .bind(i64::from(limit));
+        self.load_runs(query).await
+    }
+
+    async fn max_run_id(&self) -> Result<RunId> {
+        let id: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM runs")
+            .fetch_one(&self.reader)
+            .await
+            .map_err(unavailable)?;
+        Ok(id.unwrap_or(0))
+    }
+
+    async fn read_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {
+        let row: Option<(Option<Vec<u8>>,)> = sqlx::query_as(
+            "SELECT log FROM attempts WHERE run_id = ? AND task_id = ? AND number = ?",
+        )
+        .bind(run)
+        .bind(task)
+        .bind(number)
+        .fetch_optional(&self.reader)
+        .await
+        .map_err(unavailable)?;
+        Ok(row.map(|(log,)| log.unwrap_or_default()))
+    }
+}
