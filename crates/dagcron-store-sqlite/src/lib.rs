@@ -22,6 +22,7 @@ mod auth;
 mod bulk;
 mod checkpoint;
 mod jobs;
+mod plan;
 mod retention;
 mod runs;
 mod settings;

@@ -10,8 +10,8 @@ use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use crate::plan::{AsStateName, Plan, plan};
 use dagcron_core::{FireOutcome, Rules, RunState, TaskState};
-use dagcron_store::plan::{AsStateName, Plan, plan};
 use dagcron_store::{ApplyResult, JobUpsert, NewRun, Result, StorageError, Write, WriteResult};
 use jiff::Timestamp;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
@@ -309,7 +309,7 @@ fn insert_run_as(tx: &Transaction<'_>, run: &NewRun, states: &[TaskState]) -> ru
     Ok(())
 }
 
-/// Applies a batch. Planned ([`dagcron_store::plan`]) when it can be, in
+/// Applies a batch. Planned ([`crate::plan`]) when it can be, in
 /// the batch's order: successive changes of one row as one compare-and-set
 /// from the first state to the last, applied where the first of them is,
 /// and the changes of a new run's tasks that follow its insert in the

@@ -14,7 +14,6 @@ pub mod batches;
 pub mod cluster;
 pub mod conformance;
 pub mod memory;
-pub mod plan;
 pub mod retention;
 pub mod rows;
 pub mod run_row;

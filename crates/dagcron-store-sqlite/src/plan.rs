@@ -7,7 +7,7 @@
 use dagcron_core::{AttemptState, RunState, TaskState};
 use smallvec::{SmallVec, smallvec};
 
-use crate::{NewRun, RunId, Write};
+use dagcron_store::{NewRun, RunId, Write};
 
 /// The maps of a plan are keyed by rows the engine made, hashed with
 /// foldhash (seeded per process): with SipHash, hashing the keys was a
@@ -18,21 +18,21 @@ type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
 /// Merged changes of one row: the writes they came from, the first
 /// expected state, the final state, and when each transition happened.
-pub struct Chain<'a, S> {
+pub(crate) struct Chain<'a, S> {
     /// Positions of the merged writes in the batch. Held inline: a chain
     /// is a few changes of one row, and a batch has a chain for every row
     /// it changes (an allocation each was a third of planning).
-    pub writes: SmallVec<[usize; 4]>,
+    pub(crate) writes: SmallVec<[usize; 4]>,
     /// The state the first write expects.
-    pub from: S,
+    pub(crate) from: S,
     /// The state the last one leaves.
-    pub to: S,
+    pub(crate) to: S,
     /// For runs: when it entered `running`, and when it finished.
-    pub started: Option<i64>,
+    pub(crate) started: Option<i64>,
     /// When it finished.
-    pub finished: Option<i64>,
+    pub(crate) finished: Option<i64>,
     /// For attempts: the last write's result fields.
-    pub end: Option<&'a Write>,
+    pub(crate) end: Option<&'a Write>,
 }
 
 /// Groups successive changes per row key; `None` if some change does not
@@ -79,7 +79,7 @@ where
 }
 
 /// State names, and which of them start or end a run.
-pub trait AsStateName: Sized {
+pub(crate) trait AsStateName: Sized {
     /// The stored name.
     fn name(self) -> &'static str;
     /// Whether entering it starts a run.
@@ -125,18 +125,13 @@ fn note_times<S: AsStateName + Copy>(chain: &mut Chain<'_, S>, to: S, at: Option
     }
 }
 
-/// An attempt's key: run, task, number.
-pub type AttemptRow<'a> = (RunId, &'a str, u32);
-
 /// A batch, grouped: the merged changes of each run, task and attempt row,
 /// in the order of their first write.
-pub struct Plan<'a> {
+pub(crate) struct Plan<'a> {
     /// By run.
-    pub runs: Vec<(RunId, Chain<'a, RunState>)>,
+    pub(crate) runs: Vec<(RunId, Chain<'a, RunState>)>,
     /// By (run, task).
-    pub tasks: Vec<((RunId, &'a str), Chain<'a, TaskState>)>,
-    /// Attempt ends, by (run, task, number): one each.
-    pub ends: Vec<(AttemptRow<'a>, Chain<'a, AttemptState>)>,
+    pub(crate) tasks: Vec<((RunId, &'a str), Chain<'a, TaskState>)>,
     /// Where each task row's chain is in `tasks`.
     task_index: HashMap<(RunId, &'a str), usize>,
 }
@@ -148,7 +143,7 @@ impl Plan<'_> {
     /// the insert would give it (then every change of the chain succeeds,
     /// applied by the insert; the chain's index in `tasks` comes with it,
     /// and `folded` is set for it); otherwise its start state.
-    pub fn inserted_task_states(
+    pub(crate) fn inserted_task_states(
         &self,
         run: &NewRun,
         at: usize,
@@ -189,7 +184,7 @@ struct Counts {
 /// start where the previous change of its row left it, two ends of one
 /// attempt, a fire or an attempt inserted twice): it must then be applied
 /// one write at a time, with the same results.
-pub fn plan(batch: &[Write]) -> Option<Plan<'_>> {
+pub(crate) fn plan(batch: &[Write]) -> Option<Plan<'_>> {
     // Counted first, so that no map or list of the plan grows as it fills.
     let mut count = Counts::default();
     for w in batch {
@@ -293,7 +288,6 @@ pub fn plan(batch: &[Write]) -> Option<Plan<'_>> {
     Some(Plan {
         runs,
         tasks,
-        ends,
         task_index,
     })
 }
