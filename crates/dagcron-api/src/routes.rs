@@ -8,9 +8,9 @@ use dagcron_store::RunId;
 use dagcron_store::prelude::*;
 use serde::Deserialize;
 
-use crate::health::*;
-use crate::jobs::*;
-use crate::runs::*;
+use crate::handlers::health::*;
+use crate::handlers::jobs::*;
+use crate::handlers::runs::*;
 use crate::wire::{ErrorBody, Errors};
 use crate::{ApiError, AppState};
 
@@ -23,18 +23,18 @@ use crate::{ApiError, AppState};
     ),
     paths(
         health, ready, crate::metrics::metrics, openapi, cluster, workers, apply, list_jobs, get_job, put_job, delete_job, pause,
-        resume, trigger, trigger_batch, backfill, list_runs, list_fires, get_run, cancel, crate::reruns::rerun,
-        crate::interventions::intervene, crate::interventions::list_held, get_log,
-        crate::versions::list_versions, crate::versions::get_version, crate::versions::rollback,
-        crate::tokens::create_token, crate::tokens::list_tokens, crate::tokens::revoke_token,
-        crate::audit::list_audit, crate::schedules::hotspots, crate::secrets::put_secret, crate::secrets::list_secrets,
-        crate::secrets::delete_secret, crate::secrets::list_keys, crate::secrets::rotate_key,
-        crate::operations::get_read_only, crate::operations::put_read_only,
-        crate::operations::pause_all, crate::operations::resume_all,
-        crate::quotas::get_quotas, crate::quotas::put_quotas, crate::upcoming::upcoming,
-        crate::policy::get_policy, crate::policy::put_policy, crate::policy::delete_policy,
-        crate::policy::get_default_policy, crate::policy::put_default_policy,
-        crate::retention::get_retention, crate::retention::put_retention, crate::retention::prune
+        resume, trigger, trigger_batch, backfill, list_runs, list_fires, get_run, cancel, crate::handlers::reruns::rerun,
+        crate::handlers::interventions::intervene, crate::handlers::interventions::list_held, get_log,
+        crate::handlers::versions::list_versions, crate::handlers::versions::get_version, crate::handlers::versions::rollback,
+        crate::handlers::tokens::create_token, crate::handlers::tokens::list_tokens, crate::handlers::tokens::revoke_token,
+        crate::handlers::audit::list_audit, crate::handlers::schedules::hotspots, crate::handlers::secrets::put_secret, crate::handlers::secrets::list_secrets,
+        crate::handlers::secrets::delete_secret, crate::handlers::secrets::list_keys, crate::handlers::secrets::rotate_key,
+        crate::handlers::operations::get_read_only, crate::handlers::operations::put_read_only,
+        crate::handlers::operations::pause_all, crate::handlers::operations::resume_all,
+        crate::handlers::quotas::get_quotas, crate::handlers::quotas::put_quotas, crate::handlers::upcoming::upcoming,
+        crate::handlers::policy::get_policy, crate::handlers::policy::put_policy, crate::handlers::policy::delete_policy,
+        crate::handlers::policy::get_default_policy, crate::handlers::policy::put_default_policy,
+        crate::handlers::retention::get_retention, crate::handlers::retention::put_retention, crate::handlers::retention::prune
     ),
     components(schemas(ErrorBody)),
     modifiers(&BearerAuth),
@@ -95,34 +95,41 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
         .route("/api/v1/apply", post(apply::<S>))
         .route(
             "/api/v1/admin/read-only",
-            get(crate::operations::get_read_only::<S>).put(crate::operations::put_read_only::<S>),
+            get(crate::handlers::operations::get_read_only::<S>)
+                .put(crate::handlers::operations::put_read_only::<S>),
         )
         .route(
             "/api/v1/namespaces/{ns}/quotas",
-            get(crate::quotas::get_quotas::<S>).put(crate::quotas::put_quotas::<S>),
+            get(crate::handlers::quotas::get_quotas::<S>)
+                .put(crate::handlers::quotas::put_quotas::<S>),
         )
         .route(
             "/api/v1/namespaces/{ns}/policy",
-            get(crate::policy::get_policy::<S>)
-                .put(crate::policy::put_policy::<S>)
-                .delete(crate::policy::delete_policy::<S>),
+            get(crate::handlers::policy::get_policy::<S>)
+                .put(crate::handlers::policy::put_policy::<S>)
+                .delete(crate::handlers::policy::delete_policy::<S>),
         )
         .route(
             "/api/v1/admin/policy",
-            get(crate::policy::get_default_policy::<S>).put(crate::policy::put_default_policy::<S>),
+            get(crate::handlers::policy::get_default_policy::<S>)
+                .put(crate::handlers::policy::put_default_policy::<S>),
         )
         .route(
             "/api/v1/namespaces/{ns}/retention",
-            get(crate::retention::get_retention::<S>).put(crate::retention::put_retention::<S>),
+            get(crate::handlers::retention::get_retention::<S>)
+                .put(crate::handlers::retention::put_retention::<S>),
         )
-        .route("/api/v1/admin/prune", post(crate::retention::prune::<S>))
+        .route(
+            "/api/v1/admin/prune",
+            post(crate::handlers::retention::prune::<S>),
+        )
         .route(
             "/api/v1/namespaces/{ns}/pause",
-            post(crate::operations::pause_all::<S>),
+            post(crate::handlers::operations::pause_all::<S>),
         )
         .route(
             "/api/v1/namespaces/{ns}/resume",
-            post(crate::operations::resume_all::<S>),
+            post(crate::handlers::operations::resume_all::<S>),
         )
         .route("/api/v1/namespaces/{ns}/jobs", get(list_jobs::<S>))
         .route(
@@ -147,7 +154,7 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
         )
         .route(
             "/api/v1/namespaces/{ns}/jobs/{name}/upcoming",
-            get(crate::upcoming::upcoming::<S>),
+            get(crate::handlers::upcoming::upcoming::<S>),
         )
         .route(
             "/api/v1/namespaces/{ns}/jobs/{name}/backfill",
@@ -163,30 +170,33 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
         )
         .route(
             "/api/v1/namespaces/{ns}/jobs/{name}/versions",
-            get(crate::versions::list_versions::<S>),
+            get(crate::handlers::versions::list_versions::<S>),
         )
         .route(
             "/api/v1/namespaces/{ns}/jobs/{name}/versions/{version}",
-            get(crate::versions::get_version::<S>),
+            get(crate::handlers::versions::get_version::<S>),
         )
         .route(
             "/api/v1/namespaces/{ns}/jobs/{name}/versions/{version}/rollback",
-            post(crate::versions::rollback::<S>),
+            post(crate::handlers::versions::rollback::<S>),
         )
         .route(
             "/api/v1/schedules/hotspots",
-            get(crate::schedules::hotspots::<S>),
+            get(crate::handlers::schedules::hotspots::<S>),
         )
         .route("/api/v1/runs/{id}", get(get_run::<S>))
         .route("/api/v1/runs/{id}/cancel", post(cancel::<S>))
-        .route("/api/v1/runs/{id}/rerun", post(crate::reruns::rerun::<S>))
+        .route(
+            "/api/v1/runs/{id}/rerun",
+            post(crate::handlers::reruns::rerun::<S>),
+        )
         .route(
             "/api/v1/runs/{id}/tasks/{task}/{action}",
-            post(crate::interventions::intervene::<S>),
+            post(crate::handlers::interventions::intervene::<S>),
         )
         .route(
             "/api/v1/namespaces/{ns}/held",
-            get(crate::interventions::list_held::<S>),
+            get(crate::handlers::interventions::list_held::<S>),
         )
         .route(
             "/api/v1/runs/{id}/tasks/{task}/attempts/{n}/log",
@@ -194,26 +204,33 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
         )
         .route(
             "/api/v1/tokens",
-            post(crate::tokens::create_token::<S>).get(crate::tokens::list_tokens::<S>),
+            post(crate::handlers::tokens::create_token::<S>)
+                .get(crate::handlers::tokens::list_tokens::<S>),
         )
         .route(
             "/api/v1/tokens/{id}",
-            axum::routing::delete(crate::tokens::revoke_token::<S>),
+            axum::routing::delete(crate::handlers::tokens::revoke_token::<S>),
         )
-        .route("/api/v1/audit", get(crate::audit::list_audit::<S>))
-        .route("/api/v1/secrets/keys", get(crate::secrets::list_keys::<S>))
+        .route(
+            "/api/v1/audit",
+            get(crate::handlers::audit::list_audit::<S>),
+        )
+        .route(
+            "/api/v1/secrets/keys",
+            get(crate::handlers::secrets::list_keys::<S>),
+        )
         .route(
             "/api/v1/secrets/rotate-key",
-            post(crate::secrets::rotate_key::<S>),
+            post(crate::handlers::secrets::rotate_key::<S>),
         )
         .route(
             "/api/v1/namespaces/{ns}/secrets",
-            get(crate::secrets::list_secrets::<S>),
+            get(crate::handlers::secrets::list_secrets::<S>),
         )
         .route(
             "/api/v1/namespaces/{ns}/secrets/{name}",
-            axum::routing::put(crate::secrets::put_secret::<S>)
-                .delete(crate::secrets::delete_secret::<S>),
+            axum::routing::put(crate::handlers::secrets::put_secret::<S>)
+                .delete(crate::handlers::secrets::delete_secret::<S>),
         )
         .fallback(unknown_path)
         .layer(axum::middleware::from_fn_with_state(

@@ -153,7 +153,7 @@ pub(crate) async fn put_default_policy<S: Store>(
 
 /// A policy body, parsed and checked; `whose` names it in the errors.
 fn valid(body: &[u8], whose: &str) -> Result<ExecPolicy, ApiError> {
-    let wire: Policy = crate::operations::object(body).map_err(|e| {
+    let wire: Policy = crate::handlers::operations::object(body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected a policy object (shell, http, wasm, wasm_modules, wasm_dirs, wasm_write_dirs, wasm_env, http_allow, run_as, weight): {e}"
         ))
@@ -199,7 +199,7 @@ pub(crate) async fn delete_policy<S: Store>(
     Extension(who): Extension<Principal>,
     Path(ns): Path<String>,
 ) -> Result<Json<Policy>, ApiError> {
-    crate::quotas::may_set(&who, &ns)?;
+    crate::handlers::quotas::may_set(&who, &ns)?;
     st.store
         .set_setting(&key(&ns), None, Timestamp::now())
         .await?;
@@ -220,7 +220,7 @@ pub(crate) async fn put_policy<S: Store>(
     Path(ns): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<Policy>, ApiError> {
-    crate::quotas::may_set(&who, &ns)?;
+    crate::handlers::quotas::may_set(&who, &ns)?;
     let policy = valid(&body, &ns)?;
     store_policy(&st, &key(&ns), &policy).await?;
     Ok(Json(to_wire(policy)))

@@ -58,8 +58,8 @@ pub(crate) async fn put_retention<S: Store>(
     Path(ns): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<RetentionAnswer>, ApiError> {
-    crate::quotas::may_set(&who, &ns)?;
-    let body: RetentionBody = crate::operations::object(&body).map_err(|e| {
+    crate::handlers::quotas::may_set(&who, &ns)?;
+    let body: RetentionBody = crate::handlers::operations::object(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected {{\"max_age_seconds\", \"keep_last\"}} (both numbers), or {{}} for the default: {e}"
         ))
@@ -112,7 +112,7 @@ pub(crate) async fn prune<S: Store>(
     let body: PruneBody = if body.iter().all(u8::is_ascii_whitespace) {
         PruneBody::default()
     } else {
-        crate::operations::object(&body).map_err(|e| {
+        crate::handlers::operations::object(&body).map_err(|e| {
             ApiError::bad_request(format!(
                 "expected {{\"dry_run\": bool, \"namespace\": string}} (both optional): {e}"
             ))

@@ -104,7 +104,7 @@ pub(crate) async fn rollback<S: Store>(
     Path((ns, name, v)): Path<(String, String, i64)>,
 ) -> Result<Json<RollbackAnswer>, ApiError> {
     who.allow(Need::Develop, Some(&ns), no_job(&ns, &name))?;
-    crate::operations::refuse_when_read_only(&st).await?;
+    crate::handlers::operations::refuse_when_read_only(&st).await?;
     let v = version_of(v)?;
     let version = st
         .store
@@ -118,8 +118,8 @@ pub(crate) async fn rollback<S: Store>(
             format!("version {v} of {ns}/{name} is not valid under this server's rules: {e}"),
         )
     })?;
-    crate::quotas::check_jobs(&st, &ns, std::slice::from_ref(&job)).await?;
-    crate::policy::check_jobs(&st, &ns, std::slice::from_ref(&job)).await?;
+    crate::handlers::quotas::check_jobs(&st, &ns, std::slice::from_ref(&job)).await?;
+    crate::handlers::policy::check_jobs(&st, &ns, std::slice::from_ref(&job)).await?;
     let origin = Origin {
         by: Some(who.actor()),
         rollback_of: Some(v),

@@ -140,7 +140,7 @@ pub(crate) async fn make_runs<S: Store>(
         err.details = Some(problems.iter().map(Problem::from).collect());
         return Err(err);
     }
-    crate::quotas::check_trigger(st, ns, params.len() as u32).await?;
+    crate::handlers::quotas::check_trigger(st, ns, params.len() as u32).await?;
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let caller = header("traceparent")
         .and_then(|p| dagcron_runtime::trace::TraceParent::parse(p, header("tracestate")));
@@ -179,7 +179,7 @@ pub(crate) async fn backfill<S: Store>(
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     who.allow(Need::Operate, Some(&ns), no_job(&ns, &name))?;
-    crate::quotas::check_trigger(&st, &ns, 1).await?;
+    crate::handlers::quotas::check_trigger(&st, &ns, 1).await?;
     let body: BackfillBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected {{\"from\": RFC 3339, \"to\": RFC 3339}}: {e}"

@@ -11,7 +11,7 @@ use jiff::Timestamp;
 use serde::Deserialize;
 
 use crate::auth::Principal;
-use crate::jobs::stored_job;
+use crate::handlers::jobs::stored_job;
 use crate::routes::no_job;
 use crate::wire::{Errors, UpcomingAnswer, UpcomingFire};
 use crate::{ApiError, AppState};

@@ -15,8 +15,8 @@ use dagcron_store::RunId;
 use dagcron_store::prelude::*;
 
 use crate::auth::{AuditNamespace, Principal};
+use crate::handlers::runs::run_json;
 use crate::routes::{no_namespace, no_run};
-use crate::runs::run_json;
 use crate::wire::{Errors, HeldPage, HeldTask, RunAnswer};
 use crate::{ApiError, AppState};
 

@@ -188,7 +188,7 @@ pub(crate) async fn put_quotas<S: Store>(
     body: axum::body::Bytes,
 ) -> Result<Json<Quotas>, ApiError> {
     may_set(&who, &ns)?;
-    let quotas: Quotas = crate::operations::object(&body).map_err(|e| {
+    let quotas: Quotas = crate::handlers::operations::object(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "expected {{\"max_jobs\", \"max_schedules_per_job\", \"max_active_runs\", \"max_triggers_per_second\"}} (each a number or null): {e}"
         ))
@@ -307,9 +307,9 @@ pub(crate) async fn check_trigger<S: Store>(
 ) -> Result<(), ApiError> {
     let [read_only, quotas] = st
         .store
-        .get_settings([crate::operations::READ_ONLY, &key(namespace)])
+        .get_settings([crate::handlers::operations::READ_ONLY, &key(namespace)])
         .await?;
-    crate::operations::refuse_if_read_only(read_only)?;
+    crate::handlers::operations::refuse_if_read_only(read_only)?;
     let quotas = parse(namespace, quotas)?;
     let busy = |quota: &'static str, message: String| {
         st.quota.refused(namespace, quota);

@@ -48,10 +48,10 @@ pub(crate) async fn apply<S: Store>(
             format!("this token may not apply jobs to namespace {ns}"),
         )
     })?;
-    crate::operations::refuse_when_read_only(&st).await?;
+    crate::handlers::operations::refuse_when_read_only(&st).await?;
     let jobs = validate(&file)?;
-    crate::quotas::check_jobs(&st, &ns, &jobs).await?;
-    crate::policy::check_jobs(&st, &ns, &jobs).await?;
+    crate::handlers::quotas::check_jobs(&st, &ns, &jobs).await?;
+    crate::handlers::policy::check_jobs(&st, &ns, &jobs).await?;
     let origin = dagcron_store::Origin {
         by: Some(who.actor()),
         rollback_of: None,
@@ -140,7 +140,7 @@ pub(crate) async fn put_job<S: Store>(
     body: Bytes,
 ) -> Result<Json<JobAnswer>, ApiError> {
     who.allow(Need::Develop, Some(&ns), no_job(&ns, &name))?;
-    crate::operations::refuse_when_read_only(&st).await?;
+    crate::handlers::operations::refuse_when_read_only(&st).await?;
     let spec: JobSpec = parse_body(&headers, &body)?;
     if spec.name != name {
         return Err(ApiError::bad_request(format!(
@@ -153,8 +153,8 @@ pub(crate) async fn put_job<S: Store>(
         calendars: vec![],
         jobs: vec![spec],
     })?;
-    crate::quotas::check_jobs(&st, &ns, &jobs).await?;
-    crate::policy::check_jobs(&st, &ns, &jobs).await?;
+    crate::handlers::quotas::check_jobs(&st, &ns, &jobs).await?;
+    crate::handlers::policy::check_jobs(&st, &ns, &jobs).await?;
     let origin = dagcron_store::Origin {
         by: Some(who.actor()),
         rollback_of: None,
@@ -173,7 +173,7 @@ pub(crate) async fn delete_job<S: Store>(
     Path((ns, name)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     who.allow(Need::Develop, Some(&ns), no_job(&ns, &name))?;
-    crate::operations::refuse_when_read_only(&st).await?;
+    crate::handlers::operations::refuse_when_read_only(&st).await?;
     st.engine.delete(&ns, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -11,8 +11,8 @@ use dagcron_store::RunId;
 use dagcron_store::prelude::*;
 
 use crate::auth::{AuditNamespace, Principal};
+use crate::handlers::runs::run_json;
 use crate::routes::no_run;
-use crate::runs::run_json;
 use crate::wire::{Errors, RerunBody, RunAnswer};
 use crate::{ApiError, AppState};
 
@@ -34,11 +34,11 @@ pub(crate) async fn rerun<S: Store>(
 ) -> Result<impl IntoResponse, ApiError> {
     let run = run_json(&st, id).await?;
     who.allow(Need::Operate, Some(&run.namespace), no_run(id))?;
-    crate::quotas::check_trigger(&st, &run.namespace, 1).await?;
+    crate::handlers::quotas::check_trigger(&st, &run.namespace, 1).await?;
     let body: RerunBody = if body.iter().all(u8::is_ascii_whitespace) {
         RerunBody::default()
     } else {
-        crate::operations::object(&body).map_err(|e| {
+        crate::handlers::operations::object(&body).map_err(|e| {
             ApiError::bad_request(format!("expected {{\"failed_only\": true or false}}: {e}"))
         })?
     };

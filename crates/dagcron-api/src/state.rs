@@ -1,0 +1,57 @@
+//! What every handler is given: the store, the engine, the cluster, the
+//! agents, the keys and the per-server counters.
+
+use std::sync::Arc;
+
+use dagcron_runtime::{ClusterHandle, EngineHandle};
+use dagcron_store::prelude::*;
+
+use crate::auth;
+use crate::handlers::{quotas, secrets};
+
+/// What the handlers share.
+pub struct AppState<S: Store> {
+    /// Where history is read from.
+    pub store: Arc<S>,
+    /// Where changes are sent.
+    pub engine: EngineHandle,
+    /// The cluster this node belongs to, if any.
+    pub cluster: Option<ClusterHandle>,
+    /// The remote worker agents connected to this server.
+    pub workers: Option<dagcron_agents::AgentPool>,
+    /// The largest request body accepted, in bytes (larger: `413`).
+    pub max_body_bytes: usize,
+    /// The key token secrets are hashed under.
+    pub keyring: Arc<auth::Keyring>,
+    /// The key secrets are encrypted under (none: no secrets here).
+    pub master_key: Option<Arc<secrets::KeySet>>,
+    /// The series kept between scrapes of `/metrics` (the engine's
+    /// counters); the gauges of the moment are added at each scrape.
+    pub metrics: Option<Arc<prometheus_client::registry::Registry>>,
+    /// The trigger buckets of the namespaces' quotas, and their refusals.
+    pub quota: Arc<quotas::QuotaState>,
+    /// What retention deleted (`dagcron_pruned_total`), shared with the
+    /// pruner beside the engine.
+    pub pruned: dagcron_runtime::PruneMetrics,
+}
+
+/// The default of [`AppState::max_body_bytes`]: 2 MiB, room for a job file
+/// of a few thousand jobs.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 2 << 20;
+
+impl<S: Store> Clone for AppState<S> {
+    fn clone(&self) -> Self {
+        AppState {
+            store: self.store.clone(),
+            engine: self.engine.clone(),
+            cluster: self.cluster.clone(),
+            workers: self.workers.clone(),
+            max_body_bytes: self.max_body_bytes,
+            keyring: self.keyring.clone(),
+            master_key: self.master_key.clone(),
+            metrics: self.metrics.clone(),
+            quota: self.quota.clone(),
+            pruned: self.pruned.clone(),
+        }
+    }
+}
