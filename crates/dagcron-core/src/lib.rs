@@ -17,6 +17,7 @@ pub mod hotspots;
 pub mod job;
 pub mod model;
 pub mod policy;
+pub mod quota;
 pub mod rerun;
 pub mod retention;
 pub mod retry;

@@ -17,6 +17,7 @@ use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use dagcron_core::Job;
 use dagcron_core::authz::Need;
+use dagcron_core::quota::{Bucket, Limits};
 use dagcron_store::prelude::*;
 use jiff::Timestamp;
 use prometheus_client::metrics::counter::Counter;
@@ -82,11 +83,8 @@ impl QuotaState {
             // Addresses come and go: a table this large starts over.
             failures.clear();
         }
-        let bucket = failures.entry(ip).or_insert(Bucket {
-            tokens: f64::from(AUTH_BURST),
-            at: now,
-        });
-        if take(bucket, AUTH_RATE, AUTH_BURST, now, 1) {
+        let bucket = failures.entry(ip).or_insert(Bucket::full(AUTH_BURST, now));
+        if bucket.take(AUTH_RATE, AUTH_BURST, now, 1) {
             None
         } else {
             self.rate_limited.inc();
@@ -104,24 +102,13 @@ impl QuotaState {
     }
 }
 
-/// A token bucket holding at most one second's worth of triggers.
-#[derive(Clone, Copy, Debug)]
-struct Bucket {
-    tokens: f64,
-    at: Instant,
-}
-
-/// Takes `n` tokens from `bucket` at `now` if it has them, refilled at
-/// `rate` per second since it was last seen (never above `burst`).
-fn take(bucket: &mut Bucket, rate: u32, burst: u32, now: Instant, n: u32) -> bool {
-    let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
-    bucket.tokens = (bucket.tokens + elapsed * f64::from(rate)).min(f64::from(burst));
-    bucket.at = now;
-    if bucket.tokens >= f64::from(n) {
-        bucket.tokens -= f64::from(n);
-        true
-    } else {
-        false
+/// The quotas as the decisions in core take them.
+fn limits(q: &Quotas) -> Limits {
+    Limits {
+        max_jobs: q.max_jobs,
+        max_schedules_per_job: q.max_schedules_per_job,
+        max_active_runs: q.max_active_runs,
+        max_triggers_per_second: q.max_triggers_per_second,
     }
 }
 
@@ -235,27 +222,27 @@ pub(crate) async fn check_jobs<S: Store>(
     jobs: &[Job],
 ) -> Result<(), ApiError> {
     let quotas = quotas_of(st, namespace).await?;
-    if let Some(max) = quotas.max_schedules_per_job {
-        let problems: Vec<Problem> = jobs
+    let limits = limits(&quotas);
+    let over = limits.too_many_schedules(jobs.iter().map(|j| j.schedules.len()));
+    if let Some(max) = quotas.max_schedules_per_job
+        && !over.is_empty()
+    {
+        let problems: Vec<Problem> = over
             .iter()
-            .enumerate()
-            .filter(|(_, j)| j.schedules.len() > max as usize)
-            .map(|(i, j)| Problem {
-                path: format!("jobs[{i}].schedule"),
+            .map(|o| Problem {
+                path: format!("jobs[{}].schedule", o.index),
                 message: format!(
                     "{} schedules, over the namespace's quota of {max} per job",
-                    j.schedules.len()
+                    o.schedules
                 ),
                 span: None,
             })
             .collect();
-        if !problems.is_empty() {
-            st.quota.refused(namespace, "max_schedules_per_job");
-            return Err(exceeded(
-                problems,
-                format!("a job of {namespace} has more schedules than its quota allows"),
-            ));
-        }
+        st.quota.refused(namespace, "max_schedules_per_job");
+        return Err(exceeded(
+            problems,
+            format!("a job of {namespace} has more schedules than its quota allows"),
+        ));
     }
     let Some(max) = quotas.max_jobs else {
         return Ok(());
@@ -278,7 +265,7 @@ pub(crate) async fn check_jobs<S: Store>(
         .iter()
         .filter(|j| !stored.contains(&j.spec.name))
         .count();
-    if new > 0 && stored.len() + new > max as usize {
+    if !limits.jobs_pass(stored.len(), new) {
         st.quota.refused(namespace, "max_jobs");
         return Err(exceeded(
             vec![Problem {
@@ -318,7 +305,7 @@ pub(crate) async fn check_trigger<S: Store>(
     // The rate is taken last: a trigger refused for its runs spends none.
     if let Some(max) = quotas.max_active_runs {
         let unfinished = st.store.count_unfinished_runs(namespace).await?;
-        if unfinished + u64::from(runs) > u64::from(max) {
+        if !limits(&quotas).active_runs_pass(unfinished, runs) {
             return Err(busy(
                 "max_active_runs",
                 match runs {
@@ -335,11 +322,10 @@ pub(crate) async fn check_trigger<S: Store>(
     if let Some(rate) = quotas.max_triggers_per_second {
         let now = Instant::now();
         let mut buckets = st.quota.buckets.lock().expect("quota lock");
-        let bucket = buckets.entry(namespace.to_string()).or_insert(Bucket {
-            tokens: f64::from(rate),
-            at: now,
-        });
-        if !take(bucket, rate, rate, now, runs) {
+        let bucket = buckets
+            .entry(namespace.to_string())
+            .or_insert(Bucket::full(rate, now));
+        if !bucket.take(rate, rate, now, runs) {
             let more = if runs > rate {
                 format!(
                     "; a trigger of {runs} runs can never pass it, send at most {rate} at a time"
@@ -354,52 +340,4 @@ pub(crate) async fn check_trigger<S: Store>(
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    #[test]
-    fn the_bucket_allows_its_rate_and_refills_with_time() {
-        let t0 = Instant::now();
-        let mut b = Bucket {
-            tokens: 2.0,
-            at: t0,
-        };
-        assert!(take(&mut b, 2, 2, t0, 1));
-        assert!(take(&mut b, 2, 2, t0, 1));
-        assert!(!take(&mut b, 2, 2, t0, 1), "two a second");
-        assert!(!take(&mut b, 2, 2, t0 + Duration::from_millis(400), 1));
-        assert!(
-            take(&mut b, 2, 2, t0 + Duration::from_millis(500), 1),
-            "refilled"
-        );
-        // A long pause refills to one second's worth, no more.
-        let later = t0 + Duration::from_secs(60);
-        assert!(take(&mut b, 2, 2, later, 1) && take(&mut b, 2, 2, later, 1));
-        assert!(!take(&mut b, 2, 2, later, 1));
-    }
-
-    #[test]
-    fn a_batch_takes_a_token_per_run_or_none() {
-        let t0 = Instant::now();
-        let mut b = Bucket {
-            tokens: 5.0,
-            at: t0,
-        };
-        assert!(
-            !take(&mut b, 5, 5, t0, 6),
-            "more than a second's worth never passes"
-        );
-        assert!(take(&mut b, 5, 5, t0, 3));
-        assert!(!take(&mut b, 5, 5, t0, 3), "two left");
-        assert!(take(&mut b, 5, 5, t0, 2));
-        assert!(
-            take(&mut b, 5, 5, t0 + Duration::from_secs(1), 5),
-            "refilled"
-        );
-    }
 }
