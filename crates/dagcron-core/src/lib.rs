@@ -6,6 +6,51 @@
 //!
 //! **No I/O, no clock, no randomness of its own:** time and random numbers
 //! are arguments, so a test can replay any instant and pin every delay.
+//!
+//! # How it works
+//!
+//! The domain: `model.rs` (job files, and `model/validate.rs`: validation
+//! into `Job` section by section, with every problem reported by field path),
+//! `job.rs` (the job machine: what a scheduled fire, a trigger asking for
+//! runs, a planned run's instant and a freed slot do, by the job's overlap
+//! policy, backlog, fire quota and misfire policy, over its counts of runs
+//! running and waiting; property-tested over random event sequences), `dag.rs` (cycles with their path, planning by Airflow's
+//! trigger rules, one pure decision per task from its upstream tasks' states
+//! counted: which pending tasks become ready, `upstream_failed` or `skipped`), `state.rs` (the
+//! run, task and attempt transition tables; a run planned for an instant
+//! starts `planned`; a task `held` by `on_exhausted: hold` is not
+//! terminal), `run.rs` (the run state machine:
+//! events in, effects out, an operator's `Intervention` on a task among the events, with
+//! the pure decision whether it applies; its tests pin effect lists by snapshot and drive
+//! random event sequences, checking that no change leaves the tables and that
+//! every task of every run ends), `fires.rs` (missed fires by the misfire
+//! policy, the plan for arming a job's next fire, the stable schedule jitter
+//! of each fire, which jobs stay in memory), `calendar.rs` (exclusion
+//! calendars, resolved into the jobs that list them at validation, so a job
+//! carries its calendars in its stored form and its `Timing`; the decision
+//! which calendar excludes an instant),
+//! `retry.rs` (backoff, jitter, retryable failures), `policy.rs` (the fire
+//! ledger's outcomes, catch-up, the fire quota's bucket, run outcome), `rerun.rs` (which tasks of a re-run start over
+//! and which keep their outcome), `retention.rs` (a namespace's retention
+//! policy and which runs, ledger rows and deleted jobs it lets go; never an
+//! unfinished run, a run a re-run refers to, or a job's newest fire), `rules.rs` (the rules a job's fires are
+//! computed with, and whether a stored version's differ for its zones),
+//! `timings.rs` (a job's `Timing` read straight from its stored canonical
+//! form, only the fields it is made from, at start-up; compiled timetables
+//! shared by the jobs of the same schedules, never with `H`),
+//! `exec_policy.rs` (a namespace's execution policy and the pure decisions
+//! it makes: whether a task may run, whether an address is a destination an
+//! http task may reach; property-tested),
+//! `duration.rs`, `ring.rs` (consistent hashing with virtual nodes: which
+//! node of a cluster owns a job), `hotspots.rs` (the seconds of a window at
+//! which the most jobs fire together, a rewrite of their expressions with
+//! `H`, and the peak of fires per second; bounded by limits on jobs and
+//! searches) and `authz.rs` (roles, grants, and the one decision every route
+//! asks for).
+//!
+//! **Architecture Invariant:** `dagcron-cron` and `dagcron-core` do no I/O,
+//! never read the clock and have no randomness of their own. Everything that
+//! decides about a run or a fire lives there.
 
 pub mod authz;
 pub mod calendar;

@@ -19,6 +19,23 @@
 //! The crate does no I/O and never reads the clock: every query takes the
 //! instant it is about. The semantic choices the language leaves open are
 //! listed in `docs/cron.md`.
+//!
+//! # How it works
+//!
+//! The cron language. `parse.rs` turns text into the typed syntax tree of
+//! `ast.rs` (every element keeps its byte span; errors in `error.rs` carry a
+//! span, a message and a suggestion). `civil.rs` compiles the tree into bit sets
+//! and searches *civil time* (local wall-clock seconds) by jumping from set bit
+//! to set bit. `zone.rs` maps civil matches to instants: it cuts a zone's
+//! timeline into segments of constant UTC offset and applies the daylight-saving
+//! policy at segment edges (gaps and folds). `schedule.rs` is the public
+//! `Schedule`; `explain.rs` writes English, `normal.rs` the normal form,
+//! `hash.rs` the stable hashing behind `H`, `tzdb.rs` the version of the
+//! bundled time zone database and a digest of each zone's rules (stored with
+//! every version of a job beside `SEMANTICS_VERSION`).
+//!
+//! **Architecture Invariant:** every search is bounded (each step advances a
+//! calendar field, years stop at 9999); no input can make it loop or panic.
 
 mod ast;
 mod calendar;

@@ -7,6 +7,47 @@
 //! is substituted in commands, URLs and bodies.
 //! Timeouts and cancellation reach the work: a shell task's whole process
 //! group is killed, an HTTP request is aborted.
+//!
+//! # How it works
+//!
+//! Executors. `shell.rs` runs a child in its own process group with capped
+//! output; `http.rs` makes one request with `X-Dagcron-*` identity headers.
+//! Both receive the attempt's identity and substitute `{{params.x}}` (as one
+//! single-quoted word in a string for `/bin/sh -c`). `tree.rs` finds an
+//! attempt's processes wherever they went: each carries a mark in its
+//! environment (`DAGCRON_PROCESS_MARK`), and when the attempt is stopped (or
+//! exits with its output still held open) every marked process is killed,
+//! round after round, before the output pipes get their last two seconds
+//! (`PIPE_GRACE`). The server and the agent are child
+//! subreapers, so orphans of attempts are adopted (and reaped) by them; at
+//! start-up the server kills the processes of attempts recorded as running,
+//! found by the identity in their environment, before it retries them.
+//!
+//! **Architecture Invariant:** no process of an attempt outlives the attempt,
+//! and no attempt outlives its server (the shutdown grace ends with a kill).
+//!
+//! `sandbox.rs` is the sandbox of the shell tasks a server runs itself
+//! (turned on by the binary's `serve` only): between fork and exec the child
+//! makes a PID and a mount namespace (and a user namespace when the server is
+//! not root), forks again so that the task is PID 1 there, mounts a fresh
+//! `/proc`, covers the server's files (data directory, keys, configuration),
+//! drops to an unprivileged user under root and sets `no_new_privs`; the
+//! process between waits for the task and ends as it ends. It and
+//! `environ.rs` (a secret variable blanked in the memory behind
+//! `/proc/self/environ`) are the only modules with `unsafe` code. With an
+//! attempt's execution policy (`AttemptContext::policy`, none on an agent),
+//! `http.rs` uses a client whose resolver and redirect policy refuse the
+//! destinations the policy does not allow, and `wasm.rs` checks modules,
+//! directory grants and host variables on their real paths.
+//!
+//! **Architecture Invariant:** a server-side shell task never runs outside
+//! its sandbox: if the kernel cannot make it, the attempt fails with the
+//! reason.
+//!
+//! `wasm.rs` turns an attempt (identity, parameters, secrets, granted host
+//! variables, granted hosts resolved) into an invocation of `dagcron-wasm`
+//! when the crate's `wasm` feature is on (the binary turns it on by default);
+//! without it a WebAssembly task fails and says why.
 
 // Overwrites the values of secret variables in this process's memory.
 #[allow(unsafe_code)]

@@ -4,6 +4,13 @@
 //! `proto/dagcron/agent/v1/agent.proto`, compiled at build time without a
 //! system `protoc`. This crate adds what both sides need around them: the
 //! protocol version check and the clock offset estimate.
+//!
+//! # How it works
+//!
+//! The protocol with remote agents: `proto/dagcron/agent/v1/agent.proto`
+//! (one bidirectional stream per agent), compiled at build time by protox and
+//! tonic-prost-build (no system `protoc`), plus the version check and the
+//! NTP-style clock offset estimate both sides use.
 
 /// Generated code of `dagcron.agent.v1` (documented in the `.proto` file).
 #[allow(missing_docs)]

@@ -6,6 +6,36 @@
 //! with [`StorageError::Fenced`] when the node's lease has ended or its epoch
 //! was replaced. Unique keys (the fire ledger's (job, scheduled instant),
 //! attempt numbers) and compare-and-set updates refuse anything doubled.
+//!
+//! # How it works
+//!
+//! The shared backend on PostgreSQL (sqlx): the same store traits,
+//! plus `Coordination`. Each batch is one transaction, fenced by the writer's node
+//! row once the node has registered; deadlocks and serialization failures are
+//! retried. **A run is one row**: its tasks and their attempts are kept in it
+//! (`runs.tasks`, JSON; `rows.rs`), their output apart (`attempt_logs`, a row
+//! only for an attempt with output), so a run of one task is written twice
+//! (inserted, then updated at its end) instead of six rows. `batch.rs` inserts
+//! a batch's fires in one statement, reads the rows of the runs its other
+//! writes change in one, applies the writes to them in order in memory (the
+//! reference meaning of each write, `dagcron_store::run_row::apply`), and writes the new runs and the changed rows back in one
+//! statement each. A row is written back only if its `rev` is still the one
+//! read: a row another node changed meanwhile (it claimed one of the run's
+//! attempts, or ended one it ran for the owner) is read again and its writes
+//! applied again, since a run's writes depend on its own row alone. Rows are
+//! written in order of id, so batches over the same runs do not deadlock.
+//! The write path is property-tested against the in-memory store (same
+//! results, same runs). Views named `tasks` and
+//! `attempts` read the rows back as tables, for people and tests.
+//! `audit.rs` groups the appends to the audit log that wait for the
+//! chain's lock (one transaction per group; each caller returns once its
+//! row is committed). Statements are planned for their parameters on every
+//! run (`plan_cache_mode = force_custom_plan`): a generic plan cached while
+//! a new database's tables were nearly empty scanned them whole as they
+//! grew; and a batch's transaction turns hash and merge joins off
+//! for itself, so that each statement looks its rows up by key instead of
+//! hashing a table of history that is large next to the batch but not yet
+//! large enough for the planner to probe it. Migrations in `migrations/`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::str::FromStr;

@@ -8,6 +8,40 @@
 //! against a doubled fire.
 //!
 //! Every backend passes the same [`conformance`] suite.
+//!
+//! # How it works
+//!
+//! Stores by concern: `JobStore` (jobs and their versions: who applied each,
+//! rollbacks, the rules it was applied under; `JobUpsert::changes` decides
+//! for every store what makes a new version), `RunStore` (the fire ledger,
+//! runs, tasks, attempts and their output, written in batches of `Write`s,
+//! each a compare-and-set on the previous state; the ledger's unique key
+//! refuses a second record of a fire), `AuthStore` (API tokens by the keyed
+//! hash of their secret, encrypted secrets), `SettingStore`, `AuditStore`
+//! (the hash-chained audit log: `AuditEntry::chain_after` and `verify_audit`
+//! are its one semantics; `prune_audit` cuts its oldest rows and keeps, in
+//! the same transaction, the checkpoint the rest verifies from) and
+//! `HistoryStore` (what retention reads and deletes, `retention.rs`: batches
+//! of pruning check each row again, so that two nodes pruning at once
+//! delete each row once). `Store` is all of them; code that needs one
+//! concern may ask for its trait alone. `cluster.rs` adds `Coordination`,
+//! the traits of a store shared by a cluster: registration with epochs and
+//! leases, heartbeats, reaping dead nodes, adopting their runs, change
+//! announcements.
+//!
+//! What a write means is written once, in `run_row.rs`: a run held as one
+//! value with its tasks and attempts, and `apply`, which applies one write to
+//! it (a change whose expected state is not the one found is refused and
+//! says what it found). `memory.rs`, the in-memory store, applies writes with
+//! it alone and passes the conformance suite; it is the reference the SQL
+//! stores' write paths are property-tested against (`batches.rs`), and what
+//! engine tests run on. `rows.rs` holds the row mappings both SQL stores
+//! share (the columns they select and how a row becomes a record, read
+//! through a driver's row by `Cells`). Also named once here: the conflict
+//! messages (`WriteResult::run_conflict` and its siblings), the SQL lists of
+//! states (`run_ended!()` and its siblings, checked against the state
+//! machines by a test) and which errors are worth retrying
+//! (`StorageError::is_transient`).
 
 #[cfg(feature = "strategies")]
 pub mod batches;

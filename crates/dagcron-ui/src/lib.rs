@@ -10,6 +10,24 @@
 //! an action is sent to the API's own route with the session's token, so
 //! that it is authorized, refused in read-only mode, limited by quotas and
 //! recorded in the audit log exactly as a call of the API.
+//!
+//! # How it works
+//!
+//! The web UI: server-rendered pages (askama templates in `templates/`), its
+//! assets embedded in the binary (`assets/`: the style sheet, a few lines of
+//! script, a vendored htmx), served by `with_ui(state, api)` in front of the
+//! API's router, which answers every path the UI does not know. `session.rs`
+//! keeps the sessions (in memory; the token a browser signed in with, its
+//! CSRF token); `pages/` has a module per view; `svg.rs` draws the DAG and
+//! the Gantt timeline and `health.rs` joins the expected fires with the fire
+//! ledger, both pure. A page reads the store and asks the API's own
+//! decision (`principal_of`, `Principal::allow`); an action is sent to the
+//! API's route with the session's token, so that authorization, read-only
+//! mode, quotas and the audit log are the API's, once.
+//!
+//! **Architecture Invariant:** the UI has no authorization of its own and
+//! no SQL; every page reads a bounded amount (a page of jobs, the last N
+//! runs, a window of fires).
 
 // A page's early answer (sign in, refused, not found) is the `Err` of its
 // checks: a whole response, as axum's handlers return.

@@ -11,6 +11,26 @@
 //! time spent in host calls too, which neither epochs nor fuel see.
 //! Compiled modules are cached by the SHA-256 of their file and the
 //! engine that compiled them.
+//!
+//! # How it works
+//!
+//! The WebAssembly sandbox, and the only crate that knows wasmtime (48,
+//! without default features: no C build). `engine.rs` holds two engines (one
+//! metering fuel, one not), each with its WASI linkers (preview 1 for core
+//! modules, preview 2 for command components) and its cache of compiled,
+//! pre-linked modules keyed by the file's SHA-256, and one thread that
+//! advances both engines' epochs every 5 ms. `host.rs` builds an attempt's WASI context from its
+//! grants (preopened directories, granted socket addresses; nothing else) and
+//! the limiter of memory and tables, which remembers a refusal so that the
+//! error names it; `output.rs` is one capped sink for stdout and stderr. An
+//! attempt reads the file (checking `sha256`), gets the prepared module, and
+//! runs it in a fresh store whose epoch callback yields at every tick and
+//! interrupts at the deadline or a cancel; the whole call is also raced
+//! against both, which covers time spent in host calls.
+//!
+//! **Architecture Invariant:** a module reaches nothing of its host that its
+//! task does not grant, and no module outlives its attempt's deadline or
+//! cancel (the module is interrupted at its next tick, the call dropped).
 
 mod engine;
 mod host;
