@@ -809,5 +809,7 @@ fn later(at: Timestamp, d: std::time::Duration) -> Timestamp {
         .unwrap_or(Timestamp::MAX)
 }
 
+pub mod recovery;
+
 #[cfg(test)]
 mod tests;

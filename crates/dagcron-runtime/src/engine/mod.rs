@@ -16,7 +16,7 @@ use std::time::Duration;
 use dagcron_core::fires::{self, Arming, Missed};
 use dagcron_core::job::{self, JobPolicy, JobRuns};
 use dagcron_core::policy::{self, FireDecision, FireOutcome};
-use dagcron_core::run::{Attempt, Effect, End, Event, Intervention, RunMachine, StoredTask};
+use dagcron_core::run::{Effect, End, Event, Intervention, RunMachine};
 use dagcron_core::{AttemptState, Failure, Job, RunState, TaskState, Timing};
 use dagcron_exec::{AttemptContext, Ending, Limits, Outcome};
 use dagcron_store::prelude::*;

@@ -2,6 +2,7 @@
 //! misfire policy, unfinished runs rebuilt, attempts that were running lost.
 
 use super::*;
+use dagcron_core::run::recovery::{self, FoundAttempt, FoundTask};
 
 impl<S: Store> Engine<S> {
     pub(super) async fn recover(&mut self, now: Timestamp) -> Result<(), StorageError> {
@@ -326,85 +327,67 @@ impl<S: Store> Engine<S> {
             .enumerate()
             .map(|(i, t)| (t.id.as_str(), i))
             .collect();
-        let mut tasks = vec![
-            StoredTask {
-                state: TaskState::Pending,
-                attempts: 0,
-                current: None,
-            };
-            job.tasks.len()
-        ];
-        let mut lost_here = Vec::new();
-        let mut orphans = Vec::new();
-        let mut tokens = vec![None; job.tasks.len()];
-        for t in &record.tasks {
-            let Some(&i) = index.get(t.id.as_str()) else {
-                continue;
-            };
-            tasks[i].state = t.state;
-            tasks[i].attempts = t.attempts.iter().map(|a| a.number).max().unwrap_or(0);
-            let goes_on = t.attempts.iter().find(|a| {
-                !a.state.is_terminal()
-                    && match a.node_epoch {
-                        None => a.state == AttemptState::Dispatching,
-                        Some(e) => alive.contains(&e),
-                    }
-            });
-            if let Some(a) = goes_on {
-                let shared = match self.foreign.remove(&(record.id, i)) {
-                    // This node already runs it for the dead owner: it is its own now.
-                    Some(foreign) => {
-                        tokens[i] = Some(foreign.token);
-                        false
-                    }
-                    None => {
-                        self.shared.insert((record.id, i), a.number);
-                        true
-                    }
-                };
-                tasks[i].current = Some(Attempt {
-                    number: a.number,
-                    state: a.state,
-                    shared,
-                });
-                continue;
-            }
-            let moving = matches!(t.state, TaskState::Running | TaskState::Dispatching);
-            if moving && record.state == RunState::Running {
-                orphans.push(i);
-            }
-            for a in t.attempts.iter().filter(|a| !a.state.is_terminal()) {
-                if moving && a.number == tasks[i].attempts && record.state == RunState::Running {
-                    // Its run decides what follows (below).
-                    tasks[i].current = Some(Attempt {
+        let found: Vec<FoundTask> = record
+            .tasks
+            .iter()
+            .map(|t| FoundTask {
+                index: index.get(t.id.as_str()).copied(),
+                state: t.state,
+                attempts: t
+                    .attempts
+                    .iter()
+                    .map(|a| FoundAttempt {
                         number: a.number,
                         state: a.state,
-                        shared: false,
-                    });
-                    lost_here.push((i, a.number));
-                } else if a.state.to(AttemptState::Lost).is_ok() {
-                    self.writes.push(Write::AttemptEnd {
-                        run: record.id,
-                        task: t.id.clone(),
-                        number: a.number,
-                        from: a.state,
-                        to: AttemptState::Lost,
-                        at: now,
-                        exit_code: None,
-                        error: Some(LOST_WITH_PROCESS.into()),
-                        log: vec![],
-                        start_error_us: None,
-                        for_other_node: false,
-                    });
+                        node_epoch: a.node_epoch,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let started = record.scheduled_at.max(record.created_at);
+        let mut plan = recovery::recover(
+            record.state,
+            job.tasks.len(),
+            &found,
+            |e| alive.contains(&e),
+            started,
+        );
+        let mut tokens = vec![None; job.tasks.len()];
+        for &(i, number) in &plan.going_on {
+            match self.foreign.remove(&(record.id, i)) {
+                // This node already runs it for the dead owner: it is its own now.
+                Some(foreign) => {
+                    tokens[i] = Some(foreign.token);
+                    if let Some(a) = plan.tasks[i].current.as_mut() {
+                        a.shared = false;
+                    }
+                }
+                None => {
+                    self.shared.insert((record.id, i), number);
                 }
             }
+        }
+        for &(k, number, from) in &plan.stray {
+            self.writes.push(Write::AttemptEnd {
+                run: record.id,
+                task: record.tasks[k].id.clone(),
+                number,
+                from,
+                to: AttemptState::Lost,
+                at: now,
+                exit_code: None,
+                error: Some(LOST_WITH_PROCESS.into()),
+                log: vec![],
+                start_error_us: None,
+                for_other_node: false,
+            });
         }
         let run = RunEntry {
             key: key.clone(),
             job: job.clone(),
             scheduled_at: record.scheduled_at,
             params: record.params,
-            machine: RunMachine::rebuilt(record.state, record.closing, tasks),
+            machine: RunMachine::rebuilt(record.state, record.closing, plan.tasks),
             tokens,
             start_at: None,
             caught_up: false,
@@ -436,22 +419,10 @@ impl<S: Store> Engine<S> {
                 entry.active.insert(id);
             }
         }
-        for (task, number) in lost_here {
-            let event = Event::AttemptEnded {
-                task,
-                number,
-                end: End::Failed(Failure::Lost),
-                recorded: false,
-            };
-            self.step(id, event, now, Some(lost(LOST_WITH_PROCESS)));
+        for event in plan.events {
+            let ended = matches!(event, Event::AttemptEnded { .. });
+            self.step(id, event, now, ended.then(|| lost(LOST_WITH_PROCESS)));
         }
-        for task in orphans {
-            // Those whose attempt is already recorded as over (killed at shutdown).
-            self.step(id, Event::Orphaned { task }, now, None);
-        }
-        // Its deadline counts from when it started.
-        let started = record.scheduled_at.max(record.created_at);
-        self.step(id, Event::Resume { started }, now, None);
     }
 }
 
