@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use dagcron_store::{AuditEntry, Result, StorageError};
 use tokio::sync::oneshot;
 
-use crate::{Cells, PgStore, read, transaction, unavailable};
+use crate::{PgStore, transaction};
 use dagcron_store::prelude::*;
 use jiff::Timestamp;
 
@@ -96,28 +96,10 @@ impl PgStore {
 }
 
 impl AuditStore for PgStore {
+    dagcron_store::shared_reads!(audit);
+
     async fn append_audit(&self, entry: AuditEntry) -> Result<()> {
         self.append_audit_grouped(entry).await
-    }
-
-    async fn list_audit(
-        &self,
-        after: i64,
-        limit: u32,
-        namespace: Option<&str>,
-    ) -> Result<Vec<AuditEntry>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {} FROM audit
-             WHERE seq > $1 AND ($2::text IS NULL OR namespace = $2) ORDER BY seq LIMIT $3",
-            dagcron_store::rows::AUDIT_COLUMNS
-        )))
-        .bind(after)
-        .bind(namespace)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(unavailable)?;
-        rows.iter().map(|r| read::audit(&Cells(r))).collect()
     }
 
     async fn prune_audit(&self, before: Timestamp) -> Result<u64> {

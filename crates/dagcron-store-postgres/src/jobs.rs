@@ -1,16 +1,16 @@
 //! Jobs and their versions.
 
 use dagcron_store::prelude::*;
-use dagcron_store::rows::VERSION_COLUMNS;
 use dagcron_store::rows::{self as read};
-use dagcron_store::{ApplyResult, JobUpsert, JobVersion, Page, Result, StoredJob, VersionRecord};
+use dagcron_store::{ApplyResult, JobUpsert, Result, StoredJob};
 use jiff::Timestamp;
-use sqlx::Row;
 
 use crate::transaction;
 use crate::{Cells, JOB_COLUMNS, PgStore, unavailable};
 
 impl JobStore for PgStore {
+    dagcron_store::shared_reads!(jobs);
+
     async fn apply_jobs(&self, jobs: &[JobUpsert], at: Timestamp) -> Result<Vec<ApplyResult>> {
         let at = at.as_microsecond();
         transaction!(self, fenced = false, |conn| {
@@ -114,45 +114,6 @@ impl JobStore for PgStore {
         rows.iter().map(|r| read::job(&Cells(r))).collect()
     }
 
-    async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<StoredJob>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = $1 AND name = $2"
-        )))
-        .bind(namespace)
-        .bind(name)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(unavailable)?;
-        row.as_ref().map(|r| read::job(&Cells(r))).transpose()
-    }
-
-    async fn list_jobs(
-        &self,
-        namespace: &str,
-        limit: u32,
-        cursor: Option<&str>,
-    ) -> Result<Page<StoredJob>> {
-        let after = dagcron_store::jobs_after(cursor)?;
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {JOB_COLUMNS} FROM jobs WHERE namespace = $1 AND name COLLATE \"C\" > $2 ORDER BY name COLLATE \"C\" LIMIT $3"
-        )))
-        .bind(namespace)
-        .bind(&after)
-        .bind(i64::from(limit) + 1)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(unavailable)?;
-        let items = rows
-            .iter()
-            .map(|r| read::job(&Cells(r)))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Page::from_overfetch(
-            items,
-            limit,
-            dagcron_store::job_cursor,
-        ))
-    }
-
     async fn delete_job(&self, namespace: &str, name: &str) -> Result<bool> {
         transaction!(self, fenced = false, |conn| {
             let n = sqlx::query("DELETE FROM jobs WHERE namespace = $1 AND name = $2")
@@ -182,59 +143,6 @@ impl JobStore for PgStore {
             }
             Ok(n == 1)
         })
-    }
-
-    async fn list_job_versions(
-        &self,
-        namespace: &str,
-        name: &str,
-        limit: u32,
-        cursor: Option<&str>,
-    ) -> Result<Page<VersionRecord>> {
-        let before = dagcron_store::versions_before(cursor)?;
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {VERSION_COLUMNS} FROM job_versions WHERE namespace = $1 AND name = $2 AND version < $3 ORDER BY version DESC LIMIT $4"
-        )))
-        .bind(namespace)
-        .bind(name)
-        .bind(before)
-        .bind(i64::from(limit) + 1)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(unavailable)?;
-        let items = rows
-            .iter()
-            .map(|r| read::version(&Cells(r)))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Page::from_overfetch(
-            items,
-            limit,
-            dagcron_store::version_cursor,
-        ))
-    }
-
-    async fn get_job_version(
-        &self,
-        namespace: &str,
-        name: &str,
-        version: i64,
-    ) -> Result<Option<JobVersion>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {VERSION_COLUMNS}, spec FROM job_versions WHERE namespace = $1 AND name = $2 AND version = $3"
-        )))
-        .bind(namespace)
-        .bind(name)
-        .bind(version)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(unavailable)?;
-        row.map(|r| {
-            Ok(JobVersion {
-                info: read::version(&Cells(&r))?,
-                spec: r.get(8),
-            })
-        })
-        .transpose()
     }
 
     async fn stamp_rules(

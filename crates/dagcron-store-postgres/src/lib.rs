@@ -110,7 +110,18 @@ fn is_transient(e: &sqlx::Error) -> bool {
 
 pub(crate) use dagcron_store::rows::{self as read, parse, ts};
 
-dagcron_store::cells!(PgRow);
+dagcron_store::sql_reader!(
+    PgStore,
+    sqlx::Postgres,
+    PgRow,
+    pool,
+    unavailable,
+    dagcron_store::sql::Dialect {
+        select_jobs: "SELECT j.namespace, j.name, j.version, j.spec, j.paused, j.updated_at, j.rules FROM jobs AS j",
+        bytes_order: " COLLATE \"C\"",
+        run_attempts: "(SELECT count(*) FROM jsonb_array_elements(r.tasks::jsonb) t, jsonb_array_elements(COALESCE(t->'attempts', '[]'::jsonb)))",
+    }
+);
 
 /// A run's columns, then its tasks (see [`rows::Row`]).
 const RUN_COLUMNS: &str = concat!(dagcron_store::run_columns!(), ", tasks");

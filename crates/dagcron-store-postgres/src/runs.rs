@@ -3,12 +3,11 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
-use dagcron_core::{AttemptState, FireOutcome};
+use dagcron_core::AttemptState;
 use dagcron_store::prelude::*;
-use dagcron_store::rows::{labels_json, opt_ts, ts};
+use dagcron_store::rows::{labels_json, opt_ts};
 use dagcron_store::{
-    AttemptKey, ClaimedAttempt, FireRecord, Page, RemoteAttempt, Result, RunId, RunRecord,
-    StorageError, Write, WriteResult,
+    AttemptKey, ClaimedAttempt, Page, RemoteAttempt, Result, RunId, RunRecord, Write, WriteResult,
 };
 use jiff::Timestamp;
 
@@ -16,6 +15,8 @@ use crate::transaction;
 use crate::{PgStore, RUN_COLUMNS, batch, claim_some, notify, rows, unavailable};
 
 impl RunStore for PgStore {
+    dagcron_store::shared_reads!(runs);
+
     async fn write(&self, batch: &[Write]) -> Result<Vec<WriteResult>> {
         if batch.is_empty() {
             return Ok(vec![]);
@@ -53,18 +54,6 @@ impl RunStore for PgStore {
         2
     }
 
-    async fn last_fires(&self) -> Result<Vec<(String, String, Timestamp)>> {
-        let rows: Vec<(String, String, i64)> = sqlx::query_as(
-            "SELECT namespace, job, MAX(scheduled_at) FROM fires GROUP BY namespace, job ORDER BY namespace, job",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .map_err(unavailable)?;
-        rows.into_iter()
-            .map(|(n, j, t)| Ok((n, j, ts(t)?)))
-            .collect()
-    }
-
     async fn last_fires_of(&self, jobs: &[(String, String)]) -> Result<Vec<Option<Timestamp>>> {
         let (namespaces, names): (Vec<&str>, Vec<&str>) =
             jobs.iter().map(|(n, j)| (n.as_str(), j.as_str())).unzip();
@@ -78,38 +67,6 @@ impl RunStore for PgStore {
         .await
         .map_err(unavailable)?;
         rows.into_iter().map(opt_ts).collect()
-    }
-
-    async fn list_fires(
-        &self,
-        namespace: &str,
-        job: &str,
-        from: Timestamp,
-        to: Timestamp,
-        limit: u32,
-    ) -> Result<Vec<FireRecord>> {
-        let rows: Vec<(i64, String, Option<i64>, Option<String>)> = sqlx::query_as(
-            "SELECT scheduled_at, outcome, run_id, calendar FROM fires WHERE namespace = $1 AND job = $2 AND scheduled_at >= $3 AND scheduled_at < $4 ORDER BY scheduled_at LIMIT $5",
-        )
-        .bind(namespace)
-        .bind(job)
-        .bind(from.as_microsecond())
-        .bind(to.as_microsecond())
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(unavailable)?;
-        rows.into_iter()
-            .map(|(t, o, run_id, calendar)| {
-                Ok(FireRecord {
-                    scheduled_at: ts(t)?,
-                    outcome: FireOutcome::parse(&o)
-                        .ok_or_else(|| StorageError::Corrupt(format!("fire outcome {o:?}")))?,
-                    calendar,
-                    run_id,
-                })
-            })
-            .collect()
     }
 
     async fn active_runs(&self) -> Result<Vec<RunRecord>> {
@@ -129,17 +86,6 @@ impl RunStore for PgStore {
             )
             .await?
             .pop())
-    }
-
-    async fn count_unfinished_runs(&self, namespace: &str) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM runs WHERE namespace = $1 AND state IN ('pending', 'running')",
-        )
-        .bind(namespace)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(unavailable)?;
-        Ok(n as u64)
     }
 
     async fn held_runs(&self, namespace: &str, limit: u32) -> Result<Vec<RunRecord>> {
@@ -180,14 +126,6 @@ impl RunStore for PgStore {
             move |q| q.bind(namespace).bind(job).bind(i64::from(limit)),
         )
         .await
-    }
-
-    async fn max_run_id(&self) -> Result<RunId> {
-        let id: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM runs")
-            .fetch_one(&self.pool)
-            .await
-            .map_err(unavailable)?;
-        Ok(id.unwrap_or(0))
     }
 
     async fn request_cancel(&self, run: RunId) -> Result<bool> {

@@ -1,13 +1,14 @@
 //! The audit log, one hash chain.
 
 use dagcron_store::prelude::*;
-use dagcron_store::rows::{self as read};
 use dagcron_store::{AuditEntry, Result};
 use jiff::Timestamp;
 
-use crate::{Cells, SqliteStore, unavailable};
+use crate::SqliteStore;
 
 impl AuditStore for SqliteStore {
+    dagcron_store::shared_reads!(audit);
+
     async fn append_audit(&self, mut entry: AuditEntry) -> Result<()> {
         use rusqlite::OptionalExtension;
         // The writer thread serializes appends: the chain cannot fork.
@@ -39,27 +40,6 @@ impl AuditStore for SqliteStore {
             })
             .await?;
         Ok(())
-    }
-
-    async fn list_audit(
-        &self,
-        after: i64,
-        limit: u32,
-        namespace: Option<&str>,
-    ) -> Result<Vec<AuditEntry>> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {} FROM audit
-             WHERE seq > ? AND (? IS NULL OR namespace = ?) ORDER BY seq LIMIT ?",
-            dagcron_store::rows::AUDIT_COLUMNS
-        )))
-        .bind(after)
-        .bind(namespace)
-        .bind(namespace)
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await
-        .map_err(unavailable)?;
-        rows.iter().map(|r| read::audit(&Cells(r))).collect()
     }
 
     async fn prune_audit(&self, before: Timestamp) -> Result<u64> {

@@ -1,16 +1,14 @@
 //! Jobs and their versions.
 
 use dagcron_store::prelude::*;
-use dagcron_store::rows::{self as read, VERSION_COLUMNS};
-use dagcron_store::{
-    ApplyResult, JobUpsert, JobVersion, Page, Result, StoredJob, StoredTimingRow, VersionRecord,
-};
+use dagcron_store::{ApplyResult, JobUpsert, Result, StoredJob, StoredTimingRow};
 use jiff::Timestamp;
-use sqlx::Row;
 
-use crate::{Cells, SELECT_JOBS, SqliteStore, unavailable, writer};
+use crate::{SqliteStore, writer};
 
 impl JobStore for SqliteStore {
+    dagcron_store::shared_reads!(jobs);
+
     async fn apply_jobs(&self, jobs: &[JobUpsert], at: Timestamp) -> Result<Vec<ApplyResult>> {
         self.apply_jobs_owned(jobs.to_vec(), at).await
     }
@@ -43,45 +41,6 @@ impl JobStore for SqliteStore {
         let after = after.cloned().unwrap_or_default();
         self.bulk_read(move |bulk| bulk.load_job_timings(after, limit))
             .await
-    }
-
-    async fn get_job(&self, namespace: &str, name: &str) -> Result<Option<StoredJob>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "{SELECT_JOBS} WHERE j.namespace = ? AND j.name = ?"
-        )))
-        .bind(namespace)
-        .bind(name)
-        .fetch_optional(&self.reader)
-        .await
-        .map_err(unavailable)?;
-        row.as_ref().map(|r| read::job(&Cells(r))).transpose()
-    }
-
-    async fn list_jobs(
-        &self,
-        namespace: &str,
-        limit: u32,
-        cursor: Option<&str>,
-    ) -> Result<Page<StoredJob>> {
-        let after = dagcron_store::jobs_after(cursor)?;
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "{SELECT_JOBS} WHERE j.namespace = ? AND j.name > ? ORDER BY j.name LIMIT ?"
-        )))
-        .bind(namespace)
-        .bind(&after)
-        .bind(i64::from(limit) + 1)
-        .fetch_all(&self.reader)
-        .await
-        .map_err(unavailable)?;
-        let items = rows
-            .iter()
-            .map(|r| read::job(&Cells(r)))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Page::from_overfetch(
-            items,
-            limit,
-            dagcron_store::job_cursor,
-        ))
     }
 
     async fn delete_job(&self, namespace: &str, name: &str) -> Result<bool> {
@@ -117,59 +76,6 @@ impl JobStore for SqliteStore {
             })
             .await?;
         Ok(n == 1)
-    }
-
-    async fn list_job_versions(
-        &self,
-        namespace: &str,
-        name: &str,
-        limit: u32,
-        cursor: Option<&str>,
-    ) -> Result<Page<VersionRecord>> {
-        let before = dagcron_store::versions_before(cursor)?;
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {VERSION_COLUMNS} FROM job_versions WHERE namespace = ? AND name = ? AND version < ? ORDER BY version DESC LIMIT ?"
-        )))
-        .bind(namespace)
-        .bind(name)
-        .bind(before)
-        .bind(i64::from(limit) + 1)
-        .fetch_all(&self.reader)
-        .await
-        .map_err(unavailable)?;
-        let items = rows
-            .iter()
-            .map(|r| read::version(&Cells(r)))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Page::from_overfetch(
-            items,
-            limit,
-            dagcron_store::version_cursor,
-        ))
-    }
-
-    async fn get_job_version(
-        &self,
-        namespace: &str,
-        name: &str,
-        version: i64,
-    ) -> Result<Option<JobVersion>> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT {VERSION_COLUMNS}, spec FROM job_versions WHERE namespace = ? AND name = ? AND version = ?"
-        )))
-        .bind(namespace)
-        .bind(name)
-        .bind(version)
-        .fetch_optional(&self.reader)
-        .await
-        .map_err(unavailable)?;
-        row.map(|r| {
-            Ok(JobVersion {
-                info: read::version(&Cells(&r))?,
-                spec: r.get(8),
-            })
-        })
-        .transpose()
     }
 
     async fn stamp_rules(

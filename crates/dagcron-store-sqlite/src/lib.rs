@@ -40,7 +40,6 @@ use std::time::Duration;
 
 use dagcron_core::AttemptState;
 use dagcron_store::{AttemptRecord, Result, RunId, RunRecord, StorageError, TaskRecord};
-use jiff::Timestamp;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
@@ -77,13 +76,20 @@ fn unavailable(e: sqlx::Error) -> StorageError {
     StorageError::Unavailable(e.to_string())
 }
 
-fn micros(t: Timestamp) -> i64 {
-    t.as_microsecond()
-}
-
 use dagcron_store::rows::{self as read, RUN_COLUMNS, opt_ts, parse, ts};
 
-dagcron_store::cells!(SqliteRow);
+dagcron_store::sql_reader!(
+    SqliteStore,
+    sqlx::Sqlite,
+    SqliteRow,
+    reader,
+    unavailable,
+    dagcron_store::sql::Dialect {
+        select_jobs: SELECT_JOBS,
+        bytes_order: "",
+        run_attempts: "(SELECT count(*) FROM attempts a WHERE a.run_id = r.id)",
+    }
+);
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path` and migrates it.

@@ -2,15 +2,16 @@
 
 use std::sync::Arc;
 
-use dagcron_core::FireOutcome;
 use dagcron_store::prelude::*;
-use dagcron_store::rows::{RUN_COLUMNS, opt_ts, ts};
-use dagcron_store::{FireRecord, Page, Result, RunId, RunRecord, StorageError, Write, WriteResult};
+use dagcron_store::rows::{RUN_COLUMNS, opt_ts};
+use dagcron_store::{Page, Result, RunId, RunRecord, Write, WriteResult};
 use jiff::Timestamp;
 
-use crate::{SqliteStore, active_runs_sql, micros, unavailable, writer};
+use crate::{SqliteStore, active_runs_sql, unavailable, writer};
 
 impl RunStore for SqliteStore {
+    dagcron_store::shared_reads!(runs);
+
     async fn write(&self, batch: &[Write]) -> Result<Vec<WriteResult>> {
         if batch.is_empty() {
             return Ok(vec![]);
@@ -26,14 +27,6 @@ impl RunStore for SqliteStore {
         self.writer
             .transaction(move |tx| writer::apply_batch(tx, &batch, grouped))
             .await
-    }
-
-    async fn last_fires(&self) -> Result<Vec<(String, String, Timestamp)>> {
-        let rows: Vec<(String, String, i64)> =
-            sqlx::query_as("SELECT namespace, job, MAX(scheduled_at) FROM fires GROUP BY namespace, job ORDER BY namespace, job").fetch_all(&self.reader).await.map_err(unavailable)?;
-        rows.into_iter()
-            .map(|(n, j, t)| Ok((n, j, ts(t)?)))
-            .collect()
     }
 
     async fn last_fires_of(&self, jobs: &[(String, String)]) -> Result<Vec<Option<Timestamp>>> {
@@ -53,38 +46,6 @@ impl RunStore for SqliteStore {
         Ok(out)
     }
 
-    async fn list_fires(
-        &self,
-        namespace: &str,
-        job: &str,
-        from: Timestamp,
-        to: Timestamp,
-        limit: u32,
-    ) -> Result<Vec<FireRecord>> {
-        let rows: Vec<(i64, String, Option<i64>, Option<String>)> = sqlx::query_as(
-            "SELECT scheduled_at, outcome, run_id, calendar FROM fires WHERE namespace = ? AND job = ? AND scheduled_at >= ? AND scheduled_at < ? ORDER BY scheduled_at LIMIT ?",
-        )
-        .bind(namespace)
-        .bind(job)
-        .bind(micros(from))
-        .bind(micros(to))
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await
-        .map_err(unavailable)?;
-        rows.into_iter()
-            .map(|(t, o, run_id, calendar)| {
-                Ok(FireRecord {
-                    scheduled_at: ts(t)?,
-                    outcome: FireOutcome::parse(&o)
-                        .ok_or_else(|| StorageError::Corrupt(format!("fire outcome {o:?}")))?,
-                    calendar,
-                    run_id,
-                })
-            })
-            .collect()
-    }
-
     async fn active_runs(&self) -> Result<Vec<RunRecord>> {
         self.load_runs(sqlx::query(sqlx::AssertSqlSafe(active_runs_sql())))
             .await
@@ -96,17 +57,6 @@ impl RunStore for SqliteStore {
         )))
         .bind(id);
         Ok(self.load_runs(query).await?.pop())
-    }
-
-    async fn count_unfinished_runs(&self, namespace: &str) -> Result<u64> {
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM runs WHERE namespace = ? AND state IN ('pending', 'running')",
-        )
-        .bind(namespace)
-        .fetch_one(&self.reader)
-        .await
-        .map_err(unavailable)?;
-        Ok(n as u64)
     }
 
     async fn held_runs(&self, namespace: &str, limit: u32) -> Result<Vec<RunRecord>> {
@@ -149,14 +99,6 @@ impl RunStore for SqliteStore {
         .bind(job.to_string())
         .bind(i64::from(limit));
         self.load_runs(query).await
-    }
-
-    async fn max_run_id(&self) -> Result<RunId> {
-        let id: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM runs")
-            .fetch_one(&self.reader)
-            .await
-            .map_err(unavailable)?;
-        Ok(id.unwrap_or(0))
     }
 
     async fn read_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {

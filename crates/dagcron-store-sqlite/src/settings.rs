@@ -4,28 +4,10 @@ use dagcron_store::Result;
 use dagcron_store::prelude::*;
 use jiff::Timestamp;
 
-use crate::{SqliteStore, unavailable};
+use crate::SqliteStore;
 
 impl SettingStore for SqliteStore {
-    async fn get_setting(&self, key: &str) -> Result<Option<String>> {
-        sqlx::query_scalar("SELECT value FROM settings WHERE key = ?")
-            .bind(key)
-            .fetch_optional(&self.reader)
-            .await
-            .map_err(unavailable)
-    }
-
-    async fn get_settings(&self, keys: [&str; 2]) -> Result<[Option<String>; 2]> {
-        let rows: Vec<(String, String)> =
-            sqlx::query_as("SELECT key, value FROM settings WHERE key IN (?1, ?2)")
-                .bind(keys[0])
-                .bind(keys[1])
-                .fetch_all(&self.reader)
-                .await
-                .map_err(unavailable)?;
-        let of = |key: &str| rows.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
-        Ok([of(keys[0]), of(keys[1])])
-    }
+    dagcron_store::shared_reads!(settings);
 
     async fn set_setting(&self, key: &str, value: Option<&str>, at: Timestamp) -> Result<()> {
         let (key, value) = (key.to_string(), value.map(str::to_string));

@@ -51,6 +51,7 @@ pub mod memory;
 pub mod retention;
 pub mod rows;
 pub mod run_row;
+pub mod sql;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -2,11 +2,10 @@
 //! [`crate::HistoryStore::history_jobs`] and its siblings); which rows go is
 //! decided by `dagcron_core::retention`.
 
-use dagcron_core::retention::{FireFacts, JobFacts, RunFacts};
+use dagcron_core::retention::JobFacts;
 use jiff::Timestamp;
 
-use crate::rows::ts as instant;
-use crate::{Result, RunId, StorageError};
+use crate::RunId;
 
 /// A job with history: it exists, or it was deleted and its versions are
 /// still stored.
@@ -64,51 +63,4 @@ impl Pruned {
         self.fires += other.fires;
         self.jobs += other.jobs;
     }
-}
-
-/// A row of [`crate::HistoryStore::history_jobs`] as both backends select it:
-/// namespace, name, deletion instant, the newest fire's instant and run
-/// (instants in microseconds).
-pub type HistoryRow = (String, String, Option<i64>, Option<i64>, Option<i64>);
-
-/// A row of [`crate::HistoryStore::run_history`]: id, state, created, finished,
-/// re-run by another, attempts, named by its fire's ledger row.
-pub type RunRow = (i64, String, i64, Option<i64>, bool, i64, bool);
-
-/// A row of [`crate::HistoryStore::fire_history`]: the instant, its run stored.
-pub type FireRow = (i64, bool);
-
-/// Reads a [`HistoryRow`].
-pub fn history_job((namespace, name, deleted, fire, run): HistoryRow) -> Result<HistoryJob> {
-    Ok(HistoryJob {
-        namespace,
-        name,
-        facts: JobFacts {
-            deleted_at: deleted.map(instant).transpose()?,
-            newest_fire: fire.map(instant).transpose()?.map(|at| (at, run)),
-        },
-    })
-}
-
-/// Reads a [`RunRow`].
-pub fn run_facts(
-    (id, state, created, finished, rerun, attempts, fired): RunRow,
-) -> Result<RunFacts> {
-    Ok(RunFacts {
-        id,
-        state: state.parse().map_err(StorageError::Corrupt)?,
-        created_at: instant(created)?,
-        finished_at: finished.map(instant).transpose()?,
-        rerun,
-        attempts: attempts as u64,
-        fired,
-    })
-}
-
-/// Reads a [`FireRow`].
-pub fn fire_facts((at, run_stored): FireRow) -> Result<FireFacts> {
-    Ok(FireFacts {
-        scheduled_at: instant(at)?,
-        run_stored,
-    })
 }

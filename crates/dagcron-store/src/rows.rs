@@ -33,35 +33,59 @@ pub trait Cells {
     fn bytes(&self, i: usize) -> Vec<u8>;
 }
 
+impl<C: Cells + ?Sized> Cells for Box<C> {
+    fn text(&self, i: usize) -> String {
+        (**self).text(i)
+    }
+    fn opt_text(&self, i: usize) -> Option<String> {
+        (**self).opt_text(i)
+    }
+    fn int(&self, i: usize) -> i64 {
+        (**self).int(i)
+    }
+    fn opt_int(&self, i: usize) -> Option<i64> {
+        (**self).opt_int(i)
+    }
+    fn int32(&self, i: usize) -> i32 {
+        (**self).int32(i)
+    }
+    fn flag(&self, i: usize) -> bool {
+        (**self).flag(i)
+    }
+    fn bytes(&self, i: usize) -> Vec<u8> {
+        (**self).bytes(i)
+    }
+}
+
 /// Implements [`Cells`] for a driver's row type through a local wrapper
 /// (`Cells(&row)`), in the backend crate that depends on the driver.
 #[macro_export]
 macro_rules! cells {
     ($row:ty) => {
         /// A row of the driver, read by position (see [`dagcron_store::rows::Cells`]).
-        pub(crate) struct Cells<'r>(pub(crate) &'r $row);
+        pub(crate) struct Cells<R>(pub(crate) R);
 
-        impl dagcron_store::rows::Cells for Cells<'_> {
+        impl<R: std::borrow::Borrow<$row>> dagcron_store::rows::Cells for Cells<R> {
             fn text(&self, i: usize) -> String {
-                sqlx::Row::get(self.0, i)
+                sqlx::Row::get(std::borrow::Borrow::<$row>::borrow(&self.0), i)
             }
             fn opt_text(&self, i: usize) -> Option<String> {
-                sqlx::Row::get(self.0, i)
+                sqlx::Row::get(std::borrow::Borrow::<$row>::borrow(&self.0), i)
             }
             fn int(&self, i: usize) -> i64 {
-                sqlx::Row::get(self.0, i)
+                sqlx::Row::get(std::borrow::Borrow::<$row>::borrow(&self.0), i)
             }
             fn opt_int(&self, i: usize) -> Option<i64> {
-                sqlx::Row::get(self.0, i)
+                sqlx::Row::get(std::borrow::Borrow::<$row>::borrow(&self.0), i)
             }
             fn int32(&self, i: usize) -> i32 {
-                sqlx::Row::get(self.0, i)
+                sqlx::Row::get(std::borrow::Borrow::<$row>::borrow(&self.0), i)
             }
             fn flag(&self, i: usize) -> bool {
-                sqlx::Row::get(self.0, i)
+                sqlx::Row::get(std::borrow::Borrow::<$row>::borrow(&self.0), i)
             }
             fn bytes(&self, i: usize) -> Vec<u8> {
-                sqlx::Row::get(self.0, i)
+                sqlx::Row::get(std::borrow::Borrow::<$row>::borrow(&self.0), i)
             }
         }
     };
