@@ -5,14 +5,14 @@ use super::*;
 
 impl<S: Store> Engine<S> {
     pub(super) fn spawn(&mut self, run_id: RunId, task: usize, number: u32) {
-        let Some(run) = self.runs.get(&run_id) else {
+        let Some(run) = self.runs.table.get(&run_id) else {
             return;
         };
         let start_at = run.start_at.filter(|at| *at > self.clock.now());
         if run.job.tasks[task].executor == dagcron_core::Executor::Noop && start_at.is_none() {
             // Nothing to run, so no context to make: reported at once.
             let lane = Lane::of(&run.job.tasks[task]);
-            self.started += 1;
+            self.dispatch.started += 1;
             self.noop_done(run_id, task, number, lane);
             return;
         }
@@ -42,7 +42,7 @@ impl<S: Store> Engine<S> {
         };
         let token = run.tokens[task]
             .clone()
-            .unwrap_or_else(|| self.kill_switch.child_token());
+            .unwrap_or_else(|| self.life.kill_switch.child_token());
         let job = run.job.clone();
         self.launch(&job, task, ctx, token, start_at);
     }
@@ -56,7 +56,7 @@ impl<S: Store> Engine<S> {
             log: vec![],
             start_error_us: None,
         };
-        let _ = self.finished_tx.send(Finished {
+        let _ = self.life.finished_tx.send(Finished {
             run,
             task,
             number,
@@ -80,7 +80,7 @@ impl<S: Store> Engine<S> {
     ) {
         let spec = &job.tasks[task];
         let (run_id, number) = (ctx.run_id, ctx.attempt);
-        self.started += 1;
+        self.dispatch.started += 1;
         let lane = Lane::of(spec);
         if spec.executor == dagcron_core::Executor::Noop && start_at.is_none() {
             // Nothing to run: report at once, without a task.
@@ -89,18 +89,19 @@ impl<S: Store> Engine<S> {
         }
         let executor = spec.executor.clone();
         let timeout = spec.timeout.map(|d| d.0);
-        let tx = self.finished_tx.clone();
+        let tx = self.life.finished_tx.clone();
         let clock = self.clock.clone();
         let limits = Limits {
             max_output: self.config.max_output,
         };
         let live = dagcron_exec::LiveLog::new(limits.max_output);
         let key = (ctx.run_id, ctx.task_id.clone(), ctx.attempt);
-        self.live
+        self.dispatch
+            .live
             .lock()
             .expect("live logs lock")
             .insert(key.clone(), live.clone());
-        let lives = self.live.clone();
+        let lives = self.dispatch.live.clone();
         // The outcome goes back to the engine; the live log is done.
         let finish = move |outcome, agent| {
             lives.lock().expect("live logs lock").remove(&key);
@@ -164,7 +165,7 @@ impl<S: Store> Engine<S> {
         let policies = self.config.policies.clone();
         let spec = spec.clone();
         let mut ctx = ctx;
-        self.attempts.spawn(async move {
+        self.life.attempts.spawn(async move {
             // A panic in an executor must not leave the attempt running forever.
             let work = tokio::spawn(async move {
                 match allowed(policies.as_ref(), &ctx.namespace, &spec).await {
@@ -200,30 +201,16 @@ impl<S: Store> Engine<S> {
         });
     }
 
-    /// The count of attempts under way in `lane`.
-    pub(super) fn lane(&mut self, lane: Lane) -> &mut usize {
-        match lane {
-            Lane::Pool => &mut self.running,
-            Lane::Agents => &mut self.remote_running,
-            Lane::Free => &mut self.free_running,
-        }
-    }
-
-    /// Attempts under way, whatever they count against.
-    pub(super) fn in_flight(&self) -> usize {
-        self.running + self.remote_running + self.free_running
-    }
-
     /// Starts ready tasks: every one for a remote agent (the agent pool
     /// queues them fairly until an agent has room), every no-op one (it
     /// takes no slot), and local ones while the pool has room. A cluster
     /// node whose pool is full hands local tasks to the cluster (a bounded
     /// number) for any other node with room, if there is another node.
     pub(super) fn dispatch(&mut self) {
-        while let Some((id, i)) = self.ready.remote.pop_front() {
+        while let Some((id, i)) = self.dispatch.ready.remote.pop_front() {
             self.dispatch_task(id, i, true);
         }
-        while let Some((id, i)) = self.ready.free.pop_front() {
+        while let Some((id, i)) = self.dispatch.ready.free.pop_front() {
             self.dispatch_task(id, i, true);
         }
         let peers = self
@@ -232,20 +219,18 @@ impl<S: Store> Engine<S> {
             .as_ref()
             .is_some_and(|n| n.peers.load(std::sync::atomic::Ordering::Relaxed));
         loop {
-            let here = match placement(
-                self.running,
-                self.claiming,
+            let here = match self.dispatch.placement(
                 self.config.pool_size,
                 peers,
-                self.shared.len(),
+                self.cluster.shared.len(),
             ) {
-                Placement::Here => true,
-                Placement::Cluster => false,
-                Placement::Wait => break,
+                dispatch::Placement::Here => true,
+                dispatch::Placement::Cluster => false,
+                dispatch::Placement::Wait => break,
             };
             let policies = &self.config.policies;
             let weight = |ns: &str| policies.as_ref().map_or(1, |p| p.0.weight(ns));
-            let Some((id, i)) = self.ready.local.pop_front(weight) else {
+            let Some((id, i)) = self.dispatch.ready.local.pop_front(weight) else {
                 break;
             };
             self.dispatch_task(id, i, here);
@@ -255,7 +240,7 @@ impl<S: Store> Engine<S> {
     /// Starts an attempt of ready task `i` of run `id`: here if `here`,
     /// otherwise by handing it to the cluster.
     pub(super) fn dispatch_task(&mut self, id: RunId, i: usize, here: bool) {
-        let Some(run) = self.runs.get(&id) else {
+        let Some(run) = self.runs.table.get(&id) else {
             return;
         };
         // A task for a remote agent goes to the cluster when no agent here
@@ -290,7 +275,7 @@ impl<S: Store> Engine<S> {
         let task = job.tasks[i].id.clone();
         let needs = job.tasks[i].run_on.as_ref().map(|r| &r.labels);
         if state == AttemptState::Dispatching {
-            self.writes.push(Write::AttemptStart {
+            self.batch.writes.push(Write::AttemptStart {
                 run: id,
                 task,
                 number,
@@ -298,11 +283,11 @@ impl<S: Store> Engine<S> {
                 at: now,
                 run_on: needs.cloned(),
             });
-            self.shared.insert((id, i), number);
+            self.cluster.shared.insert((id, i), number);
             return;
         }
-        let run = self.runs.get_mut(&id).expect("run");
-        run.tokens[i] = Some(self.kill_switch.child_token());
+        let run = self.runs.table.get_mut(&id).expect("run");
+        run.tokens[i] = Some(self.life.kill_switch.child_token());
         // An attempt of a run made ahead starts at the run's instant.
         let starts = run.start_at.filter(|t| *t > now).unwrap_or(now);
         let times = &mut run.times[i];
@@ -310,8 +295,8 @@ impl<S: Store> Engine<S> {
         if let (Some(m), Some(ready)) = (&self.config.metrics, times.ready) {
             m.queue_wait(&run.key, starts.duration_since(ready).as_secs_f64());
         }
-        let write = self.writes.len();
-        self.writes.push(Write::AttemptStart {
+        let write = self.batch.writes.len();
+        self.batch.writes.push(Write::AttemptStart {
             run: id,
             task,
             number,
@@ -320,19 +305,19 @@ impl<S: Store> Engine<S> {
             run_on: None,
         });
         let lane = Lane::of(&job.tasks[i]);
-        self.effects.push(Action::Spawn {
+        self.batch.effects.push(Action::Spawn {
             run: id,
             task: i,
             number,
             write,
             lane,
         });
-        *self.lane(lane) += 1;
+        *self.dispatch.lane(lane) += 1;
     }
 
     pub(super) fn on_finished(&mut self, done: Finished) {
-        *self.lane(done.lane) -= 1;
-        self.started -= 1;
+        *self.dispatch.lane(done.lane) -= 1;
+        self.dispatch.started -= 1;
         if let Some(o) = &self.config.observer {
             (o.0)(EngineEvent::AttemptFinished);
         }
@@ -346,7 +331,7 @@ impl<S: Store> Engine<S> {
             ..
         } = done;
         let outcome = self.within_reserve(outcome);
-        if let Some(foreign) = self.foreign.remove(&(id, i)) {
+        if let Some(foreign) = self.cluster.foreign.remove(&(id, i)) {
             if foreign.withdrawn {
                 // Its end is recorded already (cancelled by the withdrawal).
                 return;
@@ -375,7 +360,7 @@ impl<S: Store> Engine<S> {
                 };
                 spans::attempt(tracing, ended);
             }
-            self.writes.push(Write::AttemptEnd {
+            self.batch.writes.push(Write::AttemptEnd {
                 run: id,
                 task: foreign.task,
                 number: foreign.number,
@@ -390,12 +375,12 @@ impl<S: Store> Engine<S> {
             });
             return;
         }
-        let Some(run) = self.runs.get_mut(&id) else {
+        let Some(run) = self.runs.table.get_mut(&id) else {
             return;
         };
         run.tokens[i] = None;
         run.times[i].agent = agent;
-        if self.killing {
+        if self.life.killing {
             // Killed at shutdown: lost, and its task left for the recovery
             // after the restart (retried or failed by the delivery policy).
             let outcome = Outcome {
@@ -466,69 +451,5 @@ impl OutputReserve {
             }
             Err(_) => true,
         }
-    }
-}
-
-/// Where a ready local task goes now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Placement {
-    /// Started here: the pool has room.
-    Here,
-    /// Handed to the cluster, for another node with room.
-    Cluster,
-    /// Left ready until this node has room again.
-    Wait,
-}
-
-/// Where a ready local task goes, for a node running `running` attempts
-/// of a pool of `pool`, holding `claiming` slots for claims it has asked
-/// the cluster for, with other nodes (`peers`) or not, and `shared` of its
-/// attempts already handed to the cluster. Only a pool full of attempts
-/// running hands work over: slots held for claims in flight come back as
-/// soon as the claims are answered (most find nothing), and a task ready
-/// meanwhile waits for them instead of going to another node while this
-/// one has room.
-pub(super) fn placement(
-    running: usize,
-    claiming: usize,
-    pool: usize,
-    peers: bool,
-    shared: usize,
-) -> Placement {
-    if running + claiming < pool {
-        Placement::Here
-    } else if running >= pool && peers && shared < pool {
-        Placement::Cluster
-    } else {
-        Placement::Wait
-    }
-}
-
-#[cfg(test)]
-mod placement_tests {
-    use super::{Placement, placement};
-
-    #[test]
-    fn a_pool_with_room_starts_its_task_here() {
-        assert_eq!(placement(0, 0, 4, true, 0), Placement::Here);
-        assert_eq!(placement(3, 0, 4, true, 0), Placement::Here);
-        assert_eq!(placement(1, 2, 4, true, 0), Placement::Here);
-    }
-
-    /// Regression: a node asking the cluster for claims held all of its
-    /// room meanwhile, and handed the tasks that became ready then to
-    /// another node, though it ran nothing.
-    #[test]
-    fn regression_room_held_for_claims_in_flight_is_waited_for() {
-        assert_eq!(placement(0, 4, 4, true, 0), Placement::Wait);
-        assert_eq!(placement(3, 1, 4, true, 0), Placement::Wait);
-    }
-
-    #[test]
-    fn a_pool_full_of_attempts_hands_work_to_its_peers_within_a_bound() {
-        assert_eq!(placement(4, 0, 4, true, 0), Placement::Cluster);
-        assert_eq!(placement(4, 0, 4, true, 3), Placement::Cluster);
-        assert_eq!(placement(4, 0, 4, true, 4), Placement::Wait);
-        assert_eq!(placement(4, 0, 4, false, 0), Placement::Wait);
     }
 }

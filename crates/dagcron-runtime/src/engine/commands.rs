@@ -18,7 +18,7 @@ impl<S: Store> Engine<S> {
     /// hand: past `max_ready_backlog` tasks waiting (counting each run as
     /// one), triggers and backfills are refused (scheduled fires go on).
     pub(super) fn backlog_allows(&self, runs: usize) -> Result<(), EngineError> {
-        let waiting = self.ready.len();
+        let waiting = self.dispatch.ready.len();
         if waiting + runs <= self.config.max_ready_backlog {
             return Ok(());
         }
@@ -36,7 +36,7 @@ impl<S: Store> Engine<S> {
     pub(super) fn gauges(&self, now: Timestamp) -> crate::EngineGauges {
         let mut runs: HashMap<(&str, &'static str), u64> = HashMap::new();
         let mut held: std::collections::BTreeMap<&str, u64> = Default::default();
-        for run in self.runs.values() {
+        for run in self.runs.table.values() {
             let n = run
                 .machine
                 .tasks()
@@ -60,6 +60,7 @@ impl<S: Store> Engine<S> {
         runs.sort();
         let overdue = self
             .timers
+            .queue
             .next_at()
             .map_or(0.0, |at| now.duration_since(at).as_secs_f64().max(0.0));
         crate::EngineGauges {
@@ -68,11 +69,11 @@ impl<S: Store> Engine<S> {
                 .into_iter()
                 .map(|(ns, n)| (ns.to_string(), n))
                 .collect(),
-            ready_local: self.ready.local.len() as u64,
-            ready_remote: self.ready.remote.len() as u64,
+            ready_local: self.dispatch.ready.local.len() as u64,
+            ready_remote: self.dispatch.ready.remote.len() as u64,
             pool_slots: self.config.pool_size as u64,
-            pool_in_use: self.running as u64,
-            remote_running: self.remote_running as u64,
+            pool_in_use: self.dispatch.running as u64,
+            remote_running: self.dispatch.remote_running as u64,
             timers_overdue_seconds: overdue,
         }
     }
@@ -124,15 +125,15 @@ impl<S: Store> Engine<S> {
                 None,
             );
             let id = run.id;
-            made.push(self.writes.len());
-            self.writes.push(Write::Run(run));
+            made.push(self.batch.writes.len());
+            self.batch.writes.push(Write::Run(run));
             self.after_new_run(&key, id, decision, now);
         }
         // Answered as committed: each run's state and its tasks' after its
         // decision, all written in this batch.
         let answer = made
             .into_iter()
-            .filter_map(|i| match &self.writes[i] {
+            .filter_map(|i| match &self.batch.writes[i] {
                 Write::Run(run) => Some(self.as_committed(run, now)),
                 _ => None,
             })
@@ -142,7 +143,7 @@ impl<S: Store> Engine<S> {
 
     /// A run just made, as the batch being written records it.
     fn as_committed(&self, run: &NewRun, now: Timestamp) -> RunRecord {
-        let machine = self.runs.get(&run.id).map(|r| &r.machine);
+        let machine = self.runs.table.get(&run.id).map(|r| &r.machine);
         let state = machine.map_or(run.state, |m| m.state());
         RunRecord {
             id: run.id,
@@ -189,7 +190,7 @@ impl<S: Store> Engine<S> {
         reply: Reply<Vec<RunRecord>>,
         now: Timestamp,
     ) {
-        let planned = self.jobs[&key].planned.len();
+        let planned = self.jobs.table[&key].planned.len();
         if planned + runs.len() > job.spec.max_pending() as usize {
             let _ = reply.send(Err(EngineError::Busy(format!(
                 "{}/{} has {planned} runs planned already, and {} more would pass its max_pending_runs ({}); cancel some or wait until they are made",
@@ -217,11 +218,16 @@ impl<S: Store> Engine<S> {
             );
             let id = run.id;
             run.state = RunState::Planned;
-            self.runs.get_mut(&id).expect("run").machine =
+            self.runs.table.get_mut(&id).expect("run").machine =
                 RunMachine::new(job.tasks.len(), RunState::Planned);
             answer.push(self.as_committed(&run, now));
-            self.writes.push(Write::Run(run));
-            self.jobs.get_mut(&key).expect("job").planned.insert(id);
+            self.batch.writes.push(Write::Run(run));
+            self.jobs
+                .table
+                .get_mut(&key)
+                .expect("job")
+                .planned
+                .insert(id);
             self.arm(at, Timer::Planned { run: id });
         }
         self.reply_after_commit(reply, Ok(answer));
@@ -232,7 +238,7 @@ impl<S: Store> Engine<S> {
     /// more than the misfire grace ago (the server was down) and the
     /// job's misfire policy is `skip`, or its overlap policy declines it.
     pub(super) fn planned_due(&mut self, id: RunId, now: Timestamp, grace: SignedDuration) {
-        let Some(run) = self.runs.get(&id) else {
+        let Some(run) = self.runs.table.get(&id) else {
             return;
         };
         if run.machine.state() != RunState::Planned {
@@ -240,6 +246,7 @@ impl<S: Store> Engine<S> {
         }
         let (key, job, at) = (run.key.clone(), run.job.clone(), run.scheduled_at);
         self.jobs
+            .table
             .get_mut(&*key)
             .expect("job of a run")
             .planned
@@ -310,12 +317,12 @@ impl<S: Store> Engine<S> {
     ) {
         let RerunRead { record, job } = read;
         let key = (record.namespace.clone(), record.job.clone());
-        if self.runs.contains_key(&record.id) || !record.state.is_terminal() {
+        if self.runs.table.contains_key(&record.id) || !record.state.is_terminal() {
             // Taken over meanwhile, or going on on another node.
             let _ = reply.send(Err(still_going(record.id)));
             return;
         }
-        if !self.jobs.contains_key(&key) {
+        if !self.jobs.table.contains_key(&key) {
             // Applied through another node and not announced here yet, or deleted.
             self.unknown_job(
                 key,
@@ -368,7 +375,7 @@ impl<S: Store> Engine<S> {
         );
         let id = run.id;
         tracing::info!(namespace = %key.0, job = %key.1, run = id, "re-running run {}{}", record.id, if failed_only { " from its failed tasks" } else { "" });
-        self.writes.push(Write::Run(run));
+        self.batch.writes.push(Write::Run(run));
         self.after_new_run(&key, id, decision, now);
         self.reply_after_commit(reply, Ok(id));
     }
@@ -378,7 +385,7 @@ impl<S: Store> Engine<S> {
     /// so that no timer waits for the store.
     /// Takes `command` again, after the commands already waiting.
     pub(super) fn again(&self, command: Command) {
-        let Some(tx) = self.commands_back.upgrade() else {
+        let Some(tx) = self.life.commands_back.upgrade() else {
             return;
         };
         tokio::spawn(async move {
@@ -391,7 +398,7 @@ impl<S: Store> Engine<S> {
         work: impl Future<Output = T> + Send + 'static,
         back: impl FnOnce(T) -> Completion + Send + 'static,
     ) {
-        let Some(tx) = self.commands_back.upgrade() else {
+        let Some(tx) = self.life.commands_back.upgrade() else {
             return;
         };
         tokio::spawn(async move {

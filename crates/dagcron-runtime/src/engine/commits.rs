@@ -20,6 +20,14 @@ use dagcron_store::{StorageError, Write, WriteResult};
 
 use super::{Action, Commit};
 
+/// The engine's batch part: what is decided and not yet committed, and
+/// what to do once it is.
+#[derive(Default)]
+pub(super) struct Batch {
+    pub(super) writes: Vec<Write>,
+    pub(super) effects: Vec<Action>,
+}
+
 /// What a committed batch hands back: its writes, their results and the
 /// effects to carry out now.
 pub(super) type Committed = (Arc<Vec<Write>>, Results, Vec<Action>);

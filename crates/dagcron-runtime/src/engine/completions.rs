@@ -25,7 +25,7 @@ impl<S: Store> Engine<S> {
                 // trigger or a delete sent after the answer finds them.
                 let out = jobs.iter().zip(&results);
                 let _ = reply.send(Ok(out.map(|(ready, r)| (ready.job.key(), *r)).collect()));
-                self.installing = Some(Installing {
+                self.jobs.installing = Some(Installing {
                     jobs: jobs
                         .into_iter()
                         .zip(results)
@@ -56,10 +56,10 @@ impl<S: Store> Engine<S> {
                 self.reply_after_commit(reply, result);
             }
             Completion::Loaded { key, job } => {
-                let waiting = self.loading.remove(&key).unwrap_or_default();
+                let waiting = self.jobs.loading.remove(&key).unwrap_or_default();
                 match job {
-                    Ok(Some(job)) if self.jobs.contains_key(&key) => {
-                        if let Some(entry) = self.jobs.get_mut(&key) {
+                    Ok(Some(job)) if self.jobs.table.contains_key(&key) => {
+                        if let Some(entry) = self.jobs.table.get_mut(&key) {
                             entry.job.get_or_insert_with(|| job.clone());
                         }
                         for w in waiting {
@@ -100,7 +100,7 @@ impl<S: Store> Engine<S> {
                 reply,
             } => {
                 let fires = match fires {
-                    Ok(_) if !self.jobs.contains_key(&key) => Err(no_such_job(&key)),
+                    Ok(_) if !self.jobs.table.contains_key(&key) => Err(no_such_job(&key)),
                     other => other,
                 };
                 let instants = match fires {
@@ -127,7 +127,12 @@ impl<S: Store> Engine<S> {
                     // A fire recorded meanwhile is refused by the store, and
                     // its run is not created.
                     self.record_fire(&key, at, FireOutcome::Fired, Some(run));
-                    self.jobs.get_mut(&key).expect("job").queued.push_back(id);
+                    self.jobs
+                        .table
+                        .get_mut(&key)
+                        .expect("job")
+                        .queued
+                        .push_back(id);
                     ids.push(id);
                 }
                 self.start_queued(&key, now);
@@ -150,7 +155,7 @@ impl<S: Store> Engine<S> {
                     if let Some(stored) = stored {
                         self.sync_jobs(vec![stored], vec![], now);
                     }
-                    if self.jobs.contains_key(&key) {
+                    if self.jobs.table.contains_key(&key) {
                         // Taken again, as if it had just come.
                         self.again(*call);
                     } else {
@@ -178,7 +183,7 @@ impl<S: Store> Engine<S> {
                     }
                 };
                 for record in runs {
-                    if self.runs.contains_key(&record.id) {
+                    if self.runs.table.contains_key(&record.id) {
                         continue;
                     }
                     tracing::info!(run = record.id, job = %format!("{}/{}", record.namespace, record.job), "taking over a run of a node that is gone");

@@ -35,6 +35,7 @@ mod attempts;
 mod commands;
 mod commits;
 mod completions;
+mod dispatch;
 mod handle;
 mod jobs;
 mod lease;
@@ -51,6 +52,7 @@ mod timers;
 mod tests;
 
 pub use attempts::OutputReserve;
+use dispatch::{Lane, ReadyQueues};
 pub use handle::EngineHandle;
 pub(crate) use handle::{CaughtUp, Command, Completion, LiveLogs, Request, RerunRead, SharedNews};
 pub use lease::Lease;
@@ -735,30 +737,6 @@ enum Timer {
     },
 }
 
-/// What an attempt counts against while it runs: this process's pool, the
-/// remote agents' capacity, or nothing: a no-op task runs nothing, so its
-/// attempt (recorded, started and ended like any) takes no slot of the
-/// pool (as a DAG's empty join or placeholder task should not wait for,
-/// or hold, room that real work needs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Lane {
-    Pool,
-    Agents,
-    Free,
-}
-
-impl Lane {
-    fn of(task: &dagcron_core::Task) -> Lane {
-        if task.run_on.is_some() {
-            Lane::Agents
-        } else if task.executor == dagcron_core::Executor::Noop {
-            Lane::Free
-        } else {
-            Lane::Pool
-        }
-    }
-}
-
 /// What to do once the batch deciding it is committed.
 enum Action {
     Spawn {
@@ -789,32 +767,6 @@ struct Finished {
     agent: Option<String>,
 }
 
-/// Tasks ready to start: for this process's pool, for remote agents
-/// (which the pool's size does not bound), and no-op tasks (which take no
-/// slot, so never wait behind the pool's queue).
-#[derive(Default)]
-struct ReadyQueues {
-    /// Taken in turn across namespaces: a namespace with a backlog cannot
-    /// keep another's next task out of the pool.
-    local: shares::Shares<(RunId, usize)>,
-    remote: VecDeque<(RunId, usize)>,
-    free: VecDeque<(RunId, usize)>,
-}
-
-impl ReadyQueues {
-    fn push(&mut self, job: &Job, run: RunId, task: usize) {
-        match Lane::of(&job.tasks[task]) {
-            Lane::Pool => self.local.push_back(&job.namespace, (run, task)),
-            Lane::Agents => self.remote.push_back((run, task)),
-            Lane::Free => self.free.push_back((run, task)),
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.local.len() + self.remote.len() + self.free.len()
-    }
-}
-
 /// xorshift64*: enough for retry jitter, and no dependency.
 struct Rng(u64);
 
@@ -827,86 +779,28 @@ impl Rng {
     }
 }
 
-/// The engine's state; see the module documentation.
+/// The engine's state; see the module documentation. Each part is a
+/// struct of its own, next to the code that uses it most.
 pub struct Engine<S: Store> {
     store: Arc<S>,
     clock: Arc<dyn Clock>,
     config: EngineConfig,
-    /// Boxed: a map's table is sized in powers of two, so empty slots
-    /// cost a pointer rather than a whole entry.
-    /// Hashed with foldhash (seeded per process): SipHash was a tenth of
-    /// the time of reading a million jobs back at start-up.
-    jobs: HashMap<Arc<JobKey>, Box<JobEntry>, foldhash::fast::RandomState>,
-    runs: HashMap<RunId, RunEntry, foldhash::fast::RandomState>,
-    timers: timers::TimerQueue,
-    /// The instant whose fires were last warmed up ([`Engine::warm_up`]).
-    warmed: Option<Timestamp>,
-    ready: ReadyQueues,
-    /// Each namespace's allowance of scheduled fires this second
-    /// ([`EngineConfig::max_fires_per_namespace`]).
-    fire_quota: HashMap<String, policy::FireBucket>,
-    /// Attempts in this process's pool (at most `pool_size`).
-    running: usize,
-    /// Room of the pool held for attempts being claimed from the cluster.
-    claiming: usize,
-    /// Attempts handed to remote agents (their capacity bounds them).
-    remote_running: usize,
-    /// Attempts of no-op tasks under way (see [`Lane`]).
-    free_running: usize,
-    /// Attempt tasks started and not yet reported (`running` also counts
-    /// the ones decided but not yet committed).
-    started: usize,
-    last_run_id: RunId,
+    /// The jobs and what is decided per job or namespace ([`jobs::Jobs`]).
+    jobs: jobs::Jobs,
+    /// The runs under way here ([`runs::Runs`]).
+    runs: runs::Runs,
+    /// What starts attempts: the ready queues and the room of each lane
+    /// ([`dispatch::Dispatch`]).
+    dispatch: dispatch::Dispatch,
+    /// This node's share of the cluster's work ([`shared::Cluster`]).
+    cluster: shared::Cluster,
+    /// Every schedule, retry and deadline ([`timers::Timers`]).
+    timers: timers::Timers,
+    /// What is decided and not yet committed ([`commits::Batch`]).
+    batch: commits::Batch,
+    /// The loop's channels and its stop signals ([`run_loop::Life`]).
+    life: run_loop::Life,
     rng: Rng,
-    writes: Vec<Write>,
-    effects: Vec<Action>,
-    finished_tx: mpsc::UnboundedSender<Finished>,
-    finished_rx: mpsc::UnboundedReceiver<Finished>,
-    commands: Option<mpsc::Receiver<Command>>,
-    /// For work done beside the loop to report back as a command.
-    commands_back: mpsc::WeakSender<Command>,
-    /// The latest time a timer wake-up saw, to notice a clock stepping back.
-    last_wake: Timestamp,
-    /// Set once shutdown kills the attempts still running: their ends are
-    /// recorded as lost, and nothing follows from them.
-    killing: bool,
-    /// The parent of every attempt's cancellation token: cancelled, it
-    /// stops every attempt this engine runs, whatever the loop is doing.
-    kill_switch: CancellationToken,
-    /// Cancelled when the loop is asked to stop: a commit waiting for room
-    /// gives up then.
-    stopping: CancellationToken,
-    /// Runs of missed fires waiting to begin.
-    pace: Pace,
-    /// The attempt tasks of the pool: waited for once they are killed.
-    attempts: tokio_util::task::TaskTracker,
-    /// Cancelled when `run` returns (stops the lease watchdog).
-    done: CancellationToken,
-    /// A cluster node's share of the jobs (`None`: all jobs, or none yet in a cluster).
-    ownership: Option<Ownership>,
-    /// Runs of this node's jobs running on other nodes, as the coordinator
-    /// last read them (only jobs with some): they count against the job's
-    /// overlap policy as this node's own runs do.
-    elsewhere: HashMap<JobKey, u32>,
-    /// Runs dropped because the ledger refused their fire, while writes of
-    /// theirs may still be in a batch (see [`MAX_DROPPED`]).
-    dropped: HashSet<RunId>,
-    /// Attempts of this node's runs handed to the cluster when its pool was
-    /// full, by (run, task): their number.
-    shared: HashMap<(RunId, usize), u32>,
-    /// Output of the attempts running here, for followers.
-    live: LiveLogs,
-    /// Attempts this node claimed and runs for other nodes, by (run, task).
-    foreign: HashMap<(RunId, usize), Foreign>,
-    /// Jobs being read for triggers, with the triggers waiting for each:
-    /// one read per job, whatever the number of triggers.
-    loading: HashMap<JobKey, Vec<handle::WaitingTrigger>>,
-    /// The jobs of an apply not yet installed: installed a slice at a
-    /// time between timers, before any other command is taken.
-    installing: Option<Installing>,
-    /// Compiled timetables shared by the jobs of the same schedules (also
-    /// by the applies that make their jobs ready beside the loop).
-    timetables: Arc<std::sync::Mutex<dagcron_core::timings::TimetableCache>>,
 }
 
 /// An attempt run for another node.

@@ -31,7 +31,7 @@ impl<S: Store> Engine<S> {
             }
         });
         let (parsed_tx, mut parsed_rx) = mpsc::channel::<Result<Vec<LoadedJob>, StorageError>>(2);
-        let mut cache = std::mem::take(&mut *timetables(&self.timetables));
+        let mut cache = std::mem::take(&mut *timetables(&self.jobs.timetables));
         let parser = tokio::task::spawn_blocking(move || {
             while let Some(page) = pages_rx.blocking_recv() {
                 let parsed = page.map(|page| {
@@ -73,7 +73,7 @@ impl<S: Store> Engine<S> {
                     break;
                 }
             };
-            self.jobs.reserve(page.len());
+            self.jobs.table.reserve(page.len());
             for loaded in page {
                 rules.note(loaded.rules);
                 let mut entry = JobEntry::new(
@@ -95,7 +95,7 @@ impl<S: Store> Engine<S> {
                         missed.fires.is_empty().then_some(missed.resume_after)
                     })
                     .flatten();
-                self.jobs.insert(key.clone(), entry);
+                self.jobs.table.insert(key.clone(), entry);
                 match resume {
                     Some(after) => self.arm_next_fire_of(key, after),
                     None if armed => missed_some.push(key),
@@ -104,7 +104,7 @@ impl<S: Store> Engine<S> {
             }
         }
         drop(parsed_rx);
-        *timetables(&self.timetables) = parser.await.unwrap_or_default();
+        *timetables(&self.jobs.timetables) = parser.await.unwrap_or_default();
         let _ = reader.await;
         if let Some(e) = failed {
             return Err(e);
@@ -145,7 +145,7 @@ impl<S: Store> Engine<S> {
         // Missed fires, per job, by its misfire policy, from its last
         // recorded fire, or from when it was applied if it never fired.
         for key in missed_some {
-            let entry = &self.jobs[&key];
+            let entry = &self.jobs.table[&key];
             let since = entry.last_fire.unwrap_or(entry.applied_at);
             self.catch_up(&key, since, now, self.config.misfire_grace)
                 .await?;
@@ -158,7 +158,7 @@ impl<S: Store> Engine<S> {
     fn missed(&self, key: &JobKey, since: Timestamp, now: Timestamp, grace: Duration) -> Missed {
         let grace = SignedDuration::try_from(grace).unwrap_or(SignedDuration::ZERO);
         let max = self.config.max_missed_per_job;
-        let missed = fires::missed(&self.jobs[key].timing, since, now, grace, max);
+        let missed = fires::missed(&self.jobs.table[key].timing, since, now, grace, max);
         if missed.truncated {
             tracing::warn!(job = %format!("{}/{}", key.0, key.1), "more than {max} missed fires; recording the first ones only");
         }
@@ -195,7 +195,7 @@ impl<S: Store> Engine<S> {
         grace: Duration,
     ) {
         let missed = self.missed(key, since, now, grace);
-        let entry = &self.jobs[key];
+        let entry = &self.jobs.table[key];
         if !missed.runs_some() || entry.job.is_some() {
             let job = entry.job.clone();
             self.record_missed(key, missed, job);
@@ -259,7 +259,7 @@ impl<S: Store> Engine<S> {
                 // Deleted meanwhile (through another node).
                 (FireOutcome::MissedCaughtUp, None) => {}
                 (FireOutcome::Suppressed, _) => {
-                    let calendar = self.jobs[key]
+                    let calendar = self.jobs.table[key]
                         .timing
                         .excluded_by(at)
                         .unwrap_or_default()
@@ -270,7 +270,7 @@ impl<S: Store> Engine<S> {
             }
         }
         if last.is_some() {
-            self.jobs.get_mut(key).expect("job").last_fire = last;
+            self.jobs.table.get_mut(key).expect("job").last_fire = last;
         }
         self.arm_next_fire(key, missed.resume_after);
     }
@@ -285,7 +285,7 @@ impl<S: Store> Engine<S> {
         now: Timestamp,
     ) -> Result<(), StorageError> {
         let key = (record.namespace.clone(), record.job.clone());
-        let job = if self.jobs.contains_key(&key) {
+        let job = if self.jobs.table.contains_key(&key) {
             self.job_at(&key, record.job_version).await?
         } else {
             None
@@ -304,7 +304,7 @@ impl<S: Store> Engine<S> {
         now: Timestamp,
     ) {
         let key = (record.namespace.clone(), record.job.clone());
-        let found = match (self.jobs.get_key_value(&key), job) {
+        let found = match (self.jobs.table.get_key_value(&key), job) {
             (Some((key, _)), Some(job)) => Some((key.clone(), job)),
             _ => None,
         };
@@ -313,7 +313,7 @@ impl<S: Store> Engine<S> {
                 run = record.id,
                 "run of a deleted job left unfinished; cancelling it"
             );
-            self.writes.push(Write::RunState {
+            self.batch.writes.push(Write::RunState {
                 run: record.id,
                 from: record.state,
                 to: RunState::Cancelled,
@@ -354,7 +354,7 @@ impl<S: Store> Engine<S> {
         );
         let mut tokens = vec![None; job.tasks.len()];
         for &(i, number) in &plan.going_on {
-            match self.foreign.remove(&(record.id, i)) {
+            match self.cluster.foreign.remove(&(record.id, i)) {
                 // This node already runs it for the dead owner: it is its own now.
                 Some(foreign) => {
                     tokens[i] = Some(foreign.token);
@@ -363,12 +363,12 @@ impl<S: Store> Engine<S> {
                     }
                 }
                 None => {
-                    self.shared.insert((record.id, i), number);
+                    self.cluster.shared.insert((record.id, i), number);
                 }
             }
         }
         for &(k, number, from) in &plan.stray {
-            self.writes.push(Write::AttemptEnd {
+            self.batch.writes.push(Write::AttemptEnd {
                 run: record.id,
                 task: record.tasks[k].id.clone(),
                 number,
@@ -404,8 +404,8 @@ impl<S: Store> Engine<S> {
             ),
         };
         let id = record.id;
-        self.runs.insert(id, run);
-        let entry = self.jobs.get_mut(&key).expect("job");
+        self.runs.table.insert(id, run);
+        let entry = self.jobs.table.get_mut(&key).expect("job");
         match record.state {
             RunState::Planned => {
                 // Made at its instant; one that passed while the server

@@ -21,7 +21,7 @@ impl<S: Store> Engine<S> {
                 // milliseconds for a large file, which must not hold up a
                 // thread the loop may need to fire on time.
                 let store = self.store.clone();
-                let cache = self.timetables.clone();
+                let cache = self.jobs.timetables.clone();
                 self.beside(
                     async move {
                         let prepare = tokio::task::spawn_blocking(move || {
@@ -101,7 +101,7 @@ impl<S: Store> Engine<S> {
                 reply,
             } => {
                 let key = (namespace, name);
-                match self.jobs.get(&key).map(|e| e.job.clone()) {
+                match self.jobs.table.get(&key).map(|e| e.job.clone()) {
                     Some(Some(job)) => self.trigger(key, job, runs, caller, at, reply, now),
                     None => self.unknown_job(
                         key.clone(),
@@ -123,11 +123,11 @@ impl<S: Store> Engine<S> {
                             at,
                             reply,
                         };
-                        if let Some(queue) = self.loading.get_mut(&key) {
+                        if let Some(queue) = self.jobs.loading.get_mut(&key) {
                             queue.push(waiting);
                             return;
                         }
-                        self.loading.insert(key.clone(), vec![waiting]);
+                        self.jobs.loading.insert(key.clone(), vec![waiting]);
                         let read = self.job_of(&key);
                         self.beside(read, move |job| Completion::Loaded { key, job });
                     }
@@ -151,7 +151,7 @@ impl<S: Store> Engine<S> {
                     let _ = reply.send(Err(e));
                     return;
                 }
-                if !self.jobs.contains_key(&key) {
+                if !self.jobs.table.contains_key(&key) {
                     self.unknown_job(
                         key.clone(),
                         Request::Backfill {
@@ -165,7 +165,7 @@ impl<S: Store> Engine<S> {
                     return;
                 }
                 let read = self.job_of(&key);
-                let Some(back) = self.commands_back.upgrade() else {
+                let Some(back) = self.life.commands_back.upgrade() else {
                     return;
                 };
                 // Listing the fires of a long range over many schedules takes
@@ -196,7 +196,7 @@ impl<S: Store> Engine<S> {
                 });
             }
             Request::Cancel { run, reply } => {
-                if self.runs.contains_key(&run) {
+                if self.runs.table.contains_key(&run) {
                     self.stop(run, RunState::Cancelled, now);
                     self.reply_after_commit(reply, Ok(()));
                     return;
@@ -214,7 +214,7 @@ impl<S: Store> Engine<S> {
                 action,
                 reply,
             } => {
-                let Some(entry) = self.runs.get(&run) else {
+                let Some(entry) = self.runs.table.get(&run) else {
                     // Not run here: asked of its node through the store.
                     let store = self.store.clone();
                     tokio::spawn(async move {
@@ -248,7 +248,7 @@ impl<S: Store> Engine<S> {
                 failed_only,
                 reply,
             } => {
-                if self.runs.contains_key(&run) {
+                if self.runs.table.contains_key(&run) {
                     let _ = reply.send(Err(still_going(run)));
                     return;
                 }
@@ -279,14 +279,14 @@ impl<S: Store> Engine<S> {
                 // The jobs of the runs are read beside the loop, once each.
                 let runs: Vec<RunRecord> = runs
                     .into_iter()
-                    .filter(|r| !self.runs.contains_key(&r.id))
+                    .filter(|r| !self.runs.table.contains_key(&r.id))
                     .collect();
                 let mut reads = Vec::new();
                 let mut seen = HashSet::new();
                 for r in &runs {
                     let key = (r.namespace.clone(), r.job.clone());
                     let at = (key.clone(), r.job_version);
-                    if self.jobs.contains_key(&key) && seen.insert(at.clone()) {
+                    if self.jobs.table.contains_key(&key) && seen.insert(at.clone()) {
                         reads.push((at, self.job_at(&key, r.job_version)));
                     }
                 }

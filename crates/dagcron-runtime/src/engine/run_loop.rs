@@ -4,6 +4,28 @@
 
 use super::*;
 
+/// The engine's lifecycle part: the loop's channels and its stop signals.
+pub(super) struct Life {
+    pub(super) finished_tx: mpsc::UnboundedSender<Finished>,
+    pub(super) finished_rx: mpsc::UnboundedReceiver<Finished>,
+    pub(super) commands: Option<mpsc::Receiver<Command>>,
+    /// For work done beside the loop to report back as a command.
+    pub(super) commands_back: mpsc::WeakSender<Command>,
+    /// Set once shutdown kills the attempts still running: their ends are
+    /// recorded as lost, and nothing follows from them.
+    pub(super) killing: bool,
+    /// The parent of every attempt's cancellation token: cancelled, it
+    /// stops every attempt this engine runs, whatever the loop is doing.
+    pub(super) kill_switch: CancellationToken,
+    /// Cancelled when the loop is asked to stop: a commit waiting for room
+    /// gives up then.
+    pub(super) stopping: CancellationToken,
+    /// The attempt tasks of the pool: waited for once they are killed.
+    pub(super) attempts: tokio_util::task::TaskTracker,
+    /// Cancelled when `run` returns (stops the lease watchdog).
+    pub(super) done: CancellationToken,
+}
+
 impl<S: Store> Engine<S> {
     /// Loads jobs and unfinished runs from the store, records missed fires,
     /// and returns the engine and a handle to it. Call [`Engine::run`] next.
@@ -19,58 +41,41 @@ impl<S: Store> Engine<S> {
             store: store.clone(),
             clock,
             config,
-            jobs: HashMap::default(),
-            runs: HashMap::default(),
-            warmed: None,
-            timers: timers::TimerQueue::default(),
-            ready: ReadyQueues::default(),
-            fire_quota: HashMap::new(),
-            running: 0,
-            claiming: 0,
-            remote_running: 0,
-            free_running: 0,
-            started: 0,
-            last_run_id: store.max_run_id().await?,
-            rng: Rng((now.as_nanosecond() as u64) | 1),
-            writes: Vec::new(),
-            loading: HashMap::new(),
-            effects: Vec::new(),
-            finished_tx,
-            finished_rx,
-            commands: Some(rx),
-            commands_back: tx.downgrade(),
-            last_wake: now,
-            killing: false,
-            kill_switch: CancellationToken::new(),
-            // Until the loop runs, a commit that finds no room gives up at
-            // once: a server that starts on a full disk stops and says why.
-            stopping: {
-                let stopping = CancellationToken::new();
-                stopping.cancel();
-                stopping
+            jobs: jobs::Jobs::default(),
+            runs: runs::Runs::after(store.max_run_id().await?),
+            dispatch: dispatch::Dispatch::default(),
+            cluster: shared::Cluster::default(),
+            timers: timers::Timers::at(now),
+            batch: commits::Batch::default(),
+            life: Life {
+                finished_tx,
+                finished_rx,
+                commands: Some(rx),
+                commands_back: tx.downgrade(),
+                killing: false,
+                kill_switch: CancellationToken::new(),
+                // Until the loop runs, a commit that finds no room gives up at
+                // once: a server that starts on a full disk stops and says why.
+                stopping: {
+                    let stopping = CancellationToken::new();
+                    stopping.cancel();
+                    stopping
+                },
+                attempts: tokio_util::task::TaskTracker::new(),
+                done: CancellationToken::new(),
             },
-            pace: Pace::default(),
-            attempts: tokio_util::task::TaskTracker::new(),
-            done: CancellationToken::new(),
-            ownership: None,
-            elsewhere: HashMap::new(),
-            dropped: HashSet::new(),
-            shared: HashMap::new(),
-            foreign: HashMap::new(),
-            live: LiveLogs::default(),
-            installing: None,
-            timetables: Default::default(),
+            rng: Rng((now.as_nanosecond() as u64) | 1),
         };
         engine.recover(now).await?;
-        let live = engine.live.clone();
+        let live = engine.dispatch.live.clone();
         let fenced = CancellationToken::new();
         if let Some(node) = &engine.config.node {
             tokio::spawn(lease_watchdog(
                 node.lease.clone(),
                 engine.clock.clone(),
-                engine.kill_switch.clone(),
-                engine.attempts.clone(),
-                engine.done.clone(),
+                engine.life.kill_switch.clone(),
+                engine.life.attempts.clone(),
+                engine.life.done.clone(),
                 fenced.clone(),
             ));
         }
@@ -91,7 +96,7 @@ impl<S: Store> Engine<S> {
         shutdown: CancellationToken,
         drain: Duration,
     ) -> Result<(), StorageError> {
-        let _done = self.done.clone().drop_guard();
+        let _done = self.life.done.clone().drop_guard();
         let result = self.run_loop(shutdown, drain).await;
         if let Err(e) = &result {
             // Fenced or the store is gone: nothing this engine started may go
@@ -99,13 +104,13 @@ impl<S: Store> Engine<S> {
             // the attempts and wait (briefly) until they are gone.
             tracing::error!(
                 "the engine stops: {e}; killing {} running attempts",
-                self.started
+                self.dispatch.started
             );
             self.cancel_all();
             let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-            while self.started > 0 {
-                match tokio::time::timeout_at(deadline, self.finished_rx.recv()).await {
-                    Ok(Some(_)) => self.started -= 1,
+            while self.dispatch.started > 0 {
+                match tokio::time::timeout_at(deadline, self.life.finished_rx.recv()).await {
+                    Ok(Some(_)) => self.dispatch.started -= 1,
                     _ => break,
                 }
             }
@@ -118,8 +123,8 @@ impl<S: Store> Engine<S> {
         shutdown: CancellationToken,
         drain: Duration,
     ) -> Result<(), StorageError> {
-        let mut commands = self.commands.take().expect("run is called once");
-        self.stopping = shutdown.clone();
+        let mut commands = self.life.commands.take().expect("run is called once");
+        self.life.stopping = shutdown.clone();
         self.dispatch();
         self.flush().await?;
         // Commits are pipelined: while batches are being committed, the
@@ -128,7 +133,7 @@ impl<S: Store> Engine<S> {
         // the order the batches were made (see `commits`).
         let mut commits = commits::Commits::new(self.store.write_lanes());
         loop {
-            let next = self.timers.next_at();
+            let next = self.timers.queue.next_at();
             let warm = self.warm_up_at(next);
             let sleep = match warm.or(next) {
                 Some(at) => self.clock.sleep_until(at),
@@ -153,15 +158,15 @@ impl<S: Store> Engine<S> {
                 () = revoked.cancelled() => self.check_lease()?,
                 () = shutdown.cancelled() => break,
                 done = commits.next(), if !commits.is_empty() => committed = Some(done),
-                Some(done) = self.finished_rx.recv() => {
+                Some(done) = self.life.finished_rx.recv() => {
                     self.on_finished(done);
-                    while let Ok(done) = self.finished_rx.try_recv() {
+                    while let Ok(done) = self.life.finished_rx.try_recv() {
                         self.on_finished(done);
                     }
                 }
-                Some(cmd) = commands.recv(), if self.installing.is_none() => {
+                Some(cmd) = commands.recv(), if self.jobs.installing.is_none() => {
                     self.on_command(cmd);
-                    while self.installing.is_none() {
+                    while self.jobs.installing.is_none() {
                         let Ok(cmd) = commands.try_recv() else { break };
                         self.on_command(cmd);
                     }
@@ -171,7 +176,7 @@ impl<S: Store> Engine<S> {
                     None => self.on_timers(),
                 },
                 // After the timers due, before the next command.
-                () = std::future::ready(()), if self.installing.is_some() => {
+                () = std::future::ready(()), if self.jobs.installing.is_some() => {
                     let now = self.clock.now();
                     self.install_some(now);
                 }
@@ -181,18 +186,18 @@ impl<S: Store> Engine<S> {
                 let results = results?;
                 self.check_lease()?;
                 self.committed(&writes, &results, effects);
-                if commits.is_empty() && self.writes.is_empty() {
+                if commits.is_empty() && self.batch.writes.is_empty() {
                     // No write of a dropped run is left anywhere.
-                    self.dropped.clear();
+                    self.runs.dropped.clear();
                 }
             }
             self.dispatch();
-            if !(self.writes.is_empty() && self.effects.is_empty())
-                && let Some(keys) = commits.may_send(&self.writes)
+            if !(self.batch.writes.is_empty() && self.batch.effects.is_empty())
+                && let Some(keys) = commits.may_send(&self.batch.writes)
             {
                 self.check_lease()?;
-                let writes = Arc::new(std::mem::take(&mut self.writes));
-                let effects = std::mem::take(&mut self.effects);
+                let writes = Arc::new(std::mem::take(&mut self.batch.writes));
+                let effects = std::mem::take(&mut self.batch.effects);
                 commits.send(self.commit(writes), effects, keys);
             }
         }
@@ -202,40 +207,40 @@ impl<S: Store> Engine<S> {
         }
         // Graceful shutdown: no new fires or attempts; let running attempts finish.
         let deadline = tokio::time::Instant::now() + drain;
-        while self.in_flight() > 0 {
-            match tokio::time::timeout_at(deadline, self.finished_rx.recv()).await {
+        while self.dispatch.in_flight() > 0 {
+            match tokio::time::timeout_at(deadline, self.life.finished_rx.recv()).await {
                 Ok(Some(done)) => {
                     self.on_finished(done);
-                    self.ready = ReadyQueues::default();
+                    self.dispatch.ready = ReadyQueues::default();
                     self.flush().await?;
                 }
                 _ => break,
             }
         }
-        if self.in_flight() > 0 {
+        if self.dispatch.in_flight() > 0 {
             // Nothing may outlive the server: a task left running would run
             // again beside its retry after the restart. Kill every attempt,
             // wait for it to be gone, and record it as lost (the delivery
             // policy decides after the restart).
             tracing::warn!(
                 "{} attempts still running at the end of the shutdown grace; killing them",
-                self.in_flight()
+                self.dispatch.in_flight()
             );
-            self.killing = true;
+            self.life.killing = true;
             self.cancel_all();
             let deadline =
                 tokio::time::Instant::now() + dagcron_exec::PIPE_GRACE + Duration::from_secs(3);
-            while self.in_flight() > 0 {
-                match tokio::time::timeout_at(deadline, self.finished_rx.recv()).await {
+            while self.dispatch.in_flight() > 0 {
+                match tokio::time::timeout_at(deadline, self.life.finished_rx.recv()).await {
                     Ok(Some(done)) => self.on_finished(done),
                     _ => break,
                 }
             }
             self.flush().await?;
-            if self.in_flight() > 0 {
+            if self.dispatch.in_flight() > 0 {
                 tracing::error!(
                     "{} attempts did not report after being killed; they will be recovered as lost",
-                    self.in_flight()
+                    self.dispatch.in_flight()
                 );
             }
         }
@@ -244,12 +249,12 @@ impl<S: Store> Engine<S> {
 
     /// Tells every attempt this engine runs (for itself or for other nodes) to stop.
     pub(super) fn cancel_all(&self) {
-        for run in self.runs.values() {
+        for run in self.runs.table.values() {
             for token in run.tokens.iter().flatten() {
                 token.cancel();
             }
         }
-        for foreign in self.foreign.values() {
+        for foreign in self.cluster.foreign.values() {
             foreign.token.cancel();
         }
     }
@@ -268,17 +273,17 @@ impl<S: Store> Engine<S> {
     /// Commits the batch, then carries out its effects.
     pub(super) async fn flush(&mut self) -> Result<(), StorageError> {
         self.check_lease()?;
-        let writes = Arc::new(std::mem::take(&mut self.writes));
+        let writes = Arc::new(std::mem::take(&mut self.batch.writes));
         let results = commit_with_retries(
             &*self.store,
             &writes,
             self.config.metrics.as_deref(),
             &self.config.write_health,
-            &self.stopping,
+            &self.life.stopping,
         )
         .await?;
         self.check_lease()?;
-        let effects = std::mem::take(&mut self.effects);
+        let effects = std::mem::take(&mut self.batch.effects);
         self.committed(&writes, &results, effects);
         Ok(())
     }
@@ -289,7 +294,7 @@ impl<S: Store> Engine<S> {
         let store = self.store.clone();
         let metrics = self.config.metrics.clone();
         let health = self.config.write_health.clone();
-        let stopping = self.stopping.clone();
+        let stopping = self.life.stopping.clone();
         let batch = writes.clone();
         let task = tokio::spawn(async move {
             commit_with_retries(&*store, &batch, metrics.as_deref(), &health, &stopping).await
@@ -335,8 +340,8 @@ impl<S: Store> Engine<S> {
                         self.forget_run(run.id, now);
                         // Its other writes, in this batch or the next one,
                         // are refused too: that is no bug.
-                        if self.dropped.len() < MAX_DROPPED {
-                            self.dropped.insert(run.id);
+                        if self.runs.dropped.len() < MAX_DROPPED {
+                            self.runs.dropped.insert(run.id);
                         }
                     }
                     if let WriteResult::Early(why) = refusal {
@@ -349,7 +354,7 @@ impl<S: Store> Engine<S> {
                         tracing::info!("{}", refusal.reason());
                     }
                 }
-                (w, refusal) if w.run_id().is_some_and(|id| self.dropped.contains(&id)) => {
+                (w, refusal) if w.run_id().is_some_and(|id| self.runs.dropped.contains(&id)) => {
                     tracing::debug!(
                         "write of a run whose fire was refused: {}",
                         refusal.reason()
@@ -368,7 +373,7 @@ impl<S: Store> Engine<S> {
                     write,
                     lane,
                 } => {
-                    let known = self.runs.contains_key(&run);
+                    let known = self.runs.table.contains_key(&run);
                     if known && results.get(write) == Some(&WriteResult::Done) {
                         self.spawn(run, task, number);
                     } else {
@@ -384,7 +389,7 @@ impl<S: Store> Engine<S> {
                                 "attempt not recorded; not starting it"
                             );
                         }
-                        *self.lane(lane) -= 1;
+                        *self.dispatch.lane(lane) -= 1;
                     }
                 }
                 Action::Kill(token) => token.cancel(),
@@ -399,7 +404,7 @@ impl<S: Store> Engine<S> {
         reply: Reply<T>,
         result: Result<T, EngineError>,
     ) {
-        self.effects.push(Action::Reply(Box::new(move || {
+        self.batch.effects.push(Action::Reply(Box::new(move || {
             let _ = reply.send(result);
         })));
     }

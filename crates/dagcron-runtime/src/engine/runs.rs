@@ -3,19 +3,44 @@
 
 use super::*;
 
+/// The engine's runs part: the runs under way here and what is kept
+/// beside them.
+pub(super) struct Runs {
+    pub(super) table: HashMap<RunId, RunEntry, foldhash::fast::RandomState>,
+    /// Runs dropped because the ledger refused their fire, while writes of
+    /// theirs may still be in a batch (see [`MAX_DROPPED`]).
+    pub(super) dropped: HashSet<RunId>,
+    /// The latest run id made (new ones follow it).
+    pub(super) last_id: RunId,
+    /// Runs of missed fires waiting to begin.
+    pub(super) pace: Pace,
+}
+
+impl Runs {
+    /// No run yet; new ids follow `last_id`.
+    pub(super) fn after(last_id: RunId) -> Runs {
+        Runs {
+            table: HashMap::default(),
+            dropped: HashSet::new(),
+            last_id,
+            pace: Pace::default(),
+        }
+    }
+}
+
 impl<S: Store> Engine<S> {
     pub(super) fn run_id(&mut self) -> RunId {
         // Increasing, and roughly the creation time in microseconds; in a
         // cluster, the low bits are the node's slot.
         let now = self.clock.now().as_microsecond();
         match &self.config.node {
-            None => self.last_run_id = (self.last_run_id + 1).max(now),
+            None => self.runs.last_id = (self.runs.last_id + 1).max(now),
             Some(node) => {
-                let counter = ((self.last_run_id >> SLOT_BITS) + 1).max(now);
-                self.last_run_id = (counter << SLOT_BITS) | RunId::from(node.slot);
+                let counter = ((self.runs.last_id >> SLOT_BITS) + 1).max(now);
+                self.runs.last_id = (counter << SLOT_BITS) | RunId::from(node.slot);
             }
         }
-        self.last_run_id
+        self.runs.last_id
     }
 
     /// A fire of `key` at `at`: applies the overlap policy and records it.
@@ -38,6 +63,7 @@ impl<S: Store> Engine<S> {
         // still count against that second.
         let within_quota = match self.config.max_fires_per_namespace {
             Some(rate) if trigger == Trigger::Schedule => self
+                .jobs
                 .fire_quota
                 .entry(key.0.clone())
                 .or_insert_with(|| policy::FireBucket::full(rate, at))
@@ -72,7 +98,7 @@ impl<S: Store> Engine<S> {
         let id = run.id;
         if at > now {
             // Made ahead of its instant (`send_ahead`).
-            self.runs.get_mut(&id).expect("run").start_at = Some(at);
+            self.runs.table.get_mut(&id).expect("run").start_at = Some(at);
         }
         self.record_fire(key, at, outcome, Some(run));
         self.after_new_run(key, id, decision, now);
@@ -81,7 +107,7 @@ impl<S: Store> Engine<S> {
     /// The runs of `key` as the job machine counts them: those running
     /// (this node's, and those on other nodes) and those waiting here.
     pub(super) fn job_runs(&self, key: &JobKey) -> JobRuns {
-        let entry = self.jobs.get(key);
+        let entry = self.jobs.table.get(key);
         JobRuns {
             running: entry.map_or(0, |e| e.active.len() as u32) + self.running_elsewhere(key),
             waiting: entry.map_or(0, |e| e.queued.len() as u32),
@@ -91,18 +117,18 @@ impl<S: Store> Engine<S> {
     /// The runs of `key` running on other nodes (none, nearly always: no
     /// hashing then).
     fn running_elsewhere(&self, key: &JobKey) -> u32 {
-        if self.elsewhere.is_empty() {
+        if self.cluster.elsewhere.is_empty() {
             return 0;
         }
-        self.elsewhere.get(key).copied().unwrap_or(0)
+        self.cluster.elsewhere.get(key).copied().unwrap_or(0)
     }
 
     /// The coordinator read the runs of this node's jobs running on other
     /// nodes: runs queued behind those that ended may start.
     pub(super) fn set_elsewhere(&mut self, running: HashMap<JobKey, u32>, now: Timestamp) {
-        let before = std::mem::replace(&mut self.elsewhere, running);
+        let before = std::mem::replace(&mut self.cluster.elsewhere, running);
         for (key, was) in before {
-            if self.elsewhere.get(&key).copied().unwrap_or(0) < was {
+            if self.cluster.elsewhere.get(&key).copied().unwrap_or(0) < was {
                 self.start_queued(&key, now);
             }
         }
@@ -168,23 +194,24 @@ impl<S: Store> Engine<S> {
             // counted from the instant a jittered fire was due.
             let due = self
                 .jobs
+                .table
                 .get(key)
                 .map_or(at, |e| fires::jittered(&e.timing, at));
             let lateness = run
                 .as_ref()
                 .filter(|r| outcome == FireOutcome::Fired && r.trigger == Trigger::Schedule)
                 .map(|r| r.created_at.duration_since(due).as_secs_f64());
-            if let Some(series) = self.jobs.get(key).and_then(|e| e.series.as_deref()) {
+            if let Some(series) = self.jobs.table.get(key).and_then(|e| e.series.as_deref()) {
                 m.fire(series, outcome, lateness);
-            } else if let Some((key, _)) = self.jobs.get_key_value(key) {
+            } else if let Some((key, _)) = self.jobs.table.get_key_value(key) {
                 // The job's first fire or arming here takes its series.
                 let series = Box::new(m.job(key));
                 m.fire(&series, outcome, lateness);
                 let key = key.clone();
-                self.jobs.get_mut(&*key).expect("job").series = Some(series);
+                self.jobs.table.get_mut(&*key).expect("job").series = Some(series);
             }
         }
-        self.writes.push(Write::Fire {
+        self.batch.writes.push(Write::Fire {
             namespace: key.0.clone(),
             job: key.1.clone(),
             scheduled_at: at,
@@ -209,7 +236,7 @@ impl<S: Store> Engine<S> {
         rerun: Option<Rerun>,
     ) -> NewRun {
         let id = self.run_id();
-        let (key, entry) = self.jobs.get_key_value(key).expect("job");
+        let (key, entry) = self.jobs.table.get_key_value(key).expect("job");
         let key = key.clone();
         let version = rerun.as_ref().map_or(entry.version, |r| r.version);
         let trace = self.trace_of(id, &key, caller.as_ref());
@@ -218,7 +245,7 @@ impl<S: Store> Engine<S> {
         } else {
             RunState::Running
         };
-        self.runs.insert(
+        self.runs.table.insert(
             id,
             RunEntry {
                 key: key.clone(),
@@ -286,17 +313,27 @@ impl<S: Store> Engine<S> {
             FireDecision::Replace => {
                 // The new run waits until the runs it replaces have ended
                 // (their attempts killed and recorded), then starts.
-                let entry = &self.jobs[key];
+                let entry = &self.jobs.table[key];
                 let replaced: Vec<RunId> =
                     entry.queued.iter().chain(&entry.active).copied().collect();
                 for run in replaced {
                     self.stop(run, RunState::Cancelled, now);
                 }
-                self.jobs.get_mut(key).expect("job").queued.push_back(id);
+                self.jobs
+                    .table
+                    .get_mut(key)
+                    .expect("job")
+                    .queued
+                    .push_back(id);
                 self.start_queued(key, now);
             }
             FireDecision::Queue => {
-                self.jobs.get_mut(key).expect("job").queued.push_back(id);
+                self.jobs
+                    .table
+                    .get_mut(key)
+                    .expect("job")
+                    .queued
+                    .push_back(id);
             }
             FireDecision::Start | FireDecision::Skip | FireDecision::Backlog => self.begin(id, now),
         }
@@ -305,14 +342,19 @@ impl<S: Store> Engine<S> {
     /// A run enters `running`: it counts against its job's limit, arms its
     /// deadline and plans its first tasks.
     pub(super) fn begin(&mut self, id: RunId, now: Timestamp) {
-        let Some(run) = self.runs.get(&id) else {
+        let Some(run) = self.runs.table.get(&id) else {
             return;
         };
         let key = run.key.clone();
-        self.jobs.get_mut(&*key).expect("job").active.insert(id);
+        self.jobs
+            .table
+            .get_mut(&*key)
+            .expect("job")
+            .active
+            .insert(id);
         if run.caught_up && self.config.catch_up_pace.is_some() {
             // Its place is taken now; it begins in its turn.
-            self.pace.waiting.push_back(id);
+            self.runs.pace.waiting.push_back(id);
             self.paced(now);
             return;
         }
@@ -328,19 +370,21 @@ impl<S: Store> Engine<S> {
         let mut begin = vec![];
         let mut left = VecDeque::new();
         let server = self
+            .runs
             .pace
             .server
             .get_or_insert_with(|| policy::FireBucket::full(pace.per_server, now));
-        while let Some(id) = self.pace.waiting.pop_front() {
-            let Some(run) = self.runs.get(&id) else {
+        while let Some(id) = self.runs.pace.waiting.pop_front() {
+            let Some(run) = self.runs.table.get(&id) else {
                 continue;
             };
             if !server.ready(pace.per_server, now) {
                 left.push_back(id);
-                left.extend(self.pace.waiting.drain(..));
+                left.extend(self.runs.pace.waiting.drain(..));
                 break;
             }
             let job = self
+                .runs
                 .pace
                 .jobs
                 .entry(run.key.clone())
@@ -352,13 +396,13 @@ impl<S: Store> Engine<S> {
                 left.push_back(id);
             }
         }
-        self.pace.waiting = left;
-        if self.pace.waiting.is_empty() && self.pace.jobs.len() > 10_000 {
+        self.runs.pace.waiting = left;
+        if self.runs.pace.waiting.is_empty() && self.runs.pace.jobs.len() > 10_000 {
             // Jobs come and go: a map this large starts over.
-            self.pace.jobs.clear();
+            self.runs.pace.jobs.clear();
         }
-        if !self.pace.waiting.is_empty() && !self.pace.armed {
-            self.pace.armed = true;
+        if !self.runs.pace.waiting.is_empty() && !self.runs.pace.armed {
+            self.runs.pace.armed = true;
             self.arm(now.checked_add(PACE_TICK).unwrap_or(now), Timer::Paced);
         }
         for id in begin {
@@ -373,14 +417,22 @@ impl<S: Store> Engine<S> {
 
     pub(super) fn start_queued(&mut self, key: &JobKey, now: Timestamp) {
         loop {
-            let Some(&next) = self.jobs.get(key).and_then(|e| e.queued.front()) else {
+            let Some(&next) = self.jobs.table.get(key).and_then(|e| e.queued.front()) else {
                 return;
             };
             // The limit of the job's version the run was made with.
-            if !job::may_start(self.runs[&next].job.spec.max_active(), self.job_runs(key)) {
+            if !job::may_start(
+                self.runs.table[&next].job.spec.max_active(),
+                self.job_runs(key),
+            ) {
                 return;
             }
-            self.jobs.get_mut(key).expect("job").queued.pop_front();
+            self.jobs
+                .table
+                .get_mut(key)
+                .expect("job")
+                .queued
+                .pop_front();
             self.begin(next, now);
         }
     }
@@ -395,7 +447,7 @@ impl<S: Store> Engine<S> {
         now: Timestamp,
         mut outcome: Option<Outcome>,
     ) {
-        let Some(run) = self.runs.get_mut(&id) else {
+        let Some(run) = self.runs.table.get_mut(&id) else {
             return;
         };
         let job = run.job.clone();
@@ -423,14 +475,14 @@ impl<S: Store> Engine<S> {
     ) {
         let name = |task: usize| job.tasks[task].id.clone();
         match effect {
-            Effect::Run { from, to } => self.writes.push(Write::RunState {
+            Effect::Run { from, to } => self.batch.writes.push(Write::RunState {
                 run: id,
                 from,
                 to,
                 at: now,
             }),
-            Effect::Closing { to } => self.writes.push(Write::RunClosing { run: id, to }),
-            Effect::Task { task, from, to } => self.writes.push(Write::TaskState {
+            Effect::Closing { to } => self.batch.writes.push(Write::RunClosing { run: id, to }),
+            Effect::Task { task, from, to } => self.batch.writes.push(Write::TaskState {
                 run: id,
                 task: name(task),
                 from,
@@ -450,7 +502,7 @@ impl<S: Store> Engine<S> {
                 let o = outcome
                     .take()
                     .unwrap_or_else(|| failed("the attempt ended without a report".into()));
-                let run = &self.runs[&id];
+                let run = &self.runs.table[&id];
                 let (namespace, job_name, task_id) = (&run.key.0, &run.key.1, &job.tasks[task].id);
                 if to == AttemptState::Succeeded {
                     tracing::debug!(%namespace, job = %job_name, run = id, task = %task_id, attempt = number, "attempt succeeded");
@@ -461,7 +513,7 @@ impl<S: Store> Engine<S> {
                 if let Some(m) = &self.config.metrics {
                     m.attempt_ended(&run.key, job.tasks[task].executor.kind(), to);
                 }
-                let run = self.runs.get_mut(&id).expect("run");
+                let run = self.runs.table.get_mut(&id).expect("run");
                 let times = std::mem::take(&mut run.times[task]);
                 run.times[task].ready = times.ready;
                 if let (Some(tracing), Some(trace)) = (&self.config.tracing, &run.trace) {
@@ -482,7 +534,7 @@ impl<S: Store> Engine<S> {
                     };
                     spans::attempt(tracing, ended);
                 }
-                self.writes.push(Write::AttemptEnd {
+                self.batch.writes.push(Write::AttemptEnd {
                     run: id,
                     task: name(task),
                     number,
@@ -498,8 +550,8 @@ impl<S: Store> Engine<S> {
             }
             Effect::Withdraw { task, number } => {
                 // The node running it sees that and stops it.
-                self.shared.remove(&(id, task));
-                self.writes.push(Write::AttemptWithdraw {
+                self.cluster.shared.remove(&(id, task));
+                self.batch.writes.push(Write::AttemptWithdraw {
                     run: id,
                     task: name(task),
                     number,
@@ -507,16 +559,16 @@ impl<S: Store> Engine<S> {
                 });
             }
             Effect::Kill { task } => {
-                if let Some(token) = &self.runs[&id].tokens[task] {
-                    self.effects.push(Action::Kill(token.clone()));
+                if let Some(token) = &self.runs.table[&id].tokens[task] {
+                    self.batch.effects.push(Action::Kill(token.clone()));
                 }
             }
             Effect::Ready { task } => {
-                self.runs.get_mut(&id).expect("run").times[task].ready = Some(now);
-                self.ready.push(job, id, task);
+                self.runs.table.get_mut(&id).expect("run").times[task].ready = Some(now);
+                self.dispatch.ready.push(job, id, task);
             }
             Effect::ArmRetry { task, at } => {
-                let key = &self.runs[&id].key;
+                let key = &self.runs.table[&id].key;
                 tracing::info!(namespace = %key.0, job = %key.1, run = id, task = %job.tasks[task].id, "retrying at {at}");
                 if let Some(m) = &self.config.metrics {
                     m.retry(key);
@@ -525,7 +577,7 @@ impl<S: Store> Engine<S> {
             }
             Effect::ArmDeadline { at } => self.arm(at, Timer::Deadline { run: id }),
             Effect::Finished { state } => {
-                let run = &self.runs[&id];
+                let run = &self.runs.table[&id];
                 let took = now.duration_since(run.created_at).as_secs_f64();
                 let (namespace, job_name) = (&run.key.0, &run.key.1);
                 if state == RunState::Succeeded {
@@ -548,23 +600,23 @@ impl<S: Store> Engine<S> {
     /// Run `id` was never stored (its fire was refused): it is dropped
     /// from memory, with anything it holds, as if it had never been made.
     pub(super) fn forget_run(&mut self, id: RunId, now: Timestamp) {
-        let Some(run) = self.runs.get(&id) else {
+        let Some(run) = self.runs.table.get(&id) else {
             return;
         };
         for token in run.tokens.iter().flatten() {
             token.cancel();
         }
-        self.shared.retain(|(run, _), _| *run != id);
+        self.cluster.shared.retain(|(run, _), _| *run != id);
         self.finished(id, now);
     }
 
     /// Run `id` is over: it leaves its job's slots (a queued run may start).
     fn finished(&mut self, id: RunId, now: Timestamp) {
-        let Some(run) = self.runs.remove(&id) else {
+        let Some(run) = self.runs.table.remove(&id) else {
             return;
         };
         let key = run.key;
-        if let Some(entry) = self.jobs.get_mut(&*key) {
+        if let Some(entry) = self.jobs.table.get_mut(&*key) {
             entry.planned.remove(&id);
             if entry.active.remove(&id) {
                 self.start_queued(&key, now);

@@ -4,6 +4,22 @@
 use super::*;
 use jobs::read_version;
 
+/// The engine's cluster part: this node's share of the cluster's work.
+#[derive(Default)]
+pub(super) struct Cluster {
+    /// Which jobs this node owns (`None`: all jobs, or none yet in a cluster).
+    pub(super) ownership: Option<Ownership>,
+    /// Runs of this node's jobs running on other nodes, as the coordinator
+    /// last read them (only jobs with some): they count against the job's
+    /// overlap policy as this node's own runs do.
+    pub(super) elsewhere: HashMap<JobKey, u32>,
+    /// Attempts of this node's runs handed to the cluster when its pool was
+    /// full, by (run, task): their number.
+    pub(super) shared: HashMap<(RunId, usize), u32>,
+    /// Attempts this node claimed and runs for other nodes, by (run, task).
+    pub(super) foreign: HashMap<(RunId, usize), Foreign>,
+}
+
 impl<S: Store> Engine<S> {
     /// See [`EngineHandle::share_work`]: the store is asked beside the
     /// loop (the answers come back as [`Completion::Worked`]); the pool's room
@@ -16,15 +32,16 @@ impl<S: Store> Engine<S> {
         let room = self
             .config
             .pool_size
-            .saturating_sub(self.running + self.claiming);
+            .saturating_sub(self.dispatch.running + self.dispatch.claiming);
         let room = if self.lease_valid() { room } else { 0 };
         let agents = match &self.config.remote {
             Some(remote) if room > 0 => remote.0.rooms(),
             _ => vec![],
         };
-        self.claiming += room;
-        let asks_progress = !self.shared.is_empty();
+        self.dispatch.claiming += room;
+        let asks_progress = !self.cluster.shared.is_empty();
         let foreign: Vec<AttemptKey> = self
+            .cluster
             .foreign
             .iter()
             .map(|((run, _), f)| (*run, f.task.clone(), f.number))
@@ -83,14 +100,14 @@ impl<S: Store> Engine<S> {
             Err(e) => {
                 // Claims made before the failure stay claimed; the next
                 // round of shared work finds them running nowhere (lost).
-                self.claiming = 0;
+                self.dispatch.claiming = 0;
                 let _ = reply.send(Err(EngineError::Storage(e)));
                 return;
             }
         };
-        self.claiming = self.claiming.saturating_sub(news.room);
+        self.dispatch.claiming = self.dispatch.claiming.saturating_sub(news.room);
         for (claim, job) in news.claims {
-            let job = match self.runs.get(&claim.run) {
+            let job = match self.runs.table.get(&claim.run) {
                 Some(run) => Some(run.job.clone()),
                 None => job,
             };
@@ -99,7 +116,7 @@ impl<S: Store> Engine<S> {
         for remote in news.progress {
             self.remote_progress(remote, now);
         }
-        for ((run, _), f) in &mut self.foreign {
+        for ((run, _), f) in &mut self.cluster.foreign {
             if news.withdrawn.contains(&(*run, f.task.clone(), f.number)) {
                 tracing::info!(run, task = %f.task, number = f.number, "attempt withdrawn by its run's owner; stopping it");
                 f.withdrawn = true;
@@ -122,7 +139,7 @@ impl<S: Store> Engine<S> {
             Some((job, i))
         });
         let Some((job, i)) = found else {
-            self.writes.push(Write::AttemptEnd {
+            self.batch.writes.push(Write::AttemptEnd {
                 run: claim.run,
                 task: claim.task.clone(),
                 number: claim.number,
@@ -136,22 +153,22 @@ impl<S: Store> Engine<S> {
                 )),
                 log: vec![],
                 start_error_us: None,
-                for_other_node: !self.runs.contains_key(&claim.run),
+                for_other_node: !self.runs.table.contains_key(&claim.run),
             });
             return;
         };
-        let token = self.kill_switch.child_token();
-        *self.lane(Lane::of(&job.tasks[i])) += 1;
-        if self.runs.contains_key(&claim.run) {
+        let token = self.life.kill_switch.child_token();
+        *self.dispatch.lane(Lane::of(&job.tasks[i])) += 1;
+        if self.runs.table.contains_key(&claim.run) {
             // Handed over earlier, taken back now.
-            self.shared.remove(&(claim.run, i));
+            self.cluster.shared.remove(&(claim.run, i));
             let claimed = Event::Claimed {
                 task: i,
                 number: claim.number,
                 here: true,
             };
             self.step(claim.run, claimed, now, None);
-            self.runs.get_mut(&claim.run).expect("run").tokens[i] = Some(token);
+            self.runs.table.get_mut(&claim.run).expect("run").tokens[i] = Some(token);
             self.spawn(claim.run, i, claim.number);
             return;
         }
@@ -186,7 +203,7 @@ impl<S: Store> Engine<S> {
                 .and_then(|t| t.for_task(&claim.task, claim.number, self.config.tracing.is_some())),
             policy: None,
         };
-        self.foreign.insert(
+        self.cluster.foreign.insert(
             (claim.run, i),
             Foreign {
                 key,
@@ -207,13 +224,13 @@ impl<S: Store> Engine<S> {
 
     /// News of an attempt of this node's that another node claimed.
     pub(super) fn remote_progress(&mut self, remote: RemoteAttempt, now: Timestamp) {
-        let Some(run) = self.runs.get(&remote.run) else {
+        let Some(run) = self.runs.table.get(&remote.run) else {
             return;
         };
         let Some(i) = run.job.tasks.iter().position(|t| t.id == remote.task) else {
             return;
         };
-        if self.shared.get(&(remote.run, i)) != Some(&remote.number) {
+        if self.cluster.shared.get(&(remote.run, i)) != Some(&remote.number) {
             return;
         }
         let (id, number) = (remote.run, remote.number);
@@ -230,7 +247,7 @@ impl<S: Store> Engine<S> {
                     return;
                 }
                 // Its node died: the attempt is lost.
-                self.shared.remove(&(id, i));
+                self.cluster.shared.remove(&(id, i));
                 self.step(id, claimed, now, None);
                 let lost_here = Event::AttemptEnded {
                     task: i,
@@ -256,7 +273,7 @@ impl<S: Store> Engine<S> {
                 })
             }
         };
-        self.shared.remove(&(id, i));
+        self.cluster.shared.remove(&(id, i));
         let ended = Event::AttemptEnded {
             task: i,
             number,

@@ -25,13 +25,13 @@ async fn apply<S: Store>(
         reply,
     });
     assert!(
-        engine.jobs.is_empty(),
+        engine.jobs.table.is_empty(),
         "nothing changes before the store answers"
     );
     let answer = back(commands).await;
     assert!(matches!(answer, Command::Done(Completion::Applied { .. })));
     engine.on_command(answer);
-    while engine.installing.is_some() {
+    while engine.jobs.installing.is_some() {
         let now = engine.clock.now();
         engine.install_some(now);
     }
@@ -65,12 +65,12 @@ async fn a_large_apply_is_installed_a_slice_at_a_time() {
     assert_eq!(answer.len(), n);
     let now = clock.now();
     for installed in [INSTALL_SLICE, 2 * INSTALL_SLICE] {
-        assert_eq!(engine.jobs.len(), installed);
-        assert!(engine.installing.is_some());
+        assert_eq!(engine.jobs.table.len(), installed);
+        assert!(engine.jobs.installing.is_some());
         engine.install_some(now);
     }
-    assert_eq!(engine.jobs.len(), n);
-    assert!(engine.installing.is_none());
+    assert_eq!(engine.jobs.table.len(), n);
+    assert!(engine.jobs.installing.is_none());
     assert!(
         answer
             .iter()
@@ -80,7 +80,7 @@ async fn a_large_apply_is_installed_a_slice_at_a_time() {
     // of it: an hourly job is not kept in memory).
     let hour = "2026-01-10T01:00:00Z".parse().unwrap();
     let mut armed = 0;
-    while let Some(timer) = engine.timers.pop_due(hour) {
+    while let Some(timer) = engine.timers.queue.pop_due(hour) {
         assert!(matches!(timer, Timer::Prepare { at, .. } if at == hour));
         armed += 1;
     }
@@ -101,7 +101,7 @@ async fn engine_at(
         .await
         .unwrap();
     // The handle keeps the channel open for the work done beside the loop.
-    let commands = engine.commands.take().unwrap();
+    let commands = engine.life.commands.take().unwrap();
     (engine, clock, (commands, handle))
 }
 
@@ -123,19 +123,22 @@ async fn reads_of_jobs_for_fires_and_triggers_do_not_hold_the_loop() {
     )
     .await;
     let key = ("t".to_string(), "hourly".to_string());
-    assert!(engine.jobs[&key].job.is_none(), "its fire is far: let go");
+    assert!(
+        engine.jobs.table[&key].job.is_none(),
+        "its fire is far: let go"
+    );
 
     // Half a second before the fire, the job is read beside the loop.
     clock.set("2026-01-10T00:59:59.6Z".parse().unwrap());
     engine.on_timers();
-    assert!(engine.writes.is_empty() && engine.jobs[&key].job.is_none());
+    assert!(engine.batch.writes.is_empty() && engine.jobs.table[&key].job.is_none());
     let read = back(&mut commands).await;
     assert!(matches!(read, Command::Done(Completion::Prepared { .. })));
     engine.on_command(read);
-    assert!(engine.jobs[&key].job.is_some());
+    assert!(engine.jobs.table[&key].job.is_some());
     clock.set("2026-01-10T01:00:00Z".parse().unwrap());
     engine.on_timers();
-    assert_eq!(engine.runs.len(), 1, "fired on time");
+    assert_eq!(engine.runs.table.len(), 1, "fired on time");
 
     // A trigger of a job not in memory.
     let (mut engine2, _, (mut commands2, _handle2)) = engine_at("2026-01-10T00:00:00Z").await;
@@ -146,7 +149,7 @@ async fn reads_of_jobs_for_fires_and_triggers_do_not_hold_the_loop() {
     )
     .await;
     let key = ("t".to_string(), "manual".to_string());
-    engine2.jobs.get_mut(&key).unwrap().job = None;
+    engine2.jobs.table.get_mut(&key).unwrap().job = None;
     // Triggers that come while it is read wait for the same read.
     let mut answers = Vec::new();
     for runs in [1, 3] {
@@ -161,16 +164,16 @@ async fn reads_of_jobs_for_fires_and_triggers_do_not_hold_the_loop() {
         });
         answers.push(triggered);
     }
-    assert!(engine2.runs.is_empty() && engine2.writes.is_empty());
+    assert!(engine2.runs.table.is_empty() && engine2.batch.writes.is_empty());
     assert_eq!(
-        engine2.loading[&key].len(),
+        engine2.jobs.loading[&key].len(),
         2,
         "one read, two triggers waiting"
     );
     let read = back(&mut commands2).await;
     assert!(matches!(read, Command::Done(Completion::Loaded { .. })));
     engine2.on_command(read);
-    assert!(engine2.loading.is_empty());
+    assert!(engine2.jobs.loading.is_empty());
     engine2.flush().await.unwrap();
     let mut made = Vec::new();
     for answer in answers {
@@ -214,7 +217,7 @@ async fn regression_a_backfill_does_not_hold_the_loop() {
         reply,
     });
     // The loop is free at once: no run decided, no write queued.
-    assert!(engine.writes.is_empty() && engine.runs.is_empty());
+    assert!(engine.batch.writes.is_empty() && engine.runs.table.is_empty());
     // The listing comes back as a command; handled, it makes the runs.
     let listed = back(&mut commands).await;
     assert!(matches!(
@@ -263,13 +266,14 @@ async fn the_job_of_missed_fires_is_read_beside_the_loop() {
     assert!(matches!(stored, Command::Done(Completion::Paused { .. })));
     engine.on_command(stored);
     assert!(
-        engine.runs.is_empty() && engine.writes.is_empty(),
+        engine.runs.table.is_empty() && engine.batch.writes.is_empty(),
         "nothing decided yet"
     );
     let read = back(&mut commands).await;
     assert!(matches!(read, Command::Done(Completion::CaughtUp(_))));
     engine.on_command(read);
     let fires: Vec<FireOutcome> = engine
+        .batch
         .writes
         .iter()
         .filter_map(|w| match w {
@@ -279,7 +283,7 @@ async fn the_job_of_missed_fires_is_read_beside_the_loop() {
         .collect();
     assert_eq!(fires.len(), 10, "the fires of 00:01 to 00:10");
     assert_eq!(fires[9], FireOutcome::MissedCaughtUp);
-    assert_eq!(engine.runs.len(), 1, "the last one runs");
+    assert_eq!(engine.runs.table.len(), 1, "the last one runs");
     engine.flush().await.unwrap();
     answered.await.unwrap().unwrap();
 }
@@ -306,31 +310,31 @@ async fn an_instant_of_many_fires_is_warmed_up_ahead_and_fires_at_its_time() {
     )
     .await;
     let instant: Timestamp = "2026-01-10T00:00:01Z".parse().unwrap();
-    assert_eq!(engine.timers.next_at(), Some(instant));
+    assert_eq!(engine.timers.queue.next_at(), Some(instant));
     let wake = instant.checked_sub(timers::WARM_UP_AHEAD).unwrap();
     assert_eq!(engine.warm_up_at(Some(instant)), Some(wake));
 
     clock.set(wake);
     engine.warm_up(instant);
     assert!(
-        engine.runs.is_empty() && engine.writes.is_empty(),
+        engine.runs.table.is_empty() && engine.batch.writes.is_empty(),
         "nothing decided"
     );
-    assert!(engine.runs.capacity() >= timers::WARM_UP_FIRES);
+    assert!(engine.runs.table.capacity() >= timers::WARM_UP_FIRES);
     assert_eq!(engine.warm_up_at(Some(instant)), None, "warmed up once");
-    assert_eq!(engine.timers.next_at(), Some(instant));
+    assert_eq!(engine.timers.queue.next_at(), Some(instant));
 
     clock.set(instant);
     engine.on_timers();
     assert_eq!(
-        engine.runs.len(),
+        engine.runs.table.len(),
         timers::WARM_UP_FIRES,
         "all fired at the instant"
     );
     let next = instant.checked_add(SignedDuration::from_secs(1)).unwrap();
-    assert_eq!(engine.timers.next_at(), Some(next));
+    assert_eq!(engine.timers.queue.next_at(), Some(next));
     assert_eq!(
-        engine.timers.first_len(),
+        engine.timers.queue.first_len(),
         timers::WARM_UP_FIRES,
         "every next fire armed"
     );
@@ -343,7 +347,7 @@ async fn an_instant_of_many_fires_is_warmed_up_ahead_and_fires_at_its_time() {
         jobs("namespace: t\njobs:\n  - { name: one, schedule: '* * * * * *', tasks: [{ id: a, noop: true }] }\n"),
     )
     .await;
-    assert_eq!(engine2.warm_up_at(engine2.timers.next_at()), None);
+    assert_eq!(engine2.warm_up_at(engine2.timers.queue.next_at()), None);
 }
 
 /// A fire the store refused as made before its instant by its clock was
@@ -361,8 +365,8 @@ async fn a_fire_refused_as_early_is_made_again_later() {
     let at: Timestamp = "2026-01-10T00:00:01Z".parse().unwrap();
     clock.set(at);
     engine.on_timers();
-    let writes = std::mem::take(&mut engine.writes);
-    let effects = std::mem::take(&mut engine.effects);
+    let writes = std::mem::take(&mut engine.batch.writes);
+    let effects = std::mem::take(&mut engine.batch.effects);
     let first = writes
         .iter()
         .find_map(|w| match w {
@@ -383,9 +387,13 @@ async fn a_fire_refused_as_early_is_made_again_later() {
         })
         .collect();
     engine.committed(&writes, &results, effects);
-    assert!(!engine.runs.contains_key(&first), "its run is dropped");
+    assert!(
+        !engine.runs.table.contains_key(&first),
+        "its run is dropped"
+    );
     let fires_of = |engine: &Engine<_>, when: Timestamp| {
         engine
+            .batch
             .writes
             .iter()
             .filter(|w| matches!(w, Write::Fire { scheduled_at, .. } if *scheduled_at == when))
@@ -395,7 +403,7 @@ async fn a_fire_refused_as_early_is_made_again_later() {
     clock.set("2026-01-10T00:00:01.1Z".parse().unwrap());
     engine.on_timers();
     assert_eq!(fires_of(&engine, at), 1, "made again");
-    assert!(engine.runs.keys().any(|id| *id != first));
+    assert!(engine.runs.table.keys().any(|id| *id != first));
     engine.flush().await.unwrap();
     // The next second fires once.
     let next: Timestamp = "2026-01-10T00:00:02Z".parse().unwrap();

@@ -5,6 +5,27 @@ use std::collections::BTreeMap;
 
 use super::*;
 
+/// The engine's timers part: one queue over every schedule, retry and
+/// deadline, and what the loop remembers of its wake-ups.
+pub(super) struct Timers {
+    pub(super) queue: TimerQueue,
+    /// The instant whose fires were last warmed up ([`Engine::warm_up`]).
+    pub(super) warmed: Option<Timestamp>,
+    /// The latest time a timer wake-up saw, to notice a clock stepping back.
+    pub(super) last_wake: Timestamp,
+}
+
+impl Timers {
+    /// An empty queue, woken last at `now`.
+    pub(super) fn at(now: Timestamp) -> Timers {
+        Timers {
+            queue: TimerQueue::default(),
+            warmed: None,
+            last_wake: now,
+        }
+    }
+}
+
 /// Timers by instant, those of one instant in the order they were armed.
 ///
 /// Many schedules share their instants (every job due at the top of a
@@ -93,7 +114,7 @@ impl<S: Store> Engine<S> {
     /// as long as this node's clock is measured ahead, and at least 100 ms.
     pub(super) fn refire(&mut self, namespace: &str, job: &str, at: Timestamp, now: Timestamp) {
         let key = (namespace.to_string(), job.to_string());
-        let Some((key, entry)) = self.jobs.get_key_value(&key) else {
+        let Some((key, entry)) = self.jobs.table.get_key_value(&key) else {
             return;
         };
         let (key, generation) = (key.clone(), entry.generation);
@@ -114,6 +135,7 @@ impl<S: Store> Engine<S> {
     /// and the job not paused.
     fn firing(&self, key: &JobKey, generation: u64) -> Option<&JobEntry> {
         self.jobs
+            .table
             .get(key)
             .filter(|e| e.generation == generation && !e.paused)
             .map(|e| &**e)
@@ -128,14 +150,15 @@ impl<S: Store> Engine<S> {
     }
 
     pub(super) fn arm(&mut self, at: Timestamp, timer: Timer) {
-        self.timers.push(at, timer);
+        self.timers.queue.push(at, timer);
     }
 
     /// The instant to wake at before `next` to warm its fires up (see
     /// [`Engine::warm_up`]), if it has enough of them and is far enough.
     pub(super) fn warm_up_at(&self, next: Option<Timestamp>) -> Option<Timestamp> {
-        let next =
-            next.filter(|at| self.warmed != Some(*at) && self.timers.first_len() >= WARM_UP_FIRES)?;
+        let next = next.filter(|at| {
+            self.timers.warmed != Some(*at) && self.timers.queue.first_len() >= WARM_UP_FIRES
+        })?;
         let wake = next.checked_sub(WARM_UP_AHEAD).ok()?;
         (wake > self.clock.now()).then_some(wake)
     }
@@ -148,9 +171,9 @@ impl<S: Store> Engine<S> {
     /// are handled one after another, so the last of them would wait for
     /// all those misses. Nothing is decided here.
     pub(super) fn warm_up(&mut self, at: Timestamp) {
-        self.warmed = Some(at);
-        let (jobs, mut fires) = (&self.jobs, 0);
-        self.timers.for_each_first(|timer| {
+        self.timers.warmed = Some(at);
+        let (jobs, mut fires) = (&self.jobs.table, 0);
+        self.timers.queue.for_each_first(|timer| {
             let Timer::Fire { key, .. } = timer else {
                 return;
             };
@@ -168,26 +191,27 @@ impl<S: Store> Engine<S> {
         });
         // Room for their runs and writes, made now rather than by a
         // growing table in the middle of the instant.
-        self.runs.reserve(fires);
-        self.writes.reserve(4 * fires);
+        self.runs.table.reserve(fires);
+        self.batch.writes.reserve(4 * fires);
     }
 
     /// Whether a fire timer armed at `generation` still stands.
     pub(super) fn current(&self, key: &JobKey, generation: u64) -> bool {
         self.jobs
+            .table
             .get(key)
             .is_some_and(|e| e.generation == generation && !e.paused)
     }
 
     pub(super) fn on_timers(&mut self) {
         let now = self.clock.now();
-        if now.duration_since(self.last_wake) < SignedDuration::from_secs(-1) {
+        if now.duration_since(self.timers.last_wake) < SignedDuration::from_secs(-1) {
             tracing::warn!(
                 "the clock stepped back by {:.1}s; no instant fires twice: fires wait until the clock is past the last one",
-                self.last_wake.duration_since(now).as_secs_f64()
+                self.timers.last_wake.duration_since(now).as_secs_f64()
             );
         }
-        self.last_wake = self.last_wake.max(now);
+        self.timers.last_wake = self.timers.last_wake.max(now);
         // Fires whose job must be read first: those prepared ahead, and
         // any due without its job in memory.
         let mut to_read = Vec::new();
@@ -195,7 +219,7 @@ impl<S: Store> Engine<S> {
         // is handled: the fires of one instant come first, the bookkeeping
         // for the next ones after them.
         let mut fired = Vec::new();
-        while let Some(timer) = self.timers.pop_due(now) {
+        while let Some(timer) = self.timers.queue.pop_due(now) {
             match timer {
                 Timer::Prepare {
                     key,
@@ -291,7 +315,7 @@ impl<S: Store> Engine<S> {
                     }
                 }
                 Timer::Paced => {
-                    self.pace.armed = false;
+                    self.runs.pace.armed = false;
                     self.paced(now);
                 }
                 Timer::Retry { run, task } => {
@@ -317,6 +341,7 @@ impl<S: Store> Engine<S> {
                 Timer::Deadline { run } => {
                     if self
                         .runs
+                        .table
                         .get(&run)
                         .is_some_and(|r| r.machine.state() == RunState::Running)
                     {
@@ -327,7 +352,7 @@ impl<S: Store> Engine<S> {
             }
         }
         for (key, at) in fired {
-            if let Some(entry) = self.jobs.get_mut(&*key) {
+            if let Some(entry) = self.jobs.table.get_mut(&*key) {
                 entry.last_fire = Some(at);
             }
             self.arm_next_fire(&key, at);
@@ -358,7 +383,7 @@ impl<S: Store> Engine<S> {
         if !self.current(&key, generation) {
             return;
         }
-        let entry = self.jobs.get_mut(&*key).expect("current");
+        let entry = self.jobs.table.get_mut(&*key).expect("current");
         let fire_at = fires::handle_at(&entry.timing, at);
         let when = match job {
             Ok(Some(job)) => {
