@@ -10,6 +10,7 @@
 
 use super::{Attempt, End, Event, StoredTask};
 use crate::retry::Failure;
+use crate::state::IllegalTransition;
 use crate::state::{AttemptState, RunState, TaskState};
 
 /// A stored attempt, as recovery sees it.
@@ -140,6 +141,24 @@ pub fn recover(
     }
 }
 
+/// An unfinished run whose job is gone (deleted while the server was down,
+/// or on another node): nothing of it can run any more, so it ends
+/// cancelled, its tasks and attempts left as recorded. Returns the run's
+/// change of state, or why a run in `state` cannot be cancelled (it has
+/// ended already).
+pub fn orphaned_run(state: RunState) -> Result<(RunState, RunState), IllegalTransition> {
+    Ok((state, state.to(RunState::Cancelled)?))
+}
+
+/// An attempt claimed from the cluster whose job or task is gone: it
+/// cannot start, so it ends failed. Returns its change of state, or why
+/// an attempt in `state` cannot fail (it has ended already).
+pub fn unplaceable_attempt(
+    state: AttemptState,
+) -> Result<(AttemptState, AttemptState), IllegalTransition> {
+    Ok((state, state.to(AttemptState::Failed)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,5 +265,26 @@ mod tests {
         assert!(r.stray.is_empty() && r.going_on.is_empty());
         assert_eq!(r.events, [Event::Resume { started: t0() }]);
         assert_eq!(r.tasks[0].state, TaskState::Pending);
+    }
+
+    #[test]
+    fn a_run_whose_job_is_gone_ends_cancelled_unless_it_has_ended() {
+        for state in [RunState::Planned, RunState::Pending, RunState::Running] {
+            assert_eq!(orphaned_run(state), Ok((state, RunState::Cancelled)));
+        }
+        for state in [RunState::Succeeded, RunState::Failed, RunState::Cancelled] {
+            assert!(orphaned_run(state).is_err(), "{state:?} has ended");
+        }
+    }
+
+    #[test]
+    fn a_claim_whose_job_or_task_is_gone_fails_unless_it_has_ended() {
+        for state in [AttemptState::Dispatching, AttemptState::Running] {
+            assert_eq!(
+                unplaceable_attempt(state),
+                Ok((state, AttemptState::Failed))
+            );
+        }
+        assert!(unplaceable_attempt(AttemptState::Succeeded).is_err());
     }
 }

@@ -313,12 +313,15 @@ impl<S: Store> Engine<S> {
                 run = record.id,
                 "run of a deleted job left unfinished; cancelling it"
             );
-            self.batch.writes.push(Write::RunState {
-                run: record.id,
-                from: record.state,
-                to: RunState::Cancelled,
-                at: now,
-            });
+            match recovery::orphaned_run(record.state) {
+                Ok((from, to)) => self.batch.writes.push(Write::RunState {
+                    run: record.id,
+                    from,
+                    to,
+                    at: now,
+                }),
+                Err(e) => tracing::error!(run = record.id, "{e}"),
+            }
             return;
         };
         let index: HashMap<&str, usize> = job

@@ -2,6 +2,7 @@
 //! outcome of this node's attempts others ran, and withdrawals.
 
 use super::*;
+use dagcron_core::run::recovery;
 use jobs::read_version;
 
 /// The engine's cluster part: this node's share of the cluster's work.
@@ -139,12 +140,15 @@ impl<S: Store> Engine<S> {
             Some((job, i))
         });
         let Some((job, i)) = found else {
+            // A claim is recorded running by the node that took it.
+            let (from, to) = recovery::unplaceable_attempt(AttemptState::Running)
+                .expect("a running attempt can fail");
             self.batch.writes.push(Write::AttemptEnd {
                 run: claim.run,
                 task: claim.task.clone(),
                 number: claim.number,
-                from: AttemptState::Running,
-                to: AttemptState::Failed,
+                from,
+                to,
                 at: now,
                 exit_code: None,
                 error: Some(format!(
