@@ -66,7 +66,7 @@ use dagcron_store::prelude::*;
 pub use error::ApiError;
 pub use handlers::{audit, policy, quotas, schedules, secrets, tokens};
 pub use metrics::metrics_router;
-pub use state::{AppState, DEFAULT_MAX_BODY_BYTES};
+pub use state::{AppState, AttemptOutput, DEFAULT_MAX_BODY_BYTES};
 
 /// The OpenAPI 3.1 document of the API (also served at `/api/v1/openapi.json`).
 pub fn openapi() -> utoipa::openapi::OpenApi {

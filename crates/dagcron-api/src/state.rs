@@ -55,3 +55,47 @@ impl<S: Store> Clone for AppState<S> {
         }
     }
 }
+
+/// An attempt's output as far as it goes (see [`AppState::attempt_output`]).
+#[derive(Debug)]
+pub struct AttemptOutput {
+    /// stdout and stderr interleaved, secrets redacted.
+    pub bytes: Vec<u8>,
+    /// The attempt has not ended: more may come.
+    pub running: bool,
+}
+
+impl<S: Store> AppState<S> {
+    /// The output of attempt `n` of `task` of `run` so far (none: no such
+    /// attempt). While the attempt runs in this process, or on an agent
+    /// connected to it, that is its live output; once it ends, or while it
+    /// runs on another node of a cluster, what the store has (the whole
+    /// output is stored as the attempt ends).
+    pub async fn attempt_output(
+        &self,
+        run: &dagcron_store::RunRecord,
+        task: &str,
+        n: u32,
+    ) -> Result<Option<AttemptOutput>, dagcron_store::StorageError> {
+        let attempt = run
+            .tasks
+            .iter()
+            .find(|t| t.id == task)
+            .and_then(|t| t.attempts.iter().find(|a| a.number == n));
+        let Some(attempt) = attempt else {
+            return Ok(None);
+        };
+        if let Some(live) = self.engine.live_log(run.id, task, n) {
+            let (bytes, done) = live.read_from(0);
+            return Ok(Some(AttemptOutput {
+                bytes,
+                running: !done,
+            }));
+        }
+        let bytes = self.store.read_log(run.id, task, n).await?;
+        Ok(Some(AttemptOutput {
+            bytes: bytes.unwrap_or_default(),
+            running: !attempt.state.is_terminal(),
+        }))
+    }
+}

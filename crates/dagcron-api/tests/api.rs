@@ -247,6 +247,68 @@ async fn invalid_files_are_rejected_with_paths_and_change_nothing() {
     );
 }
 
+/// The log of a running attempt, without `follow`: its output so far,
+/// marked partial; once the attempt has ended, all of it, marked complete.
+/// (It was empty until the end: only the stored log was read.)
+#[tokio::test]
+async fn a_running_attempts_log_is_its_output_so_far() {
+    let api = api().await;
+    let gate = tempfile::tempdir().unwrap();
+    let go = gate.path().join("go");
+    let file = format!(
+        "namespace: team\njobs:\n  - name: slow\n    tasks:\n      - id: t\n        shell: \"echo first; while [ ! -e '{}' ]; do sleep 0.02; done; echo second\"\n",
+        go.display()
+    );
+    let (status, body) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", &file)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, run) = api
+        .post("/api/v1/namespaces/team/jobs/slow/trigger", "{}")
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    let uri = format!("/api/v1/runs/{}/tasks/t/attempts/1/log", run["id"]);
+    let log = async || {
+        let req = Request::builder()
+            .uri(&uri)
+            .header("authorization", format!("Bearer {}", api.token))
+            .body(Body::empty())
+            .unwrap();
+        let resp = api.app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let whole = resp
+            .headers()
+            .get("x-dagcron-log")
+            .map(|v| v.to_str().unwrap().to_string());
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, whole, String::from_utf8_lossy(&bytes).into_owned())
+    };
+    let so_far = until_async("the attempt's first line is readable", async || {
+        let answer = log().await;
+        if answer.0 == StatusCode::OK && !answer.2.is_empty() {
+            Ok(answer)
+        } else {
+            Err(format!("{answer:?}"))
+        }
+    })
+    .await;
+    assert_eq!(
+        so_far,
+        (StatusCode::OK, Some("partial".into()), "first\n".into())
+    );
+    std::fs::write(&go, "").unwrap();
+    let run = api.wait_run(&run["id"]).await;
+    assert_eq!(run["state"], "succeeded");
+    assert_eq!(
+        log().await,
+        (
+            StatusCode::OK,
+            Some("complete".into()),
+            "first\nsecond\n".into()
+        )
+    );
+}
+
 #[tokio::test]
 async fn trigger_run_logs_and_cancel() {
     let api = api().await;

@@ -362,6 +362,44 @@ fn following_a_running_attempt_streams_its_output() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "first\nsecond\n");
 }
 
+/// `dagcron logs` without `-f` printed nothing while the attempt ran; it
+/// prints the output so far, and says on standard error that more may come.
+#[test]
+fn logs_of_a_running_attempt_print_its_output_so_far() {
+    let (dir, data) = setup();
+    let go = dir.path().join("go");
+    let server = InProcess::start(&data, &[]);
+    let file = format!(
+        "namespace: e2e\njobs:\n  - {{ name: gated, tasks: [{{ id: t, shell: \"echo first; while [ ! -e '{}' ]; do sleep 0.02; done; echo second\" }}] }}\n",
+        go.display()
+    );
+    let (status, body) = server.post("/api/v1/apply", &file, "application/yaml");
+    assert_eq!(status, 200, "{body}");
+    let (status, run) = server.post(
+        "/api/v1/namespaces/e2e/jobs/gated/trigger",
+        "{}",
+        "application/json",
+    );
+    assert_eq!(status, 201, "{run}");
+    let id = run["id"].as_i64().unwrap().to_string();
+    let logs = || server.cli().args(["logs", &id, "t"]).output().unwrap();
+    let out = until("the first line is printed", || {
+        let out = logs();
+        (out.status.success() && !out.stdout.is_empty()).then_some(out)
+    });
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "first\n");
+    let note = String::from_utf8_lossy(&out.stderr);
+    assert!(note.contains("still running"), "{note}");
+    std::fs::write(&go, "").unwrap();
+    until("the run ends", || {
+        server.get(&format!("/api/v1/runs/{id}"))["state"] == "succeeded"
+    });
+    let out = logs();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "first\nsecond\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
+
 fn attempt_states(server: &Server, run: i64) -> Vec<String> {
     server.get(&format!("/api/v1/runs/{run}"))["tasks"][0]["attempts"]
         .as_array()

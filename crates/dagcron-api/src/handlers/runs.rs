@@ -301,12 +301,19 @@ pub(crate) struct LogQuery {
     follow: bool,
 }
 
-/// An attempt's output. With `?follow=true`, the body streams the output of
-/// a running attempt as it comes and ends when the attempt does.
+/// The header that says whether a log is whole or still growing.
+pub(crate) const LOG_HEADER: &str = "x-dagcron-log";
+
+/// An attempt's output. Without `follow`, what there is now: while the
+/// attempt runs, its output so far (header `X-Dagcron-Log: partial`), once
+/// it has ended, all of it (`complete`). With `?follow=true`, the body
+/// streams the output of a running attempt as it comes and ends when the
+/// attempt does.
 #[utoipa::path(get, path = "/api/v1/runs/{id}/tasks/{task}/attempts/{n}/log", tag = "runs",
     params(("id" = i64, Path, description = "Run id"), ("task" = String, Path, description = "Task id"),
         ("n" = u32, Path, description = "Attempt number, from 1"), LogQuery),
-    responses((status = 200, description = "The output, stdout and stderr interleaved", body = String, content_type = "text/plain"), Errors))]
+    responses((status = 200, description = "The output, stdout and stderr interleaved", body = String, content_type = "text/plain",
+        headers(("X-Dagcron-Log" = String, description = "`partial` while the attempt runs (more may come; output of an attempt running on another node of a cluster shows once it ends), `complete` once it has ended"))), Errors))]
 pub(crate) async fn get_log<S: Store>(
     State(st): State<AppState<S>>,
     Extension(who): Extension<Principal>,
@@ -319,12 +326,20 @@ pub(crate) async fn get_log<S: Store>(
         return Err(missing());
     };
     who.allow(Need::Read, Some(&run.namespace), missing)?;
-    let log =
-        st.store.read_log(id, &task, n).await?.ok_or_else(|| {
-            ApiError::not_found(format!("no attempt {n} of task {task} in run {id}"))
-        })?;
     if !q.follow {
-        return Ok((text, log).into_response());
+        let output = st
+            .attempt_output(&run, &task, n)
+            .await?
+            .ok_or_else(missing)?;
+        let whole = if output.running {
+            "partial"
+        } else {
+            "complete"
+        };
+        return Ok((text, [(LOG_HEADER, whole)], output.bytes).into_response());
+    }
+    if st.store.read_log(id, &task, n).await?.is_none() {
+        return Err(missing());
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::convert::Infallible>>(16);
     tokio::spawn(follow(st, id, task, n, tx));

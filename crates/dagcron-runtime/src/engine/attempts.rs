@@ -64,6 +64,7 @@ impl<S: Store> Engine<S> {
             at: self.clock.now(),
             lane,
             agent: None,
+            live: None,
         });
     }
 
@@ -101,10 +102,9 @@ impl<S: Store> Engine<S> {
             .lock()
             .expect("live logs lock")
             .insert(key.clone(), live.clone());
-        let lives = self.dispatch.live.clone();
-        // The outcome goes back to the engine; the live log is done.
+        // The outcome goes back to the engine; the live log stays readable
+        // until the end (and the stored log) is committed.
         let finish = move |outcome, agent| {
-            lives.lock().expect("live logs lock").remove(&key);
             let _ = tx.send(Finished {
                 run: run_id,
                 task,
@@ -113,6 +113,7 @@ impl<S: Store> Engine<S> {
                 at: clock.now(),
                 lane,
                 agent,
+                live: Some(key),
             });
         };
         if let Some(run_on) = &spec.run_on {
@@ -315,7 +316,14 @@ impl<S: Store> Engine<S> {
         *self.dispatch.lane(lane) += 1;
     }
 
-    pub(super) fn on_finished(&mut self, done: Finished) {
+    pub(super) fn on_finished(&mut self, mut done: Finished) {
+        if let Some(key) = done.live.take() {
+            // A reader finds the output in the store once this batch is in.
+            let lives = self.dispatch.live.clone();
+            self.after_commit(move || {
+                lives.lock().expect("live logs lock").remove(&key);
+            });
+        }
         *self.dispatch.lane(done.lane) -= 1;
         self.dispatch.started -= 1;
         if let Some(o) = &self.config.observer {

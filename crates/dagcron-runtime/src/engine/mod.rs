@@ -751,7 +751,9 @@ enum Action {
     /// Kill a running attempt (through its token): its stop is recorded
     /// first, so that nothing is acted on that a failed commit would undo.
     Kill(CancellationToken),
-    Reply(Box<dyn FnOnce() + Send>),
+    /// Anything else done once the batch is committed (answering a caller,
+    /// letting go of a live log).
+    Then(Box<dyn FnOnce() + Send>),
 }
 
 /// The result of one attempt, sent back by the attempt task.
@@ -765,6 +767,8 @@ struct Finished {
     lane: Lane,
     /// The agent that ran it.
     agent: Option<String>,
+    /// Its live log's key in [`LiveLogs`], removed once its end is committed.
+    live: Option<(RunId, String, u32)>,
 }
 
 /// xorshift64*: enough for retry jitter, and no dependency.

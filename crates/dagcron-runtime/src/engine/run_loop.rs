@@ -393,7 +393,7 @@ impl<S: Store> Engine<S> {
                     }
                 }
                 Action::Kill(token) => token.cancel(),
-                Action::Reply(f) => f(),
+                Action::Then(f) => f(),
             }
         }
     }
@@ -404,9 +404,14 @@ impl<S: Store> Engine<S> {
         reply: Reply<T>,
         result: Result<T, EngineError>,
     ) {
-        self.batch.effects.push(Action::Reply(Box::new(move || {
+        self.after_commit(move || {
             let _ = reply.send(result);
-        })));
+        });
+    }
+
+    /// Does `then` once the batch being decided is committed.
+    pub(super) fn after_commit(&mut self, then: impl FnOnce() + Send + 'static) {
+        self.batch.effects.push(Action::Then(Box::new(then)));
     }
 
     /// Whether this engine may still fire and write.

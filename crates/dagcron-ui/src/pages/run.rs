@@ -163,27 +163,23 @@ async fn log_part<S: Store>(
     task: &str,
     n: u32,
 ) -> Result<String, Response> {
-    let attempt = run
-        .tasks
-        .iter()
-        .find(|t| t.id == task)
-        .and_then(|t| t.attempts.iter().find(|a| a.number == n));
-    let Some(attempt) = attempt else {
-        return Err(error_page(
-            StatusCode::NOT_FOUND,
-            &format!("no attempt {n} of task {task} in run {}", run.id),
-        ));
-    };
-    let bytes = match ui.st.store.read_log(run.id, task, n).await {
-        Ok(b) => b.unwrap_or_default(),
+    let output = match ui.st.attempt_output(run, task, n).await {
+        Ok(Some(output)) => output,
+        Ok(None) => {
+            return Err(error_page(
+                StatusCode::NOT_FOUND,
+                &format!("no attempt {n} of task {task} in run {}", run.id),
+            ));
+        }
         Err(e) => return Err(error_page(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())),
     };
+    let bytes = output.bytes;
     let from = bytes.len().saturating_sub(LOG_TAIL);
     let part = LogPart {
         id: run.id,
         task,
         n,
-        live: !attempt.state.is_terminal(),
+        live: output.running,
         text: String::from_utf8_lossy(&bytes[from..]).into_owned(),
         truncated: from > 0,
         shown: bytes.len() - from,

@@ -196,7 +196,8 @@ async fn intervene(c: &Client, run: i64, task: &str, action: &str, out: &mut Out
 }
 
 /// `dagcron logs RUN TASK [--attempt N] [-f]`: the output of an attempt
-/// (the latest by default), streamed as it comes.
+/// (the latest by default): what there is now, or with `-f` streamed as it
+/// comes until the attempt ends.
 pub(super) async fn logs(
     c: &Client,
     run: i64,
@@ -231,8 +232,18 @@ pub(super) async fn logs(
             if follow { "?follow=true" } else { "" }
         ))))
         .await?;
+    let partial = resp
+        .headers()
+        .get("x-dagcron-log")
+        .is_some_and(|v| v == "partial");
     while let Some(chunk) = resp.chunk().await? {
         out.raw(&chunk)?;
+    }
+    if partial {
+        // On standard error: the output itself stays as the task wrote it.
+        eprintln!(
+            "(attempt {n} of task {task} is still running: this is its output so far; `dagcron logs {run} {task} -f` follows it)"
+        );
     }
     Ok(())
 }
