@@ -32,7 +32,8 @@ pub(crate) struct Conn {
         long,
         global = true,
         env = "DAGCRON_SERVER",
-        default_value = "http://127.0.0.1:7700"
+        default_value = "http://127.0.0.1:7700",
+        value_parser = server_url
     )]
     server: String,
     /// Print JSON instead of tables.
@@ -46,6 +47,29 @@ pub(crate) struct Conn {
     /// server's certificate, when it is not publicly trusted.
     #[arg(long, global = true, env = "DAGCRON_CA")]
     ca: Option<PathBuf>,
+}
+
+/// The server's URL as given, `http://` put in front of an address given
+/// without a scheme (`127.0.0.1:7700`), or why it is not one.
+fn server_url(given: &str) -> Result<String, String> {
+    let given = given.trim();
+    let url = if given.contains("://") {
+        given.to_string()
+    } else {
+        format!("http://{given}")
+    };
+    match reqwest::Url::parse(&url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {
+            Ok(url.trim_end_matches('/').to_string())
+        }
+        Ok(u) => Err(format!(
+            "{given:?} is not a server's address: expected http:// or https:// and a host (like http://127.0.0.1:7700), not {}://",
+            u.scheme()
+        )),
+        Err(e) => Err(format!(
+            "{given:?} is not a server's address ({e}): expected one like http://127.0.0.1:7700"
+        )),
+    }
 }
 
 /// The token to send: the one given, or for a server on this machine
@@ -291,5 +315,31 @@ impl Client {
     async fn delete(&self, path: &str) -> Result<()> {
         self.send(self.http.delete(self.url(path))).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::server_url;
+
+    /// `--server 127.0.0.1:7700` failed with "relative URL without a base".
+    #[test]
+    fn a_server_given_without_a_scheme_is_reached_over_http() {
+        for (given, url) in [
+            ("127.0.0.1:7700", "http://127.0.0.1:7700"),
+            ("localhost:7700/", "http://localhost:7700"),
+            ("https://dagcron.example.com", "https://dagcron.example.com"),
+            (" http://[::1]:7700 ", "http://[::1]:7700"),
+        ] {
+            assert_eq!(server_url(given).as_deref(), Ok(url), "{given}");
+        }
+    }
+
+    #[test]
+    fn what_is_no_server_address_is_refused_with_an_example() {
+        for given in ["ftp://host", "http://", "", "http://exa mple"] {
+            let err = server_url(given).unwrap_err();
+            assert!(err.contains("http://127.0.0.1:7700"), "{given}: {err}");
+        }
     }
 }

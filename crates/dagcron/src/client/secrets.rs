@@ -3,7 +3,7 @@
 
 use std::io::{self, Write};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use dagcron_api::wire::{KeysAnswer, SecretAnswer, SecretBody, SecretList};
 
@@ -70,6 +70,19 @@ impl Show for KeysAnswer {
     }
 }
 
+/// The value read from standard input, its final newline dropped; an
+/// empty one is a mistake (an unset variable piped in), not a value.
+fn secret_value(input: &str) -> Result<String> {
+    let value = input.strip_suffix('\n').unwrap_or(input);
+    let value = value.strip_suffix('\r').unwrap_or(value);
+    if value.is_empty() {
+        bail!(
+            "the value read from standard input is empty; pipe the value in, as in: printf %s \"$VALUE\" | dagcron secrets set NAMESPACE NAME"
+        );
+    }
+    Ok(value.to_string())
+}
+
 pub(super) async fn run(c: &Client, cmd: SecretsCommand, out: &mut Output) -> Result<()> {
     match cmd {
         SecretsCommand::Set { namespace, name } => {
@@ -77,7 +90,7 @@ pub(super) async fn run(c: &Client, cmd: SecretsCommand, out: &mut Output) -> Re
             std::io::Read::read_to_string(&mut std::io::stdin(), &mut value)
                 .context("reading the value from standard input")?;
             let body = SecretBody {
-                value: value.strip_suffix('\n').unwrap_or(&value).to_string(),
+                value: secret_value(&value)?,
             };
             let s: SecretAnswer = c
                 .put(
@@ -103,6 +116,28 @@ pub(super) async fn run(c: &Client, cmd: SecretsCommand, out: &mut Output) -> Re
             c.delete(&format!("/api/v1/namespaces/{namespace}/secrets/{name}"))
                 .await?;
             out.say(format_args!("deleted {namespace}/{name}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::secret_value;
+
+    #[test]
+    fn a_secret_keeps_its_value_but_the_final_newline() {
+        assert_eq!(secret_value("s3cret\n").unwrap(), "s3cret");
+        assert_eq!(secret_value("s3cret\r\n").unwrap(), "s3cret");
+        assert_eq!(secret_value("two\nlines").unwrap(), "two\nlines");
+        assert_eq!(secret_value(" x ").unwrap(), " x ");
+    }
+
+    /// `secrets set` stored an empty value silently.
+    #[test]
+    fn an_empty_value_is_refused() {
+        for input in ["", "\n", "\r\n"] {
+            let err = secret_value(input).unwrap_err().to_string();
+            assert!(err.contains("empty"), "{err}");
         }
     }
 }
