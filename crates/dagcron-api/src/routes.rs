@@ -267,7 +267,10 @@ pub(crate) fn parse_body<T: for<'de> Deserialize<'de>>(
     } else {
         std::str::from_utf8(body)
             .map_err(|e| format!("the body is not UTF-8: {e}"))
-            .and_then(|text| serde_saphyr::from_str(text).map_err(|e| e.to_string()))
+            .and_then(|text| {
+                serde_saphyr::from_str(text)
+                    .map_err(|e| dagcron_core::yaml::describe(&e, "the job file"))
+            })
     };
     parsed.map_err(|message| {
         ApiError::new(

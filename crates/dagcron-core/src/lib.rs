@@ -72,6 +72,7 @@ pub mod run;
 pub mod state;
 pub mod timings;
 pub mod wasm;
+pub mod yaml;
 
 pub use calendar::{Calendar, CalendarSpec};
 pub use dag::Dag;

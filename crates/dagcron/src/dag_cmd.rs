@@ -26,20 +26,36 @@ pub(crate) enum DagCommand {
 pub(crate) fn read_file(path: &Path) -> Result<(JobFile, String)> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let file = if path.extension().is_some_and(|e| e == "json") {
-        serde_json::from_str(&text)
-            .with_context(|| format!("{} is not a valid job file", path.display()))?
-    } else {
-        serde_saphyr::from_str(&text)
-            .map_err(|e| anyhow::anyhow!("{} is not a valid job file: {e}", path.display()))?
-    };
+    let file = parse_file(path, &text).map_err(anyhow::Error::msg)?;
     Ok((file, text))
+}
+
+/// The job file `text` read from `path`, or what is wrong with it (where,
+/// and what was likely meant).
+fn parse_file(path: &Path, text: &str) -> Result<JobFile, String> {
+    let name = path.display().to_string();
+    let problem = if path.extension().is_some_and(|e| e == "json") {
+        serde_json::from_str(text).map_err(|e| e.to_string())
+    } else {
+        serde_saphyr::from_str(text).map_err(|e| dagcron_core::yaml::describe(&e, &name))
+    };
+    problem.map_err(|why| format!("{name} is not a valid job file: {why}"))
 }
 
 pub(crate) fn run(cmd: DagCommand) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     let (DagCommand::Validate { file } | DagCommand::Plan { file }) = &cmd;
-    let (parsed, _) = read_file(file)?;
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    // A file that cannot be read as a job file is invalid, as one whose
+    // jobs are: both exit 2.
+    let parsed = match parse_file(file, &text) {
+        Ok(parsed) => parsed,
+        Err(why) => {
+            eprintln!("error: {why}");
+            return Ok(ExitCode::from(2));
+        }
+    };
     let jobs = match parsed.validate() {
         Ok(jobs) => jobs,
         Err(errors) => {

@@ -950,6 +950,35 @@ fn the_offline_commands_count_every_from_an_anchor_and_check_it() {
     );
 }
 
+/// A job file with a misspelt field: `dag validate` exited 1 (2 for other
+/// problems), printed `error:` twice, placed it at `<input>` and listed
+/// every field of a job instead of the one meant.
+#[test]
+fn a_misspelt_field_is_placed_in_its_file_with_the_field_meant() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("typo.yaml");
+    std::fs::write(
+        &file,
+        "namespace: a\njobs:\n  - name: j\n    schedul: '@hourly'\n    tasks: [{ id: t, shell: 'true' }]\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+        .args(["dag", "validate", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("unknown field `schedul`: did you mean `schedule`?"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("{}:4:5", file.display())),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("error:").count(), 1, "{stderr}");
+}
+
 /// Past the ready backlog, a manual trigger gets 429 with `Retry-After`
 /// and the code `busy`, and makes no run.
 #[test]
