@@ -400,6 +400,45 @@ fn logs_of_a_running_attempt_print_its_output_so_far() {
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
 }
 
+/// `cluster status` on a server alone exited 1 with a 404; a refused
+/// token did not say which token was sent or which file was looked for.
+#[test]
+fn the_command_line_says_what_a_server_alone_is_and_which_token_it_sent() {
+    let (dir, data) = setup();
+    let server = InProcess::start(&data, &[]);
+    let out = server.cli().args(["cluster", "status"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("a single server, no cluster"),
+        "{out:?}"
+    );
+    let elsewhere = dir.path().join("elsewhere");
+    let out = Command::new(env!("CARGO_BIN_EXE_dagcron"))
+        .args(["--server", &server.url, "jobs", "list", "e2e"])
+        .env_remove("DAGCRON_TOKEN")
+        .env("DAGCRON_DATA_DIR", &elsewhere)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("401"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}", elsewhere.join("admin.token").display())),
+        "{stderr}"
+    );
+    let out = server
+        .cli()
+        .args(["--token", "dgc_wrong", "jobs", "list", "e2e"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("given by --token or DAGCRON_TOKEN"),
+        "{stderr}"
+    );
+}
+
 fn attempt_states(server: &Server, run: i64) -> Vec<String> {
     server.get(&format!("/api/v1/runs/{run}"))["tasks"][0]["attempts"]
         .as_array()

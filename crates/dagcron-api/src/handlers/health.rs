@@ -138,7 +138,9 @@ pub(crate) async fn cluster<S: Store>(
 ) -> Result<Json<ClusterAnswer>, ApiError> {
     who.allow(Need::Read, None, || ApiError::not_found("no such path"))?;
     let Some(cluster) = &state.cluster else {
-        return Err(ApiError::not_found(
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no_cluster",
             "this server runs alone on its embedded database; start it with --database postgres://... to form a cluster",
         ));
     };

@@ -6,8 +6,8 @@ use anyhow::Result;
 use clap::Subcommand;
 use dagcron_api::wire::{ClusterAnswer, WorkersAnswer};
 
-use super::Client;
 use super::output::{Output, Show, instant};
+use super::{ApiFailure, Client};
 
 #[derive(Subcommand)]
 pub(crate) enum WorkersCommand {
@@ -101,6 +101,13 @@ pub(super) async fn workers(c: &Client, cmd: WorkersCommand, out: &mut Output) -
 
 pub(super) async fn cluster(c: &Client, cmd: ClusterCommand, out: &mut Output) -> Result<()> {
     match cmd {
-        ClusterCommand::Status => out.show(&c.get::<ClusterAnswer>("/api/v1/cluster").await?),
+        ClusterCommand::Status => match c.get::<ClusterAnswer>("/api/v1/cluster").await {
+            Ok(answer) => out.show(&answer),
+            // A server alone is a fine status to report, not a failure.
+            Err(e) if e.downcast_ref::<ApiFailure>().is_some_and(|f| f.code == "no_cluster") => {
+                out.say("a single server, no cluster: it runs alone on its embedded database (nodes started with --database postgres://... form a cluster)")
+            }
+            Err(e) => Err(e),
+        },
     }
 }

@@ -73,24 +73,48 @@ fn server_url(given: &str) -> Result<String, String> {
 }
 
 /// The token to send: the one given, or for a server on this machine
-/// (loopback), the instance-admin token its first start wrote.
-fn token_for(conn: &Conn) -> Option<String> {
+/// (loopback), the instance-admin token its first start wrote; and where
+/// it came from, or where it was looked for, for a refusal to say.
+fn token_for(conn: &Conn) -> (Option<String>, String) {
     if let Some(t) = &conn.token {
-        return Some(t.trim().to_string());
+        return (
+            Some(t.trim().to_string()),
+            "the token sent is the one given by --token or DAGCRON_TOKEN".into(),
+        );
     }
-    let url = reqwest::Url::parse(&conn.server).ok()?;
-    let local = match url.host()? {
-        url::Host::Ipv4(ip) => ip.is_loopback(),
-        url::Host::Ipv6(ip) => ip.is_loopback(),
-        url::Host::Domain(name) => name == "localhost",
-    };
+    let local = reqwest::Url::parse(&conn.server)
+        .ok()
+        .and_then(|url| match url.host()? {
+            url::Host::Ipv4(ip) => Some(ip.is_loopback()),
+            url::Host::Ipv6(ip) => Some(ip.is_loopback()),
+            url::Host::Domain(name) => Some(name == "localhost"),
+        })
+        .unwrap_or(false);
     if !local {
-        return None;
+        return (
+            None,
+            "no token was sent: give one with --token or DAGCRON_TOKEN (an admin.token file is read only for a server on this machine)".into(),
+        );
     }
     let dir = std::env::var_os("DAGCRON_DATA_DIR")
         .map_or_else(|| PathBuf::from("./dagcron-data"), PathBuf::from);
-    let text = std::fs::read_to_string(dir.join("admin.token")).ok()?;
-    Some(text.trim().to_string())
+    let file = dir.join("admin.token");
+    match std::fs::read_to_string(&file) {
+        Ok(text) => (
+            Some(text.trim().to_string()),
+            format!(
+                "the token sent was read from {} (not this server's? set DAGCRON_DATA_DIR to its data directory, or give --token)",
+                file.display()
+            ),
+        ),
+        Err(e) => (
+            None,
+            format!(
+                "no token was sent: none given by --token or DAGCRON_TOKEN, and {} could not be read ({e}); set DAGCRON_DATA_DIR to the server's data directory",
+                file.display()
+            ),
+        ),
+    }
 }
 
 #[derive(Subcommand)]
@@ -209,17 +233,35 @@ fn job_path(job: &str) -> Result<String> {
 #[derive(Serialize)]
 struct Empty {}
 
+/// An error answer of the server: its code and what to print.
+#[derive(Debug)]
+pub(super) struct ApiFailure {
+    pub(super) code: String,
+    text: String,
+}
+
+impl std::fmt::Display for ApiFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for ApiFailure {}
+
 /// The REST API of one server, with the token to send.
 struct Client {
     http: reqwest::Client,
     base: String,
+    /// Where the token sent came from (see [`token_for`]).
+    token_from: String,
 }
 
 impl Client {
     fn new(conn: &Conn) -> Client {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let mut headers = reqwest::header::HeaderMap::new();
-        if let Some(token) = token_for(conn) {
+        let (token, token_from) = token_for(conn);
+        if let Some(token) = token {
             if let Ok(mut value) =
                 reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
             {
@@ -239,6 +281,7 @@ impl Client {
         Client {
             http: builder.build().unwrap_or_default(),
             base: conn.server.trim_end_matches('/').to_string(),
+            token_from,
         }
     }
 
@@ -267,7 +310,14 @@ impl Client {
         for d in body.iter().flat_map(|b| b.error.details.iter().flatten()) {
             text.push_str(&format!("\n  {}: {}", d.path, d.message));
         }
-        bail!(text)
+        if status == reqwest::StatusCode::UNAUTHORIZED {
+            text.push_str(&format!("\n  {}", self.token_from));
+        }
+        Err(ApiFailure {
+            code: body.map(|b| b.error.code).unwrap_or_default(),
+            text,
+        }
+        .into())
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
