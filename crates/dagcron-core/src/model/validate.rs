@@ -25,19 +25,21 @@ pub(super) fn validate_job(
     let tz = check_limits(&spec, at, &mut errors);
     let (calendars, calendar_errors) = check_calendars(&spec, at, &mut errors);
     let anchor = check_anchor_of(&spec, at, &mut errors);
-    let schedules = match (&spec.schedule, &tz) {
-        (Some(list), Some(tz)) => {
+    let schedules = match &spec.schedule {
+        Some(list) => {
+            // With an unknown zone, the schedules are still read (in UTC)
+            // for their own errors: one problem does not hide another.
             let options = schedule_options(
                 namespace,
                 &spec.name,
-                tz.clone(),
+                tz.clone().unwrap_or(TimeZone::UTC),
                 anchor,
                 spec.dst_gap,
                 spec.dst_overlap,
             );
             check_schedules(&spec, list, &options, at, compiled, &mut errors)
         }
-        _ => Vec::new(),
+        None => Vec::new(),
     };
     errors.extend(calendar_errors);
     errors.extend(check_params(&spec.params, &format!("{at}.params")));

@@ -96,6 +96,7 @@ jobs:
             "namespace: invalid namespace \"Billing\": use 1-63 lowercase letters, digits, '-', '_' or '.', starting with a letter or digit",
             "jobs[1].name: job \"j\" is declared twice (also jobs[0])",
             "jobs[0].timezone: unknown time zone \"Europe/Berln\": use an IANA name such as Europe/Berlin",
+            "jobs[0].schedule[0]: invalid cron expression \"0 0 30 2 *\": this expression can never fire: day 30 never occurs in February (check the day-of-month against the lengths of the chosen months (February has 28 or 29 days; April, June, September and November 30))",
             "jobs[0].retry.max_attempts: 0 is out of range: attempts in total, 1 (no retry) to 1000",
             "jobs[0].retry.factor: 0.5 is out of range: a growth factor from 1.0 to 100.0",
             "jobs[0].tasks[1].http.url: \"ftp://x\" is not an http:// or https:// URL",

@@ -159,7 +159,8 @@ pub(crate) enum ClientCommand {
     /// Secrets of a namespace: set (the value from standard input), list, delete.
     #[command(subcommand)]
     Secrets(secrets::SecretsCommand),
-    /// The instance: its read-only mode.
+    /// The instance: read-only mode, namespaces' quotas, execution policies
+    /// and retention, and pruning.
     #[command(subcommand)]
     Admin(admin::AdminCommand),
     /// The audit log: every change and every refused call.
@@ -232,6 +233,31 @@ fn job_path(job: &str) -> Result<String> {
 /// The body of the calls that take none but are sent `{}`.
 #[derive(Serialize)]
 struct Empty {}
+
+/// What to print of an error answer: its status and message, then each
+/// problem on a line of its own. A message that lists the problems too
+/// (for clients that read no details) is cut before them, not to print
+/// each problem twice.
+fn error_text<'a>(
+    status: reqwest::StatusCode,
+    message: &str,
+    details: impl Iterator<Item = &'a dagcron_api::wire::Problem>,
+) -> String {
+    let details: Vec<String> = details
+        .map(|d| format!("{}: {}", d.path, d.message))
+        .collect();
+    let summary = details
+        .first()
+        .and_then(|first| message.find(first.as_str()))
+        .map_or(message, |at| {
+            message[..at].trim_end_matches([' ', ':', ';'])
+        });
+    let mut text = format!("{status}: {summary}");
+    for d in details {
+        text.push_str(&format!("\n  {d}"));
+    }
+    text
+}
 
 /// An error answer of the server: its code and what to print.
 #[derive(Debug)]
@@ -306,10 +332,8 @@ impl Client {
         let message = body
             .as_ref()
             .map_or("no details", |b| b.error.message.as_str());
-        let mut text = format!("{status}: {message}");
-        for d in body.iter().flat_map(|b| b.error.details.iter().flatten()) {
-            text.push_str(&format!("\n  {}: {}", d.path, d.message));
-        }
+        let details = body.iter().flat_map(|b| b.error.details.iter().flatten());
+        let mut text = error_text(status, message, details);
         if status == reqwest::StatusCode::UNAUTHORIZED {
             text.push_str(&format!("\n  {}", self.token_from));
         }
@@ -383,6 +407,38 @@ mod tests {
         ] {
             assert_eq!(server_url(given).as_deref(), Ok(url), "{given}");
         }
+    }
+
+    /// `apply` printed each problem of a job file twice.
+    #[test]
+    fn each_problem_of_an_error_is_printed_once() {
+        let problems = [
+            dagcron_api::wire::Problem {
+                path: "jobs[0].timezone".into(),
+                message: "unknown time zone".into(),
+                span: None,
+            },
+            dagcron_api::wire::Problem {
+                path: "jobs[0].schedule".into(),
+                message: "minute 61 is out of range".into(),
+                span: None,
+            },
+        ];
+        let text = super::error_text(
+            reqwest::StatusCode::BAD_REQUEST,
+            "the job file has 2 problem(s): jobs[0].timezone: unknown time zone; jobs[0].schedule: minute 61 is out of range",
+            problems.iter(),
+        );
+        assert_eq!(
+            text,
+            "400 Bad Request: the job file has 2 problem(s)\n  jobs[0].timezone: unknown time zone\n  jobs[0].schedule: minute 61 is out of range"
+        );
+        let text = super::error_text(
+            reqwest::StatusCode::NOT_FOUND,
+            "no job a/b",
+            std::iter::empty(),
+        );
+        assert_eq!(text, "404 Not Found: no job a/b");
     }
 
     #[test]

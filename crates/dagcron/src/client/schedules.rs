@@ -5,7 +5,7 @@ use std::io::{self, Write};
 
 use anyhow::Result;
 use clap::Subcommand;
-use dagcron_api::wire::HotspotReport;
+use dagcron_api::wire::{HotspotAnswer, HotspotReport};
 
 use super::Client;
 use super::output::{Output, Show, instant};
@@ -44,8 +44,29 @@ impl Show for HotspotReport {
         if self.hotspots.is_empty() {
             return writeln!(out, "no second has more than one fire");
         }
+        // Seconds with the same jobs (a job every minute beside another,
+        // say) are one block: the first, and when the others come.
+        let mut groups: Vec<Vec<&HotspotAnswer>> = Vec::new();
         for h in &self.hotspots {
-            writeln!(out, "\n{}  {} jobs", instant(&h.at), h.count)?;
+            match groups.iter_mut().find(|g| same_jobs(g[0], h)) {
+                Some(group) => group.push(h),
+                None => groups.push(vec![h]),
+            }
+        }
+        for group in groups {
+            let h = group[0];
+            write!(out, "\n{}  {} jobs", instant(&h.at), h.count)?;
+            if group.len() > 1 {
+                let more: Vec<String> = group[1..].iter().take(5).map(|o| instant(&o.at)).collect();
+                let ellipsis = if group.len() > 6 { ", ..." } else { "" };
+                write!(
+                    out,
+                    "; the same jobs at {} more second(s): {}{ellipsis}",
+                    group.len() - 1,
+                    more.join(", ")
+                )?;
+            }
+            writeln!(out)?;
             for j in &h.jobs {
                 let job = format!("{}/{}", j.namespace, j.name);
                 match &j.suggestion {
@@ -61,6 +82,15 @@ impl Show for HotspotReport {
         }
         Ok(())
     }
+}
+
+/// Whether two hot seconds have the same jobs, by the same expressions.
+fn same_jobs(a: &HotspotAnswer, b: &HotspotAnswer) -> bool {
+    a.count == b.count
+        && a.jobs.len() == b.jobs.len()
+        && a.jobs.iter().zip(&b.jobs).all(|(x, y)| {
+            (&x.namespace, &x.name, &x.expression) == (&y.namespace, &y.name, &y.expression)
+        })
 }
 
 pub(super) async fn run(c: &Client, cmd: SchedulesCommand, out: &mut Output) -> Result<()> {
@@ -79,5 +109,61 @@ pub(super) async fn run(c: &Client, cmd: SchedulesCommand, out: &mut Output) -> 
             let path = format!("/api/v1/schedules/hotspots?{}", query.finish());
             out.show(&c.get::<HotspotReport>(&path).await?)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dagcron_api::wire::HotJobAnswer;
+
+    fn second(at: &str, jobs: &[(&str, &str)]) -> HotspotAnswer {
+        HotspotAnswer {
+            at: at.parse().unwrap(),
+            count: jobs.len() as u32,
+            jobs: jobs
+                .iter()
+                .map(|(name, expression)| HotJobAnswer {
+                    namespace: "n".into(),
+                    name: (*name).into(),
+                    expression: (*expression).into(),
+                    suggestion: None,
+                })
+                .collect(),
+            advice: "spread them".into(),
+        }
+    }
+
+    /// The same two jobs every minute filled the report with one block
+    /// ten times.
+    #[test]
+    fn seconds_with_the_same_jobs_are_one_block() {
+        let pair = [("a", "0 * * * * *"), ("b", "*/10 * * * * *")];
+        let mut hotspots: Vec<HotspotAnswer> = (0..8)
+            .map(|m| second(&format!("2026-01-01T00:0{m}:00Z"), &pair))
+            .collect();
+        hotspots.push(second(
+            "2026-01-01T00:00:30Z",
+            &[("b", "*/10 * * * * *"), ("c", "30 * * * * *")],
+        ));
+        let report = HotspotReport {
+            from: "2026-01-01T00:00:00Z".parse().unwrap(),
+            to: "2026-01-01T01:00:00Z".parse().unwrap(),
+            jobs: 3,
+            fires: 500,
+            peak_per_second: 2,
+            hotspots,
+            capped: None,
+        };
+        let mut text = Vec::new();
+        report.text(&mut text).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert_eq!(text.matches("spread them").count(), 2, "{text}");
+        assert!(
+            text.contains("2026-01-01T00:00:00Z  2 jobs; the same jobs at 7 more second(s): 2026-01-01T00:01:00Z,"),
+            "{text}"
+        );
+        assert!(text.contains(", ...\n"), "{text}");
+        assert!(text.contains("2026-01-01T00:00:30Z  2 jobs\n"), "{text}");
     }
 }
