@@ -37,7 +37,11 @@
 //! stores' write paths are property-tested against (`batches.rs`), and what
 //! engine tests run on. `rows.rs` holds the row mappings both SQL stores
 //! share (the columns they select and how a row becomes a record, read
-//! through a driver's row by `Cells`). Also named once here: the conflict
+//! through a driver's row by `Cells`); `sql.rs` the reads they make with the
+//! same statement (in `$N` placeholders, which SQLite takes too), run by
+//! each backend's `Reader` (`sql_reader!`), with a `Dialect` naming the
+//! few places their schemas differ, and put in a backend's trait impls by
+//! `shared_reads!`. Also named once here: the conflict
 //! messages (`WriteResult::run_conflict` and its siblings), the SQL lists of
 //! states (`run_ended!()` and its siblings, checked against the state
 //! machines by a test) and which errors are worth retrying
