@@ -27,6 +27,46 @@ pub(super) struct Jobs {
     pub(super) timetables: Arc<std::sync::Mutex<dagcron_core::timings::TimetableCache>>,
 }
 
+impl Jobs {
+    /// Whether `namespace` may make one more scheduled fire at `at`, at
+    /// most `rate` a second (its allowance is taken if so). Counted by the
+    /// instants fired: a second's fires handled late still count against
+    /// that second.
+    pub(super) fn take_fire(&mut self, namespace: &str, rate: u32, at: Timestamp) -> bool {
+        if let Some(bucket) = self.fire_quota.get_mut(namespace) {
+            return bucket.take(rate, at);
+        }
+        let mut bucket = policy::FireBucket::full(rate, at);
+        let taken = bucket.take(rate, at);
+        self.fire_quota.insert(namespace.to_string(), bucket);
+        taken
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each namespace has its own allowance of fires a second.
+    #[test]
+    fn each_namespace_fires_at_most_its_rate_a_second() {
+        let mut jobs = Jobs::default();
+        let t0: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let taken = |jobs: &mut Jobs, ns: &str, at: Timestamp| {
+            (0..5).filter(|_| jobs.take_fire(ns, 3, at)).count()
+        };
+        assert_eq!(taken(&mut jobs, "a", t0), 3);
+        assert_eq!(taken(&mut jobs, "b", t0), 3, "a's fires take none of b's");
+        assert_eq!(taken(&mut jobs, "a", t0), 0);
+        let next = t0 + SignedDuration::from_secs(1);
+        assert_eq!(
+            taken(&mut jobs, "a", next),
+            3,
+            "the next second's allowance"
+        );
+    }
+}
+
 impl<S: Store> Engine<S> {
     /// Whether this node arms the fires of `key`.
     pub(super) fn owns(&self, key: &JobKey) -> bool {

@@ -26,21 +26,67 @@ impl Runs {
             pace: Pace::default(),
         }
     }
+
+    /// The id of a new run made at `now` (microseconds), on the cluster
+    /// node of `slot` (none: a server alone): greater than every id made
+    /// before, and at least `now`, so roughly its creation time; in a
+    /// cluster, its low bits are the node's slot, so that two nodes never
+    /// make the same id.
+    pub(super) fn next_id(&mut self, now: i64, slot: Option<u8>) -> RunId {
+        self.last_id = match slot {
+            None => (self.last_id + 1).max(now),
+            Some(slot) => {
+                let counter = ((self.last_id >> SLOT_BITS) + 1).max(now);
+                (counter << SLOT_BITS) | RunId::from(slot)
+            }
+        };
+        self.last_id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_grow_and_follow_the_clock_even_when_it_steps_back() {
+        let mut runs = Runs::after(0);
+        assert_eq!(runs.next_id(1_000, None), 1_000);
+        assert_eq!(runs.next_id(1_000, None), 1_001);
+        assert_eq!(runs.next_id(500, None), 1_002, "a clock stepped back");
+        assert_eq!(runs.next_id(5_000, None), 5_000);
+        let mut restarted = Runs::after(9_000);
+        assert_eq!(
+            restarted.next_id(5_000, None),
+            9_001,
+            "after the stored ids"
+        );
+    }
+
+    /// Nodes make ids at once, from the same stored maximum: theirs
+    /// never meet, and each keeps its slot in the low bits.
+    #[test]
+    fn two_nodes_never_make_the_same_id() {
+        let mut ids = HashSet::new();
+        for slot in [0u8, 1, 31] {
+            let mut runs = Runs::after(12_345);
+            let mut last = 0;
+            for now in [0, 7, 7, 3, 1 << 20, 1 << 20] {
+                let id = runs.next_id(now, Some(slot));
+                assert!(id > last, "ids grow");
+                assert_eq!(id & ((1 << SLOT_BITS) - 1), RunId::from(slot));
+                assert!(ids.insert(id), "id {id} made twice");
+                last = id;
+            }
+        }
+    }
 }
 
 impl<S: Store> Engine<S> {
     pub(super) fn run_id(&mut self) -> RunId {
-        // Increasing, and roughly the creation time in microseconds; in a
-        // cluster, the low bits are the node's slot.
         let now = self.clock.now().as_microsecond();
-        match &self.config.node {
-            None => self.runs.last_id = (self.runs.last_id + 1).max(now),
-            Some(node) => {
-                let counter = ((self.runs.last_id >> SLOT_BITS) + 1).max(now);
-                self.runs.last_id = (counter << SLOT_BITS) | RunId::from(node.slot);
-            }
-        }
-        self.runs.last_id
+        let slot = self.config.node.as_ref().map(|n| n.slot);
+        self.runs.next_id(now, slot)
     }
 
     /// A fire of `key` at `at`: applies the overlap policy and records it.
@@ -62,12 +108,7 @@ impl<S: Store> Engine<S> {
         // Counted by the instants fired: a second's fires handled late
         // still count against that second.
         let within_quota = match self.config.max_fires_per_namespace {
-            Some(rate) if trigger == Trigger::Schedule => self
-                .jobs
-                .fire_quota
-                .entry(key.0.clone())
-                .or_insert_with(|| policy::FireBucket::full(rate, at))
-                .take(rate, at),
+            Some(rate) if trigger == Trigger::Schedule => self.jobs.take_fire(&key.0, rate, at),
             _ => true,
         };
         let decision = match job::on_fire(
