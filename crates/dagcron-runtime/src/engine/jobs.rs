@@ -43,30 +43,6 @@ impl Jobs {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Each namespace has its own allowance of fires a second.
-    #[test]
-    fn each_namespace_fires_at_most_its_rate_a_second() {
-        let mut jobs = Jobs::default();
-        let t0: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
-        let taken = |jobs: &mut Jobs, ns: &str, at: Timestamp| {
-            (0..5).filter(|_| jobs.take_fire(ns, 3, at)).count()
-        };
-        assert_eq!(taken(&mut jobs, "a", t0), 3);
-        assert_eq!(taken(&mut jobs, "b", t0), 3, "a's fires take none of b's");
-        assert_eq!(taken(&mut jobs, "a", t0), 0);
-        let next = t0 + SignedDuration::from_secs(1);
-        assert_eq!(
-            taken(&mut jobs, "a", next),
-            3,
-            "the next second's allowance"
-        );
-    }
-}
-
 impl<S: Store> Engine<S> {
     /// Whether this node arms the fires of `key`.
     pub(super) fn owns(&self, key: &JobKey) -> bool {
@@ -493,5 +469,29 @@ pub(super) async fn read_job<S: Store>(
             tracing::error!(namespace = %key.0, job = %key.1, "stored job no longer validates: {e}");
             Ok(None)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each namespace has its own allowance of fires a second.
+    #[test]
+    fn each_namespace_fires_at_most_its_rate_a_second() {
+        let mut jobs = Jobs::default();
+        let t0: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let taken = |jobs: &mut Jobs, ns: &str, at: Timestamp| {
+            (0..5).filter(|_| jobs.take_fire(ns, 3, at)).count()
+        };
+        assert_eq!(taken(&mut jobs, "a", t0), 3);
+        assert_eq!(taken(&mut jobs, "b", t0), 3, "a's fires take none of b's");
+        assert_eq!(taken(&mut jobs, "a", t0), 0);
+        let next = t0 + SignedDuration::from_secs(1);
+        assert_eq!(
+            taken(&mut jobs, "a", next),
+            3,
+            "the next second's allowance"
+        );
     }
 }

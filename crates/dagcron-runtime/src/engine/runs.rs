@@ -44,44 +44,6 @@ impl Runs {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_grow_and_follow_the_clock_even_when_it_steps_back() {
-        let mut runs = Runs::after(0);
-        assert_eq!(runs.next_id(1_000, None), 1_000);
-        assert_eq!(runs.next_id(1_000, None), 1_001);
-        assert_eq!(runs.next_id(500, None), 1_002, "a clock stepped back");
-        assert_eq!(runs.next_id(5_000, None), 5_000);
-        let mut restarted = Runs::after(9_000);
-        assert_eq!(
-            restarted.next_id(5_000, None),
-            9_001,
-            "after the stored ids"
-        );
-    }
-
-    /// Nodes make ids at once, from the same stored maximum: theirs
-    /// never meet, and each keeps its slot in the low bits.
-    #[test]
-    fn two_nodes_never_make_the_same_id() {
-        let mut ids = HashSet::new();
-        for slot in [0u8, 1, 31] {
-            let mut runs = Runs::after(12_345);
-            let mut last = 0;
-            for now in [0, 7, 7, 3, 1 << 20, 1 << 20] {
-                let id = runs.next_id(now, Some(slot));
-                assert!(id > last, "ids grow");
-                assert_eq!(id & ((1 << SLOT_BITS) - 1), RunId::from(slot));
-                assert!(ids.insert(id), "id {id} made twice");
-                last = id;
-            }
-        }
-    }
-}
-
 impl<S: Store> Engine<S> {
     pub(super) fn run_id(&mut self) -> RunId {
         let now = self.clock.now().as_microsecond();
@@ -666,5 +628,43 @@ impl<S: Store> Engine<S> {
             }
         }
         self.let_go_if_idle(&key, now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_grow_and_follow_the_clock_even_when_it_steps_back() {
+        let mut runs = Runs::after(0);
+        assert_eq!(runs.next_id(1_000, None), 1_000);
+        assert_eq!(runs.next_id(1_000, None), 1_001);
+        assert_eq!(runs.next_id(500, None), 1_002, "a clock stepped back");
+        assert_eq!(runs.next_id(5_000, None), 5_000);
+        let mut restarted = Runs::after(9_000);
+        assert_eq!(
+            restarted.next_id(5_000, None),
+            9_001,
+            "after the stored ids"
+        );
+    }
+
+    /// Nodes make ids at once, from the same stored maximum: theirs
+    /// never meet, and each keeps its slot in the low bits.
+    #[test]
+    fn two_nodes_never_make_the_same_id() {
+        let mut ids = HashSet::new();
+        for slot in [0u8, 1, 31] {
+            let mut runs = Runs::after(12_345);
+            let mut last = 0;
+            for now in [0, 7, 7, 3, 1 << 20, 1 << 20] {
+                let id = runs.next_id(now, Some(slot));
+                assert!(id > last, "ids grow");
+                assert_eq!(id & ((1 << SLOT_BITS) - 1), RunId::from(slot));
+                assert!(ids.insert(id), "id {id} made twice");
+                last = id;
+            }
+        }
     }
 }
