@@ -143,6 +143,11 @@ pub enum Refused {
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            // A run that succeeded has nothing to re-run from its failed
+            // tasks: only a whole re-run is of use then.
+            Refused::Ended(RunState::Succeeded) => f.write_str(
+                "the run has ended succeeded: nothing of it can change; re-run it whole if it must run again (`runs rerun ID`)",
+            ),
             Refused::Ended(state) => write!(
                 f,
                 "the run has ended {state}: re-run it instead (`runs rerun ID --failed` runs its failed tasks again and keeps the others' outcomes)"

@@ -22,19 +22,43 @@ pub(crate) enum DagCommand {
     },
 }
 
-/// Reads a job file, YAML or JSON (by extension).
+/// Reads a job file, YAML or JSON (by extension; `-`: standard input,
+/// JSON if it starts with `{`).
 pub(crate) fn read_file(path: &Path) -> Result<(JobFile, String)> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = read_text(path)?;
     let file = parse_file(path, &text).map_err(anyhow::Error::msg)?;
     Ok((file, text))
+}
+
+/// The text of the file at `path`, or of standard input for `-`.
+fn read_text(path: &Path) -> Result<String> {
+    if path == Path::new("-") {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .context("reading the job file from standard input")?;
+        return Ok(text);
+    }
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// Whether the job file at `path` (with this `text`) is JSON.
+pub(crate) fn is_json(path: &Path, text: &str) -> bool {
+    if path == Path::new("-") {
+        text.trim_start().starts_with('{')
+    } else {
+        path.extension().is_some_and(|e| e == "json")
+    }
 }
 
 /// The job file `text` read from `path`, or what is wrong with it (where,
 /// and what was likely meant).
 fn parse_file(path: &Path, text: &str) -> Result<JobFile, String> {
-    let name = path.display().to_string();
-    let problem = if path.extension().is_some_and(|e| e == "json") {
+    let name = if path == Path::new("-") {
+        "standard input".to_string()
+    } else {
+        path.display().to_string()
+    };
+    let problem = if is_json(path, text) {
         serde_json::from_str(text).map_err(|e| e.to_string())
     } else {
         serde_saphyr::from_str(text).map_err(|e| dagcron_core::yaml::describe(&e, &name))
@@ -45,8 +69,7 @@ fn parse_file(path: &Path, text: &str) -> Result<JobFile, String> {
 pub(crate) fn run(cmd: DagCommand) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     let (DagCommand::Validate { file } | DagCommand::Plan { file }) = &cmd;
-    let text =
-        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let text = read_text(file)?;
     // A file that cannot be read as a job file is invalid, as one whose
     // jobs are: both exit 2.
     let parsed = match parse_file(file, &text) {

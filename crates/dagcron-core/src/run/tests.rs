@@ -625,7 +625,7 @@ fn a_failed_task_marked_while_its_run_goes_on_lets_its_downstream_run() {
         run.may_intervene(0, Intervention::MarkSucceeded)
             .unwrap_err()
             .to_string(),
-        "the run has ended succeeded: re-run it instead (`runs rerun ID --failed` runs its failed tasks again and keeps the others' outcomes)"
+        "the run has ended succeeded: nothing of it can change; re-run it whole if it must run again (`runs rerun ID`)"
     );
 }
 

@@ -163,7 +163,7 @@ impl Show for BackfillAnswer {
 /// `dagcron apply -f FILE`: the file is sent as it is, YAML or JSON.
 pub(super) async fn apply(c: &Client, file: &Path, out: &mut Output) -> Result<()> {
     let (_, text) = crate::dag_cmd::read_file(file)?;
-    let content_type = if file.extension().is_some_and(|e| e == "json") {
+    let content_type = if crate::dag_cmd::is_json(file, &text) {
         "application/json"
     } else {
         "application/yaml"

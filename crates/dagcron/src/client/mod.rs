@@ -121,7 +121,7 @@ fn token_for(conn: &Conn) -> (Option<String>, String) {
 pub(crate) enum ClientCommand {
     /// Create or update the jobs of a file (YAML or JSON); applying twice changes nothing.
     Apply {
-        /// The job file.
+        /// The job file (`-`: standard input).
         #[arg(short = 'f', long = "file")]
         file: PathBuf,
     },
