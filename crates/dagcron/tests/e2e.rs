@@ -439,6 +439,40 @@ fn the_command_line_says_what_a_server_alone_is_and_which_token_it_sent() {
     );
 }
 
+/// `jobs show` printed the API's JSON whatever was asked; it prints the
+/// job's state and its definition as YAML, and JSON with `--json`.
+#[test]
+fn a_job_is_shown_with_its_definition_as_yaml() {
+    let (_dir, data) = setup();
+    let server = InProcess::start(&data, &[]);
+    let (status, body) = server.post(
+        "/api/v1/apply",
+        "namespace: e2e\njobs:\n  - { name: shown, schedule: '@hourly', tasks: [{ id: t, shell: 'echo hi' }] }\n",
+        "application/yaml",
+    );
+    assert_eq!(status, 200, "{body}");
+    let out = server
+        .cli()
+        .args(["jobs", "show", "e2e/shown"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("e2e/shown  version 1  active  updated "),
+        "{text}"
+    );
+    assert!(text.contains("\n---\nname: shown\n"), "{text}");
+    assert!(text.contains("  shell: echo hi\n"), "{text}");
+    let out = server
+        .cli()
+        .args(["--json", "jobs", "show", "e2e/shown"])
+        .output()
+        .unwrap();
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["spec"]["name"], "shown");
+}
+
 fn attempt_states(server: &Server, run: i64) -> Vec<String> {
     server.get(&format!("/api/v1/runs/{run}"))["tasks"][0]["attempts"]
         .as_array()

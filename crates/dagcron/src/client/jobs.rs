@@ -21,7 +21,7 @@ pub(crate) enum JobsCommand {
         #[arg(default_value = "default")]
         namespace: String,
     },
-    /// One job, with its next fire.
+    /// One job: its version, state and next fire, then its definition as YAML (`--json`: the API's answer).
     Show { job: String },
     /// Stop firing (fires due while paused follow the misfire policy on resume).
     Pause {
@@ -105,6 +105,32 @@ impl Show for ApplyAnswer {
 #[serde(transparent)]
 struct Jobs(Vec<JobAnswer>);
 
+/// A job: what it is now, then its definition as the canonical YAML of
+/// its job file (`--json`: the API's answer).
+impl Show for JobAnswer {
+    fn text(&self, out: &mut dyn Write) -> io::Result<()> {
+        let state = if self.paused { "paused" } else { "active" };
+        writeln!(
+            out,
+            "{}/{}  version {}  {state}  updated {}",
+            self.namespace,
+            self.name,
+            self.version,
+            super::output::instant(&self.updated_at)
+        )?;
+        match &self.next_fire {
+            Some(at) => writeln!(out, "next fire: {}", super::output::instant(at))?,
+            None => writeln!(out, "next fire: none")?,
+        }
+        if let Some(changed) = &self.rules_changed {
+            writeln!(out, "warning: {}", changed.message)?;
+        }
+        let yaml = super::versions::canonical_yaml(Some(&self.spec))
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        write!(out, "---\n{yaml}")
+    }
+}
+
 impl Show for Jobs {
     fn text(&self, out: &mut dyn Write) -> io::Result<()> {
         writeln!(
@@ -183,7 +209,7 @@ pub(super) async fn run(c: &Client, cmd: JobsCommand, out: &mut Output) -> Resul
             let path = format!("/api/v1/namespaces/{namespace}/jobs");
             out.show(&Jobs(c.all_pages(&path).await?))
         }
-        JobsCommand::Show { job } => out.json(&c.get::<JobAnswer>(&job_path(&job)?).await?),
+        JobsCommand::Show { job } => out.show(&c.get::<JobAnswer>(&job_path(&job)?).await?),
         JobsCommand::Pause { all: Some(ns), .. } => bulk(c, &ns, "pause", "paused", out).await,
         JobsCommand::Resume { all: Some(ns), .. } => bulk(c, &ns, "resume", "resumed", out).await,
         JobsCommand::Pause { job, .. } => {

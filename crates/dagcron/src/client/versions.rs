@@ -135,7 +135,7 @@ pub(super) async fn rollback(c: &Client, job: &str, to: i64, out: &mut Output) -
 /// A version's spec as YAML, in its canonical form: the fields of a job
 /// file in their declared order, every default written out, the fields
 /// left unset (`null`) left out.
-fn canonical_yaml(spec: Option<&serde_json::Value>) -> Result<String> {
+pub(super) fn canonical_yaml(spec: Option<&serde_json::Value>) -> Result<String> {
     let spec = spec.context("the server answered a version without its spec")?;
     // Read as a job spec, its fields keep the order of the job file; a spec
     // this build no longer reads is shown as stored.
