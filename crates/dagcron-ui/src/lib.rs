@@ -136,6 +136,8 @@ pub(crate) struct Viewer {
     secret: String,
     pub(crate) csrf: String,
     pub(crate) zone: TimeZone,
+    /// While the instance is read-only, what every page says about it.
+    pub(crate) read_only: Option<String>,
 }
 
 impl Viewer {
@@ -159,6 +161,7 @@ impl Viewer {
             csrf: self.csrf.clone(),
             admin: self.may(Need::Administer, self.who.grant.namespace.as_deref()),
             zone: self.zone.iana_name().unwrap_or("UTC").to_string(),
+            read_only: self.read_only.clone(),
         }
     }
 }
@@ -173,6 +176,7 @@ pub(crate) struct Chrome {
     pub(crate) csrf: String,
     pub(crate) admin: bool,
     pub(crate) zone: String,
+    pub(crate) read_only: Option<String>,
 }
 
 /// The viewer of a request, or the answer that sends it to sign in.
@@ -197,11 +201,17 @@ pub(crate) async fn viewer<S: Store>(ui: &Ui<S>, headers: &HeaderMap) -> Result<
     let zone = cookie(headers, ZONE_COOKIE)
         .and_then(|z| TimeZone::get(&z.replace("%2F", "/")).ok())
         .unwrap_or(TimeZone::UTC);
+    let read_only = ui
+        .st
+        .read_only_notice()
+        .await
+        .map_err(|e| error_page(StatusCode::SERVICE_UNAVAILABLE, &e.message))?;
     Ok(Viewer {
         who,
         secret: session.secret,
         csrf: session.csrf,
         zone,
+        read_only,
     })
 }
 

@@ -422,3 +422,39 @@ async fn another_namespaces_jobs_and_runs_are_not_shown() {
         home.body.contains(r#"<option value="a""#) && home.body.contains(r#"<option value="b""#)
     );
 }
+
+/// While the instance is read-only every page says so, with the reason;
+/// once it is off, no page does.
+#[tokio::test]
+async fn every_page_says_when_the_instance_is_read_only() {
+    let ui = ui().await;
+    let admin = ui.token(Role::Admin, None).await;
+    ui.apply(&admin, "a").await;
+    let (cookie, _) = ui.sign_in(&admin).await;
+    let pages = ["/", "/jobs/a/j", "/playground", "/cluster", "/audit"];
+    for page in pages {
+        let a = ui.send(Method::GET, page, &cookie, "", None).await;
+        assert!(!a.body.contains(r#"class="banner""#), "{page}");
+    }
+    let on = ui
+        .send(
+            Method::PUT,
+            "/api/v1/admin/read-only",
+            "",
+            r#"{"read_only": true, "reason": "db upgrade"}"#,
+            Some(&admin),
+        )
+        .await;
+    assert!(on.status.is_success(), "{}", on.body);
+    for page in pages {
+        let a = ui.send(Method::GET, page, &cookie, "", None).await;
+        assert_eq!(a.status, StatusCode::OK, "{page}");
+        assert!(
+            a.body
+                .contains(r#"<p class="banner" role="status">This instance is read-only since "#)
+                && a.body.contains(": db upgrade."),
+            "{page}: {}",
+            a.body
+        );
+    }
+}

@@ -66,6 +66,21 @@ fn stored(text: Option<String>) -> Result<Option<Stored>, ApiError> {
     })
 }
 
+impl<S: Store> AppState<S> {
+    /// While the instance is read-only, a sentence that says so, since
+    /// when, by whom and why (none: changes go through).
+    pub async fn read_only_notice(&self) -> Result<Option<String>, ApiError> {
+        Ok(read_only(self).await?.map(|on| {
+            format!(
+                "This instance is read-only since {}, by {}: {}. Schedules keep firing; jobs cannot be changed or triggered.",
+                on.since.strftime("%Y-%m-%d %H:%M:%S UTC"),
+                on.by,
+                on.reason
+            )
+        }))
+    }
+}
+
 /// Refuses a change while the instance is read-only: `503 read_only`,
 /// with the operator's reason.
 pub(crate) async fn refuse_when_read_only<S: Store>(st: &AppState<S>) -> Result<(), ApiError> {
