@@ -9,6 +9,12 @@
       document.cookie = "dagcron_tz=" + encodeURIComponent(zone) + "; Path=/; SameSite=Strict; Max-Age=31536000";
     }
   } catch (e) { /* an old browser: times stay in UTC */ }
+  // A form that asks first (a cancel): sent only once confirmed. Without
+  // this script it is sent at once, as any form.
+  document.addEventListener("submit", function (ev) {
+    var ask = ev.target.getAttribute ? ev.target.getAttribute("data-confirm") : null;
+    if (ask && !window.confirm(ask)) { ev.preventDefault(); }
+  });
   // A log followed live stays scrolled to its end.
   document.addEventListener("htmx:afterSwap", function (ev) {
     var pre = ev.detail.target.querySelector ? ev.detail.target.querySelector("pre.log") : null;

@@ -458,3 +458,55 @@ async fn every_page_says_when_the_instance_is_read_only() {
         );
     }
 }
+
+/// Cancel asks first (in a browser with scripts) and the run's page then
+/// follows the run to its end, cancelled.
+#[tokio::test]
+async fn a_run_cancelled_from_its_page_ends_cancelled_there() {
+    let ui = ui().await;
+    let admin = ui.token(Role::Admin, None).await;
+    let file = "namespace: a\njobs:\n  - { name: long, tasks: [{ id: t, shell: 'sleep 30' }] }\n";
+    let a = ui
+        .send(Method::POST, "/api/v1/apply", "", file, Some(&admin))
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    let run = ui
+        .send(
+            Method::POST,
+            "/api/v1/namespaces/a/jobs/long/trigger",
+            "",
+            "{}",
+            Some(&admin),
+        )
+        .await;
+    let id = serde_json::from_str::<serde_json::Value>(&run.body).unwrap()["id"].clone();
+    let (cookie, csrf) = ui.sign_in(&admin).await;
+    let page = format!("/runs/{id}");
+    let shown = ui.send(Method::GET, &page, &cookie, "", None).await;
+    assert!(
+        shown
+            .body
+            .contains(&format!(r#"data-confirm="Cancel run {id}?"#)),
+        "{}",
+        shown.body
+    );
+    let a = ui
+        .send(
+            Method::POST,
+            &format!("/runs/{id}/cancel"),
+            &cookie,
+            &format!("csrf={csrf}"),
+            None,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::SEE_OTHER, "{}", a.body);
+    dagcron_testkit::until_async("the run's page shows it cancelled", async || {
+        let shown = ui.send(Method::GET, &page, &cookie, "", None).await;
+        if shown.body.contains(r#"id="run-state">cancelled<"#) {
+            Ok(())
+        } else {
+            Err(shown.body)
+        }
+    })
+    .await;
+}

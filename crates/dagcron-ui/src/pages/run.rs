@@ -66,6 +66,8 @@ struct RunPage {
     params: String,
     operate: bool,
     ended: bool,
+    /// The state a run that is stopping ends in (a cancel asked, say).
+    closing: Option<&'static str>,
     gantt: String,
     tasks: Vec<TaskView>,
     log_of: Option<(String, u32)>,
@@ -270,6 +272,10 @@ pub(crate) async fn page<S: Store>(
         id,
         operate: v.may(Need::Operate, Some(&run.namespace)),
         ended: run.state.is_terminal(),
+        closing: run
+            .closing
+            .filter(|_| !run.state.is_terminal())
+            .map(|s| s.as_str()),
         state: run.state.as_str(),
         trigger: run.trigger.as_str(),
         version: run.job_version,
