@@ -373,15 +373,8 @@ fn logs_of_a_running_attempt_print_its_output_so_far() {
         "namespace: e2e\njobs:\n  - {{ name: gated, tasks: [{{ id: t, shell: \"echo first; while [ ! -e '{}' ]; do sleep 0.02; done; echo second\" }}] }}\n",
         go.display()
     );
-    let (status, body) = server.post("/api/v1/apply", &file, "application/yaml");
-    assert_eq!(status, 200, "{body}");
-    let (status, run) = server.post(
-        "/api/v1/namespaces/e2e/jobs/gated/trigger",
-        "{}",
-        "application/json",
-    );
-    assert_eq!(status, 201, "{run}");
-    let id = run["id"].as_i64().unwrap().to_string();
+    server.apply(&file);
+    let id = server.trigger("gated").to_string();
     let logs = || server.cli().args(["logs", &id, "t"]).output().unwrap();
     let out = until("the first line is printed", || {
         let out = logs();
@@ -445,12 +438,7 @@ fn the_command_line_says_what_a_server_alone_is_and_which_token_it_sent() {
 fn a_job_is_shown_with_its_definition_as_yaml() {
     let (_dir, data) = setup();
     let server = InProcess::start(&data, &[]);
-    let (status, body) = server.post(
-        "/api/v1/apply",
-        "namespace: e2e\njobs:\n  - { name: shown, schedule: '@hourly', tasks: [{ id: t, shell: 'echo hi' }] }\n",
-        "application/yaml",
-    );
-    assert_eq!(status, 200, "{body}");
+    server.apply("namespace: e2e\njobs:\n  - { name: shown, schedule: '@hourly', tasks: [{ id: t, shell: 'echo hi' }] }\n");
     let out = server
         .cli()
         .args(["jobs", "show", "e2e/shown"])

@@ -318,6 +318,12 @@ impl Api {
     }
 
     /// Triggers `job` of this server's namespace; returns the run's id.
+    /// Applies a job file (YAML), which must be accepted.
+    pub fn apply(&self, yaml: &str) {
+        let (status, body) = self.post("/api/v1/apply", yaml, "application/yaml");
+        assert_eq!(status, 200, "{body}");
+    }
+
     pub fn trigger(&self, job: &str) -> i64 {
         let (status, run) = self.post(
             &format!("/api/v1/namespaces/{}/jobs/{job}/trigger", self.namespace),
