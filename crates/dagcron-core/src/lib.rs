@@ -61,6 +61,7 @@ pub mod fires;
 pub mod hotspots;
 pub mod job;
 pub mod model;
+pub mod notify;
 pub mod policy;
 pub mod quota;
 pub mod rerun;

@@ -15,6 +15,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::calendar::{Calendar, CalendarSpec, MAX_CALENDAR_ENTRIES};
 use crate::dag::Dag;
 use crate::duration::Dur;
+use crate::notify::{MAX_NOTIFIERS, NotifierSpec, NotifyRule};
 use crate::retry::{Backoff, Jitter, RetryOn, RetryPolicy};
 pub use crate::wasm::{ByteSize, DirGrant, Grants, WasmSpec};
 
@@ -31,6 +32,12 @@ pub struct JobFile {
     /// Exclusion calendars the jobs may list in `exclude`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub calendars: Vec<CalendarSpec>,
+    /// Where notifications may go: the jobs' rules name them in `to`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notifiers: Vec<NotifierSpec>,
+    /// The notification rules of every job of the file that has none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notify: Vec<NotifyRule>,
     /// The jobs.
     pub jobs: Vec<JobSpec>,
 }
@@ -504,6 +511,9 @@ pub struct JobSpec {
     pub start_date: Option<Timestamp>,
     /// No fire after this instant.
     pub end_date: Option<Timestamp>,
+    /// Who hears about its runs (see [`crate::notify`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notify: Vec<NotifyRule>,
     /// The DAG.
     pub tasks: Vec<TaskSpec>,
 }
@@ -945,6 +955,8 @@ impl Job {
         let file = JobFile {
             namespace: namespace.to_string(),
             calendars: vec![],
+            notifiers: vec![],
+            notify: vec![],
             jobs: vec![spec],
         };
         file.validate()
@@ -1000,6 +1012,41 @@ impl JobFile {
                 });
             }
         }
+        // The file's notifiers, the same way.
+        let mut notifiers: BTreeMap<&str, Option<&NotifierSpec>> = BTreeMap::new();
+        if self.notifiers.len() > MAX_NOTIFIERS {
+            errors.push(ValidationError {
+                path: "notifiers".into(),
+                message: format!(
+                    "{} notifiers; at most {MAX_NOTIFIERS} are accepted",
+                    self.notifiers.len()
+                ),
+                span: None,
+            });
+        }
+        for (n, notifier) in self.notifiers.iter().enumerate() {
+            let at = format!("notifiers[{n}]");
+            let mut problems = notifier.check(&at);
+            let valid = problems.is_empty();
+            errors.append(&mut problems);
+            if notifiers
+                .insert(&notifier.name, valid.then_some(notifier))
+                .is_some()
+            {
+                errors.push(ValidationError {
+                    path: format!("{at}.name"),
+                    message: format!("notifier {:?} is declared twice", notifier.name),
+                    span: None,
+                });
+            }
+        }
+        let default_notify = match crate::notify::resolve(&self.notify, &notifiers, "notify") {
+            Ok(rules) => rules,
+            Err(mut e) => {
+                errors.append(&mut e);
+                vec![]
+            }
+        };
         let mut jobs = Vec::with_capacity(self.jobs.len());
         // Expressions compiled once per file: thousands of jobs share a
         // few schedules.
@@ -1037,6 +1084,17 @@ impl JobFile {
                 }
             }
             spec.exclude = exclude;
+            spec.notify = if spec.notify.is_empty() {
+                default_notify.clone()
+            } else {
+                match crate::notify::resolve(&spec.notify, &notifiers, &format!("jobs[{i}].notify")) {
+                    Ok(rules) => rules,
+                    Err(mut e) => {
+                        errors.append(&mut e);
+                        vec![]
+                    }
+                }
+            };
             match validate_job(&self.namespace, spec, &format!("jobs[{i}]"), &mut compiled) {
                 Ok(job) => jobs.push(job),
                 Err(mut e) => errors.append(&mut e),

@@ -93,6 +93,7 @@ fn job(name: String, schedule: Option<String>, tasks: Vec<TaskSpec>) -> JobSpec 
         paused: false,
         start_date: None,
         end_date: None,
+        notify: vec![],
         tasks,
     }
 }
@@ -198,6 +199,8 @@ fn bench_file(jobs: Vec<JobSpec>) -> JobFile {
     JobFile {
         namespace: "bench".into(),
         calendars: vec![],
+        notifiers: vec![],
+        notify: vec![],
         jobs,
     }
 }

@@ -55,6 +55,7 @@ fn every_second(name: String, script: String) -> JobSpec {
         paused: false,
         start_date: None,
         end_date: None,
+        notify: vec![],
         tasks: vec![TaskSpec {
             id: "t".into(),
             depends_on: vec![],
@@ -75,6 +76,8 @@ fn file(namespace: &str, jobs: Vec<JobSpec>) -> JobFile {
     JobFile {
         namespace: namespace.into(),
         calendars: vec![],
+        notifiers: vec![],
+        notify: vec![],
         jobs,
     }
 }

@@ -49,6 +49,8 @@ fn job(name: &str, schedule: &str) -> dagcron_core::Job {
     dagcron_core::JobFile {
         namespace: "ns".into(),
         calendars: vec![],
+        notifiers: vec![],
+        notify: vec![],
         jobs: vec![serde_json::from_value(spec).unwrap()],
     }
     .validate()

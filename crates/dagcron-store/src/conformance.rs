@@ -520,6 +520,8 @@ pub async fn start_up_reads_each_jobs_timing<S: Store>(s: &S) {
         dagcron_core::JobFile {
             namespace: "ns".into(),
             calendars: vec![],
+            notifiers: vec![],
+            notify: vec![],
             jobs: vec![serde_json::from_value(spec).expect("a job spec")],
         }
         .validate()

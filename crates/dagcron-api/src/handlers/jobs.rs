@@ -151,6 +151,8 @@ pub(crate) async fn put_job<S: Store>(
     let jobs = validate(&JobFile {
         namespace: ns.clone(),
         calendars: vec![],
+        notifiers: vec![],
+        notify: vec![],
         jobs: vec![spec],
     })?;
     crate::handlers::quotas::check_jobs(&st, &ns, &jobs).await?;

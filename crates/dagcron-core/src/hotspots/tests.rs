@@ -13,6 +13,8 @@ fn job(namespace: &str, name: &str, expressions: &[&str]) -> HotspotJob {
     let file = JobFile {
         namespace: namespace.into(),
         calendars: vec![],
+        notifiers: vec![],
+        notify: vec![],
         jobs: vec![serde_json::from_value(spec).unwrap()],
     };
     HotspotJob::of(&file.validate().unwrap()[0])

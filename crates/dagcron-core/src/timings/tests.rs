@@ -164,6 +164,8 @@ fn jobs_of_the_same_schedules_share_their_timetables_and_keep_their_own_seed() {
     let jobs = JobFile {
         namespace: "ns".into(),
         calendars: vec![],
+        notifiers: vec![],
+        notify: vec![],
         jobs: vec![
             spec("a", "0 0 * * * *"),
             spec("b", "0 0 * * * *"),

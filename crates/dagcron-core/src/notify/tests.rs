@@ -1,0 +1,241 @@
+use super::*;
+use crate::model::JobFile;
+
+fn file(yaml: &str) -> Result<Vec<crate::model::Job>, String> {
+    let file: JobFile = serde_saphyr::from_str(yaml).map_err(|e| e.to_string())?;
+    file.validate().map_err(|e| e.to_string())
+}
+
+const FILE: &str = r#"
+namespace: billing
+notifiers:
+  - name: oncall
+    webhook: { url: "https://hooks.example.com/dagcron", secret: { secret: hook-key } }
+  - name: chat
+    slack: { url: { secret: slack-url } }
+notify:
+  - on: [failed]
+    to: [oncall]
+jobs:
+  - name: nightly
+    schedule: "0 3 * * *"
+    notify:
+      - on: [failed, recovered]
+        to: [oncall, chat]
+      - on: [succeeded, failed]
+        to: [chat]
+    tasks: [{ id: a, shell: "true" }]
+  - name: hourly
+    schedule: "0 * * * *"
+    tasks: [{ id: a, shell: "true" }]
+"#;
+
+#[test]
+fn names_resolve_into_the_canonical_form_and_the_file_default_applies() {
+    let jobs = file(FILE).unwrap();
+    let nightly = &jobs[0];
+    let to = &nightly.spec.notify[0].to;
+    assert!(matches!(&to[0], NotifyTarget::Notifier(n) if n.name == "oncall" && n.webhook.is_some()));
+    assert!(matches!(&to[1], NotifyTarget::Notifier(n) if n.name == "chat" && n.slack.is_some()));
+    // The job's own canonical form rebuilds the same job, without the file.
+    let again = crate::model::Job::from_canonical("billing", &nightly.canonical()).unwrap();
+    assert_eq!(again.spec.notify, nightly.spec.notify);
+    // A job without rules takes the file's.
+    let hourly = &jobs[1];
+    assert_eq!(hourly.spec.notify.len(), 1);
+    assert_eq!(hourly.spec.notify[0].on, vec![NotifyEvent::Failed]);
+    assert!(matches!(&hourly.spec.notify[0].to[0], NotifyTarget::Notifier(n) if n.name == "oncall"));
+}
+
+#[test]
+fn a_run_end_makes_one_notification_per_notifier_and_event() {
+    let jobs = file(FILE).unwrap();
+    let rules = &jobs[0].spec.notify;
+    let names = |state| {
+        on_run_end(rules, state)
+            .into_iter()
+            .map(|(n, e)| format!("{}:{}", n.name, e.as_str()))
+            .collect::<Vec<_>>()
+    };
+    // `chat` is named by both rules for `failed`: one notification.
+    assert_eq!(names(RunState::Failed), ["oncall:failed", "chat:failed"]);
+    assert_eq!(
+        names(RunState::Succeeded),
+        ["oncall:recovered", "chat:recovered", "chat:succeeded"]
+    );
+    assert!(names(RunState::Cancelled).is_empty());
+    assert!(names(RunState::Running).is_empty());
+    assert!(names(RunState::Skipped).is_empty());
+}
+
+#[test]
+fn only_a_success_after_a_failure_is_a_recovery() {
+    assert!(is_recovery(Some(RunState::Failed)));
+    assert!(!is_recovery(Some(RunState::Succeeded)));
+    assert!(!is_recovery(Some(RunState::Cancelled)));
+    assert!(!is_recovery(None));
+}
+
+#[test]
+fn every_problem_is_reported_at_its_path() {
+    let err = file(
+        r#"
+namespace: billing
+notifiers:
+  - name: Bad Name
+    webhook: { url: "ftp://x" }
+  - name: both
+    webhook: { url: "https://a.example" }
+    slack: { url: "https://b.example" }
+  - name: none
+  - name: spaced
+    webhook: { url: "https://a.example/x y" }
+  - name: dup
+    slack: { url: { secret: "no good" } }
+  - name: dup
+    webhook: { url: "https://a.example", secret: { secret: "" } }
+jobs:
+  - name: j
+    schedule: "* * * * *"
+    notify:
+      - on: []
+        to: []
+      - on: [failed]
+        to: [nobody, both]
+    tasks: [{ id: a, shell: "true" }]
+"#,
+    )
+    .unwrap_err();
+    for expected in [
+        "notifiers[0].name: invalid notifier name \"Bad Name\"",
+        "notifiers[0].webhook.url: \"ftp://x\" is not an http:// or https:// URL",
+        "notifiers[1]: a notifier has one channel",
+        "notifiers[2]: a notifier needs a channel",
+        "notifiers[3].webhook.url: \"https://a.example/x y\" holds a space",
+        "notifiers[4].slack.url: invalid secret name \"no good\"",
+        "notifiers[5].name: notifier \"dup\" is declared twice",
+        "notifiers[5].webhook.secret: invalid secret name \"\"",
+        "jobs[0].notify[0].on: a rule needs at least one event",
+        "jobs[0].notify[0].to: a rule needs at least one notifier",
+        "jobs[0].notify[1].to[0]: unknown notifier \"nobody\": the file declares",
+    ] {
+        assert!(err.contains(expected), "{expected:?} not in:\n{err}");
+    }
+    // An invalid notifier is reported once, at its own path, not again
+    // where a rule names it.
+    assert!(!err.contains("notify[1].to[1]"), "{err}");
+}
+
+#[test]
+fn an_unknown_event_names_the_known_ones() {
+    let err = file(
+        r#"
+jobs:
+  - name: j
+    schedule: "* * * * *"
+    notify: [{ on: [exploded], to: [{ name: x, webhook: { url: "https://a.example" } }] }]
+    tasks: [{ id: a, shell: "true" }]
+"#,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("failed") && err.contains("recovered"),
+        "{err}"
+    );
+}
+
+#[test]
+fn secrets_referred_to_are_listed() {
+    let jobs = file(FILE).unwrap();
+    let NotifyTarget::Notifier(oncall) = &jobs[0].spec.notify[0].to[0] else {
+        panic!("resolved")
+    };
+    let NotifyTarget::Notifier(chat) = &jobs[0].spec.notify[0].to[1] else {
+        panic!("resolved")
+    };
+    assert_eq!(
+        oncall.secret_refs().into_iter().collect::<Vec<_>>(),
+        ["hook-key"]
+    );
+    assert_eq!(chat.secret_refs().into_iter().collect::<Vec<_>>(), ["slack-url"]);
+    assert_eq!(oncall.kind(), "webhook");
+    assert_eq!(chat.kind(), "slack");
+}
+
+#[test]
+fn keys_name_the_run_the_event_and_the_notifier() {
+    assert_eq!(
+        run_key("billing", "nightly", 42, NotifyEvent::Recovered, "oncall"),
+        "billing/nightly/run-42/recovered/oncall"
+    );
+}
+
+#[test]
+fn the_payload_has_a_stable_shape() {
+    let p = Payload {
+        schema: SCHEMA.into(),
+        id: "billing/nightly/run-42/failed/oncall".into(),
+        event: NotifyEvent::Failed,
+        at: "2026-03-01T03:00:05Z".parse().unwrap(),
+        namespace: "billing".into(),
+        job: "nightly".into(),
+        run: PayloadRun {
+            id: 42,
+            state: "failed".into(),
+            trigger: "schedule".into(),
+            scheduled_at: "2026-03-01T03:00:00Z".parse().unwrap(),
+        },
+    };
+    expect_test::expect![[r#"{"schema":"dagcron.notification/v1","id":"billing/nightly/run-42/failed/oncall","event":"failed","at":"2026-03-01T03:00:05Z","namespace":"billing","job":"nightly","run":{"id":42,"state":"failed","trigger":"schedule","scheduled_at":"2026-03-01T03:00:00Z"}}"#]]
+        .assert_eq(&serde_json::to_string(&p).unwrap());
+    assert_eq!(
+        p.summary(),
+        "dagcron: run 42 of billing/nightly (schedule, scheduled for 2026-03-01T03:00:00Z) failed"
+    );
+}
+
+#[test]
+fn failed_deliveries_back_off_and_end() {
+    let created: Timestamp = "2026-03-01T00:00:00Z".parse().unwrap();
+    // The waits double from 5 s, drawn between half and all of it.
+    let wait = |attempt, random| {
+        after_failed_delivery(attempt, created, created, random)
+            .map(|t| t.duration_since(created).as_secs_f64())
+    };
+    assert_eq!(wait(1, 0.0), Some(2.5));
+    assert_eq!(wait(1, 0.999_999), Some(4.999_997_5));
+    assert_eq!(wait(2, 0.0), Some(5.0));
+    assert_eq!(wait(4, 0.0), Some(20.0));
+    // ... up to 10 min.
+    assert_eq!(wait(12, 0.0), Some(300.0));
+    assert_eq!(wait(19, 1.0), Some(600.0));
+    // Never more than MAX_DELIVERIES attempts.
+    assert_eq!(wait(MAX_DELIVERIES, 0.0), None);
+    // Never past the window.
+    let late = created
+        .checked_add(SignedDuration::from_secs(DELIVERY_WINDOW.as_secs() as i64 - 1))
+        .unwrap();
+    assert_eq!(after_failed_delivery(1, created, late, 0.0), None);
+}
+
+#[test]
+fn retries_of_any_sequence_stay_bounded() {
+    // Whatever the draws, a notification is given up within its window
+    // and its attempts.
+    let created: Timestamp = "2026-03-01T00:00:00Z".parse().unwrap();
+    for seed in 0..50u64 {
+        let mut now = created;
+        let mut attempt = 1;
+        let mut state = seed;
+        while let Some(next) = after_failed_delivery(attempt, created, now, {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        }) {
+            assert!(next > now);
+            now = next;
+            attempt += 1;
+        }
+        assert!(attempt <= MAX_DELIVERIES);
+        assert!(now.duration_since(created).as_secs() <= DELIVERY_WINDOW.as_secs() as i64);
+    }
+}
