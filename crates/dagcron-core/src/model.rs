@@ -1087,7 +1087,8 @@ impl JobFile {
             spec.notify = if spec.notify.is_empty() {
                 default_notify.clone()
             } else {
-                match crate::notify::resolve(&spec.notify, &notifiers, &format!("jobs[{i}].notify")) {
+                match crate::notify::resolve(&spec.notify, &notifiers, &format!("jobs[{i}].notify"))
+                {
                     Ok(rules) => rules,
                     Err(mut e) => {
                         errors.append(&mut e);

@@ -270,7 +270,10 @@ pub fn resolve(
     if rules.len() > MAX_NOTIFIERS {
         err(
             at.to_string(),
-            format!("{} rules; at most {MAX_NOTIFIERS} are accepted", rules.len()),
+            format!(
+                "{} rules; at most {MAX_NOTIFIERS} are accepted",
+                rules.len()
+            ),
         );
     }
     let mut out = Vec::with_capacity(rules.len());

@@ -87,6 +87,7 @@ pub(crate) async fn apply(
                 new_runs.push(run);
             }
             Write::Fire { .. } => {}
+            Write::Notify(_) => results[i] = Some(WriteResult::Done),
             _ => {
                 let run = rows::run_of(w).expect("a write of a run");
                 let row = new_rows.get_mut(&run).or_else(|| read.get_mut(&run));
@@ -128,6 +129,7 @@ pub(crate) async fn apply(
         )));
     }
     rows::keep_logs(conn, &effects, sent).await?;
+    insert_notifications(conn, batch, sent).await?;
     let notices = Notices {
         work: !effects.queued.is_empty(),
         attempts: !effects.ended_for_others.is_empty(),
@@ -222,4 +224,46 @@ async fn insert_fires(
         });
     }
     Ok(fired)
+}
+
+/// Puts the batch's notifications in the outbox, in one statement; a key
+/// there already (the batch committed twice) is left as it is.
+async fn insert_notifications(
+    conn: &mut PgConnection,
+    batch: &[Write],
+    sent: &mut u64,
+) -> Result<(), sqlx::Error> {
+    let notes: Vec<&dagcron_store::NewNotification> = batch
+        .iter()
+        .filter_map(|w| match w {
+            Write::Notify(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    if notes.is_empty() {
+        return Ok(());
+    }
+    let text = |f: fn(&dagcron_store::NewNotification) -> &str| -> Vec<&str> {
+        notes.iter().map(|n| f(n)).collect()
+    };
+    *sent += 1;
+    sqlx::query(
+        "INSERT INTO notifications (key, namespace, job, run_id, event, notifier, channel, payload, created_at, next_at)
+         SELECT k, n, j, r, e, o, c, p, a, a
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bigint[])
+              AS v(k, n, j, r, e, o, c, p, a)
+         ON CONFLICT (key) DO NOTHING",
+    )
+    .bind(text(|n| &n.key))
+    .bind(text(|n| &n.namespace))
+    .bind(text(|n| &n.job))
+    .bind(notes.iter().map(|n| n.run).collect::<Vec<_>>())
+    .bind(text(|n| &n.event))
+    .bind(text(|n| &n.notifier))
+    .bind(text(|n| &n.channel))
+    .bind(text(|n| &n.payload))
+    .bind(notes.iter().map(|n| n.at.as_microsecond()).collect::<Vec<_>>())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }

@@ -54,6 +54,7 @@ mod auth;
 mod batch;
 mod cluster;
 mod jobs;
+mod outbox;
 mod retention;
 mod rows;
 mod runs;

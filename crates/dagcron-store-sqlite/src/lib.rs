@@ -51,6 +51,7 @@ mod auth;
 mod bulk;
 mod checkpoint;
 mod jobs;
+mod outbox;
 mod plan;
 mod retention;
 mod runs;

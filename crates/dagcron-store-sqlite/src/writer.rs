@@ -612,6 +612,24 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
             .execute(params![run, task])?;
             Ok(WriteResult::Done)
         }
+        Write::Notify(n) => {
+            tx.prepare_cached(
+                "INSERT INTO notifications (key, namespace, job, run_id, event, notifier, channel, payload, created_at, next_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9) ON CONFLICT (key) DO NOTHING",
+            )?
+            .execute(params![
+                n.key,
+                n.namespace,
+                n.job,
+                n.run,
+                n.event,
+                n.notifier,
+                n.channel,
+                n.payload,
+                n.at.as_microsecond()
+            ])?;
+            Ok(WriteResult::Done)
+        }
     }
 }
 

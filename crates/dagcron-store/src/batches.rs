@@ -146,6 +146,7 @@ fn rows(w: &Write) -> Vec<String> {
             rows
         }
         Write::Fire { .. } => vec![],
+        Write::Notify(n) => vec![format!("notification {}", n.key)],
     }
 }
 

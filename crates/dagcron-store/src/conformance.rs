@@ -12,8 +12,8 @@ use jiff::Timestamp;
 use dagcron_core::Rules;
 
 use crate::{
-    Actor, ApplyResult, JobUpsert, NewRun, Origin, RunRecord, StorageError, Store, Trigger, Write,
-    WriteResult,
+    Actor, ApplyResult, DeliveryAttempt, DeliveryEnd, JobUpsert, NewNotification, NewRun,
+    NotificationState, Origin, RunRecord, StorageError, Store, Trigger, Write, WriteResult,
 };
 
 /// Generates one `#[tokio::test]` per conformance case.
@@ -46,6 +46,8 @@ macro_rules! conformance_tests {
             planned_runs_wait_soonest_first_and_count_as_unfinished,
             retention_reads_the_history_and_prunes_only_what_may_go,
             a_deleted_job_is_forgotten_once_its_runs_are_gone,
+            the_outbox_keeps_one_row_a_key_and_one_holder_at_a_time,
+            a_recovery_is_told_by_the_last_run_that_succeeded_or_failed,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -1552,4 +1554,256 @@ pub async fn a_deleted_job_is_forgotten_once_its_runs_are_gone<S: Store>(s: &S) 
     // Applied again, j starts over at version 1.
     let again = s.apply_jobs(&[job("ns", "j", "{}")], t(3)).await.unwrap();
     assert_eq!(again, [ApplyResult::Created(1)]);
+}
+
+fn notification(key: &str, ns: &str, at: i64) -> Write {
+    Write::Notify(NewNotification {
+        key: key.into(),
+        namespace: ns.into(),
+        job: "j".into(),
+        run: Some(1),
+        event: "failed".into(),
+        notifier: "oncall".into(),
+        channel: r#"{"name":"oncall","webhook":{"url":"https://hooks.example"}}"#.into(),
+        payload: format!(r#"{{"id":"{key}"}}"#),
+        at: t(at),
+    })
+}
+
+/// A notification is written in a batch, once per key however often the
+/// batch is committed; one node holds it at a time, until its claim ends;
+/// each delivery attempt is recorded, and where it leaves the notification.
+pub async fn the_outbox_keeps_one_row_a_key_and_one_holder_at_a_time<S: Store>(s: &S) {
+    let batch = [
+        fire(100, Some(new_run(1, 100))),
+        notification("k1", "ns", 100),
+        notification("k2", "ns", 116),
+        notification("k3", "other", 100),
+    ];
+    assert!(
+        s.write(&batch)
+            .await
+            .unwrap()
+            .iter()
+            .all(|r| *r == WriteResult::Done)
+    );
+    // The same notifications again (a batch committed twice): no new row.
+    let again = s.write(&batch[1..]).await.unwrap();
+    assert!(again.iter().all(|r| *r == WriteResult::Done));
+    let listed = s.list_notifications("ns", false, None, 10).await.unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .map(|n| n.made.key.as_str())
+            .collect::<Vec<_>>(),
+        ["k2", "k1"],
+        "newest first, this namespace's only"
+    );
+    assert_eq!(listed[1].state, NotificationState::Pending);
+    assert_eq!(listed[1].next_at, Some(t(100)));
+    assert_eq!(listed[1].made.run, Some(1));
+    let (k1, k2) = (listed[1].id, listed[0].id);
+    assert!(k1 < k2);
+    // Pages go on before an id.
+    let page = s
+        .list_notifications("ns", false, Some(k2), 10)
+        .await
+        .unwrap();
+    assert_eq!(page.len(), 1);
+    assert_eq!(page[0].id, k1);
+
+    // Due at 101: k1 and the other namespace's; k2 at 116.
+    let a = s
+        .claim_notifications("node-a", t(101), t(131), 10)
+        .await
+        .unwrap();
+    let mut keys: Vec<_> = a.iter().map(|n| n.made.key.clone()).collect();
+    keys.sort();
+    assert_eq!(keys, ["k1", "k3"]);
+    // Held by node a: node b gets nothing until the claim ends.
+    assert!(
+        s.claim_notifications("node-b", t(110), t(140), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Node b cannot record what it does not hold.
+    let failed = DeliveryAttempt {
+        number: 1,
+        at: t(102),
+        status: Some(500),
+        error: Some("answered 500".into()),
+    };
+    assert!(
+        !s.record_delivery(k1, "node-b", Some(&failed), &DeliveryEnd::Retry(t(120)))
+            .await
+            .unwrap()
+    );
+    assert!(
+        s.record_delivery(k1, "node-a", Some(&failed), &DeliveryEnd::Retry(t(120)))
+            .await
+            .unwrap()
+    );
+    let k1_now =
+        |list: Vec<crate::NotificationRecord>| list.into_iter().find(|n| n.id == k1).unwrap();
+    let n = k1_now(s.list_notifications("ns", false, None, 10).await.unwrap());
+    assert_eq!(
+        (
+            n.state,
+            n.attempts,
+            n.next_at,
+            n.last_status,
+            n.last_error.as_deref()
+        ),
+        (
+            NotificationState::Pending,
+            1,
+            Some(t(120)),
+            Some(500),
+            Some("answered 500")
+        )
+    );
+    // Not due again before 120; the released claim does not hold it back.
+    assert!(
+        s.claim_notifications("node-b", t(115), t(145), 10)
+            .await
+            .unwrap()
+            .iter()
+            .all(|n| n.id != k1)
+    );
+    // The other namespace's notification is still node a's until 131;
+    // then anyone may take it.
+    let b = s
+        .claim_notifications("node-b", t(132), t(162), 10)
+        .await
+        .unwrap();
+    let mut keys: Vec<_> = b.iter().map(|n| n.made.key.clone()).collect();
+    keys.sort();
+    assert_eq!(keys, ["k1", "k2", "k3"]);
+    let delivered = DeliveryAttempt {
+        number: 2,
+        at: t(133),
+        status: Some(200),
+        error: None,
+    };
+    assert!(
+        s.record_delivery(k1, "node-b", Some(&delivered), &DeliveryEnd::Delivered)
+            .await
+            .unwrap()
+    );
+    // Recorded once: a second record of the same end changes nothing.
+    assert!(
+        !s.record_delivery(k1, "node-b", Some(&delivered), &DeliveryEnd::Delivered)
+            .await
+            .unwrap()
+    );
+    assert!(
+        s.record_delivery(
+            k2,
+            "node-b",
+            None,
+            &DeliveryEnd::Dropped("not a recovery".into())
+        )
+        .await
+        .unwrap()
+    );
+    let list = s.list_notifications("ns", false, None, 10).await.unwrap();
+    let n = k1_now(list.clone());
+    assert_eq!(
+        (
+            n.state,
+            n.attempts,
+            n.next_at,
+            n.ended_at,
+            n.last_status,
+            n.last_error
+        ),
+        (
+            NotificationState::Delivered,
+            2,
+            None,
+            Some(t(133)),
+            Some(200),
+            None
+        )
+    );
+    let dropped = list.iter().find(|n| n.id == k2).unwrap();
+    assert_eq!(
+        (
+            dropped.state,
+            dropped.attempts,
+            dropped.last_error.as_deref()
+        ),
+        (NotificationState::Dropped, 0, Some("not a recovery"))
+    );
+    assert_eq!(
+        s.delivery_attempts(k1).await.unwrap(),
+        [failed.clone(), delivered]
+    );
+    assert!(s.delivery_attempts(k2).await.unwrap().is_empty());
+    // Given up: listed among the failed.
+    let k3 = b.iter().find(|n| n.made.key == "k3").unwrap().id;
+    assert!(
+        s.record_delivery(k3, "node-b", Some(&failed), &DeliveryEnd::Failed)
+            .await
+            .unwrap()
+    );
+    let failed_only = s.list_notifications("other", true, None, 10).await.unwrap();
+    assert_eq!(failed_only.len(), 1);
+    assert_eq!(failed_only[0].state, NotificationState::Failed);
+    assert!(
+        s.list_notifications("ns", true, None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Nothing is left to claim.
+    assert!(
+        s.claim_notifications("node-c", t(10_000), t(10_030), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// A success is a recovery when the job's last run before it that
+/// succeeded or failed had failed; cancelled runs, other jobs' runs and
+/// later runs do not count.
+pub async fn a_recovery_is_told_by_the_last_run_that_succeeded_or_failed<S: Store>(s: &S) {
+    let end = |run: i64, to: RunState| Write::RunState {
+        run,
+        from: RunState::Running,
+        to,
+        at: t(200),
+    };
+    let mut other = new_run(3, 130);
+    other.job = "other".into();
+    s.write(&[
+        fire(100, Some(new_run(1, 100))),
+        fire(110, Some(new_run(2, 110))),
+        Write::Run(other),
+        fire(140, Some(new_run(4, 140))),
+        fire(150, Some(new_run(5, 150))),
+        end(1, RunState::Failed),
+        end(2, RunState::Cancelled),
+        end(3, RunState::Succeeded),
+        end(5, RunState::Succeeded),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(s.previous_run_end("ns", "j", 1).await.unwrap(), None);
+    // Run 2 was cancelled; run 3 is another job's; run 4 is unfinished.
+    assert_eq!(
+        s.previous_run_end("ns", "j", 5).await.unwrap(),
+        Some(RunState::Failed)
+    );
+    assert_eq!(
+        s.previous_run_end("ns", "j", 6).await.unwrap(),
+        Some(RunState::Succeeded)
+    );
+    assert_eq!(
+        s.previous_run_end("ns", "other", 9).await.unwrap(),
+        Some(RunState::Succeeded)
+    );
+    assert_eq!(s.previous_run_end("elsewhere", "j", 9).await.unwrap(), None);
 }

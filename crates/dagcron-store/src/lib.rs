@@ -52,6 +52,7 @@ pub mod batches;
 pub mod cluster;
 pub mod conformance;
 pub mod memory;
+pub mod outbox;
 pub mod retention;
 pub mod rows;
 pub mod run_row;
@@ -451,6 +452,10 @@ pub enum Write {
         /// When.
         at: Timestamp,
     },
+    /// Put a notification in the outbox, in the commit of the event it
+    /// reports. Always done: a notification whose key is there already
+    /// (the batch committed twice) is left as it is.
+    Notify(NewNotification),
 }
 
 impl Write {
@@ -465,8 +470,116 @@ impl Write {
             | Write::AttemptStart { run, .. }
             | Write::AttemptEnd { run, .. }
             | Write::AttemptWithdraw { run, .. } => Some(*run),
+            Write::Notify(_) => None,
         }
     }
+}
+
+/// A notification to put in the outbox (see [`Write::Notify`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewNotification {
+    /// Its idempotency key: one row per key.
+    pub key: String,
+    /// The namespace of its job.
+    pub namespace: String,
+    /// Its job.
+    pub job: String,
+    /// The run it is about, if any.
+    pub run: Option<RunId>,
+    /// The event (`dagcron_core::notify::NotifyEvent`'s name).
+    pub event: String,
+    /// The notifier's name.
+    pub notifier: String,
+    /// The notifier's definition (JSON), as the job had it.
+    pub channel: String,
+    /// The body (JSON), the same at every delivery attempt.
+    pub payload: String,
+    /// When it was made; its first delivery is due then.
+    pub at: Timestamp,
+}
+
+/// Where a notification stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotificationState {
+    /// Waiting for its (next) delivery attempt.
+    Pending,
+    /// A receiver took it.
+    Delivered,
+    /// Given up: its attempts or its time ran out, or it cannot be sent.
+    Failed,
+    /// Not sent, by decision (a success that was not a recovery).
+    Dropped,
+}
+
+impl NotificationState {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotificationState::Pending => "pending",
+            NotificationState::Delivered => "delivered",
+            NotificationState::Failed => "failed",
+            NotificationState::Dropped => "dropped",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<NotificationState> {
+        [
+            NotificationState::Pending,
+            NotificationState::Delivered,
+            NotificationState::Failed,
+            NotificationState::Dropped,
+        ]
+        .into_iter()
+        .find(|t| t.as_str() == s)
+    }
+}
+
+/// A notification as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotificationRecord {
+    /// Its number, increasing with creation.
+    pub id: i64,
+    /// What it was made as.
+    pub made: NewNotification,
+    /// Where it stands.
+    pub state: NotificationState,
+    /// Delivery attempts so far.
+    pub attempts: u32,
+    /// Pending: when its next attempt is due.
+    pub next_at: Option<Timestamp>,
+    /// When it was delivered, failed or dropped.
+    pub ended_at: Option<Timestamp>,
+    /// Its last attempt's answer code (an HTTP status).
+    pub last_status: Option<i32>,
+    /// Its last attempt's error, or why it was dropped.
+    pub last_error: Option<String>,
+}
+
+/// One delivery attempt of a notification.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryAttempt {
+    /// 1-based.
+    pub number: u32,
+    /// When it ended.
+    pub at: Timestamp,
+    /// The receiver's answer code, if it answered.
+    pub status: Option<i32>,
+    /// What went wrong, if it did.
+    pub error: Option<String>,
+}
+
+/// What a delivery attempt leaves a notification in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeliveryEnd {
+    /// Delivered.
+    Delivered,
+    /// Tried again at this instant.
+    Retry(Timestamp),
+    /// Given up.
+    Failed,
+    /// Not sent, for this reason (nothing was attempted).
+    Dropped(String),
 }
 
 /// What a withdrawn attempt records as its error.
@@ -928,17 +1041,76 @@ impl std::error::Error for StorageError {}
 /// Result of storage operations.
 pub type Result<T> = std::result::Result<T, StorageError>;
 
+/// The outbox of notifications: written in batches ([`Write::Notify`]),
+/// claimed by one node at a time for delivery, each attempt recorded.
+pub trait OutboxStore: Send + Sync {
+    /// Claims up to `limit` notifications due at `now` and not claimed by
+    /// a node whose claim still holds, for `owner` until `until`, oldest
+    /// due first. Two nodes never hold the same notification at once.
+    fn claim_notifications(
+        &self,
+        owner: &str,
+        now: Timestamp,
+        until: Timestamp,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<NotificationRecord>>> + Send;
+
+    /// Records an attempt (none for a [`DeliveryEnd::Dropped`]) and where it
+    /// leaves notification `id`, if `owner` still holds it and it is still
+    /// pending; false (nothing changed) otherwise.
+    fn record_delivery(
+        &self,
+        id: i64,
+        owner: &str,
+        attempt: Option<&DeliveryAttempt>,
+        end: &DeliveryEnd,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// A namespace's notifications, newest first, before `before` (an id),
+    /// only the failed ones if `failed_only`.
+    fn list_notifications(
+        &self,
+        namespace: &str,
+        failed_only: bool,
+        before: Option<i64>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<NotificationRecord>>> + Send;
+
+    /// The delivery attempts of notification `id`, first first.
+    fn delivery_attempts(
+        &self,
+        id: i64,
+    ) -> impl Future<Output = Result<Vec<DeliveryAttempt>>> + Send;
+
+    /// How the last run of a job created before `run` that succeeded or
+    /// failed ended (none: there is none), for telling a recovery.
+    fn previous_run_end(
+        &self,
+        namespace: &str,
+        job: &str,
+        run: RunId,
+    ) -> impl Future<Output = Result<Option<RunState>>> + Send;
+}
+
 /// Durable state of jobs, fires, runs, tasks, attempts and logs: every
 /// concern below, which each backend implements (and the conformance suite
 /// checks). Code that needs the whole store asks for `Store`; a piece that
 /// needs one concern may ask for that trait alone.
 pub trait Store:
-    JobStore + RunStore + AuthStore + AuditStore + HistoryStore + Send + Sync + 'static
+    JobStore + RunStore + AuthStore + AuditStore + HistoryStore + OutboxStore + Send + Sync + 'static
 {
 }
 
 impl<T> Store for T where
-    T: JobStore + RunStore + AuthStore + AuditStore + HistoryStore + Send + Sync + 'static
+    T: JobStore
+        + RunStore
+        + AuthStore
+        + AuditStore
+        + HistoryStore
+        + OutboxStore
+        + Send
+        + Sync
+        + 'static
 {
 }
 
@@ -1504,5 +1676,7 @@ mod state_lists {
 /// The store's traits, for code that calls the store's methods on a
 /// concrete backend: `use dagcron_store::prelude::*;`.
 pub mod prelude {
-    pub use crate::{AuditStore, AuthStore, HistoryStore, JobStore, RunStore, SettingStore, Store};
+    pub use crate::{
+        AuditStore, AuthStore, HistoryStore, JobStore, OutboxStore, RunStore, SettingStore, Store,
+    };
 }

@@ -16,9 +16,10 @@ use jiff::Timestamp;
 use crate::prelude::*;
 use crate::run_row::{self, Effects, Row};
 use crate::{
-    ApplyResult, AuditEntry, FireRecord, HistoryJob, JobUpsert, JobVersion, NewRun, Origin, Page,
-    Prune, Pruned, Result, RunId, RunRecord, SecretRecord, StorageError, StoredJob, TokenRecord,
-    VersionRecord, Write, WriteResult,
+    ApplyResult, AuditEntry, DeliveryAttempt, DeliveryEnd, FireRecord, HistoryJob, JobUpsert,
+    JobVersion, NewRun, NotificationRecord, NotificationState, Origin, Page, Prune, Pruned, Result,
+    RunId, RunRecord, SecretRecord, StorageError, StoredJob, TokenRecord, VersionRecord, Write,
+    WriteResult,
 };
 
 /// A job and a namespace: (namespace, name).
@@ -105,6 +106,16 @@ struct Data {
     secrets: BTreeMap<Key, SecretRecord>,
     settings: BTreeMap<String, String>,
     audit: Vec<AuditEntry>,
+    /// The outbox, by id.
+    outbox: BTreeMap<i64, Outboxed>,
+}
+
+/// A notification in the outbox.
+#[derive(Debug)]
+struct Outboxed {
+    record: NotificationRecord,
+    claim: Option<(String, Timestamp)>,
+    deliveries: Vec<DeliveryAttempt>,
 }
 
 /// The in-memory [`Store`].
@@ -298,6 +309,30 @@ impl Data {
             }
             Write::Run(run) => {
                 self.insert_run(run);
+                WriteResult::Done
+            }
+            Write::Notify(n) => {
+                if !self.outbox.values().any(|o| o.record.made.key == n.key) {
+                    let id = self.outbox.keys().next_back().map_or(1, |k| k + 1);
+                    let record = NotificationRecord {
+                        id,
+                        made: n.clone(),
+                        state: NotificationState::Pending,
+                        attempts: 0,
+                        next_at: Some(n.at),
+                        ended_at: None,
+                        last_status: None,
+                        last_error: None,
+                    };
+                    self.outbox.insert(
+                        id,
+                        Outboxed {
+                            record,
+                            claim: None,
+                            deliveries: vec![],
+                        },
+                    );
+                }
                 WriteResult::Done
             }
             _ => {
@@ -647,6 +682,105 @@ impl RunStore for MemoryStore {
                 .cloned()
                 .unwrap_or_default()
         }))
+    }
+}
+
+impl OutboxStore for MemoryStore {
+    async fn claim_notifications(
+        &self,
+        owner: &str,
+        now: Timestamp,
+        until: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<NotificationRecord>> {
+        let mut data = self.data();
+        let mut due: Vec<&mut Outboxed> = data
+            .outbox
+            .values_mut()
+            .filter(|o| {
+                o.record.state == NotificationState::Pending
+                    && o.record.next_at.is_some_and(|t| t <= now)
+                    && o.claim.as_ref().is_none_or(|(_, t)| *t < now)
+            })
+            .collect();
+        due.sort_by_key(|o| (o.record.next_at, o.record.id));
+        Ok(due
+            .into_iter()
+            .take(limit as usize)
+            .map(|o| {
+                o.claim = Some((owner.to_string(), until));
+                o.record.clone()
+            })
+            .collect())
+    }
+
+    async fn record_delivery(
+        &self,
+        id: i64,
+        owner: &str,
+        attempt: Option<&DeliveryAttempt>,
+        end: &DeliveryEnd,
+    ) -> Result<bool> {
+        let mut data = self.data();
+        let Some(o) = data.outbox.get_mut(&id) else {
+            return Ok(false);
+        };
+        if o.record.state != NotificationState::Pending
+            || o.claim.as_ref().is_none_or(|(who, _)| who != owner)
+        {
+            return Ok(false);
+        }
+        o.claim = None;
+        if let Some(a) = attempt {
+            o.deliveries.push(a.clone());
+        }
+        o.record = crate::outbox::after_delivery(&o.record, attempt, end);
+        Ok(true)
+    }
+
+    async fn list_notifications(
+        &self,
+        namespace: &str,
+        failed_only: bool,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<NotificationRecord>> {
+        let data = self.data();
+        Ok(data
+            .outbox
+            .range(..before.unwrap_or(i64::MAX))
+            .rev()
+            .map(|(_, o)| &o.record)
+            .filter(|r| r.made.namespace == namespace)
+            .filter(|r| !failed_only || r.state == NotificationState::Failed)
+            .take(limit as usize)
+            .cloned()
+            .collect())
+    }
+
+    async fn delivery_attempts(&self, id: i64) -> Result<Vec<DeliveryAttempt>> {
+        Ok(self
+            .data()
+            .outbox
+            .get(&id)
+            .map(|o| o.deliveries.clone())
+            .unwrap_or_default())
+    }
+
+    async fn previous_run_end(
+        &self,
+        namespace: &str,
+        job: &str,
+        run: RunId,
+    ) -> Result<Option<RunState>> {
+        let data = self.data();
+        Ok(data
+            .runs
+            .range(..run)
+            .rev()
+            .filter(|(_, r)| r.of(namespace, job))
+            .map(|(_, r)| r.row.state)
+            .find(|s| matches!(s, RunState::Succeeded | RunState::Failed)))
     }
 }
 

@@ -9,8 +9,9 @@ use std::str::FromStr;
 use jiff::Timestamp;
 
 use crate::{
-    AuditEntry, Origin, Result, RunRecord, SecretRecord, StorageError, StoredJob, TaskRecord,
-    TokenRecord, Trigger, VersionRecord,
+    AuditEntry, DeliveryAttempt, NewNotification, NotificationRecord, NotificationState, Origin,
+    Result, RunRecord, SecretRecord, StorageError, StoredJob, TaskRecord, TokenRecord, Trigger,
+    VersionRecord,
 };
 
 /// The columns of one row, by position. Each backend reads them with its
@@ -147,6 +148,48 @@ pub fn secret(row: &impl Cells) -> Result<SecretRecord> {
         nonce: row.bytes(4),
         ciphertext: row.bytes(5),
         updated_at: ts(row.int(6))?,
+    })
+}
+
+/// What [`notification`] reads.
+pub const NOTIFICATION_COLUMNS: &str = "id, key, namespace, job, run_id, event, notifier, channel, payload, created_at, state, attempts, next_at, ended_at, last_status, last_error";
+
+/// A notification from [`NOTIFICATION_COLUMNS`].
+pub fn notification(row: &impl Cells) -> Result<NotificationRecord> {
+    let state = row.text(10);
+    Ok(NotificationRecord {
+        id: row.int(0),
+        made: NewNotification {
+            key: row.text(1),
+            namespace: row.text(2),
+            job: row.text(3),
+            run: row.opt_int(4),
+            event: row.text(5),
+            notifier: row.text(6),
+            channel: row.text(7),
+            payload: row.text(8),
+            at: ts(row.int(9))?,
+        },
+        state: NotificationState::parse(&state)
+            .ok_or_else(|| StorageError::Corrupt(format!("notification state {state:?}")))?,
+        attempts: u32::try_from(row.int(11)).unwrap_or(0),
+        next_at: opt_ts(row.opt_int(12))?,
+        ended_at: opt_ts(row.opt_int(13))?,
+        last_status: row.opt_int(14).map(|s| s as i32),
+        last_error: row.opt_text(15),
+    })
+}
+
+/// What [`delivery`] reads.
+pub const DELIVERY_COLUMNS: &str = "number, at, status, error";
+
+/// A delivery attempt from [`DELIVERY_COLUMNS`].
+pub fn delivery(row: &impl Cells) -> Result<DeliveryAttempt> {
+    Ok(DeliveryAttempt {
+        number: u32::try_from(row.int(0)).unwrap_or(0),
+        at: ts(row.int(1))?,
+        status: row.opt_int(2).map(|s| s as i32),
+        error: row.opt_text(3),
     })
 }
 

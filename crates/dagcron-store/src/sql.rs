@@ -15,11 +15,12 @@ use dagcron_core::retention::{FireFacts, JobFacts, RunFacts};
 
 use crate::HistoryJob;
 use crate::rows::{
-    self as read, AUDIT_COLUMNS, Cells, SECRET_COLUMNS, TOKEN_COLUMNS, VERSION_COLUMNS, opt_ts, ts,
+    self as read, AUDIT_COLUMNS, Cells, DELIVERY_COLUMNS, NOTIFICATION_COLUMNS, SECRET_COLUMNS,
+    TOKEN_COLUMNS, VERSION_COLUMNS, opt_ts, ts,
 };
 use crate::{
-    AuditEntry, FireRecord, JobVersion, Page, Result, RunId, SecretRecord, StorageError, StoredJob,
-    TokenRecord, VersionRecord,
+    AuditEntry, DeliveryAttempt, FireRecord, JobVersion, NotificationRecord, Page, Result, RunId,
+    SecretRecord, StorageError, StoredJob, TokenRecord, VersionRecord,
 };
 
 /// A value bound to a placeholder.
@@ -229,6 +230,30 @@ macro_rules! shared_reads {
             $crate::sql::get_job_version(self, namespace, name, version).await
         }
     };
+    (outbox) => {
+        async fn list_notifications(
+            &self,
+            namespace: &str,
+            failed_only: bool,
+            before: Option<i64>,
+            limit: u32,
+        ) -> $crate::Result<Vec<$crate::NotificationRecord>> {
+            $crate::sql::list_notifications(self, namespace, failed_only, before, limit).await
+        }
+
+        async fn delivery_attempts(&self, id: i64) -> $crate::Result<Vec<$crate::DeliveryAttempt>> {
+            $crate::sql::delivery_attempts(self, id).await
+        }
+
+        async fn previous_run_end(
+            &self,
+            namespace: &str,
+            job: &str,
+            run: $crate::RunId,
+        ) -> $crate::Result<Option<dagcron_core::RunState>> {
+            $crate::sql::previous_run_end(self, namespace, job, run).await
+        }
+    };
     (settings) => {
         async fn get_setting(&self, key: &str) -> $crate::Result<Option<String>> {
             $crate::sql::get_setting(self, key).await
@@ -296,6 +321,72 @@ async fn first<T>(
 async fn count(db: &impl Reader, sql: &str, args: Vec<Arg>) -> Result<u64> {
     let n = first(db, sql, args, |r| Ok(r.int(0))).await?;
     Ok(n.unwrap_or(0).max(0) as u64)
+}
+
+/// A namespace's notifications, newest first (see
+/// [`OutboxStore::list_notifications`](crate::OutboxStore::list_notifications)).
+pub async fn list_notifications(
+    db: &impl Reader,
+    namespace: &str,
+    failed_only: bool,
+    before: Option<i64>,
+    limit: u32,
+) -> Result<Vec<NotificationRecord>> {
+    let sql = format!(
+        "SELECT {NOTIFICATION_COLUMNS} FROM notifications
+         WHERE namespace = $1 AND id < $2 AND ($3 = 0 OR state = 'failed')
+         ORDER BY id DESC LIMIT $4"
+    );
+    let args = vec![
+        namespace.into(),
+        before.unwrap_or(i64::MAX).into(),
+        i64::from(failed_only).into(),
+        i64::from(limit).into(),
+    ];
+    all(db, &sql, args, read::notification).await
+}
+
+/// The notifications whose ids are `ids` (those that exist), by id.
+pub async fn notifications_by_id(db: &impl Reader, ids: &[i64]) -> Result<Vec<NotificationRecord>> {
+    if ids.is_empty() {
+        return Ok(vec![]);
+    }
+    // Ids are integers: written into the statement, they need no binding.
+    let list = ids
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = format!(
+        "SELECT {NOTIFICATION_COLUMNS} FROM notifications WHERE id IN ({list}) ORDER BY id"
+    );
+    all(db, &sql, vec![], read::notification).await
+}
+
+/// A notification's delivery attempts, first first.
+pub async fn delivery_attempts(db: &impl Reader, id: i64) -> Result<Vec<DeliveryAttempt>> {
+    let sql = format!(
+        "SELECT {DELIVERY_COLUMNS} FROM notification_deliveries WHERE notification_id = $1 ORDER BY number"
+    );
+    all(db, &sql, vec![id.into()], read::delivery).await
+}
+
+/// How the job's last run before `run` that succeeded or failed ended.
+pub async fn previous_run_end(
+    db: &impl Reader,
+    namespace: &str,
+    job: &str,
+    run: RunId,
+) -> Result<Option<dagcron_core::RunState>> {
+    let sql = "SELECT state FROM runs WHERE namespace = $1 AND job = $2 AND id < $3
+               AND state IN ('succeeded', 'failed') ORDER BY id DESC LIMIT 1";
+    first(
+        db,
+        sql,
+        vec![namespace.into(), job.into(), run.into()],
+        |r| read::parse(&r.text(0)),
+    )
+    .await
 }
 
 /// The token whose hash is `hash`.

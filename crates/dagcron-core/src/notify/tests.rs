@@ -35,7 +35,9 @@ fn names_resolve_into_the_canonical_form_and_the_file_default_applies() {
     let jobs = file(FILE).unwrap();
     let nightly = &jobs[0];
     let to = &nightly.spec.notify[0].to;
-    assert!(matches!(&to[0], NotifyTarget::Notifier(n) if n.name == "oncall" && n.webhook.is_some()));
+    assert!(
+        matches!(&to[0], NotifyTarget::Notifier(n) if n.name == "oncall" && n.webhook.is_some())
+    );
     assert!(matches!(&to[1], NotifyTarget::Notifier(n) if n.name == "chat" && n.slack.is_some()));
     // The job's own canonical form rebuilds the same job, without the file.
     let again = crate::model::Job::from_canonical("billing", &nightly.canonical()).unwrap();
@@ -44,7 +46,9 @@ fn names_resolve_into_the_canonical_form_and_the_file_default_applies() {
     let hourly = &jobs[1];
     assert_eq!(hourly.spec.notify.len(), 1);
     assert_eq!(hourly.spec.notify[0].on, vec![NotifyEvent::Failed]);
-    assert!(matches!(&hourly.spec.notify[0].to[0], NotifyTarget::Notifier(n) if n.name == "oncall"));
+    assert!(
+        matches!(&hourly.spec.notify[0].to[0], NotifyTarget::Notifier(n) if n.name == "oncall")
+    );
 }
 
 #[test]
@@ -138,10 +142,7 @@ jobs:
 "#,
     )
     .unwrap_err();
-    assert!(
-        err.contains("failed") && err.contains("recovered"),
-        "{err}"
-    );
+    assert!(err.contains("failed") && err.contains("recovered"), "{err}");
 }
 
 #[test]
@@ -157,7 +158,10 @@ fn secrets_referred_to_are_listed() {
         oncall.secret_refs().into_iter().collect::<Vec<_>>(),
         ["hook-key"]
     );
-    assert_eq!(chat.secret_refs().into_iter().collect::<Vec<_>>(), ["slack-url"]);
+    assert_eq!(
+        chat.secret_refs().into_iter().collect::<Vec<_>>(),
+        ["slack-url"]
+    );
     assert_eq!(oncall.kind(), "webhook");
     assert_eq!(chat.kind(), "slack");
 }
@@ -213,7 +217,9 @@ fn failed_deliveries_back_off_and_end() {
     assert_eq!(wait(MAX_DELIVERIES, 0.0), None);
     // Never past the window.
     let late = created
-        .checked_add(SignedDuration::from_secs(DELIVERY_WINDOW.as_secs() as i64 - 1))
+        .checked_add(SignedDuration::from_secs(
+            DELIVERY_WINDOW.as_secs() as i64 - 1,
+        ))
         .unwrap();
     assert_eq!(after_failed_delivery(1, created, late, 0.0), None);
 }
