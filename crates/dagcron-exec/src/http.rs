@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{AttemptContext, CappedLog, Ending, Limits, Outcome};
 
-fn client() -> &'static reqwest::Client {
+pub(crate) fn client() -> &'static reqwest::Client {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
     CLIENT.get_or_init(|| {
         // TLS uses rustls with the ring provider (no C toolchain needed).
@@ -41,7 +41,7 @@ pub(crate) fn own() -> &'static [IpAddr] {
 /// the connection is made; a name that resolves only to refused addresses
 /// fails. No proxy is used (a proxy would make the checks meaningless).
 /// One client per set of allowed blocks, kept.
-fn guarded(policy: &Arc<ExecPolicy>) -> reqwest::Client {
+pub(crate) fn guarded(policy: &Arc<ExecPolicy>) -> reqwest::Client {
     static CLIENTS: Mutex<Vec<(Vec<String>, reqwest::Client)>> = Mutex::new(Vec::new());
     let mut clients = CLIENTS.lock().expect("http clients lock");
     if let Some((_, c)) = clients.iter().find(|(k, _)| *k == policy.http_allow) {
@@ -76,7 +76,7 @@ fn guarded(policy: &Arc<ExecPolicy>) -> reqwest::Client {
 
 /// Why `policy` refuses `url` if its host is an address (a name is checked
 /// when it is resolved).
-fn refused(policy: &ExecPolicy, url: &reqwest::Url) -> Option<String> {
+pub(crate) fn refused(policy: &ExecPolicy, url: &reqwest::Url) -> Option<String> {
     let host = url.host_str()?;
     let ip: IpAddr = host
         .trim_start_matches('[')
@@ -117,7 +117,7 @@ impl reqwest::dns::Resolve for Guard {
 }
 
 /// An error with its causes, which say what actually went wrong.
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {

@@ -237,6 +237,7 @@ pub mod clock;
 pub mod cluster;
 pub mod engine;
 pub mod metrics;
+pub mod outbox;
 pub mod prune;
 pub mod trace;
 
@@ -249,4 +250,5 @@ pub use engine::{
     WriteHealth,
 };
 pub use metrics::{EngineGauges, EngineMetrics};
+pub use outbox::{Outbox, OutboxConfig, OutboxMetrics};
 pub use prune::{PruneConfig, PruneMetrics, PruneReport, Pruner};

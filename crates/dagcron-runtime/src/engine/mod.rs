@@ -39,6 +39,7 @@ mod dispatch;
 mod handle;
 mod jobs;
 mod lease;
+mod notify;
 mod recovery;
 mod requests;
 mod run_loop;
@@ -124,6 +125,9 @@ pub struct EngineConfig {
     /// Scheduled fires one namespace may make per second on this node;
     /// the rest are recorded `skipped_quota` (none: no limit).
     pub max_fires_per_namespace: Option<u32>,
+    /// Woken once a batch that put notifications in the outbox is
+    /// committed (see [`crate::outbox::Outbox`]).
+    pub outbox: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// What looking up a policy answers: the namespace's policy, or why not.
@@ -351,6 +355,7 @@ impl Default for EngineConfig {
             secrets: None,
             policies: None,
             max_fires_per_namespace: None,
+            outbox: None,
             write_health: WriteHealth::default(),
             output_reserve: None,
             catch_up_pace: Some(CatchUpPace::default()),
@@ -667,6 +672,8 @@ struct RunEntry {
     key: Arc<JobKey>,
     job: Arc<Job>,
     scheduled_at: Timestamp,
+    /// What made it.
+    trigger: Trigger,
     params: std::collections::BTreeMap<String, String>,
     /// Its state, its tasks' and their attempts' (every decision about it).
     machine: RunMachine,

@@ -389,6 +389,7 @@ impl<S: Store> Engine<S> {
             key: key.clone(),
             job: job.clone(),
             scheduled_at: record.scheduled_at,
+            trigger: record.trigger,
             params: record.params,
             machine: RunMachine::rebuilt(record.state, record.closing, plan.tasks),
             tokens,

@@ -254,6 +254,7 @@ impl<S: Store> Engine<S> {
                 key: key.clone(),
                 job: job.clone(),
                 scheduled_at: at,
+                trigger,
                 params: params.clone(),
                 machine: match &rerun {
                     Some(r) => RunMachine::carrying(state, r.starts.clone()),
@@ -595,6 +596,7 @@ impl<S: Store> Engine<S> {
                 if let (Some(tracing), Some(trace)) = (&self.config.tracing, &run.trace) {
                     spans::run(tracing, trace, run, id, state, now);
                 }
+                self.notify_run_end(id, state, now);
                 self.finished(id, now);
             }
         }
