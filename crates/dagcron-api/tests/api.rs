@@ -1137,7 +1137,12 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
             | "/api/v1/runs/{id}/rerun"
             | "/api/v1/runs/{id}/tasks/{task}/{action}",
         ) => Namespace(Operator),
-        ("get", "/api/v1/namespaces/{ns}/held") => Namespace(Viewer),
+        (
+            "get",
+            "/api/v1/namespaces/{ns}/held"
+            | "/api/v1/namespaces/{ns}/notifications"
+            | "/api/v1/namespaces/{ns}/notifications/{id}",
+        ) => Namespace(Viewer),
         ("post" | "get", "/api/v1/tokens") | ("delete", "/api/v1/tokens/{id}") => Tokens,
         ("get", "/api/v1/audit") => Tokens,
         ("get", "/api/v1/schedules/hotspots") => Scoped(Viewer),
@@ -2818,4 +2823,108 @@ async fn retention_prunes_old_history_by_the_namespace_s_policy() {
             .unwrap()
             .is_none()
     );
+}
+
+/// The outbox of a namespace: listed newest first to its viewers, one
+/// notification with its attempts, another namespace's absent, bad
+/// parameters refused in the JSON error shape.
+#[tokio::test]
+async fn notifications_are_listed_to_their_namespace_only() {
+    let api = api().await;
+    let file = r#"
+namespace: team
+notifiers:
+  - name: oncall
+    webhook: { url: "https://hooks.example.com/x", secret: { secret: hook-key } }
+jobs:
+  - name: bad
+    notify: [{ on: [failed], to: [oncall] }]
+    tasks: [{ id: a, shell: "exit 3" }]
+"#;
+    let (status, body) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", file)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, run) = api
+        .post("/api/v1/namespaces/team/jobs/bad/trigger", "{}")
+        .await;
+    let id = &run["id"];
+    assert_eq!(api.wait_run(id).await["state"], "failed");
+    let viewer = api.token_with(Role::Viewer, Some("team")).await;
+    let (status, page) = api
+        .call_as(
+            Some(&viewer),
+            Method::GET,
+            "/api/v1/namespaces/team/notifications",
+            "",
+            "",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let items = page["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{page}");
+    let n = &items[0];
+    assert_eq!(n["key"], format!("team/bad/run-{id}/failed/oncall"));
+    assert_eq!(
+        (
+            &n["job"],
+            &n["event"],
+            &n["notifier"],
+            &n["channel"],
+            &n["state"]
+        ),
+        (
+            &json!("bad"),
+            &json!("failed"),
+            &json!("oncall"),
+            &json!("webhook"),
+            &json!("pending")
+        )
+    );
+    assert_eq!(n["run"], *id);
+    // No answer holds a secret's value or the body: the notifier is named.
+    assert!(!page.to_string().contains("hook-key"), "{page}");
+    let nid = n["id"].as_i64().unwrap();
+    let (status, one) = api
+        .call_as(
+            Some(&viewer),
+            Method::GET,
+            &format!("/api/v1/namespaces/team/notifications/{nid}"),
+            "",
+            "",
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{one}");
+    assert_eq!(one["deliveries"], json!([]));
+    let (_, failed) = api
+        .get("/api/v1/namespaces/team/notifications?failed=true")
+        .await;
+    assert_eq!(failed["items"], json!([]));
+    // Another namespace's viewer: absent, as its jobs are.
+    let other = api.token_with(Role::Viewer, Some("else")).await;
+    for uri in [
+        "/api/v1/namespaces/team/notifications".to_string(),
+        format!("/api/v1/namespaces/team/notifications/{nid}"),
+    ] {
+        let (status, body) = api.call_as(Some(&other), Method::GET, &uri, "", "").await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{uri}: {body}");
+    }
+    // Its id in another namespace's path: absent too.
+    let (status, _) = api
+        .get(&format!("/api/v1/namespaces/else/notifications/{nid}"))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    for uri in [
+        "/api/v1/namespaces/team/notifications?limit=0",
+        "/api/v1/namespaces/team/notifications?limit=100000",
+        "/api/v1/namespaces/team/notifications?before=-1",
+        "/api/v1/namespaces/team/notifications?failed=maybe",
+        "/api/v1/namespaces/team/notifications/abc",
+        "/api/v1/namespaces/team/notifications/0",
+        "/api/v1/namespaces/team/notifications/9223372036854775807",
+    ] {
+        let (status, body) = api.get(uri).await;
+        assert!(status.is_client_error(), "{uri}: {status} {body}");
+        assert!(body["error"]["message"].is_string(), "{uri}: {body}");
+    }
 }

@@ -71,7 +71,9 @@ pub async fn send(policy: Option<&Arc<ExecPolicy>>, post: Post) -> Answer {
     let client = match policy {
         Some(policy) => {
             if let Some(why) = crate::http::refused(policy, &url) {
-                return failed(format!("refused by the namespace's execution policy: {why}"));
+                return failed(format!(
+                    "refused by the namespace's execution policy: {why}"
+                ));
             }
             crate::http::guarded(policy)
         }

@@ -18,8 +18,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dagcron_core::notify::{self, NotifierSpec, Payload};
 use dagcron_core::EnvValue;
+use dagcron_core::notify::{self, NotifierSpec, Payload};
 use dagcron_exec::notify::{Answer, Post, SIGNATURE_HEADER, send, signature};
 use dagcron_store::prelude::*;
 use dagcron_store::{DeliveryAttempt, DeliveryEnd, NotificationRecord};
@@ -249,7 +249,11 @@ impl<S: Store> Outbox<S> {
         let made = &note.made;
         let notifier: NotifierSpec = match serde_json::from_str(&made.channel) {
             Ok(n) => n,
-            Err(e) => return failed(format!("the notifier's stored definition is unreadable: {e}")),
+            Err(e) => {
+                return failed(format!(
+                    "the notifier's stored definition is unreadable: {e}"
+                ));
+            }
         };
         let payload: Payload = match serde_json::from_str(&made.payload) {
             Ok(p) => p,
@@ -273,7 +277,10 @@ impl<S: Store> Outbox<S> {
                 ];
                 if let Some(key) = &hook.secret {
                     let key = secrets.get(&key.secret).cloned().unwrap_or_default();
-                    headers.push((SIGNATURE_HEADER.to_string(), signature(key.as_bytes(), &body)));
+                    headers.push((
+                        SIGNATURE_HEADER.to_string(),
+                        signature(key.as_bytes(), &body),
+                    ));
                 }
                 Post {
                     url: value(&hook.url),

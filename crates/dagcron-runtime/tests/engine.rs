@@ -2750,3 +2750,98 @@ async fn catch_up_runs_begin_at_their_pace() {
     }
     h.stop().await;
 }
+
+/// A run's end puts its notifications in the outbox in the commit that
+/// records the end (the run is never seen ended without them), one per
+/// notifier and event, and wakes the outbox.
+#[tokio::test]
+async fn a_runs_end_writes_its_notifications_in_the_same_commit() {
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let h = fresh_with(
+        "2026-01-01T00:00:00Z",
+        EngineConfig {
+            outbox: Some(wake.clone()),
+            ..EngineConfig::default()
+        },
+    )
+    .await;
+    h.apply(
+        r#"
+namespace: t
+notifiers:
+  - name: oncall
+    webhook: { url: "https://hooks.example.com/x" }
+  - name: chat
+    slack: { url: { secret: slack-url } }
+notify:
+  - on: [failed, recovered]
+    to: [oncall, chat]
+jobs:
+  - name: bad
+    tasks: [{ id: a, shell: "exit 3" }]
+  - name: good
+    notify: [{ on: [succeeded], to: [chat] }]
+    tasks: [{ id: a, noop: true }]
+  - name: quiet
+    notify: [{ on: [cancelled], to: [oncall] }]
+    tasks: [{ id: a, noop: true }]
+"#,
+    )
+    .await;
+    let woken = wake.notified();
+    let bad = h.handle.trigger("t", "bad", BTreeMap::new()).await.unwrap();
+    h.until("the run of bad failed", async |s| {
+        s.get_run(bad).await.unwrap().unwrap().state == RunState::Failed
+    })
+    .await;
+    // Seen ended: its notifications are there already.
+    let notes = h
+        .store
+        .list_notifications("t", false, None, 100)
+        .await
+        .unwrap();
+    let mut made: Vec<(String, String, String)> = notes
+        .iter()
+        .map(|n| {
+            (
+                n.made.job.clone(),
+                n.made.event.clone(),
+                n.made.notifier.clone(),
+            )
+        })
+        .collect();
+    made.sort();
+    assert_eq!(
+        made,
+        [
+            ("bad".into(), "failed".into(), "chat".into()),
+            ("bad".into(), "failed".into(), "oncall".into()),
+        ]
+    );
+    let n = notes.iter().find(|n| n.made.notifier == "oncall").unwrap();
+    assert_eq!(n.made.key, format!("t/bad/run-{bad}/failed/oncall"));
+    assert_eq!(n.made.run, Some(bad));
+    let body: serde_json::Value = serde_json::from_str(&n.made.payload).unwrap();
+    assert_eq!(body["run"]["trigger"], "manual");
+    assert_eq!(body["run"]["state"], "failed");
+    let channel: serde_json::Value = serde_json::from_str(&n.made.channel).unwrap();
+    assert_eq!(channel["webhook"]["url"], "https://hooks.example.com/x");
+    tokio::time::timeout(Duration::from_secs(30), woken)
+        .await
+        .expect("the outbox was woken after the commit");
+    // A success makes `succeeded` where asked; a run whose rules ask for
+    // nothing of its end makes nothing.
+    let good = h.run_to_end("good").await;
+    h.run_to_end("quiet").await;
+    let notes = h
+        .store
+        .list_notifications("t", false, None, 100)
+        .await
+        .unwrap();
+    assert_eq!(notes.len(), 3, "{notes:?}");
+    assert_eq!(
+        notes[0].made.key,
+        format!("t/good/run-{good}/succeeded/chat")
+    );
+    h.stop().await;
+}

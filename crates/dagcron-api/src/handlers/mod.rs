@@ -6,6 +6,7 @@ pub mod audit;
 pub(crate) mod health;
 pub(crate) mod interventions;
 pub(crate) mod jobs;
+pub(crate) mod notifications;
 pub(crate) mod operations;
 pub mod policy;
 pub mod quotas;

@@ -8,6 +8,7 @@
 mod audit;
 mod cluster;
 mod jobs;
+mod notifications;
 mod operations;
 mod retention;
 mod runs;
@@ -29,6 +30,7 @@ pub use jobs::{
     TriggerBatchAnswer, TriggerBatchBody, TriggerBatchItem, TriggerBody, UpcomingAnswer,
     UpcomingFire,
 };
+pub use notifications::{DeliveryAnswer, NotificationAnswer, NotificationPage};
 pub use operations::{BulkPauseAnswer, Policy, Quotas, ReadOnlyAnswer, ReadOnlyBody, ShellPlace};
 pub use retention::{PruneAnswer, PruneBody, PrunedAnswer, RetentionAnswer, RetentionBody};
 pub use runs::{

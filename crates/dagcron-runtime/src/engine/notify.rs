@@ -3,8 +3,8 @@
 //! never doubles one (the outbox keeps one row per key); the outbox is
 //! woken once the batch is committed (see [`crate::outbox`]).
 
-use dagcron_core::notify::{self, Payload, PayloadRun};
 use dagcron_core::RunState;
+use dagcron_core::notify::{self, Payload, PayloadRun};
 use dagcron_store::{NewNotification, RunId, Store, Write};
 use jiff::Timestamp;
 

@@ -110,9 +110,10 @@ impl Setup {
                 owner: owner.into(),
                 ..OutboxConfig::default()
             },
-            Some(SecretSource(Arc::new(FixedSecrets(BTreeMap::from([
-                ("hook-key".to_string(), "s3cret".to_string()),
-            ]))))),
+            Some(SecretSource(Arc::new(FixedSecrets(BTreeMap::from([(
+                "hook-key".to_string(),
+                "s3cret".to_string(),
+            )]))))),
             policy.map(|p| PolicySource(Arc::new(FixedPolicy(Arc::new(p))))),
             OutboxMetrics::default(),
             Arc::new(Notify::new()),
@@ -120,7 +121,11 @@ impl Setup {
     }
 
     async fn the_one(&self) -> NotificationRecord {
-        let mut all = self.store.list_notifications("billing", false, None, 10).await.unwrap();
+        let mut all = self
+            .store
+            .list_notifications("billing", false, None, 10)
+            .await
+            .unwrap();
         assert_eq!(all.len(), 1);
         all.remove(0)
     }
@@ -140,7 +145,10 @@ async fn a_receiver_that_fails_three_times_gets_four_attempts_and_one_delivery()
     let channel = serde_json::json!({
         "name": "oncall", "webhook": { "url": url, "secret": { "secret": "hook-key" } }
     });
-    s.store.write(&[note("k1", "failed", channel)]).await.unwrap();
+    s.store
+        .write(&[note("k1", "failed", channel)])
+        .await
+        .unwrap();
     let outbox = s.outbox("node-a", Some(loopback_allowed()));
     let mut passes = 0;
     while s.the_one().await.state == NotificationState::Pending {
@@ -152,13 +160,19 @@ async fn a_receiver_that_fails_three_times_gets_four_attempts_and_one_delivery()
         s.clock.advance(SignedDuration::from_secs(20));
     }
     let n = s.the_one().await;
-    assert_eq!((n.state, n.attempts, n.last_status), (NotificationState::Delivered, 4, Some(200)));
+    assert_eq!(
+        (n.state, n.attempts, n.last_status),
+        (NotificationState::Delivered, 4, Some(200))
+    );
     let attempts = s.store.delivery_attempts(n.id).await.unwrap();
     assert_eq!(
         attempts.iter().map(|a| a.status).collect::<Vec<_>>(),
         [Some(500), Some(500), Some(503), Some(200)]
     );
-    assert!(attempts[0].error.as_deref().unwrap().contains("500"), "{attempts:?}");
+    assert!(
+        attempts[0].error.as_deref().unwrap().contains("500"),
+        "{attempts:?}"
+    );
     assert!(attempts[3].error.is_none());
     // The same body, key and valid signature every time.
     let got = got.lock().unwrap();
@@ -170,7 +184,12 @@ async fn a_receiver_that_fails_three_times_gets_four_attempts_and_one_delivery()
         assert_eq!(headers["content-type"], "application/json");
         let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(b"s3cret").unwrap();
         mac.update(body.as_bytes());
-        let hex: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        let hex: String = mac
+            .finalize()
+            .into_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         assert_eq!(headers["x-dagcron-signature-256"], format!("sha256={hex}"));
     }
     let body: serde_json::Value = serde_json::from_str(&got[0].1).unwrap();
@@ -183,14 +202,18 @@ async fn a_retry_waits_for_its_backoff() {
     let (url, got) = receiver(vec![500]).await;
     let s = Setup::new();
     let channel = serde_json::json!({ "name": "oncall", "webhook": { "url": url } });
-    s.store.write(&[note("k1", "failed", channel)]).await.unwrap();
+    s.store
+        .write(&[note("k1", "failed", channel)])
+        .await
+        .unwrap();
     let outbox = s.outbox("node-a", None);
     assert_eq!(outbox.pass().await.unwrap(), 1);
     let next = s.the_one().await.next_at.unwrap();
     let wait = next.duration_since(start()).as_secs_f64();
     assert!((2.5..=5.0).contains(&wait), "first retry after {wait}s");
     // Not before it is due.
-    s.clock.set(next.checked_sub(SignedDuration::from_millis(1)).unwrap());
+    s.clock
+        .set(next.checked_sub(SignedDuration::from_millis(1)).unwrap());
     assert_eq!(outbox.pass().await.unwrap(), 0);
     s.clock.set(next);
     assert_eq!(outbox.pass().await.unwrap(), 1);
@@ -214,8 +237,12 @@ async fn a_slack_notifier_gets_one_line_at_the_address_its_secret_holds() {
         OutboxMetrics::default(),
         Arc::new(Notify::new()),
     );
-    let channel = serde_json::json!({ "name": "chat", "slack": { "url": { "secret": "slack-url" } } });
-    s.store.write(&[note("k1", "failed", channel)]).await.unwrap();
+    let channel =
+        serde_json::json!({ "name": "chat", "slack": { "url": { "secret": "slack-url" } } });
+    s.store
+        .write(&[note("k1", "failed", channel)])
+        .await
+        .unwrap();
     outbox.pass().await.unwrap();
     assert_eq!(s.the_one().await.state, NotificationState::Delivered);
     let got = got.lock().unwrap();
@@ -231,16 +258,31 @@ async fn the_execution_policy_keeps_a_notifier_from_internal_addresses() {
     let (url, got) = receiver(vec![]).await;
     let s = Setup::new();
     let channel = serde_json::json!({ "name": "oncall", "webhook": { "url": url } });
-    s.store.write(&[note("k1", "failed", channel)]).await.unwrap();
+    s.store
+        .write(&[note("k1", "failed", channel)])
+        .await
+        .unwrap();
     // The default policy: public addresses only.
-    s.outbox("node-a", Some(ExecPolicy::default())).pass().await.unwrap();
+    s.outbox("node-a", Some(ExecPolicy::default()))
+        .pass()
+        .await
+        .unwrap();
     let n = s.the_one().await;
-    assert_eq!((n.state, n.attempts, n.last_status), (NotificationState::Pending, 1, None));
+    assert_eq!(
+        (n.state, n.attempts, n.last_status),
+        (NotificationState::Pending, 1, None)
+    );
     assert!(
-        n.last_error.as_deref().unwrap().contains("refused by the namespace's execution policy"),
+        n.last_error
+            .as_deref()
+            .unwrap()
+            .contains("refused by the namespace's execution policy"),
         "{n:?}"
     );
-    assert!(got.lock().unwrap().is_empty(), "nothing reached the receiver");
+    assert!(
+        got.lock().unwrap().is_empty(),
+        "nothing reached the receiver"
+    );
 }
 
 #[tokio::test]
@@ -250,11 +292,17 @@ async fn a_missing_secret_is_an_attempt_that_failed_and_says_which() {
     let channel = serde_json::json!({
         "name": "oncall", "webhook": { "url": url, "secret": { "secret": "gone" } }
     });
-    s.store.write(&[note("k1", "failed", channel)]).await.unwrap();
+    s.store
+        .write(&[note("k1", "failed", channel)])
+        .await
+        .unwrap();
     s.outbox("node-a", None).pass().await.unwrap();
     let n = s.the_one().await;
     assert_eq!(n.state, NotificationState::Pending);
-    assert!(n.last_error.as_deref().unwrap().contains("no secret gone"), "{n:?}");
+    assert!(
+        n.last_error.as_deref().unwrap().contains("no secret gone"),
+        "{n:?}"
+    );
     assert!(got.lock().unwrap().is_empty());
 }
 
@@ -264,7 +312,10 @@ async fn a_success_is_sent_as_a_recovery_only_after_a_failure() {
     let s = Setup::new();
     let channel = serde_json::json!({ "name": "oncall", "webhook": { "url": url } });
     // No run before run 7: not a recovery.
-    s.store.write(&[note("k1", "recovered", channel.clone())]).await.unwrap();
+    s.store
+        .write(&[note("k1", "recovered", channel.clone())])
+        .await
+        .unwrap();
     s.outbox("node-a", None).pass().await.unwrap();
     let n = s.the_one().await;
     assert_eq!((n.state, n.attempts), (NotificationState::Dropped, 0));
@@ -287,7 +338,11 @@ async fn a_success_is_sent_as_a_recovery_only_after_a_failure() {
         .await
         .unwrap();
     s.outbox("node-a", None).pass().await.unwrap();
-    let list = s.store.list_notifications("billing", false, None, 10).await.unwrap();
+    let list = s
+        .store
+        .list_notifications("billing", false, None, 10)
+        .await
+        .unwrap();
     assert_eq!(list[0].made.key, "k2");
     assert_eq!(list[0].state, NotificationState::Delivered);
     assert_eq!(got.lock().unwrap().len(), 1);
@@ -298,7 +353,9 @@ async fn two_nodes_delivering_at_once_send_each_notification_once() {
     let (url, got) = receiver(vec![]).await;
     let s = Setup::new();
     let channel = serde_json::json!({ "name": "oncall", "webhook": { "url": url } });
-    let writes: Vec<Write> = (0..50).map(|i| note(&format!("k{i}"), "failed", channel.clone())).collect();
+    let writes: Vec<Write> = (0..50)
+        .map(|i| note(&format!("k{i}"), "failed", channel.clone()))
+        .collect();
     s.store.write(&writes).await.unwrap();
     let (a, b) = (s.outbox("node-a", None), s.outbox("node-b", None));
     loop {

@@ -23,8 +23,8 @@ use dagcron_api::secrets::StoredSecrets;
 use dagcron_api::{AppState, router};
 use dagcron_core::JobFile;
 use dagcron_runtime::{
-    Engine, EngineConfig, EngineMetrics, OutputReserve, PolicySource, PruneConfig, Pruner,
-    RemoteWorkers, SecretSource, SystemClock,
+    Engine, EngineConfig, EngineMetrics, Outbox, OutboxConfig, OutputReserve, PolicySource,
+    PruneConfig, Pruner, RemoteWorkers, SecretSource, SystemClock,
 };
 use dagcron_store::StorageError;
 use dagcron_store::prelude::*;
@@ -154,21 +154,27 @@ impl<S: Store> Node<S> {
         pruned.register(&mut registry);
         let peak_task = tokio::spawn(dagcron_api::schedules::keep_peak(self.store.clone(), peak));
         let _peak_task = AbortOnDrop(peak_task);
+        let outboxed = dagcron_runtime::OutboxMetrics::default();
+        outboxed.register(&mut registry);
+        let secrets = SecretSource(Arc::new(StoredSecrets {
+            store: self.store.clone(),
+            key: self.master_key.clone(),
+        }));
+        let policies = PolicySource(Arc::new(dagcron_api::policy::StoredPolicies::new(
+            self.store.clone(),
+        )));
+        let wake_outbox = Arc::new(tokio::sync::Notify::new());
         let engine_config = EngineConfig {
             metrics: Some(metrics),
+            outbox: Some(wake_outbox.clone()),
             tracing: traced,
             pool_size: config.pool_size,
             max_ready_backlog: config.max_ready_backlog,
             max_fires_per_namespace: config.max_fires_per_namespace,
             misfire_grace: config.misfire_grace,
             remote: Some(RemoteWorkers(Arc::new(agents.clone()))),
-            secrets: Some(SecretSource(Arc::new(StoredSecrets {
-                store: self.store.clone(),
-                key: self.master_key.clone(),
-            }))),
-            policies: Some(PolicySource(Arc::new(
-                dagcron_api::policy::StoredPolicies::new(self.store.clone()),
-            ))),
+            secrets: Some(secrets.clone()),
+            policies: Some(policies.clone()),
             node: self.identity,
             catch_up_pace: config.catch_up_pace,
             output_reserve: self
@@ -205,6 +211,25 @@ impl<S: Store> Node<S> {
             pruned.clone(),
         );
         let _prune_task = AbortOnDrop(tokio::spawn(pruner.run(stop.clone())));
+        // Notifications, beside the engine: its own task. A claim is this
+        // process's: after a crash, what it held waits for its claim to end.
+        let outbox = Outbox::new(
+            self.store.clone(),
+            Arc::new(SystemClock),
+            OutboxConfig {
+                owner: format!(
+                    "{node_id}/{}/{}",
+                    std::process::id(),
+                    jiff::Timestamp::now().as_microsecond()
+                ),
+                ..OutboxConfig::default()
+            },
+            Some(secrets),
+            Some(policies),
+            outboxed,
+            wake_outbox,
+        );
+        let _outbox_task = AbortOnDrop(tokio::spawn(outbox.run(stop.clone())));
         tracing::info!(
             "{} listening on {}://{address}{}",
             self.name,
