@@ -38,17 +38,6 @@ fn developer(server: &Server, namespace: &str) -> Api {
     }
 }
 
-fn put(api: &Api, path: &str, body: &Value) -> (u16, Value) {
-    let resp = api
-        .http()
-        .put(format!("{}{path}", api.url))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .unwrap();
-    (resp.status().as_u16(), resp.json().unwrap_or(Value::Null))
-}
-
 fn apply(api: &Api, yaml: &str) -> (u16, Value) {
     api.post("/api/v1/apply", yaml, "application/yaml")
 }
@@ -85,8 +74,7 @@ fn an_alpha_developers_shell_task_reads_nothing_of_the_server_or_of_beta() {
     let beta = developer(&server, "beta");
 
     // beta's task runs with its password in its environment.
-    let (status, body) = put(
-        &beta,
+    let (status, body) = beta.put(
         "/api/v1/namespaces/beta/secrets/db-password",
         &json!({ "value": BETA_PASSWORD }),
     );
@@ -186,15 +174,13 @@ fn an_alpha_http_task_to_a_loopback_listener_is_refused() {
     let error = run["tasks"][0]["attempts"][0]["error"].as_str().unwrap();
     assert!(error.contains("loopback"), "{error}");
     // An instance admin may open the block for alpha.
-    let (status, body) = put(
-        &server,
+    let (status, body) = server.put(
         "/api/v1/namespaces/alpha/policy",
         &json!({ "http_allow": ["127.0.0.1/32", "::1/128"] }),
     );
     assert_eq!(status, 200, "{body}");
     // ...but alpha's developer may not.
-    let (status, _) = put(
-        &alpha,
+    let (status, _) = alpha.put(
         "/api/v1/namespaces/alpha/policy",
         &json!({ "http_allow": ["0.0.0.0/0"] }),
     );
@@ -225,8 +211,7 @@ fn a_wasm_task_mounting_the_root_or_reading_host_variables_is_refused() {
     assert!(rules[1].contains("wasm_env"), "{body}");
     // A policy that allows every directory still never shows the server's
     // own files.
-    let (status, body) = put(
-        &server,
+    let (status, body) = server.put(
         "/api/v1/namespaces/alpha/policy",
         &json!({ "wasm_dirs": ["/"] }),
     );

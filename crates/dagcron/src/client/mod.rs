@@ -7,6 +7,7 @@ mod admin;
 mod audit;
 mod cluster;
 mod jobs;
+mod notifications;
 mod output;
 mod runs;
 mod schedules;
@@ -159,6 +160,10 @@ pub(crate) enum ClientCommand {
     /// Secrets of a namespace: set (the value from standard input), list, delete.
     #[command(subcommand)]
     Secrets(secrets::SecretsCommand),
+    /// Notifications of a namespace: where each went, its attempts, and
+    /// those given up.
+    #[command(subcommand)]
+    Notifications(notifications::NotificationsCommand),
     /// The instance: read-only mode, namespaces' quotas, execution policies
     /// and retention, and pruning.
     #[command(subcommand)]
@@ -207,6 +212,7 @@ pub(crate) async fn run(cmd: ClientCommand, conn: Conn) -> Result<ExitCode> {
         ClientCommand::Cluster(cmd) => cluster::cluster(&c, cmd, &mut out).await?,
         ClientCommand::Tokens(cmd) => tokens::run(&c, cmd, &mut out).await?,
         ClientCommand::Secrets(cmd) => secrets::run(&c, cmd, &mut out).await?,
+        ClientCommand::Notifications(cmd) => notifications::run(&c, cmd, &mut out).await?,
         ClientCommand::Admin(cmd) => admin::run(&c, cmd, &mut out).await?,
         ClientCommand::Audit { namespace, verify } => {
             return audit::run(&c, namespace, verify, &mut out).await;

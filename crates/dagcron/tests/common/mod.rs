@@ -317,13 +317,25 @@ impl Api {
         (resp.status().as_u16(), resp.json().unwrap_or(Value::Null))
     }
 
-    /// Triggers `job` of this server's namespace; returns the run's id.
+    /// `PUT path` with a JSON body; the answer's status and body.
+    pub fn put(&self, path: &str, body: &Value) -> (u16, Value) {
+        let resp = self
+            .http()
+            .put(format!("{}{path}", self.url))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .unwrap();
+        (resp.status().as_u16(), resp.json().unwrap_or(Value::Null))
+    }
+
     /// Applies a job file (YAML), which must be accepted.
     pub fn apply(&self, yaml: &str) {
         let (status, body) = self.post("/api/v1/apply", yaml, "application/yaml");
         assert_eq!(status, 200, "{body}");
     }
 
+    /// Triggers `job` of this server's namespace; returns the run's id.
     pub fn trigger(&self, job: &str) -> i64 {
         let (status, run) = self.post(
             &format!("/api/v1/namespaces/{}/jobs/{job}/trigger", self.namespace),

@@ -1,0 +1,287 @@
+//! Events out of a real server: notifications delivered to a real receiver
+//! on loopback, through a SIGKILL of the server, with retries.
+
+mod common;
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+
+/// One request a receiver got: its headers (names in lower case) and body.
+#[derive(Clone, Debug)]
+struct Got {
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Got {
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or("", |(_, v)| v.as_str())
+    }
+}
+
+/// A webhook receiver on loopback: answers the codes it is given in turn,
+/// then 200, and keeps every request.
+struct Receiver {
+    url: String,
+    got: Arc<Mutex<Vec<Got>>>,
+}
+
+impl Receiver {
+    fn start(codes: &[u16]) -> Receiver {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let got: Arc<Mutex<Vec<Got>>> = Arc::default();
+        let codes = Arc::new(Mutex::new(codes.iter().copied().collect::<VecDeque<u16>>()));
+        let keep = got.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut headers = Vec::new();
+                let mut line = String::new();
+                // The request line, then headers up to the blank line.
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    continue;
+                }
+                loop {
+                    line.clear();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim().is_empty() {
+                        break;
+                    }
+                    if let Some((n, v)) = line.trim_end().split_once(':') {
+                        headers.push((n.to_ascii_lowercase(), v.trim().to_string()));
+                    }
+                }
+                let length: usize = headers
+                    .iter()
+                    .find(|(n, _)| n == "content-length")
+                    .map_or(0, |(_, v)| v.parse().unwrap());
+                let mut body = vec![0; length];
+                reader.read_exact(&mut body).unwrap();
+                keep.lock().unwrap().push(Got {
+                    headers,
+                    body: String::from_utf8(body).unwrap(),
+                });
+                let code = codes.lock().unwrap().pop_front().unwrap_or(200);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {code} X\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
+                );
+            }
+        });
+        Receiver { url, got }
+    }
+
+    fn got(&self) -> Vec<Got> {
+        self.got.lock().unwrap().clone()
+    }
+}
+
+/// The hex HMAC-SHA-256 of `body` under `key`, as `sha256=...`.
+fn signed(key: &str, body: &str) -> String {
+    use hmac::{KeyInit, Mac};
+    let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(key.as_bytes()).unwrap();
+    mac.update(body.as_bytes());
+    let hex: String = mac
+        .finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("sha256={hex}")
+}
+
+fn job_file(url: &str) -> String {
+    format!(
+        r#"
+namespace: billing
+notifiers:
+  - name: oncall
+    webhook: {{ url: "{url}", secret: {{ secret: hook-key }} }}
+jobs:
+  - name: nightly
+    notify: [{{ on: [failed, recovered], to: [oncall] }}]
+    tasks: [{{ id: a, shell: "exit 3" }}]
+"#
+    )
+}
+
+/// The one notification of namespace `billing`, once `ready` holds of it.
+fn the_notification(server: &Api, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    let mut found = Value::Null;
+    until(what, || {
+        let page = server.get("/api/v1/namespaces/billing/notifications");
+        found = page["items"][0].clone();
+        page["items"].as_array().is_some_and(|i| i.len() == 1) && ready(&found)
+    });
+    found
+}
+
+fn allow_loopback(server: &Api) {
+    let (status, body) = server.put(
+        "/api/v1/namespaces/billing/policy",
+        &json!({ "http_allow": ["127.0.0.1/32"] }),
+    );
+    assert_eq!(status, 200, "{body}");
+}
+
+fn set_secret(server: &Api) {
+    let (status, body) = server.put(
+        "/api/v1/namespaces/billing/secrets/hook-key",
+        &json!({ "value": "s3cret" }),
+    );
+    assert_eq!(status, 200, "{body}");
+}
+
+/// A run fails while its namespace's policy keeps the notifier out of
+/// reach; the server is killed with SIGKILL before the notification is
+/// delivered; after the restart (and the policy opened) it arrives once,
+/// signed, with the key it was made with.
+#[test]
+fn a_notification_made_before_a_sigkill_is_delivered_once_after_the_restart() {
+    let (_dir, data) = setup();
+    let receiver = Receiver::start(&[]);
+    let mut server = Server::start(&data, &[]);
+    server.namespace = "billing".into();
+    set_secret(&server);
+    server.apply(&job_file(&receiver.url));
+    let run = server.trigger("nightly");
+    let first = the_notification(&server, "a refused delivery attempt", |n| {
+        n["attempts"].as_i64() >= Some(1)
+    });
+    assert_eq!(first["state"], "pending", "{first}");
+    assert!(
+        first["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("refused by the namespace's execution policy"),
+        "{first}"
+    );
+    assert!(receiver.got().is_empty(), "nothing reached the receiver");
+    let key = first["key"].as_str().unwrap().to_string();
+    assert_eq!(key, format!("billing/nightly/run-{run}/failed/oncall"));
+
+    server.signal(Signal::SIGKILL);
+    let mut server = Server::start(&data, &[]);
+    server.namespace = "billing".into();
+    allow_loopback(&server);
+    let done = the_notification(&server, "the notification delivered", |n| {
+        n["state"] == "delivered"
+    });
+    assert_eq!(done["key"], key.as_str());
+    let got = receiver.got();
+    assert_eq!(got.len(), 1, "delivered once: {got:?}");
+    let request = &got[0];
+    assert_eq!(request.header("idempotency-key"), key);
+    assert_eq!(request.header("x-dagcron-event"), "failed");
+    assert_eq!(
+        request.header("x-dagcron-signature-256"),
+        signed("s3cret", &request.body)
+    );
+    let body: Value = serde_json::from_str(&request.body).unwrap();
+    assert_eq!(body["schema"], "dagcron.notification/v1");
+    assert_eq!(body["id"], key.as_str());
+    assert_eq!(
+        (&body["event"], &body["namespace"], &body["job"]),
+        (&json!("failed"), &json!("billing"), &json!("nightly"))
+    );
+    assert_eq!(body["run"]["id"], run);
+    // Every attempt is recorded: the refused ones, then the one delivered.
+    let one = server.get(&format!(
+        "/api/v1/namespaces/billing/notifications/{}",
+        done["id"]
+    ));
+    let deliveries = one["deliveries"].as_array().unwrap();
+    assert_eq!(deliveries.len() as i64, one["attempts"].as_i64().unwrap());
+    assert!(deliveries.len() >= 2, "{one}");
+    let last = deliveries.last().unwrap();
+    assert_eq!(
+        (&last["status"], &last["error"]),
+        (&json!(200), &Value::Null)
+    );
+    assert!(
+        deliveries[..deliveries.len() - 1]
+            .iter()
+            .all(|d| d["status"].is_null() && d["error"].as_str().is_some())
+    );
+    // The command line shows it, and nothing given up.
+    let out = server
+        .cli()
+        .args(["notifications", "list", "billing"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("delivered") && text.contains(&format!("{run}")),
+        "{text}"
+    );
+    let out = server
+        .cli()
+        .args(["notifications", "list", "billing", "--failed"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        1,
+        "only the heading"
+    );
+    let metrics = server
+        .http()
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        metrics.contains("dagcron_notifications_total{outcome=\"delivered\"} 1"),
+        "{metrics}"
+    );
+}
+
+/// A receiver that answers 500 three times, then 200: four attempts
+/// recorded with their answers, one delivery, the same body and key each
+/// time.
+#[test]
+fn a_failing_receiver_is_tried_again_until_it_takes_the_notification() {
+    let (_dir, data) = setup();
+    let receiver = Receiver::start(&[500, 500, 500]);
+    let mut server = Server::start(&data, &[]);
+    server.namespace = "billing".into();
+    set_secret(&server);
+    allow_loopback(&server);
+    server.apply(&job_file(&receiver.url));
+    server.trigger("nightly");
+    let done = the_notification(&server, "the notification delivered", |n| {
+        n["state"] == "delivered"
+    });
+    assert_eq!(done["attempts"], 4, "{done}");
+    let one = server.get(&format!(
+        "/api/v1/namespaces/billing/notifications/{}",
+        done["id"]
+    ));
+    let statuses: Vec<&Value> = one["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| &d["status"])
+        .collect();
+    assert_eq!(
+        statuses,
+        [&json!(500), &json!(500), &json!(500), &json!(200)]
+    );
+    let got = receiver.got();
+    assert_eq!(got.len(), 4);
+    assert!(
+        got.iter().all(|g| g.body == got[0].body
+            && g.header("idempotency-key") == done["key"].as_str().unwrap())
+    );
+}
