@@ -203,15 +203,19 @@ pub enum NotifyEvent {
     Cancelled,
     /// A run succeeded, and the job's run before it had failed.
     Recovered,
+    /// A task's retries ran out and it waits for an operator
+    /// (`on_exhausted: hold`).
+    Held,
 }
 
 impl NotifyEvent {
     /// Every event.
-    pub const ALL: [NotifyEvent; 4] = [
+    pub const ALL: [NotifyEvent; 5] = [
         NotifyEvent::Failed,
         NotifyEvent::Succeeded,
         NotifyEvent::Cancelled,
         NotifyEvent::Recovered,
+        NotifyEvent::Held,
     ];
 
     /// The name in job files and bodies.
@@ -221,6 +225,7 @@ impl NotifyEvent {
             NotifyEvent::Succeeded => "succeeded",
             NotifyEvent::Cancelled => "cancelled",
             NotifyEvent::Recovered => "recovered",
+            NotifyEvent::Held => "held",
         }
     }
 
@@ -363,6 +368,18 @@ pub fn on_run_end(rules: &[NotifyRule], state: RunState) -> Vec<(&NotifierSpec, 
         RunState::Cancelled => &[NotifyEvent::Cancelled],
         _ => &[],
     };
+    made_of(rules, events)
+}
+
+/// The notifications a task held for an operator makes.
+pub fn on_held(rules: &[NotifyRule]) -> Vec<(&NotifierSpec, NotifyEvent)> {
+    made_of(rules, &[NotifyEvent::Held])
+}
+
+fn made_of<'a>(
+    rules: &'a [NotifyRule],
+    events: &[NotifyEvent],
+) -> Vec<(&'a NotifierSpec, NotifyEvent)> {
     let mut out: Vec<(&NotifierSpec, NotifyEvent)> = Vec::new();
     for rule in rules {
         for &event in events.iter().filter(|e| rule.on.contains(e)) {
@@ -384,11 +401,23 @@ pub fn is_recovery(previous: Option<RunState>) -> bool {
     previous == Some(RunState::Failed)
 }
 
-/// The idempotency key of the notification of `event` about run `run` to
+/// The idempotency key of the notification of `event` about run `run`
+/// (and, for `held`, its task and the attempt it was held after) to
 /// `notifier`: the same across retries and redeliveries, so a receiver can
 /// drop a second copy; the outbox keeps one row per key.
-pub fn run_key(namespace: &str, job: &str, run: i64, event: NotifyEvent, notifier: &str) -> String {
-    format!("{namespace}/{job}/run-{run}/{}/{notifier}", event.as_str())
+pub fn run_key(
+    namespace: &str,
+    job: &str,
+    run: i64,
+    event: NotifyEvent,
+    task: Option<(&str, u32)>,
+    notifier: &str,
+) -> String {
+    let task = task.map_or(String::new(), |(t, n)| format!("/{t}/{n}"));
+    format!(
+        "{namespace}/{job}/run-{run}/{}{task}/{notifier}",
+        event.as_str()
+    )
 }
 
 /// The version of the body's schema, in every body (`schema`).
@@ -412,6 +441,18 @@ pub struct Payload {
     pub job: String,
     /// The run it is about.
     pub run: PayloadRun,
+    /// The task it is about (`held`), and the attempt it was held after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<PayloadTask>,
+}
+
+/// The task a notification is about.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PayloadTask {
+    /// Its id.
+    pub id: String,
+    /// The attempt it was held after.
+    pub attempt: u32,
 }
 
 /// The run a notification is about.
@@ -435,9 +476,13 @@ impl Payload {
             NotifyEvent::Succeeded => "succeeded",
             NotifyEvent::Cancelled => "was cancelled",
             NotifyEvent::Recovered => "succeeded after a failure",
+            NotifyEvent::Held => "waits for an operator",
         };
+        let task = self.task.as_ref().map_or(String::new(), |t| {
+            format!(": task {} after attempt {}", t.id, t.attempt)
+        });
         format!(
-            "dagcron: run {} of {}/{} ({}, scheduled for {}) {what}",
+            "dagcron: run {} of {}/{} ({}, scheduled for {}) {what}{task}",
             self.run.id, self.namespace, self.job, self.run.trigger, self.run.scheduled_at
         )
     }

@@ -2845,3 +2845,39 @@ jobs:
     );
     h.stop().await;
 }
+
+/// A task held for an operator is notified in the batch that holds it,
+/// with the task and the attempt it was held after.
+#[tokio::test]
+async fn a_held_task_is_notified_with_its_task_and_attempt() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply(
+        r#"
+namespace: t
+notifiers: [{ name: ops, webhook: { url: "https://hooks.example.com/x" } }]
+jobs:
+  - name: h
+    on_exhausted: hold
+    notify: [{ on: [held], to: [ops] }]
+    tasks: [{ id: a, shell: "exit 3" }]
+"#,
+    )
+    .await;
+    let run = h.handle.trigger("t", "h", BTreeMap::new()).await.unwrap();
+    h.until("the task held", async |s| {
+        s.get_run(run).await.unwrap().unwrap().tasks[0].state == TaskState::Held
+    })
+    .await;
+    let notes = h
+        .store
+        .list_notifications("t", false, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert_eq!(notes[0].made.key, format!("t/h/run-{run}/held/a/1/ops"));
+    assert_eq!(notes[0].made.event, "held");
+    let body: serde_json::Value = serde_json::from_str(&notes[0].made.payload).unwrap();
+    assert_eq!(body["task"], serde_json::json!({ "id": "a", "attempt": 1 }));
+    assert_eq!(body["run"]["state"], "running");
+    h.stop().await;
+}

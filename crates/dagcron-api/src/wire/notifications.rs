@@ -16,7 +16,7 @@ pub struct NotificationAnswer {
     pub job: String,
     /// The run it is about.
     pub run: Option<i64>,
-    /// The event: `failed`, `succeeded`, `cancelled` or `recovered`.
+    /// The event: `failed`, `succeeded`, `cancelled`, `recovered` or `held`.
     pub event: String,
     /// The notifier's name.
     pub notifier: String,

@@ -169,8 +169,27 @@ fn secrets_referred_to_are_listed() {
 #[test]
 fn keys_name_the_run_the_event_and_the_notifier() {
     assert_eq!(
-        run_key("billing", "nightly", 42, NotifyEvent::Recovered, "oncall"),
+        run_key(
+            "billing",
+            "nightly",
+            42,
+            NotifyEvent::Recovered,
+            None,
+            "oncall"
+        ),
         "billing/nightly/run-42/recovered/oncall"
+    );
+    // A task held twice (retried by an operator in between): two keys.
+    assert_eq!(
+        run_key(
+            "billing",
+            "nightly",
+            42,
+            NotifyEvent::Held,
+            Some(("load", 3)),
+            "oncall"
+        ),
+        "billing/nightly/run-42/held/load/3/oncall"
     );
 }
 
@@ -189,12 +208,60 @@ fn the_payload_has_a_stable_shape() {
             trigger: "schedule".into(),
             scheduled_at: "2026-03-01T03:00:00Z".parse().unwrap(),
         },
+        task: None,
     };
     expect_test::expect![[r#"{"schema":"dagcron.notification/v1","id":"billing/nightly/run-42/failed/oncall","event":"failed","at":"2026-03-01T03:00:05Z","namespace":"billing","job":"nightly","run":{"id":42,"state":"failed","trigger":"schedule","scheduled_at":"2026-03-01T03:00:00Z"}}"#]]
         .assert_eq(&serde_json::to_string(&p).unwrap());
     assert_eq!(
         p.summary(),
         "dagcron: run 42 of billing/nightly (schedule, scheduled for 2026-03-01T03:00:00Z) failed"
+    );
+}
+
+#[test]
+fn a_held_task_is_named_in_the_body_and_the_line() {
+    let jobs = file(
+        r#"
+notifiers: [{ name: ops, slack: { url: "https://hooks.slack.example/x" } }]
+jobs:
+  - name: j
+    notify: [{ on: [held, failed], to: [ops] }, { on: [held], to: [ops] }]
+    tasks: [{ id: a, shell: "true" }]
+"#,
+    )
+    .unwrap();
+    let made = on_held(&jobs[0].spec.notify);
+    assert_eq!(made.len(), 1);
+    assert_eq!(
+        (made[0].0.name.as_str(), made[0].1),
+        ("ops", NotifyEvent::Held)
+    );
+    assert!(on_held(&[]).is_empty());
+    let p = Payload {
+        schema: SCHEMA.into(),
+        id: "k".into(),
+        event: NotifyEvent::Held,
+        at: "2026-03-01T03:00:05Z".parse().unwrap(),
+        namespace: "default".into(),
+        job: "j".into(),
+        run: PayloadRun {
+            id: 9,
+            state: "running".into(),
+            trigger: "manual".into(),
+            scheduled_at: "2026-03-01T03:00:00Z".parse().unwrap(),
+        },
+        task: Some(PayloadTask {
+            id: "a".into(),
+            attempt: 3,
+        }),
+    };
+    let body = serde_json::to_value(&p).unwrap();
+    assert_eq!(body["task"], serde_json::json!({ "id": "a", "attempt": 3 }));
+    assert!(
+        p.summary()
+            .ends_with("waits for an operator: task a after attempt 3"),
+        "{}",
+        p.summary()
     );
 }
 

@@ -701,6 +701,8 @@ struct TaskTimes {
     started: Option<Timestamp>,
     /// The remote agent its attempt that ended ran on.
     agent: Option<String>,
+    /// The number of its attempt that ended last.
+    ended: Option<u32>,
 }
 
 enum Timer {

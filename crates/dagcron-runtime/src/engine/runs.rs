@@ -486,12 +486,17 @@ impl<S: Store> Engine<S> {
                 at: now,
             }),
             Effect::Closing { to } => self.batch.writes.push(Write::RunClosing { run: id, to }),
-            Effect::Task { task, from, to } => self.batch.writes.push(Write::TaskState {
-                run: id,
-                task: name(task),
-                from,
-                to,
-            }),
+            Effect::Task { task, from, to } => {
+                self.batch.writes.push(Write::TaskState {
+                    run: id,
+                    task: name(task),
+                    from,
+                    to,
+                });
+                if to == TaskState::Held {
+                    self.notify_held(id, task, now);
+                }
+            }
             Effect::AttemptStarted {
                 task,
                 number,
@@ -520,6 +525,7 @@ impl<S: Store> Engine<S> {
                 let run = self.runs.table.get_mut(&id).expect("run");
                 let times = std::mem::take(&mut run.times[task]);
                 run.times[task].ready = times.ready;
+                run.times[task].ended = Some(number);
                 if let (Some(tracing), Some(trace)) = (&self.config.tracing, &run.trace) {
                     let ended = crate::trace::AttemptEnded {
                         trace: trace.clone(),
