@@ -88,7 +88,7 @@ impl OutboxMetrics {
             DeliveryEnd::Delivered => "delivered",
             DeliveryEnd::Retry(_) => "retried",
             DeliveryEnd::Failed => "failed",
-            DeliveryEnd::Dropped(_) => "dropped",
+            DeliveryEnd::Dropped { .. } => "dropped",
         };
         self.deliveries
             .get_or_create(&vec![("outcome", outcome)])
@@ -186,9 +186,10 @@ impl<S: Store> Outbox<S> {
                 .previous_run_end(&made.namespace, &made.job, run)
                 .await?;
             if !notify::is_recovery(before) {
-                let end = DeliveryEnd::Dropped(
-                    "not a recovery: the job's run before it did not fail".into(),
-                );
+                let end = DeliveryEnd::Dropped {
+                    why: "not a recovery: the job's run before it did not fail".into(),
+                    at: self.clock.now(),
+                };
                 return self.record(&note, None, end).await;
             }
         }

@@ -60,6 +60,9 @@ pub struct PruneConfig {
     /// Audit rows older than this are pruned at each pass, the log's
     /// checkpoint kept so that the rest still verifies (none: kept forever).
     pub audit_max_age: Option<Duration>,
+    /// Notifications that ended (delivered, given up or dropped) longer ago
+    /// than this are pruned at each pass, with their delivery attempts.
+    pub notification_max_age: Duration,
 }
 
 impl Default for PruneConfig {
@@ -70,6 +73,7 @@ impl Default for PruneConfig {
             first: Duration::from_secs(60),
             interval: Duration::from_secs(600),
             audit_max_age: None,
+            notification_max_age: Duration::from_secs(7 * 86_400),
         }
     }
 }
@@ -81,7 +85,7 @@ pub struct PruneMetrics {
     pruned: Family<Vec<(&'static str, &'static str)>, Counter>,
 }
 
-const WHAT: [&str; 4] = ["runs", "attempts", "fires", "jobs"];
+const WHAT: [&str; 5] = ["runs", "attempts", "fires", "jobs", "notifications"];
 
 impl PruneMetrics {
     /// Registers `dagcron_pruned_total`, every series at zero.
@@ -170,6 +174,11 @@ impl<S: Store> Pruner<S> {
                 Ok(n) => tracing::info!(rows = n, "pruned the audit log"),
                 Err(e) => tracing::warn!("pruning the audit log failed, to be tried again: {e}"),
             }
+            match self.prune_notifications(&stop).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(rows = n, "pruned the outbox"),
+                Err(e) => tracing::warn!("pruning the outbox failed, to be tried again: {e}"),
+            }
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(self.config.interval) => {}
@@ -187,6 +196,34 @@ impl<S: Store> Pruner<S> {
         let age = jiff::SignedDuration::try_from(age).unwrap_or(jiff::SignedDuration::MAX);
         let before = self.clock.now().checked_sub(age).unwrap_or(Timestamp::MIN);
         self.store.prune_audit(before).await
+    }
+
+    /// Deletes the notifications that ended longer ago than
+    /// [`PruneConfig::notification_max_age`], a batch per transaction;
+    /// how many went.
+    pub async fn prune_notifications(&self, stop: &CancellationToken) -> Result<u64, StorageError> {
+        let age = jiff::SignedDuration::try_from(self.config.notification_max_age)
+            .unwrap_or(jiff::SignedDuration::MAX);
+        let before = self.clock.now().checked_sub(age).unwrap_or(Timestamp::MIN);
+        let mut total = 0;
+        while !stop.is_cancelled() {
+            let n = self
+                .store
+                .prune_notifications(before, self.config.batch)
+                .await?;
+            total += n;
+            if n < u64::from(self.config.batch) {
+                break;
+            }
+            tokio::time::sleep(self.config.pause).await;
+        }
+        if total > 0 {
+            self.metrics
+                .pruned
+                .get_or_create(&vec![("what", "notifications")])
+                .inc_by(total);
+        }
+        Ok(total)
     }
 
     /// [`Pruner::pass`] to its end (a call of the API).

@@ -2881,3 +2881,61 @@ jobs:
     assert_eq!(body["run"]["state"], "running");
     h.stop().await;
 }
+
+/// The pruner deletes notifications that ended a week ago, a batch at a
+/// time, and none that wait for delivery.
+#[tokio::test]
+async fn the_pruner_deletes_notifications_ended_a_week_ago() {
+    let store = Arc::new(MemoryStore::new());
+    let at = ts("2026-01-01T00:00:00Z");
+    let note = |key: &str| {
+        dagcron_store::Write::Notify(dagcron_store::NewNotification {
+            key: key.into(),
+            namespace: "t".into(),
+            job: "j".into(),
+            run: None,
+            event: "failed".into(),
+            notifier: "n".into(),
+            channel: "{}".into(),
+            payload: "{}".into(),
+            at,
+        })
+    };
+    let writes: Vec<_> = (0..1200).map(|i| note(&format!("k{i}"))).collect();
+    store.write(&writes).await.unwrap();
+    store.write(&[note("waiting")]).await.unwrap();
+    let claimed = store
+        .claim_notifications("me", at, ts("2026-01-01T00:01:00Z"), 2000)
+        .await
+        .unwrap();
+    for n in claimed.iter().filter(|n| n.made.key != "waiting") {
+        let attempt = dagcron_store::DeliveryAttempt {
+            number: 1,
+            at,
+            status: Some(200),
+            error: None,
+        };
+        store
+            .record_delivery(
+                n.id,
+                "me",
+                Some(&attempt),
+                &dagcron_store::DeliveryEnd::Delivered,
+            )
+            .await
+            .unwrap();
+    }
+    let metrics = dagcron_runtime::PruneMetrics::default();
+    let stop = CancellationToken::new();
+    // Six days on: nothing is old enough.
+    let pruner = pruner_at(&store, ts("2026-01-07T00:00:00Z"), &metrics);
+    assert_eq!(pruner.prune_notifications(&stop).await.unwrap(), 0);
+    let pruner = pruner_at(&store, ts("2026-01-08T00:00:01Z"), &metrics);
+    assert_eq!(pruner.prune_notifications(&stop).await.unwrap(), 1200);
+    let left = store
+        .list_notifications("t", false, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].made.key, "waiting");
+}

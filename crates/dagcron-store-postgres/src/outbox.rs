@@ -37,6 +37,28 @@ impl OutboxStore for PgStore {
         dagcron_store::sql::notifications_by_id(self, &ids).await
     }
 
+    async fn prune_notifications(&self, before: Timestamp, limit: u32) -> Result<u64> {
+        let mut tx = self.pool.begin().await.map_err(unavailable)?;
+        let ids: Vec<i64> = sqlx::query_scalar(dagcron_store::outbox::ENDED_BEFORE)
+            .bind(before.as_microsecond())
+            .bind(i64::from(limit))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+        sqlx::query("DELETE FROM notification_deliveries WHERE notification_id = ANY($1)")
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+        sqlx::query("DELETE FROM notifications WHERE id = ANY($1)")
+            .bind(&ids)
+            .execute(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+        tx.commit().await.map_err(unavailable)?;
+        Ok(ids.len() as u64)
+    }
+
     async fn record_delivery(
         &self,
         id: i64,

@@ -40,6 +40,27 @@ impl OutboxStore for SqliteStore {
         dagcron_store::sql::notifications_by_id(self, &ids).await
     }
 
+    async fn prune_notifications(&self, before: Timestamp, limit: u32) -> Result<u64> {
+        let before = before.as_microsecond();
+        self.writer
+            .transaction(move |tx| {
+                let ids = tx
+                    .prepare_cached(dagcron_store::outbox::ENDED_BEFORE)?
+                    .query_map(params![before, limit], |r| r.get::<_, i64>(0))?
+                    .collect::<rusqlite::Result<Vec<i64>>>()?;
+                for id in &ids {
+                    tx.prepare_cached(
+                        "DELETE FROM notification_deliveries WHERE notification_id = ?1",
+                    )?
+                    .execute(params![id])?;
+                    tx.prepare_cached("DELETE FROM notifications WHERE id = ?1")?
+                        .execute(params![id])?;
+                }
+                Ok(ids.len() as u64)
+            })
+            .await
+    }
+
     async fn record_delivery(
         &self,
         id: i64,

@@ -1702,7 +1702,10 @@ pub async fn the_outbox_keeps_one_row_a_key_and_one_holder_at_a_time<S: Store>(s
             k2,
             "node-b",
             None,
-            &DeliveryEnd::Dropped("not a recovery".into())
+            &DeliveryEnd::Dropped {
+                why: "not a recovery".into(),
+                at: t(140),
+            }
         )
         .await
         .unwrap()
@@ -1760,6 +1763,45 @@ pub async fn the_outbox_keeps_one_row_a_key_and_one_holder_at_a_time<S: Store>(s
     // Nothing is left to claim.
     assert!(
         s.claim_notifications("node-c", t(10_000), t(10_030), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Pruning takes what ended before the instant, with its attempts, a
+    // page at a time, and nothing pending: k3 (given up) ended at 102, k1
+    // (delivered) at 133, k2 (dropped) at 140.
+    s.write(&[notification("k4", "ns", 100)]).await.unwrap();
+    let ended: Vec<_> = s
+        .list_notifications("ns", false, None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .chain(
+            s.list_notifications("other", false, None, 10)
+                .await
+                .unwrap(),
+        )
+        .filter_map(|n| n.ended_at.map(|e| (n.made.key, e)))
+        .collect();
+    assert_eq!(ended.len(), 3, "{ended:?}");
+    assert_eq!(s.prune_notifications(t(102), 10).await.unwrap(), 0);
+    assert_eq!(s.prune_notifications(t(103), 10).await.unwrap(), 1, "k3");
+    assert_eq!(
+        s.prune_notifications(t(10_000), 1).await.unwrap(),
+        1,
+        "a page of one"
+    );
+    assert_eq!(s.prune_notifications(t(10_000), 10).await.unwrap(), 1);
+    assert!(s.delivery_attempts(k1).await.unwrap().is_empty());
+    let left = s.list_notifications("ns", false, None, 10).await.unwrap();
+    assert_eq!(
+        left.iter()
+            .map(|n| (n.made.key.as_str(), n.state))
+            .collect::<Vec<_>>(),
+        [("k4", NotificationState::Pending)]
+    );
+    assert!(
+        s.list_notifications("other", false, None, 10)
             .await
             .unwrap()
             .is_empty()

@@ -578,8 +578,13 @@ pub enum DeliveryEnd {
     Retry(Timestamp),
     /// Given up.
     Failed,
-    /// Not sent, for this reason (nothing was attempted).
-    Dropped(String),
+    /// Not sent, for this reason (nothing was attempted), decided then.
+    Dropped {
+        /// Why.
+        why: String,
+        /// When.
+        at: Timestamp,
+    },
 }
 
 /// What a withdrawn attempt records as its error.
@@ -1081,6 +1086,14 @@ pub trait OutboxStore: Send + Sync {
         &self,
         id: i64,
     ) -> impl Future<Output = Result<Vec<DeliveryAttempt>>> + Send;
+
+    /// Deletes up to `limit` notifications that ended (delivered, failed or
+    /// dropped) before `before`, with their attempts; how many went.
+    fn prune_notifications(
+        &self,
+        before: Timestamp,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64>> + Send;
 
     /// How the last run of a job created before `run` that succeeded or
     /// failed ended (none: there is none), for telling a recovery.

@@ -758,6 +758,21 @@ impl OutboxStore for MemoryStore {
             .collect())
     }
 
+    async fn prune_notifications(&self, before: Timestamp, limit: u32) -> Result<u64> {
+        let mut data = self.data();
+        let gone: Vec<i64> = data
+            .outbox
+            .values()
+            .filter(|o| o.record.ended_at.is_some_and(|t| t < before))
+            .map(|o| o.record.id)
+            .take(limit as usize)
+            .collect();
+        for id in &gone {
+            data.outbox.remove(id);
+        }
+        Ok(gone.len() as u64)
+    }
+
     async fn delivery_attempts(&self, id: i64) -> Result<Vec<DeliveryAttempt>> {
         Ok(self
             .data()

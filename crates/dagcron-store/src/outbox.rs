@@ -39,7 +39,12 @@ pub fn delivered(attempt: Option<&DeliveryAttempt>, end: &DeliveryEnd) -> Delive
             at,
             attempt.and_then(|a| a.error.clone()),
         ),
-        DeliveryEnd::Dropped(why) => (NotificationState::Dropped, None, at, Some(why.clone())),
+        DeliveryEnd::Dropped { why, at } => (
+            NotificationState::Dropped,
+            None,
+            Some(*at),
+            Some(why.clone()),
+        ),
     };
     Delivered {
         state,
@@ -69,3 +74,9 @@ pub fn after_delivery(
         ..record.clone()
     }
 }
+
+/// Selects the ids of up to `$2` notifications that ended before `$1` (for
+/// pruning; both SQL stores run it).
+pub const ENDED_BEFORE: &str = "SELECT id FROM notifications
+     WHERE state IN ('delivered', 'failed', 'dropped') AND ended_at < $1
+     ORDER BY id LIMIT $2";
