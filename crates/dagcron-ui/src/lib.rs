@@ -99,6 +99,7 @@ pub fn with_ui<S: Store>(state: AppState<S>, api: Router) -> Router {
         )
         .route("/playground", get(pages::playground::page::<S>))
         .route("/cluster", get(pages::cluster::page::<S>))
+        .route("/notifications/{ns}", get(pages::notifications::page::<S>))
         .route("/audit", get(pages::cluster::audit::<S>))
         .route("/assets/{file}", get(assets::asset))
         .with_state(ui)

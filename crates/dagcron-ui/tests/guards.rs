@@ -189,6 +189,7 @@ const PAGES: &[&str] = &[
     "/playground?expr=*+*+*+*+*&tz=UTC",
     "/cluster",
     "/audit",
+    "/notifications/a",
 ];
 const ACTIONS: &[&str] = &[
     "/signout",
@@ -401,6 +402,7 @@ async fn another_namespaces_jobs_and_runs_are_not_shown() {
         "/jobs/b/j".to_string(),
         format!("/runs/{run}"),
         format!("/runs/{run}/tasks/t/attempts/1/log"),
+        "/notifications/b".to_string(),
     ] {
         let a = ui.send(Method::GET, &page, &cookie, "", None).await;
         assert_eq!(a.status, StatusCode::NOT_FOUND, "{page}");
@@ -509,4 +511,66 @@ async fn a_run_cancelled_from_its_page_ends_cancelled_there() {
         }
     })
     .await;
+}
+
+/// A job's page shows its notification rules and leads to its namespace's
+/// outbox, which lists what its runs made, and only those given up when
+/// asked.
+#[tokio::test]
+async fn the_outbox_of_a_namespace_lists_its_notifications() {
+    let ui = ui().await;
+    let admin = ui.token(Role::Admin, None).await;
+    let file = r#"
+namespace: a
+notifiers: [{ name: oncall, webhook: { url: "https://hooks.example.com/x" } }]
+jobs:
+  - name: bad
+    notify: [{ on: [failed, recovered], to: [oncall] }]
+    tasks: [{ id: t, shell: "exit 3" }]
+"#;
+    let a = ui
+        .send(Method::POST, "/api/v1/apply", "", file, Some(&admin))
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    let run = ui
+        .send(
+            Method::POST,
+            "/api/v1/namespaces/a/jobs/bad/trigger",
+            "",
+            "{}",
+            Some(&admin),
+        )
+        .await;
+    let id = serde_json::from_str::<serde_json::Value>(&run.body).unwrap()["id"].clone();
+    let viewer = ui.token(Role::Viewer, Some("a")).await;
+    let (cookie, _) = ui.sign_in(&viewer).await;
+    let job = ui.send(Method::GET, "/jobs/a/bad", &cookie, "", None).await;
+    assert!(
+        job.body
+            .contains("<td>failed, recovered</td><td>oncall (webhook)</td>"),
+        "{}",
+        job.body
+    );
+    assert!(job.body.contains(r#"href="/notifications/a" id="outbox""#));
+    dagcron_testkit::until_async("the outbox lists the run's notification", async || {
+        let page = ui
+            .send(Method::GET, "/notifications/a", &cookie, "", None)
+            .await;
+        if page.status == StatusCode::OK
+            && page
+                .body
+                .contains(&format!(r#"<a href="/runs/{id}">{id}</a>"#))
+            && page.body.contains("<td>failed</td><td>oncall</td>")
+        {
+            Ok(())
+        } else {
+            Err(page.body)
+        }
+    })
+    .await;
+    // Nothing was given up.
+    let failed = ui
+        .send(Method::GET, "/notifications/a?failed=1", &cookie, "", None)
+        .await;
+    assert!(failed.body.contains(r#"id="none""#), "{}", failed.body);
 }

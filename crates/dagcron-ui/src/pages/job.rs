@@ -116,6 +116,29 @@ struct JobPage {
     health_open: bool,
     versions: Vec<VersionView>,
     diff: Option<DiffView>,
+    /// Its notification rules, one line each: events, then notifiers.
+    notify: Vec<(String, String)>,
+}
+
+/// A job's notification rules for people: (`failed, recovered`,
+/// `oncall (webhook), chat (slack)`).
+fn notify_lines(rules: &[dagcron_core::notify::NotifyRule]) -> Vec<(String, String)> {
+    rules
+        .iter()
+        .map(|r| {
+            let on: Vec<&str> = r.on.iter().map(|e| e.as_str()).collect();
+            let to: Vec<String> =
+                r.to.iter()
+                    .map(|t| match t {
+                        dagcron_core::notify::NotifyTarget::Notifier(n) => {
+                            format!("{} ({})", n.name, n.kind())
+                        }
+                        dagcron_core::notify::NotifyTarget::Name(n) => n.clone(),
+                    })
+                    .collect();
+            (on.join(", "), to.join(", "))
+        })
+        .collect()
 }
 
 fn unavailable(e: impl std::fmt::Display) -> Response {
@@ -245,6 +268,7 @@ pub(crate) async fn page<S: Store>(
             })
             .collect(),
         diff,
+        notify: notify_lines(&job.spec.notify),
         notice: q.notice,
         version: stored.version,
         paused: stored.paused,

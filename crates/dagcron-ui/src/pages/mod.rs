@@ -3,6 +3,7 @@
 pub(crate) mod cluster;
 pub(crate) mod job;
 pub(crate) mod jobs;
+pub(crate) mod notifications;
 pub(crate) mod playground;
 pub(crate) mod run;
 pub(crate) mod signin;
