@@ -1062,21 +1062,7 @@ impl JobFile {
                         Some(None) => {}
                         None => errors.push(ValidationError {
                             path: format!("jobs[{i}].exclude[{k}]"),
-                            message: format!(
-                                "unknown calendar {name:?}: {}",
-                                if calendars.is_empty() {
-                                    "declare it under `calendars` beside the jobs".to_string()
-                                } else {
-                                    format!(
-                                        "the file declares {}",
-                                        calendars
-                                            .keys()
-                                            .map(|n| format!("{n:?}"))
-                                            .collect::<Vec<_>>()
-                                            .join(", ")
-                                    )
-                                }
-                            ),
+                            message: unknown_name("calendar", "calendars", name, calendars.keys()),
                             span: None,
                         }),
                     },
@@ -1107,6 +1093,23 @@ impl JobFile {
             Err(ValidationErrors(errors))
         }
     }
+}
+
+/// Why `name` names nothing: what the file declares under `section`
+/// instead, or where to declare it.
+pub(crate) fn unknown_name<'a>(
+    kind: &str,
+    section: &str,
+    name: &str,
+    declared: impl ExactSizeIterator<Item = &'a &'a str>,
+) -> String {
+    let hint = if declared.len() == 0 {
+        format!("declare it under `{section}` beside the jobs")
+    } else {
+        let names: Vec<String> = declared.map(|n| format!("{n:?}")).collect();
+        format!("the file declares {}", names.join(", "))
+    };
+    format!("unknown {kind} {name:?}: {hint}")
 }
 
 /// Reads an anchor: an RFC 3339 instant with its offset, on a whole second

@@ -21,7 +21,7 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
-use crate::model::{EnvValue, ValidationError, valid_name};
+use crate::model::{EnvValue, ValidationError, unknown_name, valid_name};
 use crate::state::RunState;
 
 /// At most this many notifiers in a file, rules in a job and notifiers in
@@ -316,21 +316,7 @@ pub fn resolve(
                     Some(None) => {}
                     None => err(
                         format!("{here}.to[{t}]"),
-                        format!(
-                            "unknown notifier {name:?}: {}",
-                            if notifiers.is_empty() {
-                                "declare it under `notifiers` beside the jobs".to_string()
-                            } else {
-                                format!(
-                                    "the file declares {}",
-                                    notifiers
-                                        .keys()
-                                        .map(|n| format!("{n:?}"))
-                                        .collect::<Vec<_>>()
-                                        .join(", ")
-                                )
-                            }
-                        ),
+                        unknown_name("notifier", "notifiers", name, notifiers.keys()),
                     ),
                 },
                 NotifyTarget::Notifier(n) => {

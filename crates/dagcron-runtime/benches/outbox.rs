@@ -136,7 +136,11 @@ async fn deliver(dir: &Path, n: u64, nodes: usize) -> (f64, u64) {
 /// Every-second jobs for `secs`, their ends notified to a hanging receiver
 /// or not; the lateness of their fires in milliseconds.
 async fn firing(dir: &Path, jobs: u64, secs: u64, notify: Option<&str>) -> Vec<f64> {
-    let name = if notify.is_some() { "notified" } else { "plain" };
+    let name = if notify.is_some() {
+        "notified"
+    } else {
+        "plain"
+    };
     let store = Arc::new(
         SqliteStore::open(&dir.join(format!("fire-{name}.db")))
             .await
@@ -178,9 +182,11 @@ async fn firing(dir: &Path, jobs: u64, secs: u64, notify: Option<&str>) -> Vec<f
             .list_runs("bench", &format!("j{i}"), 10_000, None)
             .await
             .unwrap();
-        late.extend(page.items.iter().map(|r| {
-            r.created_at.duration_since(r.scheduled_at).as_secs_f64() * 1000.0
-        }));
+        late.extend(
+            page.items
+                .iter()
+                .map(|r| r.created_at.duration_since(r.scheduled_at).as_secs_f64() * 1000.0),
+        );
     }
     late.sort_by(f64::total_cmp);
     late

@@ -123,13 +123,7 @@ fn regression_a_full_disk_degrades_the_server_and_it_recovers_by_itself() {
         let said = std::fs::read_to_string(&log).unwrap_or_default();
         said.matches("commits fail for lack of space (").count() >= 2
     });
-    let metrics = server
-        .http()
-        .get(format!("{}/metrics", server.url))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let metrics = server.metrics();
     assert!(metrics.contains("dagcron_store_degraded 1"), "{metrics}");
 
     std::fs::remove_file(disk.0.join("filler")).unwrap();

@@ -234,13 +234,7 @@ fn a_notification_made_before_a_sigkill_is_delivered_once_after_the_restart() {
         1,
         "only the heading"
     );
-    let metrics = server
-        .http()
-        .get(format!("{}/metrics", server.url))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let metrics = server.metrics();
     assert!(
         metrics.contains("dagcron_notifications_total{outcome=\"delivered\"} 1"),
         "{metrics}"

@@ -196,13 +196,7 @@ fn metrics_are_scraped_with_a_token_or_on_their_own_address() {
     server.stop();
     let server = InProcess::start(&data, &[]);
     until("the metrics show a peak of 2 fires a second", || {
-        let text = server
-            .http()
-            .get(format!("{}/metrics", server.url))
-            .send()
-            .unwrap()
-            .text()
-            .unwrap();
+        let text = server.metrics();
         if text.contains("dagcron_schedule_peak_fires_per_second 2") {
             Ok(())
         } else {

@@ -317,6 +317,16 @@ impl Api {
         (resp.status().as_u16(), resp.json().unwrap_or(Value::Null))
     }
 
+    /// The text of `/metrics`.
+    pub fn metrics(&self) -> String {
+        self.http()
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap()
+    }
+
     /// `PUT path` with a JSON body; the answer's status and body.
     pub fn put(&self, path: &str, body: &Value) -> (u16, Value) {
         let resp = self
