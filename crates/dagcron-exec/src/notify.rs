@@ -96,8 +96,18 @@ pub async fn send(policy: Option<&Arc<ExecPolicy>>, post: Post) -> Answer {
                     error: None,
                 };
             }
-            let body = answer.bytes().await.unwrap_or_default();
-            let text = String::from_utf8_lossy(&body[..body.len().min(MAX_ANSWER)]);
+            // Only the start of the answer is read: a receiver that sends
+            // gigabytes gets no more of this process's memory than that.
+            let mut answer = answer;
+            let mut body = Vec::new();
+            while body.len() < MAX_ANSWER {
+                match answer.chunk().await {
+                    Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                    _ => break,
+                }
+            }
+            body.truncate(MAX_ANSWER);
+            let text = String::from_utf8_lossy(&body);
             Answer {
                 status: Some(status.as_u16()),
                 error: Some(format!("the receiver answered {status}: {}", text.trim())),

@@ -382,3 +382,39 @@ fn the_jitter_of_a_retry_is_drawn_from_its_key() {
         assert!((0.0..1.0).contains(&d));
     }
 }
+
+#[tokio::test]
+async fn a_receiver_that_answers_without_end_gives_only_the_start_of_its_answer() {
+    // 500, then a body that never ends: the attempt ends with the start of
+    // it, not with the whole (nor with the timeout of reading it all).
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(|| async {
+            let endless = futures_util::stream::repeat_with(|| {
+                Ok::<_, std::io::Error>(axum::body::Bytes::from_static(&[b'x'; 4096]))
+            });
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                axum::body::Body::from_stream(endless),
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let s = Setup::new();
+    let channel = serde_json::json!({ "name": "oncall", "webhook": { "url": url } });
+    s.store
+        .write(&[note("k1", "failed", channel)])
+        .await
+        .unwrap();
+    s.outbox("node-a", None).pass().await.unwrap();
+    let n = s.the_one().await;
+    assert_eq!(
+        (n.state, n.last_status),
+        (NotificationState::Pending, Some(500))
+    );
+    let error = n.last_error.unwrap();
+    assert!(error.contains("xxxxxxxx"), "{error}");
+    assert!(error.len() < 600, "{} bytes kept", error.len());
+}
