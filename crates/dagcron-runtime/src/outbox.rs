@@ -132,10 +132,16 @@ impl<S: Store> Outbox<S> {
     }
 
     /// Delivers until `stop`: a pass whenever the engine commits
-    /// notifications, and every `poll` besides.
+    /// notifications, and every `poll` besides. A pass cut short by `stop`
+    /// leaves its notifications claimed until their claims end; any of
+    /// them sent meanwhile is sent again then, with the same key.
     pub async fn run(self, stop: CancellationToken) {
         loop {
-            let full = match self.pass().await {
+            let passed = tokio::select! {
+                () = stop.cancelled() => return,
+                passed = self.pass() => passed,
+            };
+            let full = match passed {
                 Ok(n) => n == self.config.batch as usize,
                 Err(e) => {
                     tracing::warn!("the outbox could not be read, to be tried again: {e}");

@@ -418,3 +418,41 @@ async fn a_receiver_that_answers_without_end_gives_only_the_start_of_its_answer(
     assert!(error.contains("xxxxxxxx"), "{error}");
     assert!(error.len() < 600, "{} bytes kept", error.len());
 }
+
+#[tokio::test]
+async fn the_outbox_stops_when_asked_while_its_receivers_hang() {
+    // A receiver that accepts and never answers, and more notifications
+    // than a pass claims: the outbox stops at once, not pass after pass.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    let held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(socket);
+        }
+    });
+    let s = Setup::new();
+    let channel = serde_json::json!({ "name": "oncall", "webhook": { "url": url } });
+    let writes: Vec<Write> = (0..100)
+        .map(|i| note(&format!("k{i}"), "failed", channel.clone()))
+        .collect();
+    s.store.write(&writes).await.unwrap();
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(s.outbox("node-a", None).run(stop.clone()));
+    dagcron_testkit::until_async("a delivery under way", async || {
+        match accepted.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => Err(0),
+            n => Ok(n),
+        }
+    })
+    .await;
+    stop.cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(30), running)
+        .await
+        .expect("the outbox stopped while its pass hung")
+        .unwrap();
+    held.abort();
+}
