@@ -262,10 +262,6 @@ impl<S: Store> Outbox<S> {
                 ));
             }
         };
-        let payload: Payload = match serde_json::from_str(&made.payload) {
-            Ok(p) => p,
-            Err(e) => return failed(format!("the notification's stored body is unreadable: {e}")),
-        };
         let secrets = match self.secrets(&made.namespace, &notifier.secret_refs()).await {
             Ok(s) => s,
             Err(e) => return failed(e),
@@ -296,14 +292,24 @@ impl<S: Store> Outbox<S> {
                     timeout: self.config.timeout,
                 }
             }
-            (None, Some(slack)) => Post {
-                url: value(&slack.url),
-                headers: vec![],
-                body: serde_json::json!({ "text": payload.summary() })
-                    .to_string()
-                    .into_bytes(),
-                timeout: self.config.timeout,
-            },
+            (None, Some(slack)) => {
+                let payload: Payload = match serde_json::from_str(&made.payload) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        return failed(format!(
+                            "the notification's stored body is unreadable: {e}"
+                        ));
+                    }
+                };
+                Post {
+                    url: value(&slack.url),
+                    headers: vec![],
+                    body: serde_json::json!({ "text": payload.summary() })
+                        .to_string()
+                        .into_bytes(),
+                    timeout: self.config.timeout,
+                }
+            }
             (None, None) => return failed("the notifier has no channel".into()),
         };
         let policy = match &self.policies {

@@ -95,3 +95,109 @@ async fn a_node_with_a_skewed_clock_owns_nothing_and_says_so() {
     let store = PgStore::connect(&db.url, 1).await.unwrap();
     assert_eq!(store.nodes().await.unwrap().len(), 2);
 }
+
+/// Two nodes' outboxes, each with its own connections to one PostgreSQL
+/// database, deliver side by side: every notification reaches the
+/// receiver once (their claims skip the rows the other holds).
+#[tokio::test]
+async fn two_nodes_outboxes_deliver_each_notification_once() {
+    use std::sync::Mutex;
+
+    use dagcron_runtime::{Outbox, OutboxConfig, OutboxMetrics};
+    use dagcron_store::prelude::*;
+    use dagcron_store::{NewNotification, NotificationState, Write};
+
+    let got: Arc<Mutex<Vec<String>>> = Arc::default();
+    let keep = got.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |headers: axum::http::HeaderMap| {
+            let keep = keep.clone();
+            async move {
+                let key = headers["idempotency-key"].to_str().unwrap().to_string();
+                keep.lock().unwrap().push(key);
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let db = TestDatabase::create("outbox").await;
+    let a = Arc::new(PgStore::connect(&db.url, 4).await.unwrap());
+    let b = Arc::new(PgStore::connect(&db.url, 4).await.unwrap());
+    let at = Timestamp::now();
+    let channel = serde_json::json!({ "name": "hook", "webhook": { "url": url } }).to_string();
+    let writes: Vec<Write> = (0..300)
+        .map(|i| {
+            Write::Notify(NewNotification {
+                key: format!("t/j/run-{i}/failed/hook"),
+                namespace: "t".into(),
+                job: "j".into(),
+                run: Some(i),
+                event: "failed".into(),
+                notifier: "hook".into(),
+                channel: channel.clone(),
+                payload: "{}".into(),
+                at,
+            })
+        })
+        .collect();
+    a.write(&writes).await.unwrap();
+    let listed = a.list_notifications("t", false, None, 500).await.unwrap();
+    assert_eq!(listed.len(), 300, "written");
+    let outbox = |store: &Arc<PgStore>, owner: &str| {
+        Outbox::new(
+            store.clone(),
+            Arc::new(SystemClock),
+            OutboxConfig {
+                owner: owner.into(),
+                ..OutboxConfig::default()
+            },
+            None,
+            None,
+            OutboxMetrics::default(),
+            Arc::new(tokio::sync::Notify::new()),
+        )
+    };
+    let (x, y) = (outbox(&a, "node-a"), outbox(&b, "node-b"));
+    let (sent_a, sent_b) = tokio::join!(
+        async {
+            let mut n = 0;
+            loop {
+                match x.pass().await.unwrap() {
+                    0 => break n,
+                    k => n += k,
+                }
+            }
+        },
+        async {
+            let mut n = 0;
+            loop {
+                match y.pass().await.unwrap() {
+                    0 => break n,
+                    k => n += k,
+                }
+            }
+        }
+    );
+    assert_eq!(sent_a + sent_b, 300, "a claimed {sent_a}, b {sent_b}");
+    let mut keys = got.lock().unwrap().clone();
+    assert_eq!(keys.len(), 300);
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), 300, "a notification was received twice");
+    let mut before = None;
+    let mut delivered = 0;
+    loop {
+        let page = a.list_notifications("t", false, before, 100).await.unwrap();
+        let Some(last) = page.last() else { break };
+        before = Some(last.id);
+        delivered += page
+            .iter()
+            .filter(|n| n.state == NotificationState::Delivered && n.attempts == 1)
+            .count();
+    }
+    assert_eq!(delivered, 300);
+}
