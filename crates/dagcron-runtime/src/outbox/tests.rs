@@ -34,10 +34,15 @@ async fn receiver(codes: Vec<u16>) -> (String, Got) {
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    (serve("127.0.0.1", app).await, got)
+}
+
+/// Serves `app` on loopback address `ip`; its `/hook` URL.
+async fn serve(ip: &str, app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, got)
+    url
 }
 
 struct FixedSecrets(BTreeMap<String, String>);
@@ -399,9 +404,7 @@ async fn a_receiver_that_answers_without_end_gives_only_the_start_of_its_answer(
             )
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let url = serve("127.0.0.1", app).await;
     let s = Setup::new();
     let channel = serde_json::json!({ "name": "oncall", "webhook": { "url": url } });
     s.store
@@ -455,4 +458,103 @@ async fn the_outbox_stops_when_asked_while_its_receivers_hang() {
         .expect("the outbox stopped while its pass hung")
         .unwrap();
     held.abort();
+}
+
+#[tokio::test]
+async fn a_notifier_cannot_redirect_its_way_to_an_address_the_policy_refuses() {
+    // The namespace may reach 127.0.0.1 only; its receiver there answers
+    // with a redirect to a service on 127.0.0.2, which must get nothing.
+    let reached: Got = Arc::default();
+    let keep = reached.clone();
+    let internal = serve(
+        "127.0.0.2",
+        axum::Router::new().fallback(move || {
+            let keep = keep.clone();
+            async move {
+                keep.lock().unwrap().push((HeaderMap::new(), String::new()));
+                "secret"
+            }
+        }),
+    )
+    .await;
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move || {
+            let to = internal.clone();
+            async move { (StatusCode::TEMPORARY_REDIRECT, [("location", to)]) }
+        }),
+    );
+    let outside = serve("127.0.0.1", app).await;
+    let s = Setup::new();
+    let channel = serde_json::json!({ "name": "oncall", "webhook": { "url": outside } });
+    s.store
+        .write(&[note("k1", "failed", channel)])
+        .await
+        .unwrap();
+    s.outbox("node-a", Some(loopback_allowed()))
+        .pass()
+        .await
+        .unwrap();
+    let n = s.the_one().await;
+    assert_eq!(n.state, NotificationState::Pending, "{n:?}");
+    assert!(
+        n.last_error.as_deref().unwrap().contains("redirect"),
+        "{n:?}"
+    );
+    assert!(
+        reached.lock().unwrap().is_empty(),
+        "the internal service was reached"
+    );
+}
+
+/// Secrets by namespace: only `other` has `hook-key`.
+struct NamespacedSecrets;
+
+impl Secrets for NamespacedSecrets {
+    fn resolve<'a>(&'a self, namespace: &'a str, names: &'a BTreeSet<String>) -> Resolved<'a> {
+        Box::pin(async move {
+            names
+                .iter()
+                .map(|n| match (namespace, n.as_str()) {
+                    ("other", "hook-key") => Ok((n.clone(), "theirs".to_string())),
+                    _ => Err(format!("no secret {n} in namespace {namespace}")),
+                })
+                .collect()
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_notifier_reads_the_secrets_of_its_own_namespace_only() {
+    // billing's notifier names a secret only another namespace has:
+    // nothing is sent, signed with it or otherwise.
+    let (url, got) = receiver(vec![]).await;
+    let s = Setup::new();
+    let outbox = Outbox::new(
+        s.store.clone(),
+        s.clock.clone(),
+        OutboxConfig::default(),
+        Some(SecretSource(Arc::new(NamespacedSecrets))),
+        None,
+        OutboxMetrics::default(),
+        Arc::new(Notify::new()),
+    );
+    let channel = serde_json::json!({
+        "name": "oncall", "webhook": { "url": url, "secret": { "secret": "hook-key" } }
+    });
+    s.store
+        .write(&[note("k1", "failed", channel)])
+        .await
+        .unwrap();
+    outbox.pass().await.unwrap();
+    let n = s.the_one().await;
+    assert_eq!(n.state, NotificationState::Pending);
+    assert!(
+        n.last_error
+            .as_deref()
+            .unwrap()
+            .contains("no secret hook-key in namespace billing"),
+        "{n:?}"
+    );
+    assert!(got.lock().unwrap().is_empty());
 }
