@@ -1,7 +1,8 @@
 //! The notifications of a run's end and of a task held for an operator:
-//! written in the batch that records the change, so that a crash never loses one and a batch committed twice
-//! never doubles one (the outbox keeps one row per key); the outbox is
-//! woken once the batch is committed (see [`crate::outbox`]).
+//! written in the batch that records the change, so that a crash never
+//! loses one and a batch committed twice never doubles one (the outbox
+//! keeps one row per key); the outbox is woken once the batch is committed
+//! (see [`crate::outbox`]).
 
 use dagcron_core::RunState;
 use dagcron_core::notify::{self, NotifierSpec, NotifyEvent, Payload, PayloadRun, PayloadTask};
