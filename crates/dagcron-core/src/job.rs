@@ -6,8 +6,8 @@
 //! how many wait ([`JobRuns`]), and decides: make a run and start it,
 //! queue it, replace the runs going on, or make none and say why (the
 //! outcome the fire ledger records, or the refusal a caller reads). The
-//! overlap policy, the backlog (`max_pending_runs`), the namespace's fire
-//! quota and the misfire policy of a planned run are decided here and
+//! failure breaker, the overlap policy, the backlog (`max_pending_runs`),
+//! the namespace's fire quota and the misfire policy of a planned run are decided here and
 //! nowhere else; when fires come due, which ones were missed and when the
 //! next one is are [`crate::fires`]' decisions.
 
@@ -118,11 +118,20 @@ fn skipped(decision: FireDecision) -> Fire {
     }
 }
 
-/// A scheduled fire of a job with `runs`; `within_quota` is whether its
-/// namespace's fire quota had room for it (see
-/// [`crate::policy::FireBucket`]).
-pub fn on_fire(policy: &JobPolicy, runs: JobRuns, within_quota: bool) -> Fire {
-    if !within_quota {
+/// A scheduled fire of a job with `runs`; `breaker_open`: the job's
+/// failure breaker is open ([`crate::breaker`]); `within_quota` is whether
+/// its namespace's fire quota has room for it (see
+/// [`crate::policy::FireBucket`]), asked only if the breaker is closed.
+pub fn on_fire(
+    policy: &JobPolicy,
+    runs: JobRuns,
+    breaker_open: bool,
+    within_quota: impl FnOnce() -> bool,
+) -> Fire {
+    if breaker_open {
+        return Fire::Skip(FireOutcome::SkippedBreaker);
+    }
+    if !within_quota() {
         return Fire::Skip(FireOutcome::SkippedQuota);
     }
     skipped(overlap(policy, runs))
@@ -298,43 +307,48 @@ mod tests {
     fn each_policy_decides_a_fire_as_documented() {
         let forbid = policy(Concurrency::Forbid, 1, 100);
         assert_eq!(
-            on_fire(&forbid, runs(0, 0), true),
+            on_fire(&forbid, runs(0, 0), false, || true),
             Fire::Make(FireDecision::Start)
         );
         assert_eq!(
-            on_fire(&forbid, runs(1, 0), true),
+            on_fire(&forbid, runs(1, 0), false, || true),
             Fire::Skip(FireOutcome::SkippedOverlap)
         );
         let replace = policy(Concurrency::Replace, 1, 100);
         assert_eq!(
-            on_fire(&replace, runs(1, 0), true),
+            on_fire(&replace, runs(1, 0), false, || true),
             Fire::Make(FireDecision::Replace)
         );
         let buffer = policy(Concurrency::BufferOne, 1, 100);
         assert_eq!(
-            on_fire(&buffer, runs(1, 0), true),
+            on_fire(&buffer, runs(1, 0), false, || true),
             Fire::Make(FireDecision::Queue)
         );
         assert_eq!(
-            on_fire(&buffer, runs(1, 1), true),
+            on_fire(&buffer, runs(1, 1), false, || true),
             Fire::Skip(FireOutcome::SkippedOverlap)
         );
         let allow = policy(Concurrency::Allow, 2, 3);
         assert_eq!(
-            on_fire(&allow, runs(1, 0), true),
+            on_fire(&allow, runs(1, 0), false, || true),
             Fire::Make(FireDecision::Start)
         );
         assert_eq!(
-            on_fire(&allow, runs(2, 2), true),
+            on_fire(&allow, runs(2, 2), false, || true),
             Fire::Make(FireDecision::Queue)
         );
         assert_eq!(
-            on_fire(&allow, runs(2, 3), true),
+            on_fire(&allow, runs(2, 3), false, || true),
             Fire::Skip(FireOutcome::SkippedBacklog)
         );
         assert_eq!(
-            on_fire(&allow, runs(0, 0), false),
+            on_fire(&allow, runs(0, 0), false, || false),
             Fire::Skip(FireOutcome::SkippedQuota)
+        );
+        assert_eq!(
+            on_fire(&allow, runs(0, 0), true, || panic!("no quota asked")),
+            Fire::Skip(FireOutcome::SkippedBreaker),
+            "an open breaker first"
         );
     }
 
@@ -388,8 +402,8 @@ mod tests {
 
     #[derive(Clone, Debug)]
     enum Step {
-        /// A scheduled fire, within its quota or not.
-        Fire(bool),
+        /// A scheduled fire, within its quota or not, its breaker open or not.
+        Fire(bool, bool),
         /// A trigger asking for this many runs.
         Trigger(usize),
         /// A planned run's instant, missed or not.
@@ -401,7 +415,7 @@ mod tests {
     fn steps() -> impl Strategy<Value = Vec<Step>> {
         proptest::collection::vec(
             prop_oneof![
-                any::<bool>().prop_map(Step::Fire),
+                (any::<bool>(), any::<bool>()).prop_map(|(q, b)| Step::Fire(q, b)),
                 (1usize..5).prop_map(Step::Trigger),
                 any::<bool>().prop_map(Step::Planned),
                 Just(Step::End),
@@ -470,9 +484,13 @@ mod tests {
             for step in steps {
                 let before = r;
                 match step {
-                    Step::Fire(within_quota) => match on_fire(&policy, r, within_quota) {
-                        Fire::Make(d) => make(&mut r, d),
-                        Fire::Skip(FireOutcome::SkippedQuota) => prop_assert!(!within_quota),
+                    Step::Fire(within_quota, open) => match on_fire(&policy, r, open, || within_quota) {
+                        Fire::Make(d) => {
+                            prop_assert!(!open, "a run made while the breaker is open");
+                            make(&mut r, d)
+                        }
+                        Fire::Skip(FireOutcome::SkippedBreaker) => prop_assert!(open),
+                        Fire::Skip(FireOutcome::SkippedQuota) => prop_assert!(!within_quota && !open),
                         Fire::Skip(FireOutcome::SkippedOverlap) => prop_assert!(
                             matches!(policy.concurrency, Concurrency::Forbid | Concurrency::BufferOne)
                         ),

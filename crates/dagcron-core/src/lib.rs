@@ -53,6 +53,7 @@
 //! decides about a run or a fire lives there.
 
 pub mod authz;
+pub mod breaker;
 pub mod calendar;
 pub mod dag;
 pub mod duration;

@@ -514,6 +514,10 @@ pub struct JobSpec {
     /// Who hears about its runs (see [`crate::notify`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notify: Vec<NotifyRule>,
+    /// Stop firing after this many consecutive failed runs (see
+    /// [`crate::breaker`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<crate::breaker::BreakerSpec>,
     /// The DAG.
     pub tasks: Vec<TaskSpec>,
 }

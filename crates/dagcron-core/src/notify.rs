@@ -206,16 +206,23 @@ pub enum NotifyEvent {
     /// A task's retries ran out and it waits for an operator
     /// (`on_exhausted: hold`).
     Held,
+    /// The job's failure breaker opened: it no longer fires (see
+    /// [`crate::breaker`]).
+    BreakerOpened,
+    /// The job was resumed and its failure breaker closed.
+    BreakerClosed,
 }
 
 impl NotifyEvent {
     /// Every event.
-    pub const ALL: [NotifyEvent; 5] = [
+    pub const ALL: [NotifyEvent; 7] = [
         NotifyEvent::Failed,
         NotifyEvent::Succeeded,
         NotifyEvent::Cancelled,
         NotifyEvent::Recovered,
         NotifyEvent::Held,
+        NotifyEvent::BreakerOpened,
+        NotifyEvent::BreakerClosed,
     ];
 
     /// The name in job files and bodies.
@@ -226,6 +233,8 @@ impl NotifyEvent {
             NotifyEvent::Cancelled => "cancelled",
             NotifyEvent::Recovered => "recovered",
             NotifyEvent::Held => "held",
+            NotifyEvent::BreakerOpened => "breaker_opened",
+            NotifyEvent::BreakerClosed => "breaker_closed",
         }
     }
 
@@ -362,6 +371,17 @@ pub fn on_held(rules: &[NotifyRule]) -> Vec<(&NotifierSpec, NotifyEvent)> {
     made_of(rules, &[NotifyEvent::Held])
 }
 
+/// The notifications the job's failure breaker makes as it opens
+/// (`opened`) or closes.
+pub fn on_breaker(rules: &[NotifyRule], opened: bool) -> Vec<(&NotifierSpec, NotifyEvent)> {
+    let event = if opened {
+        NotifyEvent::BreakerOpened
+    } else {
+        NotifyEvent::BreakerClosed
+    };
+    made_of(rules, &[event])
+}
+
 fn made_of<'a>(
     rules: &'a [NotifyRule],
     events: &[NotifyEvent],
@@ -406,6 +426,25 @@ pub fn run_key(
     )
 }
 
+/// The idempotency key of the notification of the breaker of a job
+/// opening after run `run` failed, or (`run` none) closing at `at`, to
+/// `notifier`.
+pub fn breaker_key(
+    namespace: &str,
+    job: &str,
+    run: Option<i64>,
+    at: Timestamp,
+    notifier: &str,
+) -> String {
+    match run {
+        Some(run) => format!("{namespace}/{job}/run-{run}/breaker_opened/{notifier}"),
+        None => format!(
+            "{namespace}/{job}/breaker_closed-{}/{notifier}",
+            at.as_microsecond()
+        ),
+    }
+}
+
 /// The version of the body's schema, in every body (`schema`).
 pub const SCHEMA: &str = "dagcron.notification/v1";
 
@@ -425,11 +464,16 @@ pub struct Payload {
     pub namespace: String,
     /// The job.
     pub job: String,
-    /// The run it is about.
-    pub run: PayloadRun,
+    /// The run it is about (none: `breaker_closed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<PayloadRun>,
     /// The task it is about (`held`), and the attempt it was held after.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<PayloadTask>,
+    /// The failure breaker (`breaker_opened`): the run above is the
+    /// failed run that opened it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<crate::breaker::OpenBreaker>,
 }
 
 /// The task a notification is about.
@@ -463,14 +507,30 @@ impl Payload {
             NotifyEvent::Cancelled => "was cancelled",
             NotifyEvent::Recovered => "succeeded after a failure",
             NotifyEvent::Held => "waits for an operator",
+            NotifyEvent::BreakerOpened => {
+                let failures = self.breaker.map_or(0, |b| b.failures);
+                return format!(
+                    "dagcron: {}/{} stopped firing: its failure breaker opened after {failures} consecutive failed runs; resume the job to close it",
+                    self.namespace, self.job
+                );
+            }
+            NotifyEvent::BreakerClosed => {
+                return format!(
+                    "dagcron: {}/{} was resumed: its failure breaker closed and it fires again",
+                    self.namespace, self.job
+                );
+            }
         };
         let task = self.task.as_ref().map_or(String::new(), |t| {
             format!(": task {} after attempt {}", t.id, t.attempt)
         });
-        format!(
-            "dagcron: run {} of {}/{} ({}, scheduled for {}) {what}{task}",
-            self.run.id, self.namespace, self.job, self.run.trigger, self.run.scheduled_at
-        )
+        match &self.run {
+            Some(run) => format!(
+                "dagcron: run {} of {}/{} ({}, scheduled for {}) {what}{task}",
+                run.id, self.namespace, self.job, run.trigger, run.scheduled_at
+            ),
+            None => format!("dagcron: {}/{} {what}{task}", self.namespace, self.job),
+        }
     }
 }
 

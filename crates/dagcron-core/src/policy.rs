@@ -58,11 +58,14 @@ pub enum FireOutcome {
     /// Declined because the job's namespace had made as many scheduled
     /// fires this second as its quota allows (see [`FireBucket`]).
     SkippedQuota,
+    /// Declined because the job's failure breaker was open (see
+    /// [`crate::breaker`]).
+    SkippedBreaker,
 }
 
 impl FireOutcome {
     /// Every outcome.
-    pub const ALL: [FireOutcome; 7] = [
+    pub const ALL: [FireOutcome; 8] = [
         FireOutcome::Fired,
         FireOutcome::SkippedOverlap,
         FireOutcome::MissedCaughtUp,
@@ -70,6 +73,7 @@ impl FireOutcome {
         FireOutcome::Suppressed,
         FireOutcome::SkippedBacklog,
         FireOutcome::SkippedQuota,
+        FireOutcome::SkippedBreaker,
     ];
 
     /// The stored name.
@@ -82,6 +86,7 @@ impl FireOutcome {
             FireOutcome::Suppressed => "suppressed",
             FireOutcome::SkippedBacklog => "skipped_backlog",
             FireOutcome::SkippedQuota => "skipped_quota",
+            FireOutcome::SkippedBreaker => "skipped_breaker",
         }
     }
 

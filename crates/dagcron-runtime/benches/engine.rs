@@ -94,6 +94,7 @@ fn job(name: String, schedule: Option<String>, tasks: Vec<TaskSpec>) -> JobSpec 
         start_date: None,
         end_date: None,
         notify: vec![],
+        breaker: None,
         tasks,
     }
 }

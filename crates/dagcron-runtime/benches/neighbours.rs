@@ -56,6 +56,7 @@ fn every_second(name: String, script: String) -> JobSpec {
         start_date: None,
         end_date: None,
         notify: vec![],
+        breaker: None,
         tasks: vec![TaskSpec {
             id: "t".into(),
             depends_on: vec![],

@@ -8,7 +8,8 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use dagcron_store::{RunId, Write, WriteResult};
+use dagcron_core::RunState;
+use dagcron_store::{BreakerWrite, RunId, Write, WriteResult};
 use sqlx::postgres::PgConnection;
 
 use crate::rows::{self, Effects, Row};
@@ -87,7 +88,8 @@ pub(crate) async fn apply(
                 new_runs.push(run);
             }
             Write::Fire { .. } => {}
-            Write::Notify(_) => results[i] = Some(WriteResult::Done),
+            // Applied below, after the others.
+            Write::Notify(_) | Write::Breaker(_) => results[i] = Some(WriteResult::Done),
             _ => {
                 let run = rows::run_of(w).expect("a write of a run");
                 let row = new_rows.get_mut(&run).or_else(|| read.get_mut(&run));
@@ -129,7 +131,23 @@ pub(crate) async fn apply(
         )));
     }
     rows::keep_logs(conn, &effects, sent).await?;
-    insert_notifications(conn, batch, sent).await?;
+    let mut notes: Vec<&dagcron_store::NewNotification> = batch
+        .iter()
+        .filter_map(|w| match w {
+            Write::Notify(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    for (i, w) in batch.iter().enumerate() {
+        if let Write::Breaker(b) = w {
+            let result = breaker(conn, b, sent).await?;
+            if result == WriteResult::Done {
+                notes.extend(&b.notifications);
+            }
+            results[i] = Some(result);
+        }
+    }
+    insert_notifications(conn, &notes, sent).await?;
     let notices = Notices {
         work: !effects.queued.is_empty(),
         attempts: !effects.ended_for_others.is_empty(),
@@ -226,20 +244,86 @@ async fn insert_fires(
     Ok(fired)
 }
 
+/// Applies a change of a job's failure breaker (see [`Write::Breaker`]),
+/// its job's row locked first: two nodes ending runs of one job at once
+/// each count the other's, the second once the first has committed.
+async fn breaker(
+    conn: &mut PgConnection,
+    b: &BreakerWrite,
+    sent: &mut u64,
+) -> Result<WriteResult, sqlx::Error> {
+    use dagcron_store::breaker::{CLOSE, LATEST, OPEN, STATE};
+    *sent += 1;
+    let state: Option<(bool, i64)> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("{STATE} FOR UPDATE")))
+            .bind(&b.namespace)
+            .bind(&b.job)
+            .fetch_optional(&mut *conn)
+            .await?;
+    let Some((open, from)) = state else {
+        return Ok(WriteResult::Conflict(format!(
+            "no job {}/{}",
+            b.namespace, b.job
+        )));
+    };
+    match b.open {
+        Some(_) if open => {
+            return Ok(WriteResult::breaker_unchanged(&b.namespace, &b.job, "open"));
+        }
+        Some((run, after)) => {
+            *sent += 2;
+            let latest: Vec<String> = sqlx::query_scalar(LATEST)
+                .bind(&b.namespace)
+                .bind(&b.job)
+                .bind(from)
+                .bind(i64::from(after))
+                .fetch_all(&mut *conn)
+                .await?;
+            let latest: Vec<RunState> = latest.iter().filter_map(|s| s.parse().ok()).collect();
+            if !dagcron_core::breaker::opens(&latest, after) {
+                return Ok(WriteResult::breaker_unchanged(
+                    &b.namespace,
+                    &b.job,
+                    "closed",
+                ));
+            }
+            sqlx::query(OPEN)
+                .bind(b.at.as_microsecond())
+                .bind(run)
+                .bind(i64::from(after))
+                .bind(&b.namespace)
+                .bind(&b.job)
+                .execute(&mut *conn)
+                .await?;
+        }
+        None if !open => {
+            return Ok(WriteResult::breaker_unchanged(
+                &b.namespace,
+                &b.job,
+                "closed",
+            ));
+        }
+        None => {
+            *sent += 1;
+            sqlx::query(CLOSE)
+                .bind(&b.namespace)
+                .bind(&b.job)
+                .execute(&mut *conn)
+                .await?;
+        }
+    }
+    *sent += 3;
+    crate::PgStore::job_changes(conn, &[(&b.namespace, &b.job)], &[]).await?;
+    Ok(WriteResult::Done)
+}
+
 /// Puts the batch's notifications in the outbox, in one statement; a key
 /// there already (the batch committed twice) is left as it is.
 async fn insert_notifications(
     conn: &mut PgConnection,
-    batch: &[Write],
+    notes: &[&dagcron_store::NewNotification],
     sent: &mut u64,
 ) -> Result<(), sqlx::Error> {
-    let notes: Vec<&dagcron_store::NewNotification> = batch
-        .iter()
-        .filter_map(|w| match w {
-            Write::Notify(n) => Some(n),
-            _ => None,
-        })
-        .collect();
     if notes.is_empty() {
         return Ok(());
     }

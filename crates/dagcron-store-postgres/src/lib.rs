@@ -118,7 +118,7 @@ dagcron_store::sql_reader!(
     pool,
     unavailable,
     dagcron_store::sql::Dialect {
-        select_jobs: "SELECT j.namespace, j.name, j.version, j.spec, j.paused, j.updated_at, j.rules FROM jobs AS j",
+        select_jobs: "SELECT j.namespace, j.name, j.version, j.spec, j.paused, j.updated_at, j.rules, j.breaker_opened_at, j.breaker_run, j.breaker_failures FROM jobs AS j",
         bytes_order: " COLLATE \"C\"",
         run_attempts: "(SELECT count(*) FROM jsonb_array_elements(r.tasks::jsonb) t, jsonb_array_elements(COALESCE(t->'attempts', '[]'::jsonb)))",
     }
@@ -127,7 +127,7 @@ dagcron_store::sql_reader!(
 /// A run's columns, then its tasks (see [`rows::Row`]).
 const RUN_COLUMNS: &str = concat!(dagcron_store::run_columns!(), ", tasks");
 /// A job's columns, as [`dagcron_store::rows::job`] reads them.
-pub(crate) const JOB_COLUMNS: &str = "namespace, name, version, spec, paused, updated_at, rules";
+pub(crate) const JOB_COLUMNS: &str = "namespace, name, version, spec, paused, updated_at, rules, breaker_opened_at, breaker_run, breaker_failures";
 
 impl PgStore {
     /// Connects to `url` with a pool of up to `max_connections` and migrates

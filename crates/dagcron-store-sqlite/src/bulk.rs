@@ -48,6 +48,7 @@ impl BulkReader {
             paused: r.paused,
             updated_at: r.updated_at,
             rules: r.rules,
+            breaker: r.breaker,
         })
     }
 
@@ -59,7 +60,7 @@ impl BulkReader {
         limit: u32,
     ) -> Result<Vec<StoredTimingRow>> {
         // A row value, so that each page is a range of the primary key.
-        let sql = "SELECT namespace, name, version, timing, paused, updated_at, rules FROM jobs WHERE (namespace, name) > (?1, ?2) ORDER BY namespace, name LIMIT ?3";
+        let sql = "SELECT namespace, name, version, timing, paused, updated_at, rules, breaker_opened_at, breaker_run, breaker_failures FROM jobs WHERE (namespace, name) > (?1, ?2) ORDER BY namespace, name LIMIT ?3";
         self.page(sql, after, limit, |r| StoredTimingRow {
             namespace: r.namespace,
             name: r.name,
@@ -68,6 +69,7 @@ impl BulkReader {
             paused: r.paused,
             updated_at: r.updated_at,
             rules: r.rules,
+            breaker: r.breaker,
         })
     }
 
@@ -120,6 +122,11 @@ impl BulkReader {
                 paused: r.get::<_, i64>(4).map_err(failed)? != 0,
                 updated_at: crate::ts(r.get(5).map_err(failed)?)?,
                 rules,
+                breaker: dagcron_store::breaker::open_breaker(
+                    r.get(7).map_err(failed)?,
+                    r.get(8).map_err(failed)?,
+                    r.get(9).map_err(failed)?,
+                )?,
             }));
         }
         Ok(out)
@@ -135,4 +142,5 @@ struct Columns {
     paused: bool,
     updated_at: jiff::Timestamp,
     rules: Option<dagcron_core::Rules>,
+    breaker: Option<dagcron_core::breaker::OpenBreaker>,
 }

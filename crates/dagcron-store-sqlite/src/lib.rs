@@ -227,7 +227,7 @@ fn active_runs_sql() -> String {
 
 /// Jobs with their specs (the current version's: the spec is stored once,
 /// in `job_versions`), as [`read::job`] reads them; the `WHERE` follows.
-pub(crate) const SELECT_JOBS: &str = "SELECT j.namespace, j.name, j.version, v.spec, j.paused, j.updated_at, j.rules
+pub(crate) const SELECT_JOBS: &str = "SELECT j.namespace, j.name, j.version, v.spec, j.paused, j.updated_at, j.rules, j.breaker_opened_at, j.breaker_run, j.breaker_failures
      FROM jobs AS j JOIN job_versions AS v ON v.namespace = j.namespace AND v.name = j.name AND v.version = j.version";
 
 impl SqliteStore {

@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use crate::plan::{AsStateName, Plan, plan};
 use dagcron_core::{FireOutcome, Rules, RunState, TaskState};
-use dagcron_store::{ApplyResult, JobUpsert, NewRun, Result, StorageError, Write, WriteResult};
+use dagcron_store::{
+    ApplyResult, BreakerWrite, JobUpsert, NewRun, Result, StorageError, Write, WriteResult,
+};
 use jiff::Timestamp;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use tokio::sync::oneshot;
@@ -321,10 +323,78 @@ pub(crate) fn apply_batch(
     batch: &[Write],
     grouped: bool,
 ) -> rusqlite::Result<Vec<WriteResult>> {
-    match grouped.then(|| plan(batch)).flatten() {
-        Some(plan) => apply_planned(tx, batch, &plan),
-        None => batch.iter().map(|w| apply(tx, w)).collect(),
+    let mut results = match grouped.then(|| plan(batch)).flatten() {
+        Some(plan) => apply_planned(tx, batch, &plan)?,
+        None => batch
+            .iter()
+            .map(|w| apply(tx, w))
+            .collect::<rusqlite::Result<Vec<_>>>()?,
+    };
+    // Breakers last, over what the batch's other writes left.
+    for (w, result) in batch.iter().zip(&mut results) {
+        if let Write::Breaker(b) = w {
+            *result = breaker(tx, b)?;
+        }
     }
+    Ok(results)
+}
+
+/// Applies a change of a job's failure breaker (see [`Write::Breaker`]).
+fn breaker(tx: &Transaction<'_>, b: &BreakerWrite) -> rusqlite::Result<WriteResult> {
+    use dagcron_store::breaker::{CLOSE, LATEST, OPEN, STATE};
+    let state: Option<(bool, i64)> = tx
+        .prepare_cached(STATE)?
+        .query_row(params![b.namespace, b.job], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((open, from)) = state else {
+        return Ok(WriteResult::Conflict(format!(
+            "no job {}/{}",
+            b.namespace, b.job
+        )));
+    };
+    match b.open {
+        Some(_) if open => {
+            return Ok(WriteResult::breaker_unchanged(&b.namespace, &b.job, "open"));
+        }
+        Some((run, after)) => {
+            let mut latest = Vec::new();
+            let mut stmt = tx.prepare_cached(LATEST)?;
+            let mut rows = stmt.query(params![b.namespace, b.job, from, after])?;
+            while let Some(r) = rows.next()? {
+                let state: String = r.get(0)?;
+                latest.extend(state.parse::<RunState>().ok());
+            }
+            if !dagcron_core::breaker::opens(&latest, after) {
+                return Ok(WriteResult::breaker_unchanged(
+                    &b.namespace,
+                    &b.job,
+                    "closed",
+                ));
+            }
+            tx.prepare_cached(OPEN)?.execute(params![
+                b.at.as_microsecond(),
+                run,
+                after,
+                b.namespace,
+                b.job
+            ])?;
+        }
+        None if !open => {
+            return Ok(WriteResult::breaker_unchanged(
+                &b.namespace,
+                &b.job,
+                "closed",
+            ));
+        }
+        None => {
+            tx.prepare_cached(CLOSE)?
+                .execute(params![b.namespace, b.job])?;
+        }
+    }
+    for n in &b.notifications {
+        apply(tx, &Write::Notify(n.clone()))?;
+    }
+    Ok(WriteResult::Done)
 }
 
 fn apply_planned(
@@ -612,6 +682,8 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
             .execute(params![run, task])?;
             Ok(WriteResult::Done)
         }
+        // Applied by `apply_batch`, after the batch's other writes.
+        Write::Breaker(_) => Ok(WriteResult::Done),
         Write::Notify(n) => {
             tx.prepare_cached(
                 "INSERT INTO notifications (key, namespace, job, run_id, event, notifier, channel, payload, created_at, next_at)

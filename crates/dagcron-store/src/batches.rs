@@ -147,6 +147,7 @@ fn rows(w: &Write) -> Vec<String> {
         }
         Write::Fire { .. } => vec![],
         Write::Notify(n) => vec![format!("notification {}", n.key)],
+        Write::Breaker(b) => vec![format!("breaker {}/{}", b.namespace, b.job)],
     }
 }
 

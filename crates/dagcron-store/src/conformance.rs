@@ -12,8 +12,9 @@ use jiff::Timestamp;
 use dagcron_core::Rules;
 
 use crate::{
-    Actor, ApplyResult, DeliveryAttempt, DeliveryEnd, JobUpsert, NewNotification, NewRun,
-    NotificationState, Origin, RunRecord, StorageError, Store, Trigger, Write, WriteResult,
+    Actor, ApplyResult, BreakerWrite, DeliveryAttempt, DeliveryEnd, JobUpsert, NewNotification,
+    NewRun, NotificationRecord, NotificationState, Origin, RunRecord, StorageError, Store, Trigger,
+    Write, WriteResult,
 };
 
 /// Generates one `#[tokio::test]` per conformance case.
@@ -48,6 +49,7 @@ macro_rules! conformance_tests {
             a_deleted_job_is_forgotten_once_its_runs_are_gone,
             the_outbox_keeps_one_row_a_key_and_one_holder_at_a_time,
             a_recovery_is_told_by_the_last_run_that_succeeded_or_failed,
+            a_breaker_opens_at_the_nth_failure_in_a_row_and_closes_once,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -1848,4 +1850,121 @@ pub async fn a_recovery_is_told_by_the_last_run_that_succeeded_or_failed<S: Stor
         Some(RunState::Succeeded)
     );
     assert_eq!(s.previous_run_end("elsewhere", "j", 9).await.unwrap(), None);
+}
+
+/// A job's failure breaker opens, in the batch that ends its N-th run in
+/// a row that failed (counted after the batch's other writes, a cancelled
+/// run counting for neither side), with its notifications; it is read
+/// back with the job, closes once, and counts only later runs afterwards.
+pub async fn a_breaker_opens_at_the_nth_failure_in_a_row_and_closes_once<S: Store>(s: &S) {
+    s.apply_jobs(&[job("ns", "j", "{}")], t(1)).await.unwrap();
+    let end = |run: i64, to: RunState| Write::RunState {
+        run,
+        from: RunState::Running,
+        to,
+        at: t(200),
+    };
+    let note = |key: &str| NewNotification {
+        key: key.into(),
+        namespace: "ns".into(),
+        job: "j".into(),
+        run: None,
+        event: "breaker_opened".into(),
+        notifier: "ops".into(),
+        channel: "{}".into(),
+        payload: "{}".into(),
+        at: t(300),
+    };
+    let breaker = |open: Option<(i64, u32)>, key: &str| {
+        Write::Breaker(BreakerWrite {
+            namespace: "ns".into(),
+            job: "j".into(),
+            open,
+            at: t(300),
+            notifications: vec![note(key)],
+        })
+    };
+    let runs: Vec<Write> = (1..=6)
+        .map(|i| fire(100 + i, Some(new_run(i, 100 + i))))
+        .collect();
+    s.write(&runs).await.unwrap();
+    // Failed, succeeded, failed, cancelled, failed: two in a row.
+    let results = s
+        .write(&[
+            end(1, RunState::Failed),
+            end(2, RunState::Succeeded),
+            end(3, RunState::Failed),
+            end(4, RunState::Cancelled),
+            breaker(Some((5, 2)), "early"),
+            end(5, RunState::Failed),
+        ])
+        .await
+        .unwrap();
+    // The breaker counted run 5, though written after it in the batch.
+    assert_eq!(results[4], WriteResult::Done);
+    let stored = s.get_job("ns", "j").await.unwrap().unwrap();
+    let opened = stored.breaker.expect("open");
+    assert_eq!(
+        (opened.run, opened.failures, opened.opened_at),
+        (5, 2, t(300))
+    );
+    let timing = s.load_job_timings(None, 10).await.unwrap();
+    assert_eq!(timing[0].breaker, Some(opened));
+    // Open already: no second opening, and no second notification.
+    let again = s.write(&[breaker(Some((5, 2)), "twice")]).await.unwrap();
+    assert!(matches!(&again[0], WriteResult::Conflict(why) if why.contains("stays open")));
+    let keys = |list: Vec<NotificationRecord>| -> Vec<String> {
+        list.into_iter().map(|n| n.made.key).collect()
+    };
+    assert_eq!(
+        keys(s.list_notifications("ns", false, None, 10).await.unwrap()),
+        ["early"]
+    );
+    // Closed once; a second close changes nothing.
+    let closed = s
+        .write(&[breaker(None, "closed"), breaker(None, "closed-twice")])
+        .await
+        .unwrap();
+    assert_eq!(closed[0], WriteResult::Done);
+    assert!(matches!(&closed[1], WriteResult::Conflict(why) if why.contains("stays closed")));
+    assert_eq!(s.get_job("ns", "j").await.unwrap().unwrap().breaker, None);
+    // Runs made before the close no longer count: run 6's failure is not
+    // one of two.
+    s.write(&[
+        fire(120, Some(new_run(7, 120))),
+        fire(121, Some(new_run(8, 121))),
+    ])
+    .await
+    .unwrap();
+    let after = s
+        .write(&[
+            end(6, RunState::Failed),
+            end(7, RunState::Failed),
+            breaker(Some((7, 2)), "too-soon"),
+        ])
+        .await
+        .unwrap();
+    assert!(matches!(&after[2], WriteResult::Conflict(_)), "{after:?}");
+    let now = s
+        .write(&[end(8, RunState::Failed), breaker(Some((8, 2)), "again")])
+        .await
+        .unwrap();
+    assert_eq!(now[1], WriteResult::Done);
+    assert_eq!(
+        keys(s.list_notifications("ns", false, None, 10).await.unwrap()).len(),
+        3,
+        "early, closed and again"
+    );
+    // Another job's breaker, or no job: nothing.
+    let none = s
+        .write(&[Write::Breaker(BreakerWrite {
+            namespace: "ns".into(),
+            job: "gone".into(),
+            open: None,
+            at: t(300),
+            notifications: vec![],
+        })])
+        .await
+        .unwrap();
+    assert!(matches!(&none[0], WriteResult::Conflict(_)));
 }

@@ -49,6 +49,7 @@
 
 #[cfg(feature = "strategies")]
 pub mod batches;
+pub mod breaker;
 pub mod cluster;
 pub mod conformance;
 pub mod memory;
@@ -62,6 +63,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 
+pub use dagcron_core::breaker::OpenBreaker;
 use dagcron_core::{AttemptState, FireOutcome, Rules, RunState, TaskState};
 use jiff::Timestamp;
 
@@ -129,6 +131,8 @@ pub struct StoredJob {
     /// The rules its current version was applied under (none: applied
     /// before versions recorded them, and not stamped since).
     pub rules: Option<Rules>,
+    /// Its failure breaker, while open (see [`Write::Breaker`]).
+    pub breaker: Option<OpenBreaker>,
 }
 
 /// What start-up reads of a stored job: its timing fields, not its whole
@@ -151,6 +155,8 @@ pub struct StoredTimingRow {
     pub updated_at: Timestamp,
     /// The rules its current version was applied under (see [`StoredJob`]).
     pub rules: Option<Rules>,
+    /// Its failure breaker, while open.
+    pub breaker: Option<OpenBreaker>,
 }
 
 impl From<StoredJob> for StoredTimingRow {
@@ -163,6 +169,7 @@ impl From<StoredJob> for StoredTimingRow {
             paused: job.paused,
             updated_at: job.updated_at,
             rules: job.rules,
+            breaker: job.breaker,
         }
     }
 }
@@ -456,6 +463,42 @@ pub enum Write {
     /// reports. Always done: a notification whose key is there already
     /// (the batch committed twice) is left as it is.
     Notify(NewNotification),
+    /// Open or close a job's failure breaker (see
+    /// [`dagcron_core::breaker`]), after the batch's other writes: done
+    /// only if it changes (a conflict otherwise, which is no error), and
+    /// then its notifications go in the outbox. In a cluster, the nodes
+    /// are told the job changed.
+    Breaker(BreakerWrite),
+}
+
+/// A change of a job's failure breaker (see [`Write::Breaker`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BreakerWrite {
+    /// Tenant.
+    pub namespace: String,
+    /// Job.
+    pub job: String,
+    /// Open it, after the job's run `run` failed, if the job's last
+    /// `after_failures` runs that ended succeeded or failed since it last
+    /// closed all failed (see [`dagcron_core::breaker::opens`]); none:
+    /// close it, and count only the runs made after now from then on.
+    pub open: Option<(RunId, u32)>,
+    /// When.
+    pub at: Timestamp,
+    /// What goes in the outbox if it changes.
+    pub notifications: Vec<NewNotification>,
+}
+
+impl BreakerWrite {
+    /// What a job records of the breaker this opens, given the failures
+    /// it opened after.
+    pub fn opened(&self) -> Option<OpenBreaker> {
+        self.open.map(|(run, failures)| OpenBreaker {
+            opened_at: self.at,
+            run,
+            failures,
+        })
+    }
 }
 
 impl Write {
@@ -470,7 +513,7 @@ impl Write {
             | Write::AttemptStart { run, .. }
             | Write::AttemptEnd { run, .. }
             | Write::AttemptWithdraw { run, .. } => Some(*run),
-            Write::Notify(_) => None,
+            Write::Notify(_) | Write::Breaker(_) => None,
         }
     }
 }
@@ -942,6 +985,14 @@ impl WriteResult {
             Some(s) => format!("run {run} is {s}, not {from}"),
             None => format!("run {run} does not exist"),
         })
+    }
+
+    /// A breaker write that changes nothing: the breaker of the job stays
+    /// `state`.
+    pub fn breaker_unchanged(namespace: &str, job: &str, state: &str) -> WriteResult {
+        WriteResult::Conflict(format!(
+            "the failure breaker of {namespace}/{job} stays {state}"
+        ))
     }
 
     /// A fire refused because the ledger has it.

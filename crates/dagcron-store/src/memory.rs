@@ -17,9 +17,9 @@ use crate::prelude::*;
 use crate::run_row::{self, Effects, Row};
 use crate::{
     ApplyResult, AuditEntry, DeliveryAttempt, DeliveryEnd, FireRecord, HistoryJob, JobUpsert,
-    JobVersion, NewRun, NotificationRecord, NotificationState, Origin, Page, Prune, Pruned, Result,
-    RunId, RunRecord, SecretRecord, StorageError, StoredJob, TokenRecord, VersionRecord, Write,
-    WriteResult,
+    JobVersion, NewRun, NotificationRecord, NotificationState, OpenBreaker, Origin, Page, Prune,
+    Pruned, Result, RunId, RunRecord, SecretRecord, StorageError, StoredJob, TokenRecord,
+    VersionRecord, Write, WriteResult,
 };
 
 /// A job and a namespace: (namespace, name).
@@ -32,6 +32,10 @@ struct Job {
     paused: bool,
     updated_at: Timestamp,
     rules: Option<String>,
+    /// Its failure breaker, while open.
+    breaker: Option<OpenBreaker>,
+    /// The breaker counts the runs after this one.
+    breaker_from: RunId,
 }
 
 /// A version of a job.
@@ -159,6 +163,7 @@ impl Data {
             paused: job.paused,
             updated_at: job.updated_at,
             rules: crate::parse_rules(job.rules.as_deref()).ok().flatten(),
+            breaker: job.breaker,
         })
     }
 
@@ -184,15 +189,11 @@ impl Data {
                 }
                 let paused = j.paused_over(Some((current.paused, &current.spec)));
                 let v = current.version + 1;
-                self.jobs.insert(
-                    k.clone(),
-                    Job {
-                        version: v,
-                        paused,
-                        updated_at: at,
-                        rules: rules.clone(),
-                    },
-                );
+                let job = self.jobs.get_mut(&k).expect("current");
+                job.version = v;
+                job.paused = paused;
+                job.updated_at = at;
+                job.rules = rules.clone();
                 ApplyResult::Updated(v)
             }
             None => {
@@ -209,6 +210,8 @@ impl Data {
                         paused: j.paused_over(None),
                         updated_at: at,
                         rules: rules.clone(),
+                        breaker: None,
+                        breaker_from: 0,
                     },
                 );
                 self.deleted.remove(&k);
@@ -267,6 +270,52 @@ impl Data {
         Ok(())
     }
 
+    /// Applies a change of a job's breaker (see [`Write::Breaker`]).
+    fn breaker(&mut self, b: &crate::BreakerWrite) -> WriteResult {
+        let k = key(&b.namespace, &b.job);
+        let Some(job) = self.jobs.get(&k) else {
+            return WriteResult::Conflict(format!("no job {}/{}", b.namespace, b.job));
+        };
+        match b.open {
+            Some((_, after)) => {
+                if job.breaker.is_some() {
+                    return WriteResult::breaker_unchanged(&b.namespace, &b.job, "open");
+                }
+                let latest: Vec<RunState> = self
+                    .runs
+                    .range(job.breaker_from + 1..)
+                    .rev()
+                    .filter(|(_, r)| r.of(&b.namespace, &b.job))
+                    .map(|(_, r)| r.row.state)
+                    .filter(|s| dagcron_core::breaker::counts(*s))
+                    .take(after as usize)
+                    .collect();
+                if !dagcron_core::breaker::opens(&latest, after) {
+                    return WriteResult::breaker_unchanged(&b.namespace, &b.job, "closed");
+                }
+            }
+            None if job.breaker.is_none() => {
+                return WriteResult::breaker_unchanged(&b.namespace, &b.job, "closed");
+            }
+            None => {}
+        }
+        let from = self
+            .runs
+            .iter()
+            .rev()
+            .find(|(_, r)| r.of(&b.namespace, &b.job))
+            .map_or(0, |(id, _)| *id);
+        let job = self.jobs.get_mut(&k).expect("checked");
+        job.breaker = b.opened();
+        if b.open.is_none() {
+            job.breaker_from = from;
+        }
+        for n in &b.notifications {
+            self.write(&Write::Notify(n.clone()));
+        }
+        WriteResult::Done
+    }
+
     fn insert_run(&mut self, run: &NewRun) {
         let mut row = Row::new(run);
         row.changed = false;
@@ -311,6 +360,8 @@ impl Data {
                 self.insert_run(run);
                 WriteResult::Done
             }
+            // See `MemoryStore::write`.
+            Write::Breaker(_) => WriteResult::Done,
             Write::Notify(n) => {
                 if !self.outbox.values().any(|o| o.record.made.key == n.key) {
                     let id = self.outbox.keys().next_back().map_or(1, |k| k + 1);
@@ -538,7 +589,14 @@ impl RunStore for MemoryStore {
     async fn write(&self, batch: &[Write]) -> Result<Vec<WriteResult>> {
         let mut data = self.data();
         data.check_inserts(batch)?;
-        Ok(batch.iter().map(|w| data.write(w)).collect())
+        let mut results: Vec<WriteResult> = batch.iter().map(|w| data.write(w)).collect();
+        // Breakers after the other writes, as documented.
+        for (w, result) in batch.iter().zip(&mut results) {
+            if let Write::Breaker(b) = w {
+                *result = data.breaker(b);
+            }
+        }
+        Ok(results)
     }
 
     async fn last_fires(&self) -> Result<Vec<(String, String, Timestamp)>> {

@@ -193,8 +193,9 @@ pub fn delivery(row: &impl Cells) -> Result<DeliveryAttempt> {
     })
 }
 
-/// A job from its namespace, name, version, spec, paused, updated_at and
-/// rules (each backend selects them from its own tables).
+/// A job from its namespace, name, version, spec, paused, updated_at,
+/// rules and [`crate::breaker::COLUMNS`] (each backend selects them from
+/// its own tables).
 pub fn job(row: &impl Cells) -> Result<StoredJob> {
     Ok(StoredJob {
         namespace: row.text(0),
@@ -204,6 +205,7 @@ pub fn job(row: &impl Cells) -> Result<StoredJob> {
         paused: row.flag(4),
         updated_at: ts(row.int(5))?,
         rules: crate::parse_rules(row.opt_text(6).as_deref())?,
+        breaker: crate::breaker::open_breaker(row.opt_int(7), row.opt_int(8), row.opt_int(9))?,
     })
 }
 

@@ -110,6 +110,9 @@ fn check_limits(spec: &JobSpec, at: &str, errors: &mut Vec<ValidationError>) -> 
             "must be at least 1".into(),
         );
     }
+    if let Some(breaker) = &spec.breaker {
+        errors.extend(breaker.check(&format!("{at}.breaker")));
+    }
     if spec.max_active_runs == Some(0) {
         problem(
             errors,

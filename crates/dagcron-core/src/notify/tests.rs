@@ -202,13 +202,14 @@ fn the_payload_has_a_stable_shape() {
         at: "2026-03-01T03:00:05Z".parse().unwrap(),
         namespace: "billing".into(),
         job: "nightly".into(),
-        run: PayloadRun {
+        run: Some(PayloadRun {
             id: 42,
             state: "failed".into(),
             trigger: "schedule".into(),
             scheduled_at: "2026-03-01T03:00:00Z".parse().unwrap(),
-        },
+        }),
         task: None,
+        breaker: None,
     };
     expect_test::expect![[r#"{"schema":"dagcron.notification/v1","id":"billing/nightly/run-42/failed/oncall","event":"failed","at":"2026-03-01T03:00:05Z","namespace":"billing","job":"nightly","run":{"id":42,"state":"failed","trigger":"schedule","scheduled_at":"2026-03-01T03:00:00Z"}}"#]]
         .assert_eq(&serde_json::to_string(&p).unwrap());
@@ -244,16 +245,17 @@ jobs:
         at: "2026-03-01T03:00:05Z".parse().unwrap(),
         namespace: "default".into(),
         job: "j".into(),
-        run: PayloadRun {
+        run: Some(PayloadRun {
             id: 9,
             state: "running".into(),
             trigger: "manual".into(),
             scheduled_at: "2026-03-01T03:00:00Z".parse().unwrap(),
-        },
+        }),
         task: Some(PayloadTask {
             id: "a".into(),
             attempt: 3,
         }),
+        breaker: None,
     };
     let body = serde_json::to_value(&p).unwrap();
     assert_eq!(body["task"], serde_json::json!({ "id": "a", "attempt": 3 }));
@@ -263,6 +265,61 @@ jobs:
         "{}",
         p.summary()
     );
+}
+
+#[test]
+fn the_breaker_opening_and_closing_name_the_job_and_the_run() {
+    let jobs = file(
+        r#"
+notifiers: [{ name: ops, webhook: { url: "https://hooks.example/x" } }]
+jobs:
+  - name: j
+    breaker: { after_failures: 3 }
+    notify: [{ on: [breaker_opened, breaker_closed, failed], to: [ops] }]
+    tasks: [{ id: a, shell: "true" }]
+"#,
+    )
+    .unwrap();
+    let rules = &jobs[0].spec.notify;
+    assert_eq!(on_breaker(rules, true)[0].1, NotifyEvent::BreakerOpened);
+    assert_eq!(on_breaker(rules, false)[0].1, NotifyEvent::BreakerClosed);
+    assert!(on_breaker(&[], true).is_empty());
+    let at: Timestamp = "2026-03-01T03:00:05Z".parse().unwrap();
+    assert_eq!(
+        breaker_key("b", "j", Some(42), at, "ops"),
+        "b/j/run-42/breaker_opened/ops"
+    );
+    assert_ne!(
+        breaker_key("b", "j", None, at, "ops"),
+        breaker_key(
+            "b",
+            "j",
+            None,
+            at + jiff::SignedDuration::from_secs(1),
+            "ops"
+        ),
+        "each closing is told"
+    );
+    let opened = Payload {
+        schema: SCHEMA.into(),
+        id: "k".into(),
+        event: NotifyEvent::BreakerOpened,
+        at,
+        namespace: "b".into(),
+        job: "j".into(),
+        run: None,
+        task: None,
+        breaker: Some(crate::breaker::OpenBreaker {
+            opened_at: at,
+            run: 42,
+            failures: 3,
+        }),
+    };
+    let body = serde_json::to_value(&opened).unwrap();
+    assert_eq!(body["event"], "breaker_opened");
+    assert_eq!(body["breaker"]["failures"], 3);
+    assert!(body.get("run").is_none());
+    assert!(opened.summary().contains("after 3 consecutive failed runs"));
 }
 
 #[test]
