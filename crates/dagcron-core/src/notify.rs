@@ -499,6 +499,27 @@ pub struct PayloadRun {
 }
 
 impl Payload {
+    /// The body of `event` about job `key` (namespace, name) at `at`, keyed
+    /// `id`, with no run, task or breaker yet.
+    pub fn of_job(
+        id: String,
+        event: NotifyEvent,
+        at: Timestamp,
+        key: &(String, String),
+    ) -> Payload {
+        Payload {
+            schema: SCHEMA.into(),
+            id,
+            event,
+            at,
+            namespace: key.0.clone(),
+            job: key.1.clone(),
+            run: None,
+            task: None,
+            breaker: None,
+        }
+    }
+
     /// One line for a chat channel.
     pub fn summary(&self) -> String {
         let what = match self.event {

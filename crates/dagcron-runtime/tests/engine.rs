@@ -2939,3 +2939,134 @@ async fn the_pruner_deletes_notifications_ended_a_week_ago() {
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].made.key, "waiting");
 }
+
+/// The failure breaker opens in the batch that ends the job's third run
+/// in a row that failed, with its notification; the scheduled fires
+/// while it is open are recorded `skipped_breaker` and make no run (a
+/// trigger by hand still does); a resume closes it, says so, and the next
+/// fire makes a run again.
+#[tokio::test]
+async fn the_breaker_opens_after_n_failures_skips_fires_and_a_resume_closes_it() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply(
+        r#"
+namespace: t
+notifiers: [{ name: ops, webhook: { url: "https://hooks.example.com/x" } }]
+jobs:
+  - name: b
+    schedule: "0 * * * * *"
+    breaker: { after_failures: 3 }
+    notify: [{ on: [breaker_opened, breaker_closed], to: [ops] }]
+    tasks: [{ id: a, shell: "exit 3" }]
+"#,
+    )
+    .await;
+    let ended = async |h: &Harness, n: usize| {
+        h.until(&format!("{n} runs failed"), async |_| {
+            h.runs("b")
+                .await
+                .iter()
+                .filter(|r| r.state == RunState::Failed)
+                .count()
+                == n
+        })
+        .await;
+    };
+    for minute in 1..=3 {
+        h.clock.set(ts(&format!("2026-01-01T00:0{minute}:00Z")));
+        h.until_fires("b", minute).await;
+        ended(&h, minute).await;
+        let open = h.store.get_job("t", "b").await.unwrap().unwrap().breaker;
+        assert_eq!(open.is_some(), minute == 3, "after {minute} failures");
+    }
+    let third = h.runs("b").await[2].id;
+    let open = h
+        .store
+        .get_job("t", "b")
+        .await
+        .unwrap()
+        .unwrap()
+        .breaker
+        .unwrap();
+    assert_eq!((open.run, open.failures), (third, 3));
+    let notes = h
+        .store
+        .list_notifications("t", false, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert_eq!(
+        notes[0].made.key,
+        format!("t/b/run-{third}/breaker_opened/ops")
+    );
+    let body: serde_json::Value = serde_json::from_str(&notes[0].made.payload).unwrap();
+    assert_eq!(body["event"], "breaker_opened");
+    assert_eq!(body["breaker"]["failures"], 3);
+    assert_eq!(body["run"]["id"], third);
+    // Two fires while open: recorded, no run.
+    for minute in 4..=5 {
+        h.clock.set(ts(&format!("2026-01-01T00:0{minute}:00Z")));
+        h.until_fires("b", minute).await;
+    }
+    let fires = h
+        .store
+        .list_fires("t", "b", Timestamp::UNIX_EPOCH, Timestamp::MAX, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes_of(&fires),
+        [
+            FireOutcome::Fired,
+            FireOutcome::Fired,
+            FireOutcome::Fired,
+            FireOutcome::SkippedBreaker,
+            FireOutcome::SkippedBreaker
+        ]
+    );
+    assert_eq!(h.runs("b").await.len(), 3);
+    // By hand it still runs; its failure opens nothing twice.
+    h.handle.trigger("t", "b", BTreeMap::new()).await.unwrap();
+    ended(&h, 4).await;
+    h.handle.settle().await.unwrap();
+    let notes = h
+        .store
+        .list_notifications("t", false, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    // A resume closes it and says so; the next fire makes a run.
+    h.handle.pause("t", "b", false).await.unwrap();
+    assert_eq!(
+        h.store.get_job("t", "b").await.unwrap().unwrap().breaker,
+        None
+    );
+    let notes = h
+        .store
+        .list_notifications("t", false, None, 10)
+        .await
+        .unwrap();
+    let events: Vec<&str> = notes.iter().map(|n| n.made.event.as_str()).collect();
+    assert!(events.contains(&"breaker_closed"), "{events:?}");
+    h.clock.set(ts("2026-01-01T00:06:00Z"));
+    h.until_fires("b", 6).await;
+    ended(&h, 5).await;
+    // One failure after the close is not three.
+    assert_eq!(
+        h.store.get_job("t", "b").await.unwrap().unwrap().breaker,
+        None
+    );
+    h.stop().await;
+}
+
+/// A resume of a job that is not paused (as a resume to close a breaker
+/// is) used to disarm its next fire until the server restarted.
+#[tokio::test]
+async fn regression_a_resume_of_a_running_job_keeps_its_fires() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply("namespace: t\njobs:\n  - { name: r, schedule: '0 * * * * *', tasks: [{ id: a, noop: true }] }\n").await;
+    h.handle.pause("t", "r", false).await.unwrap();
+    h.handle.pause("t", "r", false).await.unwrap();
+    h.clock.set(ts("2026-01-01T00:01:00Z"));
+    h.until_fires("r", 1).await;
+    h.stop().await;
+}

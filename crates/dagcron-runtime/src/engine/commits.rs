@@ -35,7 +35,8 @@ pub(super) type Committed = (Arc<Vec<Write>>, Results, Vec<Action>);
 /// A batch's results, once its commit has ended.
 type Results = Result<Vec<WriteResult>, StorageError>;
 
-/// What a batch touches: its runs' ids and hashes of its fires' jobs. Two
+/// What a batch touches: its runs' ids and hashes of the jobs of its
+/// fires and breakers. Two
 /// batches whose keys meet are not committed side by side (a collision
 /// only makes a batch wait for its turn).
 #[derive(Default)]
@@ -46,8 +47,12 @@ impl Keys {
         let mut keys = Keys::default();
         let jobs = foldhash::fast::FixedState::with_seed(0x6a6f6273);
         for w in writes {
-            if let Write::Fire { namespace, job, .. } = w {
-                keys.0.insert(jobs.hash_one((namespace, job)));
+            match w {
+                Write::Fire { namespace, job, .. }
+                | Write::Breaker(dagcron_store::BreakerWrite { namespace, job, .. }) => {
+                    keys.0.insert(jobs.hash_one((namespace, job)));
+                }
+                _ => {}
             }
             if let Some(id) = w.run_id() {
                 keys.0.insert(id as u64);

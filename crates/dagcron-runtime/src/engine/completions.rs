@@ -49,9 +49,15 @@ impl<S: Store> Engine<S> {
                 result,
                 reply,
             } => {
-                let result = job_found(result, &key);
+                let job = result.as_ref().ok().and_then(|(_, job)| job.clone());
+                let result = job_found(result.map(|(found, _)| found), &key);
                 if result.is_ok() {
                     self.set_job_paused(&key, paused, now);
+                    // A resume closes the breaker (the store knows if it
+                    // is open).
+                    if let Some(job) = job {
+                        self.close_breaker(&key, &job, now);
+                    }
                 }
                 self.reply_after_commit(reply, result);
             }

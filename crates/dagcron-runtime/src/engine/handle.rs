@@ -162,11 +162,13 @@ pub(crate) enum Completion {
         result: Result<bool, StorageError>,
         reply: Reply<()>,
     },
-    /// The store's answer to a pause or a resume, done beside the loop.
+    /// The store's answer to a pause or a resume, done beside the loop
+    /// (with the job, for a resume: its rules say who hears that its
+    /// breaker closed).
     Paused {
         key: JobKey,
         paused: bool,
-        result: Result<bool, StorageError>,
+        result: Result<(bool, Option<Arc<Job>>), StorageError>,
         reply: Reply<()>,
     },
     /// The whole job of a fire, read beside the loop ahead of the fire.

@@ -160,10 +160,15 @@ impl<S: Store> Engine<S> {
     }
 
     /// Sets a job's paused state in memory; returns what it was. Its armed
-    /// timers no longer stand.
+    /// timers no longer stand if it changes.
     pub(super) fn pause_in_memory(&mut self, key: &JobKey, paused: bool) -> Option<bool> {
         let entry = self.jobs.table.get_mut(key)?;
         let was = entry.paused;
+        if was == paused {
+            // A resume of a job that runs (or a second pause) keeps its
+            // timers: bumping the generation would disarm them for good.
+            return Some(was);
+        }
         entry.paused = paused;
         entry.generation += 1;
         if paused {
@@ -304,6 +309,9 @@ impl<S: Store> Engine<S> {
             }
             if paused != s.paused {
                 self.set_job_paused(&key, s.paused, now);
+            }
+            if let Some(entry) = self.jobs.table.get_mut(&key) {
+                entry.breaker_open = s.breaker.is_some();
             }
         }
         self.jobs.table.values().filter(|e| e.owned).count()

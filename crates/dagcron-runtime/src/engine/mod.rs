@@ -623,6 +623,9 @@ struct JobEntry {
     paused: bool,
     /// The `paused` of the file last applied (see [`policy::paused_after_apply`]).
     file_paused: bool,
+    /// Its failure breaker is open: its scheduled fires make no run (see
+    /// [`dagcron_core::breaker`]).
+    breaker_open: bool,
     /// Bumped on every change, so that timers armed for an older version are ignored.
     generation: u64,
     /// The latest fire recorded in the ledger (where the next search starts).
@@ -656,6 +659,7 @@ impl JobEntry {
             version,
             paused,
             file_paused: paused,
+            breaker_open: false,
             generation: 0,
             last_fire: None,
             active: BTreeSet::new(),

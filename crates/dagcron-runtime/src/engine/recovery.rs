@@ -84,6 +84,7 @@ impl<S: Store> Engine<S> {
                     loaded.updated_at,
                 );
                 entry.file_paused = loaded.file_paused;
+                entry.breaker_open = loaded.breaker_open;
                 entry.last_fire = last_fires.remove(&loaded.key);
                 let key = Arc::new(loaded.key);
                 let armed = !entry.paused && entry.owned;
@@ -455,6 +456,7 @@ struct LoadedJob {
     version: i64,
     paused: bool,
     file_paused: bool,
+    breaker_open: bool,
     updated_at: Timestamp,
     rules: RulesNote,
 }
@@ -508,6 +510,7 @@ impl LoadedJob {
             version: stored.version,
             paused: stored.paused,
             file_paused: timing.file_paused,
+            breaker_open: stored.breaker.is_some(),
             updated_at: stored.updated_at,
             rules,
         })

@@ -82,8 +82,16 @@ impl<S: Store> Engine<S> {
                 let store = self.store.clone();
                 let key = (namespace, name);
                 let (ns, name) = key.clone();
+                let job = (!paused).then(|| self.job_of(&key));
                 self.beside(
-                    async move { store.set_paused(&ns, &name, paused).await },
+                    async move {
+                        let found = store.set_paused(&ns, &name, paused).await?;
+                        let job = match job {
+                            Some(read) if found => read.await?,
+                            _ => None,
+                        };
+                        Ok((found, job))
+                    },
                     move |result| Completion::Paused {
                         key,
                         paused,

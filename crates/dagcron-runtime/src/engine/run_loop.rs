@@ -321,7 +321,23 @@ impl<S: Store> Engine<S> {
         let now = self.clock.now();
         for (w, r) in writes.iter().zip(results) {
             match (w, r) {
+                (Write::Breaker(b), WriteResult::Done) => {
+                    let key = (b.namespace.clone(), b.job.clone());
+                    if let Some(entry) = self.jobs.table.get_mut(&key) {
+                        entry.breaker_open = b.open.is_some();
+                    }
+                    match b.opened() {
+                        Some(open) => {
+                            tracing::warn!(namespace = %b.namespace, job = %b.job, "{}", open.reason())
+                        }
+                        None => {
+                            tracing::info!(namespace = %b.namespace, job = %b.job, "the failure breaker closed")
+                        }
+                    }
+                }
                 (_, WriteResult::Done) => {}
+                // Not yet as many failures in a row, or no change.
+                (Write::Breaker(_), refusal) => tracing::debug!("{}", refusal.reason()),
                 // A fire already in the ledger (after a crash between commit
                 // and arming, or made by another node first in a takeover)
                 // or refused as early: its run was never stored, and must

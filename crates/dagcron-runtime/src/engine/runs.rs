@@ -67,15 +67,19 @@ impl<S: Store> Engine<S> {
                 at: now,
             });
         }
+        let breaker_open = self.jobs.table.get(key).is_some_and(|e| e.breaker_open);
+        let runs = self.job_runs(key);
+        let quota = self.config.max_fires_per_namespace;
         // Counted by the instants fired: a second's fires handled late
         // still count against that second.
-        let within_quota = match self.config.max_fires_per_namespace {
+        let within_quota = || match quota {
             Some(rate) if trigger == Trigger::Schedule => self.jobs.take_fire(&key.0, rate, at),
             _ => true,
         };
         let decision = match job::on_fire(
             &JobPolicy::of(&job.spec),
-            self.job_runs(key),
+            runs,
+            breaker_open,
             within_quota,
         ) {
             job::Fire::Make(decision) => decision,
@@ -603,6 +607,9 @@ impl<S: Store> Engine<S> {
                     spans::run(tracing, trace, run, id, state, now);
                 }
                 self.notify_run_end(id, state, now);
+                if state == RunState::Failed {
+                    self.trip_breaker(id, now);
+                }
                 self.finished(id, now);
             }
         }
