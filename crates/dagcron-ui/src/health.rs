@@ -111,6 +111,10 @@ fn explain(f: &FireRecord, started: &HashMap<RunId, Timestamp>) -> (&'static str
             "skipped_quota",
             "skipped: the namespace had made as many scheduled fires that second as its quota allows".into(),
         ),
+        FireOutcome::SkippedBreaker => (
+            "skipped_breaker",
+            "skipped: the job's failure breaker was open after consecutive failed runs (resume the job to close it)".into(),
+        ),
         FireOutcome::MissedCaughtUp => (
             "missed_caught_up",
             "missed while the server was down or the job paused, then run by the misfire policy".into(),

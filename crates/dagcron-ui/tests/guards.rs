@@ -574,3 +574,62 @@ jobs:
         .await;
     assert!(failed.body.contains(r#"id="none""#), "{}", failed.body);
 }
+
+/// A job whose failure breaker opened shows why on its page and in the
+/// list, offers Resume to an operator, and the Resume closes it.
+#[tokio::test]
+async fn a_job_with_its_breaker_open_says_why_and_resumes() {
+    let ui = ui().await;
+    let admin = ui.token(Role::Admin, None).await;
+    let file = r#"
+namespace: a
+jobs:
+  - name: bad
+    breaker: { after_failures: 1 }
+    tasks: [{ id: t, shell: "exit 3" }]
+"#;
+    let a = ui
+        .send(Method::POST, "/api/v1/apply", "", file, Some(&admin))
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    ui.send(
+        Method::POST,
+        "/api/v1/namespaces/a/jobs/bad/trigger",
+        "",
+        "{}",
+        Some(&admin),
+    )
+    .await;
+    let operator = ui.token(Role::Operator, Some("a")).await;
+    let (cookie, csrf) = ui.sign_in(&operator).await;
+    dagcron_testkit::until_async("the job's page says its breaker is open", async || {
+        let job = ui.send(Method::GET, "/jobs/a/bad", &cookie, "", None).await;
+        if job.body.contains("breaker open") && job.body.contains(r#"id="breaker""#) {
+            Ok(())
+        } else {
+            Err(job.body)
+        }
+    })
+    .await;
+    let job = ui.send(Method::GET, "/jobs/a/bad", &cookie, "", None).await;
+    assert!(
+        job.body.contains("after 1 consecutive failed runs"),
+        "{}",
+        job.body
+    );
+    assert!(job.body.contains(r#"id="resume""#), "{}", job.body);
+    let list = ui.send(Method::GET, "/?ns=a", &cookie, "", None).await;
+    assert!(list.body.contains("breaker open"), "{}", list.body);
+    let resumed = ui
+        .send(
+            Method::POST,
+            "/jobs/a/bad/resume",
+            &cookie,
+            &format!("csrf={csrf}"),
+            None,
+        )
+        .await;
+    assert!(resumed.status.is_redirection(), "{}", resumed.body);
+    let job = ui.send(Method::GET, "/jobs/a/bad", &cookie, "", None).await;
+    assert!(!job.body.contains(r#"id="breaker""#), "{}", job.body);
+}

@@ -279,3 +279,125 @@ fn a_failing_receiver_is_tried_again_until_it_takes_the_notification() {
             && g.header("idempotency-key") == done["key"].as_str().unwrap())
     );
 }
+
+/// A job that fails every second with `breaker: { after_failures: 2 }`:
+/// its breaker opens after two failed runs, the receiver hears
+/// `breaker_opened`, the next fires are recorded `skipped_breaker` with no
+/// run, the API and the CLI say why; a resume through the API closes it,
+/// the receiver hears `breaker_closed`, and the job fires again.
+#[test]
+fn the_breaker_opens_after_two_failures_and_a_resume_closes_it() {
+    let (_dir, data) = setup();
+    let receiver = Receiver::start(&[]);
+    let mut server = Server::start(&data, &[]);
+    server.namespace = "billing".into();
+    set_secret(&server);
+    allow_loopback(&server);
+    let url = &receiver.url;
+    server.apply(&format!(
+        r#"
+namespace: billing
+notifiers:
+  - name: oncall
+    webhook: {{ url: "{url}", secret: {{ secret: hook-key }} }}
+jobs:
+  - name: flaky
+    schedule: "* * * * * *"
+    concurrency: forbid
+    breaker: {{ after_failures: 2 }}
+    notify: [{{ on: [breaker_opened, breaker_closed], to: [oncall] }}]
+    tasks: [{{ id: a, shell: "exit 3" }}]
+"#
+    ));
+    let job = "/api/v1/namespaces/billing/jobs/flaky";
+    let mut answer = Value::Null;
+    until("the breaker open", || {
+        answer = server.get(job);
+        !answer["breaker"].is_null()
+    });
+    assert_eq!(answer["breaker"]["failures"], 2, "{answer}");
+    assert!(answer["next_fire"].is_null(), "{answer}");
+    assert!(
+        answer["breaker"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("2 consecutive failed runs"),
+        "{answer}"
+    );
+    let opened_by = answer["breaker"]["run"].as_i64().unwrap();
+    let fires = |server: &Api| -> Vec<Value> {
+        server.get(&format!("{job}/fires?limit=1000"))["items"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    until("two fires skipped by the breaker", || {
+        fires(&server)
+            .iter()
+            .filter(|f| f["outcome"] == "skipped_breaker")
+            .count()
+            >= 2
+    });
+    let skipped = fires(&server);
+    assert!(
+        skipped
+            .iter()
+            .filter(|f| f["outcome"] == "skipped_breaker")
+            .all(|f| f["run_id"].is_null()),
+        "{skipped:?}"
+    );
+    // Once a fire is skipped by the breaker, every later one is.
+    let outcomes: Vec<&str> = skipped
+        .iter()
+        .map(|f| f["outcome"].as_str().unwrap())
+        .collect();
+    let first = outcomes
+        .iter()
+        .position(|o| *o == "skipped_breaker")
+        .unwrap();
+    assert!(
+        outcomes[first..].iter().all(|o| *o == "skipped_breaker"),
+        "{outcomes:?}"
+    );
+    until("breaker_opened delivered", || {
+        receiver
+            .got()
+            .iter()
+            .any(|g| g.header("x-dagcron-event") == "breaker_opened")
+    });
+    let opened = receiver.got();
+    let body: Value = serde_json::from_str(&opened[0].body).unwrap();
+    assert_eq!(body["breaker"]["run"], opened_by);
+    assert_eq!(body["run"]["id"], opened_by);
+    let out = server
+        .cli()
+        .args(["jobs", "show", "billing/flaky"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("breaker open"), "{text}");
+
+    let (status, resumed) = server.post(&format!("{job}/resume"), "", "application/json");
+    assert_eq!(status, 200, "{resumed}");
+    assert!(resumed["breaker"].is_null(), "{resumed}");
+    until("a run after the resume", || {
+        server.get(&format!("{job}/runs?limit=1"))["items"][0]["id"].as_i64() > Some(opened_by)
+    });
+    until("breaker_closed delivered", || {
+        receiver
+            .got()
+            .iter()
+            .any(|g| g.header("x-dagcron-event") == "breaker_closed")
+    });
+    let events: Vec<String> = receiver
+        .got()
+        .iter()
+        .map(|g| g.header("x-dagcron-event").to_string())
+        .collect();
+    // (It fails again after the resume, and may open again.)
+    assert_eq!(
+        events.iter().filter(|e| *e == "breaker_closed").count(),
+        1,
+        "{events:?}"
+    );
+}

@@ -195,6 +195,7 @@ pub(crate) async fn pause<S: Store>(
 }
 
 /// Resumes a job; fires due while it was paused follow its misfire policy.
+/// It also closes the job's failure breaker, if it is open.
 #[utoipa::path(post, path = "/api/v1/namespaces/{ns}/jobs/{name}/resume", tag = "jobs",
     params(("ns" = String, Path, description = "Namespace"), ("name" = String, Path, description = "Job")),
     responses((status = 200, body = JobAnswer), Errors))]

@@ -27,7 +27,8 @@ pub struct JobAnswer {
     #[schema(value_type = String, format = DateTime)]
     pub updated_at: Timestamp,
     /// The next scheduled fire that no exclusion calendar suppresses (none:
-    /// paused, unscheduled, past its end, or every fire suppressed).
+    /// paused, its failure breaker open, unscheduled, past its end, or
+    /// every fire suppressed).
     #[schema(value_type = Option<String>, format = DateTime)]
     pub next_fire: Option<Timestamp>,
     /// The declaration as applied (the job file's fields).
@@ -38,6 +39,24 @@ pub struct JobAnswer {
     /// database): its fires may come at other instants than they did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rules_changed: Option<RulesChangeAnswer>,
+    /// Its failure breaker, while open: its scheduled fires make no run
+    /// (recorded `skipped_breaker`) until the job is resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<BreakerAnswer>,
+}
+
+/// An open failure breaker.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BreakerAnswer {
+    /// When it opened.
+    #[schema(value_type = String, format = DateTime)]
+    pub opened_at: Timestamp,
+    /// The failed run that opened it.
+    pub run: i64,
+    /// The consecutive failed runs it opened after.
+    pub failures: u32,
+    /// Why the job does not fire, in words.
+    pub reason: String,
 }
 
 impl JobAnswer {
@@ -45,7 +64,7 @@ impl JobAnswer {
     pub fn of(job: &StoredJob, now: Timestamp) -> JobAnswer {
         let parsed = Job::from_canonical(&job.namespace, &job.spec).ok();
         let next_fire = match &parsed {
-            Some(j) if !job.paused => j.next_unsuppressed_after(now),
+            Some(j) if !job.paused && job.breaker.is_none() => j.next_unsuppressed_after(now),
             _ => None,
         };
         let rules_changed = parsed.zip(job.rules.as_ref()).and_then(|(j, stored)| {
@@ -62,6 +81,12 @@ impl JobAnswer {
             next_fire,
             spec: serde_json::from_str(&job.spec).unwrap_or(Value::Null),
             rules_changed,
+            breaker: job.breaker.map(|b| BreakerAnswer {
+                opened_at: b.opened_at,
+                run: b.run,
+                failures: b.failures,
+                reason: b.reason(),
+            }),
         }
     }
 }

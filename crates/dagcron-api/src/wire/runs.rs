@@ -184,7 +184,7 @@ pub struct FireAnswer {
     /// The scheduled instant.
     #[schema(value_type = String, format = DateTime)]
     pub scheduled_at: Timestamp,
-    /// `fired`, `skipped_overlap`, `skipped_backlog`, `skipped_quota`, `missed_caught_up`, `missed_skipped` or `suppressed`.
+    /// `fired`, `skipped_overlap`, `skipped_backlog`, `skipped_quota`, `skipped_breaker`, `missed_caught_up`, `missed_skipped` or `suppressed`.
     pub outcome: String,
     /// For a `suppressed` fire: the exclusion calendar that suppressed it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

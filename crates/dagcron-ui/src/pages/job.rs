@@ -100,6 +100,8 @@ struct JobPage {
     name: String,
     version: i64,
     paused: bool,
+    /// Why it does not fire, while its failure breaker is open.
+    breaker: Option<String>,
     notice: Option<String>,
     operate: bool,
     latest: Option<i64>,
@@ -272,6 +274,7 @@ pub(crate) async fn page<S: Store>(
         notice: q.notice,
         version: stored.version,
         paused: stored.paused,
+        breaker: stored.breaker.map(|b| b.reason()),
         ns,
         name,
     };

@@ -253,9 +253,10 @@ async fn job_rows<S: Store>(
         let parsed = Job::from_canonical(&job.namespace, &job.spec).ok();
         let (schedule, expr) = schedule_text(parsed.as_ref());
         let next_fire = match &parsed {
-            Some(j) if !job.paused => format::maybe_time(j.next_unsuppressed_after(now), zone),
             _ if job.paused => "paused".into(),
-            _ => "—".into(),
+            _ if job.breaker.is_some() => "breaker open: resume to fire".into(),
+            Some(j) => format::maybe_time(j.next_unsuppressed_after(now), zone),
+            None => "—".into(),
         };
         let count =
             |pick: &[FireOutcome]| fires.iter().filter(|f| pick.contains(&f.outcome)).count();
@@ -287,6 +288,7 @@ async fn job_rows<S: Store>(
                     FireOutcome::SkippedOverlap,
                     FireOutcome::SkippedBacklog,
                     FireOutcome::SkippedQuota,
+                    FireOutcome::SkippedBreaker,
                 ]),
                 suppressed: count(&[FireOutcome::Suppressed]),
                 seen: fires.len(),

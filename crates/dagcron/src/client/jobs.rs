@@ -109,7 +109,11 @@ struct Jobs(Vec<JobAnswer>);
 /// its job file (`--json`: the API's answer).
 impl Show for JobAnswer {
     fn text(&self, out: &mut dyn Write) -> io::Result<()> {
-        let state = if self.paused { "paused" } else { "active" };
+        let state = match (self.paused, &self.breaker) {
+            (true, _) => "paused",
+            (false, Some(_)) => "breaker open",
+            (false, None) => "active",
+        };
         writeln!(
             out,
             "{}/{}  version {}  {state}  updated {}",
@@ -124,6 +128,9 @@ impl Show for JobAnswer {
         }
         if let Some(changed) = &self.rules_changed {
             writeln!(out, "warning: {}", changed.message)?;
+        }
+        if let Some(breaker) = &self.breaker {
+            writeln!(out, "breaker: {}", breaker.reason)?;
         }
         let yaml = super::versions::canonical_yaml(Some(&self.spec))
             .map_err(|e| io::Error::other(e.to_string()))?;
