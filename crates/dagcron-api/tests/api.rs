@@ -2616,6 +2616,7 @@ async fn old_history(store: &SqliteStore) {
         trace: None,
         rerun_of: None,
         carried: Default::default(),
+        key: None,
     };
     let fire = |at: jiff::Timestamp, run: Option<NewRun>| Write::Fire {
         namespace: "a".into(),

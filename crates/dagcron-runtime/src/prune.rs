@@ -179,6 +179,11 @@ impl<S: Store> Pruner<S> {
                 Ok(n) => tracing::info!(rows = n, "pruned the outbox"),
                 Err(e) => tracing::warn!("pruning the outbox failed, to be tried again: {e}"),
             }
+            match self.prune_run_keys(&stop).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(rows = n, "pruned the keys of runs"),
+                Err(e) => tracing::warn!("pruning the keys of runs failed, to be tried again: {e}"),
+            }
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(self.config.interval) => {}
@@ -205,12 +210,36 @@ impl<S: Store> Pruner<S> {
         let age = jiff::SignedDuration::try_from(self.config.notification_max_age)
             .unwrap_or(jiff::SignedDuration::MAX);
         let before = self.clock.now().checked_sub(age).unwrap_or(Timestamp::MIN);
+        self.in_batches("notifications", stop, |limit| {
+            self.store.prune_notifications(before, limit)
+        })
+        .await
+    }
+
+    /// Deletes the keys of runs made longer ago than
+    /// [`dagcron_store::RUN_KEY_DAYS`], a batch per transaction; how many
+    /// went.
+    pub async fn prune_run_keys(&self, stop: &CancellationToken) -> Result<u64, StorageError> {
+        let age = jiff::SignedDuration::from_hours(24 * dagcron_store::RUN_KEY_DAYS);
+        let before = self.clock.now().checked_sub(age).unwrap_or(Timestamp::MIN);
+        self.in_batches("run_keys", stop, |limit| {
+            self.store.prune_run_keys(before, limit)
+        })
+        .await
+    }
+
+    /// Runs `prune` (which deletes up to its limit and says how many went)
+    /// until it deletes less than a batch or `stop` is cancelled, and
+    /// counts what went as `what`.
+    async fn in_batches<F: Future<Output = Result<u64, StorageError>>>(
+        &self,
+        what: &'static str,
+        stop: &CancellationToken,
+        prune: impl Fn(u32) -> F,
+    ) -> Result<u64, StorageError> {
         let mut total = 0;
         while !stop.is_cancelled() {
-            let n = self
-                .store
-                .prune_notifications(before, self.config.batch)
-                .await?;
+            let n = prune(self.config.batch).await?;
             total += n;
             if n < u64::from(self.config.batch) {
                 break;
@@ -220,7 +249,7 @@ impl<S: Store> Pruner<S> {
         if total > 0 {
             self.metrics
                 .pruned
-                .get_or_create(&vec![("what", "notifications")])
+                .get_or_create(&vec![("what", what)])
                 .inc_by(total);
         }
         Ok(total)

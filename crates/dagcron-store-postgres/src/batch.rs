@@ -49,12 +49,13 @@ pub(crate) async fn apply(
     .await?;
     let mut results: Vec<Option<WriteResult>> = vec![None; batch.len()];
     let fired = insert_fires(conn, batch, epoch, now_us, &mut results, sent).await?;
+    let refused = insert_run_keys(conn, batch, &mut results, sent).await?;
 
     // The runs this batch inserts, and the rows of the others it changes.
     let mut inserted = HashSet::new();
     for (i, w) in batch.iter().enumerate() {
         match w {
-            Write::Run(run) => {
+            Write::Run(run) if !refused.contains(&i) => {
                 inserted.insert(run.id);
                 results[i] = Some(WriteResult::Done);
             }
@@ -79,6 +80,7 @@ pub(crate) async fn apply(
     let mut new_runs = Vec::new();
     for (i, w) in batch.iter().enumerate() {
         match w {
+            Write::Run(_) if refused.contains(&i) => {}
             Write::Run(run) => {
                 new_rows.insert(run.id, Row::new(run));
                 new_runs.push(run);
@@ -242,6 +244,37 @@ async fn insert_fires(
         });
     }
     Ok(fired)
+}
+
+/// Records the keys of the batch's runs that have one (see
+/// [`dagcron_store::NewRun::key`]); returns the positions of the runs
+/// refused because their job has a run of their key (their results set).
+async fn insert_run_keys(
+    conn: &mut PgConnection,
+    batch: &[Write],
+    results: &mut [Option<WriteResult>],
+    sent: &mut u64,
+) -> Result<HashSet<usize>, sqlx::Error> {
+    let mut refused = HashSet::new();
+    for (i, w) in batch.iter().enumerate() {
+        let Write::Run(run) = w else { continue };
+        let Some(key) = &run.key else { continue };
+        *sent += 1;
+        let n = sqlx::query(dagcron_store::outbox::INSERT_RUN_KEY)
+            .bind(&run.namespace)
+            .bind(&run.job)
+            .bind(key)
+            .bind(run.id)
+            .bind(run.created_at.as_microsecond())
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+        if n == 0 {
+            refused.insert(i);
+            results[i] = Some(WriteResult::run_key_taken(run));
+        }
+    }
+    Ok(refused)
 }
 
 /// Applies a change of a job's failure breaker (see [`Write::Breaker`]),

@@ -37,6 +37,16 @@ impl OutboxStore for PgStore {
         dagcron_store::sql::notifications_by_id(self, &ids).await
     }
 
+    async fn prune_run_keys(&self, before: Timestamp, limit: u32) -> Result<u64> {
+        let n = sqlx::query(dagcron_store::outbox::PRUNE_RUN_KEYS)
+            .bind(before.as_microsecond())
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        Ok(n.rows_affected())
+    }
+
     async fn prune_notifications(&self, before: Timestamp, limit: u32) -> Result<u64> {
         let mut tx = self.pool.begin().await.map_err(unavailable)?;
         let ids: Vec<i64> = sqlx::query_scalar(dagcron_store::outbox::ENDED_BEFORE)

@@ -40,6 +40,18 @@ impl OutboxStore for SqliteStore {
         dagcron_store::sql::notifications_by_id(self, &ids).await
     }
 
+    async fn prune_run_keys(&self, before: Timestamp, limit: u32) -> Result<u64> {
+        let before = before.as_microsecond();
+        self.writer
+            .transaction(move |tx| {
+                let n = tx
+                    .prepare_cached(dagcron_store::outbox::PRUNE_RUN_KEYS)?
+                    .execute(params![before, limit])?;
+                Ok(n as u64)
+            })
+            .await
+    }
+
     async fn prune_notifications(&self, before: Timestamp, limit: u32) -> Result<u64> {
         let before = before.as_microsecond();
         self.writer

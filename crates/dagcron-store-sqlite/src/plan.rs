@@ -182,9 +182,16 @@ struct Counts {
 
 /// Plans `batch`; `None` when it cannot be grouped (a change that does not
 /// start where the previous change of its row left it, two ends of one
-/// attempt, a fire or an attempt inserted twice): it must then be applied
+/// attempt, a fire or an attempt inserted twice, a run with a key): it must then be applied
 /// one write at a time, with the same results.
 pub(crate) fn plan(batch: &[Write]) -> Option<Plan<'_>> {
+    // A run with a key may be refused: one write at a time (they are rare).
+    if batch
+        .iter()
+        .any(|w| matches!(w, Write::Run(run) if run.key.is_some()))
+    {
+        return None;
+    }
     // Counted first, so that no map or list of the plan grows as it fills.
     let mut count = Counts::default();
     for w in batch {

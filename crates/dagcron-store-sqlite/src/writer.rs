@@ -571,6 +571,20 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
             Ok(WriteResult::Done)
         }
         Write::Run(run) => {
+            if let Some(key) = &run.key {
+                let n = tx
+                    .prepare_cached(dagcron_store::outbox::INSERT_RUN_KEY)?
+                    .execute(params![
+                        run.namespace,
+                        run.job,
+                        key,
+                        run.id,
+                        run.created_at.as_microsecond()
+                    ])?;
+                if n == 0 {
+                    return Ok(WriteResult::run_key_taken(run));
+                }
+            }
             insert_run(tx, run)?;
             Ok(WriteResult::Done)
         }

@@ -50,6 +50,7 @@ macro_rules! conformance_tests {
             the_outbox_keeps_one_row_a_key_and_one_holder_at_a_time,
             a_recovery_is_told_by_the_last_run_that_succeeded_or_failed,
             a_breaker_opens_at_the_nth_failure_in_a_row_and_closes_once,
+            a_run_key_makes_one_run_per_job_until_it_is_pruned,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -111,6 +112,7 @@ pub fn new_run(id: i64, scheduled: i64) -> NewRun {
         trace: None,
         rerun_of: None,
         carried: BTreeMap::new(),
+        key: None,
     }
 }
 
@@ -1967,4 +1969,69 @@ pub async fn a_breaker_opens_at_the_nth_failure_in_a_row_and_closes_once<S: Stor
         .await
         .unwrap();
     assert!(matches!(&none[0], WriteResult::Conflict(_)));
+}
+
+/// A run with a key is stored once per job and key: a second one, in the
+/// same batch or a later one, is refused and leaves nothing (its later
+/// writes find no run); another job may use the same key; the key finds
+/// its run until it is pruned.
+pub async fn a_run_key_makes_one_run_per_job_until_it_is_pruned<S: Store>(s: &S) {
+    let keyed = |id: i64, job: &str, key: &str| {
+        Write::Run(NewRun {
+            job: job.into(),
+            trigger: Trigger::Manual,
+            key: Some(key.into()),
+            created_at: t(10 + id),
+            ..new_run(id, 10)
+        })
+    };
+    let results = s
+        .write(&[
+            keyed(1, "j", "delivery-1"),
+            keyed(2, "j", "delivery-1"),
+            Write::RunState {
+                run: 2,
+                from: RunState::Running,
+                to: RunState::Failed,
+                at: t(20),
+            },
+            keyed(3, "other", "delivery-1"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(results[0], WriteResult::Done);
+    assert!(matches!(&results[1], WriteResult::Conflict(why) if why.contains("delivery-1")));
+    assert!(
+        matches!(&results[2], WriteResult::Conflict(_)),
+        "{results:?}"
+    );
+    assert_eq!(results[3], WriteResult::Done);
+    assert!(
+        s.get_run(2).await.unwrap().is_none(),
+        "nothing of it stored"
+    );
+    let again = s.write(&[keyed(4, "j", "delivery-1")]).await.unwrap();
+    assert!(matches!(&again[0], WriteResult::Conflict(_)));
+    assert!(s.get_run(4).await.unwrap().is_none());
+    assert_eq!(
+        s.run_of_key("ns", "j", "delivery-1").await.unwrap(),
+        Some(1)
+    );
+    assert_eq!(
+        s.run_of_key("ns", "other", "delivery-1").await.unwrap(),
+        Some(3)
+    );
+    assert_eq!(s.run_of_key("ns", "j", "delivery-2").await.unwrap(), None);
+    assert_eq!(
+        s.run_of_key("elsewhere", "j", "delivery-1").await.unwrap(),
+        None
+    );
+    // Pruned by age, a batch at a time.
+    assert_eq!(s.prune_run_keys(t(12), 10).await.unwrap(), 1);
+    assert_eq!(s.run_of_key("ns", "j", "delivery-1").await.unwrap(), None);
+    assert_eq!(s.prune_run_keys(t(100), 10).await.unwrap(), 1);
+    assert_eq!(
+        s.write(&[keyed(5, "j", "delivery-1")]).await.unwrap()[0],
+        WriteResult::Done
+    );
 }

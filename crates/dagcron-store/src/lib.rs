@@ -333,7 +333,16 @@ pub struct NewRun {
     /// from the run re-run (`succeeded` or `skipped`), with it; they start
     /// in that state, with no attempt, and are marked carried over.
     pub carried: BTreeMap<String, TaskState>,
+    /// Its idempotency key within its job, for a run made by a trigger that
+    /// can come twice (a webhook's delivery, a message, another run's
+    /// end): a [`Write::Run`] whose job has a run of this key already is
+    /// refused as a conflict, and nothing of it is stored. Keys are kept
+    /// [`RUN_KEY_DAYS`] days.
+    pub key: Option<String>,
 }
+
+/// How many days a run's idempotency key is kept (see [`NewRun::key`]).
+pub const RUN_KEY_DAYS: i64 = 30;
 
 impl NewRun {
     /// The state task `task` starts in.
@@ -368,7 +377,8 @@ pub enum Write {
         /// The run it created.
         run: Option<NewRun>,
     },
-    /// Create a run that no fire owns (manual trigger).
+    /// Create a run that no fire owns (manual trigger). Refused (as a
+    /// conflict) if the run has a key its job has a run of already.
     Run(NewRun),
     /// Change a run's state if it is still `from`.
     RunState {
@@ -995,6 +1005,16 @@ impl WriteResult {
         ))
     }
 
+    /// A run refused because its job has a run of its key already.
+    pub fn run_key_taken(run: &NewRun) -> WriteResult {
+        WriteResult::Conflict(format!(
+            "{}/{} has a run of key {:?} already",
+            run.namespace,
+            run.job,
+            run.key.as_deref().unwrap_or_default()
+        ))
+    }
+
     /// A fire refused because the ledger has it.
     pub fn fire_recorded(namespace: &str, job: &str, at: Timestamp) -> WriteResult {
         WriteResult::Conflict(format!(
@@ -1145,6 +1165,23 @@ pub trait OutboxStore: Send + Sync {
         before: Timestamp,
         limit: u32,
     ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Deletes up to `limit` run keys (see [`NewRun::key`]) made before
+    /// `before`; how many went.
+    fn prune_run_keys(
+        &self,
+        before: Timestamp,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// The run of job (`namespace`, `job`) made with key `key`, while the
+    /// key is kept (see [`NewRun::key`]).
+    fn run_of_key(
+        &self,
+        namespace: &str,
+        job: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<RunId>>> + Send;
 
     /// How the last run of a job created before `run` that succeeded or
     /// failed ended (none: there is none), for telling a recovery.

@@ -112,6 +112,8 @@ struct Data {
     audit: Vec<AuditEntry>,
     /// The outbox, by id.
     outbox: BTreeMap<i64, Outboxed>,
+    /// Runs' idempotency keys: (namespace, job, key) to the run and when.
+    run_keys: BTreeMap<(String, String, String), (RunId, Timestamp)>,
 }
 
 /// A notification in the outbox.
@@ -238,9 +240,16 @@ impl Data {
     fn check_inserts(&self, batch: &[Write]) -> Result<()> {
         let mut ids = BTreeSet::new();
         let mut fires = BTreeSet::new();
+        let mut keys = BTreeSet::new();
         for w in batch {
             let run = match w {
-                Write::Run(run) => Some(run),
+                Write::Run(run) => match &run.key {
+                    Some(k) => {
+                        let k = (run.namespace.clone(), run.job.clone(), k.clone());
+                        (!self.run_keys.contains_key(&k) && keys.insert(k)).then_some(run)
+                    }
+                    None => Some(run),
+                },
                 Write::Fire {
                     namespace,
                     job,
@@ -357,6 +366,13 @@ impl Data {
                 WriteResult::Done
             }
             Write::Run(run) => {
+                if let Some(k) = &run.key {
+                    let k = (run.namespace.clone(), run.job.clone(), k.clone());
+                    if self.run_keys.contains_key(&k) {
+                        return WriteResult::run_key_taken(run);
+                    }
+                    self.run_keys.insert(k, (run.id, run.created_at));
+                }
                 self.insert_run(run);
                 WriteResult::Done
             }
@@ -829,6 +845,26 @@ impl OutboxStore for MemoryStore {
             data.outbox.remove(id);
         }
         Ok(gone.len() as u64)
+    }
+
+    async fn prune_run_keys(&self, before: Timestamp, limit: u32) -> Result<u64> {
+        let mut data = self.data();
+        let gone: Vec<_> = data
+            .run_keys
+            .iter()
+            .filter(|(_, (_, at))| *at < before)
+            .map(|(k, _)| k.clone())
+            .take(limit as usize)
+            .collect();
+        for k in &gone {
+            data.run_keys.remove(k);
+        }
+        Ok(gone.len() as u64)
+    }
+
+    async fn run_of_key(&self, namespace: &str, job: &str, key: &str) -> Result<Option<RunId>> {
+        let k = (namespace.to_string(), job.to_string(), key.to_string());
+        Ok(self.data().run_keys.get(&k).map(|(run, _)| *run))
     }
 
     async fn delivery_attempts(&self, id: i64) -> Result<Vec<DeliveryAttempt>> {

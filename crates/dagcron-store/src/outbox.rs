@@ -80,3 +80,12 @@ pub fn after_delivery(
 pub const ENDED_BEFORE: &str = "SELECT id FROM notifications
      WHERE state IN ('delivered', 'failed', 'dropped') AND ended_at < $1
      ORDER BY id LIMIT $2";
+
+/// Deletes up to `$2` run keys made before `$1` (both SQL stores run it).
+pub const PRUNE_RUN_KEYS: &str = "DELETE FROM run_keys WHERE (namespace, job, key) IN
+     (SELECT namespace, job, key FROM run_keys WHERE created_at < $1 LIMIT $2)";
+
+/// Records the key of a run (`$1` namespace, `$2` job, `$3` key, `$4`
+/// run, `$5` when); inserts nothing if the job has a run of that key.
+pub const INSERT_RUN_KEY: &str = "INSERT INTO run_keys (namespace, job, key, run_id, created_at)
+     VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING";

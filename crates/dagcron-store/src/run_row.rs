@@ -444,6 +444,7 @@ mod tests {
             trace: None,
             rerun_of: None,
             carried: BTreeMap::new(),
+            key: None,
         })
     }
 

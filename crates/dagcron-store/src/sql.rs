@@ -253,6 +253,15 @@ macro_rules! shared_reads {
         ) -> $crate::Result<Option<dagcron_core::RunState>> {
             $crate::sql::previous_run_end(self, namespace, job, run).await
         }
+
+        async fn run_of_key(
+            &self,
+            namespace: &str,
+            job: &str,
+            key: &str,
+        ) -> $crate::Result<Option<$crate::RunId>> {
+            $crate::sql::run_of_key(self, namespace, job, key).await
+        }
     };
     (settings) => {
         async fn get_setting(&self, key: &str) -> $crate::Result<Option<String>> {
@@ -385,6 +394,23 @@ pub async fn previous_run_end(
         sql,
         vec![namespace.into(), job.into(), run.into()],
         |r| read::parse(&r.text(0)),
+    )
+    .await
+}
+
+/// The run of job (`namespace`, `job`) made with key `key`.
+pub async fn run_of_key(
+    db: &impl Reader,
+    namespace: &str,
+    job: &str,
+    key: &str,
+) -> Result<Option<RunId>> {
+    let sql = "SELECT run_id FROM run_keys WHERE namespace = $1 AND job = $2 AND key = $3";
+    first(
+        db,
+        sql,
+        vec![namespace.into(), job.into(), key.into()],
+        |r| Ok(r.int(0)),
     )
     .await
 }

@@ -295,6 +295,7 @@ impl<S: Store> Engine<S> {
                         .collect()
                 })
                 .unwrap_or_default(),
+            key: None,
         }
     }
 }
