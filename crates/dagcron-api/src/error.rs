@@ -134,6 +134,9 @@ impl From<EngineError> for ApiError {
             EngineError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
             EngineError::Invalid(m) => ApiError::bad_request(m),
             EngineError::Busy(m) => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy", m),
+            e @ EngineError::Duplicate(_) => {
+                ApiError::new(StatusCode::CONFLICT, "duplicate", e.to_string())
+            }
             EngineError::Storage(s) => s.into(),
             EngineError::Stopped => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,

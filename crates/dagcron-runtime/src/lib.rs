@@ -247,7 +247,7 @@ pub use engine::{
     CatchUpPace, Engine, EngineConfig, EngineError, EngineEvent, EngineHandle, Intervened, Lease,
     MAX_TRIGGER_RUNS, NodeIdentity, Observer, OutputReserve, Ownership, Policies, PolicyLookup,
     PolicySource, Remote, RemoteTask, RemoteWorkers, Report, Resolved, SecretSource, Secrets,
-    WriteHealth,
+    TriggerBy, WriteHealth,
 };
 pub use metrics::{EngineGauges, EngineMetrics};
 pub use outbox::{Outbox, OutboxConfig, OutboxMetrics};

@@ -3070,3 +3070,48 @@ async fn regression_a_resume_of_a_running_job_keeps_its_fires() {
     h.until_fires("r", 1).await;
     h.stop().await;
 }
+
+/// A trigger with a key makes one run of the job, recorded with its kind;
+/// the same key again (one after the other, or both at once) makes none
+/// and holds no place of the job; another key makes another run.
+#[tokio::test]
+async fn a_keyed_trigger_makes_one_run_per_key() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply("namespace: t\njobs:\n  - { name: k, max_active_runs: 1, tasks: [{ id: a, noop: true }] }\n")
+        .await;
+    let by = |key: &str| dagcron_runtime::TriggerBy {
+        kind: dagcron_store::Trigger::Webhook,
+        key: Some(key.into()),
+    };
+    let first = h
+        .handle
+        .trigger_by("t", "k", BTreeMap::new(), by("d-1"))
+        .await
+        .unwrap()
+        .expect("a run");
+    let again = h.handle.trigger_by("t", "k", BTreeMap::new(), by("d-1"));
+    let twice = h.handle.trigger_by("t", "k", BTreeMap::new(), by("d-2"));
+    let thrice = h.handle.trigger_by("t", "k", BTreeMap::new(), by("d-2"));
+    let (again, twice, thrice) = tokio::join!(again, twice, thrice);
+    assert_eq!(again.unwrap(), None, "the same delivery again");
+    let made: Vec<_> = [twice.unwrap(), thrice.unwrap()]
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(made.len(), 1, "d-2 once: {made:?}");
+    h.idle().await;
+    let runs = h.runs("k").await;
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert!(
+        runs.iter()
+            .all(|r| r.trigger == dagcron_store::Trigger::Webhook)
+    );
+    assert_eq!(runs[0].id, first);
+    assert_eq!(
+        h.store.run_of_key("t", "k", "d-2").await.unwrap(),
+        Some(made[0])
+    );
+    // A refused run took no slot: the next run starts.
+    h.run_to_end("k").await;
+    h.stop().await;
+}

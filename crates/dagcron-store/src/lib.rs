@@ -85,6 +85,10 @@ pub enum Trigger {
     Backfill,
     /// A re-run of a finished run (see [`NewRun::rerun_of`]).
     Rerun,
+    /// A signed delivery to the job's webhook.
+    Webhook,
+    /// The end of a run of another job (the job's `after`).
+    After,
 }
 
 impl Trigger {
@@ -96,6 +100,8 @@ impl Trigger {
             Trigger::Manual => "manual",
             Trigger::Backfill => "backfill",
             Trigger::Rerun => "rerun",
+            Trigger::Webhook => "webhook",
+            Trigger::After => "after",
         }
     }
 
@@ -107,6 +113,8 @@ impl Trigger {
             Trigger::Manual,
             Trigger::Backfill,
             Trigger::Rerun,
+            Trigger::Webhook,
+            Trigger::After,
         ]
         .into_iter()
         .find(|t| t.as_str() == s)

@@ -85,12 +85,22 @@ impl<S: Store> Engine<S> {
         &mut self,
         key: JobKey,
         job: Arc<Job>,
-        runs: Vec<Params>,
-        caller: Option<TraceParent>,
-        at: Option<Timestamp>,
-        reply: Reply<Vec<RunRecord>>,
+        ask: handle::WaitingTrigger,
         now: Timestamp,
     ) {
+        let handle::WaitingTrigger {
+            runs,
+            caller,
+            at,
+            by,
+            reply,
+        } = ask;
+        if by.key.is_some() && (runs.len() != 1 || at.is_some()) {
+            let _ = reply.send(Err(EngineError::Invalid(
+                "a trigger with a key makes one run, now".into(),
+            )));
+            return;
+        }
         if runs.is_empty() || runs.len() > MAX_TRIGGER_RUNS {
             let _ = reply.send(Err(EngineError::Invalid(format!(
                 "a trigger makes 1 to {MAX_TRIGGER_RUNS} runs, not {}",
@@ -113,10 +123,10 @@ impl<S: Store> Engine<S> {
         for (params, decision) in runs.into_iter().zip(decisions) {
             let mut merged = job.spec.params.clone();
             merged.extend(params);
-            let run = self.new_run(
+            let mut run = self.new_run(
                 &key,
                 &job,
-                Trigger::Manual,
+                by.kind,
                 now,
                 merged,
                 decision,
@@ -124,6 +134,7 @@ impl<S: Store> Engine<S> {
                 caller.clone(),
                 None,
             );
+            run.key = by.key.clone();
             let id = run.id;
             made.push(self.batch.writes.len());
             self.batch.writes.push(Write::Run(run));
@@ -131,14 +142,28 @@ impl<S: Store> Engine<S> {
         }
         // Answered as committed: each run's state and its tasks' after its
         // decision, all written in this batch.
-        let answer = made
+        let first = made[0];
+        let answer: Vec<RunRecord> = made
             .into_iter()
             .filter_map(|i| match &self.batch.writes[i] {
                 Write::Run(run) => Some(self.as_committed(run, now)),
                 _ => None,
             })
             .collect();
-        self.reply_after_commit(reply, Ok(answer));
+        match by.key {
+            // Refused if the job has a run of the key already.
+            Some(key) => self.batch.effects.push(Action::IfDone {
+                write: first,
+                then: Box::new(move |done| {
+                    let _ = reply.send(if done {
+                        Ok(answer)
+                    } else {
+                        Err(EngineError::Duplicate(key))
+                    });
+                }),
+            }),
+            None => self.reply_after_commit(reply, Ok(answer)),
+        }
     }
 
     /// A run just made, as the batch being written records it.
@@ -438,8 +463,8 @@ impl Command {
     /// `e` (see [`Engine::unknown_job`]).
     pub(super) fn refuse(self, e: EngineError) {
         match self {
-            Command::Request(Request::Trigger { reply, .. }) => {
-                let _ = reply.send(Err(e));
+            Command::Request(Request::Trigger { ask, .. }) => {
+                let _ = ask.reply.send(Err(e));
             }
             Command::Request(Request::Backfill { reply, .. }) => {
                 let _ = reply.send(Err(e));

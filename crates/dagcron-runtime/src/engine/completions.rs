@@ -69,15 +69,7 @@ impl<S: Store> Engine<S> {
                             entry.job.get_or_insert_with(|| job.clone());
                         }
                         for w in waiting {
-                            self.trigger(
-                                key.clone(),
-                                job.clone(),
-                                w.runs,
-                                w.caller,
-                                w.at,
-                                w.reply,
-                                now,
-                            );
+                            self.trigger(key.clone(), job.clone(), w, now);
                         }
                     }
                     Ok(_) => {

@@ -3,12 +3,34 @@
 
 use super::*;
 
-/// A trigger waiting for its job to be read from the store.
+/// A trigger's runs and who asked for them (also while it waits for its
+/// job to be read from the store).
 pub(crate) struct WaitingTrigger {
     pub(super) runs: Vec<Params>,
     pub(super) caller: Option<TraceParent>,
     pub(super) at: Option<Timestamp>,
+    pub(super) by: TriggerBy,
     pub(super) reply: Reply<Vec<RunRecord>>,
+}
+
+/// What asks for a run: an operator (`manual`, the default) or a source
+/// of events, with the key that makes its run once (see
+/// [`dagcron_store::NewRun::key`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TriggerBy {
+    /// The run's trigger kind.
+    pub kind: Trigger,
+    /// Its idempotency key within the job, if the event can come twice.
+    pub key: Option<String>,
+}
+
+impl Default for TriggerBy {
+    fn default() -> TriggerBy {
+        TriggerBy {
+            kind: Trigger::Manual,
+            key: None,
+        }
+    }
 }
 
 /// What the engine's loop takes: a request (from the API, the coordinator
@@ -48,15 +70,12 @@ pub(crate) enum Request {
         paused: bool,
         reply: Reply<()>,
     },
-    /// One run or many of one job, decided together (all or none).
+    /// One run or many of one job, decided together (all or none), made
+    /// now or planned for an instant (`ask.at`).
     Trigger {
         namespace: String,
         name: String,
-        runs: Vec<Params>,
-        caller: Option<TraceParent>,
-        /// Made now, or planned for this instant.
-        at: Option<Timestamp>,
-        reply: Reply<Vec<RunRecord>>,
+        ask: WaitingTrigger,
     },
     Backfill {
         namespace: String,
@@ -364,12 +383,44 @@ impl EngineHandle {
         self.ask(|reply| Request::Trigger {
             namespace: namespace.into(),
             name: name.into(),
-            runs,
-            caller,
-            at,
-            reply,
+            ask: WaitingTrigger {
+                runs,
+                caller,
+                at,
+                by: TriggerBy::default(),
+                reply,
+            },
         })
         .await
+    }
+
+    /// One run of a job for an event (`by`): made with its kind, and once
+    /// per key; `Ok(None)` when the job has a run of that key already.
+    pub async fn trigger_by(
+        &self,
+        namespace: &str,
+        name: &str,
+        params: Params,
+        by: TriggerBy,
+    ) -> Result<Option<RunId>, EngineError> {
+        let made = self
+            .ask(|reply| Request::Trigger {
+                namespace: namespace.into(),
+                name: name.into(),
+                ask: WaitingTrigger {
+                    runs: vec![params],
+                    caller: None,
+                    at: None,
+                    by,
+                    reply,
+                },
+            })
+            .await;
+        match made {
+            Ok(runs) => Ok(runs.first().map(|r| r.id)),
+            Err(EngineError::Duplicate(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Creates a run for every fire in `[from, to)` not already in the ledger.

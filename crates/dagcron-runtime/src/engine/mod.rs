@@ -54,8 +54,8 @@ mod tests;
 
 pub use attempts::OutputReserve;
 use dispatch::{Lane, ReadyQueues};
-pub use handle::EngineHandle;
 pub(crate) use handle::{CaughtUp, Command, Completion, LiveLogs, Request, RerunRead, SharedNews};
+pub use handle::{EngineHandle, TriggerBy};
 pub use lease::Lease;
 use lease::lease_watchdog;
 
@@ -376,6 +376,9 @@ pub enum EngineError {
     /// Too much work waits: try again later (a manual trigger or backfill
     /// past the ready backlog, or past a job's `max_pending_runs`).
     Busy(String),
+    /// The job has a run of this trigger's key already (see
+    /// [`TriggerBy::key`]): no run was made.
+    Duplicate(String),
     /// The store failed.
     Storage(StorageError),
     /// The engine has stopped.
@@ -389,6 +392,7 @@ impl std::fmt::Display for EngineError {
             | EngineError::Conflict(m)
             | EngineError::Invalid(m)
             | EngineError::Busy(m) => f.write_str(m),
+            EngineError::Duplicate(key) => write!(f, "a run of key {key:?} was made already"),
             EngineError::Storage(e) => write!(f, "{e}"),
             EngineError::Stopped => f.write_str("the engine has stopped"),
         }
@@ -767,6 +771,12 @@ enum Action {
     /// Anything else done once the batch is committed (answering a caller,
     /// letting go of a live log).
     Then(Box<dyn FnOnce() + Send>),
+    /// Done once the batch is committed, told whether the write at this
+    /// index in the batch was done (a run refused for its key was not).
+    IfDone {
+        write: usize,
+        then: Box<dyn FnOnce(bool) + Send>,
+    },
 }
 
 /// The result of one attempt, sent back by the attempt task.

@@ -103,34 +103,23 @@ impl<S: Store> Engine<S> {
             Request::Trigger {
                 namespace,
                 name,
-                runs,
-                caller,
-                at,
-                reply,
+                ask,
             } => {
                 let key = (namespace, name);
                 match self.jobs.table.get(&key).map(|e| e.job.clone()) {
-                    Some(Some(job)) => self.trigger(key, job, runs, caller, at, reply, now),
+                    Some(Some(job)) => self.trigger(key, job, ask, now),
                     None => self.unknown_job(
                         key.clone(),
                         Request::Trigger {
                             namespace: key.0,
                             name: key.1,
-                            runs,
-                            caller,
-                            at,
-                            reply,
+                            ask,
                         },
                     ),
                     Some(None) => {
                         // Not in memory: read beside the loop, once for
                         // all the triggers that come meanwhile.
-                        let waiting = handle::WaitingTrigger {
-                            runs,
-                            caller,
-                            at,
-                            reply,
-                        };
+                        let waiting = ask;
                         if let Some(queue) = self.jobs.loading.get_mut(&key) {
                             queue.push(waiting);
                             return;

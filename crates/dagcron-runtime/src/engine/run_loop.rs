@@ -370,6 +370,15 @@ impl<S: Store> Engine<S> {
                         tracing::info!("{}", refusal.reason());
                     }
                 }
+                // A run whose job has a run of its key already: never
+                // stored, it holds no place of its job.
+                (Write::Run(run), refusal) if run.key.is_some() => {
+                    self.forget_run(run.id, now);
+                    if self.runs.dropped.len() < MAX_DROPPED {
+                        self.runs.dropped.insert(run.id);
+                    }
+                    tracing::info!("{}", refusal.reason());
+                }
                 (w, refusal) if w.run_id().is_some_and(|id| self.runs.dropped.contains(&id)) => {
                     tracing::debug!(
                         "write of a run whose fire was refused: {}",
@@ -410,6 +419,9 @@ impl<S: Store> Engine<S> {
                 }
                 Action::Kill(token) => token.cancel(),
                 Action::Then(f) => f(),
+                Action::IfDone { write, then } => {
+                    then(results.get(write) == Some(&WriteResult::Done))
+                }
             }
         }
     }

@@ -157,10 +157,13 @@ async fn reads_of_jobs_for_fires_and_triggers_do_not_hold_the_loop() {
         engine2.on_command(Request::Trigger {
             namespace: key.0.clone(),
             name: key.1.clone(),
-            runs: vec![Default::default(); runs],
-            caller: None,
-            at: None,
-            reply,
+            ask: handle::WaitingTrigger {
+                runs: vec![Default::default(); runs],
+                caller: None,
+                at: None,
+                by: TriggerBy::default(),
+                reply,
+            },
         });
         answers.push(triggered);
     }
