@@ -26,7 +26,7 @@ use crate::{ApiError, AppState};
         resume, trigger, trigger_batch, backfill, list_runs, list_fires, get_run, cancel, crate::handlers::reruns::rerun,
         crate::handlers::interventions::intervene, crate::handlers::interventions::list_held, get_log,
         crate::handlers::notifications::list_notifications, crate::handlers::notifications::get_notification,
-        crate::handlers::versions::list_versions, crate::handlers::versions::get_version, crate::handlers::versions::rollback,
+        crate::handlers::hooks::deliver, crate::handlers::versions::list_versions, crate::handlers::versions::get_version, crate::handlers::versions::rollback,
         crate::handlers::tokens::create_token, crate::handlers::tokens::list_tokens, crate::handlers::tokens::revoke_token,
         crate::handlers::audit::list_audit, crate::handlers::schedules::hotspots, crate::handlers::secrets::put_secret, crate::handlers::secrets::list_secrets,
         crate::handlers::secrets::delete_secret, crate::handlers::secrets::list_keys, crate::handlers::secrets::rotate_key,
@@ -206,6 +206,10 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
         .route(
             "/api/v1/namespaces/{ns}/notifications/{id}",
             get(crate::handlers::notifications::get_notification::<S>),
+        )
+        .route(
+            "/api/v1/hooks/{ns}/{name}",
+            post(crate::handlers::hooks::deliver::<S>),
         )
         .route(
             "/api/v1/runs/{id}/tasks/{task}/attempts/{n}/log",

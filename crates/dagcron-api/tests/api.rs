@@ -1069,6 +1069,9 @@ enum Guard {
     /// A report over namespaces: a role anywhere; a scoped token sees its
     /// own namespace only.
     Scoped(Role),
+    /// A webhook: no token, a signed body; a job that takes no deliveries
+    /// answers as absent, whoever calls.
+    Signed,
 }
 
 /// Every route the router declares, with the guard it must enforce. A
@@ -1078,6 +1081,7 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
     use Role::*;
     Some(match (method, path) {
         ("get", "/healthz" | "/readyz" | "/api/v1/openapi.json") => Public,
+        ("post", "/api/v1/hooks/{ns}/{name}") => Signed,
         (
             "get",
             "/api/v1/cluster"
@@ -1233,6 +1237,7 @@ async fn every_route_is_guarded_for_every_role() {
             let what = format!("{method} {uri} as {grant:?}: {status} {value}");
             let expected: &[StatusCode] = match (guard, grant) {
                 (Guard::Public, _) => &[StatusCode::OK],
+                (Guard::Signed, _) => &[StatusCode::NOT_FOUND],
                 (_, None) => &[StatusCode::UNAUTHORIZED],
                 (Guard::Namespace(need), Some((role, ns))) => match ns {
                     // Another namespace's listing looks empty, its objects absent.
@@ -2928,4 +2933,226 @@ jobs:
         assert!(status.is_client_error(), "{uri}: {status} {body}");
         assert!(body["error"]["message"].is_string(), "{uri}: {body}");
     }
+}
+
+/// Sends a webhook delivery with these headers (no API token).
+async fn deliver(
+    api: &Api,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (StatusCode, Value) {
+    let mut req = Request::builder().method(Method::POST).uri(uri);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    let resp = api
+        .app
+        .clone()
+        .oneshot(req.body(Body::from(body.to_string())).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let retry = resp.headers().get("retry-after").cloned();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let mut value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    if let Some(retry) = retry {
+        value["retry_after"] = json!(retry.to_str().unwrap());
+    }
+    (status, value)
+}
+
+/// `sha256=` and the hex HMAC-SHA-256 of `body` under `key`.
+fn hub_signature(key: &str, body: &str) -> String {
+    use hmac::{KeyInit, Mac};
+    let mut mac = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(key.as_bytes()).unwrap();
+    mac.update(body.as_bytes());
+    let hex: String = mac
+        .finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("sha256={hex}")
+}
+
+/// A job's webhook, attacked: no signature, a wrong one, one made with
+/// another namespace's secret of the same name, a replayed delivery id,
+/// a body too large, a job that takes no deliveries, an unknown job, a
+/// flood past its allowance. Each refusal is in the JSON error shape,
+/// makes no run and is audited; a good delivery makes one run with the
+/// parameters mapped from its body, and GitHub's headers are accepted.
+#[tokio::test]
+async fn a_webhook_takes_signed_deliveries_once_and_refuses_the_rest() {
+    let api = api().await;
+    let file = r#"
+namespace: a
+jobs:
+  - name: build
+    params: { branch: none }
+    webhook:
+      secret: { secret: hook-key }
+      params: { branch: "$.ref", repo: "$.repository.full_name" }
+      max_per_minute: 5
+    tasks: [{ id: t, noop: true }]
+  - name: plain
+    tasks: [{ id: t, noop: true }]
+---
+"#;
+    let (status, body) = api
+        .call(
+            Method::POST,
+            "/api/v1/apply",
+            "application/yaml",
+            file.trim_end_matches("---\n"),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml",
+            "namespace: b\njobs:\n  - { name: build, webhook: { secret: { secret: hook-key } }, tasks: [{ id: t, noop: true }] }\n")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    for (ns, value) in [("a", "right-key"), ("b", "b-key")] {
+        let (status, body) = api
+            .call(
+                Method::PUT,
+                &format!("/api/v1/namespaces/{ns}/secrets/hook-key"),
+                "application/json",
+                &json!({ "value": value }).to_string(),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let hook = "/api/v1/hooks/a/build";
+    let payload = r#"{"ref": "refs/heads/main", "repository": {"full_name": "acme/app"}}"#;
+    let good = hub_signature("right-key", payload);
+    let runs = async || {
+        api.get("/api/v1/namespaces/a/jobs/build/runs").await.1["items"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    // Refused: no signature, a wrong one, b's secret, a malformed header.
+    for signature in [
+        None,
+        Some(hub_signature("wrong", payload)),
+        Some(hub_signature("b-key", payload)),
+        Some("sha256=zz".into()),
+    ] {
+        let mut headers = vec![("x-github-delivery", "d-0")];
+        if let Some(s) = &signature {
+            headers.push(("x-hub-signature-256", s.as_str()));
+        }
+        let (status, body) = deliver(&api, hook, &headers, payload).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{signature:?}: {body}");
+        assert_eq!(body["error"]["code"], "bad_signature");
+        assert!(!body.to_string().contains("right-key"));
+    }
+    // The signature of another body.
+    let (status, _) = deliver(&api, hook, &[("x-hub-signature-256", &good)], "{}").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(runs().await, 0, "no refused delivery made a run");
+    // Taken, GitHub's way; the same delivery again makes no second run.
+    let headers = [
+        ("x-hub-signature-256", good.as_str()),
+        ("x-github-delivery", "d-1"),
+    ];
+    let (status, first) = deliver(&api, hook, &headers, payload).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{first}");
+    assert_eq!(first["duplicate"], false);
+    let (status, again) = deliver(&api, hook, &headers, payload).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(
+        (&again["run"], &again["duplicate"]),
+        (&first["run"], &json!(true))
+    );
+    let run = api.wait_run(&first["run"]).await;
+    assert_eq!(run["trigger"], "webhook");
+    assert_eq!(run["params"]["branch"], "refs/heads/main");
+    assert_eq!(run["params"]["repo"], "acme/app");
+    // dagcron's own headers, no delivery id: each delivery is a run.
+    let own = [("x-dagcron-signature-256", good.as_str())];
+    assert_eq!(
+        deliver(&api, hook, &own, payload).await.0,
+        StatusCode::ACCEPTED
+    );
+    assert_eq!(runs().await, 2);
+    // Too large; not JSON while params are mapped; a bad delivery id.
+    let huge = "x".repeat(70 * 1024);
+    let (status, body) = deliver(
+        &api,
+        hook,
+        &[(
+            "x-dagcron-signature-256",
+            &hub_signature("right-key", &huge),
+        )],
+        &huge,
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    let (status, body) = deliver(
+        &api,
+        hook,
+        &[(
+            "x-dagcron-signature-256",
+            &hub_signature("right-key", "nope"),
+        )],
+        "nope",
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, _) = deliver(
+        &api,
+        hook,
+        &[
+            ("x-dagcron-signature-256", &good),
+            ("x-dagcron-delivery", "a b"),
+        ],
+        payload,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    // A job that takes no deliveries, and one that does not exist, look alike.
+    let (s1, b1) = deliver(&api, "/api/v1/hooks/a/plain", &own, payload).await;
+    let (s2, b2) = deliver(&api, "/api/v1/hooks/a/nothing", &own, payload).await;
+    assert_eq!((s1, s2), (StatusCode::NOT_FOUND, StatusCode::NOT_FOUND));
+    assert_eq!(b1["error"]["code"], b2["error"]["code"]);
+    assert_eq!(runs().await, 2);
+    // Five a minute: the flood is refused with when to come back.
+    let mut limited = None;
+    for i in 0..10 {
+        let (status, body) = deliver(&api, hook, &own, payload).await;
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            limited = Some((i, body));
+            break;
+        }
+    }
+    let (_, body) = limited.expect("the allowance ran out");
+    assert_eq!(body["error"]["code"], "rate_limited");
+    assert!(
+        body["retry_after"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            >= 1
+    );
+    // Every delivery is in the audit log, refused or taken, with no principal.
+    let (_, audit) = api.get("/api/v1/audit?limit=500").await;
+    let hooks: Vec<&Value> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["action"]
+                .as_str()
+                .unwrap()
+                .starts_with("POST /api/v1/hooks/")
+        })
+        .collect();
+    assert!(hooks.len() >= 14, "{hooks:?}");
+    assert!(hooks.iter().any(|e| e["outcome"] == 401));
+    assert!(hooks.iter().any(|e| e["outcome"] == 202));
+    assert!(hooks.iter().all(|e| e["principal"].is_null()));
 }

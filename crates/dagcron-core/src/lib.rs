@@ -59,6 +59,7 @@ pub mod dag;
 pub mod duration;
 pub mod exec_policy;
 pub mod fires;
+pub mod hook;
 pub mod hotspots;
 pub mod job;
 pub mod model;

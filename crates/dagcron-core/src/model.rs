@@ -518,6 +518,10 @@ pub struct JobSpec {
     /// [`crate::breaker`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breaker: Option<crate::breaker::BreakerSpec>,
+    /// Runs started by signed deliveries to `POST /api/v1/hooks/{ns}/{job}`
+    /// (see [`crate::hook`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<crate::hook::WebhookTrigger>,
     /// The DAG.
     pub tasks: Vec<TaskSpec>,
 }

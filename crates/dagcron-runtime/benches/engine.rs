@@ -95,6 +95,7 @@ fn job(name: String, schedule: Option<String>, tasks: Vec<TaskSpec>) -> JobSpec 
         end_date: None,
         notify: vec![],
         breaker: None,
+        webhook: None,
         tasks,
     }
 }

@@ -57,6 +57,7 @@ fn every_second(name: String, script: String) -> JobSpec {
         end_date: None,
         notify: vec![],
         breaker: None,
+        webhook: None,
         tasks: vec![TaskSpec {
             id: "t".into(),
             depends_on: vec![],

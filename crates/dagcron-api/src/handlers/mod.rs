@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub(crate) mod health;
+pub(crate) mod hooks;
 pub(crate) mod interventions;
 pub(crate) mod jobs;
 pub(crate) mod notifications;

@@ -47,6 +47,8 @@ pub struct QuotaState {
     failures: Mutex<HashMap<String, Bucket>>,
     /// Calls answered `429` for too many failed authentications.
     rate_limited: Counter,
+    /// Each job's allowance of webhook deliveries.
+    hooks: Mutex<HashMap<(String, String), dagcron_core::hook::Allowance>>,
 }
 
 /// Failed authentications one client address may make at once...
@@ -90,6 +92,25 @@ impl QuotaState {
             self.rate_limited.inc();
             Some(1)
         }
+    }
+
+    /// Takes a webhook delivery for job (`namespace`, `name`), which takes
+    /// `per_minute`; `Err(seconds to wait)` past its allowance.
+    pub fn hook_allowed(&self, namespace: &str, name: &str, per_minute: u32) -> Result<(), u64> {
+        let now = jiff::Timestamp::now();
+        let mut hooks = self.hooks.lock().expect("hook limiter lock");
+        if hooks.len() > 100_000 {
+            // Jobs come and go: a table this large starts over.
+            hooks.clear();
+        }
+        let result = hooks
+            .entry((namespace.to_string(), name.to_string()))
+            .or_insert_with(|| dagcron_core::hook::Allowance::full(per_minute, now))
+            .take(per_minute, now);
+        if result.is_err() {
+            self.refused(namespace, "webhook_deliveries");
+        }
+        result
     }
 
     fn refused(&self, namespace: &str, quota: &'static str) {

@@ -30,7 +30,7 @@ pub use jobs::{
     TriggerBatchAnswer, TriggerBatchBody, TriggerBatchItem, TriggerBody, UpcomingAnswer,
     UpcomingFire,
 };
-pub use notifications::{DeliveryAnswer, NotificationAnswer, NotificationPage};
+pub use notifications::{DeliveryAnswer, HookAnswer, NotificationAnswer, NotificationPage};
 pub use operations::{BulkPauseAnswer, Policy, Quotas, ReadOnlyAnswer, ReadOnlyBody, ShellPlace};
 pub use retention::{PruneAnswer, PruneBody, PrunedAnswer, RetentionAnswer, RetentionBody};
 pub use runs::{

@@ -109,3 +109,12 @@ impl From<&DeliveryAttempt> for DeliveryAnswer {
         }
     }
 }
+
+/// What a webhook delivery did.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct HookAnswer {
+    /// The run it made, or (a delivery that came before) the run it made then.
+    pub run: i64,
+    /// The delivery came before: no run was made now.
+    pub duplicate: bool,
+}

@@ -113,6 +113,9 @@ fn check_limits(spec: &JobSpec, at: &str, errors: &mut Vec<ValidationError>) -> 
     if let Some(breaker) = &spec.breaker {
         errors.extend(breaker.check(&format!("{at}.breaker")));
     }
+    if let Some(hook) = &spec.webhook {
+        errors.extend(hook.check(&format!("{at}.webhook")));
+    }
     if spec.max_active_runs == Some(0) {
         problem(
             errors,
