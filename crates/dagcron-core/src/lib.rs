@@ -52,6 +52,7 @@
 //! never read the clock and have no randomness of their own. Everything that
 //! decides about a run or a fire lives there.
 
+pub mod after;
 pub mod authz;
 pub mod breaker;
 pub mod calendar;

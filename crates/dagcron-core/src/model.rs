@@ -522,6 +522,10 @@ pub struct JobSpec {
     /// (see [`crate::hook`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<crate::hook::WebhookTrigger>,
+    /// Runs started by the end of another job's runs (see
+    /// [`crate::after`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<crate::after::AfterTrigger>,
     /// The DAG.
     pub tasks: Vec<TaskSpec>,
 }
@@ -1094,6 +1098,27 @@ impl JobFile {
                 Ok(job) => jobs.push(job),
                 Err(mut e) => errors.append(&mut e),
             }
+        }
+        // Jobs of the file that start after one another in a circle.
+        let edges: std::collections::BTreeMap<String, String> = self
+            .jobs
+            .iter()
+            .filter_map(|j| Some((j.name.clone(), j.after.as_ref()?.job.clone())))
+            .collect();
+        if let Some(path) = crate::after::cycle(&edges, &Default::default()) {
+            let i = self
+                .jobs
+                .iter()
+                .position(|j| j.name == path[0])
+                .unwrap_or(0);
+            errors.push(ValidationError {
+                path: format!("jobs[{i}].after.job"),
+                message: format!(
+                    "jobs that start after one another in a circle would run forever: {}",
+                    path.join(" → ")
+                ),
+                span: None,
+            });
         }
         if errors.is_empty() {
             Ok(jobs)

@@ -18,6 +18,7 @@ use jiff::Timestamp;
 use jiff::tz::TimeZone;
 use serde::{Deserialize, Serialize};
 
+use crate::after::AfterTrigger;
 use crate::calendar::Calendar;
 use crate::duration::Dur;
 use crate::model::{
@@ -140,14 +141,16 @@ impl TimetableCache {
     }
 }
 
-/// A job's timing as read back from the store, and the `paused` of the
-/// file it was applied from.
+/// A job's timing as read back from the store, the `paused` of the file
+/// it was applied from, and the job whose runs' ends start it.
 #[derive(Clone, Debug)]
 pub struct StoredTiming {
     /// When it fires.
     pub timing: Timing,
     /// The file's `paused`.
     pub file_paused: bool,
+    /// Its `after` trigger.
+    pub after: Option<AfterTrigger>,
 }
 
 /// The fields of a stored spec that its timing is made from; the others
@@ -176,6 +179,8 @@ struct Fields {
     paused: bool,
     start_date: Option<Timestamp>,
     end_date: Option<Timestamp>,
+    #[serde(default)]
+    after: Option<AfterTrigger>,
 }
 
 /// The same fields borrowed from a job, as they are stored beside it for
@@ -197,6 +202,8 @@ struct FieldsOf<'a> {
     paused: bool,
     start_date: Option<Timestamp>,
     end_date: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    after: &'a Option<AfterTrigger>,
 }
 
 impl Job {
@@ -220,6 +227,7 @@ impl Job {
             paused: s.paused,
             start_date: s.start_date,
             end_date: s.end_date,
+            after: &s.after,
         })
         .expect("timing fields serialize")
     }
@@ -288,6 +296,7 @@ impl TimetableCache {
                 calendars.into(),
             ),
             file_paused: f.paused,
+            after: f.after,
         })
     }
 }

@@ -96,6 +96,7 @@ fn job(name: String, schedule: Option<String>, tasks: Vec<TaskSpec>) -> JobSpec 
         notify: vec![],
         breaker: None,
         webhook: None,
+        after: None,
         tasks,
     }
 }

@@ -58,6 +58,7 @@ fn every_second(name: String, script: String) -> JobSpec {
         notify: vec![],
         breaker: None,
         webhook: None,
+        after: None,
         tasks: vec![TaskSpec {
             id: "t".into(),
             depends_on: vec![],

@@ -116,6 +116,9 @@ fn check_limits(spec: &JobSpec, at: &str, errors: &mut Vec<ValidationError>) -> 
     if let Some(hook) = &spec.webhook {
         errors.extend(hook.check(&format!("{at}.webhook")));
     }
+    if let Some(after) = &spec.after {
+        errors.extend(after.check(&spec.name, &format!("{at}.after")));
+    }
     if spec.max_active_runs == Some(0) {
         problem(
             errors,
