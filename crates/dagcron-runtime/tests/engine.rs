@@ -3115,3 +3115,92 @@ async fn a_keyed_trigger_makes_one_run_per_key() {
     h.run_to_end("k").await;
     h.stop().await;
 }
+
+/// A run of `extract` that succeeds starts one run of `load` (trigger
+/// `after`, the upstream run's parameters passed on), written in the
+/// commit of the upstream run's end; a failure starts `cleanup` only; a
+/// paused downstream job gets none. After a restart, the jobs are read
+/// back and the trigger still works. A file closing a circle with the
+/// jobs here is refused.
+#[tokio::test]
+async fn a_runs_end_starts_the_jobs_after_it_once_also_after_a_restart() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply(
+        r#"
+namespace: t
+jobs:
+  - name: extract
+    params: { day: "1" }
+    tasks: [{ id: a, shell: "test {{params.day}} != bad" }]
+  - name: load
+    params: { day: "0", target: warehouse }
+    after: { job: extract, pass_params: true }
+    tasks: [{ id: a, noop: true }]
+  - name: cleanup
+    after: { job: extract, on: [failed] }
+    tasks: [{ id: a, noop: true }]
+  - name: idle
+    paused: true
+    after: { job: extract, on: [succeeded, failed] }
+    tasks: [{ id: a, noop: true }]
+"#,
+    )
+    .await;
+    let up = h.run_to_end("extract").await;
+    h.until("load made", async |s| {
+        s.run_of_key("t", "load", &format!("after:run-{up}"))
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    h.idle().await;
+    let load = h.runs("load").await;
+    assert_eq!(load.len(), 1);
+    assert_eq!(load[0].trigger, dagcron_store::Trigger::After);
+    assert_eq!(load[0].params["day"], "1", "passed on");
+    assert_eq!(
+        load[0].params["target"], "warehouse",
+        "its own default kept"
+    );
+    assert!(h.runs("cleanup").await.is_empty());
+    assert!(h.runs("idle").await.is_empty(), "paused");
+    // A failure starts cleanup, not load.
+    let mut bad = BTreeMap::new();
+    bad.insert("day".to_string(), "bad".to_string());
+    let failed = h.handle.trigger("t", "extract", bad).await.unwrap();
+    h.until("cleanup made", async |s| {
+        s.run_of_key("t", "cleanup", &format!("after:run-{failed}"))
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    h.idle().await;
+    assert_eq!(h.runs("load").await.len(), 1);
+    assert_eq!(h.runs("cleanup").await.len(), 1);
+    // A circle through the jobs here is refused, and nothing changes.
+    let file: JobFile = serde_saphyr::from_str(
+        "namespace: t\njobs:\n  - { name: extract, after: { job: load }, tasks: [{ id: a, noop: true }] }\n",
+    )
+    .unwrap();
+    let err = h.handle.apply(file.validate().unwrap()).await.unwrap_err();
+    assert!(
+        err.to_string().contains("extract → load → extract"),
+        "{err}"
+    );
+    // Restarted: read back from the store, the trigger still works.
+    let (store, clock) = h.stop().await;
+    let h = start(store, clock, EngineConfig::default()).await;
+    let again = h.run_to_end("extract").await;
+    h.until("load made after the restart", async |s| {
+        s.run_of_key("t", "load", &format!("after:run-{again}"))
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    h.idle().await;
+    assert_eq!(h.runs("load").await.len(), 2);
+    h.stop().await;
+}

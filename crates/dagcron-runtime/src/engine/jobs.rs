@@ -3,6 +3,8 @@
 //! keep their whole definition in memory.
 
 use super::*;
+use dagcron_core::after::AfterTrigger;
+use std::collections::BTreeMap;
 
 /// The engine's jobs part: every job known here, and what is decided per
 /// job or namespace beside it.
@@ -25,9 +27,64 @@ pub(super) struct Jobs {
     /// Compiled timetables shared by the jobs of the same schedules (also
     /// by the applies that make their jobs ready beside the loop).
     pub(super) timetables: Arc<std::sync::Mutex<dagcron_core::timings::TimetableCache>>,
+    /// For each job, the jobs that start after its runs end (`after`).
+    pub(super) downstream: HashMap<JobKey, BTreeSet<JobKey>>,
 }
 
 impl Jobs {
+    /// Sets the `after` trigger of job `key` (in the table), keeping the
+    /// index of downstream jobs.
+    pub(super) fn set_after(&mut self, key: &JobKey, after: Option<AfterTrigger>) {
+        let Some(entry) = self.table.get_mut(key) else {
+            return;
+        };
+        if let Some(old) = entry.after.take() {
+            let upstream = (key.0.clone(), old.job);
+            if let Some(set) = self.downstream.get_mut(&upstream) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.downstream.remove(&upstream);
+                }
+            }
+        }
+        if let Some(after) = after {
+            self.downstream
+                .entry((key.0.clone(), after.job.clone()))
+                .or_default()
+                .insert(key.clone());
+            entry.after = Some(Box::new(after));
+        }
+    }
+
+    /// A cycle of `after` triggers that `jobs` (about to be applied) would
+    /// close with the jobs here, as its path.
+    pub(super) fn after_cycle(&self, jobs: &[Job]) -> Option<(String, Vec<String>)> {
+        let mut by_namespace: BTreeMap<&str, Vec<&Job>> = BTreeMap::new();
+        for job in jobs {
+            by_namespace.entry(&job.namespace).or_default().push(job);
+        }
+        for (namespace, applied) in by_namespace {
+            let mut edges: BTreeMap<String, String> = self
+                .table
+                .iter()
+                .filter(|(k, _)| k.0 == namespace)
+                .filter_map(|(k, e)| Some((k.1.clone(), e.after.as_ref()?.job.clone())))
+                .collect();
+            let mut through = BTreeSet::new();
+            for job in applied {
+                edges.remove(&job.spec.name);
+                if let Some(after) = &job.spec.after {
+                    edges.insert(job.spec.name.clone(), after.job.clone());
+                }
+                through.insert(job.spec.name.clone());
+            }
+            if let Some(path) = dagcron_core::after::cycle(&edges, &through) {
+                return Some((namespace.to_string(), path));
+            }
+        }
+        None
+    }
+
     /// Whether `namespace` may make one more scheduled fire at `at`, at
     /// most `rate` a second (its allowance is taken if so). Counted by the
     /// instants fired: a second's fires handled late still count against
@@ -130,18 +187,21 @@ impl<S: Store> Engine<S> {
             }
         };
         entry.file_paused = file_paused;
+        let after = job.spec.after.clone();
         entry.job = Some(job);
         entry.version = version;
         entry.generation += 1;
         entry.owned = owned;
         entry.applied_at = applied_at;
         let from = entry.last_fire.map_or(now, |l| l.max(now));
+        self.jobs.set_after(&key, after);
         // The table keeps the key it had (an `Arc` equal to this one).
         self.arm_next_fire(&key, from);
     }
 
     /// Forgets a deleted job and cancels its runs.
     pub(super) fn remove_job(&mut self, key: &JobKey, now: Timestamp) {
+        self.jobs.set_after(key, None);
         if let Some((key, entry)) = self.jobs.table.remove_entry(key) {
             if let Some(m) = &self.config.metrics {
                 m.forget(&key);
@@ -352,7 +412,10 @@ impl<S: Store> Engine<S> {
                 m.next_fire(series, next, period);
             }
         }
+        // A job started by another's runs stays whole in memory.
+        let keep = entry.after.is_some();
         match plan {
+            Arming::Nothing if keep => {}
             Arming::Nothing => entry.job = None,
             Arming::Fire { at, handle_at } => self.arm(
                 handle_at,
@@ -363,7 +426,9 @@ impl<S: Store> Engine<S> {
                 },
             ),
             Arming::Prepare { at, read_at } => {
-                entry.job = None;
+                if !keep {
+                    entry.job = None;
+                }
                 self.arm(
                     read_at,
                     Timer::Prepare {
@@ -430,6 +495,7 @@ impl<S: Store> Engine<S> {
             return;
         };
         if entry.job.is_none()
+            || entry.after.is_some()
             || !entry.active.is_empty()
             || !entry.queued.is_empty()
             || !entry.planned.is_empty()

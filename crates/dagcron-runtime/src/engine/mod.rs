@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::Clock;
 use crate::trace::{RunTrace, TraceParent};
 
+mod after;
 mod attempts;
 mod commands;
 mod commits;
@@ -630,6 +631,10 @@ struct JobEntry {
     /// Its failure breaker is open: its scheduled fires make no run (see
     /// [`dagcron_core::breaker`]).
     breaker_open: bool,
+    /// The job whose runs' ends start it (see [`dagcron_core::after`]):
+    /// such a job is kept whole in memory, to make its runs in the commit
+    /// of the upstream run's end.
+    after: Option<Box<dagcron_core::after::AfterTrigger>>,
     /// Bumped on every change, so that timers armed for an older version are ignored.
     generation: u64,
     /// The latest fire recorded in the ledger (where the next search starts).
@@ -664,6 +669,7 @@ impl JobEntry {
             paused,
             file_paused: paused,
             breaker_open: false,
+            after: None,
             generation: 0,
             last_fire: None,
             active: BTreeSet::new(),

@@ -64,6 +64,7 @@ impl<S: Store> Engine<S> {
         // rebuilt (the fires caught up count them). The others, nearly all,
         // are armed as they are installed.
         let mut missed_some = Vec::new();
+        let mut started_after = Vec::new();
         let mut failed = None;
         while let Some(page) = parsed_rx.recv().await {
             let page = match page {
@@ -85,6 +86,7 @@ impl<S: Store> Engine<S> {
                 );
                 entry.file_paused = loaded.file_paused;
                 entry.breaker_open = loaded.breaker_open;
+                let after = loaded.after;
                 entry.last_fire = last_fires.remove(&loaded.key);
                 let key = Arc::new(loaded.key);
                 let armed = !entry.paused && entry.owned;
@@ -97,6 +99,10 @@ impl<S: Store> Engine<S> {
                     })
                     .flatten();
                 self.jobs.table.insert(key.clone(), entry);
+                if after.is_some() {
+                    self.jobs.set_after(&key, after);
+                    started_after.push(key.clone());
+                }
                 match resume {
                     Some(after) => self.arm_next_fire_of(key, after),
                     None if armed => missed_some.push(key),
@@ -111,6 +117,14 @@ impl<S: Store> Engine<S> {
             return Err(e);
         }
         rules.report(&*self.store).await;
+        // The jobs started by other jobs' runs are kept whole, to make their
+        // runs in the commits of those runs' ends.
+        for key in started_after {
+            let job = jobs::read_job(&*self.store, &key).await?;
+            if let Some(entry) = self.jobs.table.get_mut(&*key) {
+                entry.job = job;
+            }
+        }
         // Unfinished runs: rebuild them; attempts that were running are lost.
         let active = self.store.active_runs().await?;
         if self.config.node.is_none() && !active.is_empty() {
@@ -457,6 +471,7 @@ struct LoadedJob {
     paused: bool,
     file_paused: bool,
     breaker_open: bool,
+    after: Option<dagcron_core::after::AfterTrigger>,
     updated_at: Timestamp,
     rules: RulesNote,
 }
@@ -511,6 +526,7 @@ impl LoadedJob {
             paused: stored.paused,
             file_paused: timing.file_paused,
             breaker_open: stored.breaker.is_some(),
+            after: timing.after,
             updated_at: stored.updated_at,
             rules,
         })

@@ -14,6 +14,13 @@ impl<S: Store> Engine<S> {
                 origin,
                 reply,
             } => {
+                if let Some((namespace, path)) = self.jobs.after_cycle(&jobs) {
+                    let _ = reply.send(Err(EngineError::Invalid(format!(
+                        "jobs of namespace {namespace} would start after one another in a circle, and run forever: {}",
+                        path.join(" → ")
+                    ))));
+                    return;
+                }
                 // Applying is committed on its own, beside the loop, before
                 // the engine changes its timers. The specs are serialized
                 // for the store, and the jobs made ready to install while

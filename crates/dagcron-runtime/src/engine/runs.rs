@@ -611,6 +611,7 @@ impl<S: Store> Engine<S> {
                 if state == RunState::Failed {
                     self.trip_breaker(id, now);
                 }
+                self.start_downstream(id, state, now);
                 self.finished(id, now);
             }
         }

@@ -1,0 +1,68 @@
+//! Runs started by the end of another job's run (`after`, see
+//! [`dagcron_core::after`]): made in the batch that records the upstream
+//! run's end, each keyed by that run, so that a batch committed twice, a
+//! crash or a failover never makes two.
+
+use super::*;
+use dagcron_core::after::AfterTrigger;
+
+impl<S: Store> Engine<S> {
+    /// Run `id` ended in `state`: each job of its namespace that starts
+    /// after its job's runs end so gets a run, admitted as a trigger is
+    /// (its overlap policy and backlog); a paused job gets none.
+    pub(super) fn start_downstream(&mut self, id: RunId, state: RunState, now: Timestamp) {
+        let run = &self.runs.table[&id];
+        let Some(downstream) = self.jobs.downstream.get(&*run.key) else {
+            return;
+        };
+        let upstream = run.key.clone();
+        let upstream_params = run.params.clone();
+        let downstream: Vec<JobKey> = downstream.iter().cloned().collect();
+        for key in downstream {
+            let Some(entry) = self.jobs.table.get(&key) else {
+                continue;
+            };
+            let Some(after) = entry.after.as_deref().filter(|a| a.starts_on(state)) else {
+                continue;
+            };
+            let named = format!("{}/{}", key.0, key.1);
+            if entry.paused {
+                tracing::info!(job = %named, "paused: no run after run {id} of {}", upstream.1);
+                continue;
+            }
+            let Some(job) = entry.job.clone() else {
+                // Kept in memory from start-up and every apply; a job that
+                // no longer validates is not.
+                tracing::warn!(job = %named, "not in memory: no run after run {id} of {}", upstream.1);
+                continue;
+            };
+            let decision = match self.admit(&key, &job, 1) {
+                Ok(decisions) => decisions[0],
+                Err(e) => {
+                    tracing::warn!(job = %named, "no run after run {id} of {}: {e}", upstream.1);
+                    continue;
+                }
+            };
+            let mut params = job.spec.params.clone();
+            if after.pass_params {
+                params.extend(upstream_params.clone());
+            }
+            let mut made = self.new_run(
+                &key,
+                &job,
+                Trigger::After,
+                now,
+                params,
+                decision,
+                now,
+                None,
+                None,
+            );
+            made.key = Some(AfterTrigger::key(id));
+            let made_id = made.id;
+            self.batch.writes.push(Write::Run(made));
+            self.after_new_run(&key, made_id, decision, now);
+            tracing::info!(job = %named, run = made_id, "started after run {id} of {} ended {}", upstream.1, state.as_str());
+        }
+    }
+}
