@@ -401,3 +401,68 @@ jobs:
         "{events:?}"
     );
 }
+
+/// A job that succeeds every second and a job that starts after each of
+/// its runs; the server is killed with SIGKILL while they run, and
+/// started again. Once the upstream job is paused and everything has
+/// ended, there is exactly one downstream run per upstream run that
+/// succeeded: none lost in the crash, none made twice.
+#[test]
+fn after_triggers_make_one_run_per_upstream_end_through_a_sigkill() {
+    let (_dir, data) = setup();
+    let mut server = Server::start(&data, &[]);
+    server.namespace = "chain".into();
+    server.apply(
+        r#"
+namespace: chain
+jobs:
+  - name: extract
+    schedule: "* * * * * *"
+    tasks: [{ id: a, shell: "sleep 0.2" }]
+  - name: load
+    after: { job: extract }
+    tasks: [{ id: a, shell: "sleep 0.1" }]
+"#,
+    );
+    let runs = |server: &Api, job: &str| -> Vec<Value> {
+        server.get(&format!(
+            "/api/v1/namespaces/chain/jobs/{job}/runs?limit=500"
+        ))["items"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    until("three downstream runs", || runs(&server, "load").len() >= 3);
+    server.signal(Signal::SIGKILL);
+    let mut server = Server::start(&data, &[]);
+    server.namespace = "chain".into();
+    let before = runs(&server, "load").len();
+    until("more downstream runs after the restart", || {
+        runs(&server, "load").len() >= before + 2
+    });
+    let (status, body) = server.post(
+        "/api/v1/namespaces/chain/jobs/extract/pause",
+        "",
+        "application/json",
+    );
+    assert_eq!(status, 200, "{body}");
+    let ended =
+        |r: &Value| ["succeeded", "failed", "cancelled"].contains(&r["state"].as_str().unwrap());
+    until("everything ended", || {
+        runs(&server, "extract").iter().all(ended) && runs(&server, "load").iter().all(ended)
+    });
+    let upstream = runs(&server, "extract");
+    let succeeded = upstream
+        .iter()
+        .filter(|r| r["state"] == "succeeded")
+        .count();
+    let downstream = runs(&server, "load");
+    assert_eq!(
+        downstream.len(),
+        succeeded,
+        "one load per extract that succeeded: {} upstream ({succeeded} succeeded), {} downstream",
+        upstream.len(),
+        downstream.len()
+    );
+    assert!(downstream.iter().all(|r| r["trigger"] == "after"));
+}
