@@ -633,3 +633,43 @@ jobs:
     let job = ui.send(Method::GET, "/jobs/a/bad", &cookie, "", None).await;
     assert!(!job.body.contains(r#"id="breaker""#), "{}", job.body);
 }
+
+/// A job's page says what starts its runs besides its schedule.
+#[tokio::test]
+async fn a_jobs_page_names_its_after_trigger_and_webhook() {
+    let ui = ui().await;
+    let admin = ui.token(Role::Admin, None).await;
+    let file = r#"
+namespace: a
+jobs:
+  - name: up
+    tasks: [{ id: t, noop: true }]
+  - name: down
+    after: { job: up, on: [succeeded, failed], pass_params: true }
+    webhook: { secret: { secret: gh-hook }, max_per_minute: 10 }
+    tasks: [{ id: t, noop: true }]
+"#;
+    let a = ui
+        .send(Method::POST, "/api/v1/apply", "", file, Some(&admin))
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    let viewer = ui.token(Role::Viewer, Some("a")).await;
+    let (cookie, _) = ui.sign_in(&viewer).await;
+    let page = ui
+        .send(Method::GET, "/jobs/a/down", &cookie, "", None)
+        .await;
+    assert!(
+        page.body
+            .contains("each run of up that ends succeeded or failed, with its parameters"),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body
+            .contains("POST /api/v1/hooks/a/down (secret gh-hook, at most 10 a minute)"),
+        "{}",
+        page.body
+    );
+    let up = ui.send(Method::GET, "/jobs/a/up", &cookie, "", None).await;
+    assert!(!up.body.contains(r#"id="triggers""#));
+}

@@ -120,6 +120,44 @@ struct JobPage {
     diff: Option<DiffView>,
     /// Its notification rules, one line each: events, then notifiers.
     notify: Vec<(String, String)>,
+    /// What starts its runs besides its schedule, in words.
+    triggers: Vec<String>,
+}
+
+/// What starts a job's runs besides its schedule: another job's ends, a
+/// webhook.
+fn trigger_lines(ns: &str, job: &Job) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(after) = &job.spec.after {
+        let on: Vec<&str> = after
+            .on
+            .iter()
+            .map(|s| match s {
+                dagcron_core::after::AfterState::Succeeded => "succeeded",
+                dagcron_core::after::AfterState::Failed => "failed",
+                dagcron_core::after::AfterState::Cancelled => "cancelled",
+            })
+            .collect();
+        out.push(format!(
+            "each run of {} that ends {}{}",
+            after.job,
+            on.join(" or "),
+            if after.pass_params {
+                ", with its parameters"
+            } else {
+                ""
+            }
+        ));
+    }
+    if let Some(hook) = &job.spec.webhook {
+        out.push(format!(
+            "signed deliveries to POST /api/v1/hooks/{ns}/{} (secret {}, at most {} a minute)",
+            job.spec.name,
+            hook.secret.secret,
+            hook.per_minute()
+        ));
+    }
+    out
 }
 
 /// A job's notification rules for people: (`failed, recovered`,
@@ -271,6 +309,7 @@ pub(crate) async fn page<S: Store>(
             .collect(),
         diff,
         notify: notify_lines(&job.spec.notify),
+        triggers: trigger_lines(&ns, &job),
         notice: q.notice,
         version: stored.version,
         paused: stored.paused,
