@@ -73,6 +73,7 @@ pub mod retry;
 pub mod ring;
 pub mod rules;
 pub mod run;
+pub mod sla;
 pub mod state;
 pub mod timings;
 pub mod wasm;

@@ -526,6 +526,9 @@ pub struct JobSpec {
     /// [`crate::after`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<crate::after::AfterTrigger>,
+    /// When its scheduled runs should have succeeded (see [`crate::sla`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sla: Option<crate::sla::SlaSpec>,
     /// The DAG.
     pub tasks: Vec<TaskSpec>,
 }

@@ -97,6 +97,7 @@ fn job(name: String, schedule: Option<String>, tasks: Vec<TaskSpec>) -> JobSpec 
         breaker: None,
         webhook: None,
         after: None,
+        sla: None,
         tasks,
     }
 }

@@ -59,6 +59,7 @@ fn every_second(name: String, script: String) -> JobSpec {
         breaker: None,
         webhook: None,
         after: None,
+        sla: None,
         tasks: vec![TaskSpec {
             id: "t".into(),
             depends_on: vec![],
