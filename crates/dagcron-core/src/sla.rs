@@ -167,10 +167,10 @@ mod tests {
             by("06:00").deadline(ts("2026-03-29T00:30:00Z"), &berlin),
             ts("2026-03-29T04:00:00Z")
         );
-        // 02:30 does not exist that day: the instant after the gap (03:00 CEST).
+        // 02:30 does not exist that day: moved by the jump, to 03:30 CEST.
         assert_eq!(
             by("02:30").deadline(ts("2026-03-28T23:00:00Z"), &berlin),
-            ts("2026-03-29T01:00:00Z")
+            ts("2026-03-29T01:30:00Z")
         );
         // 02:30 comes twice on the fall-back day: the first (CEST).
         assert_eq!(
