@@ -91,7 +91,9 @@ pub(crate) async fn apply(
             }
             Write::Fire { .. } => {}
             // Applied below, after the others.
-            Write::Notify(_) | Write::Breaker(_) => results[i] = Some(WriteResult::Done),
+            Write::Notify(_) | Write::Breaker(_) | Write::SlaMissed { .. } => {
+                results[i] = Some(WriteResult::Done)
+            }
             _ => {
                 let run = rows::run_of(w).expect("a write of a run");
                 let row = new_rows.get_mut(&run).or_else(|| read.get_mut(&run));
@@ -141,13 +143,37 @@ pub(crate) async fn apply(
         })
         .collect();
     for (i, w) in batch.iter().enumerate() {
-        if let Write::Breaker(b) = w {
-            let result = breaker(conn, b, sent).await?;
-            if result == WriteResult::Done {
-                notes.extend(&b.notifications);
+        let (result, made) = match w {
+            Write::Breaker(b) => (breaker(conn, b, sent).await?, &b.notifications),
+            Write::SlaMissed {
+                namespace,
+                job,
+                scheduled_at,
+                at,
+                notifications,
+            } => {
+                *sent += 1;
+                let n = sqlx::query(dagcron_store::breaker::SLA_MISSED)
+                    .bind(at.as_microsecond())
+                    .bind(namespace)
+                    .bind(job)
+                    .bind(scheduled_at.as_microsecond())
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected();
+                let result = if n == 1 {
+                    WriteResult::Done
+                } else {
+                    WriteResult::sla_recorded(namespace, job, *scheduled_at)
+                };
+                (result, notifications)
             }
-            results[i] = Some(result);
+            _ => continue,
+        };
+        if result == WriteResult::Done {
+            notes.extend(made);
         }
+        results[i] = Some(result);
     }
     insert_notifications(conn, &notes, sent).await?;
     let notices = Notices {

@@ -202,7 +202,11 @@ pub(crate) fn plan(batch: &[Write]) -> Option<Plan<'_>> {
             Write::Fire { .. } => count.fires += 1,
             Write::AttemptStart { .. } => count.starts += 1,
             Write::AttemptWithdraw { .. } => count.withdrawals += 1,
-            Write::Run(_) | Write::RunClosing { .. } | Write::Notify(_) | Write::Breaker(_) => {}
+            Write::Run(_)
+            | Write::RunClosing { .. }
+            | Write::Notify(_)
+            | Write::Breaker(_)
+            | Write::SlaMissed { .. } => {}
         }
     }
     let runs = chains(

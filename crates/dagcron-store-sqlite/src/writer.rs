@@ -330,10 +330,35 @@ pub(crate) fn apply_batch(
             .map(|w| apply(tx, w))
             .collect::<rusqlite::Result<Vec<_>>>()?,
     };
-    // Breakers last, over what the batch's other writes left.
+    // Breakers and SLA misses last, over what the batch's other writes left.
     for (w, result) in batch.iter().zip(&mut results) {
-        if let Write::Breaker(b) = w {
-            *result = breaker(tx, b)?;
+        match w {
+            Write::Breaker(b) => *result = breaker(tx, b)?,
+            Write::SlaMissed {
+                namespace,
+                job,
+                scheduled_at,
+                at,
+                notifications,
+            } => {
+                let n = tx
+                    .prepare_cached(dagcron_store::breaker::SLA_MISSED)?
+                    .execute(params![
+                        at.as_microsecond(),
+                        namespace,
+                        job,
+                        scheduled_at.as_microsecond()
+                    ])?;
+                *result = if n == 1 {
+                    for note in notifications {
+                        apply(tx, &Write::Notify(note.clone()))?;
+                    }
+                    WriteResult::Done
+                } else {
+                    WriteResult::sla_recorded(namespace, job, *scheduled_at)
+                };
+            }
+            _ => {}
         }
     }
     Ok(results)
@@ -697,7 +722,7 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
             Ok(WriteResult::Done)
         }
         // Applied by `apply_batch`, after the batch's other writes.
-        Write::Breaker(_) => Ok(WriteResult::Done),
+        Write::Breaker(_) | Write::SlaMissed { .. } => Ok(WriteResult::Done),
         Write::Notify(n) => {
             tx.prepare_cached(
                 "INSERT INTO notifications (key, namespace, job, run_id, event, notifier, channel, payload, created_at, next_at)

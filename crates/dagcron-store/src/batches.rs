@@ -148,6 +148,12 @@ fn rows(w: &Write) -> Vec<String> {
         Write::Fire { .. } => vec![],
         Write::Notify(n) => vec![format!("notification {}", n.key)],
         Write::Breaker(b) => vec![format!("breaker {}/{}", b.namespace, b.job)],
+        Write::SlaMissed {
+            namespace,
+            job,
+            scheduled_at,
+            ..
+        } => vec![format!("sla {namespace}/{job}/{scheduled_at}")],
     }
 }
 

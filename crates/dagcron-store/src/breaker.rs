@@ -1,5 +1,6 @@
 //! The statements both SQL stores run to apply a change of a job's failure
-//! breaker ([`crate::Write::Breaker`]), and what they read back.
+//! breaker ([`crate::Write::Breaker`]), and what they read back; and the
+//! record of an SLA missed ([`crate::Write::SlaMissed`]).
 //!
 //! Their parameters first appear in the order of their numbers: SQLite
 //! numbers `$N` parameters by where they first appear, not by `N`.
@@ -49,3 +50,8 @@ pub fn open_breaker(
         failures: u32::try_from(failures).unwrap_or(u32::MAX),
     }))
 }
+
+/// Records the SLA miss of the fire of job (`$2`, `$3`) at `$4`, found at
+/// `$1`, if it is not recorded yet (see [`crate::Write::SlaMissed`]).
+pub const SLA_MISSED: &str = "UPDATE fires SET sla_missed_at = $1
+     WHERE namespace = $2 AND job = $3 AND scheduled_at = $4 AND sla_missed_at IS NULL";

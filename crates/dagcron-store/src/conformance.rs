@@ -51,6 +51,7 @@ macro_rules! conformance_tests {
             a_recovery_is_told_by_the_last_run_that_succeeded_or_failed,
             a_breaker_opens_at_the_nth_failure_in_a_row_and_closes_once,
             a_run_key_makes_one_run_per_job_until_it_is_pruned,
+            an_sla_miss_is_recorded_once_with_its_notifications,
         );
     };
     (@cases $make:expr; $($case:ident),+ $(,)?) => {
@@ -2034,4 +2035,64 @@ pub async fn a_run_key_makes_one_run_per_job_until_it_is_pruned<S: Store>(s: &S)
         s.write(&[keyed(5, "j", "delivery-1")]).await.unwrap()[0],
         WriteResult::Done
     );
+}
+
+/// A fire's SLA miss is recorded in the ledger once, with its
+/// notifications the first time only; a fire the ledger does not have
+/// records nothing.
+pub async fn an_sla_miss_is_recorded_once_with_its_notifications<S: Store>(s: &S) {
+    s.write(&[fire(100, Some(new_run(1, 100))), fire(200, None)])
+        .await
+        .unwrap();
+    let miss = |at: i64, key: &str| Write::SlaMissed {
+        namespace: "ns".into(),
+        job: "j".into(),
+        scheduled_at: t(at),
+        at: t(at + 50),
+        notifications: vec![NewNotification {
+            key: key.into(),
+            namespace: "ns".into(),
+            job: "j".into(),
+            run: None,
+            event: "sla_missed".into(),
+            notifier: "ops".into(),
+            channel: "{}".into(),
+            payload: "{}".into(),
+            at: t(at + 50),
+        }],
+    };
+    let results = s
+        .write(&[
+            miss(100, "first"),
+            miss(100, "again"),
+            miss(200, "skipped"),
+            miss(300, "none"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(results[0], WriteResult::Done);
+    assert!(
+        matches!(&results[1], WriteResult::Conflict(_)),
+        "{results:?}"
+    );
+    assert_eq!(
+        results[2],
+        WriteResult::Done,
+        "a fire with no run misses too"
+    );
+    assert!(matches!(&results[3], WriteResult::Conflict(_)));
+    let fires = s.list_fires("ns", "j", t(0), t(1000), 10).await.unwrap();
+    assert_eq!(
+        fires.iter().map(|f| f.sla_missed_at).collect::<Vec<_>>(),
+        [Some(t(150)), Some(t(250))]
+    );
+    let mut keys: Vec<String> = s
+        .list_notifications("ns", false, None, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|n| n.made.key)
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["first", "skipped"]);
 }

@@ -487,6 +487,23 @@ pub enum Write {
     /// then its notifications go in the outbox. In a cluster, the nodes
     /// are told the job changed.
     Breaker(BreakerWrite),
+    /// Record in the ledger that the fire of job (`namespace`, `job`) at
+    /// `scheduled_at` missed its SLA ([`dagcron_core::sla`]), after the
+    /// batch's other writes: done only the first time (a conflict
+    /// otherwise, which is no error), and then its notifications go in
+    /// the outbox.
+    SlaMissed {
+        /// Tenant.
+        namespace: String,
+        /// Job.
+        job: String,
+        /// The fire's instant.
+        scheduled_at: Timestamp,
+        /// When the miss was found.
+        at: Timestamp,
+        /// What goes in the outbox the first time.
+        notifications: Vec<NewNotification>,
+    },
 }
 
 /// A change of a job's failure breaker (see [`Write::Breaker`]).
@@ -531,7 +548,7 @@ impl Write {
             | Write::AttemptStart { run, .. }
             | Write::AttemptEnd { run, .. }
             | Write::AttemptWithdraw { run, .. } => Some(*run),
-            Write::Notify(_) | Write::Breaker(_) => None,
+            Write::Notify(_) | Write::Breaker(_) | Write::SlaMissed { .. } => None,
         }
     }
 }
@@ -886,6 +903,9 @@ pub struct FireRecord {
     pub calendar: Option<String>,
     /// The run it created.
     pub run_id: Option<RunId>,
+    /// When its run was found not to have succeeded by the job's SLA
+    /// (see [`Write::SlaMissed`]).
+    pub sla_missed_at: Option<Timestamp>,
 }
 
 /// A page of results and the cursor of the next one.
@@ -1020,6 +1040,14 @@ impl WriteResult {
             run.namespace,
             run.job,
             run.key.as_deref().unwrap_or_default()
+        ))
+    }
+
+    /// An SLA miss recorded already, or of a fire the ledger does not
+    /// have.
+    pub fn sla_recorded(namespace: &str, job: &str, at: Timestamp) -> WriteResult {
+        WriteResult::Conflict(format!(
+            "the SLA miss of {namespace}/{job} at {at} is recorded already, or the fire is not"
         ))
     }
 

@@ -53,6 +53,7 @@ struct Fire {
     outcome: FireOutcome,
     calendar: Option<String>,
     run: Option<RunId>,
+    sla_missed_at: Option<Timestamp>,
 }
 
 /// A run: what it was made with, and its row.
@@ -358,6 +359,7 @@ impl Data {
                         outcome: *outcome,
                         calendar: calendar.clone(),
                         run: run.as_ref().map(|r| r.id),
+                        sla_missed_at: None,
                     },
                 );
                 if let Some(run) = run {
@@ -377,7 +379,7 @@ impl Data {
                 WriteResult::Done
             }
             // See `MemoryStore::write`.
-            Write::Breaker(_) => WriteResult::Done,
+            Write::Breaker(_) | Write::SlaMissed { .. } => WriteResult::Done,
             Write::Notify(n) => {
                 if !self.outbox.values().any(|o| o.record.made.key == n.key) {
                     let id = self.outbox.keys().next_back().map_or(1, |k| k + 1);
@@ -608,8 +610,32 @@ impl RunStore for MemoryStore {
         let mut results: Vec<WriteResult> = batch.iter().map(|w| data.write(w)).collect();
         // Breakers after the other writes, as documented.
         for (w, result) in batch.iter().zip(&mut results) {
-            if let Write::Breaker(b) = w {
-                *result = data.breaker(b);
+            match w {
+                Write::Breaker(b) => *result = data.breaker(b),
+                Write::SlaMissed {
+                    namespace,
+                    job,
+                    scheduled_at,
+                    at,
+                    notifications,
+                } => {
+                    let fire = data
+                        .fires
+                        .get_mut(&key(namespace, job))
+                        .and_then(|l| l.get_mut(&scheduled_at.as_microsecond()))
+                        .filter(|f| f.sla_missed_at.is_none());
+                    *result = match fire {
+                        Some(f) => {
+                            f.sla_missed_at = Some(*at);
+                            for n in notifications {
+                                data.write(&Write::Notify(n.clone()));
+                            }
+                            WriteResult::Done
+                        }
+                        None => WriteResult::sla_recorded(namespace, job, *scheduled_at),
+                    };
+                }
+                _ => {}
             }
         }
         Ok(results)
@@ -661,6 +687,7 @@ impl RunStore for MemoryStore {
                     outcome: f.outcome,
                     calendar: f.calendar.clone(),
                     run_id: f.run,
+                    sla_missed_at: f.sla_missed_at,
                 })
             })
             .collect()

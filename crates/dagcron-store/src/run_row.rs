@@ -199,7 +199,11 @@ impl<'a> Effects<'a> {
 /// The run a write changes (other than by inserting it).
 pub fn run_of(w: &Write) -> Option<RunId> {
     match w {
-        Write::Fire { .. } | Write::Run(_) | Write::Notify(_) | Write::Breaker(_) => None,
+        Write::Fire { .. }
+        | Write::Run(_)
+        | Write::Notify(_)
+        | Write::Breaker(_)
+        | Write::SlaMissed { .. } => None,
         _ => w.run_id(),
     }
 }
@@ -213,7 +217,14 @@ pub fn apply<'a>(
     effects: &mut Effects<'a>,
 ) -> WriteResult {
     match (w, row) {
-        (Write::Fire { .. } | Write::Run(_) | Write::Notify(_) | Write::Breaker(_), _) => {
+        (
+            Write::Fire { .. }
+            | Write::Run(_)
+            | Write::Notify(_)
+            | Write::Breaker(_)
+            | Write::SlaMissed { .. },
+            _,
+        ) => {
             unreachable!("inserts and breakers are not applied to rows")
         }
         (Write::RunState { run, from, .. }, None) => WriteResult::run_conflict(*run, None, *from),

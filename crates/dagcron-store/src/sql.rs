@@ -551,7 +551,7 @@ pub async fn list_fires(
     to: Timestamp,
     limit: u32,
 ) -> Result<Vec<FireRecord>> {
-    let sql = "SELECT scheduled_at, outcome, run_id, calendar FROM fires WHERE namespace = $1 AND job = $2 AND scheduled_at >= $3 AND scheduled_at < $4 ORDER BY scheduled_at LIMIT $5";
+    let sql = "SELECT scheduled_at, outcome, run_id, calendar, sla_missed_at FROM fires WHERE namespace = $1 AND job = $2 AND scheduled_at >= $3 AND scheduled_at < $4 ORDER BY scheduled_at LIMIT $5";
     let args = vec![
         namespace.into(),
         job.into(),
@@ -567,6 +567,7 @@ pub async fn list_fires(
                 .ok_or_else(|| StorageError::Corrupt(format!("fire outcome {outcome:?}")))?,
             run_id: r.opt_int(2),
             calendar: r.opt_text(3),
+            sla_missed_at: crate::rows::opt_ts(r.opt_int(4))?,
         })
     })
     .await

@@ -150,6 +150,7 @@ mod tests {
             outcome,
             calendar: None,
             run_id: run,
+            sla_missed_at: None,
         }
     }
 

@@ -336,8 +336,11 @@ impl<S: Store> Engine<S> {
                     }
                 }
                 (_, WriteResult::Done) => {}
-                // Not yet as many failures in a row, or no change.
-                (Write::Breaker(_), refusal) => tracing::debug!("{}", refusal.reason()),
+                // Not yet as many failures in a row, or no change; an SLA
+                // miss judged again (after a restart) is recorded once.
+                (Write::Breaker(_) | Write::SlaMissed { .. }, refusal) => {
+                    tracing::debug!("{}", refusal.reason())
+                }
                 // A fire already in the ledger (after a crash between commit
                 // and arming, or made by another node first in a takeover)
                 // or refused as early: its run was never stored, and must
