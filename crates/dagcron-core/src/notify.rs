@@ -211,11 +211,14 @@ pub enum NotifyEvent {
     BreakerOpened,
     /// The job was resumed and its failure breaker closed.
     BreakerClosed,
+    /// A scheduled run had not succeeded by the job's SLA (see
+    /// [`crate::sla`]), or the fire made no run.
+    SlaMissed,
 }
 
 impl NotifyEvent {
     /// Every event.
-    pub const ALL: [NotifyEvent; 7] = [
+    pub const ALL: [NotifyEvent; 8] = [
         NotifyEvent::Failed,
         NotifyEvent::Succeeded,
         NotifyEvent::Cancelled,
@@ -223,6 +226,7 @@ impl NotifyEvent {
         NotifyEvent::Held,
         NotifyEvent::BreakerOpened,
         NotifyEvent::BreakerClosed,
+        NotifyEvent::SlaMissed,
     ];
 
     /// The name in job files and bodies.
@@ -235,6 +239,7 @@ impl NotifyEvent {
             NotifyEvent::Held => "held",
             NotifyEvent::BreakerOpened => "breaker_opened",
             NotifyEvent::BreakerClosed => "breaker_closed",
+            NotifyEvent::SlaMissed => "sla_missed",
         }
     }
 
@@ -371,6 +376,11 @@ pub fn on_held(rules: &[NotifyRule]) -> Vec<(&NotifierSpec, NotifyEvent)> {
     made_of(rules, &[NotifyEvent::Held])
 }
 
+/// The notifications an SLA missed makes.
+pub fn on_sla_missed(rules: &[NotifyRule]) -> Vec<(&NotifierSpec, NotifyEvent)> {
+    made_of(rules, &[NotifyEvent::SlaMissed])
+}
+
 /// The notifications the job's failure breaker makes as it opens
 /// (`opened`) or closes.
 pub fn on_breaker(rules: &[NotifyRule], opened: bool) -> Vec<(&NotifierSpec, NotifyEvent)> {
@@ -445,6 +455,15 @@ pub fn breaker_key(
     }
 }
 
+/// The idempotency key of the notification to `notifier` that the fire of
+/// a job at `scheduled` missed its SLA.
+pub fn sla_key(namespace: &str, job: &str, scheduled: Timestamp, notifier: &str) -> String {
+    format!(
+        "{namespace}/{job}/fire-{}/sla_missed/{notifier}",
+        scheduled.as_microsecond()
+    )
+}
+
 /// The version of the body's schema, in every body (`schema`).
 pub const SCHEMA: &str = "dagcron.notification/v1";
 
@@ -474,6 +493,19 @@ pub struct Payload {
     /// failed run that opened it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub breaker: Option<crate::breaker::OpenBreaker>,
+    /// The SLA missed (`sla_missed`): the fire's instant and the deadline
+    /// (the run above, if the fire made one, is its run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sla: Option<PayloadSla>,
+}
+
+/// The SLA a notification is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PayloadSla {
+    /// The fire's scheduled instant.
+    pub scheduled_at: Timestamp,
+    /// When its run should have succeeded by.
+    pub deadline: Timestamp,
 }
 
 /// The task a notification is about.
@@ -517,6 +549,7 @@ impl Payload {
             run: None,
             task: None,
             breaker: None,
+            sla: None,
         }
     }
 
@@ -532,6 +565,18 @@ impl Payload {
                 let failures = self.breaker.map_or(0, |b| b.failures);
                 return format!(
                     "dagcron: {}/{} stopped firing: its failure breaker opened after {failures} consecutive failed runs; resume the job to close it",
+                    self.namespace, self.job
+                );
+            }
+            NotifyEvent::SlaMissed => {
+                let (at, by) = self
+                    .sla
+                    .map_or((self.at, self.at), |s| (s.scheduled_at, s.deadline));
+                let run = self.run.as_ref().map_or("it made no run".to_string(), |r| {
+                    format!("run {} is {}", r.id, r.state)
+                });
+                return format!(
+                    "dagcron: {}/{} missed its SLA: the run scheduled for {at} had not succeeded by {by} ({run})",
                     self.namespace, self.job
                 );
             }

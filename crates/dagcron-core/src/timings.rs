@@ -25,6 +25,7 @@ use crate::model::{
     Exclude, GapPolicy, Job, Misfire, OverlapPolicy, Schedules, Timing, TimingFields, check_anchor,
     default_catchup, default_tz, schedule_options,
 };
+use crate::sla::SlaSpec;
 
 /// How many distinct schedules a cache keeps before it starts over (a
 /// bound on its memory; sharing is an optimization, never needed).
@@ -151,6 +152,8 @@ pub struct StoredTiming {
     pub file_paused: bool,
     /// Its `after` trigger.
     pub after: Option<AfterTrigger>,
+    /// Whether it has an `sla`.
+    pub sla: bool,
 }
 
 /// The fields of a stored spec that its timing is made from; the others
@@ -181,6 +184,8 @@ struct Fields {
     end_date: Option<Timestamp>,
     #[serde(default)]
     after: Option<AfterTrigger>,
+    #[serde(default)]
+    sla: Option<SlaSpec>,
 }
 
 /// The same fields borrowed from a job, as they are stored beside it for
@@ -204,6 +209,8 @@ struct FieldsOf<'a> {
     end_date: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
     after: &'a Option<AfterTrigger>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sla: &'a Option<SlaSpec>,
 }
 
 impl Job {
@@ -228,6 +235,7 @@ impl Job {
             start_date: s.start_date,
             end_date: s.end_date,
             after: &s.after,
+            sla: &s.sla,
         })
         .expect("timing fields serialize")
     }
@@ -297,6 +305,7 @@ impl TimetableCache {
             ),
             file_paused: f.paused,
             after: f.after,
+            sla: f.sla.is_some(),
         })
     }
 }

@@ -156,6 +156,7 @@ pub struct EngineMetrics {
     run_duration: Histograms<With<Namespace>>,
     attempts: Family<With<Namespace>, Counter>,
     retries: Family<Namespace, Counter>,
+    sla_missed: Family<Namespace, Counter>,
     queue_wait: Histograms<Namespace>,
     commit: Histogram,
     batch_writes: Histogram,
@@ -178,6 +179,7 @@ impl EngineMetrics {
             run_duration: Family::new_with_constructor(long_seconds),
             attempts: Family::default(),
             retries: Family::default(),
+            sla_missed: Family::default(),
             queue_wait: Family::new_with_constructor(short_seconds),
             commit: commit_seconds(),
             batch_writes: Histogram::new(exponential_buckets(1.0, 2.0, 16)),
@@ -237,6 +239,11 @@ impl EngineMetrics {
             self.attempts.clone(),
         );
         r.register("dagcron_retries", "Retries armed", self.retries.clone());
+        r.register(
+            "dagcron_sla_missed",
+            "Scheduled runs that had not succeeded by their job's SLA (or fires that made no run), found by this server",
+            self.sla_missed.clone(),
+        );
         r.register_with_unit(
             "dagcron_queue_wait",
             "From a task being ready to its attempt starting",
@@ -372,6 +379,12 @@ impl EngineMetrics {
     /// A retry was armed.
     pub fn retry(&self, key: &Arc<JobKey>) {
         self.retries.get_or_create(&Namespace(key.clone())).inc();
+    }
+
+    /// A fire of job `key` missed its SLA.
+    pub fn sla_missed(&self, key: &JobKey) {
+        let key = Arc::new(key.clone());
+        self.sla_missed.get_or_create(&Namespace(key)).inc();
     }
 
     /// An attempt started `seconds` after its task was ready.

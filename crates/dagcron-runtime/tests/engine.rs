@@ -3204,3 +3204,116 @@ jobs:
     assert_eq!(h.runs("load").await.len(), 2);
     h.stop().await;
 }
+
+/// SLA deadlines under a manual clock, across the spring-forward night in
+/// Berlin: `finish_by: "02:30"` is 03:30 CEST that night (01:30 UTC). A run
+/// still going at its deadline misses it, exactly then and not a second
+/// before; a quick success does not; a fire skipped by the overlap
+/// policy misses it with no run. Each miss is recorded in the ledger and
+/// notified once, also when a restart judges the fires again.
+#[tokio::test]
+async fn sla_misses_are_told_once_at_their_deadline_across_dst() {
+    let h = fresh_with_grace("2026-03-28T23:59:00Z", Duration::from_secs(3600)).await;
+    h.apply(
+        r#"
+namespace: t
+notifiers: [{ name: ops, webhook: { url: "https://hooks.example.com/x" } }]
+jobs:
+  - name: slow
+    schedule: "0 30 1 * * *"
+    timezone: Europe/Berlin
+    concurrency: forbid
+    sla: { finish_by: "02:30" }
+    notify: [{ on: [sla_missed], to: [ops] }]
+    tasks: [{ id: a, shell: "sleep 20" }]
+  - name: quick
+    schedule: "0 30 1 * * *"
+    timezone: Europe/Berlin
+    sla: { finish_within: 1h }
+    notify: [{ on: [sla_missed], to: [ops] }]
+    tasks: [{ id: a, noop: true }]
+"#,
+    )
+    .await;
+    // 01:30 CET is 00:30 UTC.
+    h.clock.set(ts("2026-03-29T00:30:00Z"));
+    h.until_fires("slow", 1).await;
+    h.until_fires("quick", 1).await;
+    h.until("quick succeeded", async |_| {
+        h.runs("quick")
+            .await
+            .first()
+            .is_some_and(|r| r.state == RunState::Succeeded)
+    })
+    .await;
+    async fn missed_of(h: &Harness, job: &str) -> Vec<Option<Timestamp>> {
+        h.fires(job).await.iter().map(|f| f.sla_missed_at).collect()
+    }
+    let missed = async |job: &str| missed_of(&h, job).await;
+    h.clock.set(ts("2026-03-29T01:29:59Z"));
+    h.handle.settle().await.unwrap();
+    assert_eq!(missed("slow").await, [None], "a second before its deadline");
+    h.clock.set(ts("2026-03-29T01:30:00Z"));
+    h.until("slow's miss recorded", async |_| {
+        missed("slow").await[0].is_some()
+    })
+    .await;
+    let notes = h
+        .store
+        .list_notifications("t", false, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    let n = &notes[0].made;
+    assert_eq!(
+        n.key,
+        format!(
+            "t/slow/fire-{}/sla_missed/ops",
+            ts("2026-03-29T00:30:00Z").as_microsecond()
+        )
+    );
+    let body: serde_json::Value = serde_json::from_str(&n.payload).unwrap();
+    assert_eq!(body["sla"]["deadline"], "2026-03-29T01:30:00Z");
+    assert_eq!(body["run"]["state"], "running");
+    // The quick job's deadline (01:30 UTC too) passes without a miss.
+    assert_eq!(missed("quick").await, [None]);
+    // The next night (01:30 CEST is 23:30 UTC): slow still runs
+    // (forbid), so its fire is skipped, and misses with no run at 02:30
+    // CEST; quick succeeds in time.
+    h.clock.set(ts("2026-03-29T23:30:00Z"));
+    h.until_fires("slow", 2).await;
+    h.until_fires("quick", 2).await;
+    h.until("quick succeeded again", async |_| {
+        h.runs("quick")
+            .await
+            .iter()
+            .all(|r| r.state == RunState::Succeeded)
+    })
+    .await;
+    h.clock.set(ts("2026-03-30T00:30:00Z"));
+    h.until("the skipped fire's miss", async |_| {
+        missed("slow").await.get(1).is_some_and(|m| m.is_some())
+    })
+    .await;
+    h.handle.settle().await.unwrap();
+    let notes = h
+        .store
+        .list_notifications("t", false, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    let skipped: serde_json::Value = serde_json::from_str(&notes[0].made.payload).unwrap();
+    assert!(skipped.get("run").is_none(), "{skipped}");
+    // Restarted: the fires are judged again, nothing is told twice.
+    let (store, clock) = h.stop().await;
+    let h = start(store, clock, EngineConfig::default()).await;
+    h.handle.settle().await.unwrap();
+    let notes = h
+        .store
+        .list_notifications("t", false, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert_eq!(missed_of(&h, "quick").await, [None, None]);
+    h.stop().await;
+}

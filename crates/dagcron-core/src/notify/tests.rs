@@ -210,6 +210,7 @@ fn the_payload_has_a_stable_shape() {
         }),
         task: None,
         breaker: None,
+        sla: None,
     };
     expect_test::expect![[r#"{"schema":"dagcron.notification/v1","id":"billing/nightly/run-42/failed/oncall","event":"failed","at":"2026-03-01T03:00:05Z","namespace":"billing","job":"nightly","run":{"id":42,"state":"failed","trigger":"schedule","scheduled_at":"2026-03-01T03:00:00Z"}}"#]]
         .assert_eq(&serde_json::to_string(&p).unwrap());
@@ -256,6 +257,7 @@ jobs:
             attempt: 3,
         }),
         breaker: None,
+        sla: None,
     };
     let body = serde_json::to_value(&p).unwrap();
     assert_eq!(body["task"], serde_json::json!({ "id": "a", "attempt": 3 }));
@@ -314,6 +316,7 @@ jobs:
             run: 42,
             failures: 3,
         }),
+        sla: None,
     };
     let body = serde_json::to_value(&opened).unwrap();
     assert_eq!(body["event"], "breaker_opened");

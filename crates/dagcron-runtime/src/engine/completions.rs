@@ -36,6 +36,7 @@ impl<S: Store> Engine<S> {
                 });
                 self.install_some(now);
             }
+            Completion::SlaDue(due) => self.sla_judged(*due, now),
             Completion::Deleted { key, result, reply } => {
                 let result = job_found(result, &key);
                 if result.is_ok() {

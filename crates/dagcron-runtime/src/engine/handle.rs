@@ -148,6 +148,8 @@ pub(crate) enum Request {
 
 /// The answer of work done beside the loop, for the decision that waits on it.
 pub(crate) enum Completion {
+    /// What the judgement of an SLA deadline needs, read beside the loop.
+    SlaDue(Box<super::sla::SlaDue>),
     /// The fires of a backfill, listed beside the loop: those of the range
     /// not yet in the ledger.
     Backfilled {

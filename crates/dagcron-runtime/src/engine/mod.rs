@@ -47,6 +47,7 @@ mod run_loop;
 mod runs;
 mod shared;
 mod shares;
+mod sla;
 mod spans;
 mod timers;
 
@@ -750,6 +751,13 @@ enum Timer {
         key: Arc<JobKey>,
         generation: u64,
         at: Timestamp,
+    },
+    /// The SLA deadline of a fire (see [`sla`]).
+    Sla {
+        key: Arc<JobKey>,
+        scheduled: Timestamp,
+        deadline: Timestamp,
+        run: Option<RunId>,
     },
     /// Catch up missed fires again (reading their job failed).
     CatchUp {

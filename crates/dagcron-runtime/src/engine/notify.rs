@@ -140,7 +140,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// Wakes the outbox once the batch is committed.
-    fn wake_outbox(&mut self) {
+    pub(super) fn wake_outbox(&mut self) {
         if let Some(outbox) = &self.config.outbox {
             let outbox = outbox.clone();
             self.batch
@@ -152,7 +152,7 @@ impl<S: Store> Engine<S> {
 
 /// The outbox's row of a notification to `notifier` about job `key` (and
 /// run `run`), keyed `id`.
-fn note(
+pub(super) fn note(
     key: &JobKey,
     run: Option<RunId>,
     id: String,

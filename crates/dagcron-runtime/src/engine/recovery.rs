@@ -65,6 +65,7 @@ impl<S: Store> Engine<S> {
         // are armed as they are installed.
         let mut missed_some = Vec::new();
         let mut started_after = Vec::new();
+        let mut with_sla = Vec::new();
         let mut failed = None;
         while let Some(page) = parsed_rx.recv().await {
             let page = match page {
@@ -87,6 +88,7 @@ impl<S: Store> Engine<S> {
                 entry.file_paused = loaded.file_paused;
                 entry.breaker_open = loaded.breaker_open;
                 let after = loaded.after;
+                let sla = loaded.sla;
                 entry.last_fire = last_fires.remove(&loaded.key);
                 let key = Arc::new(loaded.key);
                 let armed = !entry.paused && entry.owned;
@@ -102,6 +104,9 @@ impl<S: Store> Engine<S> {
                 if after.is_some() {
                     self.jobs.set_after(&key, after);
                     started_after.push(key.clone());
+                }
+                if sla {
+                    with_sla.push(key.clone());
                 }
                 match resume {
                     Some(after) => self.arm_next_fire_of(key, after),
@@ -125,6 +130,7 @@ impl<S: Store> Engine<S> {
                 entry.job = job;
             }
         }
+        self.rearm_slas(with_sla, now).await?;
         // Unfinished runs: rebuild them; attempts that were running are lost.
         let active = self.store.active_runs().await?;
         if self.config.node.is_none() && !active.is_empty() {
@@ -472,6 +478,7 @@ struct LoadedJob {
     file_paused: bool,
     breaker_open: bool,
     after: Option<dagcron_core::after::AfterTrigger>,
+    sla: bool,
     updated_at: Timestamp,
     rules: RulesNote,
 }
@@ -527,6 +534,7 @@ impl LoadedJob {
             file_paused: timing.file_paused,
             breaker_open: stored.breaker.is_some(),
             after: timing.after,
+            sla: timing.sla,
             updated_at: stored.updated_at,
             rules,
         })

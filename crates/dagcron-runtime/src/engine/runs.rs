@@ -168,6 +168,7 @@ impl<S: Store> Engine<S> {
         outcome: FireOutcome,
         run: Option<NewRun>,
     ) {
+        self.arm_sla(key, at, run.as_ref().map(|r| r.id));
         self.record_fire_of(key, at, outcome, None, run);
     }
 

@@ -338,6 +338,12 @@ impl<S: Store> Engine<S> {
                     let grace = SignedDuration::try_from(grace).unwrap_or(SignedDuration::MAX);
                     self.planned_due(run, now, grace);
                 }
+                Timer::Sla {
+                    key,
+                    scheduled,
+                    deadline,
+                    run,
+                } => self.sla_due(key, scheduled, deadline, run),
                 Timer::Deadline { run } => {
                     if self
                         .runs
