@@ -60,7 +60,10 @@ pub(crate) fn timeline(
         );
     }
     for f in ledger {
-        let (what, reason) = explain(f, started);
+        let (what, mut reason) = explain(f, started);
+        if let Some(at) = f.sla_missed_at {
+            reason.push_str(&format!("; missed its SLA (found at {at})"));
+        }
         let expected = by_at.contains_key(&f.scheduled_at);
         by_at.insert(
             f.scheduled_at,

@@ -191,6 +191,11 @@ pub struct FireAnswer {
     pub calendar: Option<String>,
     /// The run it created.
     pub run_id: Option<i64>,
+    /// When its run was found not to have succeeded by the job's SLA
+    /// (none: no SLA, not judged yet, or met).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub sla_missed_at: Option<Timestamp>,
 }
 
 impl From<&FireRecord> for FireAnswer {
@@ -200,6 +205,7 @@ impl From<&FireRecord> for FireAnswer {
             outcome: f.outcome.as_str().into(),
             calendar: f.calendar.clone(),
             run_id: f.run_id,
+            sla_missed_at: f.sla_missed_at,
         }
     }
 }
