@@ -43,6 +43,38 @@ pub struct NotifierSpec {
     /// A Slack incoming webhook: one line of text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slack: Option<SlackSpec>,
+    /// E-mail, through the server's SMTP relay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<EmailSpec>,
+}
+
+/// An e-mail notifier.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmailSpec {
+    /// The recipients (at most [`MAX_RECIPIENTS`]).
+    pub to: Vec<String>,
+}
+
+/// The most recipients an e-mail notifier has.
+pub const MAX_RECIPIENTS: usize = 16;
+
+/// Whether `address` looks like an e-mail address: `local@domain`, no
+/// spaces, no angle brackets, at most 254 bytes. The SMTP relay has the
+/// last word.
+pub fn valid_address(address: &str) -> bool {
+    let Some((local, domain)) = address.rsplit_once('@') else {
+        return false;
+    };
+    address.len() <= 254
+        && !local.is_empty()
+        && local.len() <= 64
+        && domain.contains('.')
+        && !domain.starts_with('.')
+        && !domain.ends_with('.')
+        && address
+            .chars()
+            .all(|c| c.is_ascii_graphic() && !matches!(c, '<' | '>' | ',' | ';' | '"' | '\\'))
 }
 
 /// A webhook notifier.
@@ -75,10 +107,12 @@ pub struct SecretRef {
 }
 
 impl NotifierSpec {
-    /// `webhook` or `slack`.
+    /// `webhook`, `slack` or `email`.
     pub fn kind(&self) -> &'static str {
         if self.slack.is_some() {
             "slack"
+        } else if self.email.is_some() {
+            "email"
         } else {
             "webhook"
         }
@@ -123,26 +157,51 @@ impl NotifierSpec {
                 ),
             );
         }
+        let channels = [
+            self.webhook.is_some(),
+            self.slack.is_some(),
+            self.email.is_some(),
+        ]
+        .into_iter()
+        .filter(|c| *c)
+        .count();
         let url = match (&self.webhook, &self.slack) {
-            (Some(w), None) => Some((format!("{at}.webhook.url"), &w.url)),
-            (None, Some(s)) => Some((format!("{at}.slack.url"), &s.url)),
-            (None, None) => {
+            _ if channels == 0 => {
                 err(
                     at.to_string(),
-                    "a notifier needs a channel: `webhook: { url: ... }` or `slack: { url: ... }`"
+                    "a notifier needs a channel: `webhook: { url: ... }`, `slack: { url: ... }` or `email: { to: [...] }`"
                         .into(),
                 );
                 None
             }
-            (Some(_), Some(_)) => {
+            _ if channels > 1 => {
                 err(
                     at.to_string(),
-                    "a notifier has one channel: `webhook` or `slack`, not both; declare two notifiers"
+                    "a notifier has one channel: `webhook`, `slack` or `email`; declare one notifier per channel"
                         .into(),
                 );
                 None
             }
+            (Some(w), _) => Some((format!("{at}.webhook.url"), &w.url)),
+            (_, Some(s)) => Some((format!("{at}.slack.url"), &s.url)),
+            (None, None) => None,
         };
+        if let Some(email) = &self.email {
+            if email.to.is_empty() || email.to.len() > MAX_RECIPIENTS {
+                err(
+                    format!("{at}.email.to"),
+                    format!("1 to {MAX_RECIPIENTS} recipients, not {}", email.to.len()),
+                );
+            }
+            for (i, address) in email.to.iter().enumerate() {
+                if !valid_address(address) {
+                    err(
+                        format!("{at}.email.to[{i}]"),
+                        format!("{address:?} is not an e-mail address such as ops@example.com"),
+                    );
+                }
+            }
+        }
         if let Some((path, value)) = url {
             match value {
                 EnvValue::Plain(url) => {

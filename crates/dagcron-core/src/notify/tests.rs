@@ -372,3 +372,41 @@ fn retries_of_any_sequence_stay_bounded() {
         assert!(now.duration_since(created).as_secs() <= DELIVERY_WINDOW.as_secs() as i64);
     }
 }
+
+#[test]
+fn an_email_notifier_names_its_recipients_and_each_bad_one_at_its_path() {
+    let jobs = file(
+        r#"
+notifiers: [{ name: team, email: { to: [ops@example.com, oncall@example.org] } }]
+jobs:
+  - name: j
+    notify: [{ on: [failed], to: [team] }]
+    tasks: [{ id: a, shell: "true" }]
+"#,
+    )
+    .unwrap();
+    let made = on_run_end(&jobs[0].spec.notify, RunState::Failed);
+    assert_eq!(made[0].0.kind(), "email");
+    let err = file(
+        r#"
+notifiers:
+  - { name: bad, email: { to: ["not an address", "a@b.c", "x@nodot", "<x@y.z>"] } }
+  - { name: none, email: { to: [] } }
+  - { name: two, email: { to: [a@b.c] }, slack: { url: "https://hooks.slack.example/x" } }
+jobs: [{ name: j, tasks: [{ id: a, shell: "true" }] }]
+"#,
+    )
+    .unwrap_err();
+    for path in [
+        "notifiers[0].email.to[0]",
+        "notifiers[0].email.to[2]",
+        "notifiers[0].email.to[3]",
+        "notifiers[1].email.to",
+        "notifiers[2]",
+    ] {
+        assert!(err.contains(path), "{path}: {err}");
+    }
+    assert!(!err.contains("to[1]"), "{err}");
+    assert!(valid_address("ops+dagcron@mail.example.com"));
+    assert!(!valid_address("a@b.c\r\nBcc: x@y.z"));
+}
