@@ -53,6 +53,7 @@
 #[allow(unsafe_code)]
 pub mod environ;
 mod http;
+pub mod mail;
 pub mod notify;
 // The other module with unsafe code: the set-up of a task's sandbox, between
 // fork and exec.

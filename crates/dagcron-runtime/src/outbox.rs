@@ -48,6 +48,8 @@ pub struct OutboxConfig {
     pub batch: u32,
     /// How long a receiver has to answer.
     pub timeout: Duration,
+    /// The SMTP relay of e-mail notifiers (none: they fail, saying so).
+    pub smtp: Option<dagcron_exec::mail::Smtp>,
 }
 
 impl Default for OutboxConfig {
@@ -58,6 +60,7 @@ impl Default for OutboxConfig {
             claim: Duration::from_secs(60),
             batch: 32,
             timeout: Duration::from_secs(10),
+            smtp: None,
         }
     }
 }
@@ -266,6 +269,27 @@ impl<S: Store> Outbox<S> {
             Ok(s) => s,
             Err(e) => return failed(e),
         };
+        if let Some(email) = &notifier.email {
+            let Some(smtp) = &self.config.smtp else {
+                return failed(
+                    "this server has no SMTP relay for e-mail (its --smtp-url is not set)".into(),
+                );
+            };
+            let payload: Payload = match serde_json::from_str(&made.payload) {
+                Ok(p) => p,
+                Err(e) => {
+                    return failed(format!("the notification's stored body is unreadable: {e}"));
+                }
+            };
+            let summary = payload.summary();
+            let subject = summary.strip_prefix("dagcron: ").unwrap_or(&summary);
+            let pretty = serde_json::to_string_pretty(&payload).unwrap_or_default();
+            let body =
+                format!("{summary}\n\nThe notification, as a webhook receives it:\n\n{pretty}\n");
+            return smtp
+                .send(&email.to, &format!("[dagcron] {subject}"), body, &made.key)
+                .await;
+        }
         let value = |v: &EnvValue| match v {
             EnvValue::Plain(s) => s.clone(),
             EnvValue::Secret { secret } => secrets.get(secret).cloned().unwrap_or_default(),

@@ -466,3 +466,97 @@ jobs:
     );
     assert!(downstream.iter().all(|r| r["trigger"] == "after"));
 }
+
+/// A real SMTP server (aiosmtpd) on loopback, killed with the test.
+struct SmtpServer {
+    child: std::process::Child,
+    port: u16,
+    out: std::path::PathBuf,
+}
+
+impl SmtpServer {
+    fn start(dir: &std::path::Path) -> SmtpServer {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let out = dir.join("smtp.out");
+        let child = std::process::Command::new("python3")
+            .args([
+                "-u",
+                "-m",
+                "aiosmtpd",
+                "-n",
+                "-c",
+                "aiosmtpd.handlers.Debugging",
+            ])
+            .args(["-l", &format!("127.0.0.1:{port}")])
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("python3 with aiosmtpd (scripts/test installs it)");
+        until("the SMTP server listening", || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        SmtpServer { child, port, out }
+    }
+
+    fn received(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+}
+
+impl Drop for SmtpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An e-mail notifier, through a real SMTP server: a failed run's
+/// notification arrives once, to each recipient, with the run in its
+/// subject and the notification's body in its text.
+#[test]
+fn a_failed_run_is_mailed_through_the_smtp_relay() {
+    let (dir, data) = setup();
+    let smtp = SmtpServer::start(dir.path());
+    let url = format!("smtp://127.0.0.1:{}", smtp.port);
+    let mut server = Server::start(
+        &data,
+        &["--smtp-url", &url, "--smtp-from", "dagcron@example.com"],
+    );
+    server.namespace = "billing".into();
+    server.apply(
+        r#"
+namespace: billing
+notifiers:
+  - name: team
+    email: { to: [ops@example.com, oncall@example.org] }
+jobs:
+  - name: nightly
+    notify: [{ on: [failed], to: [team] }]
+    tasks: [{ id: a, shell: "exit 3" }]
+"#,
+    );
+    let run = server.trigger("nightly");
+    let done = the_notification(&server, "the e-mail delivered", |n| {
+        n["state"] == "delivered"
+    });
+    assert_eq!(done["attempts"], 1, "{done}");
+    let mail = smtp.received();
+    assert_eq!(mail.matches("MESSAGE FOLLOWS").count(), 1, "{mail}");
+    assert!(
+        mail.contains(&format!("Subject: [dagcron] run {run} of billing/nightly")),
+        "{mail}"
+    );
+    assert!(
+        mail.contains("To: ops@example.com, oncall@example.org"),
+        "{mail}"
+    );
+    assert!(mail.contains("From: dagcron@example.com"), "{mail}");
+    assert!(
+        mail.contains("\"schema\": \"dagcron.notification/v1\""),
+        "{mail}"
+    );
+}

@@ -148,6 +148,18 @@ pub struct ServeArgs {
     /// HTTP_PROXY,NO_PROXY.
     #[arg(long, env = "DAGCRON_PASS_ENV", value_delimiter = ',')]
     pass_env: Vec<String>,
+    /// The SMTP relay e-mail notifications go through:
+    /// smtp://[user@]host:587?tls=required (STARTTLS), smtps://host:465
+    /// (TLS) or smtp://host:25 (plain, a relay on this host) [default:
+    /// none, e-mail notifiers fail].
+    #[arg(long, env = "DAGCRON_SMTP_URL")]
+    smtp_url: Option<String>,
+    /// The sender of e-mail notifications, such as dagcron@example.com.
+    #[arg(long, env = "DAGCRON_SMTP_FROM", requires = "smtp_url")]
+    smtp_from: Option<String>,
+    /// A file holding the password of the SMTP URL's user.
+    #[arg(long, env = "DAGCRON_SMTP_PASSWORD_FILE", requires = "smtp_url")]
+    smtp_password_file: Option<PathBuf>,
 }
 
 /// The configuration file. Unknown keys are an error, so that a typo does
@@ -181,6 +193,9 @@ struct FileConfig {
     tls_key: Option<PathBuf>,
     client_ca: Option<PathBuf>,
     pass_env: Option<Vec<String>>,
+    smtp_url: Option<String>,
+    smtp_from: Option<String>,
+    smtp_password_file: Option<PathBuf>,
 }
 
 /// The settings in force: flags over the configuration file over defaults,
@@ -212,6 +227,8 @@ pub struct Config {
     clock_offset_ms: i64,
     pub(super) agents: PoolConfig,
     pub(super) tls: Option<Arc<rustls::ServerConfig>>,
+    /// The SMTP relay of e-mail notifications.
+    pub(super) smtp: Option<dagcron_exec::mail::Smtp>,
     pass_env: Vec<String>,
     /// The server's own files, hidden from its shell tasks: the data
     /// directory, the key files, the TLS key and the configuration file.
@@ -300,6 +317,36 @@ impl ServeArgs {
                 max_clock_skew: Duration::from_millis(max_clock_skew_ms),
             }),
         };
+        let smtp = match self.smtp_url.clone().or(file.smtp_url) {
+            None => None,
+            Some(url) => {
+                let from = self
+                    .smtp_from
+                    .clone()
+                    .or(file.smtp_from)
+                    .context("e-mail needs a sender: pass --smtp-from (DAGCRON_SMTP_FROM)")?;
+                let password = match self.smtp_password_file.clone().or(file.smtp_password_file) {
+                    Some(path) => Some(
+                        std::fs::read_to_string(&path)
+                            .with_context(|| {
+                                format!("reading the SMTP password file {}", path.display())
+                            })?
+                            .trim_end()
+                            .to_string(),
+                    ),
+                    None => None,
+                };
+                Some(
+                    dagcron_exec::mail::Smtp::new(
+                        &url,
+                        password.as_deref(),
+                        &from,
+                        Duration::from_secs(30),
+                    )
+                    .map_err(|e| anyhow::anyhow!("--smtp-url: {e}"))?,
+                )
+            }
+        };
         let client_ca = self.client_ca.clone().or(file.client_ca);
         let tls_key = self.tls_key.clone().or(file.tls_key.clone());
         let mut server_files: Vec<PathBuf> = self.config.iter().chain(&tls_key).cloned().collect();
@@ -328,6 +375,7 @@ impl ServeArgs {
                 .unwrap_or(dagcron_runtime::metrics::DEFAULT_MAX_JOB_SERIES),
             address_file: self.address_file.clone(),
             demo: self.demo,
+            smtp,
             pool_size: self.pool_size.or(file.pool_size).unwrap_or(64),
             misfire_grace: Duration::from_secs(
                 self.misfire_grace.or(file.misfire_grace).unwrap_or(60),

@@ -222,6 +222,7 @@ impl<S: Store> Node<S> {
                     std::process::id(),
                     jiff::Timestamp::now().as_microsecond()
                 ),
+                smtp: config.smtp.clone(),
                 ..OutboxConfig::default()
             },
             Some(secrets),
