@@ -273,11 +273,18 @@ pub enum NotifyEvent {
     /// A scheduled run had not succeeded by the job's SLA (see
     /// [`crate::sla`]), or the fire made no run.
     SlaMissed,
+    /// A scheduled fire was missed (the server was down or the job
+    /// paused), whether the misfire policy then ran it or not.
+    Missed,
+    /// A scheduled fire made no run: declined by the overlap policy, the
+    /// backlog or the namespace's fire quota (not by an open breaker,
+    /// which `breaker_opened` tells once).
+    Skipped,
 }
 
 impl NotifyEvent {
     /// Every event.
-    pub const ALL: [NotifyEvent; 8] = [
+    pub const ALL: [NotifyEvent; 10] = [
         NotifyEvent::Failed,
         NotifyEvent::Succeeded,
         NotifyEvent::Cancelled,
@@ -286,6 +293,8 @@ impl NotifyEvent {
         NotifyEvent::BreakerOpened,
         NotifyEvent::BreakerClosed,
         NotifyEvent::SlaMissed,
+        NotifyEvent::Missed,
+        NotifyEvent::Skipped,
     ];
 
     /// The name in job files and bodies.
@@ -299,6 +308,8 @@ impl NotifyEvent {
             NotifyEvent::BreakerOpened => "breaker_opened",
             NotifyEvent::BreakerClosed => "breaker_closed",
             NotifyEvent::SlaMissed => "sla_missed",
+            NotifyEvent::Missed => "missed",
+            NotifyEvent::Skipped => "skipped",
         }
     }
 
@@ -435,6 +446,56 @@ pub fn on_held(rules: &[NotifyRule]) -> Vec<(&NotifierSpec, NotifyEvent)> {
     made_of(rules, &[NotifyEvent::Held])
 }
 
+/// The rules of `rules` about fires (`missed`, `skipped`), with only those
+/// events: what the engine keeps of a job whose whole definition is not
+/// in memory when its fires are recorded.
+pub fn fire_rules(rules: &[NotifyRule]) -> Vec<NotifyRule> {
+    rules
+        .iter()
+        .filter_map(|r| {
+            let on: Vec<NotifyEvent> =
+                r.on.iter()
+                    .copied()
+                    .filter(|e| matches!(e, NotifyEvent::Missed | NotifyEvent::Skipped))
+                    .collect();
+            (!on.is_empty()).then(|| NotifyRule {
+                on,
+                to: r.to.clone(),
+            })
+        })
+        .collect()
+}
+
+/// The notifications a scheduled fire recorded with `outcome` makes.
+pub fn on_fire(
+    rules: &[NotifyRule],
+    outcome: crate::FireOutcome,
+) -> Vec<(&NotifierSpec, NotifyEvent)> {
+    use crate::FireOutcome as O;
+    let event = match outcome {
+        O::MissedSkipped | O::MissedCaughtUp => NotifyEvent::Missed,
+        O::SkippedOverlap | O::SkippedBacklog | O::SkippedQuota => NotifyEvent::Skipped,
+        O::Fired | O::Suppressed | O::SkippedBreaker => return vec![],
+    };
+    made_of(rules, &[event])
+}
+
+/// The idempotency key of the notification of `event` about the fire of a
+/// job at `scheduled` to `notifier`.
+pub fn fire_key(
+    namespace: &str,
+    job: &str,
+    scheduled: Timestamp,
+    event: NotifyEvent,
+    notifier: &str,
+) -> String {
+    format!(
+        "{namespace}/{job}/fire-{}/{}/{notifier}",
+        scheduled.as_microsecond(),
+        event.as_str()
+    )
+}
+
 /// The notifications an SLA missed makes.
 pub fn on_sla_missed(rules: &[NotifyRule]) -> Vec<(&NotifierSpec, NotifyEvent)> {
     made_of(rules, &[NotifyEvent::SlaMissed])
@@ -556,6 +617,19 @@ pub struct Payload {
     /// (the run above, if the fire made one, is its run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sla: Option<PayloadSla>,
+    /// The fire (`missed`, `skipped`): its instant and its outcome in the
+    /// ledger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fire: Option<PayloadFire>,
+}
+
+/// The fire a notification is about.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PayloadFire {
+    /// Its scheduled instant.
+    pub scheduled_at: Timestamp,
+    /// Its outcome in the fire ledger (`missed_skipped`, `skipped_overlap`, ...).
+    pub outcome: String,
 }
 
 /// The SLA a notification is about.
@@ -609,6 +683,7 @@ impl Payload {
             task: None,
             breaker: None,
             sla: None,
+            fire: None,
         }
     }
 
@@ -636,6 +711,20 @@ impl Payload {
                 });
                 return format!(
                     "dagcron: {}/{} missed its SLA: the run scheduled for {at} had not succeeded by {by} ({run})",
+                    self.namespace, self.job
+                );
+            }
+            NotifyEvent::Missed | NotifyEvent::Skipped => {
+                let (at, outcome) = self
+                    .fire
+                    .as_ref()
+                    .map_or((self.at, "?"), |f| (f.scheduled_at, f.outcome.as_str()));
+                let run = self
+                    .run
+                    .as_ref()
+                    .map_or(String::new(), |r| format!(", then run as {}", r.id));
+                return format!(
+                    "dagcron: the fire of {}/{} at {at} was {outcome}{run}",
                     self.namespace, self.job
                 );
             }

@@ -25,6 +25,7 @@ use crate::model::{
     Exclude, GapPolicy, Job, Misfire, OverlapPolicy, Schedules, Timing, TimingFields, check_anchor,
     default_catchup, default_tz, schedule_options,
 };
+use crate::notify::NotifyRule;
 use crate::sla::SlaSpec;
 
 /// How many distinct schedules a cache keeps before it starts over (a
@@ -154,6 +155,9 @@ pub struct StoredTiming {
     pub after: Option<AfterTrigger>,
     /// Whether it has an `sla`.
     pub sla: bool,
+    /// Its notification rules about fires (see
+    /// [`crate::notify::fire_rules`]).
+    pub fire_rules: Vec<NotifyRule>,
 }
 
 /// The fields of a stored spec that its timing is made from; the others
@@ -186,6 +190,8 @@ struct Fields {
     after: Option<AfterTrigger>,
     #[serde(default)]
     sla: Option<SlaSpec>,
+    #[serde(default)]
+    notify: Vec<NotifyRule>,
 }
 
 /// The same fields borrowed from a job, as they are stored beside it for
@@ -211,6 +217,9 @@ struct FieldsOf<'a> {
     after: &'a Option<AfterTrigger>,
     #[serde(skip_serializing_if = "Option::is_none")]
     sla: &'a Option<SlaSpec>,
+    /// Only its rules about fires (see [`crate::notify::fire_rules`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    notify: Vec<NotifyRule>,
 }
 
 impl Job {
@@ -236,6 +245,7 @@ impl Job {
             end_date: s.end_date,
             after: &s.after,
             sla: &s.sla,
+            notify: crate::notify::fire_rules(&s.notify),
         })
         .expect("timing fields serialize")
     }
@@ -306,6 +316,7 @@ impl TimetableCache {
             file_paused: f.paused,
             after: f.after,
             sla: f.sla.is_some(),
+            fire_rules: crate::notify::fire_rules(&f.notify),
         })
     }
 }

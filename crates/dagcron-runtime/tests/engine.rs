@@ -3317,3 +3317,69 @@ jobs:
     assert_eq!(missed_of(&h, "quick").await, [None, None]);
     h.stop().await;
 }
+
+/// A fire skipped by the overlap policy and fires missed while the server
+/// was down are told to the notifiers that ask for `skipped` and `missed`,
+/// once per fire, naming the fire and its outcome; fires on time are not.
+#[tokio::test]
+async fn skipped_and_missed_fires_are_told_once_each() {
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", Duration::ZERO).await;
+    h.apply(
+        r#"
+namespace: t
+notifiers: [{ name: ops, webhook: { url: "https://hooks.example.com/x" } }]
+jobs:
+  - name: busy
+    schedule: "0 * * * * *"
+    concurrency: forbid
+    misfire: skip
+    notify: [{ on: [skipped, missed], to: [ops] }]
+    tasks: [{ id: a, shell: "sleep 20" }]
+"#,
+    )
+    .await;
+    h.clock.set(ts("2026-01-01T00:01:00Z"));
+    h.until_fires("busy", 1).await;
+    h.clock.set(ts("2026-01-01T00:02:00Z"));
+    h.until_fires("busy", 2).await;
+    h.handle.settle().await.unwrap();
+    let notes = h
+        .store
+        .list_notifications("t", false, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(notes.len(), 1, "the fire on time is not told: {notes:?}");
+    let n = &notes[0].made;
+    assert_eq!(n.event, "skipped");
+    assert_eq!(
+        n.key,
+        format!(
+            "t/busy/fire-{}/skipped/ops",
+            ts("2026-01-01T00:02:00Z").as_microsecond()
+        )
+    );
+    let body: serde_json::Value = serde_json::from_str(&n.payload).unwrap();
+    assert_eq!(body["fire"]["outcome"], "skipped_overlap");
+    // Down over two fires: each is missed, and told.
+    let (store, clock) = h.stop().await;
+    clock.set(ts("2026-01-01T00:04:30Z"));
+    let config = EngineConfig {
+        misfire_grace: Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let h = start(store, clock, config).await;
+    h.until_fires("busy", 4).await;
+    h.handle.settle().await.unwrap();
+    let notes = h
+        .store
+        .list_notifications("t", false, None, 10)
+        .await
+        .unwrap();
+    let missed: Vec<&str> = notes
+        .iter()
+        .filter(|n| n.made.event == "missed")
+        .map(|n| n.made.key.as_str())
+        .collect();
+    assert_eq!(missed.len(), 2, "{notes:?}");
+    h.stop().await;
+}

@@ -211,6 +211,7 @@ fn the_payload_has_a_stable_shape() {
         task: None,
         breaker: None,
         sla: None,
+        fire: None,
     };
     expect_test::expect![[r#"{"schema":"dagcron.notification/v1","id":"billing/nightly/run-42/failed/oncall","event":"failed","at":"2026-03-01T03:00:05Z","namespace":"billing","job":"nightly","run":{"id":42,"state":"failed","trigger":"schedule","scheduled_at":"2026-03-01T03:00:00Z"}}"#]]
         .assert_eq(&serde_json::to_string(&p).unwrap());
@@ -258,6 +259,7 @@ jobs:
         }),
         breaker: None,
         sla: None,
+        fire: None,
     };
     let body = serde_json::to_value(&p).unwrap();
     assert_eq!(body["task"], serde_json::json!({ "id": "a", "attempt": 3 }));
@@ -317,6 +319,7 @@ jobs:
             failures: 3,
         }),
         sla: None,
+        fire: None,
     };
     let body = serde_json::to_value(&opened).unwrap();
     assert_eq!(body["event"], "breaker_opened");

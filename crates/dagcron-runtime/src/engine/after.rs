@@ -22,7 +22,7 @@ impl<S: Store> Engine<S> {
             let Some(entry) = self.jobs.table.get(&key) else {
                 continue;
             };
-            let Some(after) = entry.after.as_deref().filter(|a| a.starts_on(state)) else {
+            let Some(after) = entry.after().filter(|a| a.starts_on(state)) else {
                 continue;
             };
             let named = format!("{}/{}", key.0, key.1);

@@ -32,13 +32,18 @@ pub(super) struct Jobs {
 }
 
 impl Jobs {
-    /// Sets the `after` trigger of job `key` (in the table), keeping the
-    /// index of downstream jobs.
-    pub(super) fn set_after(&mut self, key: &JobKey, after: Option<AfterTrigger>) {
+    /// Sets the `after` trigger and the rules about fires of job `key` (in
+    /// the table), keeping the index of downstream jobs.
+    pub(super) fn set_events(
+        &mut self,
+        key: &JobKey,
+        after: Option<AfterTrigger>,
+        fire_rules: Vec<dagcron_core::notify::NotifyRule>,
+    ) {
         let Some(entry) = self.table.get_mut(key) else {
             return;
         };
-        if let Some(old) = entry.after.take() {
+        if let Some(old) = entry.events.take().and_then(|e| e.after) {
             let upstream = (key.0.clone(), old.job);
             if let Some(set) = self.downstream.get_mut(&upstream) {
                 set.remove(key);
@@ -47,12 +52,14 @@ impl Jobs {
                 }
             }
         }
-        if let Some(after) = after {
+        if let Some(after) = &after {
             self.downstream
                 .entry((key.0.clone(), after.job.clone()))
                 .or_default()
                 .insert(key.clone());
-            entry.after = Some(Box::new(after));
+        }
+        if after.is_some() || !fire_rules.is_empty() {
+            entry.events = Some(Box::new(JobEvents { after, fire_rules }));
         }
     }
 
@@ -68,7 +75,7 @@ impl Jobs {
                 .table
                 .iter()
                 .filter(|(k, _)| k.0 == namespace)
-                .filter_map(|(k, e)| Some((k.1.clone(), e.after.as_ref()?.job.clone())))
+                .filter_map(|(k, e)| Some((k.1.clone(), e.after()?.job.clone())))
                 .collect();
             let mut through = BTreeSet::new();
             for job in applied {
@@ -188,20 +195,21 @@ impl<S: Store> Engine<S> {
         };
         entry.file_paused = file_paused;
         let after = job.spec.after.clone();
+        let fire_rules = dagcron_core::notify::fire_rules(&job.spec.notify);
         entry.job = Some(job);
         entry.version = version;
         entry.generation += 1;
         entry.owned = owned;
         entry.applied_at = applied_at;
         let from = entry.last_fire.map_or(now, |l| l.max(now));
-        self.jobs.set_after(&key, after);
+        self.jobs.set_events(&key, after, fire_rules);
         // The table keeps the key it had (an `Arc` equal to this one).
         self.arm_next_fire(&key, from);
     }
 
     /// Forgets a deleted job and cancels its runs.
     pub(super) fn remove_job(&mut self, key: &JobKey, now: Timestamp) {
-        self.jobs.set_after(key, None);
+        self.jobs.set_events(key, None, vec![]);
         if let Some((key, entry)) = self.jobs.table.remove_entry(key) {
             if let Some(m) = &self.config.metrics {
                 m.forget(&key);
@@ -413,7 +421,7 @@ impl<S: Store> Engine<S> {
             }
         }
         // A job started by another's runs stays whole in memory.
-        let keep = entry.after.is_some();
+        let keep = entry.after().is_some();
         match plan {
             Arming::Nothing if keep => {}
             Arming::Nothing => entry.job = None,
@@ -495,7 +503,7 @@ impl<S: Store> Engine<S> {
             return;
         };
         if entry.job.is_none()
-            || entry.after.is_some()
+            || entry.after().is_some()
             || !entry.active.is_empty()
             || !entry.queued.is_empty()
             || !entry.planned.is_empty()

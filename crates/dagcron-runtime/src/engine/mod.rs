@@ -632,10 +632,9 @@ struct JobEntry {
     /// Its failure breaker is open: its scheduled fires make no run (see
     /// [`dagcron_core::breaker`]).
     breaker_open: bool,
-    /// The job whose runs' ends start it (see [`dagcron_core::after`]):
-    /// such a job is kept whole in memory, to make its runs in the commit
-    /// of the upstream run's end.
-    after: Option<Box<dagcron_core::after::AfterTrigger>>,
+    /// What of its events the engine needs while the job is not whole in
+    /// memory (none, for most jobs).
+    events: Option<Box<JobEvents>>,
     /// Bumped on every change, so that timers armed for an older version are ignored.
     generation: u64,
     /// The latest fire recorded in the ledger (where the next search starts).
@@ -655,7 +654,29 @@ struct JobEntry {
     series: Option<Box<crate::metrics::JobSeries>>,
 }
 
+/// What the engine keeps of a job's events beside its timing.
+#[derive(Default)]
+struct JobEvents {
+    /// The job whose runs' ends start it (see [`dagcron_core::after`]):
+    /// such a job is kept whole in memory, to make its runs in the commit
+    /// of the upstream run's end.
+    after: Option<dagcron_core::after::AfterTrigger>,
+    /// Its notification rules about fires (`missed`, `skipped`), for fires
+    /// recorded while it is not whole in memory.
+    fire_rules: Vec<dagcron_core::notify::NotifyRule>,
+}
+
 impl JobEntry {
+    /// Its `after` trigger.
+    fn after(&self) -> Option<&dagcron_core::after::AfterTrigger> {
+        self.events.as_ref()?.after.as_ref()
+    }
+
+    /// Its notification rules about fires.
+    fn fire_rules(&self) -> &[dagcron_core::notify::NotifyRule] {
+        self.events.as_ref().map_or(&[], |e| &e.fire_rules)
+    }
+
     fn new(
         timing: Timing,
         version: i64,
@@ -670,7 +691,7 @@ impl JobEntry {
             paused,
             file_paused: paused,
             breaker_open: false,
-            after: None,
+            events: None,
             generation: 0,
             last_fire: None,
             active: BTreeSet::new(),

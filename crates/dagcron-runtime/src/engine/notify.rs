@@ -7,7 +7,7 @@
 use dagcron_core::breaker::OpenBreaker;
 use dagcron_core::notify::{self, NotifierSpec, NotifyEvent, Payload, PayloadRun, PayloadTask};
 use dagcron_core::{Job, RunState};
-use dagcron_store::{BreakerWrite, NewNotification, RunId, Store, Write};
+use dagcron_store::{BreakerWrite, NewNotification, RunId, Store, Trigger, Write};
 use jiff::Timestamp;
 
 use super::{Action, Engine, JobKey};
@@ -35,6 +35,43 @@ impl<S: Store> Engine<S> {
             attempt,
         };
         let notes = self.run_notifications(id, made, state, (Some(task), None), now);
+        self.notify(notes);
+    }
+
+    /// Puts in the batch the notifications of a scheduled fire of `key` at
+    /// `at` recorded with `outcome` (missed or skipped), made `run` if any.
+    pub(super) fn notify_fire(
+        &mut self,
+        key: &JobKey,
+        at: Timestamp,
+        outcome: dagcron_core::FireOutcome,
+        run: Option<(RunId, Trigger)>,
+        now: Timestamp,
+    ) {
+        if outcome == dagcron_core::FireOutcome::Fired {
+            return;
+        }
+        let Some(entry) = self.jobs.table.get(key) else {
+            return;
+        };
+        let notes: Vec<NewNotification> = notify::on_fire(entry.fire_rules(), outcome)
+            .into_iter()
+            .map(|(notifier, event)| {
+                let id = notify::fire_key(&key.0, &key.1, at, event, &notifier.name);
+                let mut payload = Payload::of_job(id.clone(), event, now, key);
+                payload.run = run.map(|(id, trigger)| PayloadRun {
+                    id,
+                    state: RunState::Running.as_str().into(),
+                    trigger: trigger.as_str().into(),
+                    scheduled_at: at,
+                });
+                payload.fire = Some(notify::PayloadFire {
+                    scheduled_at: at,
+                    outcome: outcome.as_str().into(),
+                });
+                note(key, run.map(|r| r.0), id, notifier, &payload, now)
+            })
+            .collect();
         self.notify(notes);
     }
 

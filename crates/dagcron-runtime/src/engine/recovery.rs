@@ -88,6 +88,7 @@ impl<S: Store> Engine<S> {
                 entry.file_paused = loaded.file_paused;
                 entry.breaker_open = loaded.breaker_open;
                 let after = loaded.after;
+                let fire_rules = loaded.fire_rules;
                 let sla = loaded.sla;
                 entry.last_fire = last_fires.remove(&loaded.key);
                 let key = Arc::new(loaded.key);
@@ -102,9 +103,9 @@ impl<S: Store> Engine<S> {
                     .flatten();
                 self.jobs.table.insert(key.clone(), entry);
                 if after.is_some() {
-                    self.jobs.set_after(&key, after);
                     started_after.push(key.clone());
                 }
+                self.jobs.set_events(&key, after, fire_rules);
                 if sla {
                     with_sla.push(key.clone());
                 }
@@ -478,6 +479,7 @@ struct LoadedJob {
     file_paused: bool,
     breaker_open: bool,
     after: Option<dagcron_core::after::AfterTrigger>,
+    fire_rules: Vec<dagcron_core::notify::NotifyRule>,
     sla: bool,
     updated_at: Timestamp,
     rules: RulesNote,
@@ -534,6 +536,7 @@ impl LoadedJob {
             file_paused: timing.file_paused,
             breaker_open: stored.breaker.is_some(),
             after: timing.after,
+            fire_rules: timing.fire_rules,
             sla: timing.sla,
             updated_at: stored.updated_at,
             rules,

@@ -169,6 +169,14 @@ impl<S: Store> Engine<S> {
         run: Option<NewRun>,
     ) {
         self.arm_sla(key, at, run.as_ref().map(|r| r.id));
+        let now = self.clock.now();
+        self.notify_fire(
+            key,
+            at,
+            outcome,
+            run.as_ref().map(|r| (r.id, r.trigger)),
+            now,
+        );
         self.record_fire_of(key, at, outcome, None, run);
     }
 
