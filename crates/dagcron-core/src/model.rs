@@ -526,6 +526,10 @@ pub struct JobSpec {
     /// [`crate::after`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<crate::after::AfterTrigger>,
+    /// Runs started by messages of a NATS JetStream stream (see
+    /// [`crate::message`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats: Option<crate::message::NatsTrigger>,
     /// When its scheduled runs should have succeeded (see [`crate::sla`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sla: Option<crate::sla::SlaSpec>,

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::after::AfterTrigger;
 use crate::calendar::Calendar;
 use crate::duration::Dur;
+use crate::message::NatsTrigger;
 use crate::model::{
     Exclude, GapPolicy, Job, Misfire, OverlapPolicy, Schedules, Timing, TimingFields, check_anchor,
     default_catchup, default_tz, schedule_options,
@@ -158,6 +159,8 @@ pub struct StoredTiming {
     /// Its notification rules about fires (see
     /// [`crate::notify::fire_rules`]).
     pub fire_rules: Vec<NotifyRule>,
+    /// Its `nats` trigger.
+    pub nats: Option<NatsTrigger>,
 }
 
 /// The fields of a stored spec that its timing is made from; the others
@@ -192,6 +195,8 @@ struct Fields {
     sla: Option<SlaSpec>,
     #[serde(default)]
     notify: Vec<NotifyRule>,
+    #[serde(default)]
+    nats: Option<NatsTrigger>,
 }
 
 /// The same fields borrowed from a job, as they are stored beside it for
@@ -220,6 +225,8 @@ struct FieldsOf<'a> {
     /// Only its rules about fires (see [`crate::notify::fire_rules`]).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     notify: Vec<NotifyRule>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    nats: &'a Option<NatsTrigger>,
 }
 
 impl Job {
@@ -246,6 +253,7 @@ impl Job {
             after: &s.after,
             sla: &s.sla,
             notify: crate::notify::fire_rules(&s.notify),
+            nats: &s.nats,
         })
         .expect("timing fields serialize")
     }
@@ -317,6 +325,7 @@ impl TimetableCache {
             after: f.after,
             sla: f.sla.is_some(),
             fire_rules: crate::notify::fire_rules(&f.notify),
+            nats: f.nats,
         })
     }
 }

@@ -98,6 +98,7 @@ fn job(name: String, schedule: Option<String>, tasks: Vec<TaskSpec>) -> JobSpec 
         webhook: None,
         after: None,
         sla: None,
+        nats: None,
         tasks,
     }
 }

@@ -60,6 +60,7 @@ fn every_second(name: String, script: String) -> JobSpec {
         webhook: None,
         after: None,
         sla: None,
+        nats: None,
         tasks: vec![TaskSpec {
             id: "t".into(),
             depends_on: vec![],

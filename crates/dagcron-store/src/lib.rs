@@ -89,6 +89,8 @@ pub enum Trigger {
     Webhook,
     /// The end of a run of another job (the job's `after`).
     After,
+    /// A message of a NATS JetStream stream (the job's `nats`).
+    Message,
 }
 
 impl Trigger {
@@ -102,6 +104,7 @@ impl Trigger {
             Trigger::Rerun => "rerun",
             Trigger::Webhook => "webhook",
             Trigger::After => "after",
+            Trigger::Message => "message",
         }
     }
 
@@ -115,6 +118,7 @@ impl Trigger {
             Trigger::Rerun,
             Trigger::Webhook,
             Trigger::After,
+            Trigger::Message,
         ]
         .into_iter()
         .find(|t| t.as_str() == s)

@@ -560,3 +560,113 @@ jobs:
         "{mail}"
     );
 }
+
+/// A JetStream stream of its own on the NATS server at 127.0.0.1:4222,
+/// deleted with the test.
+struct Stream {
+    rt: tokio::runtime::Runtime,
+    js: async_nats::jetstream::Context,
+    name: String,
+    subject: String,
+}
+
+impl Stream {
+    fn create() -> Stream {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let unique = format!(
+            "{}_{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        );
+        let name = format!("DAGCRON_TEST_{unique}");
+        let subject = format!("dagcron_test_{unique}.orders");
+        let js = rt.block_on(async {
+            let client = async_nats::connect("nats://127.0.0.1:4222")
+                .await
+                .expect("NATS with JetStream at 127.0.0.1:4222 (scripts/test checks it)");
+            let js = async_nats::jetstream::new(client);
+            js.create_stream(async_nats::jetstream::stream::Config {
+                name: name.clone(),
+                subjects: vec![subject.clone()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            js
+        });
+        Stream {
+            rt,
+            js,
+            name,
+            subject,
+        }
+    }
+
+    fn publish(&self, payload: &str) {
+        self.rt.block_on(async {
+            self.js
+                .publish(self.subject.clone(), payload.to_string().into())
+                .await
+                .unwrap()
+                .await
+                .unwrap();
+        });
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _ = self.rt.block_on(self.js.delete_stream(&self.name));
+    }
+}
+
+/// Messages of a real JetStream stream start runs, each once, with the
+/// parameters mapped from their payload; a message published while the
+/// server is down (killed with SIGKILL) makes its run once it is back.
+#[test]
+fn nats_messages_make_one_run_each_also_published_while_the_server_is_down() {
+    let (_dir, data) = setup();
+    let stream = Stream::create();
+    let flags = ["--nats-url", "nats://127.0.0.1:4222"];
+    let mut server = Server::start(&data, &flags);
+    server.namespace = "shop".into();
+    server.apply(&format!(
+        r#"
+namespace: shop
+jobs:
+  - name: on-order
+    nats: {{ subject: "{}", stream: {}, params: {{ order: "$.id" }} }}
+    tasks: [{{ id: a, noop: true }}]
+"#,
+        stream.subject, stream.name
+    ));
+    let runs = |server: &Api| -> Vec<Value> {
+        server.get("/api/v1/namespaces/shop/jobs/on-order/runs?limit=100")["items"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    stream.publish(r#"{"id": 1}"#);
+    stream.publish(r#"{"id": 2}"#);
+    until("two runs", || runs(&server).len() == 2);
+    server.signal(Signal::SIGKILL);
+    stream.publish(r#"{"id": 3}"#);
+    let mut server = Server::start(&data, &flags);
+    server.namespace = "shop".into();
+    until("the third run", || runs(&server).len() >= 3);
+    // Nothing more comes: each message made one run.
+    let ended = |r: &Value| r["state"] == "succeeded";
+    until("every run ended", || runs(&server).iter().all(ended));
+    let all = runs(&server);
+    let mut orders: Vec<&str> = all
+        .iter()
+        .map(|r| r["params"]["order"].as_str().unwrap())
+        .collect();
+    orders.sort();
+    assert_eq!(orders, ["1", "2", "3"], "{all:?}");
+    assert!(all.iter().all(|r| r["trigger"] == "message"));
+    assert_eq!(all[0]["params"]["nats_subject"], stream.subject.as_str());
+}

@@ -116,6 +116,9 @@ fn check_limits(spec: &JobSpec, at: &str, errors: &mut Vec<ValidationError>) -> 
     if let Some(hook) = &spec.webhook {
         errors.extend(hook.check(&format!("{at}.webhook")));
     }
+    if let Some(nats) = &spec.nats {
+        errors.extend(nats.check(&format!("{at}.nats")));
+    }
     if let Some(sla) = &spec.sla {
         errors.extend(sla.check(&format!("{at}.sla")));
     }

@@ -267,6 +267,7 @@ pub struct EngineHandle {
     pub(super) live: LiveLogs,
     pub(super) fenced: CancellationToken,
     pub(super) write_health: WriteHealth,
+    pub(super) nats: tokio::sync::watch::Receiver<jobs::NatsTriggers>,
 }
 
 /// The output of attempts running in this process, by (run, task, attempt).
@@ -274,6 +275,16 @@ pub(crate) type LiveLogs =
     Arc<std::sync::Mutex<HashMap<(RunId, String, u32), dagcron_exec::LiveLog>>>;
 
 impl EngineHandle {
+    /// The jobs started by messages, by job, changing as jobs are applied
+    /// and deleted (the consumer of the messages watches it).
+    pub fn nats_triggers(
+        &self,
+    ) -> tokio::sync::watch::Receiver<
+        Arc<std::collections::BTreeMap<JobKey, dagcron_core::message::NatsTrigger>>,
+    > {
+        self.nats.clone()
+    }
+
     /// Why the engine's commits fail now, if they do (a disk full): the
     /// server is then degraded, reading but starting nothing.
     pub fn write_problem(&self) -> Option<String> {

@@ -4,6 +4,7 @@
 
 use super::*;
 use dagcron_core::after::AfterTrigger;
+use dagcron_core::message::NatsTrigger;
 use std::collections::BTreeMap;
 
 /// The engine's jobs part: every job known here, and what is decided per
@@ -29,6 +30,20 @@ pub(super) struct Jobs {
     pub(super) timetables: Arc<std::sync::Mutex<dagcron_core::timings::TimetableCache>>,
     /// For each job, the jobs that start after its runs end (`after`).
     pub(super) downstream: HashMap<JobKey, BTreeSet<JobKey>>,
+    /// The jobs started by messages, for whoever consumes them.
+    pub(super) nats: NatsWatch,
+}
+
+/// The jobs started by messages, by job, as a value to watch.
+pub(crate) type NatsTriggers = Arc<BTreeMap<JobKey, NatsTrigger>>;
+
+/// The sending side of [`NatsTriggers`].
+pub(super) struct NatsWatch(pub(super) tokio::sync::watch::Sender<NatsTriggers>);
+
+impl Default for NatsWatch {
+    fn default() -> NatsWatch {
+        NatsWatch(tokio::sync::watch::Sender::new(Arc::default()))
+    }
 }
 
 impl Jobs {
@@ -39,11 +54,23 @@ impl Jobs {
         key: &JobKey,
         after: Option<AfterTrigger>,
         fire_rules: Vec<dagcron_core::notify::NotifyRule>,
+        nats: Option<NatsTrigger>,
     ) {
         let Some(entry) = self.table.get_mut(key) else {
             return;
         };
-        if let Some(old) = entry.events.take().and_then(|e| e.after) {
+        let old = entry.events.take();
+        let old_nats = old.as_ref().and_then(|e| e.nats.clone());
+        if old_nats != nats {
+            self.nats.0.send_modify(|map| {
+                let map = Arc::make_mut(map);
+                match &nats {
+                    Some(t) => map.insert(key.clone(), t.clone()),
+                    None => map.remove(key),
+                };
+            });
+        }
+        if let Some(old) = old.and_then(|e| e.after) {
             let upstream = (key.0.clone(), old.job);
             if let Some(set) = self.downstream.get_mut(&upstream) {
                 set.remove(key);
@@ -58,8 +85,12 @@ impl Jobs {
                 .or_default()
                 .insert(key.clone());
         }
-        if after.is_some() || !fire_rules.is_empty() {
-            entry.events = Some(Box::new(JobEvents { after, fire_rules }));
+        if after.is_some() || !fire_rules.is_empty() || nats.is_some() {
+            entry.events = Some(Box::new(JobEvents {
+                after,
+                fire_rules,
+                nats,
+            }));
         }
     }
 
@@ -196,20 +227,21 @@ impl<S: Store> Engine<S> {
         entry.file_paused = file_paused;
         let after = job.spec.after.clone();
         let fire_rules = dagcron_core::notify::fire_rules(&job.spec.notify);
+        let nats = job.spec.nats.clone();
         entry.job = Some(job);
         entry.version = version;
         entry.generation += 1;
         entry.owned = owned;
         entry.applied_at = applied_at;
         let from = entry.last_fire.map_or(now, |l| l.max(now));
-        self.jobs.set_events(&key, after, fire_rules);
+        self.jobs.set_events(&key, after, fire_rules, nats);
         // The table keeps the key it had (an `Arc` equal to this one).
         self.arm_next_fire(&key, from);
     }
 
     /// Forgets a deleted job and cancels its runs.
     pub(super) fn remove_job(&mut self, key: &JobKey, now: Timestamp) {
-        self.jobs.set_events(key, None, vec![]);
+        self.jobs.set_events(key, None, vec![], None);
         if let Some((key, entry)) = self.jobs.table.remove_entry(key) {
             if let Some(m) = &self.config.metrics {
                 m.forget(&key);

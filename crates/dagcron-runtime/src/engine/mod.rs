@@ -664,6 +664,8 @@ struct JobEvents {
     /// Its notification rules about fires (`missed`, `skipped`), for fires
     /// recorded while it is not whole in memory.
     fire_rules: Vec<dagcron_core::notify::NotifyRule>,
+    /// The messages that start it (see [`EngineHandle::nats_triggers`]).
+    nats: Option<dagcron_core::message::NatsTrigger>,
 }
 
 impl JobEntry {

@@ -89,6 +89,7 @@ impl<S: Store> Engine<S> {
                 entry.breaker_open = loaded.breaker_open;
                 let after = loaded.after;
                 let fire_rules = loaded.fire_rules;
+                let nats = loaded.nats;
                 let sla = loaded.sla;
                 entry.last_fire = last_fires.remove(&loaded.key);
                 let key = Arc::new(loaded.key);
@@ -105,7 +106,7 @@ impl<S: Store> Engine<S> {
                 if after.is_some() {
                     started_after.push(key.clone());
                 }
-                self.jobs.set_events(&key, after, fire_rules);
+                self.jobs.set_events(&key, after, fire_rules, nats);
                 if sla {
                     with_sla.push(key.clone());
                 }
@@ -480,6 +481,7 @@ struct LoadedJob {
     breaker_open: bool,
     after: Option<dagcron_core::after::AfterTrigger>,
     fire_rules: Vec<dagcron_core::notify::NotifyRule>,
+    nats: Option<dagcron_core::message::NatsTrigger>,
     sla: bool,
     updated_at: Timestamp,
     rules: RulesNote,
@@ -537,6 +539,7 @@ impl LoadedJob {
             breaker_open: stored.breaker.is_some(),
             after: timing.after,
             fire_rules: timing.fire_rules,
+            nats: timing.nats,
             sla: timing.sla,
             updated_at: stored.updated_at,
             rules,

@@ -80,6 +80,7 @@ impl<S: Store> Engine<S> {
             ));
         }
         let handle = EngineHandle {
+            nats: engine.jobs.nats.0.subscribe(),
             tx,
             live,
             fenced,

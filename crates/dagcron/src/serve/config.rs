@@ -160,6 +160,11 @@ pub struct ServeArgs {
     /// A file holding the password of the SMTP URL's user.
     #[arg(long, env = "DAGCRON_SMTP_PASSWORD_FILE", requires = "smtp_url")]
     smtp_password_file: Option<PathBuf>,
+    /// The NATS server whose JetStream messages start the runs of jobs
+    /// with a `nats` trigger, such as nats://127.0.0.1:4222 [default: none,
+    /// such jobs run only otherwise].
+    #[arg(long, env = "DAGCRON_NATS_URL")]
+    nats_url: Option<String>,
 }
 
 /// The configuration file. Unknown keys are an error, so that a typo does
@@ -196,6 +201,7 @@ struct FileConfig {
     smtp_url: Option<String>,
     smtp_from: Option<String>,
     smtp_password_file: Option<PathBuf>,
+    nats_url: Option<String>,
 }
 
 /// The settings in force: flags over the configuration file over defaults,
@@ -229,6 +235,8 @@ pub struct Config {
     pub(super) tls: Option<Arc<rustls::ServerConfig>>,
     /// The SMTP relay of e-mail notifications.
     pub(super) smtp: Option<dagcron_exec::mail::Smtp>,
+    /// The NATS server of `nats` triggers.
+    pub(super) nats_url: Option<String>,
     pass_env: Vec<String>,
     /// The server's own files, hidden from its shell tasks: the data
     /// directory, the key files, the TLS key and the configuration file.
@@ -376,6 +384,7 @@ impl ServeArgs {
             address_file: self.address_file.clone(),
             demo: self.demo,
             smtp,
+            nats_url: self.nats_url.clone().or(file.nats_url),
             pool_size: self.pool_size.or(file.pool_size).unwrap_or(64),
             misfire_grace: Duration::from_secs(
                 self.misfire_grace.or(file.misfire_grace).unwrap_or(60),

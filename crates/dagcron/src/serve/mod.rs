@@ -11,6 +11,7 @@
 
 mod backend;
 mod config;
+mod messages;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -231,6 +232,14 @@ impl<S: Store> Node<S> {
             wake_outbox,
         );
         let _outbox_task = AbortOnDrop(tokio::spawn(outbox.run(stop.clone())));
+        // Messages that start runs, when a NATS server is configured.
+        let _messages_task = config.nats_url.clone().map(|url| {
+            AbortOnDrop(tokio::spawn(messages::run(
+                url,
+                handle.clone(),
+                stop.clone(),
+            )))
+        });
         tracing::info!(
             "{} listening on {}://{address}{}",
             self.name,

@@ -1,0 +1,177 @@
+//! Runs started by messages: `nats: { subject: orders.created, stream:
+//! ORDERS }` makes a run of the job for each message of that subject in
+//! that JetStream stream, through a durable consumer of the job's own.
+//!
+//! A message is acknowledged only once its run is committed, so a crash
+//! before makes the server see it again; its key (the `Nats-Msg-Id` the
+//! publisher set, or its place in the stream) makes one run of it
+//! whatever the redeliveries. The decisions here are pure: checking the
+//! spec, the consumer's name, a message's key and its run's parameters.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::hook::{MAX_PARAMS, MAX_VALUE, Path};
+use crate::model::ValidationError;
+
+/// The longest payload passed to a run whole (as `nats_payload`).
+pub const MAX_PAYLOAD_PARAM: usize = 16 * 1024;
+
+/// A job's `nats`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsTrigger {
+    /// The subject (wildcards `*` and `>` allowed).
+    pub subject: String,
+    /// The JetStream stream that holds the subject's messages (made by
+    /// its owner; dagcron makes only its consumer).
+    pub stream: String,
+    /// Parameters of the run, each read from the JSON payload by a path.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, String>,
+}
+
+impl NatsTrigger {
+    /// Every problem of the trigger, at `at`.
+    pub fn check(&self, at: &str) -> Vec<ValidationError> {
+        let mut errors = Vec::new();
+        let mut err = |path: String, message: String| {
+            errors.push(ValidationError {
+                path,
+                message,
+                span: None,
+            })
+        };
+        let tokens_ok = !self.subject.is_empty()
+            && self.subject.len() <= 255
+            && self
+                .subject
+                .split('.')
+                .all(|t| !t.is_empty() && t.chars().all(|c| c.is_ascii_graphic()));
+        if !tokens_ok {
+            err(
+                format!("{at}.subject"),
+                format!(
+                    "invalid subject {:?}: tokens of printable characters separated by dots, such as orders.created",
+                    self.subject
+                ),
+            );
+        }
+        if self.stream.is_empty()
+            || self.stream.len() > 64
+            || !self
+                .stream
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            err(
+                format!("{at}.stream"),
+                format!(
+                    "invalid stream name {:?}: 1-64 letters, digits, '_' or '-'",
+                    self.stream
+                ),
+            );
+        }
+        if self.params.len() > MAX_PARAMS {
+            err(
+                format!("{at}.params"),
+                format!("at most {MAX_PARAMS} parameters"),
+            );
+        }
+        for (name, path) in &self.params {
+            if let Err(why) = Path::parse(path) {
+                err(format!("{at}.params.{name}"), why);
+            }
+        }
+        errors
+    }
+
+    /// The run's parameters for a message of `subject` with `payload`:
+    /// those mapped from a JSON payload, then `nats_subject` and (text of
+    /// at most [`MAX_PAYLOAD_PARAM`] bytes) `nats_payload`.
+    pub fn params_of(&self, subject: &str, payload: &[u8]) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        if !self.params.is_empty()
+            && let Ok(value) = serde_json::from_slice::<serde_json::Value>(payload)
+        {
+            for (name, path) in &self.params {
+                if let Some(v) = Path::parse(path).ok().and_then(|p| p.read(&value))
+                    && v.len() <= MAX_VALUE
+                {
+                    out.insert(name.clone(), v);
+                }
+            }
+        }
+        out.insert("nats_subject".into(), subject.to_string());
+        if payload.len() <= MAX_PAYLOAD_PARAM
+            && let Ok(text) = std::str::from_utf8(payload)
+        {
+            out.insert("nats_payload".into(), text.to_string());
+        }
+        out
+    }
+}
+
+/// The durable consumer of job `name` of `namespace`: one per job, shared
+/// by the nodes of a cluster (a consumer's name has no `.`, `*`, `>` or
+/// space; a job's namespace and name have none of the others).
+pub fn consumer_name(namespace: &str, name: &str) -> String {
+    let clean = |s: &str| s.replace('.', "_");
+    format!("dagcron-{}-{}", clean(namespace), clean(name))
+}
+
+/// The key of the run a message makes: the id its publisher set
+/// (`Nats-Msg-Id`), or its sequence in the stream.
+pub fn message_key(stream: &str, msg_id: Option<&str>, sequence: u64) -> String {
+    match msg_id.filter(|id| crate::hook::valid_delivery_id(id)) {
+        Some(id) => format!("nats:{stream}:id:{id}"),
+        None => format!("nats:{stream}:seq:{sequence}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trigger(subject: &str, stream: &str) -> NatsTrigger {
+        NatsTrigger {
+            subject: subject.into(),
+            stream: stream.into(),
+            params: BTreeMap::from([("order".to_string(), "$.id".to_string())]),
+        }
+    }
+
+    #[test]
+    fn bad_subjects_and_streams_are_reported_at_their_paths() {
+        assert!(trigger("orders.created", "ORDERS").check("j").is_empty());
+        assert!(trigger("orders.*", "ORDERS").check("j").is_empty());
+        for bad in ["", "orders..x", "a b", ".x"] {
+            assert_eq!(trigger(bad, "S").check("j")[0].path, "j.subject", "{bad:?}");
+        }
+        for bad in ["", "a.b", "a b", "x*"] {
+            assert_eq!(trigger("s", bad).check("j")[0].path, "j.stream", "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_message_gives_its_parameters_and_payload() {
+        let t = trigger("orders.created", "ORDERS");
+        let p = t.params_of("orders.created", br#"{"id": 42}"#);
+        assert_eq!(p["order"], "42");
+        assert_eq!(p["nats_subject"], "orders.created");
+        assert_eq!(p["nats_payload"], r#"{"id": 42}"#);
+        let p = t.params_of("orders.created", &[0xff, 0xfe]);
+        assert!(!p.contains_key("nats_payload") && !p.contains_key("order"));
+        let big = vec![b'x'; MAX_PAYLOAD_PARAM + 1];
+        assert!(!t.params_of("s", &big).contains_key("nats_payload"));
+    }
+
+    #[test]
+    fn keys_and_consumer_names() {
+        assert_eq!(message_key("S", Some("m-1"), 7), "nats:S:id:m-1");
+        assert_eq!(message_key("S", None, 7), "nats:S:seq:7");
+        assert_eq!(message_key("S", Some("bad id"), 7), "nats:S:seq:7");
+        assert_eq!(consumer_name("team.a", "load"), "dagcron-team_a-load");
+    }
+}
