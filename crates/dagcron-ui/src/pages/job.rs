@@ -149,6 +149,12 @@ fn trigger_lines(ns: &str, job: &Job) -> Vec<String> {
             }
         ));
     }
+    if let Some(nats) = &job.spec.nats {
+        out.push(format!(
+            "each message of {} in the NATS stream {}",
+            nats.subject, nats.stream
+        ));
+    }
     if let Some(hook) = &job.spec.webhook {
         out.push(format!(
             "signed deliveries to POST /api/v1/hooks/{ns}/{} (secret {}, at most {} a minute)",
