@@ -1070,7 +1070,7 @@ enum Guard {
     /// own namespace only.
     Scoped(Role),
     /// A webhook: no token, a signed body; a job that takes no deliveries
-    /// answers as absent, whoever calls.
+    /// answers as a wrong signature does, whoever calls.
     Signed,
 }
 
@@ -1237,7 +1237,7 @@ async fn every_route_is_guarded_for_every_role() {
             let what = format!("{method} {uri} as {grant:?}: {status} {value}");
             let expected: &[StatusCode] = match (guard, grant) {
                 (Guard::Public, _) => &[StatusCode::OK],
-                (Guard::Signed, _) => &[StatusCode::NOT_FOUND],
+                (Guard::Signed, _) => &[StatusCode::UNAUTHORIZED],
                 (_, None) => &[StatusCode::UNAUTHORIZED],
                 (Guard::Namespace(need), Some((role, ns))) => match ns {
                     // Another namespace's listing looks empty, its objects absent.
@@ -3116,8 +3116,11 @@ jobs:
     // A job that takes no deliveries, and one that does not exist, look alike.
     let (s1, b1) = deliver(&api, "/api/v1/hooks/a/plain", &own, payload).await;
     let (s2, b2) = deliver(&api, "/api/v1/hooks/a/nothing", &own, payload).await;
-    assert_eq!((s1, s2), (StatusCode::NOT_FOUND, StatusCode::NOT_FOUND));
-    assert_eq!(b1["error"]["code"], b2["error"]["code"]);
+    assert_eq!(
+        (s1, s2),
+        (StatusCode::UNAUTHORIZED, StatusCode::UNAUTHORIZED)
+    );
+    assert_eq!(b1, b2, "the same answer");
     assert_eq!(runs().await, 2);
     // Five a minute: the flood is refused with when to come back.
     let mut limited = None;

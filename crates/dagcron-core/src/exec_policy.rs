@@ -63,6 +63,11 @@ pub struct ExecPolicy {
     /// addresses are refused unless a block here covers them.
     #[serde(default)]
     pub http_allow: Vec<String>,
+    /// The NATS JetStream streams the namespace's `nats` triggers may
+    /// consume (none by default: the server's NATS credentials are the
+    /// operator's, and a stream may hold another tenant's messages).
+    #[serde(default)]
+    pub nats_streams: Vec<String>,
     /// The user (a name, or `UID:GID`) a shell task runs as on a server
     /// running as root; none: the server's default (`nobody`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -104,6 +109,7 @@ impl Default for ExecPolicy {
             wasm_write_dirs: vec![],
             wasm_env: vec![],
             http_allow: vec![],
+            nats_streams: vec![],
             run_as: None,
             weight: 1,
         }
@@ -125,6 +131,11 @@ pub struct Refusal {
 pub const MAX_ENTRIES: usize = 256;
 
 impl ExecPolicy {
+    /// Whether the namespace's `nats` triggers may consume `stream`.
+    pub fn may_consume(&self, stream: &str) -> bool {
+        self.nats_streams.iter().any(|s| s == stream)
+    }
+
     /// Problems with the policy itself (`(field, message)`): paths must be
     /// absolute and clean, blocks valid CIDR, lists bounded.
     pub fn validate(&self) -> Vec<(String, String)> {
@@ -157,6 +168,14 @@ impl ExecPolicy {
                 out.push((format!("http_allow[{i}]"), e));
             }
         }
+        for (i, stream) in self.nats_streams.iter().enumerate() {
+            if !crate::message::valid_stream(stream) {
+                out.push((
+                    format!("nats_streams[{i}]"),
+                    format!("{stream:?} is not a stream name (1-64 letters, digits, '_' or '-')"),
+                ));
+            }
+        }
         if let Some(user) = &self.run_as
             && (user.is_empty() || user.len() > 64 || user.contains(['\0', '/']))
         {
@@ -174,6 +193,7 @@ impl ExecPolicy {
             ("wasm_write_dirs", self.wasm_write_dirs.len()),
             ("wasm_env", self.wasm_env.len()),
             ("http_allow", self.http_allow.len()),
+            ("nats_streams", self.nats_streams.len()),
         ];
         for (field, len) in lists {
             if len > MAX_ENTRIES {
@@ -281,6 +301,9 @@ impl ExecPolicy {
     /// allowed; loopback, private, link-local (cloud metadata), unspecified,
     /// multicast and `own` (the server's listening addresses) only when a
     /// block of `http_allow` covers them.
+    ///
+    /// (See also [`ExecPolicy::may_consume`] for the streams of `nats`
+    /// triggers.)
     pub fn destination(&self, ip: IpAddr, own: &[IpAddr]) -> Result<(), String> {
         let ip = canonical(ip);
         let special = reserved(ip).or_else(|| {

@@ -58,13 +58,7 @@ impl NatsTrigger {
                 ),
             );
         }
-        if self.stream.is_empty()
-            || self.stream.len() > 64
-            || !self
-                .stream
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        {
+        if !valid_stream(&self.stream) {
             err(
                 format!("{at}.stream"),
                 format!(
@@ -113,20 +107,24 @@ impl NatsTrigger {
     }
 }
 
-/// The durable consumer of job `name` of `namespace`: one per job, shared
-/// by the nodes of a cluster (a consumer's name has no `.`, `*`, `>` or
-/// space; a job's namespace and name have none of the others).
-pub fn consumer_name(namespace: &str, name: &str) -> String {
-    let clean = |s: &str| s.replace('.', "_");
-    format!("dagcron-{}-{}", clean(namespace), clean(name))
+/// Whether `name` can be a stream's name here: 1-64 letters, digits, `_`
+/// or `-`.
+pub fn valid_stream(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// The key of the run a message makes: the id its publisher set
-/// (`Nats-Msg-Id`), or its sequence in the stream.
-pub fn message_key(stream: &str, msg_id: Option<&str>, sequence: u64) -> String {
+/// (`Nats-Msg-Id`), or its sequence in the stream, which counts from the
+/// stream's creation (`created`, in microseconds: a stream made again
+/// numbers its messages from 1 again).
+pub fn message_key(stream: &str, created: i64, msg_id: Option<&str>, sequence: u64) -> String {
     match msg_id.filter(|id| crate::hook::valid_delivery_id(id)) {
         Some(id) => format!("nats:{stream}:id:{id}"),
-        None => format!("nats:{stream}:seq:{sequence}"),
+        None => format!("nats:{stream}@{created}:seq:{sequence}"),
     }
 }
 
@@ -168,10 +166,10 @@ mod tests {
     }
 
     #[test]
-    fn keys_and_consumer_names() {
-        assert_eq!(message_key("S", Some("m-1"), 7), "nats:S:id:m-1");
-        assert_eq!(message_key("S", None, 7), "nats:S:seq:7");
-        assert_eq!(message_key("S", Some("bad id"), 7), "nats:S:seq:7");
-        assert_eq!(consumer_name("team.a", "load"), "dagcron-team_a-load");
+    fn keys_name_the_message_once() {
+        assert_eq!(message_key("S", 5, Some("m-1"), 7), "nats:S:id:m-1");
+        assert_eq!(message_key("S", 5, None, 7), "nats:S@5:seq:7");
+        assert_eq!(message_key("S", 5, Some("bad id"), 7), "nats:S@5:seq:7");
+        assert_ne!(message_key("S", 6, None, 7), message_key("S", 5, None, 7));
     }
 }

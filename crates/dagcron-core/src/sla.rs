@@ -68,6 +68,18 @@ impl SlaSpec {
         }
     }
 
+    /// How long after its scheduled instant a fire's deadline can be, at
+    /// most: how far back a fire may still wait for its judgement.
+    pub fn reach(&self) -> SignedDuration {
+        match &self.finish_within {
+            Some(d) => SignedDuration::try_from(d.0)
+                .unwrap_or(MAX_WITHIN)
+                .min(MAX_WITHIN),
+            // A day and the clocks' largest jump.
+            None => SignedDuration::from_hours(26),
+        }
+    }
+
     /// The deadline of the run scheduled for `scheduled`, in zone `tz`.
     pub fn deadline(&self, scheduled: Timestamp, tz: &TimeZone) -> Timestamp {
         if let Some(d) = &self.finish_within {

@@ -16,6 +16,8 @@ use crate::notify::Answer;
 pub struct Smtp {
     transport: AsyncSmtpTransport<Tokio1Executor>,
     from: Mailbox,
+    /// The domains mail may go to (empty: any).
+    allowed: Vec<String>,
 }
 
 impl std::fmt::Debug for Smtp {
@@ -29,10 +31,13 @@ impl Smtp {
     /// same host), `smtp://host:587?tls=required` (STARTTLS) or
     /// `smtps://host:465` (TLS), a user in the URL; `password` (read from
     /// a file) signs in as that user. Mail is sent from `from`.
+    /// `allowed` lists the domains recipients may be in (and their
+    /// subdomains); empty: any.
     pub fn new(
         url: &str,
         password: Option<&str>,
         from: &str,
+        allowed: Vec<String>,
         timeout: Duration,
     ) -> Result<Smtp, String> {
         let from: Mailbox = from
@@ -42,9 +47,16 @@ impl Smtp {
             .map_err(|e| format!("the SMTP URL is not usable: {e}"))?
             .timeout(Some(timeout));
         if let Some(password) = password {
-            let user = reqwest::Url::parse(url)
-                .map(|u| u.username().to_string())
-                .unwrap_or_default();
+            let parsed = reqwest::Url::parse(url).map_err(|e| format!("the SMTP URL: {e}"))?;
+            let user = parsed.username().to_string();
+            let tls = parsed.scheme() == "smtps"
+                || parsed
+                    .query_pairs()
+                    .any(|(k, v)| k == "tls" && v == "required");
+            let local = matches!(parsed.host_str(), Some("127.0.0.1" | "localhost" | "[::1]"));
+            if !tls && !local {
+                return Err("a password is sent only over TLS: use smtps://host:465 or smtp://host:587?tls=required".into());
+            }
             if user.is_empty() {
                 return Err(
                     "a password is given, and the SMTP URL names no user (smtp://user@host)".into(),
@@ -55,7 +67,24 @@ impl Smtp {
         Ok(Smtp {
             transport: builder.build(),
             from,
+            allowed: allowed
+                .into_iter()
+                .map(|d| d.to_ascii_lowercase())
+                .collect(),
         })
+    }
+
+    /// Whether `address` is in a domain mail may go to.
+    pub fn may_send_to(&self, address: &str) -> bool {
+        if self.allowed.is_empty() {
+            return true;
+        }
+        let domain = address
+            .rsplit_once('@')
+            .map_or(String::new(), |(_, d)| d.to_ascii_lowercase());
+        self.allowed
+            .iter()
+            .any(|a| domain == *a || domain.ends_with(&format!(".{a}")))
     }
 
     /// Sends `body` to `to` with `subject`; `key` (the notification's
@@ -75,6 +104,11 @@ impl Smtp {
             )))
             .header(ContentType::TEXT_PLAIN);
         for address in to {
+            if !self.may_send_to(address) {
+                return failed(format!(
+                    "{address:?} is in none of the domains this server mails to (its --smtp-allowed-domains)"
+                ));
+            }
             match address.parse::<Mailbox>() {
                 Ok(mailbox) => message = message.to(mailbox),
                 Err(e) => return failed(format!("{address:?} is not an address: {e}")),
@@ -93,5 +127,45 @@ impl Smtp {
                 "the SMTP relay refused or could not be reached: {e}"
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn smtp(url: &str, password: Option<&str>, allowed: &[&str]) -> Result<Smtp, String> {
+        Smtp::new(
+            url,
+            password,
+            "dagcron@example.com",
+            allowed.iter().map(|s| s.to_string()).collect(),
+            Duration::from_secs(5),
+        )
+    }
+
+    #[test]
+    fn a_password_goes_only_over_tls_or_to_this_host() {
+        assert!(smtp("smtp://u@mail.example.com:587?tls=required", Some("p"), &[]).is_ok());
+        assert!(smtp("smtps://u@mail.example.com:465", Some("p"), &[]).is_ok());
+        assert!(smtp("smtp://u@127.0.0.1:25", Some("p"), &[]).is_ok());
+        let err = smtp("smtp://u@mail.example.com:25", Some("p"), &[]).unwrap_err();
+        assert!(err.contains("only over TLS"), "{err}");
+        assert!(
+            smtp("smtps://mail.example.com:465", Some("p"), &[])
+                .unwrap_err()
+                .contains("names no user")
+        );
+    }
+
+    #[test]
+    fn recipients_are_kept_to_the_allowed_domains() {
+        let any = smtp("smtp://127.0.0.1:25", None, &[]).unwrap();
+        assert!(any.may_send_to("x@anywhere.example"));
+        let some = smtp("smtp://127.0.0.1:25", None, &["example.com"]).unwrap();
+        assert!(some.may_send_to("ops@example.com"));
+        assert!(some.may_send_to("ops@Mail.Example.com"));
+        assert!(!some.may_send_to("ops@example.com.evil.test"));
+        assert!(!some.may_send_to("ops@notexample.com"));
     }
 }

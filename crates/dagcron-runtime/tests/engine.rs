@@ -3383,3 +3383,58 @@ jobs:
     assert_eq!(missed.len(), 2, "{notes:?}");
     h.stop().await;
 }
+
+/// A delivery that came before decides nothing again: under `replace`,
+/// the same key does not cancel the run it made. A paused job takes no
+/// event's run (an operator's trigger still makes one).
+#[tokio::test]
+async fn a_duplicate_key_replaces_nothing_and_a_paused_job_takes_no_event() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply("namespace: t\njobs:\n  - { name: r, concurrency: replace, tasks: [{ id: a, shell: 'sleep 20' }] }\n")
+        .await;
+    let by = |key: &str| dagcron_runtime::TriggerBy {
+        kind: dagcron_store::Trigger::Message,
+        key: Some(key.into()),
+    };
+    let first = h
+        .handle
+        .trigger_by("t", "r", BTreeMap::new(), by("m-1"))
+        .await
+        .unwrap()
+        .expect("a run");
+    // In memory still, then once committed and found in the store.
+    assert_eq!(
+        h.handle
+            .trigger_by("t", "r", BTreeMap::new(), by("m-1"))
+            .await
+            .unwrap(),
+        None
+    );
+    h.handle.settle().await.unwrap();
+    assert_eq!(
+        h.handle
+            .trigger_by("t", "r", BTreeMap::new(), by("m-1"))
+            .await
+            .unwrap(),
+        None
+    );
+    h.handle.settle().await.unwrap();
+    let run = h.store.get_run(first).await.unwrap().unwrap();
+    assert_eq!(
+        run.state,
+        RunState::Running,
+        "not replaced by its own duplicate"
+    );
+    assert_eq!(h.runs("r").await.len(), 1);
+    // Paused: an event's trigger is refused, an operator's is not.
+    h.handle.pause("t", "r", true).await.unwrap();
+    let refused = h
+        .handle
+        .trigger_by("t", "r", BTreeMap::new(), by("m-2"))
+        .await;
+    assert!(
+        matches!(&refused, Err(dagcron_runtime::EngineError::Conflict(why)) if why.contains("paused")),
+        "{refused:?}"
+    );
+    h.stop().await;
+}

@@ -605,6 +605,14 @@ impl Stream {
         }
     }
 
+    /// How many consumers the stream has.
+    fn consumers(&self) -> usize {
+        self.rt.block_on(async {
+            let mut stream = self.js.get_stream(&self.name).await.unwrap();
+            stream.info().await.unwrap().state.consumer_count
+        })
+    }
+
     fn publish(&self, payload: &str) {
         self.rt.block_on(async {
             self.js
@@ -626,6 +634,8 @@ impl Drop for Stream {
 /// Messages of a real JetStream stream start runs, each once, with the
 /// parameters mapped from their payload; a message published while the
 /// server is down (killed with SIGKILL) makes its run once it is back.
+/// Another namespace's job on the same stream, whose execution policy
+/// does not list it, reads nothing.
 #[test]
 fn nats_messages_make_one_run_each_also_published_while_the_server_is_down() {
     let (_dir, data) = setup();
@@ -633,22 +643,31 @@ fn nats_messages_make_one_run_each_also_published_while_the_server_is_down() {
     let flags = ["--nats-url", "nats://127.0.0.1:4222"];
     let mut server = Server::start(&data, &flags);
     server.namespace = "shop".into();
-    server.apply(&format!(
-        r#"
-namespace: shop
+    let (status, body) = server.put(
+        "/api/v1/namespaces/shop/policy",
+        &json!({ "nats_streams": [stream.name] }),
+    );
+    assert_eq!(status, 200, "{body}");
+    for ns in ["shop", "spy"] {
+        server.apply(&format!(
+            r#"
+namespace: {ns}
 jobs:
   - name: on-order
     nats: {{ subject: "{}", stream: {}, params: {{ order: "$.id" }} }}
     tasks: [{{ id: a, noop: true }}]
 "#,
-        stream.subject, stream.name
-    ));
+            stream.subject, stream.name
+        ));
+    }
     let runs = |server: &Api| -> Vec<Value> {
         server.get("/api/v1/namespaces/shop/jobs/on-order/runs?limit=100")["items"]
             .as_array()
             .unwrap()
             .clone()
     };
+    // A job's consumer takes the messages published once it exists.
+    until("the job's consumer", || stream.consumers() >= 1);
     stream.publish(r#"{"id": 1}"#);
     stream.publish(r#"{"id": 2}"#);
     until("two runs", || runs(&server).len() == 2);
@@ -669,4 +688,6 @@ jobs:
     assert_eq!(orders, ["1", "2", "3"], "{all:?}");
     assert!(all.iter().all(|r| r["trigger"] == "message"));
     assert_eq!(all[0]["params"]["nats_subject"], stream.subject.as_str());
+    let spied = server.get("/api/v1/namespaces/spy/jobs/on-order/runs");
+    assert_eq!(spied["items"], json!([]), "{spied}");
 }

@@ -47,17 +47,38 @@ pub(crate) async fn deliver<S: Store>(
         .extensions()
         .get::<ConnectInfo<std::net::SocketAddr>>()
         .map(|c| c.0.to_string());
+    let path = request.uri().path().to_string();
     let (parts, body) = request.into_parts();
-    let answer = take(&st, &ns, &name, &parts.headers, body).await;
+    let mut webhook_exists = false;
+    let answer = take(&st, &ns, &name, &parts.headers, body, &mut webhook_exists).await;
     let status = match &answer {
         Ok((status, _)) => *status,
         Err(e) => e.error.status,
     };
+    // Refused senders are limited per address, as failed sign-ins are:
+    // past the allowance, answered `429` with no audit row.
+    if status == StatusCode::UNAUTHORIZED
+        && let Some(retry) = st.quota.auth_failed(address.as_deref())
+    {
+        let mut resp = ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "too many refused deliveries from this address; try again later",
+        )
+        .into_response();
+        resp.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from(retry),
+        );
+        return resp;
+    }
+    // In the namespace's audit log only if the job takes deliveries: an
+    // unknown sender writes nothing into a namespace of its choosing.
     crate::auth::audit(
         &st,
         None,
-        format!("POST /api/v1/hooks/{ns}/{name}"),
-        Some(ns.clone()).filter(|n| n.len() <= 63),
+        format!("POST {}", crate::auth::bounded(&path)),
+        webhook_exists.then(|| ns.clone()),
         status,
         address,
     )
@@ -99,16 +120,18 @@ async fn take<S: Store>(
     name: &str,
     headers: &HeaderMap,
     body: Body,
+    webhook_exists: &mut bool,
 ) -> Result<(StatusCode, HookAnswer), Refused> {
-    // The same answer for a job that does not exist and for one that takes
-    // no deliveries: a sender learns nothing of the namespace.
-    let absent = || ApiError::not_found(format!("no webhook for job {ns}/{name}"));
+    // The same answer for a job that does not exist, one that takes no
+    // deliveries and a wrong signature: a sender learns nothing of the
+    // namespace.
     let stored = st.store.get_job(ns, name).await.map_err(ApiError::from)?;
     let job = stored
         .as_ref()
         .and_then(|s| Job::from_canonical(&s.namespace, &s.spec).ok())
-        .ok_or_else(absent)?;
-    let hook = job.spec.webhook.clone().ok_or_else(absent)?;
+        .ok_or_else(bad_signature)?;
+    let hook = job.spec.webhook.clone().ok_or_else(bad_signature)?;
+    *webhook_exists = true;
     let body = axum::body::to_bytes(body, hook::MAX_BODY)
         .await
         .map_err(|_| {
@@ -213,16 +236,7 @@ async fn check_signature<S: Store>(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<(), ApiError> {
-    let refused = || {
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "bad_signature",
-            format!(
-                "the delivery's signature does not match: send {} as sha256=<hex of the HMAC-SHA-256 of the body under the job's secret>",
-                SIGNATURE_HEADERS[0]
-            ),
-        )
-    };
+    let refused = bad_signature;
     let Some(sent) = SIGNATURE_HEADERS
         .iter()
         .find_map(|h| headers.get(*h)?.to_str().ok())
@@ -248,6 +262,19 @@ async fn check_signature<S: Store>(
     mac.update(body);
     // Compared in constant time.
     mac.verify_slice(&sent).map_err(|_| refused())
+}
+
+/// The refusal of a delivery that is not signed for a webhook of its job
+/// (a job that does not exist or takes no deliveries answers the same).
+fn bad_signature() -> ApiError {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "bad_signature",
+        format!(
+            "the delivery is not signed for a webhook of this job: send {} as sha256=<hex of the HMAC-SHA-256 of the body under the job's webhook secret>",
+            SIGNATURE_HEADERS[0]
+        ),
+    )
 }
 
 /// The delivery id, if the sender gave one.

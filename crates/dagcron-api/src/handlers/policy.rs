@@ -78,6 +78,7 @@ fn to_wire(p: ExecPolicy) -> Policy {
         wasm_write_dirs: p.wasm_write_dirs,
         wasm_env: p.wasm_env,
         http_allow: p.http_allow,
+        nats_streams: p.nats_streams,
         run_as: p.run_as,
         weight: p.weight,
     }
@@ -97,6 +98,7 @@ fn from_wire(p: Policy) -> ExecPolicy {
         wasm_write_dirs: p.wasm_write_dirs,
         wasm_env: p.wasm_env,
         http_allow: p.http_allow,
+        nats_streams: p.nats_streams,
         run_as: p.run_as,
         weight: p.weight,
     }
@@ -155,7 +157,7 @@ pub(crate) async fn put_default_policy<S: Store>(
 fn valid(body: &[u8], whose: &str) -> Result<ExecPolicy, ApiError> {
     let wire: Policy = crate::handlers::operations::object(body).map_err(|e| {
         ApiError::bad_request(format!(
-            "expected a policy object (shell, http, wasm, wasm_modules, wasm_dirs, wasm_write_dirs, wasm_env, http_allow, run_as, weight): {e}"
+            "expected a policy object (shell, http, wasm, wasm_modules, wasm_dirs, wasm_write_dirs, wasm_env, http_allow, nats_streams, run_as, weight): {e}"
         ))
     })?;
     let policy = from_wire(wire);

@@ -113,6 +113,10 @@ pub struct Policy {
     /// addresses are refused unless a block here covers them.
     #[serde(default)]
     pub http_allow: Vec<String>,
+    /// The NATS JetStream streams the namespace's `nats` triggers may
+    /// consume (none by default).
+    #[serde(default)]
+    pub nats_streams: Vec<String>,
     /// The user (a name, or `UID:GID`; never root) shell tasks run as on a
     /// server running as root; none: `nobody`.
     #[serde(default)]

@@ -7,6 +7,22 @@ use super::*;
 use dagcron_core::after::AfterTrigger;
 
 impl<S: Store> Engine<S> {
+    /// Whether job `key` starts, through `after` triggers, after itself.
+    fn in_circle(&self, key: &JobKey) -> bool {
+        let mut at = key.clone();
+        // Each job has one upstream job at most: a walk up the chain.
+        for _ in 0..self.jobs.table.len().min(100_000) {
+            let Some(after) = self.jobs.table.get(&at).and_then(|e| e.after()) else {
+                return false;
+            };
+            at = (at.0.clone(), after.job.clone());
+            if at == *key {
+                return true;
+            }
+        }
+        false
+    }
+
     /// Run `id` ended in `state`: each job of its namespace that starts
     /// after its job's runs end so gets a run, admitted as a trigger is
     /// (its overlap policy and backlog); a paused job gets none.
@@ -26,8 +42,14 @@ impl<S: Store> Engine<S> {
                 continue;
             };
             let named = format!("{}/{}", key.0, key.1);
-            if entry.paused {
-                tracing::info!(job = %named, "paused: no run after run {id} of {}", upstream.1);
+            if entry.paused || entry.breaker_open {
+                tracing::info!(job = %named, "paused or its breaker open: no run after run {id} of {}", upstream.1);
+                continue;
+            }
+            if self.in_circle(&key) {
+                // Two applies at once (or through two nodes) can close a
+                // circle that neither saw: it never runs.
+                tracing::error!(job = %named, "starts after jobs that start after it, in a circle: no run after run {id} of {}; change one of their after triggers", upstream.1);
                 continue;
             }
             let Some(job) = entry.job.clone() else {
@@ -58,7 +80,7 @@ impl<S: Store> Engine<S> {
                 None,
                 None,
             );
-            made.key = Some(AfterTrigger::key(id));
+            self.key_run(&mut made, AfterTrigger::key(id));
             let made_id = made.id;
             self.batch.writes.push(Write::Run(made));
             self.after_new_run(&key, made_id, decision, now);

@@ -94,11 +94,38 @@ impl<S: Store> Engine<S> {
             at,
             by,
             reply,
+            ..
         } = ask;
         if by.key.is_some() && (runs.len() != 1 || at.is_some()) {
             let _ = reply.send(Err(EngineError::Invalid(
                 "a trigger with a key makes one run, now".into(),
             )));
+            return;
+        }
+        if let Some(k) = &by.key
+            && self.runs.keys.contains_key(&(key.clone(), k.clone()))
+        {
+            // Its run is in memory here still: nothing of it is decided again.
+            let _ = reply.send(Err(EngineError::Duplicate(k.clone())));
+            return;
+        }
+        // Events start no run of a job that is paused or whose breaker is
+        // open (an operator's trigger does).
+        if by.kind != Trigger::Manual
+            && let Some(entry) = self.jobs.table.get(&key)
+            && (entry.paused || entry.breaker_open)
+        {
+            let why = if entry.paused {
+                "is paused"
+            } else {
+                "has its failure breaker open"
+            };
+            let _ = reply.send(Err(EngineError::Conflict(format!(
+                "{}/{} {why}: a {} trigger makes no run of it until it is resumed",
+                key.0,
+                key.1,
+                by.kind.as_str()
+            ))));
             return;
         }
         if runs.is_empty() || runs.len() > MAX_TRIGGER_RUNS {
@@ -134,7 +161,9 @@ impl<S: Store> Engine<S> {
                 caller.clone(),
                 None,
             );
-            run.key = by.key.clone();
+            if let Some(k) = &by.key {
+                self.key_run(&mut run, k.clone());
+            }
             let id = run.id;
             made.push(self.batch.writes.len());
             self.batch.writes.push(Write::Run(run));

@@ -37,6 +37,27 @@ impl<S: Store> Engine<S> {
                 self.install_some(now);
             }
             Completion::SlaDue(due) => self.sla_judged(*due, now),
+            Completion::KeyChecked {
+                key,
+                mut ask,
+                found,
+            } => match found {
+                Ok(None) => {
+                    ask.key_checked = true;
+                    self.on_request(Request::Trigger {
+                        namespace: key.0,
+                        name: key.1,
+                        ask,
+                    });
+                }
+                Ok(Some(_)) => {
+                    let k = ask.by.key.unwrap_or_default();
+                    let _ = ask.reply.send(Err(EngineError::Duplicate(k)));
+                }
+                Err(e) => {
+                    let _ = ask.reply.send(Err(EngineError::Storage(e)));
+                }
+            },
             Completion::Deleted { key, result, reply } => {
                 let result = job_found(result, &key);
                 if result.is_ok() {
@@ -54,9 +75,10 @@ impl<S: Store> Engine<S> {
                 let result = job_found(result.map(|(found, _)| found), &key);
                 if result.is_ok() {
                     self.set_job_paused(&key, paused, now);
-                    // A resume closes the breaker (the store knows if it
-                    // is open).
-                    if let Some(job) = job {
+                    // A resume closes the breaker of a job that has one, or
+                    // that this node knows open (the store knows if it is).
+                    let open = self.jobs.table.get(&key).is_some_and(|e| e.breaker_open);
+                    if let Some(job) = job.filter(|j| open || j.spec.breaker.is_some()) {
                         self.close_breaker(&key, &job, now);
                     }
                 }

@@ -11,6 +11,8 @@ pub(crate) struct WaitingTrigger {
     pub(super) at: Option<Timestamp>,
     pub(super) by: TriggerBy,
     pub(super) reply: Reply<Vec<RunRecord>>,
+    /// Its key was looked for in the store, and not found.
+    pub(super) key_checked: bool,
 }
 
 /// What asks for a run: an operator (`manual`, the default) or a source
@@ -148,6 +150,12 @@ pub(crate) enum Request {
 
 /// The answer of work done beside the loop, for the decision that waits on it.
 pub(crate) enum Completion {
+    /// A keyed trigger's key, looked for in the store beside the loop.
+    KeyChecked {
+        key: JobKey,
+        ask: WaitingTrigger,
+        found: Result<Option<RunId>, StorageError>,
+    },
     /// What the judgement of an SLA deadline needs, read beside the loop.
     SlaDue(Box<super::sla::SlaDue>),
     /// The fires of a backfill, listed beside the loop: those of the range
@@ -402,6 +410,7 @@ impl EngineHandle {
                 at,
                 by: TriggerBy::default(),
                 reply,
+                key_checked: false,
             },
         })
         .await
@@ -426,6 +435,7 @@ impl EngineHandle {
                     at: None,
                     by,
                     reply,
+                    key_checked: false,
                 },
             })
             .await;

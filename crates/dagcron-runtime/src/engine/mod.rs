@@ -729,6 +729,8 @@ struct RunEntry {
     times: Vec<TaskTimes>,
     /// Its trace, when traces are recorded or its caller sent one.
     trace: Option<RunTrace>,
+    /// Its idempotency key, if its trigger gave one.
+    trigger_key: Option<String>,
 }
 
 /// When a task of a run last became ready, and when its current attempt

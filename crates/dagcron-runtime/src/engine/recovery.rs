@@ -429,6 +429,8 @@ impl<S: Store> Engine<S> {
                     .and_then(TraceParent::from_stored)
                     .as_ref(),
             ),
+            // Not known again: a trigger of its key is found in the store.
+            trigger_key: None,
         };
         let id = record.id;
         self.runs.table.insert(id, run);

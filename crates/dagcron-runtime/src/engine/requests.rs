@@ -113,6 +113,18 @@ impl<S: Store> Engine<S> {
                 ask,
             } => {
                 let key = (namespace, name);
+                // A key is looked for in the store first: a trigger that
+                // came before decides nothing again (no run replaced, no
+                // slot taken).
+                if let Some(k) = ask.by.key.clone().filter(|_| !ask.key_checked) {
+                    let store = self.store.clone();
+                    let (ns, job) = key.clone();
+                    self.beside(
+                        async move { store.run_of_key(&ns, &job, &k).await },
+                        move |found| Completion::KeyChecked { key, ask, found },
+                    );
+                    return;
+                }
                 match self.jobs.table.get(&key).map(|e| e.job.clone()) {
                     Some(Some(job)) => self.trigger(key, job, ask, now),
                     None => self.unknown_job(

@@ -14,6 +14,10 @@ pub(super) struct Runs {
     pub(super) last_id: RunId,
     /// Runs of missed fires waiting to begin.
     pub(super) pace: Pace,
+    /// The keys of the runs with one that are in memory here (see
+    /// [`dagcron_store::NewRun::key`]): a trigger of the same key meanwhile
+    /// is a duplicate before its admission can touch other runs.
+    pub(super) keys: HashMap<(JobKey, String), RunId>,
 }
 
 impl Runs {
@@ -24,6 +28,7 @@ impl Runs {
             dropped: HashSet::new(),
             last_id,
             pace: Pace::default(),
+            keys: HashMap::new(),
         }
     }
 
@@ -45,6 +50,16 @@ impl Runs {
 }
 
 impl<S: Store> Engine<S> {
+    /// Gives run `made` (just made, not yet written) the key `key`.
+    pub(super) fn key_run(&mut self, made: &mut NewRun, key: String) {
+        let job = (made.namespace.clone(), made.job.clone());
+        self.runs.keys.insert((job, key.clone()), made.id);
+        if let Some(run) = self.runs.table.get_mut(&made.id) {
+            run.trigger_key = Some(key.clone());
+        }
+        made.key = Some(key);
+    }
+
     pub(super) fn run_id(&mut self) -> RunId {
         let now = self.clock.now().as_microsecond();
         let slot = self.config.node.as_ref().map(|n| n.slot);
@@ -279,6 +294,7 @@ impl<S: Store> Engine<S> {
                 created_at: now,
                 times: vec![TaskTimes::default(); job.tasks.len()],
                 trace,
+                trigger_key: None,
             },
         );
         NewRun {
@@ -644,6 +660,9 @@ impl<S: Store> Engine<S> {
         let Some(run) = self.runs.table.remove(&id) else {
             return;
         };
+        if let Some(key) = run.trigger_key {
+            self.runs.keys.remove(&((*run.key).clone(), key));
+        }
         let key = run.key;
         if let Some(entry) = self.jobs.table.get_mut(&*key) {
             entry.planned.remove(&id);

@@ -2,14 +2,19 @@
 //! with an `sla` arms a timer at its deadline; there, the fire's run is
 //! judged (read beside the loop if it has ended), and a miss is recorded
 //! in the ledger with its `sla_missed` notifications, once. After a
-//! restart the fires of the last two days are judged again, which records
-//! nothing twice.
+//! restart the fires whose deadlines may not have been judged (as far back
+//! as the job's SLA reaches) are judged again, which records nothing
+//! twice.
 
 use super::*;
 use dagcron_core::notify::{self, Payload, PayloadRun, PayloadSla};
 
-/// How far back start-up looks for fires whose SLA is to be judged.
-const SLA_LOOKBACK: SignedDuration = SignedDuration::from_hours(48);
+/// The most fires of one job start-up judges again (the newest).
+const REJUDGED: u32 = 10_000;
+
+/// When the judgement of a deadline could not read its run, it is tried
+/// again this much later.
+const AGAIN: SignedDuration = SignedDuration::from_secs(60);
 
 /// What a deadline's judgement needs, read beside the loop.
 pub(crate) struct SlaDue {
@@ -17,9 +22,12 @@ pub(crate) struct SlaDue {
     pub(super) scheduled: Timestamp,
     pub(super) deadline: Timestamp,
     pub(super) job: Option<Arc<Job>>,
-    /// The fire's run: its id, state and end (none: no run).
-    pub(super) run: Option<(RunId, RunState, Option<Timestamp>)>,
+    /// The fire's run: its id, state and end (none: no run); an error:
+    /// it could not be read (the store failed, or it is gone).
+    pub(super) run: Result<Option<(RunId, RunState, Option<Timestamp>)>, ()>,
     pub(super) trigger: Option<Trigger>,
+    /// The fire's run, as the ledger names it.
+    pub(super) run_id: Option<RunId>,
 }
 
 impl<S: Store> Engine<S> {
@@ -64,23 +72,23 @@ impl<S: Store> Engine<S> {
         self.beside(
             async move {
                 let job = job.await.ok().flatten();
-                let run = match (going, run) {
-                    (Some(g), _) => Some(g),
-                    (None, Some(id)) => store
-                        .get_run(id)
-                        .await
-                        .ok()
-                        .flatten()
-                        .map(|r| (r.id, r.state, r.finished_at, r.trigger)),
-                    (None, None) => None,
+                let found = match (going, run) {
+                    (Some(g), _) => Ok(Some(g)),
+                    (None, Some(id)) => match store.get_run(id).await {
+                        Ok(Some(r)) => Ok(Some((r.id, r.state, r.finished_at, r.trigger))),
+                        // Gone (retention), or unreadable: not judged now.
+                        Ok(None) | Err(_) => Err(()),
+                    },
+                    (None, None) => Ok(None),
                 };
                 SlaDue {
                     key: (*key).clone(),
                     scheduled,
                     deadline,
                     job,
-                    trigger: run.map(|r| r.3),
-                    run: run.map(|(id, state, ended, _)| (id, state, ended)),
+                    trigger: found.ok().flatten().map(|r| r.3),
+                    run: found.map(|r| r.map(|(id, state, ended, _)| (id, state, ended))),
+                    run_id: run,
                 }
             },
             |due| Completion::SlaDue(Box::new(due)),
@@ -97,8 +105,32 @@ impl<S: Store> Engine<S> {
             job,
             run,
             trigger,
+            run_id,
         } = due;
-        let Some(job) = job else { return };
+        // Deleted, or no SLA any more.
+        let Some(job) = job.filter(|j| j.spec.sla.is_some()) else {
+            return;
+        };
+        let Ok(run) = run else {
+            if run_id.is_some_and(|id| self.runs.dropped.contains(&id)) {
+                return;
+            }
+            // Its run could not be read: judged again a little later (a
+            // run gone to retention is never judged).
+            if let Some(key) = self.jobs.table.get_key_value(&key).map(|(k, _)| k.clone()) {
+                let at = now.checked_add(AGAIN).unwrap_or(now);
+                self.arm(
+                    at,
+                    Timer::Sla {
+                        key,
+                        scheduled,
+                        deadline,
+                        run: run_id,
+                    },
+                );
+            }
+            return;
+        };
         if !dagcron_core::sla::missed(deadline, run.map(|(_, state, ended)| (state, ended))) {
             return;
         }
@@ -145,15 +177,15 @@ impl<S: Store> Engine<S> {
         keys: Vec<Arc<JobKey>>,
         now: Timestamp,
     ) -> Result<(), StorageError> {
-        let since = now.checked_sub(SLA_LOOKBACK).unwrap_or(Timestamp::MIN);
         for key in keys {
             let Some(job) = jobs::read_job(&*self.store, &key).await? else {
                 continue;
             };
-            let fires = self
-                .store
-                .list_fires(&key.0, &key.1, since, now, 10_000)
-                .await?;
+            let Some(sla) = &job.spec.sla else { continue };
+            // As far back as a deadline still ahead, or judged while the
+            // server was down, may reach.
+            let since = now.checked_sub(sla.reach()).unwrap_or(Timestamp::MIN);
+            let fires = self.newest_fires_since(&key, since, now).await?;
             for f in fires {
                 if f.sla_missed_at.is_some() || f.outcome == FireOutcome::Suppressed {
                     continue;
@@ -172,6 +204,30 @@ impl<S: Store> Engine<S> {
             }
         }
         Ok(())
+    }
+}
+
+impl<S: Store> Engine<S> {
+    /// The newest [`REJUDGED`] fires of `key` in `[from, to)`, by halving
+    /// the range from its end until it holds fewer.
+    async fn newest_fires_since(
+        &self,
+        key: &JobKey,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> Result<Vec<dagcron_store::FireRecord>, StorageError> {
+        let mut start = from;
+        loop {
+            let fires = self
+                .store
+                .list_fires(&key.0, &key.1, start, to, REJUDGED)
+                .await?;
+            if fires.len() < REJUDGED as usize || start >= to {
+                return Ok(fires);
+            }
+            let half = to.duration_since(start) / 2;
+            start = to.checked_sub(half).unwrap_or(to);
+        }
     }
 }
 

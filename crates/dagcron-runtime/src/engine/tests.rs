@@ -163,6 +163,7 @@ async fn reads_of_jobs_for_fires_and_triggers_do_not_hold_the_loop() {
                 at: None,
                 by: TriggerBy::default(),
                 reply,
+                key_checked: false,
             },
         });
         answers.push(triggered);

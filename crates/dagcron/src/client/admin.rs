@@ -153,6 +153,7 @@ impl Show for Policy {
         writeln!(out, "wasm_write_dirs  {}", list(&self.wasm_write_dirs))?;
         writeln!(out, "wasm_env         {}", list(&self.wasm_env))?;
         writeln!(out, "http_allow       {}", list(&self.http_allow))?;
+        writeln!(out, "nats_streams     {}", list(&self.nats_streams))?;
         writeln!(
             out,
             "run_as           {}",

@@ -157,9 +157,14 @@ pub struct ServeArgs {
     /// The sender of e-mail notifications, such as dagcron@example.com.
     #[arg(long, env = "DAGCRON_SMTP_FROM", requires = "smtp_url")]
     smtp_from: Option<String>,
-    /// A file holding the password of the SMTP URL's user.
+    /// A file holding the password of the SMTP URL's user (sent only over
+    /// TLS, or to a relay on this host).
     #[arg(long, env = "DAGCRON_SMTP_PASSWORD_FILE", requires = "smtp_url")]
     smtp_password_file: Option<PathBuf>,
+    /// The domains e-mail notifiers may send to (and their subdomains),
+    /// such as example.com [default: any].
+    #[arg(long, env = "DAGCRON_SMTP_ALLOWED_DOMAINS", value_delimiter = ',')]
+    smtp_allowed_domains: Vec<String>,
     /// The NATS server whose JetStream messages start the runs of jobs
     /// with a `nats` trigger, such as nats://127.0.0.1:4222 [default: none,
     /// such jobs run only otherwise].
@@ -201,6 +206,7 @@ struct FileConfig {
     smtp_url: Option<String>,
     smtp_from: Option<String>,
     smtp_password_file: Option<PathBuf>,
+    smtp_allowed_domains: Option<Vec<String>>,
     nats_url: Option<String>,
 }
 
@@ -344,11 +350,17 @@ impl ServeArgs {
                     ),
                     None => None,
                 };
+                let allowed = if self.smtp_allowed_domains.is_empty() {
+                    file.smtp_allowed_domains.unwrap_or_default()
+                } else {
+                    self.smtp_allowed_domains.clone()
+                };
                 Some(
                     dagcron_exec::mail::Smtp::new(
                         &url,
                         password.as_deref(),
                         &from,
+                        allowed,
                         Duration::from_secs(30),
                     )
                     .map_err(|e| anyhow::anyhow!("--smtp-url: {e}"))?,

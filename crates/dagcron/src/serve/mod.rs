@@ -227,7 +227,7 @@ impl<S: Store> Node<S> {
                 ..OutboxConfig::default()
             },
             Some(secrets),
-            Some(policies),
+            Some(policies.clone()),
             outboxed,
             wake_outbox,
         );
@@ -237,6 +237,7 @@ impl<S: Store> Node<S> {
             AbortOnDrop(tokio::spawn(messages::run(
                 url,
                 handle.clone(),
+                policies.clone(),
                 stop.clone(),
             )))
         });
