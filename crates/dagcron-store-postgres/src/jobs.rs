@@ -124,6 +124,11 @@ impl JobStore for PgStore {
                 .rows_affected();
             if n == 1 {
                 PgStore::job_changes(conn, &[], &[(namespace, name)]).await?;
+                sqlx::query(dagcron_store::outbox::DELETE_JOB_RUN_KEYS)
+                    .bind(namespace)
+                    .bind(name)
+                    .execute(&mut *conn)
+                    .await?;
             }
             Ok(n == 1)
         })

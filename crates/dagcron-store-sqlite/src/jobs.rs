@@ -57,6 +57,10 @@ impl JobStore for SqliteStore {
                         "INSERT OR REPLACE INTO deleted_jobs (namespace, name) VALUES (?1, ?2)",
                         rusqlite::params![ns, name],
                     )?;
+                    tx.execute(
+                        dagcron_store::outbox::DELETE_JOB_RUN_KEYS,
+                        rusqlite::params![ns, name],
+                    )?;
                 }
                 Ok(n)
             })

@@ -1975,7 +1975,7 @@ pub async fn a_breaker_opens_at_the_nth_failure_in_a_row_and_closes_once<S: Stor
 /// A run with a key is stored once per job and key: a second one, in the
 /// same batch or a later one, is refused and leaves nothing (its later
 /// writes find no run); another job may use the same key; the key finds
-/// its run until it is pruned.
+/// its run until it is pruned, or its job deleted.
 pub async fn a_run_key_makes_one_run_per_job_until_it_is_pruned<S: Store>(s: &S) {
     let keyed = |id: i64, job: &str, key: &str| {
         Write::Run(NewRun {
@@ -2027,10 +2027,27 @@ pub async fn a_run_key_makes_one_run_per_job_until_it_is_pruned<S: Store>(s: &S)
         s.run_of_key("elsewhere", "j", "delivery-1").await.unwrap(),
         None
     );
+    // A job deleted takes its keys with it; another job's stay.
+    s.apply_jobs(&[job("ns", "other", "{}")], t(1))
+        .await
+        .unwrap();
+    assert!(s.delete_job("ns", "other").await.unwrap());
+    assert_eq!(
+        s.run_of_key("ns", "other", "delivery-1").await.unwrap(),
+        None
+    );
+    assert_eq!(
+        s.run_of_key("ns", "j", "delivery-1").await.unwrap(),
+        Some(1)
+    );
     // Pruned by age, a batch at a time.
     assert_eq!(s.prune_run_keys(t(12), 10).await.unwrap(), 1);
     assert_eq!(s.run_of_key("ns", "j", "delivery-1").await.unwrap(), None);
-    assert_eq!(s.prune_run_keys(t(100), 10).await.unwrap(), 1);
+    assert_eq!(
+        s.prune_run_keys(t(100), 10).await.unwrap(),
+        0,
+        "other's went with it"
+    );
     assert_eq!(
         s.write(&[keyed(5, "j", "delivery-1")]).await.unwrap()[0],
         WriteResult::Done

@@ -533,6 +533,8 @@ impl JobStore for MemoryStore {
         if data.jobs.remove(&k).is_none() {
             return Ok(false);
         }
+        data.run_keys
+            .retain(|(ns, job, _), _| !(ns == namespace && job == name));
         data.deleted.insert(k, Timestamp::now());
         Ok(true)
     }

@@ -89,3 +89,7 @@ pub const PRUNE_RUN_KEYS: &str = "DELETE FROM run_keys WHERE (namespace, job, ke
 /// run, `$5` when); inserts nothing if the job has a run of that key.
 pub const INSERT_RUN_KEY: &str = "INSERT INTO run_keys (namespace, job, key, run_id, created_at)
      VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING";
+
+/// Deletes the run keys of job (`$1`, `$2`), as it is deleted: a job made
+/// again under its name starts with none.
+pub const DELETE_JOB_RUN_KEYS: &str = "DELETE FROM run_keys WHERE namespace = $1 AND job = $2";
