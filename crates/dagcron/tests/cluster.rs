@@ -1213,3 +1213,64 @@ fn read_only_set_through_one_node_holds_on_every_node() {
     );
     assert_eq!(status, 201, "{body}");
 }
+
+/// `after` triggers through a failover: 20 jobs every second on three
+/// nodes, each with a job that starts after its runs; one node is killed
+/// with SIGKILL while they run. Once the upstream jobs are paused and
+/// every run has ended, each upstream run that succeeded has exactly one
+/// downstream run (its key names it), and no downstream run has none.
+#[test]
+fn after_triggers_make_one_run_per_upstream_end_through_a_failover() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cluster = Cluster::new("after", 3, 2000);
+    let (mut yaml, ups) = every_second(20, "up");
+    for up in &ups {
+        yaml.push_str(&format!(
+            "  - {{ name: down-{up}, after: {{ job: {up} }}, concurrency: allow, max_active_runs: 1000, max_pending_runs: 100000, tasks: [{{ id: t, noop: true }}] }}\n"
+        ));
+    }
+    cluster.apply(&yaml);
+    cluster.wait_converged(40);
+    cluster.wait_fired_through(&ups, Timestamp::now() + jiff::SignedDuration::from_secs(2));
+    cluster.node_mut(0).signal(Signal::SIGKILL);
+    cluster.nodes[0] = None;
+    cluster.wait_converged(40);
+    cluster.wait_fired_through(&ups, Timestamp::now() + jiff::SignedDuration::from_secs(3));
+    // The upstream jobs stop firing (their downstream jobs go on: a paused
+    // job takes no run after another's end).
+    for up in &ups {
+        let (status, body) = cluster.any().post(
+            &format!("/api/v1/namespaces/c/jobs/{up}/pause"),
+            "",
+            "application/json",
+        );
+        assert_eq!(status, 200, "{body}");
+    }
+    until("every run ended", || {
+        cluster.count(
+            "SELECT count(*) FROM runs WHERE namespace = 'c' AND state IN ('planned', 'pending', 'running')",
+        ) == 0
+    });
+    let succeeded = cluster.count(
+        "SELECT count(*) FROM runs WHERE namespace = 'c' AND job LIKE 'up%' AND state = 'succeeded'",
+    );
+    let lost = cluster.count(
+        "SELECT count(*) FROM runs u WHERE u.namespace = 'c' AND u.job LIKE 'up%' AND u.state = 'succeeded'
+           AND NOT EXISTS (SELECT 1 FROM run_keys k WHERE k.namespace = 'c' AND k.job = 'down-' || u.job
+                           AND k.key = 'after:run-' || u.id)",
+    );
+    let downstream = cluster.count(
+        "SELECT count(*) FROM runs WHERE namespace = 'c' AND job LIKE 'down-%' AND trigger = 'after'",
+    );
+    let orphans = cluster.count(
+        "SELECT count(*) FROM runs d WHERE d.namespace = 'c' AND d.job LIKE 'down-%'
+           AND NOT EXISTS (SELECT 1 FROM run_keys k WHERE k.namespace = 'c' AND k.job = d.job AND k.run_id = d.id)",
+    );
+    assert!(succeeded > 40, "{succeeded} upstream runs");
+    assert_eq!(lost, 0, "upstream runs that made no downstream run");
+    assert_eq!(orphans, 0, "downstream runs made by no upstream end");
+    assert_eq!(
+        downstream, succeeded,
+        "one downstream run per upstream success"
+    );
+}

@@ -5,6 +5,7 @@
 
 use super::*;
 use dagcron_core::after::AfterTrigger;
+use std::collections::BTreeMap;
 
 impl<S: Store> Engine<S> {
     /// Whether job `key` starts, through `after` triggers, after itself.
@@ -53,9 +54,31 @@ impl<S: Store> Engine<S> {
                 continue;
             }
             let Some(job) = entry.job.clone() else {
-                // Kept in memory from start-up and every apply; a job that
-                // no longer validates is not.
-                tracing::warn!(job = %named, "not in memory: no run after run {id} of {}", upstream.1);
+                // Kept in memory from start-up, every apply and every
+                // change of ownership; once resumed after a pause it is read
+                // again: its run then comes through a trigger of the same
+                // key, read beside the loop (one run still, but in a commit
+                // of its own).
+                let (reply, _) = tokio::sync::oneshot::channel();
+                let mut params = BTreeMap::new();
+                if after.pass_params {
+                    params = upstream_params.clone();
+                }
+                self.on_request(Request::Trigger {
+                    namespace: key.0.clone(),
+                    name: key.1.clone(),
+                    ask: handle::WaitingTrigger {
+                        runs: vec![params],
+                        caller: None,
+                        at: None,
+                        by: TriggerBy {
+                            kind: Trigger::After,
+                            key: Some(AfterTrigger::key(id)),
+                        },
+                        reply,
+                        key_checked: false,
+                    },
+                });
                 continue;
             };
             let decision = match self.admit(&key, &job, 1) {

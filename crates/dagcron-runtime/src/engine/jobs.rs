@@ -307,7 +307,11 @@ impl<S: Store> Engine<S> {
                 entry.owned = now_owned;
                 entry.generation += 1;
                 if !now_owned {
-                    entry.job = None;
+                    // A job started by another's runs stays whole in
+                    // memory on every node: any node may end such a run.
+                    if entry.after().is_none() {
+                        entry.job = None;
+                    }
                     if let (Some(m), Some(series)) =
                         (&self.config.metrics, entry.series.as_deref_mut())
                     {
