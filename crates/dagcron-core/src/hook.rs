@@ -74,19 +74,8 @@ impl WebhookTrigger {
                 format!("invalid secret name {:?}", self.secret.secret),
             );
         }
-        if self.params.len() > MAX_PARAMS {
-            err(
-                format!("{at}.params"),
-                format!(
-                    "{} parameters; at most {MAX_PARAMS} are accepted",
-                    self.params.len()
-                ),
-            );
-        }
-        for (name, path) in &self.params {
-            if let Err(why) = Path::parse(path) {
-                err(format!("{at}.params.{name}"), why);
-            }
+        for e in check_params(&self.params, at) {
+            err(e.path, e.message);
         }
         if let Some(n) = self.max_per_minute
             && !(1..=MAX_PER_MINUTE).contains(&n)
@@ -104,22 +93,54 @@ impl WebhookTrigger {
     /// parameter whose value is too long.
     pub fn params_of(&self, body: &serde_json::Value) -> Result<BTreeMap<String, String>, String> {
         let mut out = BTreeMap::new();
-        for (name, path) in &self.params {
-            let Ok(path) = Path::parse(path) else {
-                continue;
-            };
-            if let Some(value) = path.read(body) {
-                if value.len() > MAX_VALUE {
-                    return Err(format!(
-                        "parameter {name} would be {} bytes; at most {MAX_VALUE} are taken",
-                        value.len()
-                    ));
-                }
-                out.insert(name.clone(), value);
+        for (name, value) in read_params(&self.params, body) {
+            if value.len() > MAX_VALUE {
+                return Err(format!(
+                    "parameter {name} would be {} bytes; at most {MAX_VALUE} are taken",
+                    value.len()
+                ));
             }
+            out.insert(name.clone(), value);
         }
         Ok(out)
     }
+}
+
+/// Every problem of `params` (a run's parameters mapped from a JSON body
+/// by paths), at `at.params`.
+pub(crate) fn check_params(params: &BTreeMap<String, String>, at: &str) -> Vec<ValidationError> {
+    let mut errors = Vec::new();
+    if params.len() > MAX_PARAMS {
+        errors.push(ValidationError {
+            path: format!("{at}.params"),
+            message: format!(
+                "{} parameters; at most {MAX_PARAMS} are accepted",
+                params.len()
+            ),
+            span: None,
+        });
+    }
+    for (name, path) in params {
+        if let Err(message) = Path::parse(path) {
+            errors.push(ValidationError {
+                path: format!("{at}.params.{name}"),
+                message,
+                span: None,
+            });
+        }
+    }
+    errors
+}
+
+/// The values `params` reads from `body`: each parameter whose path finds
+/// one.
+pub(crate) fn read_params<'a>(
+    params: &'a BTreeMap<String, String>,
+    body: &'a serde_json::Value,
+) -> impl Iterator<Item = (&'a String, String)> + 'a {
+    params
+        .iter()
+        .filter_map(|(name, path)| Some((name, Path::parse(path).ok()?.read(body)?)))
 }
 
 /// One step of a path: a field or an index.

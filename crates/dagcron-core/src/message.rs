@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::hook::{MAX_PARAMS, MAX_VALUE, Path};
+use crate::hook::{MAX_VALUE, check_params, read_params};
 use crate::model::ValidationError;
 
 /// The longest payload passed to a run whole (as `nats_payload`).
@@ -67,17 +67,7 @@ impl NatsTrigger {
                 ),
             );
         }
-        if self.params.len() > MAX_PARAMS {
-            err(
-                format!("{at}.params"),
-                format!("at most {MAX_PARAMS} parameters"),
-            );
-        }
-        for (name, path) in &self.params {
-            if let Err(why) = Path::parse(path) {
-                err(format!("{at}.params.{name}"), why);
-            }
-        }
+        errors.extend(check_params(&self.params, at));
         errors
     }
 
@@ -89,10 +79,8 @@ impl NatsTrigger {
         if !self.params.is_empty()
             && let Ok(value) = serde_json::from_slice::<serde_json::Value>(payload)
         {
-            for (name, path) in &self.params {
-                if let Some(v) = Path::parse(path).ok().and_then(|p| p.read(&value))
-                    && v.len() <= MAX_VALUE
-                {
+            for (name, v) in read_params(&self.params, &value) {
+                if v.len() <= MAX_VALUE {
                     out.insert(name.clone(), v);
                 }
             }
