@@ -23,7 +23,7 @@ use crate::{ApiError, AppState};
     ),
     paths(
         health, ready, crate::metrics::metrics, openapi, cluster, workers, apply, list_jobs, get_job, put_job, delete_job, pause,
-        resume, trigger, trigger_batch, backfill, list_runs, list_fires, get_run, cancel, crate::handlers::reruns::rerun,
+        resume, trigger, trigger_batch, backfill, list_runs, browse_runs, list_fires, get_run, cancel, crate::handlers::reruns::rerun,
         crate::handlers::interventions::intervene, crate::handlers::interventions::list_held, get_log,
         crate::handlers::notifications::list_notifications, crate::handlers::notifications::get_notification,
         crate::handlers::hooks::deliver, crate::handlers::versions::list_versions, crate::handlers::versions::get_version, crate::handlers::versions::rollback,
@@ -224,6 +224,7 @@ pub(crate) fn router<S: Store>(state: AppState<S>) -> Router {
             "/api/v1/tokens/{id}",
             axum::routing::delete(crate::handlers::tokens::revoke_token::<S>),
         )
+        .route("/api/v1/runs", get(browse_runs::<S>))
         .route(
             "/api/v1/audit",
             get(crate::handlers::audit::list_audit::<S>),

@@ -1149,7 +1149,7 @@ fn guard_of(method: &str, path: &str) -> Option<Guard> {
         ) => Namespace(Viewer),
         ("post" | "get", "/api/v1/tokens") | ("delete", "/api/v1/tokens/{id}") => Tokens,
         ("get", "/api/v1/audit") => Tokens,
-        ("get", "/api/v1/schedules/hotspots") => Scoped(Viewer),
+        ("get", "/api/v1/schedules/hotspots" | "/api/v1/runs") => Scoped(Viewer),
         ("get", "/api/v1/namespaces/{ns}/secrets") => Namespace(Developer),
         ("get", "/api/v1/secrets/keys") | ("post", "/api/v1/secrets/rotate-key") => Instance(Admin),
         ("put" | "delete", "/api/v1/namespaces/{ns}/secrets/{name}") => Namespace(Developer),
@@ -3158,4 +3158,99 @@ jobs:
     assert!(hooks.iter().any(|e| e["outcome"] == 401));
     assert!(hooks.iter().any(|e| e["outcome"] == 202));
     assert!(hooks.iter().all(|e| e["principal"].is_null()));
+}
+
+/// The runs browser lists runs of every job the token may read, newest
+/// first, filtered: a namespace's token reads its own runs only, another
+/// namespace's look empty, and bad filters are refused in the JSON error
+/// shape.
+#[tokio::test]
+async fn the_runs_browser_lists_what_the_token_may_read() {
+    let api = api().await;
+    for ns in ["a", "b"] {
+        let file = format!(
+            "namespace: {ns}\njobs:\n  - {{ name: ok, tasks: [{{ id: t, noop: true }}] }}\n  - {{ name: bad, tasks: [{{ id: t, shell: \"exit 3\" }}] }}\n"
+        );
+        let (status, body) = api
+            .call(Method::POST, "/api/v1/apply", "application/yaml", &file)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let mut made = Vec::new();
+    for (ns, job) in [("a", "ok"), ("a", "bad"), ("b", "ok"), ("a", "ok")] {
+        let (_, run) = api
+            .post(&format!("/api/v1/namespaces/{ns}/jobs/{job}/trigger"), "{}")
+            .await;
+        api.wait_run(&run["id"]).await;
+        made.push((run["id"].as_i64().unwrap(), ns, job));
+    }
+    let ids = |page: &Value| -> Vec<i64> {
+        page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_i64().unwrap())
+            .collect()
+    };
+    let newest_first = |pick: &dyn Fn(&str, &str) -> bool| -> Vec<i64> {
+        made.iter()
+            .rev()
+            .filter(|(_, ns, job)| pick(ns, job))
+            .map(|(id, _, _)| *id)
+            .collect()
+    };
+    let (status, all) = api.get("/api/v1/runs").await;
+    assert_eq!(status, StatusCode::OK, "{all}");
+    assert_eq!(ids(&all), newest_first(&|_, _| true));
+    let (_, failed) = api.get("/api/v1/runs?state=failed,cancelled").await;
+    assert_eq!(ids(&failed), newest_first(&|_, job| job == "bad"));
+    let (_, page) = api.get("/api/v1/runs?namespace=a&job=ok&limit=1").await;
+    assert_eq!(
+        ids(&page),
+        newest_first(&|ns, job| ns == "a" && job == "ok")[..1]
+    );
+    let cursor = page["next_cursor"].as_str().unwrap().to_string();
+    let (_, next) = api
+        .get(&format!(
+            "/api/v1/runs?namespace=a&job=ok&limit=1&cursor={cursor}"
+        ))
+        .await;
+    assert_eq!(
+        ids(&next),
+        newest_first(&|ns, job| ns == "a" && job == "ok")[1..]
+    );
+    let (_, manual) = api
+        .get("/api/v1/runs?trigger=manual&since=2000-01-01T00:00:00Z")
+        .await;
+    assert_eq!(ids(&manual), newest_first(&|_, _| true));
+    let (_, none) = api.get("/api/v1/runs?until=2000-01-01T00:00:00Z").await;
+    assert_eq!(ids(&none), Vec::<i64>::new());
+
+    // A namespace's viewer: its own runs, and another namespace looks empty.
+    let viewer = api.token_with(Role::Viewer, Some("b")).await;
+    for (uri, want) in [
+        ("/api/v1/runs", newest_first(&|ns, _| ns == "b")),
+        ("/api/v1/runs?namespace=a", vec![]),
+    ] {
+        let (status, page) = api.call_as(Some(&viewer), Method::GET, uri, "", "").await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {page}");
+        assert_eq!(ids(&page), want, "{uri}");
+    }
+    // Bad filters: each a 400 naming what is wrong.
+    for (uri, says) in [
+        ("/api/v1/runs?state=done", "unknown run state"),
+        ("/api/v1/runs?trigger=cron", "unknown trigger"),
+        ("/api/v1/runs?limit=0", "limit"),
+        ("/api/v1/runs?cursor=run:x", "cursor"),
+        (
+            "/api/v1/runs?since=2026-01-02T00:00:00Z&until=2026-01-01T00:00:00Z",
+            "before until",
+        ),
+        ("/api/v1/runs?since=yesterday", "since"),
+    ] {
+        let (status, body) = api.get(uri).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{uri}: {body}");
+    }
 }

@@ -7,7 +7,8 @@ use dagcron_core::AttemptState;
 use dagcron_store::prelude::*;
 use dagcron_store::rows::{labels_json, opt_ts};
 use dagcron_store::{
-    AttemptKey, ClaimedAttempt, Page, RemoteAttempt, Result, RunId, RunRecord, Write, WriteResult,
+    AttemptKey, ClaimedAttempt, Page, RemoteAttempt, Result, RunFilter, RunId, RunRecord, Write,
+    WriteResult,
 };
 use jiff::Timestamp;
 
@@ -111,6 +112,23 @@ impl RunStore for PgStore {
                 format!("SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 AND job = $2 AND id < $3 ORDER BY id DESC LIMIT $4"),
                 move |q| q.bind(namespace).bind(job).bind(before).bind(i64::from(limit) + 1),
             )
+            .await?;
+        Ok(Page::from_overfetch(
+            items,
+            limit,
+            dagcron_store::run_cursor,
+        ))
+    }
+
+    async fn browse_runs(
+        &self,
+        filter: &RunFilter,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<Page<RunRecord>> {
+        let (sql, args) = dagcron_store::sql::browse_runs(RUN_COLUMNS, filter, limit, cursor)?;
+        let items = self
+            .load_runs(sql, move |q| crate::bind_args(q, args))
             .await?;
         Ok(Page::from_overfetch(
             items,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use dagcron_store::prelude::*;
 use dagcron_store::rows::{RUN_COLUMNS, opt_ts};
-use dagcron_store::{Page, Result, RunId, RunRecord, Write, WriteResult};
+use dagcron_store::{Page, Result, RunFilter, RunId, RunRecord, Write, WriteResult};
 use jiff::Timestamp;
 
 use crate::{SqliteStore, active_runs_sql, unavailable, writer};
@@ -83,6 +83,22 @@ impl RunStore for SqliteStore {
         .bind(job.to_string())
         .bind(before)
         .bind(i64::from(limit) + 1);
+        let items = self.load_runs(query).await?;
+        Ok(Page::from_overfetch(
+            items,
+            limit,
+            dagcron_store::run_cursor,
+        ))
+    }
+
+    async fn browse_runs(
+        &self,
+        filter: &RunFilter,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<Page<RunRecord>> {
+        let (sql, args) = dagcron_store::sql::browse_runs(RUN_COLUMNS, filter, limit, cursor)?;
+        let query = crate::bind_args(sqlx::query(sqlx::AssertSqlSafe(sql)), args);
         let items = self.load_runs(query).await?;
         Ok(Page::from_overfetch(
             items,

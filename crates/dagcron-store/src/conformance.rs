@@ -13,8 +13,8 @@ use dagcron_core::Rules;
 
 use crate::{
     Actor, ApplyResult, BreakerWrite, DeliveryAttempt, DeliveryEnd, JobUpsert, NewNotification,
-    NewRun, NotificationRecord, NotificationState, Origin, RunRecord, StorageError, Store, Trigger,
-    Write, WriteResult,
+    NewRun, NotificationRecord, NotificationState, Origin, RunFilter, RunId, RunRecord,
+    StorageError, Store, Trigger, Write, WriteResult,
 };
 
 /// Generates one `#[tokio::test]` per conformance case.
@@ -42,6 +42,8 @@ macro_rules! conformance_tests {
             changes_of_one_row_in_a_batch_apply_in_order,
             attempts_and_logs,
             runs_are_paginated_newest_first,
+            the_runs_browser_filters_across_jobs_newest_first,
+            the_overview_finds_paused_jobs_and_fires_that_made_no_run,
             fires_and_recovery_queries,
             a_suppressed_fire_keeps_its_calendar,
             planned_runs_wait_soonest_first_and_count_as_unfinished,
@@ -1228,6 +1230,161 @@ pub async fn runs_are_paginated_newest_first<S: Store>(s: &S) {
             .items
             .is_empty()
     );
+}
+
+/// The runs browser lists runs of every job newest first; each filter
+/// narrows, together they all hold, and pages follow one another with no
+/// run twice or left out.
+pub async fn the_runs_browser_filters_across_jobs_newest_first<S: Store>(s: &S) {
+    let mut batch = Vec::new();
+    for i in 1..=24 {
+        let mut run = new_run(i, 1000 + 100 * i);
+        run.namespace = ["ns", "other"][(i % 2) as usize].into();
+        run.job = ["j", "k", "l"][(i % 3) as usize].into();
+        run.trigger = [Trigger::Schedule, Trigger::Manual][((i / 4) % 2) as usize];
+        run.state = [RunState::Running, RunState::Pending][((i / 5) % 2) as usize];
+        batch.push(Write::Run(run));
+    }
+    s.write(&batch).await.unwrap();
+    let all: Vec<RunRecord> = {
+        let mut out = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = s
+                .browse_runs(&RunFilter::default(), 5, cursor.as_deref())
+                .await
+                .unwrap();
+            assert!(page.items.len() <= 5);
+            out.extend(page.items);
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        out
+    };
+    let ids: Vec<RunId> = all.iter().map(|r| r.id).collect();
+    assert_eq!(ids, (1..=24).rev().collect::<Vec<_>>());
+    let filters = [
+        RunFilter {
+            namespace: Some("ns".into()),
+            ..RunFilter::default()
+        },
+        RunFilter {
+            namespace: Some("other".into()),
+            job: Some("k".into()),
+            ..RunFilter::default()
+        },
+        RunFilter {
+            job: Some("l".into()),
+            states: vec![RunState::Pending],
+            ..RunFilter::default()
+        },
+        RunFilter {
+            states: vec![RunState::Pending, RunState::Running],
+            trigger: Some(Trigger::Manual),
+            ..RunFilter::default()
+        },
+        RunFilter {
+            since: Some(t(1000 + 100 * 6)),
+            until: Some(t(1000 + 100 * 19)),
+            ..RunFilter::default()
+        },
+        RunFilter {
+            namespace: Some("nowhere".into()),
+            ..RunFilter::default()
+        },
+    ];
+    for filter in filters {
+        let want: Vec<RunId> = all
+            .iter()
+            .filter(|r| filter.matches(r))
+            .map(|r| r.id)
+            .collect();
+        let mut got = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = s.browse_runs(&filter, 2, cursor.as_deref()).await.unwrap();
+            assert!(page.items.iter().all(|r| filter.matches(r)), "{filter:?}");
+            got.extend(page.items.iter().map(|r| r.id));
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!(got, want, "{filter:?}");
+    }
+    // The filters are not all trivial: the narrow ones keep some runs.
+    let since = all
+        .iter()
+        .filter(|r| r.scheduled_at >= t(1600) && r.scheduled_at < t(2900))
+        .count();
+    assert_eq!(since, 13);
+    assert!(matches!(
+        s.browse_runs(&RunFilter::default(), 3, Some("run:x")).await,
+        Err(StorageError::Invalid(_))
+    ));
+}
+
+/// The overview's reads: a namespace's paused jobs by name, and its fires
+/// that made no run on time (missed or skipped, not fired or suppressed),
+/// newest first, from an instant on.
+pub async fn the_overview_finds_paused_jobs_and_fires_that_made_no_run<S: Store>(s: &S) {
+    let jobs = [
+        job("ns", "b", "{}"),
+        job("ns", "a", "{}"),
+        job("ns", "c", "{}"),
+        job("other", "a", "{}"),
+    ];
+    s.apply_jobs(&jobs, t(1)).await.unwrap();
+    for (ns, name) in [("ns", "c"), ("ns", "b"), ("other", "a")] {
+        assert!(s.set_paused(ns, name, true).await.unwrap());
+    }
+    let names: Vec<String> = s
+        .attention_jobs("ns", 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| j.name)
+        .collect();
+    assert_eq!(names, ["b", "c"]);
+    assert_eq!(s.attention_jobs("ns", 1).await.unwrap().len(), 1);
+    assert!(s.attention_jobs("none", 10).await.unwrap().is_empty());
+
+    let outcome = |job: &str, ns: &str, at: i64, outcome: FireOutcome| Write::Fire {
+        namespace: ns.into(),
+        job: job.into(),
+        scheduled_at: t(at),
+        outcome,
+        calendar: (outcome == FireOutcome::Suppressed).then(|| "holidays".to_string()),
+        run: None,
+    };
+    s.write(&[
+        outcome("a", "ns", 100, FireOutcome::MissedSkipped),
+        outcome("b", "ns", 200, FireOutcome::SkippedOverlap),
+        outcome("a", "ns", 300, FireOutcome::Suppressed),
+        outcome("b", "ns", 400, FireOutcome::SkippedBreaker),
+        outcome("a", "other", 500, FireOutcome::MissedSkipped),
+        fire(600, Some(new_run(1, 600))),
+    ])
+    .await
+    .unwrap();
+    let seen: Vec<(String, i64, FireOutcome)> = s
+        .problem_fires("ns", t(150), 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(job, f)| (job, f.scheduled_at.as_second(), f.outcome))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("b".to_string(), 400, FireOutcome::SkippedBreaker),
+            ("b".to_string(), 200, FireOutcome::SkippedOverlap),
+        ]
+    );
+    assert_eq!(s.problem_fires("ns", t(0), 1).await.unwrap().len(), 1);
+    assert_eq!(s.problem_fires("ns", t(0), 10).await.unwrap().len(), 3);
 }
 
 /// Runs planned for an instant are listed soonest first until they are

@@ -108,20 +108,21 @@ impl Trigger {
         }
     }
 
+    /// Every trigger.
+    pub const ALL: [Trigger; 8] = [
+        Trigger::Schedule,
+        Trigger::Catchup,
+        Trigger::Manual,
+        Trigger::Backfill,
+        Trigger::Rerun,
+        Trigger::Webhook,
+        Trigger::After,
+        Trigger::Message,
+    ];
+
     /// Parses a stored name.
     pub fn parse(s: &str) -> Option<Trigger> {
-        [
-            Trigger::Schedule,
-            Trigger::Catchup,
-            Trigger::Manual,
-            Trigger::Backfill,
-            Trigger::Rerun,
-            Trigger::Webhook,
-            Trigger::After,
-            Trigger::Message,
-        ]
-        .into_iter()
-        .find(|t| t.as_str() == s)
+        Trigger::ALL.into_iter().find(|t| t.as_str() == s)
     }
 }
 
@@ -839,6 +840,63 @@ pub struct RunRecord {
     pub tasks: Vec<TaskRecord>,
 }
 
+/// Which runs [`RunStore::browse_runs`] lists; every field set narrows.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunFilter {
+    /// Only this namespace's runs.
+    pub namespace: Option<String>,
+    /// Only the runs of jobs of this name.
+    pub job: Option<String>,
+    /// Only runs in one of these states (empty: any state).
+    pub states: Vec<RunState>,
+    /// Only runs made by this trigger.
+    pub trigger: Option<Trigger>,
+    /// Only runs whose fire instant is at or after this.
+    pub since: Option<Timestamp>,
+    /// Only runs whose fire instant is before this.
+    pub until: Option<Timestamp>,
+}
+
+impl RunFilter {
+    /// The states of a comma-separated list of their names (empty: any), or
+    /// what is wrong with it.
+    pub fn parse_states(list: &str) -> std::result::Result<Vec<RunState>, String> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse().map_err(|_| {
+                    let names: Vec<&str> = RunState::ALL.iter().map(|s| s.as_str()).collect();
+                    format!("unknown run state {s:?}: one of {}", names.join(", "))
+                })
+            })
+            .collect()
+    }
+
+    /// A trigger by its name (empty: any), or what is wrong with it.
+    pub fn parse_trigger(name: &str) -> std::result::Result<Option<Trigger>, String> {
+        match name.trim() {
+            "" => Ok(None),
+            t => Trigger::parse(t).map(Some).ok_or_else(|| {
+                let names: Vec<&str> = Trigger::ALL.iter().map(|t| t.as_str()).collect();
+                format!("unknown trigger {t:?}: one of {}", names.join(", "))
+            }),
+        }
+    }
+
+    /// Whether `run` passes the filter (what the SQL stores' `WHERE` says).
+    pub fn matches(&self, run: &RunRecord) -> bool {
+        self.namespace
+            .as_ref()
+            .is_none_or(|ns| *ns == run.namespace)
+            && self.job.as_ref().is_none_or(|j| *j == run.job)
+            && (self.states.is_empty() || self.states.contains(&run.state))
+            && self.trigger.is_none_or(|t| t == run.trigger)
+            && self.since.is_none_or(|t| run.scheduled_at >= t)
+            && self.until.is_none_or(|t| run.scheduled_at < t)
+    }
+}
+
 /// An API token as stored: its identity and authority, never its secret
 /// (only a keyed hash of it, which [`AuthStore::find_token`] looks up).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1305,6 +1363,13 @@ pub trait JobStore: Send + Sync {
         limit: u32,
         cursor: Option<&str>,
     ) -> impl Future<Output = Result<Page<StoredJob>>> + Send;
+    /// The jobs of a namespace that do not fire on their own: paused, or
+    /// their failure breaker open; by name, at most `limit`.
+    fn attention_jobs(
+        &self,
+        namespace: &str,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<StoredJob>>> + Send;
     /// Deletes a job (its history stays). Returns whether it existed.
     fn delete_job(&self, namespace: &str, name: &str) -> impl Future<Output = Result<bool>> + Send;
     /// Pauses or resumes. Returns whether the job exists.
@@ -1379,6 +1444,16 @@ pub trait RunStore: Send + Sync {
         to: Timestamp,
         limit: u32,
     ) -> impl Future<Output = Result<Vec<FireRecord>>> + Send;
+    /// The fires of a namespace's jobs since `since` that did not make a
+    /// run on time (missed, or skipped by a policy; a fire suppressed by a
+    /// calendar is as asked and not one of them), newest first, at most
+    /// `limit`, each with its job.
+    fn problem_fires(
+        &self,
+        namespace: &str,
+        since: Timestamp,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<(String, FireRecord)>>> + Send;
     /// Runs that are not finished and belong to this node (at start-up). A
     /// store shared by a cluster returns the runs of this node's epoch only;
     /// runs of dead nodes are taken over through [`cluster::Coordination`].
@@ -1400,6 +1475,15 @@ pub trait RunStore: Send + Sync {
         &self,
         namespace: &str,
         job: &str,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> impl Future<Output = Result<Page<RunRecord>>> + Send;
+    /// Runs across jobs, newest first (by id), filtered, paginated: the
+    /// runs browser. Served by the index of runs by namespace and id and
+    /// by that of runs by job; other filters are checked on the rows read.
+    fn browse_runs(
+        &self,
+        filter: &RunFilter,
         limit: u32,
         cursor: Option<&str>,
     ) -> impl Future<Output = Result<Page<RunRecord>>> + Send;

@@ -527,6 +527,18 @@ impl JobStore for MemoryStore {
         Ok(page(jobs, limit, crate::job_cursor))
     }
 
+    async fn attention_jobs(&self, namespace: &str, limit: u32) -> Result<Vec<StoredJob>> {
+        let data = self.data();
+        Ok(data
+            .jobs
+            .keys()
+            .filter(|(ns, _)| ns == namespace)
+            .filter_map(|k| data.job(k))
+            .filter(|j| j.paused || j.breaker.is_some())
+            .take(limit as usize)
+            .collect())
+    }
+
     async fn delete_job(&self, namespace: &str, name: &str) -> Result<bool> {
         let mut data = self.data();
         let k = key(namespace, name);
@@ -665,6 +677,38 @@ impl RunStore for MemoryStore {
             .collect()
     }
 
+    async fn problem_fires(
+        &self,
+        namespace: &str,
+        since: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<(String, FireRecord)>> {
+        let data = self.data();
+        let mut out = Vec::new();
+        for ((ns, job), ledger) in &data.fires {
+            if ns != namespace {
+                continue;
+            }
+            for (at, f) in ledger.range(since.as_microsecond()..) {
+                if !matches!(f.outcome, FireOutcome::Fired | FireOutcome::Suppressed) {
+                    out.push((
+                        job.clone(),
+                        FireRecord {
+                            scheduled_at: crate::rows::ts(*at)?,
+                            outcome: f.outcome,
+                            calendar: f.calendar.clone(),
+                            run_id: f.run,
+                            sla_missed_at: f.sla_missed_at,
+                        },
+                    ));
+                }
+            }
+        }
+        out.sort_by(|a, b| b.1.scheduled_at.cmp(&a.1.scheduled_at));
+        out.truncate(limit as usize);
+        Ok(out)
+    }
+
     async fn list_fires(
         &self,
         namespace: &str,
@@ -751,6 +795,27 @@ impl RunStore for MemoryStore {
             .take(limit as usize + 1)
             .map(|(_, r)| r.record())
             .collect::<Result<Vec<_>>>()?;
+        Ok(Page::from_overfetch(runs, limit, crate::run_cursor))
+    }
+
+    async fn browse_runs(
+        &self,
+        filter: &crate::RunFilter,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<Page<RunRecord>> {
+        let before = crate::runs_before(cursor)?;
+        let data = self.data();
+        let mut runs = Vec::new();
+        for (_, r) in data.runs.range(..before).rev() {
+            let run = r.record()?;
+            if filter.matches(&run) {
+                runs.push(run);
+                if runs.len() > limit as usize {
+                    break;
+                }
+            }
+        }
         Ok(Page::from_overfetch(runs, limit, crate::run_cursor))
     }
 

@@ -102,22 +102,33 @@ macro_rules! sql_reader {
                 sql: &str,
                 args: Vec<dagcron_store::sql::Arg>,
             ) -> dagcron_store::Result<Vec<dagcron_store::sql::Row>> {
-                use dagcron_store::sql::Arg;
-                let mut query = sqlx::query::<$db>(sqlx::AssertSqlSafe(sql.to_string()));
-                for arg in args {
-                    query = match arg {
-                        Arg::Text(v) => query.bind(v),
-                        Arg::OptText(v) => query.bind(v),
-                        Arg::Int(v) => query.bind(v),
-                        Arg::Bytes(v) => query.bind(v),
-                    };
-                }
+                let query = bind_args(
+                    sqlx::query::<$db>(sqlx::AssertSqlSafe(sql.to_string())),
+                    args,
+                );
                 let rows = query.fetch_all(&self.$pool).await.map_err($unavailable)?;
                 Ok(rows
                     .into_iter()
                     .map(|row| Box::new(Cells(row)) as dagcron_store::sql::Row)
                     .collect())
             }
+        }
+
+        /// `query` with `args` bound to its placeholders, in order.
+        pub(crate) fn bind_args<'q>(
+            mut query: sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments>,
+            args: Vec<dagcron_store::sql::Arg>,
+        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments> {
+            use dagcron_store::sql::Arg;
+            for arg in args {
+                query = match arg {
+                    Arg::Text(v) => query.bind(v),
+                    Arg::OptText(v) => query.bind(v),
+                    Arg::Int(v) => query.bind(v),
+                    Arg::Bytes(v) => query.bind(v),
+                };
+            }
+            query
         }
     };
 }
@@ -154,6 +165,15 @@ macro_rules! shared_reads {
             limit: u32,
         ) -> $crate::Result<Vec<$crate::FireRecord>> {
             $crate::sql::list_fires(self, namespace, job, from, to, limit).await
+        }
+
+        async fn problem_fires(
+            &self,
+            namespace: &str,
+            since: $crate::sql::Timestamp,
+            limit: u32,
+        ) -> $crate::Result<Vec<(String, $crate::FireRecord)>> {
+            $crate::sql::problem_fires(self, namespace, since, limit).await
         }
 
         async fn count_unfinished_runs(&self, namespace: &str) -> $crate::Result<u64> {
@@ -228,6 +248,14 @@ macro_rules! shared_reads {
             version: i64,
         ) -> $crate::Result<Option<$crate::JobVersion>> {
             $crate::sql::get_job_version(self, namespace, name, version).await
+        }
+
+        async fn attention_jobs(
+            &self,
+            namespace: &str,
+            limit: u32,
+        ) -> $crate::Result<Vec<$crate::StoredJob>> {
+            $crate::sql::attention_jobs(self, namespace, limit).await
         }
     };
     (outbox) => {
@@ -465,6 +493,29 @@ pub async fn get_job<D: Reader>(db: &D, namespace: &str, name: &str) -> Result<O
     .await
 }
 
+/// A namespace's paused jobs and jobs with an open breaker, by name.
+pub async fn attention_jobs<D: Reader>(
+    db: &D,
+    namespace: &str,
+    limit: u32,
+) -> Result<Vec<StoredJob>> {
+    let Dialect {
+        select_jobs,
+        bytes_order: c,
+        ..
+    } = D::DIALECT;
+    let sql = format!(
+        "{select_jobs} WHERE j.namespace = $1 AND (j.paused OR j.breaker_opened_at IS NOT NULL) ORDER BY j.name{c} LIMIT $2"
+    );
+    all(
+        db,
+        &sql,
+        vec![namespace.into(), i64::from(limit).into()],
+        |r| read::job(r),
+    )
+    .await
+}
+
 /// A page of a namespace's jobs by name.
 pub async fn list_jobs<D: Reader>(
     db: &D,
@@ -569,6 +620,81 @@ pub async fn list_fires(
             calendar: r.opt_text(3),
             sla_missed_at: crate::rows::opt_ts(r.opt_int(4))?,
         })
+    })
+    .await
+}
+
+/// The statement of [`RunStore::browse_runs`](crate::RunStore::browse_runs)
+/// selecting `columns` (a backend's run columns), and its arguments: one
+/// more row than `limit`, to tell whether a next page follows.
+pub fn browse_runs(
+    columns: &str,
+    filter: &crate::RunFilter,
+    limit: u32,
+    cursor: Option<&str>,
+) -> Result<(String, Vec<Arg>)> {
+    let mut args = vec![Arg::Int(crate::runs_before(cursor)?)];
+    let mut sql = format!("SELECT {columns} FROM runs WHERE id < $1");
+    let mut push = |sql: &mut String, clause: &str, arg: Arg| {
+        args.push(arg);
+        sql.push_str(&format!(" AND {clause} ${}", args.len()));
+    };
+    if let Some(ns) = &filter.namespace {
+        push(&mut sql, "namespace =", ns.as_str().into());
+    }
+    if let Some(job) = &filter.job {
+        push(&mut sql, "job =", job.as_str().into());
+    }
+    if let Some(trigger) = filter.trigger {
+        push(&mut sql, "trigger =", trigger.as_str().into());
+    }
+    if let Some(since) = filter.since {
+        push(&mut sql, "scheduled_at >=", since.as_microsecond().into());
+    }
+    if let Some(until) = filter.until {
+        push(&mut sql, "scheduled_at <", until.as_microsecond().into());
+    }
+    if !filter.states.is_empty() {
+        let first = args.len() + 1;
+        let marks: Vec<String> = (first..first + filter.states.len())
+            .map(|i| format!("${i}"))
+            .collect();
+        sql.push_str(&format!(" AND state IN ({})", marks.join(", ")));
+        args.extend(filter.states.iter().map(|s| Arg::from(s.as_str())));
+    }
+    args.push(Arg::Int(i64::from(limit) + 1));
+    sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", args.len()));
+    Ok((sql, args))
+}
+
+/// The fires of a namespace since an instant that made no run on time,
+/// newest first; served by the partial index `fires_not_made`, whose
+/// predicate this repeats.
+pub async fn problem_fires(
+    db: &impl Reader,
+    namespace: &str,
+    since: Timestamp,
+    limit: u32,
+) -> Result<Vec<(String, FireRecord)>> {
+    let sql = "SELECT job, scheduled_at, outcome, run_id, calendar, sla_missed_at FROM fires WHERE namespace = $1 AND scheduled_at >= $2 AND outcome <> 'fired' AND outcome <> 'suppressed' ORDER BY scheduled_at DESC LIMIT $3";
+    let args = vec![
+        namespace.into(),
+        since.as_microsecond().into(),
+        i64::from(limit).into(),
+    ];
+    all(db, sql, args, |r| {
+        let outcome = r.text(2);
+        Ok((
+            r.text(0),
+            FireRecord {
+                scheduled_at: ts(r.int(1))?,
+                outcome: dagcron_core::FireOutcome::parse(&outcome)
+                    .ok_or_else(|| StorageError::Corrupt(format!("fire outcome {outcome:?}")))?,
+                run_id: r.opt_int(3),
+                calendar: r.opt_text(4),
+                sla_missed_at: crate::rows::opt_ts(r.opt_int(5))?,
+            },
+        ))
     })
     .await
 }

@@ -57,7 +57,9 @@ use jiff::Timestamp;
 use jiff::tz::TimeZone;
 use tower::ServiceExt;
 
-use crate::session::{SESSION_COOKIE, Sessions, ZONE_COOKIE, cookie, same_secret};
+use crate::session::{
+    SESSION_COOKIE, Sessions, ZONE_CHOICE_COOKIE, ZONE_COOKIE, cookie, same_secret,
+};
 
 /// What the pages share: the API's state, the API itself (where actions
 /// go) and the sessions.
@@ -86,13 +88,19 @@ pub fn with_ui<S: Store>(state: AppState<S>, api: Router) -> Router {
         sessions: Arc::new(Sessions::default()),
     };
     Router::new()
-        .route("/", get(pages::jobs::index::<S>))
+        .route("/", get(pages::overview::index::<S>))
+        .route("/jobs", get(pages::jobs::index::<S>))
         .route("/signin", post(pages::signin::signin::<S>))
         .route("/signout", post(pages::signin::signout::<S>))
         .route("/jobs/{ns}/{name}", get(pages::job::page::<S>))
         .route("/jobs/{ns}/{name}/{action}", post(pages::job::act::<S>))
+        .route("/runs", get(pages::runs::page::<S>))
         .route("/runs/{id}", get(pages::run::page::<S>))
         .route("/runs/{id}/{action}", post(pages::run::act::<S>))
+        .route(
+            "/runs/{id}/tasks/{task}/{action}",
+            post(pages::run::act_on_task::<S>),
+        )
         .route(
             "/runs/{id}/tasks/{task}/attempts/{n}/log",
             get(pages::run::log::<S>),
@@ -101,6 +109,10 @@ pub fn with_ui<S: Store>(state: AppState<S>, api: Router) -> Router {
         .route("/cluster", get(pages::cluster::page::<S>))
         .route("/notifications/{ns}", get(pages::notifications::page::<S>))
         .route("/audit", get(pages::cluster::audit::<S>))
+        .route(
+            "/preferences",
+            get(pages::preferences::page::<S>).post(pages::preferences::save::<S>),
+        )
         .route("/assets/{file}", get(assets::asset))
         .with_state(ui)
         .layer(axum::middleware::map_response(secure_headers))
@@ -137,6 +149,8 @@ pub(crate) struct Viewer {
     secret: String,
     pub(crate) csrf: String,
     pub(crate) zone: TimeZone,
+    /// The theme the viewer chose (empty: the system's).
+    theme: String,
     /// While the instance is read-only, what every page says about it.
     pub(crate) read_only: Option<String>,
 }
@@ -162,6 +176,7 @@ impl Viewer {
             csrf: self.csrf.clone(),
             admin: self.may(Need::Administer, self.who.grant.namespace.as_deref()),
             zone: self.zone.iana_name().unwrap_or("UTC").to_string(),
+            theme: self.theme.clone(),
             read_only: self.read_only.clone(),
         }
     }
@@ -177,6 +192,7 @@ pub(crate) struct Chrome {
     pub(crate) csrf: String,
     pub(crate) admin: bool,
     pub(crate) zone: String,
+    pub(crate) theme: String,
     pub(crate) read_only: Option<String>,
 }
 
@@ -199,8 +215,10 @@ pub(crate) async fn viewer<S: Store>(ui: &Ui<S>, headers: &HeaderMap) -> Result<
             return Err(error_page(StatusCode::SERVICE_UNAVAILABLE, &e.message));
         }
     };
-    let zone = cookie(headers, ZONE_COOKIE)
-        .and_then(|z| TimeZone::get(&z.replace("%2F", "/")).ok())
+    // The zone the viewer chose, else the browser's, else UTC.
+    let zone = [ZONE_CHOICE_COOKIE, ZONE_COOKIE]
+        .into_iter()
+        .find_map(|c| cookie(headers, c).and_then(|z| TimeZone::get(&z.replace("%2F", "/")).ok()))
         .unwrap_or(TimeZone::UTC);
     let read_only = ui
         .st
@@ -212,6 +230,7 @@ pub(crate) async fn viewer<S: Store>(ui: &Ui<S>, headers: &HeaderMap) -> Result<
         secret: session.secret,
         csrf: session.csrf,
         zone,
+        theme: pages::preferences::theme_of(headers),
         read_only,
     })
 }

@@ -19,6 +19,10 @@ pub const SESSION_COOKIE: &str = "dagcron_session";
 pub const SIGNIN_COOKIE: &str = "dagcron_signin";
 /// The cookie in which the browser names its time zone (set by `app.js`).
 pub const ZONE_COOKIE: &str = "dagcron_tz";
+/// The cookie of the time zone the viewer chose (over the browser's).
+pub const ZONE_CHOICE_COOKIE: &str = "dagcron_tz_choice";
+/// The cookie of the theme the viewer chose (`light` or `dark`).
+pub const THEME_COOKIE: &str = "dagcron_theme";
 
 /// A session unused for this long is forgotten.
 pub const IDLE: SignedDuration = SignedDuration::from_hours(12);

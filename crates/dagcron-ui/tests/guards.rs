@@ -182,6 +182,11 @@ fn csrf_of(html: &str) -> String {
 
 /// The UI's routes, with a value for each parameter.
 const PAGES: &[&str] = &[
+    "/jobs",
+    "/jobs?ns=a",
+    "/runs",
+    "/runs?state=failed",
+    "/preferences",
     "/jobs/a/j",
     "/runs/1",
     "/runs/1/tasks/t/attempts/1/log",
@@ -199,6 +204,8 @@ const ACTIONS: &[&str] = &[
     "/jobs/a/j/backfill",
     "/runs/1/cancel",
     "/runs/1/rerun",
+    "/runs/1/tasks/t/retry",
+    "/preferences",
 ];
 
 #[tokio::test]
@@ -386,13 +393,31 @@ async fn another_namespaces_jobs_and_runs_are_not_shown() {
     let run = run["id"].as_i64().unwrap();
     let scoped = ui.token(Role::Admin, Some("a")).await;
     let (cookie, _) = ui.sign_in(&scoped).await;
-    let home = ui.send(Method::GET, "/", &cookie, "", None).await;
+    let overview = ui.send(Method::GET, "/", &cookie, "", None).await;
+    assert!(overview.body.contains(r#"id="ns-a""#), "{}", overview.body);
+    let other = ui.send(Method::GET, "/?ns=b", &cookie, "", None).await;
+    for page in [&overview, &other] {
+        assert_eq!(page.status, StatusCode::OK);
+        assert!(!page.body.contains(r#"id="ns-b""#) && !page.body.contains("/jobs/b/"));
+    }
+    // The runs browser: its namespace's runs (none), whatever it asks for.
+    for path in ["/runs", "/runs?ns=b", "/runs?ns=&state=running"] {
+        let runs = ui.send(Method::GET, path, &cookie, "", None).await;
+        assert_eq!(runs.status, StatusCode::OK, "{path}");
+        assert!(
+            runs.body.contains(r#"id="no-runs""#),
+            "{path}: {}",
+            runs.body
+        );
+        assert!(!runs.body.contains(&format!("/runs/{run}\"")), "{path}");
+    }
+    let home = ui.send(Method::GET, "/jobs", &cookie, "", None).await;
     assert!(home.body.contains("/jobs/a/j"));
     assert!(
         !home.body.contains("/jobs/b/"),
         "only its namespace is offered"
     );
-    let other = ui.send(Method::GET, "/?ns=b", &cookie, "", None).await;
+    let other = ui.send(Method::GET, "/jobs?ns=b", &cookie, "", None).await;
     assert_eq!(other.status, StatusCode::OK);
     assert!(
         !other.body.contains("/jobs/b/j"),
@@ -418,7 +443,15 @@ async fn another_namespaces_jobs_and_runs_are_not_shown() {
         .send(Method::GET, &format!("/runs/{run}"), &cookie, "", None)
         .await;
     assert_eq!(a.status, StatusCode::OK);
-    let home = ui.send(Method::GET, "/?ns=b", &cookie, "", None).await;
+    let runs = ui.send(Method::GET, "/runs", &cookie, "", None).await;
+    assert!(
+        runs.body.contains(&format!("/runs/{run}\"")),
+        "{}",
+        runs.body
+    );
+    let overview = ui.send(Method::GET, "/", &cookie, "", None).await;
+    assert!(overview.body.contains(r#"id="ns-a""#) && overview.body.contains(r#"id="ns-b""#));
+    let home = ui.send(Method::GET, "/jobs?ns=b", &cookie, "", None).await;
     assert!(home.body.contains("/jobs/b/j"));
     assert!(
         home.body.contains(r#"<option value="a""#) && home.body.contains(r#"<option value="b""#)
@@ -433,7 +466,15 @@ async fn every_page_says_when_the_instance_is_read_only() {
     let admin = ui.token(Role::Admin, None).await;
     ui.apply(&admin, "a").await;
     let (cookie, _) = ui.sign_in(&admin).await;
-    let pages = ["/", "/jobs/a/j", "/playground", "/cluster", "/audit"];
+    let pages = [
+        "/",
+        "/jobs",
+        "/runs",
+        "/jobs/a/j",
+        "/playground",
+        "/cluster",
+        "/audit",
+    ];
     for page in pages {
         let a = ui.send(Method::GET, page, &cookie, "", None).await;
         assert!(!a.body.contains(r#"class="banner""#), "{page}");
@@ -618,7 +659,7 @@ jobs:
         job.body
     );
     assert!(job.body.contains(r#"id="resume""#), "{}", job.body);
-    let list = ui.send(Method::GET, "/?ns=a", &cookie, "", None).await;
+    let list = ui.send(Method::GET, "/jobs?ns=a", &cookie, "", None).await;
     assert!(list.body.contains("breaker open"), "{}", list.body);
     let resumed = ui
         .send(

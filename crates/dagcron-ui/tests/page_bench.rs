@@ -225,20 +225,20 @@ async fn pages_at_ten_thousand_jobs_and_a_million_runs() {
     let pages: Vec<Page> = vec![
         (
             "jobs, first page",
-            Box::new(|_| ("/?ns=bench".into(), false)),
+            Box::new(|_| ("/jobs?ns=bench".into(), false)),
         ),
         (
             "jobs, a later page",
             Box::new(|i| {
                 (
-                    format!("/?ns=bench&cursor=job%3Ajob-{:05}", (i * 37) % JOBS),
+                    format!("/jobs?ns=bench&cursor=job%3Ajob-{:05}", (i * 37) % JOBS),
                     false,
                 )
             }),
         ),
         (
             "jobs, a search",
-            Box::new(|i| (format!("/?ns=bench&q=job-0{}", i % 10), false)),
+            Box::new(|i| (format!("/jobs?ns=bench&q=job-0{}", i % 10), false)),
         ),
         (
             "a job",

@@ -262,11 +262,12 @@ fn the_ui_in_a_browser_signs_in_runs_a_job_follows_its_log_and_hides_actions_fro
     sign_in(&b, &url, &token);
 
     // The demo jobs, with runs of the heartbeat in its strip.
+    b.goto(&format!("{url}/jobs"));
     for job in ["heartbeat", "flaky-pipeline", "weekday-report", "slow-log"] {
         b.find(&format!("a[href='/jobs/demo/{job}']"));
     }
     wait_for(30, "a heartbeat run in the strip", || {
-        b.goto(&format!("{url}/"));
+        b.goto(&format!("{url}/jobs"));
         (!b.find_all(".strip a").is_empty()).then_some(())
     });
     b.shot("jobs");
@@ -312,6 +313,83 @@ fn the_ui_in_a_browser_signs_in_runs_a_job_follows_its_log_and_hides_actions_fro
         t.contains("line 8") && t.contains("has ended")
     });
     assert!(full.contains("line 1"), "{full}");
+
+    // A task held for an operator, retried from its run's page: a third
+    // attempt, held again.
+    let (status, held) = server.post(
+        "/api/v1/namespaces/demo/jobs/settle-payments/trigger",
+        "{}",
+        "application/json",
+    );
+    assert_eq!(status, 201, "{held}");
+    let held = held["id"].as_i64().unwrap();
+    wait_for(30, "the settle task held, with its actions", || {
+        b.goto(&format!("{url}/runs/{held}"));
+        (!b.find_all("#task-settle button[data-action=retry]")
+            .is_empty())
+        .then_some(())
+    });
+    b.shot("run-held");
+    b.click("#task-settle button[data-action=retry]");
+    b.text_until(30, "#tasks ~ table", |t| t.contains("3: failed"));
+    b.find("#task-settle button[data-action=retry]");
+
+    // The overview names what needs an operator and what failed.
+    let (status, failing) = server.post(
+        "/api/v1/namespaces/demo/jobs/export-ledger/trigger",
+        "{}",
+        "application/json",
+    );
+    assert_eq!(status, 201, "{failing}");
+    let failing = failing["id"].as_i64().unwrap();
+    wait_for(
+        30,
+        "the failed run and the held task on the overview",
+        || {
+            b.goto(&format!("{url}/"));
+            let text = b.text("#ns-demo");
+            (text.contains("settle held")
+                && !b
+                    .find_all(&format!("#ns-demo a[href='/runs/{failing}']"))
+                    .is_empty())
+            .then_some(())
+        },
+    );
+    b.find("#ns-demo table.calendar");
+    b.shot("overview");
+
+    // The runs browser, filtered by the form: failed runs only.
+    b.goto(&format!("{url}/runs"));
+    b.click("select[name=state] option[value=failed]");
+    b.click("form.filters button[type=submit]");
+    wait_for(10, "the filtered address", || {
+        b.url().contains("state=failed").then_some(())
+    });
+    b.find(&format!("#runs-table a[href='/runs/{failing}']"));
+    let badges = b.find_all("#runs-table .badge");
+    assert!(!badges.is_empty());
+    for e in badges {
+        let t = b.call(reqwest::Method::GET, &format!("/element/{e}/text"), None);
+        assert_eq!(t.as_str(), Some("failed"));
+    }
+    b.shot("runs");
+
+    // Preferences: a dark theme and a time zone, remembered by the browser.
+    b.goto(&format!("{url}/preferences"));
+    b.click("input[name=theme][value=dark]");
+    b.click("select[name=zone] option[value='Asia/Tokyo']");
+    b.click("#save");
+    b.find("#saved");
+    b.find("html[data-theme=dark]");
+    assert!(b.text("header.top").contains("Asia/Tokyo"));
+    b.goto(&format!("{url}/runs"));
+    b.find("html[data-theme=dark]");
+    b.goto(&format!("{url}/preferences"));
+    b.click("input[name=theme][value='']");
+    b.click("select[name=zone] option[value='']");
+    b.click("#save");
+    b.find("#saved");
+    assert!(b.find_all("html[data-theme]").is_empty());
 
     // The playground draws an error under the expression as it is typed.
     b.goto(&format!("{url}/playground"));

@@ -210,6 +210,82 @@ pub(crate) async fn list_runs<S: Store>(
     }))
 }
 
+/// Which runs the runs browser lists.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct BrowseQuery {
+    /// Only this namespace's runs (a namespace-scoped token reads its own
+    /// namespace, and another one's looks empty; an instance-wide token
+    /// reads every namespace without it).
+    namespace: Option<String>,
+    /// Only the runs of jobs of this name.
+    job: Option<String>,
+    /// Only runs in these states, comma-separated (`failed,cancelled`).
+    state: Option<String>,
+    /// Only runs made by this trigger (`schedule`, `catchup`, `manual`,
+    /// `backfill`, `rerun`, `webhook`, `after` or `message`).
+    trigger: Option<String>,
+    /// Only runs whose fire instant is at or after this (RFC 3339).
+    #[param(value_type = Option<String>, format = DateTime)]
+    since: Option<Timestamp>,
+    /// Only runs whose fire instant is before this (RFC 3339).
+    #[param(value_type = Option<String>, format = DateTime)]
+    until: Option<Timestamp>,
+    /// At most this many runs (1 to 1000, default 50).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u32>,
+    /// Where the previous page ended (its `next_cursor`).
+    cursor: Option<String>,
+}
+
+/// Runs across jobs, newest first, filtered: the runs browser.
+#[utoipa::path(get, path = "/api/v1/runs", tag = "runs",
+    params(BrowseQuery),
+    responses((status = 200, body = RunPage), Errors))]
+pub(crate) async fn browse_runs<S: Store>(
+    State(st): State<AppState<S>>,
+    Extension(who): Extension<Principal>,
+    Query(q): Query<BrowseQuery>,
+) -> Result<Json<RunPage>, ApiError> {
+    let limit = limit(q.limit)?;
+    let filter = dagcron_store::RunFilter {
+        namespace: q.namespace.or_else(|| who.grant.namespace.clone()),
+        job: q.job.filter(|j| !j.is_empty()),
+        states: dagcron_store::RunFilter::parse_states(q.state.as_deref().unwrap_or(""))
+            .map_err(ApiError::bad_request)?,
+        trigger: dagcron_store::RunFilter::parse_trigger(q.trigger.as_deref().unwrap_or(""))
+            .map_err(ApiError::bad_request)?,
+        since: q.since,
+        until: q.until,
+    };
+    if let (Some(since), Some(until)) = (filter.since, filter.until) {
+        if since >= until {
+            return Err(ApiError::bad_request(format!(
+                "since ({since}) must be before until ({until})"
+            )));
+        }
+    }
+    match &filter.namespace {
+        Some(ns) => {
+            if !who.lists(Need::Read, ns)? {
+                return Ok(Json(RunPage {
+                    items: vec![],
+                    next_cursor: None,
+                }));
+            }
+        }
+        None => who.allow(Need::Read, None, || ApiError::not_found("no such path"))?,
+    }
+    let page = st
+        .store
+        .browse_runs(&filter, limit, q.cursor.as_deref())
+        .await?;
+    Ok(Json(RunPage {
+        items: page.items.iter().map(RunAnswer::from).collect(),
+        next_cursor: page.next_cursor,
+    }))
+}
+
 /// A range of the fire ledger.
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]

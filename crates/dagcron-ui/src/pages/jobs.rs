@@ -1,4 +1,4 @@
-//! `/`: the sign-in form, or, signed in, the jobs of a namespace: each
+//! `/jobs`: the jobs of a namespace: each
 //! with its schedule in English, its next fire, whether it is paused, a
 //! strip of its last runs and what became of its fires in the last 24
 //! hours; searched, filtered and paginated on the server.
@@ -103,7 +103,7 @@ pub(crate) fn schedule_text(job: Option<&Job>) -> (String, String) {
     (english.join("; and "), written)
 }
 
-/// `GET /`.
+/// `GET /jobs`.
 pub(crate) async fn index<S: Store>(
     State(ui): State<Ui<S>>,
     headers: HeaderMap,
@@ -111,7 +111,7 @@ pub(crate) async fn index<S: Store>(
 ) -> Response {
     let v = match viewer(&ui, &headers).await {
         Ok(v) => v,
-        Err(_) => return super::signin::form(StatusCode::OK, None),
+        Err(resp) => return resp,
     };
     let store = &ui.st.store;
     let namespaces = match &v.who.grant.namespace {
@@ -212,7 +212,7 @@ pub(crate) async fn index<S: Store>(
 
 /// The namespaces that have jobs, found by skipping from one to the next
 /// (one indexed read each), at most [`NAMESPACES`].
-async fn namespaces<S: Store>(store: &S) -> dagcron_store::Result<Vec<String>> {
+pub(crate) async fn namespaces<S: Store>(store: &S) -> dagcron_store::Result<Vec<String>> {
     let mut out: Vec<String> = Vec::new();
     while out.len() < NAMESPACES {
         // Past every name of the last namespace found.

@@ -10,6 +10,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
+use dagcron_core::TaskState;
 use dagcron_core::authz::Need;
 use dagcron_store::prelude::*;
 use dagcron_store::{RunId, RunRecord};
@@ -46,6 +47,26 @@ struct TaskView {
     state: &'static str,
     carried: bool,
     attempts: Vec<AttemptView>,
+    /// What an operator may do to it now: (action, button label).
+    actions: &'static [(&'static str, &'static str)],
+}
+
+/// The interventions the API takes on a task in `state` of a run that
+/// goes on (see `POST /api/v1/runs/{id}/tasks/{task}/{action}`).
+fn task_actions(state: TaskState) -> &'static [(&'static str, &'static str)] {
+    match state {
+        TaskState::Held => &[
+            ("retry", "Retry"),
+            ("mark_succeeded", "Mark succeeded"),
+            ("mark_skipped", "Mark skipped"),
+            ("fail", "Fail"),
+        ],
+        TaskState::Failed | TaskState::UpstreamFailed => &[
+            ("mark_succeeded", "Mark succeeded"),
+            ("mark_skipped", "Mark skipped"),
+        ],
+        _ => &[],
+    }
 }
 
 #[derive(Template)]
@@ -237,6 +258,9 @@ pub(crate) async fn page<S: Store>(
         None => r#"<p class="muted">No attempt has started yet.</p>"#.to_string(),
     };
     let (rows, start, end) = timeline(&run, now);
+    let may_intervene = v.may(Need::Operate, Some(&run.namespace))
+        && run.state == dagcron_core::RunState::Running
+        && run.closing.is_none();
     let tasks = run
         .tasks
         .iter()
@@ -244,6 +268,11 @@ pub(crate) async fn page<S: Store>(
             id: t.id.clone(),
             state: t.state.as_str(),
             carried: t.carried,
+            actions: if may_intervene {
+                task_actions(t.state)
+            } else {
+                &[]
+            },
             attempts: t
                 .attempts
                 .iter()
@@ -319,6 +348,36 @@ pub(crate) async fn log<S: Store>(
     match log_part(&ui, &run, &task, n).await {
         Ok(html) => axum::response::Html(html).into_response(),
         Err(resp) => resp,
+    }
+}
+
+/// `POST /runs/{id}/tasks/{task}/{action}`: an operator's intervention on
+/// a task (retry, mark succeeded or skipped, fail), sent to the API's
+/// route; back to the task on the run's page.
+pub(crate) async fn act_on_task<S: Store>(
+    State(ui): State<Ui<S>>,
+    parts: Parts,
+    Path((id, task, action)): Path<(RunId, String, String)>,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
+    let v = match viewer(&ui, &parts.headers).await {
+        Ok(v) => v,
+        Err(resp) => return resp,
+    };
+    if let Err(resp) = check_csrf(&v, &f) {
+        return resp;
+    }
+    let path = format!(
+        "/api/v1/runs/{id}/tasks/{}/{}",
+        crate::path_part(&task),
+        crate::path_part(&action)
+    );
+    let connect = parts.extensions.get().cloned();
+    match call_api(&ui, &v, &parts.headers, connect, &path, json!({})).await {
+        Ok(_) => {
+            Redirect::to(&format!("/runs/{id}#task-{}", crate::path_part(&task))).into_response()
+        }
+        Err((status, message)) => error_page(status, &message),
     }
 }
 
