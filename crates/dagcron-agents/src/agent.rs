@@ -511,6 +511,7 @@ async fn start(
                 exit_code: None,
                 error: Some(e),
                 log: vec![],
+                lines: Vec::new(),
                 start_error_us: None,
             },
             Ok((executor, ctx)) => {

@@ -146,6 +146,7 @@ pub(crate) fn outcome_to_result(attempt: v1::AttemptRef, o: &Outcome) -> v1::Res
         finished_at_us: 0,
         start_error_us: 0,
         output: o.log.clone(),
+        lines: dagcron_core::log::encode(&o.lines),
     }
 }
 
@@ -169,6 +170,7 @@ pub(crate) fn outcome_from_result(r: &v1::Result, is_http: bool) -> Outcome {
         exit_code: r.exit_code,
         error,
         log: r.output.clone(),
+        lines: dagcron_core::log::decode(&r.lines),
         start_error_us: None,
     }
 }
@@ -180,6 +182,7 @@ pub(crate) fn lost(why: &str) -> Outcome {
         exit_code: None,
         error: Some(why.to_string()),
         log: vec![],
+        lines: Vec::new(),
         start_error_us: None,
     }
 }

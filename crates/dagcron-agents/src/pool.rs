@@ -792,6 +792,7 @@ fn cancelled_outcome() -> dagcron_exec::Outcome {
         exit_code: None,
         error: Some("cancelled before an agent took it".into()),
         log: vec![],
+        lines: Vec::new(),
         start_error_us: None,
     }
 }

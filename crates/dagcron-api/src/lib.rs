@@ -64,6 +64,7 @@ use axum::Router;
 use dagcron_store::prelude::*;
 
 pub use error::ApiError;
+pub use handlers::runs::log_attachment;
 pub use handlers::{audit, policy, quotas, schedules, secrets, tokens};
 pub use metrics::metrics_router;
 pub use state::{AppState, AttemptOutput, DEFAULT_MAX_BODY_BYTES};

@@ -92,10 +92,18 @@ impl<S: Store> AppState<S> {
                 running: !done,
             }));
         }
+        let running = !attempt.state.is_terminal();
+        if running {
+            // Running on another node of a cluster: its output as that node
+            // last published it.
+            if let Some(bytes) = self.store.read_live_log(run.id, task, n).await? {
+                return Ok(Some(AttemptOutput { bytes, running }));
+            }
+        }
         let bytes = self.store.read_log(run.id, task, n).await?;
         Ok(Some(AttemptOutput {
             bytes: bytes.unwrap_or_default(),
-            running: !attempt.state.is_terminal(),
+            running,
         }))
     }
 }

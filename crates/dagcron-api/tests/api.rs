@@ -123,6 +123,17 @@ impl Api {
         (status, value)
     }
 
+    /// The whole answer to a request with the token, headers and all.
+    async fn raw(&self, method: Method, uri: &str) -> axum::response::Response {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", format!("Bearer {}", self.token))
+            .body(Body::empty())
+            .unwrap();
+        self.app.clone().oneshot(req).await.unwrap()
+    }
+
     async fn get(&self, uri: &str) -> (StatusCode, Value) {
         self.call(Method::GET, uri, "application/json", "").await
     }
@@ -2660,6 +2671,7 @@ async fn old_history(store: &SqliteStore) {
         exit_code: Some(0),
         error: None,
         log: b"old output".to_vec(),
+        lines: Vec::new(),
         start_error_us: None,
         for_other_node: false,
     });
@@ -3253,4 +3265,62 @@ async fn the_runs_browser_lists_what_the_token_may_read() {
         let message = body["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(says), "{uri}: {body}");
     }
+}
+
+/// An attempt's log line by line: each line with when it was written and
+/// whether to stdout or stderr, and as a file to save.
+#[tokio::test]
+async fn a_log_is_read_line_by_line_with_its_streams_and_downloaded() {
+    let api = api().await;
+    let file = "namespace: a\njobs:\n  - { name: talk, tasks: [{ id: t, shell: 'echo out one; echo err one >&2; sleep 0.1; echo out two' }] }\n";
+    let (status, body) = api
+        .call(Method::POST, "/api/v1/apply", "application/yaml", file)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, run) = api
+        .post("/api/v1/namespaces/a/jobs/talk/trigger", "{}")
+        .await;
+    let id = &run["id"];
+    assert_eq!(api.wait_run(id).await["state"], "succeeded");
+    let (status, lines) = api
+        .get(&format!(
+            "/api/v1/runs/{id}/tasks/t/attempts/1/log?lines=true"
+        ))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{lines}");
+    assert_eq!(lines["complete"], true);
+    let seen: Vec<(String, String)> = lines["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            assert!(l["at"].as_str().is_some(), "{l}");
+            (
+                l["stream"].as_str().unwrap().to_string(),
+                l["text"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let mut sorted = seen.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        [
+            ("stderr".to_string(), "err one".to_string()),
+            ("stdout".to_string(), "out one".to_string()),
+            ("stdout".to_string(), "out two".to_string()),
+        ],
+        "{seen:?}"
+    );
+    assert_eq!(seen.last().unwrap().1, "out two");
+    let resp = api
+        .raw(
+            Method::GET,
+            &format!("/api/v1/runs/{id}/tasks/t/attempts/1/log?download=true"),
+        )
+        .await;
+    assert_eq!(
+        resp.headers()["content-disposition"],
+        format!("attachment; filename=\"run-{id}-t-1.log\"")
+    );
 }

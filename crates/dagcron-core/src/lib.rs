@@ -63,6 +63,7 @@ pub mod fires;
 pub mod hook;
 pub mod hotspots;
 pub mod job;
+pub mod log;
 pub mod message;
 pub mod model;
 pub mod notify;

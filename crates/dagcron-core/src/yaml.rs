@@ -1,10 +1,51 @@
 //! How a YAML job file that cannot be read is reported: where (the file's
 //! own name, line and column, with the lines around it) and, for a field
-//! nobody knows, the known field it most likely meant.
+//! nobody knows, the known field it most likely meant. And how a stored
+//! job is shown as YAML, and two of its versions compared.
 
 use std::borrow::Cow;
 
 use serde_saphyr::{DefaultMessageFormatter, Error, MessageFormatter, RenderOptions};
+
+/// A stored spec as YAML, in its canonical form: the fields of a job file
+/// in their declared order, every default written out, the fields left
+/// unset (`null`) left out. A spec this build no longer reads is shown as
+/// stored.
+pub fn canonical_yaml(spec: &serde_json::Value) -> Result<String, String> {
+    let yaml = match serde_json::from_value::<crate::JobSpec>(spec.clone()) {
+        Ok(parsed) => serde_saphyr::to_string(&parsed),
+        Err(_) => serde_saphyr::to_string(spec),
+    };
+    let yaml = yaml.map_err(|e| format!("writing the spec as YAML: {e}"))?;
+    let kept: Vec<&str> = yaml.lines().filter(|line| !is_unset(line)).collect();
+    Ok(kept.join("\n") + "\n")
+}
+
+/// Whether a line of YAML is a field left unset: `key: null` (a string
+/// `null` is quoted; the first key of a list item, `- id: ...`, is never
+/// unset).
+fn is_unset(line: &str) -> bool {
+    let line = line.trim_start();
+    !line.starts_with("- ")
+        && line.split_once(": ").is_some_and(|(key, value)| {
+            value == "null"
+                && !key.is_empty()
+                && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+}
+
+/// A unified diff of two texts, line by line, with three lines of
+/// context; empty when they are equal.
+pub fn unified_diff(from_label: &str, from: &str, to_label: &str, to: &str) -> String {
+    if from == to {
+        return String::new();
+    }
+    similar::TextDiff::from_lines(from, to)
+        .unified_diff()
+        .context_radius(3)
+        .header(from_label, to_label)
+        .to_string()
+}
 
 /// The words of the default formatter, with a suggestion for an unknown
 /// field or variant.

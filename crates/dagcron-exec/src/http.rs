@@ -151,6 +151,7 @@ fn failed(failure: Failure, error: String, code: Option<i32>, log: Vec<u8>) -> O
         exit_code: code,
         error: Some(error),
         log,
+        lines: Vec::new(),
         start_error_us: None,
     }
 }
@@ -227,7 +228,7 @@ pub(crate) async fn run(
             Ok((status, log)) => {
                 let ok = if spec.expect.is_empty() { (200..300).contains(&status) } else { spec.expect.contains(&status) };
                 if ok {
-                    Outcome { ending: Ending::Succeeded, exit_code: Some(i32::from(status)), error: None, log, start_error_us: None }
+                    Outcome { ending: Ending::Succeeded, exit_code: Some(i32::from(status)), error: None, log, lines: Vec::new(), start_error_us: None }
                 } else {
                     let expected = if spec.expect.is_empty() { "2xx".to_string() } else { format!("{:?}", spec.expect) };
                     failed(Failure::HttpStatus(status), format!("{} {url} answered {status}, expected {expected}", spec.method), Some(i32::from(status)), log)
@@ -235,8 +236,8 @@ pub(crate) async fn run(
             }
             Err(e) => failed(Failure::Error(e.to_string()), format!("{} {url}: {}", spec.method, chain(&e)), None, vec![]),
         },
-        () = sleep => Outcome { ending: Ending::TimedOut, exit_code: None, error: Some(format!("no answer from {url} within {:?}", timeout.unwrap_or_default())), log: vec![], start_error_us: None },
-        () = cancel.cancelled() => Outcome { ending: Ending::Cancelled, exit_code: None, error: Some("cancelled".into()), log: vec![], start_error_us: None },
+        () = sleep => Outcome { ending: Ending::TimedOut, exit_code: None, error: Some(format!("no answer from {url} within {:?}", timeout.unwrap_or_default())), log: vec![], lines: Vec::new(), start_error_us: None },
+        () = cancel.cancelled() => Outcome { ending: Ending::Cancelled, exit_code: None, error: Some("cancelled".into()), log: vec![], lines: Vec::new(), start_error_us: None },
     }
 }
 

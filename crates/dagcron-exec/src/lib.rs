@@ -378,6 +378,9 @@ pub struct Outcome {
     pub error: Option<String>,
     /// Captured output (stdout and stderr interleaved, or the response body), capped.
     pub log: Vec<u8>,
+    /// Where each line of `log` came from and when (a shell task's; none
+    /// for other kinds).
+    pub lines: Vec<dagcron_core::log::LineMark>,
     /// For an attempt asked to start at an instant: how far from it it
     /// started, in microseconds (positive: late).
     pub start_error_us: Option<i64>,
@@ -391,6 +394,7 @@ impl Outcome {
             exit_code: None,
             error: Some(error),
             log: vec![],
+            lines: Vec::new(),
             start_error_us: None,
         }
     }
@@ -435,6 +439,7 @@ pub async fn run_live(
             exit_code: None,
             error: None,
             log: vec![],
+            lines: Vec::new(),
             start_error_us: None,
         },
     };
@@ -524,11 +529,13 @@ impl LiveLog {
     }
 }
 
-/// A byte buffer that keeps at most `cap` bytes and says how much it dropped.
+/// A byte buffer that keeps at most `cap` bytes and says how much it
+/// dropped; with the marks of its lines when it is fed by stream.
 pub(crate) struct CappedLog {
     buf: Vec<u8>,
     cap: usize,
     dropped: usize,
+    marker: dagcron_core::log::Marker,
 }
 
 impl CappedLog {
@@ -537,6 +544,7 @@ impl CappedLog {
             buf: Vec::new(),
             cap,
             dropped: 0,
+            marker: dagcron_core::log::Marker::default(),
         }
     }
 
@@ -545,6 +553,20 @@ impl CappedLog {
         let take = room.min(bytes.len());
         self.buf.extend_from_slice(&bytes[..take]);
         self.dropped += bytes.len() - take;
+    }
+
+    /// Takes output read from `stream` now, marking the lines it starts.
+    pub(crate) fn push_from(&mut self, bytes: &[u8], stream: dagcron_core::log::Stream) {
+        let room = self.cap.saturating_sub(self.buf.len());
+        let at = jiff::Timestamp::now().as_microsecond();
+        self.marker
+            .push(&bytes[..room.min(bytes.len())], stream, at);
+        self.push(bytes);
+    }
+
+    /// The marks of the lines kept, taking them.
+    pub(crate) fn take_marks(&mut self) -> Vec<dagcron_core::log::LineMark> {
+        std::mem::take(&mut self.marker).finish()
     }
 
     pub(crate) fn finish(mut self) -> Vec<u8> {

@@ -18,6 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::sandbox;
 use crate::tree::{self, MARK_VAR};
+use dagcron_core::log::Stream;
+
 use crate::{AttemptContext, CappedLog, Ending, Limits, LiveLog, Outcome};
 
 /// How long output is still read once an attempt's processes were killed: a
@@ -52,13 +54,18 @@ impl Drop for Spawned {
     }
 }
 
-async fn pump(mut from: impl AsyncRead + Unpin, log: Arc<Mutex<CappedLog>>, live: Option<LiveLog>) {
+async fn pump(
+    mut from: impl AsyncRead + Unpin,
+    stream: Stream,
+    log: Arc<Mutex<CappedLog>>,
+    live: Option<LiveLog>,
+) {
     let mut buf = [0u8; 8192];
     while let Ok(n) = from.read(&mut buf).await {
         if n == 0 {
             break;
         }
-        log.lock().expect("log lock").push(&buf[..n]);
+        log.lock().expect("log lock").push_from(&buf[..n], stream);
         if let Some(live) = &live {
             live.push(&buf[..n]);
         }
@@ -164,11 +171,13 @@ pub(crate) async fn run(
     let log = Arc::new(Mutex::new(CappedLog::new(limits.max_output)));
     let out = tokio::spawn(pump(
         child.stdout.take().expect("piped"),
+        Stream::Stdout,
         log.clone(),
         live.cloned(),
     ));
     let err = tokio::spawn(pump(
         child.stderr.take().expect("piped"),
+        Stream::Stderr,
         log.clone(),
         live.cloned(),
     ));
@@ -213,7 +222,9 @@ pub(crate) async fn run(
     }
     tree::sweep_adopted();
     // Aborted readers may still hold the buffer for a moment: take its contents.
-    let log = std::mem::replace(&mut *log.lock().expect("log lock"), CappedLog::new(0)).finish();
+    let mut log = std::mem::replace(&mut *log.lock().expect("log lock"), CappedLog::new(0));
+    let lines = log.take_marks();
+    let log = log.finish();
     let exit_code = status.and_then(|s| s.code());
     let (ending, error) = match ending {
         Some(Ending::TimedOut) => (
@@ -246,6 +257,7 @@ pub(crate) async fn run(
         exit_code,
         error,
         log,
+        lines,
         start_error_us: None,
     }
 }

@@ -20,6 +20,7 @@ fn failed(error: String, exit_code: Option<i32>, log: Vec<u8>) -> Outcome {
         exit_code,
         error: Some(error),
         log,
+        lines: Vec::new(),
         start_error_us: None,
     }
 }
@@ -216,6 +217,7 @@ pub(crate) async fn run(
         exit_code,
         error,
         log: report.log,
+        lines: Vec::new(),
         start_error_us: None,
     }
 }

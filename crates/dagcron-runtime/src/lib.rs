@@ -236,6 +236,7 @@
 pub mod clock;
 pub mod cluster;
 pub mod engine;
+pub mod live;
 pub mod metrics;
 pub mod outbox;
 pub mod prune;

@@ -164,14 +164,15 @@ pub(crate) async fn keep_logs(
     *sent += 1;
     let l = &effects.logs;
     sqlx::query(
-        "INSERT INTO attempt_logs (run_id, task_id, number, log)
-         SELECT * FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bytea[])
-         ON CONFLICT (run_id, task_id, number) DO UPDATE SET log = EXCLUDED.log",
+        "INSERT INTO attempt_logs (run_id, task_id, number, log, lines)
+         SELECT * FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bytea[], $5::bytea[])
+         ON CONFLICT (run_id, task_id, number) DO UPDATE SET log = EXCLUDED.log, lines = EXCLUDED.lines",
     )
     .bind(l.iter().map(|e| e.0).collect::<Vec<_>>())
     .bind(l.iter().map(|e| e.1).collect::<Vec<_>>())
     .bind(l.iter().map(|e| e.2 as i32).collect::<Vec<_>>())
     .bind(l.iter().map(|e| e.3).collect::<Vec<_>>())
+    .bind(l.iter().map(|e| e.4).collect::<Vec<_>>())
     .execute(&mut *conn)
     .await?;
     Ok(())

@@ -7,12 +7,17 @@ use dagcron_core::AttemptState;
 use dagcron_store::prelude::*;
 use dagcron_store::rows::{labels_json, opt_ts};
 use dagcron_store::{
-    AttemptKey, ClaimedAttempt, Page, RemoteAttempt, Result, RunFilter, RunId, RunRecord, Write,
-    WriteResult,
+    AttemptKey, ClaimedAttempt, LiveLogWrite, Page, RemoteAttempt, Result, RunFilter, RunId,
+    RunRecord, Write, WriteResult,
 };
 use jiff::Timestamp;
 
 use crate::transaction;
+
+/// A published live log not refreshed for this long is deleted: its node
+/// died, or its attempt wrote nothing for that long (it is published again
+/// at its next output).
+const LIVE_LOG_KEPT_US: i64 = 6 * 3600 * 1_000_000;
 use crate::{PgStore, RUN_COLUMNS, batch, claim_some, notify, rows, unavailable};
 
 impl RunStore for PgStore {
@@ -285,6 +290,73 @@ impl RunStore for PgStore {
             })
             .cloned()
             .collect())
+    }
+
+    async fn put_live_logs(&self, logs: Vec<LiveLogWrite>) -> Result<()> {
+        if logs.is_empty() {
+            return Ok(());
+        }
+        let now = Timestamp::now().as_microsecond();
+        transaction!(self, fenced = false, |conn| {
+            for l in &logs {
+                match &l.log {
+                    Some(bytes) => {
+                        sqlx::query(
+                            "INSERT INTO live_logs (run_id, task_id, number, log, updated_at) VALUES ($1, $2, $3, $4, $5)
+                             ON CONFLICT (run_id, task_id, number) DO UPDATE SET log = EXCLUDED.log, updated_at = EXCLUDED.updated_at",
+                        )
+                        .bind(l.run)
+                        .bind(&l.task)
+                        .bind(l.number as i32)
+                        .bind(bytes)
+                        .bind(now)
+                        .execute(&mut *conn)
+                        .await?;
+                    }
+                    None => {
+                        sqlx::query(
+                            "DELETE FROM live_logs WHERE run_id = $1 AND task_id = $2 AND number = $3",
+                        )
+                        .bind(l.run)
+                        .bind(&l.task)
+                        .bind(l.number as i32)
+                        .execute(&mut *conn)
+                        .await?;
+                    }
+                }
+            }
+            // What a node that died left behind.
+            sqlx::query("DELETE FROM live_logs WHERE updated_at < $1")
+                .bind(now - LIVE_LOG_KEPT_US)
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        })
+    }
+
+    async fn read_log_lines(&self, run: RunId, task: &str, number: u32) -> Result<Vec<u8>> {
+        let lines: Option<Option<Vec<u8>>> = sqlx::query_scalar(
+            "SELECT lines FROM attempt_logs WHERE run_id = $1 AND task_id = $2 AND number = $3",
+        )
+        .bind(run)
+        .bind(task)
+        .bind(number as i32)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unavailable)?;
+        Ok(lines.flatten().unwrap_or_default())
+    }
+
+    async fn read_live_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {
+        sqlx::query_scalar(
+            "SELECT log FROM live_logs WHERE run_id = $1 AND task_id = $2 AND number = $3",
+        )
+        .bind(run)
+        .bind(task)
+        .bind(number as i32)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(unavailable)
     }
 
     async fn read_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {

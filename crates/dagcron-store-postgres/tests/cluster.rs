@@ -420,6 +420,7 @@ fn attempt_end(task: &str, at: Timestamp, for_other_node: bool) -> Write {
         exit_code: Some(0),
         error: None,
         log: b"done".to_vec(),
+        lines: Vec::new(),
         start_error_us: None,
         for_other_node,
     }

@@ -117,6 +117,19 @@ impl RunStore for SqliteStore {
         self.load_runs(query).await
     }
 
+    async fn read_log_lines(&self, run: RunId, task: &str, number: u32) -> Result<Vec<u8>> {
+        let lines: Option<Option<Vec<u8>>> = sqlx::query_scalar(
+            "SELECT log_lines FROM attempts WHERE run_id = ? AND task_id = ? AND number = ?",
+        )
+        .bind(run)
+        .bind(task)
+        .bind(number)
+        .fetch_optional(&self.reader)
+        .await
+        .map_err(unavailable)?;
+        Ok(lines.flatten().unwrap_or_default())
+    }
+
     async fn read_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {
         let row: Option<(Option<Vec<u8>>,)> = sqlx::query_as(
             "SELECT log FROM attempts WHERE run_id = ? AND task_id = ? AND number = ?",

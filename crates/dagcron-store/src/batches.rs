@@ -119,7 +119,7 @@ pub fn write() -> impl Strategy<Value = Write> {
                 exit_code: failed.then_some(3),
                 error: failed.then(|| "exit 3".to_string()),
                 log: b"out".to_vec(),
-                start_error_us: None,
+                lines: Vec::new(), start_error_us: None,
                 for_other_node: false,
             }
         ),

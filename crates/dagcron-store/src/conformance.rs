@@ -779,6 +779,22 @@ pub async fn the_audit_log_is_one_chain<S: Store>(s: &S) {
     let n1 = s.list_audit(0, 100, Some("n1")).await.unwrap();
     assert_eq!(n1.len(), 10);
     assert!(n1.iter().all(|e| e.namespace.as_deref() == Some("n1")));
+    // Newest first, a page at a time from a position.
+    let newest = s.list_audit_newest(i64::MAX, 3, None).await.unwrap();
+    assert_eq!(
+        newest.iter().map(|r| r.seq).collect::<Vec<_>>(),
+        [20, 19, 18]
+    );
+    let before = s.list_audit_newest(18, 2, Some("n1")).await.unwrap();
+    let want: Vec<i64> = n1
+        .iter()
+        .rev()
+        .map(|r| r.seq)
+        .filter(|&q| q < 18)
+        .take(2)
+        .collect();
+    assert_eq!(before.iter().map(|r| r.seq).collect::<Vec<_>>(), want);
+    assert!(s.list_audit_newest(1, 10, None).await.unwrap().is_empty());
 
     // Retention: five newer rows, then every row older than them goes;
     // the checkpoint keeps the chain verifiable, and appends go on after it.
@@ -1155,6 +1171,7 @@ pub async fn attempts_and_logs<S: Store>(s: &S) {
         exit_code: code,
         error: (to != AttemptState::Succeeded).then(|| "exit status 75".to_string()),
         log: format!("output of attempt {n}").into_bytes(),
+        lines: Vec::new(),
         start_error_us: None,
         for_other_node: false,
     };

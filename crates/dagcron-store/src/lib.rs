@@ -461,6 +461,9 @@ pub enum Write {
         error: Option<String>,
         /// Captured output (already capped by the executor).
         log: Vec<u8>,
+        /// Where each line of `log` came from and when, as
+        /// [`dagcron_core::log::encode`] writes it (empty: not known).
+        lines: Vec<u8>,
         /// How far from its asked instant it started (see [`AttemptRecord::start_error_us`]).
         start_error_us: Option<i64>,
         /// Run on this node for a run another node owns: in a cluster, that
@@ -895,6 +898,20 @@ impl RunFilter {
             && self.since.is_none_or(|t| run.scheduled_at >= t)
             && self.until.is_none_or(|t| run.scheduled_at < t)
     }
+}
+
+/// An attempt's output so far, published for the other nodes of a cluster
+/// (see [`RunStore::put_live_logs`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveLogWrite {
+    /// The run.
+    pub run: RunId,
+    /// The task.
+    pub task: String,
+    /// The attempt's number.
+    pub number: u32,
+    /// Its output so far; none: the attempt has ended, its row goes.
+    pub log: Option<Vec<u8>>,
 }
 
 /// An API token as stored: its identity and authority, never its secret
@@ -1496,6 +1513,32 @@ pub trait RunStore: Send + Sync {
         limit: u32,
     ) -> impl Future<Output = Result<Vec<RunRecord>>> + Send;
 
+    /// Where each line of an ended attempt's output came from, as
+    /// [`dagcron_core::log::encode`] wrote it (empty: not known).
+    fn read_log_lines(
+        &self,
+        run: RunId,
+        task: &str,
+        number: u32,
+    ) -> impl Future<Output = Result<Vec<u8>>> + Send;
+    /// Publishes the output so far of attempts running on this node (a
+    /// `None` withdraws an attempt's), so that the other nodes of a cluster
+    /// can show it while it runs. A store used by one node keeps none.
+    fn put_live_logs(&self, logs: Vec<LiveLogWrite>) -> impl Future<Output = Result<()>> + Send {
+        let _ = logs;
+        async { Ok(()) }
+    }
+    /// The output of an attempt running on another node, as last published.
+    fn read_live_log(
+        &self,
+        run: RunId,
+        task: &str,
+        number: u32,
+    ) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send {
+        let _ = (run, task, number);
+        async { Ok(None) }
+    }
+
     /// The largest run id ever stored (ids keep increasing across restarts).
     fn max_run_id(&self) -> impl Future<Output = Result<RunId>> + Send;
     /// Asks the node that runs `run` to cancel it; `false` if no other node
@@ -1628,6 +1671,15 @@ pub trait AuditStore: SettingStore {
     fn list_audit(
         &self,
         after: i64,
+        limit: u32,
+        namespace: Option<&str>,
+    ) -> impl Future<Output = Result<Vec<AuditEntry>>> + Send;
+
+    /// Audit rows before position `before`, newest first, at most `limit`,
+    /// of one namespace if asked.
+    fn list_audit_newest(
+        &self,
+        before: i64,
         limit: u32,
         namespace: Option<&str>,
     ) -> impl Future<Output = Result<Vec<AuditEntry>>> + Send;

@@ -105,7 +105,8 @@ struct Data {
     /// The fire ledger, by job and instant (microseconds).
     fires: BTreeMap<Key, BTreeMap<i64, Fire>>,
     runs: BTreeMap<RunId, Run>,
-    logs: BTreeMap<(RunId, String, u32), Vec<u8>>,
+    /// Each ended attempt's output and the marks of its lines.
+    logs: BTreeMap<(RunId, String, u32), (Vec<u8>, Vec<u8>)>,
     /// Tokens with the keyed hash of their secret.
     tokens: Vec<(TokenRecord, Vec<u8>)>,
     secrets: BTreeMap<Key, SecretRecord>,
@@ -409,9 +410,11 @@ impl Data {
                 let mut effects = Effects::default();
                 let row = self.runs.get_mut(&id).map(|r| &mut r.row);
                 let result = run_row::apply(row, w, None, &mut effects);
-                for (run, task, number, log) in effects.logs {
-                    self.logs
-                        .insert((run, task.to_string(), number), log.to_vec());
+                for (run, task, number, log, lines) in effects.logs {
+                    self.logs.insert(
+                        (run, task.to_string(), number),
+                        (log.to_vec(), lines.to_vec()),
+                    );
                 }
                 result
             }
@@ -847,9 +850,18 @@ impl RunStore for MemoryStore {
         Ok(exists.then(|| {
             data.logs
                 .get(&(run, task.to_string(), number))
-                .cloned()
+                .map(|l| l.0.clone())
                 .unwrap_or_default()
         }))
+    }
+
+    async fn read_log_lines(&self, run: RunId, task: &str, number: u32) -> Result<Vec<u8>> {
+        let data = self.data();
+        Ok(data
+            .logs
+            .get(&(run, task.to_string(), number))
+            .map(|l| l.1.clone())
+            .unwrap_or_default())
     }
 }
 
@@ -1110,6 +1122,25 @@ impl AuditStore for MemoryStore {
             .iter()
             .filter(|e| {
                 e.seq > after && namespace.is_none_or(|ns| e.namespace.as_deref() == Some(ns))
+            })
+            .take(limit as usize)
+            .cloned()
+            .collect())
+    }
+
+    async fn list_audit_newest(
+        &self,
+        before: i64,
+        limit: u32,
+        namespace: Option<&str>,
+    ) -> Result<Vec<AuditEntry>> {
+        let data = self.data();
+        Ok(data
+            .audit
+            .iter()
+            .rev()
+            .filter(|e| {
+                e.seq < before && namespace.is_none_or(|ns| e.namespace.as_deref() == Some(ns))
             })
             .take(limit as usize)
             .cloned()

@@ -166,8 +166,9 @@ impl Row {
 /// What a batch does besides its runs' rows, by run.
 #[derive(Debug, Default)]
 pub struct Effects<'a> {
-    /// Output of ended attempts: run, task, number, output.
-    pub logs: Vec<(RunId, &'a str, u32, &'a [u8])>,
+    /// Output of ended attempts: run, task, number, output, the marks of
+    /// its lines.
+    pub logs: Vec<(RunId, &'a str, u32, &'a [u8], &'a [u8])>,
     /// Attempts handed to the cluster: run, task, number, instant, labels.
     pub queued: Vec<(RunId, &'a str, u32, i64, Option<String>)>,
     /// Attempts that left the cluster's queue unclaimed (ended or withdrawn).
@@ -341,6 +342,7 @@ pub fn apply<'a>(
                 exit_code,
                 error,
                 log,
+                lines,
                 start_error_us,
                 for_other_node,
             },
@@ -362,7 +364,7 @@ pub fn apply<'a>(
             a.error.clone_from(error);
             a.start_error_us = *start_error_us;
             if !log.is_empty() {
-                effects.logs.push((*run, task, *number, log));
+                effects.logs.push((*run, task, *number, log, lines));
             }
             if *for_other_node {
                 effects.ended_for_others.push(*run);
@@ -559,6 +561,7 @@ mod tests {
             exit_code: Some(0),
             error: None,
             log: b"out".to_vec(),
+            lines: Vec::new(),
             start_error_us: None,
             for_other_node: false,
         };

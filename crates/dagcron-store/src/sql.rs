@@ -148,6 +148,15 @@ macro_rules! shared_reads {
         ) -> $crate::Result<Vec<$crate::AuditEntry>> {
             $crate::sql::list_audit(self, after, limit, namespace).await
         }
+
+        async fn list_audit_newest(
+            &self,
+            before: i64,
+            limit: u32,
+            namespace: Option<&str>,
+        ) -> $crate::Result<Vec<$crate::AuditEntry>> {
+            $crate::sql::list_audit_newest(self, before, limit, namespace).await
+        }
     };
     (runs) => {
         async fn last_fires(
@@ -744,6 +753,21 @@ pub async fn list_audit(
         "SELECT {AUDIT_COLUMNS} FROM audit WHERE seq > $1 AND (CAST($2 AS TEXT) IS NULL OR namespace = $2) ORDER BY seq LIMIT $3"
     );
     let args = vec![after.into(), namespace.into(), i64::from(limit).into()];
+    all(db, &sql, args, read::audit).await
+}
+
+/// Audit rows before position `before`, newest first, of one namespace if
+/// asked.
+pub async fn list_audit_newest(
+    db: &impl Reader,
+    before: i64,
+    limit: u32,
+    namespace: Option<&str>,
+) -> Result<Vec<AuditEntry>> {
+    let sql = format!(
+        "SELECT {AUDIT_COLUMNS} FROM audit WHERE seq < $1 AND (CAST($2 AS TEXT) IS NULL OR namespace = $2) ORDER BY seq DESC LIMIT $3"
+    );
+    let args = vec![before.into(), namespace.into(), i64::from(limit).into()];
     all(db, &sql, args, read::audit).await
 }
 

@@ -108,7 +108,7 @@ pub fn with_ui<S: Store>(state: AppState<S>, api: Router) -> Router {
         .route("/playground", get(pages::playground::page::<S>))
         .route("/cluster", get(pages::cluster::page::<S>))
         .route("/notifications/{ns}", get(pages::notifications::page::<S>))
-        .route("/audit", get(pages::cluster::audit::<S>))
+        .route("/audit", get(pages::audit::page::<S>))
         .route(
             "/preferences",
             get(pages::preferences::page::<S>).post(pages::preferences::save::<S>),

@@ -27,11 +27,13 @@ pub(crate) fn esc(s: &str) -> String {
 pub(crate) struct DagNode {
     pub(crate) id: String,
     pub(crate) state: Option<String>,
+    /// How long it took in the latest run (empty: it did not run).
+    pub(crate) took: String,
     pub(crate) href: Option<String>,
 }
 
 const NODE_W: usize = 150;
-const NODE_H: usize = 36;
+const NODE_H: usize = 42;
 const COL_GAP: usize = 60;
 const ROW_GAP: usize = 18;
 const PAD: usize = 10;
@@ -66,7 +68,7 @@ pub(crate) fn dag(nodes: &[DagNode], upstream: &[Vec<usize>], waves: &[Vec<usize
     let width = PAD * 2 + waves.len().max(1) * (NODE_W + COL_GAP) - COL_GAP;
     let height = PAD * 2 + tallest.max(1) * (NODE_H + ROW_GAP) - ROW_GAP;
     let mut svg = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" class="dag" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="The job's tasks and their dependencies">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" class="dag" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="The job's tasks and their dependencies"><defs><marker id="arrow" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="7" markerHeight="7" orient="auto"><path class="arrow" d="M0,0 L8,4 L0,8 z"/></marker></defs>"#
     );
     for (i, ups) in upstream.iter().enumerate() {
         for &u in ups {
@@ -75,7 +77,9 @@ pub(crate) fn dag(nodes: &[DagNode], upstream: &[Vec<usize>], waves: &[Vec<usize
             let mid = (x1 + x2) / 2;
             let _ = write!(
                 svg,
-                r#"<path class="edge" d="M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}"/>"#
+                r#"<path class="edge" marker-end="url(#arrow)" d="M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}"><title>{} → {}</title></path>"#,
+                esc(&nodes[u].id),
+                esc(&nodes[i].id)
             );
         }
     }
@@ -87,12 +91,19 @@ pub(crate) fn dag(nodes: &[DagNode], upstream: &[Vec<usize>], waves: &[Vec<usize
         } else {
             n.id.clone()
         };
+        let shown = if state == "none" { "no run yet" } else { state };
+        let detail = if n.took.is_empty() {
+            shown.to_string()
+        } else {
+            format!("{shown} · {}", n.took)
+        };
         let inner = format!(
-            r#"<g class="node s-{state}"><title>{id}: {shown}</title><rect x="{x}" y="{y}" width="{NODE_W}" height="{NODE_H}" rx="6"/><text x="{tx}" y="{ty}">{label}</text></g>"#,
+            r#"<g class="node s-{state}"><title>{id}: {detail}</title><rect x="{x}" y="{y}" width="{NODE_W}" height="{NODE_H}" rx="6"/><text x="{tx}" y="{ty}">{label}</text><text class="detail" x="{tx}" y="{dy}">{detail}</text></g>"#,
             id = esc(&n.id),
-            shown = if state == "none" { "no run yet" } else { state },
+            detail = esc(&detail),
             tx = x + 10,
-            ty = y + NODE_H / 2 + 4,
+            ty = y + 17,
+            dy = y + 33,
             label = esc(&label),
         );
         match &n.href {
@@ -193,6 +204,11 @@ mod tests {
         DagNode {
             id: id.into(),
             state: state.map(Into::into),
+            took: if state.is_some() {
+                "1.2 s".into()
+            } else {
+                String::new()
+            },
             href: None,
         }
     }
@@ -213,8 +229,49 @@ mod tests {
         assert!(svg.contains(r#"class="node s-failed""#));
         assert!(svg.contains(r#"class="node s-none""#));
         assert!(svg.contains("d&lt;x&gt;"), "ids are escaped");
-        // Three layers of 150 px and two gaps of 60 px, padded by 10 px.
-        assert!(svg.contains(r#"width="590" height="110""#), "{svg}");
+        assert_eq!(svg.matches(r#"marker-end="url(#arrow)""#).count(), 4);
+        assert!(svg.contains("<title>b → d&lt;x&gt;</title>"), "{svg}");
+        assert!(svg.contains(">failed · 1.2 s</text>"), "{svg}");
+        assert!(svg.contains(">no run yet</text>"), "{svg}");
+        // Three layers of 150 px and two gaps of 60 px, padded by 10 px;
+        // two rows of 42 px and a gap of 18.
+        assert!(svg.contains(r#"width="590" height="122""#), "{svg}");
+    }
+
+    /// Fifty tasks (one fanning out to 48 that join in one): no two boxes
+    /// overlap, and the picture grows by a row per task of the widest
+    /// layer.
+    #[test]
+    fn fifty_tasks_are_drawn_without_overlaps() {
+        let nodes: Vec<DagNode> = (0..50).map(|i| node(&format!("t{i}"), None)).collect();
+        let mut upstream = vec![vec![]];
+        upstream.extend((1..49).map(|_| vec![0]));
+        upstream.push((1..49).collect());
+        let waves = vec![vec![0], (1..49).collect(), vec![49]];
+        let svg = dag(&nodes, &upstream, &waves);
+        let boxes: Vec<(usize, usize)> = svg
+            .match_indices("<rect x=\"")
+            .map(|(at, _)| {
+                let rest = &svg[at + 9..];
+                let x: usize = rest[..rest.find('"').unwrap()].parse().unwrap();
+                let y_at = rest.find("y=\"").unwrap() + 3;
+                let y: usize = rest[y_at..y_at + rest[y_at..].find('"').unwrap()]
+                    .parse()
+                    .unwrap();
+                (x, y)
+            })
+            .collect();
+        assert_eq!(boxes.len(), 50);
+        for (i, a) in boxes.iter().enumerate() {
+            for b in &boxes[i + 1..] {
+                let apart = a.0.abs_diff(b.0) >= NODE_W || a.1.abs_diff(b.1) >= NODE_H;
+                assert!(apart, "{a:?} and {b:?} overlap");
+            }
+        }
+        assert!(svg.contains(&format!(
+            r#"height="{}""#,
+            PAD * 2 + 48 * (NODE_H + ROW_GAP) - ROW_GAP
+        )));
     }
 
     #[test]

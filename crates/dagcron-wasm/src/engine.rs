@@ -3,6 +3,7 @@
 //! engine: an attempt of a cached module only instantiates.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -58,8 +59,34 @@ fn build(fuel: bool) -> Result<Flavor, WasmError> {
     })
 }
 
-/// Advances `engine`'s epoch every [`TICK`], on the one thread that ticks
-/// every engine.
+/// How many module instances run now: the ticker sleeps while none does.
+static RUNNING: AtomicUsize = AtomicUsize::new(0);
+/// The ticker's thread, woken when the first instance starts.
+static TICKER: OnceLock<std::thread::Thread> = OnceLock::new();
+
+/// Held while a module instance runs: the epoch ticks only then, so that
+/// an idle server does not wake [`TICK`] after [`TICK`].
+pub(crate) struct Ticking(());
+
+impl Ticking {
+    pub(crate) fn start() -> Ticking {
+        if RUNNING.fetch_add(1, Ordering::SeqCst) == 0 {
+            if let Some(t) = TICKER.get() {
+                t.unpark();
+            }
+        }
+        Ticking(())
+    }
+}
+
+impl Drop for Ticking {
+    fn drop(&mut self) {
+        RUNNING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Advances `engine`'s epoch every [`TICK`] while an instance runs, on
+/// the one thread that ticks every engine.
 fn tick(engine: Engine) -> Result<(), WasmError> {
     static ENGINES: OnceLock<Arc<Mutex<Vec<Engine>>>> = OnceLock::new();
     let mut started = Ok(());
@@ -70,13 +97,21 @@ fn tick(engine: Engine) -> Result<(), WasmError> {
             .name("wasm-epoch".into())
             .spawn(move || {
                 loop {
+                    if RUNNING.load(Ordering::SeqCst) == 0 {
+                        // Woken by the next instance's start (a wake-up
+                        // for no reason only comes back here).
+                        std::thread::park();
+                        continue;
+                    }
                     std::thread::sleep(TICK);
                     for engine in ticked.lock().expect("engines lock").iter() {
                         engine.increment_epoch();
                     }
                 }
             })
-            .map(drop);
+            .map(|handle| {
+                let _ = TICKER.set(handle.thread().clone());
+            });
         engines
     });
     started.map_err(|e| WasmError::Engine(format!("starting the epoch ticker: {e}")))?;
@@ -165,12 +200,6 @@ impl Flavor {
             Ok(Prepared::Module(pre))
         }
     }
-}
-
-/// Makes the engine for fuel budgets (or not) before the first attempt
-/// needs it, so that its set-up is not counted in an attempt.
-pub fn warm_up(fuel: bool) {
-    let _ = flavor(fuel);
 }
 
 /// Where a text module fails to parse, without quoting the file: the

@@ -48,7 +48,6 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 use wasmtime_wasi::I32Exit;
 
 pub use dagcron_core::wasm::DirGrant;
-pub use engine::warm_up;
 pub use output::OnOutput;
 
 use engine::Prepared;
@@ -282,6 +281,7 @@ async fn execute(
     let allowed = Arc::new(inv.connect.iter().copied().collect::<HashSet<_>>());
     let mut wasi = host::wasi(inv, sink, allowed)?;
     let engine = &engine::flavor(inv.fuel.is_some())?.engine;
+    let _ticking = engine::Ticking::start();
     match prepared {
         Prepared::Module(pre) => {
             let state = P1 {

@@ -51,7 +51,6 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
     crate::init_logging(crate::serve::LogFormat::Text);
     anyhow::ensure!(args.capacity > 0, "--capacity must be at least 1");
     dagcron_exec::pass_env(args.pass_env.clone());
-    crate::serve::warm_up_wasm();
     if !dagcron_exec::tree::become_subreaper() {
         tracing::warn!("cannot become the child subreaper of task processes");
     }

@@ -313,6 +313,15 @@ fn the_ui_in_a_browser_signs_in_runs_a_job_follows_its_log_and_hides_actions_fro
         t.contains("line 8") && t.contains("has ended")
     });
     assert!(full.contains("line 1"), "{full}");
+    // Once ended, each line has its time and stream; a search finds lines.
+    b.goto(&b.url());
+    b.find("#log-lines .stream.out");
+    b.type_into("#grep", "LINE 3");
+    b.click("form[role=search] button[type=submit]");
+    let found = b.text_until(10, "#found", |t| t.starts_with("1 line"));
+    assert!(found.contains("LINE 3"), "{found}");
+    assert!(b.text("#log pre").contains("line 3"));
+    b.find("#download");
 
     // A task held for an operator, retried from its run's page: a third
     // attempt, held again.
@@ -411,7 +420,7 @@ fn the_ui_in_a_browser_signs_in_runs_a_job_follows_its_log_and_hides_actions_fro
     b.shot("cluster");
     b.goto(&format!("{url}/audit"));
     b.find("main table");
-    assert!(b.text("main").contains("/trigger"));
+    assert!(b.text("main").contains("trigger of job demo/"));
     b.shot("audit");
 
     // A viewer: the same pages, no action.

@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::{Killed, Server, attempt_pids, attempt_states, join_token, setup, until};
+use common::{Killed, Server, attempt_pids, attempt_states, join_token, log, setup, until};
 use dagcron_test_pg::TestDatabase;
 use jiff::{SignedDuration, Timestamp};
 use nix::sys::signal::Signal;
@@ -1273,4 +1273,50 @@ fn after_triggers_make_one_run_per_upstream_end_through_a_failover() {
         downstream, succeeded,
         "one downstream run per upstream success"
     );
+}
+
+/// The output of an attempt running on one node is readable through every
+/// node while it runs: the node running it publishes it to the shared
+/// store every second, marked partial, and the whole log is there once
+/// it ends.
+#[test]
+fn a_running_attempts_output_is_read_through_every_node() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::new("live-logs", 2, 5000);
+    cluster.apply(
+        "namespace: c\njobs:\n  - name: talk\n    tasks:\n      - id: t\n        shell: 'for i in $(seq 1 40); do echo line $i; sleep 0.25; done'\n",
+    );
+    cluster.wait_converged(1);
+    let run = cluster.node(0).trigger("talk");
+    let path = format!("/api/v1/runs/{run}/tasks/t/attempts/1/log");
+    // While it runs, each node answers with output so far, marked partial.
+    for i in 0..2 {
+        let node = cluster.node(i);
+        until(
+            &format!("node {i} shows the output while the attempt runs"),
+            || {
+                let resp = node
+                    .http()
+                    .get(format!("{}{path}", node.url))
+                    .send()
+                    .unwrap();
+                let partial = resp
+                    .headers()
+                    .get("x-dagcron-log")
+                    .is_some_and(|v| v == "partial");
+                partial && resp.text().unwrap().contains("line 2\n")
+            },
+        );
+    }
+    cluster.node(1).wait_run(run, "succeeded");
+    for i in 0..2 {
+        let text = log(cluster.node(i), run, "t", 1);
+        assert!(
+            text.contains("line 1\n") && text.contains("line 40\n"),
+            "{text}"
+        );
+    }
+    until("the published output withdrawn", || {
+        cluster.count("SELECT count(*) FROM live_logs") == 0
+    });
 }

@@ -14,8 +14,8 @@ use serde::Deserialize;
 use crate::auth::{AuditNamespace, Principal};
 use crate::routes::*;
 use crate::wire::{
-    BackfillAnswer, BackfillBody, Errors, FireAnswer, FirePage, Problem, RunAnswer, RunPage,
-    TriggerBatchAnswer, TriggerBatchBody, TriggerBody,
+    BackfillAnswer, BackfillBody, Errors, FireAnswer, FirePage, LogLines, Problem, RunAnswer,
+    RunPage, TriggerBatchAnswer, TriggerBatchBody, TriggerBody,
 };
 use crate::{ApiError, AppState};
 use dagcron_core::authz::Need;
@@ -375,6 +375,28 @@ pub(crate) struct LogQuery {
     /// Stream the output of a running attempt until it ends.
     #[serde(default)]
     follow: bool,
+    /// Answer as a file to save (`Content-Disposition: attachment`).
+    #[serde(default)]
+    download: bool,
+    /// Answer line by line in JSON, each line with when and from which
+    /// stream it was written (known once the attempt has ended).
+    #[serde(default)]
+    lines: bool,
+}
+
+/// The header that makes an attempt's log a file to save, named after it.
+pub fn log_attachment(run: RunId, task: &str, n: u32) -> String {
+    let safe: String = task
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("attachment; filename=\"run-{run}-{safe}-{n}.log\"")
 }
 
 /// The header that says whether a log is whole or still growing.
@@ -388,8 +410,9 @@ pub(crate) const LOG_HEADER: &str = "x-dagcron-log";
 #[utoipa::path(get, path = "/api/v1/runs/{id}/tasks/{task}/attempts/{n}/log", tag = "runs",
     params(("id" = i64, Path, description = "Run id"), ("task" = String, Path, description = "Task id"),
         ("n" = u32, Path, description = "Attempt number, from 1"), LogQuery),
-    responses((status = 200, description = "The output, stdout and stderr interleaved", body = String, content_type = "text/plain",
-        headers(("X-Dagcron-Log" = String, description = "`partial` while the attempt runs (more may come; output of an attempt running on another node of a cluster shows once it ends), `complete` once it has ended"))), Errors))]
+    responses((status = 200, description = "The output, stdout and stderr interleaved (with `lines=true`, line by line in JSON)",
+        content((String = "text/plain"), (LogLines = "application/json")),
+        headers(("X-Dagcron-Log" = String, description = "`partial` while the attempt runs (more may come; the output of an attempt running on another node of a cluster is as that node last published it, every second), `complete` once it has ended"))), Errors))]
 pub(crate) async fn get_log<S: Store>(
     State(st): State<AppState<S>>,
     Extension(who): Extension<Principal>,
@@ -412,7 +435,22 @@ pub(crate) async fn get_log<S: Store>(
         } else {
             "complete"
         };
-        return Ok((text, [(LOG_HEADER, whole)], output.bytes).into_response());
+        if q.lines {
+            let marks = if output.running {
+                vec![]
+            } else {
+                st.store.read_log_lines(id, &task, n).await?
+            };
+            let answer = LogLines::of(&output.bytes, &marks, !output.running);
+            return Ok(([(LOG_HEADER, whole)], Json(answer)).into_response());
+        }
+        let mut resp = (text, [(LOG_HEADER, whole)], output.bytes).into_response();
+        if q.download {
+            if let Ok(v) = log_attachment(id, &task, n).parse() {
+                resp.headers_mut().insert(header::CONTENT_DISPOSITION, v);
+            }
+        }
+        return Ok(resp);
     }
     if st.store.read_log(id, &task, n).await?.is_none() {
         return Err(missing());
@@ -469,6 +507,16 @@ pub(crate) async fn follow<S: Store>(
                 }
             }
             return;
+        }
+        // Running on another node: what it last published.
+        if let Ok(Some(log)) = st.store.read_live_log(id, &task, n).await {
+            if log.len() > offset {
+                let more = log[offset..].to_vec();
+                offset = log.len();
+                if tx.send(Ok(Bytes::from(more))).await.is_err() {
+                    return;
+                }
+            }
         }
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         if tx.is_closed() {

@@ -34,8 +34,8 @@ pub use notifications::{DeliveryAnswer, HookAnswer, NotificationAnswer, Notifica
 pub use operations::{BulkPauseAnswer, Policy, Quotas, ReadOnlyAnswer, ReadOnlyBody, ShellPlace};
 pub use retention::{PruneAnswer, PruneBody, PrunedAnswer, RetentionAnswer, RetentionBody};
 pub use runs::{
-    AttemptAnswer, FireAnswer, FirePage, HeldPage, HeldTask, RerunBody, RunAnswer, RunPage,
-    TaskAnswer,
+    AttemptAnswer, FireAnswer, FirePage, HeldPage, HeldTask, LogLine, LogLines, RerunBody,
+    RunAnswer, RunPage, TaskAnswer,
 };
 pub use schedules::{HotJobAnswer, HotspotAnswer, HotspotReport};
 pub use secrets::{KeyUse, KeysAnswer, SecretAnswer, SecretBody, SecretList};

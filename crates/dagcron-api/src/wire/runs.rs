@@ -273,3 +273,50 @@ mod tests {
         assert_eq!(serde_json::to_value(read).unwrap(), written);
     }
 }
+
+/// An attempt's log line by line, each with when and where it was written.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LogLines {
+    /// Whether the attempt has ended (else more may come).
+    pub complete: bool,
+    /// The lines, in order.
+    pub lines: Vec<LogLine>,
+}
+
+/// A line of an attempt's output.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LogLine {
+    /// Its number, from 1.
+    pub number: u32,
+    /// When its first byte was read (none: not known, as for a running
+    /// attempt, a log from before lines were marked, or an HTTP task).
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub at: Option<Timestamp>,
+    /// `stdout` or `stderr` (none: not known).
+    pub stream: Option<String>,
+    /// Its text, without its newline (bytes that are not UTF-8 replaced).
+    pub text: String,
+}
+
+impl LogLines {
+    /// The lines of `output` with the marks of [`dagcron_core::log::encode`].
+    pub fn of(output: &[u8], marks: &[u8], complete: bool) -> LogLines {
+        let text = String::from_utf8_lossy(output);
+        let marks = dagcron_core::log::decode(marks);
+        LogLines {
+            complete,
+            lines: dagcron_core::log::lines(&text, &marks)
+                .into_iter()
+                .enumerate()
+                .map(|(i, l)| LogLine {
+                    number: i as u32 + 1,
+                    at: l
+                        .mark
+                        .and_then(|m| Timestamp::from_microsecond(m.at_us).ok()),
+                    stream: l.mark.map(|m| m.stream.as_str().to_string()),
+                    text: l.text.to_string(),
+                })
+                .collect(),
+        }
+    }
+}

@@ -54,6 +54,7 @@ impl<S: Store> Engine<S> {
             exit_code: None,
             error: None,
             log: vec![],
+            lines: Vec::new(),
             start_error_us: None,
         };
         let _ = self.life.finished_tx.send(Finished {
@@ -378,6 +379,7 @@ impl<S: Store> Engine<S> {
                 exit_code: outcome.exit_code,
                 error: outcome.error,
                 log: outcome.log,
+                lines: dagcron_core::log::encode(&outcome.lines),
                 start_error_us: outcome.start_error_us,
                 for_other_node: true,
             });
@@ -434,6 +436,7 @@ impl<S: Store> Engine<S> {
             reserve.bytes >> 20
         )
         .into_bytes();
+        outcome.lines.clear();
         outcome
     }
 }

@@ -473,6 +473,16 @@ impl EngineHandle {
             .cloned()
     }
 
+    /// Every attempt's live log on this node.
+    pub fn live_logs(&self) -> Vec<((RunId, String, u32), dagcron_exec::LiveLog)> {
+        self.live
+            .lock()
+            .expect("live logs lock")
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
     /// Tells a cluster node's engine which jobs it owns; returns how many.
     pub async fn set_ownership(&self, owns: Ownership) -> Result<usize, EngineError> {
         self.ask(|reply| Request::Own { owns, reply }).await

@@ -254,6 +254,7 @@ fn lost(error: &str) -> Outcome {
         exit_code: None,
         error: Some(error.into()),
         log: vec![],
+        lines: Vec::new(),
         start_error_us: None,
     }
 }

@@ -404,6 +404,7 @@ impl<S: Store> Engine<S> {
                 exit_code: None,
                 error: Some(LOST_WITH_PROCESS.into()),
                 log: vec![],
+                lines: Vec::new(),
                 start_error_us: None,
                 for_other_node: false,
             });

@@ -584,6 +584,7 @@ impl<S: Store> Engine<S> {
                     exit_code: o.exit_code,
                     error: o.error,
                     log: o.log,
+                    lines: dagcron_core::log::encode(&o.lines),
                     start_error_us: o.start_error_us,
                     for_other_node: false,
                 });

@@ -156,6 +156,7 @@ impl<S: Store> Engine<S> {
                     claim.namespace, claim.job, claim.task
                 )),
                 log: vec![],
+                lines: Vec::new(),
                 start_error_us: None,
                 for_other_node: !self.runs.table.contains_key(&claim.run),
             });

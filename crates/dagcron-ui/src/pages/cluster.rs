@@ -1,21 +1,17 @@
 //! `/cluster`: the nodes (lease, epoch, clock skew, jobs owned) and the
 //! remote agents (labels, capacity, running attempts, clock offset), read
-//! only; and `/audit`, the audit log, for admins.
+//! only.
 
 use askama::Template;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use dagcron_api::ApiError;
 use dagcron_api::wire::{NodeAnswer, WorkerAnswer};
 use dagcron_core::authz::Need;
 use dagcron_store::prelude::*;
-use serde::Deserialize;
 
 use crate::{Chrome, Ui, error_page, format, render, viewer};
-
-/// Audit rows a page shows.
-const AUDIT_PAGE: u32 = 100;
 
 struct NodeView {
     id: String,
@@ -123,84 +119,5 @@ pub(crate) async fn page<S: Store>(State(ui): State<Ui<S>>, headers: HeaderMap) 
         chrome: v.chrome("Cluster", "cluster"),
         nodes,
         agents,
-    })
-}
-
-#[derive(Deserialize, Default)]
-pub(crate) struct AuditQuery {
-    after: Option<i64>,
-}
-
-struct AuditRow {
-    seq: i64,
-    at: String,
-    who: String,
-    action: String,
-    ns: String,
-    outcome: u16,
-    address: String,
-}
-
-#[derive(Template)]
-#[template(path = "audit.html")]
-struct AuditPage {
-    chrome: Chrome,
-    rows: Vec<AuditRow>,
-    after: i64,
-    ns: Option<String>,
-    next: Option<i64>,
-}
-
-/// `GET /audit`: as `/api/v1/audit` decides, an instance admin reads it
-/// all, a namespace's admin that namespace's rows.
-pub(crate) async fn audit<S: Store>(
-    State(ui): State<Ui<S>>,
-    headers: HeaderMap,
-    Query(q): Query<AuditQuery>,
-) -> Response {
-    let v = match viewer(&ui, &headers).await {
-        Ok(v) => v,
-        Err(resp) => return resp,
-    };
-    let ns = v.who.grant.namespace.clone();
-    if let Err(e) = v.who.allow(Need::Administer, ns.as_deref(), || {
-        ApiError::not_found("no such namespace")
-    }) {
-        return error_page(e.status, &e.message);
-    }
-    let after = q.after.unwrap_or(0).max(0);
-    let rows = match ui
-        .st
-        .store
-        .list_audit(after, AUDIT_PAGE, ns.as_deref())
-        .await
-    {
-        Ok(r) => r,
-        Err(e) => return error_page(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-    };
-    let next = (rows.len() == AUDIT_PAGE as usize)
-        .then(|| rows.last().map(|r| r.seq))
-        .flatten();
-    render(&AuditPage {
-        chrome: v.chrome("Audit log", "audit"),
-        rows: rows
-            .iter()
-            .map(|r| AuditRow {
-                seq: r.seq,
-                at: format::time(r.at, &v.zone),
-                who: r
-                    .principal_name
-                    .clone()
-                    .or(r.principal.clone())
-                    .unwrap_or_default(),
-                action: r.action.clone(),
-                ns: r.namespace.clone().unwrap_or_default(),
-                outcome: r.outcome,
-                address: r.address.clone().unwrap_or_default(),
-            })
-            .collect(),
-        after,
-        ns,
-        next,
     })
 }

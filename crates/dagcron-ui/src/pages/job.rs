@@ -46,6 +46,8 @@ struct FireLine {
     utc: String,
     dst: &'static str,
     suppressed: String,
+    /// When the fire is made, with the job's jitter (empty: no jitter).
+    jittered: String,
 }
 
 struct ScheduleView {
@@ -59,16 +61,25 @@ struct RunHead {
     id: i64,
     state: &'static str,
     trigger: &'static str,
+    /// When it was for, short (`12-04 13:45`), and whole for its title.
+    day: String,
+    when: String,
+    took: String,
 }
 
 struct GridCell {
     run: i64,
     state: &'static str,
     attempt: u32,
+    /// Its height in pixels: its share of the longest task in the grid.
+    height: u32,
+    title: String,
 }
 
 struct GridRow {
     task: String,
+    /// A task the job no longer has (its runs of older versions had it).
+    gone: bool,
     cells: Vec<GridCell>,
 }
 
@@ -89,6 +100,7 @@ struct VersionView {
 struct DiffView {
     from: i64,
     to: i64,
+    /// The unified diff's lines, each with its class (`add`, `del`, `hunk`).
     lines: Vec<(&'static str, String)>,
 }
 
@@ -122,6 +134,8 @@ struct JobPage {
     notify: Vec<(String, String)>,
     /// What starts its runs besides its schedule, in words.
     triggers: Vec<String>,
+    /// Its definition as YAML (the canonical form of its current version).
+    definition: String,
 }
 
 /// What starts a job's runs besides its schedule: another job's ends, a
@@ -261,7 +275,10 @@ pub(crate) async fn page<S: Store>(
             DagNode {
                 id: t.id.clone(),
                 state: task.map(|x| x.state.as_str().to_string()),
-                href: latest.map(|r| format!("/runs/{}?task={}", r.id, t.id)),
+                took: task
+                    .and_then(|x| task_took(x, now))
+                    .map_or(String::new(), format::duration),
+                href: latest.map(|r| format!("/runs/{}?task={}", r.id, crate::path_part(&t.id))),
             }
         })
         .collect();
@@ -283,14 +300,28 @@ pub(crate) async fn page<S: Store>(
         operate: v.may(Need::Operate, Some(&ns)),
         latest: latest.map(|r| r.id),
         dag: dag(&nodes, &job.dag.upstream, &job.dag.waves()),
-        schedules: schedules(&job, now),
-        grid: grid(&job, &runs),
+        schedules: schedules(&job, now, zone),
+        grid: grid(&job, &runs, now),
         runs: runs
             .iter()
             .map(|r| RunHead {
                 id: r.id,
                 state: r.state.as_str(),
                 trigger: r.trigger.as_str(),
+                day: r
+                    .scheduled_at
+                    .to_zoned_datetime(zone.clone())
+                    .strftime("%m-%d %H:%M")
+                    .to_string(),
+                when: r
+                    .scheduled_at
+                    .to_zoned_datetime(zone.clone())
+                    .strftime("%Y-%m-%d %H:%M:%S %Z")
+                    .to_string(),
+                took: r
+                    .started_at
+                    .map(|s| format::duration(r.finished_at.unwrap_or(now).duration_since(s)))
+                    .unwrap_or_else(|| "not started".into()),
             })
             .collect(),
         windows: WINDOWS.iter().map(|w| w.0.to_string()).collect(),
@@ -316,6 +347,10 @@ pub(crate) async fn page<S: Store>(
         diff,
         notify: notify_lines(&job.spec.notify),
         triggers: trigger_lines(&ns, &job),
+        definition: serde_json::from_str(&stored.spec)
+            .map_err(|e| e.to_string())
+            .and_then(|spec| dagcron_core::yaml::canonical_yaml(&spec))
+            .unwrap_or_else(|e| format!("# the stored definition cannot be shown: {e}")),
         notice: q.notice,
         version: stored.version,
         paused: stored.paused,
@@ -328,8 +363,10 @@ pub(crate) async fn page<S: Store>(
 
 /// Each schedule's explanation and next fires, marked where daylight
 /// saving moved them and where a calendar suppresses them.
-fn schedules(job: &Job, now: Timestamp) -> Vec<ScheduleView> {
+fn schedules(job: &Job, now: Timestamp, zone: &jiff::tz::TimeZone) -> Vec<ScheduleView> {
     let (_, written) = super::jobs::schedule_text(Some(job));
+    let timing = job.timing();
+    let jitter = timing.jitter > SignedDuration::ZERO;
     let exprs: Vec<&str> = written.split(" | ").collect();
     job.schedules
         .iter()
@@ -348,6 +385,14 @@ fn schedules(job: &Job, now: Timestamp) -> Vec<ScheduleView> {
                     utc: f.at.strftime("%Y-%m-%d %H:%M:%SZ").to_string(),
                     dst: f.dst.map_or("", |d| d.describe()),
                     suppressed: job.excluded_by(f.at).unwrap_or("").to_string(),
+                    jittered: if jitter {
+                        dagcron_core::fires::jittered(&timing, f.at)
+                            .to_zoned_datetime(zone.clone())
+                            .strftime("%H:%M:%S%.3f %Z")
+                            .to_string()
+                    } else {
+                        String::new()
+                    },
                 })
                 .collect();
             ScheduleView {
@@ -362,24 +407,69 @@ fn schedules(job: &Job, now: Timestamp) -> Vec<ScheduleView> {
         .collect()
 }
 
+/// How long a task took in a run: from its first attempt's start to its
+/// last one's end (or now, while it runs).
+fn task_took(task: &dagcron_store::TaskRecord, now: Timestamp) -> Option<SignedDuration> {
+    let first = task.attempts.first()?;
+    let last = task.attempts.last()?;
+    Some(
+        last.finished_at
+            .unwrap_or(now)
+            .duration_since(first.started_at),
+    )
+}
+
 /// Tasks as rows, runs as columns (newest left); each cell the task's
-/// state in that run and its last attempt.
-fn grid(job: &Job, runs: &[RunRecord]) -> Vec<GridRow> {
-    job.tasks
+/// state in that run, its last attempt (a mark when it was retried) and
+/// how long it took (the cell's height). Tasks that older versions had
+/// and the job no longer has keep their rows, after the current ones.
+fn grid(job: &Job, runs: &[RunRecord], now: Timestamp) -> Vec<GridRow> {
+    let mut tasks: Vec<(String, bool)> = job.tasks.iter().map(|t| (t.id.clone(), false)).collect();
+    for r in runs {
+        for t in &r.tasks {
+            if !tasks.iter().any(|(id, _)| *id == t.id) {
+                tasks.push((t.id.clone(), true));
+            }
+        }
+    }
+    let longest = runs
         .iter()
-        .map(|t| GridRow {
-            task: t.id.clone(),
+        .flat_map(|r| r.tasks.iter())
+        .filter_map(|t| task_took(t, now))
+        .max()
+        .unwrap_or(SignedDuration::ZERO)
+        .max(SignedDuration::from_millis(1));
+    tasks
+        .into_iter()
+        .map(|(id, gone)| GridRow {
             cells: runs
                 .iter()
                 .map(|r| {
-                    let task = r.tasks.iter().find(|x| x.id == t.id);
+                    let task = r.tasks.iter().find(|x| x.id == id);
+                    let took = task.and_then(|x| task_took(x, now));
+                    let attempt = task.and_then(|x| x.attempts.last()).map_or(0, |a| a.number);
+                    let state = task.map_or("", |x| x.state.as_str());
+                    let share = took.map_or(0.0, |d| d.as_secs_f64() / longest.as_secs_f64());
                     GridCell {
                         run: r.id,
-                        state: task.map_or("", |x| x.state.as_str()),
-                        attempt: task.and_then(|x| x.attempts.last()).map_or(0, |a| a.number),
+                        state,
+                        attempt,
+                        height: 4 + (share * 14.0).round() as u32,
+                        title: format!(
+                            "run {}, {id}: {state}{}{}",
+                            r.id,
+                            took.map_or(String::new(), |d| format!(", {}", format::duration(d))),
+                            if attempt > 1 {
+                                format!(", {attempt} attempts")
+                            } else {
+                                String::new()
+                            }
+                        ),
                     }
                 })
                 .collect(),
+            task: id,
+            gone,
         })
         .collect()
 }
@@ -443,7 +533,8 @@ async fn health_of<S: Store>(
     Ok((lines, note))
 }
 
-/// The diff of version `to` against the one before it, as JSON lines.
+/// The diff of version `to` against the one before it: the unified diff
+/// of their YAML, as `dagcron jobs diff` prints it.
 async fn diff_of<S: Store>(
     store: &S,
     ns: &str,
@@ -456,25 +547,33 @@ async fn diff_of<S: Store>(
     ) else {
         return Ok(None);
     };
-    let pretty = |s: &str| {
-        serde_json::from_str::<serde_json::Value>(s)
-            .and_then(|v| serde_json::to_string_pretty(&v))
+    let yaml = |s: &str| {
+        serde_json::from_str(s)
+            .map_err(|e| e.to_string())
+            .and_then(|spec| dagcron_core::yaml::canonical_yaml(&spec))
             .unwrap_or_else(|_| s.to_string())
     };
-    let (old, new) = (pretty(&a.spec), pretty(&b.spec));
-    let diff = similar::TextDiff::from_lines(&old, &new);
-    let lines = diff
-        .iter_all_changes()
-        .map(|c| {
-            let (class, sign) = match c.tag() {
-                similar::ChangeTag::Delete => ("del", "-"),
-                similar::ChangeTag::Insert => ("add", "+"),
-                similar::ChangeTag::Equal => ("", " "),
+    let text = dagcron_core::yaml::unified_diff(
+        &format!("{ns}/{name} version {}", to - 1),
+        &yaml(&a.spec),
+        &format!("{ns}/{name} version {to}"),
+        &yaml(&b.spec),
+    );
+    let lines = text
+        .lines()
+        .map(|l| {
+            let class = if l.starts_with("+++") || l.starts_with("---") {
+                "head"
+            } else if l.starts_with('+') {
+                "add"
+            } else if l.starts_with('-') {
+                "del"
+            } else if l.starts_with("@@") {
+                "hunk"
+            } else {
+                ""
             };
-            (
-                class,
-                format!("{sign} {}", c.value().trim_end_matches('\n')),
-            )
+            (class, l.to_string())
         })
         .collect();
     Ok(Some(DiffView {

@@ -1,5 +1,6 @@
 //! The pages, one module per view.
 
+pub(crate) mod audit;
 pub(crate) mod cluster;
 pub(crate) mod job;
 pub(crate) mod jobs;

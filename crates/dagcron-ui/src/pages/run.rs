@@ -8,7 +8,7 @@ use askama::Template;
 use axum::Form;
 use axum::extract::{Path, Query, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use dagcron_core::TaskState;
 use dagcron_core::authz::Need;
@@ -30,6 +30,32 @@ const LOG_TAIL: usize = 64 << 10;
 pub(crate) struct RunQuery {
     task: Option<String>,
     attempt: Option<u32>,
+    /// Only the log's lines that contain this (case-insensitive).
+    #[serde(default)]
+    grep: String,
+}
+
+#[derive(Deserialize, Default)]
+pub(crate) struct LogQuery {
+    #[serde(default)]
+    download: bool,
+}
+
+/// The lines of `text` that contain `needle` (case-insensitive), each
+/// with its number from 1, at most `max`; and how many matched in all.
+fn matching_lines(text: &str, needle: &str, max: usize) -> (Vec<(usize, String)>, usize) {
+    let needle = needle.to_lowercase();
+    let mut found = Vec::new();
+    let mut count = 0;
+    for (i, line) in text.lines().enumerate() {
+        if line.to_lowercase().contains(&needle) {
+            count += 1;
+            if found.len() < max {
+                found.push((i + 1, line.to_string()));
+            }
+        }
+    }
+    (found, count)
 }
 
 struct AttemptView {
@@ -93,6 +119,7 @@ struct RunPage {
     tasks: Vec<TaskView>,
     log_of: Option<(String, u32)>,
     log: String,
+    grep: String,
 }
 
 #[derive(Template)]
@@ -105,7 +132,18 @@ struct LogPart<'a> {
     text: String,
     truncated: bool,
     shown: usize,
+    /// A search of the log: the words, the lines found (with their
+    /// numbers) and how many matched in all.
+    grep: &'a str,
+    found: Vec<(usize, String)>,
+    matched: usize,
+    /// The lines shown with when and from which stream each came (an
+    /// ended attempt whose lines were marked): time, stream, text.
+    marked: Vec<(String, &'static str, String)>,
 }
+
+/// Lines a search shows at most.
+const FOUND_MAX: usize = 500;
 
 /// The run, if the viewer may read it (another namespace's run is absent).
 async fn readable<S: Store>(ui: &Ui<S>, v: &Viewer, id: RunId) -> Result<RunRecord, Response> {
@@ -180,11 +218,57 @@ fn timeline(run: &RunRecord, now: Timestamp) -> (Vec<Row>, Timestamp, Timestamp)
 
 /// The log part of an attempt: its end, and the poll that follows it
 /// while it runs.
+/// The last lines of a log, at most `tail` bytes of them, each with the
+/// time (in `zone`) and stream of its mark; empty when no line is marked.
+fn marked_tail(
+    bytes: &[u8],
+    marks: &[u8],
+    tail: usize,
+    zone: &jiff::tz::TimeZone,
+) -> Vec<(String, &'static str, String)> {
+    let marks = dagcron_core::log::decode(marks);
+    if marks.is_empty() {
+        return vec![];
+    }
+    let text = String::from_utf8_lossy(bytes);
+    let lines = dagcron_core::log::lines(&text, &marks);
+    let mut size = 0;
+    let mut shown: Vec<(String, &'static str, String)> = lines
+        .iter()
+        .rev()
+        .take_while(|l| {
+            size += l.text.len() + 1;
+            size <= tail
+        })
+        .map(|l| match l.mark {
+            Some(m) => (
+                Timestamp::from_microsecond(m.at_us)
+                    .map(|t| {
+                        t.to_zoned_datetime(zone.clone())
+                            .strftime("%H:%M:%S%.3f")
+                            .to_string()
+                    })
+                    .unwrap_or_default(),
+                match m.stream {
+                    dagcron_core::log::Stream::Stdout => "out",
+                    dagcron_core::log::Stream::Stderr => "err",
+                },
+                l.text.to_string(),
+            ),
+            None => (String::new(), "", l.text.to_string()),
+        })
+        .collect();
+    shown.reverse();
+    shown
+}
+
 async fn log_part<S: Store>(
     ui: &Ui<S>,
     run: &RunRecord,
     task: &str,
     n: u32,
+    grep: &str,
+    zone: &jiff::tz::TimeZone,
 ) -> Result<String, Response> {
     let output = match ui.st.attempt_output(run, task, n).await {
         Ok(Some(output)) => output,
@@ -198,14 +282,34 @@ async fn log_part<S: Store>(
     };
     let bytes = output.bytes;
     let from = bytes.len().saturating_sub(LOG_TAIL);
+    let grep = grep.trim();
+    let (found, matched) = if grep.is_empty() {
+        (vec![], 0)
+    } else {
+        matching_lines(&String::from_utf8_lossy(&bytes), grep, FOUND_MAX)
+    };
+    let marks = if output.running || !grep.is_empty() {
+        vec![]
+    } else {
+        match ui.st.store.read_log_lines(run.id, task, n).await {
+            Ok(m) => m,
+            Err(e) => return Err(error_page(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())),
+        }
+    };
+    let marked = marked_tail(&bytes, &marks, LOG_TAIL, zone);
     let part = LogPart {
+        marked,
         id: run.id,
         task,
         n,
-        live: output.running,
+        // A search shows what there is now; it is not followed.
+        live: output.running && grep.is_empty(),
         text: String::from_utf8_lossy(&bytes[from..]).into_owned(),
         truncated: from > 0,
         shown: bytes.len() - from,
+        grep,
+        found,
+        matched,
     };
     part.render()
         .map_err(|e| error_page(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()))
@@ -251,7 +355,7 @@ pub(crate) async fn page<S: Store>(
             .map(|(t, a)| (t.id.clone(), a.number))
     });
     let log = match &chosen {
-        Some((t, n)) => match log_part(&ui, &run, t, *n).await {
+        Some((t, n)) => match log_part(&ui, &run, t, *n, &q.grep, zone).await {
             Ok(html) => html,
             Err(resp) => return resp,
         },
@@ -318,6 +422,7 @@ pub(crate) async fn page<S: Store>(
         tasks,
         log_of: chosen,
         log,
+        grep: q.grep.trim().to_string(),
         ns: run.namespace,
         job: run.job,
     })
@@ -329,6 +434,7 @@ pub(crate) async fn log<S: Store>(
     State(ui): State<Ui<S>>,
     headers: HeaderMap,
     Path((id, task, n)): Path<(RunId, String, u32)>,
+    Query(q): Query<LogQuery>,
 ) -> Response {
     let v = match viewer(&ui, &headers).await {
         Ok(v) => v,
@@ -338,6 +444,29 @@ pub(crate) async fn log<S: Store>(
         Ok(r) => r,
         Err(resp) => return resp,
     };
+    if q.download {
+        return match ui.st.attempt_output(&run, &task, n).await {
+            Ok(Some(output)) => (
+                [
+                    (
+                        header::CONTENT_TYPE,
+                        "text/plain; charset=utf-8".to_string(),
+                    ),
+                    (
+                        header::CONTENT_DISPOSITION,
+                        dagcron_api::log_attachment(id, &task, n),
+                    ),
+                ],
+                output.bytes,
+            )
+                .into_response(),
+            Ok(None) => error_page(
+                StatusCode::NOT_FOUND,
+                &format!("no attempt {n} of task {task} in run {id}"),
+            ),
+            Err(e) => error_page(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        };
+    }
     if !from_htmx(&headers) {
         return Redirect::to(&format!(
             "/runs/{id}?task={}&attempt={n}#log",
@@ -345,7 +474,7 @@ pub(crate) async fn log<S: Store>(
         ))
         .into_response();
     }
-    match log_part(&ui, &run, &task, n).await {
+    match log_part(&ui, &run, &task, n, "", &v.zone).await {
         Ok(html) => axum::response::Html(html).into_response(),
         Err(resp) => resp,
     }
@@ -411,5 +540,55 @@ pub(crate) async fn act<S: Store>(
             Redirect::to(&format!("/runs/{to}")).into_response()
         }
         Err((status, message)) => error_page(status, &message),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ended_log_shows_each_line_with_its_time_and_stream() {
+        use dagcron_core::log::{LineMark, Stream, encode};
+        let at = |s: i64| {
+            Timestamp::from_second(1_800_000_000 + s)
+                .unwrap()
+                .as_microsecond()
+        };
+        let marks = encode(&[
+            LineMark {
+                line: 0,
+                at_us: at(0),
+                stream: Stream::Stdout,
+            },
+            LineMark {
+                line: 1,
+                at_us: at(1),
+                stream: Stream::Stderr,
+            },
+        ]);
+        let zone = jiff::tz::TimeZone::UTC;
+        let shown = marked_tail(b"hello\noops\nthird\n", &marks, 1000, &zone);
+        assert_eq!(shown.len(), 3);
+        assert_eq!(
+            shown[1],
+            ("08:00:01.000".to_string(), "err", "oops".to_string())
+        );
+        assert_eq!(shown[2].1, "", "a line with no mark");
+        // The tail only: the last lines that fit.
+        assert_eq!(
+            marked_tail(b"hello\noops\nthird\n", &marks, 12, &zone).len(),
+            2
+        );
+        assert!(marked_tail(b"hello\n", &[], 1000, &zone).is_empty());
+    }
+
+    #[test]
+    fn a_search_finds_lines_by_their_words_whatever_the_case() {
+        let text = "starting\nERROR: disk full\nretrying\nerror again\n";
+        let (found, n) = matching_lines(text, "error", 1);
+        assert_eq!(n, 2);
+        assert_eq!(found, [(2, "ERROR: disk full".to_string())]);
+        assert_eq!(matching_lines(text, "nothing", 10), (vec![], 0));
     }
 }

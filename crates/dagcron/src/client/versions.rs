@@ -6,6 +6,7 @@ use std::io::{self, Write};
 
 use anyhow::{Context, Result};
 use dagcron_api::wire::{RollbackAnswer, VersionAnswer};
+use dagcron_core::yaml::unified_diff as unified;
 use serde::Serialize;
 
 use super::output::{Output, Show, instant};
@@ -132,46 +133,11 @@ pub(super) async fn rollback(c: &Client, job: &str, to: i64, out: &mut Output) -
     out.show(&answer)
 }
 
-/// A version's spec as YAML, in its canonical form: the fields of a job
-/// file in their declared order, every default written out, the fields
-/// left unset (`null`) left out.
+/// A version's spec as YAML, in its canonical form
+/// ([`dagcron_core::yaml::canonical_yaml`]).
 pub(super) fn canonical_yaml(spec: Option<&serde_json::Value>) -> Result<String> {
     let spec = spec.context("the server answered a version without its spec")?;
-    // Read as a job spec, its fields keep the order of the job file; a spec
-    // this build no longer reads is shown as stored.
-    let yaml = match serde_json::from_value::<dagcron_core::JobSpec>(spec.clone()) {
-        Ok(parsed) => serde_saphyr::to_string(&parsed),
-        Err(_) => serde_saphyr::to_string(spec),
-    };
-    let yaml = yaml.context("writing the spec as YAML")?;
-    let kept: Vec<&str> = yaml.lines().filter(|line| !is_unset(line)).collect();
-    Ok(kept.join("\n") + "\n")
-}
-
-/// Whether a line of YAML is a field left unset: `key: null` (a string
-/// `null` is quoted; the first key of a list item, `- id: ...`, is never
-/// unset).
-fn is_unset(line: &str) -> bool {
-    let line = line.trim_start();
-    !line.starts_with("- ")
-        && line.split_once(": ").is_some_and(|(key, value)| {
-            value == "null"
-                && !key.is_empty()
-                && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        })
-}
-
-/// A unified diff of two texts, line by line, with three lines of
-/// context; empty when they are equal.
-fn unified(from_label: &str, from: &str, to_label: &str, to: &str) -> String {
-    if from == to {
-        return String::new();
-    }
-    similar::TextDiff::from_lines(from, to)
-        .unified_diff()
-        .context_radius(3)
-        .header(from_label, to_label)
-        .to_string()
+    dagcron_core::yaml::canonical_yaml(spec).map_err(anyhow::Error::msg)
 }
 
 #[cfg(test)]

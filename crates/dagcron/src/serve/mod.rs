@@ -73,13 +73,6 @@ pub enum Exit {
 /// renew it. Restart it (a supervisor does) and it registers again.
 pub const EXIT_FENCED: u8 = 75;
 
-/// Sets up the WebAssembly engine beside start-up, so that the first
-/// WebAssembly attempt does not pay for it.
-pub fn warm_up_wasm() {
-    #[cfg(feature = "wasm")]
-    tokio::task::spawn_blocking(|| dagcron_wasm::warm_up(false));
-}
-
 /// Serves `config` on `listener` until `shutdown` completes, then drains
 /// (running attempts get the shutdown grace) and returns; or returns
 /// [`Exit::Fenced`] as soon as a cluster node's lease has ended.
@@ -89,7 +82,6 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<Exit> {
     let address = listener.local_addr().context("the listener's address")?;
-    warm_up_wasm();
     let agents = AgentPool::new(config.agents.clone());
     // The API and the agents' streams stay up while the engine drains, so
     // that remote attempts can report; they stop when the engine is done,
@@ -201,6 +193,15 @@ impl<S: Store> Node<S> {
             None => (None, None),
         };
         let mut engine_task = tokio::spawn(engine.run(stop.clone(), config.shutdown_grace));
+        // A cluster member publishes the output of the attempts it runs, for
+        // the other nodes to show while they run.
+        let _live_task = cluster.is_some().then(|| {
+            AbortOnDrop(tokio::spawn(dagcron_runtime::live::publish(
+                self.store.clone(),
+                handle.clone(),
+                stop.clone(),
+            )))
+        });
         // Retention, beside the engine: its own task, small transactions.
         let pruner = Pruner::new(
             self.store.clone(),
