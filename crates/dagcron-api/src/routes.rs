@@ -282,8 +282,7 @@ pub(crate) fn parse_body<T: for<'de> Deserialize<'de>>(
         std::str::from_utf8(body)
             .map_err(|e| format!("the body is not UTF-8: {e}"))
             .and_then(|text| {
-                serde_saphyr::from_str(text)
-                    .map_err(|e| dagcron_core::yaml::describe(&e, "the job file"))
+                dagcron_core::yaml::from_str_all(text, "the job file").map_err(|all| all.join("\n"))
             })
     };
     parsed.map_err(|message| {

@@ -96,7 +96,12 @@ impl<S: Store> AppState<S> {
         if running {
             // Running on another node of a cluster: its output as that node
             // last published it.
-            if let Some(bytes) = self.store.read_live_log(run.id, task, n).await? {
+            if let Some((skipped, tail)) = self.store.read_live_log(run.id, task, n).await? {
+                let mut bytes = Vec::with_capacity(tail.len() + 80);
+                if skipped > 0 {
+                    bytes.extend_from_slice(skipped_note(skipped).as_bytes());
+                }
+                bytes.extend_from_slice(&tail);
                 return Ok(Some(AttemptOutput { bytes, running }));
             }
         }
@@ -106,4 +111,10 @@ impl<S: Store> AppState<S> {
             running,
         }))
     }
+}
+
+/// The line shown before the output of an attempt running on another node
+/// when its first bytes were not published.
+pub(crate) fn skipped_note(skipped: u64) -> String {
+    format!("[dagcron: {skipped} earlier bytes are shown once the attempt ends]\n")
 }

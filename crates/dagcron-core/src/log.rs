@@ -60,6 +60,7 @@ pub fn encode(marks: &[LineMark]) -> Vec<u8> {
 pub fn decode(bytes: &[u8]) -> Vec<LineMark> {
     bytes
         .chunks_exact(MARK_BYTES)
+        .take(MAX_MARKS)
         .map_while(|c| {
             let stream = match c[12] {
                 0 => Stream::Stdout,

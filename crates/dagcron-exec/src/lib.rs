@@ -523,6 +523,25 @@ impl LiveLog {
         )
     }
 
+    /// The output for other nodes to show: at most its last `tail` bytes,
+    /// redacted over the whole buffer (a secret split between two pushes
+    /// is caught here), with how many bytes came before them and whether
+    /// the attempt has ended.
+    pub fn published(&self, tail: usize) -> (Vec<u8>, u64, bool) {
+        let done = self.0.done.load(std::sync::atomic::Ordering::SeqCst);
+        let whole = {
+            let buf = self.0.buf.lock().expect("live log lock");
+            let forms = self.0.redact.lock().expect("live log lock");
+            if forms.is_empty() {
+                buf.clone()
+            } else {
+                redact_with(&forms, &buf)
+            }
+        };
+        let from = whole.len().saturating_sub(tail);
+        (whole[from..].to_vec(), from as u64, done)
+    }
+
     /// Waits until there is more output or the attempt ends, or `timeout`.
     pub async fn wait(&self, timeout: Duration) {
         let _ = tokio::time::timeout(timeout, self.0.changed.notified()).await;

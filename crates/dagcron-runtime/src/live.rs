@@ -16,30 +16,35 @@ use crate::EngineHandle;
 
 /// How often a node publishes the output of its running attempts.
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(1);
+/// The most of an attempt's output published: its last bytes (the whole
+/// log is stored when the attempt ends).
+pub const PUBLISHED_TAIL: usize = 64 << 10;
 
 type Key = (RunId, String, u32);
 
-/// What to write to publish `now` (each live log's output and whether its
-/// attempt has ended), given the length last published of each: logs
-/// that grew, and withdrawals of those no longer live here. Updates
-/// `sent`.
-pub fn changes(
-    now: Vec<(Key, Vec<u8>, bool)>,
-    sent: &mut HashMap<Key, usize>,
-) -> Vec<LiveLogWrite> {
+/// A live log as read to publish: its key, its last bytes, how many came
+/// before them, and whether its attempt has ended.
+pub type Published = (Key, Vec<u8>, u64, bool);
+
+/// What to write to publish `now`, given the length last published of
+/// each: logs that grew, and withdrawals of those no longer live here.
+/// Updates `sent`.
+pub fn changes(now: Vec<Published>, sent: &mut HashMap<Key, u64>) -> Vec<LiveLogWrite> {
     let mut writes = Vec::new();
-    let here: HashSet<Key> = now.iter().map(|(k, _, _)| k.clone()).collect();
-    for ((run, task, number), bytes, done) in now {
+    let here: HashSet<Key> = now.iter().map(|(k, _, _, _)| k.clone()).collect();
+    for ((run, task, number), bytes, skipped, done) in now {
         let key = (run, task.clone(), number);
-        if done || bytes.is_empty() || sent.get(&key) == Some(&bytes.len()) {
+        let length = skipped + bytes.len() as u64;
+        if done || length == 0 || sent.get(&key) == Some(&length) {
             continue;
         }
-        sent.insert(key, bytes.len());
+        sent.insert(key, length);
         writes.push(LiveLogWrite {
             run,
             task,
             number,
             log: Some(bytes),
+            skipped,
         });
     }
     sent.retain(|(run, task, number), _| {
@@ -50,6 +55,7 @@ pub fn changes(
                 task: task.clone(),
                 number: *number,
                 log: None,
+                skipped: 0,
             });
         }
         keep
@@ -59,7 +65,9 @@ pub fn changes(
 
 /// Publishes this node's live logs until `stop`.
 pub async fn publish<S: Store>(store: Arc<S>, engine: EngineHandle, stop: CancellationToken) {
-    let mut sent: HashMap<Key, usize> = HashMap::new();
+    let mut sent: HashMap<Key, u64> = HashMap::new();
+    // Withdrawals a failed write left to do.
+    let mut owed: Vec<LiveLogWrite> = Vec::new();
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
@@ -69,18 +77,20 @@ pub async fn publish<S: Store>(store: Arc<S>, engine: EngineHandle, stop: Cancel
             .live_logs()
             .into_iter()
             .map(|(key, log)| {
-                let (bytes, done) = log.read_from(0);
-                (key, bytes, done)
+                let (bytes, skipped, done) = log.published(PUBLISHED_TAIL);
+                (key, bytes, skipped, done)
             })
             .collect();
-        let writes = changes(now, &mut sent);
+        let mut writes = std::mem::take(&mut owed);
+        writes.extend(changes(now, &mut sent));
         if writes.is_empty() {
             continue;
         }
-        if let Err(e) = store.put_live_logs(writes).await {
+        if let Err(e) = store.put_live_logs(writes.clone()).await {
             tracing::warn!("cannot publish the output of running attempts: {e}");
-            // Published again once the store answers.
+            // Published again once the store answers; withdrawn then too.
             sent.clear();
+            owed = writes.into_iter().filter(|w| w.log.is_none()).collect();
         }
     }
 }
@@ -96,20 +106,24 @@ mod tests {
     #[test]
     fn a_log_is_published_as_it_grows_and_withdrawn_once_gone() {
         let mut sent = HashMap::new();
-        let w = changes(vec![(key(1), b"a".to_vec(), false)], &mut sent);
+        let w = changes(vec![(key(1), b"a".to_vec(), 0, false)], &mut sent);
         assert_eq!(w.len(), 1);
         assert_eq!(w[0].log.as_deref(), Some(&b"a"[..]));
         // Unchanged: nothing to write.
-        assert!(changes(vec![(key(1), b"a".to_vec(), false)], &mut sent).is_empty());
-        // Grown, and a second attempt with no output yet.
+        assert!(changes(vec![(key(1), b"a".to_vec(), 0, false)], &mut sent).is_empty());
+        // Grown (its first byte no longer in the tail), and a second
+        // attempt with no output yet.
         let w = changes(
-            vec![(key(1), b"ab".to_vec(), false), (key(2), vec![], false)],
+            vec![
+                (key(1), b"b".to_vec(), 1, false),
+                (key(2), vec![], 0, false),
+            ],
             &mut sent,
         );
         assert_eq!(w.len(), 1);
-        assert_eq!(w[0].log.as_deref(), Some(&b"ab"[..]));
+        assert_eq!((w[0].log.as_deref(), w[0].skipped), (Some(&b"b"[..]), 1));
         // Ended (its end not yet committed): left as it is.
-        assert!(changes(vec![(key(1), b"abc".to_vec(), true)], &mut sent).is_empty());
+        assert!(changes(vec![(key(1), b"bc".to_vec(), 1, true)], &mut sent).is_empty());
         // Gone from this node: withdrawn, once.
         let w = changes(vec![], &mut sent);
         assert_eq!(w.len(), 1);

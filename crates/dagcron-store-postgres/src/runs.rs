@@ -131,15 +131,26 @@ impl RunStore for PgStore {
         limit: u32,
         cursor: Option<&str>,
     ) -> Result<Page<RunRecord>> {
-        let (sql, args) = dagcron_store::sql::browse_runs(RUN_COLUMNS, filter, limit, cursor)?;
+        let plan = dagcron_store::sql::browse_runs(RUN_COLUMNS, filter, limit, cursor)?;
+        let args = plan.args.clone();
         let items = self
-            .load_runs(sql, move |q| crate::bind_args(q, args))
+            .load_runs(plan.sql.clone(), move |q| crate::bind_args(q, args))
             .await?;
-        Ok(Page::from_overfetch(
-            items,
-            limit,
-            dagcron_store::run_cursor,
-        ))
+        dagcron_store::sql::browse_page(self, &plan, items, limit).await
+    }
+
+    async fn unfinished_runs(
+        &self,
+        namespace: &str,
+        planned: bool,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>> {
+        let namespace = namespace.to_string();
+        self.load_runs(
+            dagcron_store::sql::unfinished_runs_sql(RUN_COLUMNS, planned),
+            move |q| q.bind(namespace).bind(i64::from(limit)),
+        )
+        .await
     }
 
     async fn planned_runs(&self, namespace: &str, job: &str, limit: u32) -> Result<Vec<RunRecord>> {
@@ -302,14 +313,15 @@ impl RunStore for PgStore {
                 match &l.log {
                     Some(bytes) => {
                         sqlx::query(
-                            "INSERT INTO live_logs (run_id, task_id, number, log, updated_at) VALUES ($1, $2, $3, $4, $5)
-                             ON CONFLICT (run_id, task_id, number) DO UPDATE SET log = EXCLUDED.log, updated_at = EXCLUDED.updated_at",
+                            "INSERT INTO live_logs (run_id, task_id, number, log, updated_at, skipped) VALUES ($1, $2, $3, $4, $5, $6)
+                             ON CONFLICT (run_id, task_id, number) DO UPDATE SET log = EXCLUDED.log, updated_at = EXCLUDED.updated_at, skipped = EXCLUDED.skipped",
                         )
                         .bind(l.run)
                         .bind(&l.task)
                         .bind(l.number as i32)
                         .bind(bytes)
                         .bind(now)
+                        .bind(i64::try_from(l.skipped).unwrap_or(i64::MAX))
                         .execute(&mut *conn)
                         .await?;
                     }
@@ -347,16 +359,22 @@ impl RunStore for PgStore {
         Ok(lines.flatten().unwrap_or_default())
     }
 
-    async fn read_live_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {
-        sqlx::query_scalar(
-            "SELECT log FROM live_logs WHERE run_id = $1 AND task_id = $2 AND number = $3",
+    async fn read_live_log(
+        &self,
+        run: RunId,
+        task: &str,
+        number: u32,
+    ) -> Result<Option<(u64, Vec<u8>)>> {
+        let row: Option<(i64, Vec<u8>)> = sqlx::query_as(
+            "SELECT skipped, log FROM live_logs WHERE run_id = $1 AND task_id = $2 AND number = $3",
         )
         .bind(run)
         .bind(task)
         .bind(number as i32)
         .fetch_optional(&self.pool)
         .await
-        .map_err(unavailable)
+        .map_err(unavailable)?;
+        Ok(row.map(|(skipped, log)| (skipped.max(0) as u64, log)))
     }
 
     async fn read_log(&self, run: RunId, task: &str, number: u32) -> Result<Option<Vec<u8>>> {

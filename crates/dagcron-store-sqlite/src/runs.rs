@@ -97,14 +97,26 @@ impl RunStore for SqliteStore {
         limit: u32,
         cursor: Option<&str>,
     ) -> Result<Page<RunRecord>> {
-        let (sql, args) = dagcron_store::sql::browse_runs(RUN_COLUMNS, filter, limit, cursor)?;
-        let query = crate::bind_args(sqlx::query(sqlx::AssertSqlSafe(sql)), args);
+        let plan = dagcron_store::sql::browse_runs(RUN_COLUMNS, filter, limit, cursor)?;
+        let query = crate::bind_args(
+            sqlx::query(sqlx::AssertSqlSafe(plan.sql.clone())),
+            plan.args.clone(),
+        );
         let items = self.load_runs(query).await?;
-        Ok(Page::from_overfetch(
-            items,
-            limit,
-            dagcron_store::run_cursor,
-        ))
+        dagcron_store::sql::browse_page(self, &plan, items, limit).await
+    }
+
+    async fn unfinished_runs(
+        &self,
+        namespace: &str,
+        planned: bool,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>> {
+        let sql = dagcron_store::sql::unfinished_runs_sql(RUN_COLUMNS, planned);
+        let query = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(namespace.to_string())
+            .bind(i64::from(limit));
+        self.load_runs(query).await
     }
 
     async fn planned_runs(&self, namespace: &str, job: &str, limit: u32) -> Result<Vec<RunRecord>> {

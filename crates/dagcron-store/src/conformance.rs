@@ -1341,6 +1341,33 @@ pub async fn the_runs_browser_filters_across_jobs_newest_first<S: Store>(s: &S) 
         s.browse_runs(&RunFilter::default(), 3, Some("run:x")).await,
         Err(StorageError::Invalid(_))
     ));
+
+    // A filter that few runs match is checked on a window of runs a page:
+    // a page past the window is empty but says where to look further.
+    let first = 100;
+    let batch: Vec<Write> = (first..first + crate::BROWSE_SCAN as i64 + 5)
+        .map(|i| {
+            let mut run = new_run(i, 5000 + i);
+            run.trigger = if i < first + 5 {
+                Trigger::Backfill
+            } else {
+                Trigger::Schedule
+            };
+            Write::Run(run)
+        })
+        .collect();
+    s.write(&batch).await.unwrap();
+    let rare = RunFilter {
+        trigger: Some(Trigger::Backfill),
+        ..RunFilter::default()
+    };
+    let page = s.browse_runs(&rare, 10, None).await.unwrap();
+    assert!(page.items.is_empty());
+    let cursor = page.next_cursor.expect("a cursor past the window");
+    let page = s.browse_runs(&rare, 10, Some(&cursor)).await.unwrap();
+    let ids: Vec<RunId> = page.items.iter().map(|r| r.id).collect();
+    assert_eq!(ids, (first..first + 5).rev().collect::<Vec<_>>());
+    assert_eq!(page.next_cursor, None);
 }
 
 /// The overview's reads: a namespace's paused jobs by name, and its fires

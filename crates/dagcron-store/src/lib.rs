@@ -858,7 +858,14 @@ pub struct RunFilter {
     pub since: Option<Timestamp>,
     /// Only runs whose fire instant is before this.
     pub until: Option<Timestamp>,
+    /// Only runs that ended at or after this.
+    pub ended_since: Option<Timestamp>,
 }
+
+/// At most this many runs are looked at for one page of the runs browser
+/// when it filters on more than the namespace and the job (a page may then
+/// hold fewer runs than asked, with a cursor to look further back).
+pub const BROWSE_SCAN: u32 = 10_000;
 
 impl RunFilter {
     /// The states of a comma-separated list of their names (empty: any), or
@@ -897,6 +904,9 @@ impl RunFilter {
             && self.trigger.is_none_or(|t| t == run.trigger)
             && self.since.is_none_or(|t| run.scheduled_at >= t)
             && self.until.is_none_or(|t| run.scheduled_at < t)
+            && self
+                .ended_since
+                .is_none_or(|t| run.finished_at.is_some_and(|f| f >= t))
     }
 }
 
@@ -910,8 +920,11 @@ pub struct LiveLogWrite {
     pub task: String,
     /// The attempt's number.
     pub number: u32,
-    /// Its output so far; none: the attempt has ended, its row goes.
+    /// Its output so far (its last bytes); none: the attempt has ended,
+    /// its row goes.
     pub log: Option<Vec<u8>>,
+    /// How many bytes of output came before `log` (not published).
+    pub skipped: u64,
 }
 
 /// An API token as stored: its identity and authority, never its secret
@@ -1497,13 +1510,24 @@ pub trait RunStore: Send + Sync {
     ) -> impl Future<Output = Result<Page<RunRecord>>> + Send;
     /// Runs across jobs, newest first (by id), filtered, paginated: the
     /// runs browser. Served by the index of runs by namespace and id and
-    /// by that of runs by job; other filters are checked on the rows read.
+    /// by that of runs by job; the other filters are checked on at most
+    /// [`BROWSE_SCAN`] runs a page (fewer runs than `limit` and a cursor:
+    /// the page looked that far back; more may match further).
     fn browse_runs(
         &self,
         filter: &RunFilter,
         limit: u32,
         cursor: Option<&str>,
     ) -> impl Future<Output = Result<Page<RunRecord>>> + Send;
+    /// The unfinished runs of a namespace: its `pending` and `running`
+    /// runs newest first, or (`planned`) its `planned` runs soonest
+    /// first; at most `limit`. Served by partial indexes of those states.
+    fn unfinished_runs(
+        &self,
+        namespace: &str,
+        planned: bool,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<RunRecord>>> + Send;
     /// The `planned` runs of a job (made ahead by a trigger for an
     /// instant), soonest first, at most `limit`.
     fn planned_runs(
@@ -1528,13 +1552,14 @@ pub trait RunStore: Send + Sync {
         let _ = logs;
         async { Ok(()) }
     }
-    /// The output of an attempt running on another node, as last published.
+    /// The output of an attempt running on another node, as last
+    /// published: how many bytes came before it, and its last bytes.
     fn read_live_log(
         &self,
         run: RunId,
         task: &str,
         number: u32,
-    ) -> impl Future<Output = Result<Option<Vec<u8>>>> + Send {
+    ) -> impl Future<Output = Result<Option<(u64, Vec<u8>)>>> + Send {
         let _ = (run, task, number);
         async { Ok(None) }
     }

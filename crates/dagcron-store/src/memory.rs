@@ -809,17 +809,77 @@ impl RunStore for MemoryStore {
     ) -> Result<Page<RunRecord>> {
         let before = crate::runs_before(cursor)?;
         let data = self.data();
+        let indexed = |r: &Run| {
+            filter
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| *ns == r.made.namespace)
+                && filter.job.as_ref().is_none_or(|j| *j == r.made.job)
+        };
+        let scanned = filter.states.len()
+            + usize::from(filter.trigger.is_some())
+            + usize::from(filter.since.is_some())
+            + usize::from(filter.until.is_some())
+            + usize::from(filter.ended_since.is_some())
+            > 0;
+        let budget = if scanned {
+            crate::BROWSE_SCAN as usize
+        } else {
+            usize::MAX
+        };
         let mut runs = Vec::new();
-        for (_, r) in data.runs.range(..before).rev() {
+        let mut looked = 0;
+        let mut oldest = None;
+        for (id, r) in data.runs.range(..before).rev().filter(|(_, r)| indexed(r)) {
+            if looked == budget {
+                break;
+            }
+            looked += 1;
+            oldest = Some(*id);
             let run = r.record()?;
             if filter.matches(&run) {
                 runs.push(run);
                 if runs.len() > limit as usize {
-                    break;
+                    return Ok(Page::from_overfetch(runs, limit, crate::run_cursor));
                 }
             }
         }
-        Ok(Page::from_overfetch(runs, limit, crate::run_cursor))
+        let next_cursor = (looked == budget)
+            .then(|| oldest.map(|id| format!("run:{id}")))
+            .flatten();
+        Ok(Page {
+            items: runs,
+            next_cursor,
+        })
+    }
+
+    async fn unfinished_runs(
+        &self,
+        namespace: &str,
+        planned: bool,
+        limit: u32,
+    ) -> Result<Vec<RunRecord>> {
+        let data = self.data();
+        let mut runs: Vec<&Run> = data
+            .runs
+            .values()
+            .rev()
+            .filter(|r| {
+                r.made.namespace == namespace
+                    && if planned {
+                        r.row.state == RunState::Planned
+                    } else {
+                        matches!(r.row.state, RunState::Pending | RunState::Running)
+                    }
+            })
+            .collect();
+        if planned {
+            runs.sort_by_key(|r| (r.made.scheduled_at, r.made.id));
+        }
+        runs.into_iter()
+            .take(limit as usize)
+            .map(Run::record)
+            .collect()
     }
 
     async fn planned_runs(&self, namespace: &str, job: &str, limit: u32) -> Result<Vec<RunRecord>> {

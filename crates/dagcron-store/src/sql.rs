@@ -635,45 +635,153 @@ pub async fn list_fires(
 
 /// The statement of [`RunStore::browse_runs`](crate::RunStore::browse_runs)
 /// selecting `columns` (a backend's run columns), and its arguments: one
-/// more row than `limit`, to tell whether a next page follows.
+/// more row than `limit`, to tell whether a next page follows. The
+/// namespace and the job are looked up by index; the other filters are
+/// checked on the newest [`BROWSE_SCAN`](crate::BROWSE_SCAN) runs before
+/// the cursor (`scanned`: whether there are such filters).
 pub fn browse_runs(
     columns: &str,
     filter: &crate::RunFilter,
     limit: u32,
     cursor: Option<&str>,
-) -> Result<(String, Vec<Arg>)> {
+) -> Result<BrowseSql> {
     let mut args = vec![Arg::Int(crate::runs_before(cursor)?)];
-    let mut sql = format!("SELECT {columns} FROM runs WHERE id < $1");
-    let mut push = |sql: &mut String, clause: &str, arg: Arg| {
+    let mut indexed = "id < $1".to_string();
+    let and = |sql: &mut String, args: &mut Vec<Arg>, clause: &str, arg: Arg| {
         args.push(arg);
         sql.push_str(&format!(" AND {clause} ${}", args.len()));
     };
     if let Some(ns) = &filter.namespace {
-        push(&mut sql, "namespace =", ns.as_str().into());
+        and(&mut indexed, &mut args, "namespace =", ns.as_str().into());
     }
     if let Some(job) = &filter.job {
-        push(&mut sql, "job =", job.as_str().into());
+        and(&mut indexed, &mut args, "job =", job.as_str().into());
     }
+    // The other filters, numbered after the window's size (SQLite numbers
+    // `$N` by their order in the text).
+    let mut others: Vec<(String, Vec<Arg>)> = Vec::new();
     if let Some(trigger) = filter.trigger {
-        push(&mut sql, "trigger =", trigger.as_str().into());
+        others.push(("trigger = {}".into(), vec![trigger.as_str().into()]));
     }
     if let Some(since) = filter.since {
-        push(&mut sql, "scheduled_at >=", since.as_microsecond().into());
+        others.push((
+            "scheduled_at >= {}".into(),
+            vec![since.as_microsecond().into()],
+        ));
     }
     if let Some(until) = filter.until {
-        push(&mut sql, "scheduled_at <", until.as_microsecond().into());
+        others.push((
+            "scheduled_at < {}".into(),
+            vec![until.as_microsecond().into()],
+        ));
+    }
+    if let Some(ended) = filter.ended_since {
+        others.push((
+            "finished_at >= {}".into(),
+            vec![ended.as_microsecond().into()],
+        ));
     }
     if !filter.states.is_empty() {
-        let first = args.len() + 1;
-        let marks: Vec<String> = (first..first + filter.states.len())
-            .map(|i| format!("${i}"))
-            .collect();
-        sql.push_str(&format!(" AND state IN ({})", marks.join(", ")));
-        args.extend(filter.states.iter().map(|s| Arg::from(s.as_str())));
+        others.push((
+            "state IN ({})".into(),
+            filter
+                .states
+                .iter()
+                .map(|s| Arg::from(s.as_str()))
+                .collect(),
+        ));
     }
-    args.push(Arg::Int(i64::from(limit) + 1));
-    sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", args.len()));
-    Ok((sql, args))
+    let scanned = !others.is_empty();
+    let sql = if scanned {
+        args.push(Arg::Int(i64::from(crate::BROWSE_SCAN)));
+        let scan = args.len();
+        let mut checked = String::new();
+        for (clause, values) in others {
+            let first = args.len() + 1;
+            let marks: Vec<String> = (first..first + values.len())
+                .map(|i| format!("${i}"))
+                .collect();
+            checked.push_str(" AND ");
+            checked.push_str(&clause.replace("{}", &marks.join(", ")));
+            args.extend(values);
+        }
+        args.push(Arg::Int(i64::from(limit) + 1));
+        format!(
+            "SELECT {columns} FROM (SELECT * FROM runs WHERE {indexed} ORDER BY id DESC LIMIT ${scan}) AS r WHERE TRUE{checked} ORDER BY id DESC LIMIT ${}",
+            args.len()
+        )
+    } else {
+        args.push(Arg::Int(i64::from(limit) + 1));
+        format!(
+            "SELECT {columns} FROM runs WHERE {indexed} ORDER BY id DESC LIMIT ${}",
+            args.len()
+        )
+    };
+    let floor = scanned.then(|| {
+        let n = 1 + usize::from(filter.namespace.is_some()) + usize::from(filter.job.is_some());
+        let floor_args = args[..n].to_vec();
+        let floor_sql = format!(
+            "SELECT MIN(id), COUNT(*) FROM (SELECT id FROM runs WHERE {indexed} ORDER BY id DESC LIMIT {}) AS r",
+            crate::BROWSE_SCAN
+        );
+        (floor_sql, floor_args)
+    });
+    Ok(BrowseSql { sql, args, floor })
+}
+
+/// A page of the runs browser as statements (see [`browse_runs`]).
+pub struct BrowseSql {
+    /// The runs of the page.
+    pub sql: String,
+    /// Its arguments.
+    pub args: Vec<Arg>,
+    /// When the filters were checked on a window of runs: the statement of
+    /// the window's oldest run and size, to continue from it.
+    pub floor: Option<(String, Vec<Arg>)>,
+}
+
+/// The page of [`browse_runs`]: `items` (up to `limit + 1` read), and, when
+/// they do not fill it and the window of runs looked at was full, a cursor
+/// from the window's oldest run.
+pub async fn browse_page(
+    db: &impl Reader,
+    plan: &BrowseSql,
+    items: Vec<crate::RunRecord>,
+    limit: u32,
+) -> Result<crate::Page<crate::RunRecord>> {
+    if items.len() > limit as usize {
+        return Ok(crate::Page::from_overfetch(items, limit, crate::run_cursor));
+    }
+    if let Some((sql, args)) = &plan.floor {
+        let window = first(db, sql, args.clone(), |r| Ok((r.opt_int(0), r.int(1)))).await?;
+        if let Some((Some(oldest), n)) = window {
+            if n >= i64::from(crate::BROWSE_SCAN) {
+                return Ok(crate::Page {
+                    items,
+                    next_cursor: Some(format!("run:{oldest}")),
+                });
+            }
+        }
+    }
+    Ok(crate::Page {
+        items,
+        next_cursor: None,
+    })
+}
+
+/// The unfinished runs of a namespace (see
+/// [`RunStore::unfinished_runs`](crate::RunStore::unfinished_runs)): the
+/// statement, whose predicate is the partial indexes' own.
+pub fn unfinished_runs_sql(columns: &str, planned: bool) -> String {
+    if planned {
+        format!(
+            "SELECT {columns} FROM runs WHERE namespace = $1 AND state = 'planned' ORDER BY scheduled_at, id LIMIT $2"
+        )
+    } else {
+        format!(
+            "SELECT {columns} FROM runs WHERE namespace = $1 AND state IN ('pending', 'running') ORDER BY id DESC LIMIT $2"
+        )
+    }
 }
 
 /// The fires of a namespace since an instant that made no run on time,

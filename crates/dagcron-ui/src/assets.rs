@@ -52,21 +52,29 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
 
 /// Whether a request's `Accept-Encoding` takes gzip (with a quality above 0).
 fn takes_gzip(headers: &HeaderMap) -> bool {
-    headers
+    // Each coding named, and whether it is refused (`q=0`).
+    let codings: Vec<(String, bool)> = headers
         .get_all(header::ACCEPT_ENCODING)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|coding| {
+        .map(|coding| {
             let mut parts = coding.split(';').map(str::trim);
-            let name = parts.next().unwrap_or("");
+            let name = parts.next().unwrap_or("").to_ascii_lowercase();
             let refused = parts.any(|p| {
                 p.strip_prefix("q=")
                     .and_then(|q| q.parse::<f32>().ok())
                     .is_some_and(|q| q <= 0.0)
             });
-            (name.eq_ignore_ascii_case("gzip") || name == "*") && !refused
+            (name, refused)
         })
+        .collect();
+    match codings.iter().find(|(name, _)| name == "gzip") {
+        Some((_, refused)) => !refused,
+        None => codings
+            .iter()
+            .any(|(name, refused)| name == "*" && !refused),
+    }
 }
 
 /// Serves an asset; they need no session (the sign-in page uses them).
@@ -104,6 +112,7 @@ mod tests {
         assert!(takes_gzip(&accepting("br;q=1.0, GZIP;q=0.5")));
         assert!(takes_gzip(&accepting("*")));
         assert!(!takes_gzip(&accepting("gzip;q=0, br")));
+        assert!(!takes_gzip(&accepting("gzip;q=0, *")));
         assert!(!takes_gzip(&accepting("br")));
         assert!(!takes_gzip(&HeaderMap::new()));
     }

@@ -271,6 +271,43 @@ async fn pages_at_ten_thousand_jobs_and_a_million_runs() {
         ),
         ("cluster", Box::new(|_| ("/cluster".into(), false))),
         ("audit log", Box::new(|_| ("/audit".into(), false))),
+        (
+            "overview (10,000 jobs: sections, 7-day calendar of 200)",
+            Box::new(|_| ("/".into(), false)),
+        ),
+        (
+            "runs browser, first page",
+            Box::new(|_| ("/runs".into(), false)),
+        ),
+        (
+            "runs browser, a later page",
+            Box::new(|i| {
+                (
+                    format!(
+                        "/runs?cursor=run%3A{}",
+                        1 + (i * 7919) % (JOBS * RUNS_PER_JOB)
+                    ),
+                    false,
+                )
+            }),
+        ),
+        (
+            "runs browser, failed runs",
+            Box::new(|_| ("/runs?ns=bench&state=failed".into(), false)),
+        ),
+        (
+            "runs browser, a job's",
+            Box::new(|i| {
+                (
+                    format!("/runs?ns=bench&job=job-{:05}", (i * 7919) % JOBS),
+                    false,
+                )
+            }),
+        ),
+        (
+            "runs browser, a manual trigger (none: scans every run)",
+            Box::new(|_| ("/runs?ns=bench&trigger=manual".into(), false)),
+        ),
     ];
     println!("| page | requests | p50 | p99 | max |");
     println!("| --- | ---: | ---: | ---: | ---: |");

@@ -61,7 +61,7 @@ fn parse_file(path: &Path, text: &str) -> Result<JobFile, String> {
     let problem = if is_json(path, text) {
         serde_json::from_str(text).map_err(|e| e.to_string())
     } else {
-        serde_saphyr::from_str(text).map_err(|e| dagcron_core::yaml::describe(&e, &name))
+        dagcron_core::yaml::from_str_all(text, &name).map_err(|all| all.join("\n"))
     };
     problem.map_err(|why| format!("{name} is not a valid job file: {why}"))
 }

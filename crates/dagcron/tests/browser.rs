@@ -4,8 +4,8 @@
 //! It signs in, sees the demo jobs, triggers a run and watches it finish,
 //! opens its Gantt timeline and a log followed live, sees an error drawn in
 //! the playground, and checks that a viewer is offered no action. Each view
-//! is photographed; with `UPDATE_SCREENSHOTS=1` the pictures replace those
-//! of `docs/ui/`.
+//! is photographed; with `UPDATE_SCREENSHOTS=N` the demo runs N seconds
+//! first and the pictures replace those of `docs/ui/`.
 
 mod common;
 
@@ -251,6 +251,14 @@ fn the_ui_in_a_browser_signs_in_runs_a_job_follows_its_log_and_hides_actions_fro
     );
     assert_eq!(status, 200);
     let b = Browser::start(shots_dir(dir.path()));
+    // Pictures for the docs show a demo that has run for a while: every
+    // demo job has fired, failed or held a few times.
+    if let Some(secs) = std::env::var("UPDATE_SCREENSHOTS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(Duration::from_secs(secs.min(600)));
+    }
 
     // Signing in.
     b.goto(&format!("{url}/"));

@@ -238,7 +238,10 @@ pub(crate) struct BrowseQuery {
     cursor: Option<String>,
 }
 
-/// Runs across jobs, newest first, filtered: the runs browser.
+/// Runs across jobs, newest first, filtered: the runs browser. The
+/// namespace and the job are looked up by index; the other filters are
+/// checked on at most 10,000 runs a page: a page may hold fewer runs than
+/// asked, with a `next_cursor` to look further back.
 #[utoipa::path(get, path = "/api/v1/runs", tag = "runs",
     params(BrowseQuery),
     responses((status = 200, body = RunPage), Errors))]
@@ -257,6 +260,7 @@ pub(crate) async fn browse_runs<S: Store>(
             .map_err(ApiError::bad_request)?,
         since: q.since,
         until: q.until,
+        ended_since: None,
     };
     if let (Some(since), Some(until)) = (filter.since, filter.until) {
         if since >= until {
@@ -508,14 +512,23 @@ pub(crate) async fn follow<S: Store>(
             }
             return;
         }
-        // Running on another node: what it last published.
-        if let Ok(Some(log)) = st.store.read_live_log(id, &task, n).await {
-            if log.len() > offset {
-                let more = log[offset..].to_vec();
-                offset = log.len();
-                if tx.send(Ok(Bytes::from(more))).await.is_err() {
-                    return;
-                }
+        // Running on another node: what it last published (its last
+        // bytes, `skipped` before them).
+        if let Ok(Some((skipped, tail))) = st.store.read_live_log(id, &task, n).await {
+            let skipped = usize::try_from(skipped).unwrap_or(usize::MAX);
+            let mut more = Vec::new();
+            if offset < skipped {
+                more.extend_from_slice(
+                    crate::state::skipped_note((skipped - offset) as u64).as_bytes(),
+                );
+                offset = skipped;
+            }
+            if skipped + tail.len() > offset {
+                more.extend_from_slice(&tail[offset - skipped..]);
+                offset = skipped + tail.len();
+            }
+            if !more.is_empty() && tx.send(Ok(Bytes::from(more))).await.is_err() {
+                return;
             }
         }
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;

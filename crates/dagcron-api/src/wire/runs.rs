@@ -279,8 +279,11 @@ mod tests {
 pub struct LogLines {
     /// Whether the attempt has ended (else more may come).
     pub complete: bool,
-    /// The lines, in order.
+    /// The lines, in order: the first 20,000.
     pub lines: Vec<LogLine>,
+    /// Whether lines after those were left out (the whole text is the
+    /// log's plain answer).
+    pub truncated: bool,
 }
 
 /// A line of an attempt's output.
@@ -303,10 +306,13 @@ impl LogLines {
     pub fn of(output: &[u8], marks: &[u8], complete: bool) -> LogLines {
         let text = String::from_utf8_lossy(output);
         let marks = dagcron_core::log::decode(marks);
+        let all = dagcron_core::log::lines(&text, &marks);
         LogLines {
             complete,
-            lines: dagcron_core::log::lines(&text, &marks)
+            truncated: all.len() > dagcron_core::log::MAX_MARKS,
+            lines: all
                 .into_iter()
+                .take(dagcron_core::log::MAX_MARKS)
                 .enumerate()
                 .map(|(i, l)| LogLine {
                     number: i as u32 + 1,

@@ -33,6 +33,9 @@ const CALENDAR_JOBS: u32 = 200;
 /// Fires counted per job over the calendar's days; a job that fires more
 /// is shown as firing all day.
 const FIRES_PER_JOB: usize = 500;
+/// Steps of the schedules (fires, suppressed ones too) the calendar takes
+/// at most for one namespace; the jobs after are not counted.
+const CALENDAR_STEPS: usize = 20_000;
 
 #[derive(Deserialize, Default)]
 pub(crate) struct OverviewQuery {
@@ -131,13 +134,15 @@ fn run_line(r: &RunRecord, zone: &TimeZone, now: Timestamp) -> RunLine {
 }
 
 /// The calendar of the next [`DAYS`] days in the viewer's zone: each
-/// day's expected fires per job, and the planned runs.
+/// day's expected fires per job (fires a calendar suppresses left out),
+/// the planned runs, the jobs that fire too often to count, and whether
+/// [`CALENDAR_STEPS`] ran out before every job was counted.
 fn calendar(
     jobs: &[Job],
     planned: &[RunRecord],
     now: Timestamp,
     zone: &TimeZone,
-) -> (Vec<Day>, Vec<String>) {
+) -> (Vec<Day>, Vec<String>, bool) {
     let today: Date = now.to_zoned_datetime(zone.clone()).date();
     let starts: Vec<Timestamp> = (0..=DAYS as i64)
         .map(|i| {
@@ -152,15 +157,22 @@ fn calendar(
     let day_of = |t: Timestamp| starts.windows(2).position(|w| t >= w[0] && t < w[1]);
     let mut per_day: Vec<BTreeMap<String, usize>> = vec![BTreeMap::new(); DAYS];
     let mut all_day = Vec::new();
+    let mut steps = 0;
     for job in jobs {
-        let mut at = now;
+        if steps >= CALENDAR_STEPS {
+            break;
+        }
         let mut counted = Vec::new();
-        while let Some(next) = job.next_unsuppressed_after(at) {
-            if next >= end || counted.len() > FIRES_PER_JOB {
-                break;
+        for schedule in &job.schedules {
+            for fire in schedule.fires_after(now) {
+                steps += 1;
+                if fire.at >= end || counted.len() > FIRES_PER_JOB || steps >= CALENDAR_STEPS {
+                    break;
+                }
+                if job.excluded_by(fire.at).is_none() {
+                    counted.push(fire.at);
+                }
             }
-            counted.push(next);
-            at = next;
         }
         if counted.len() > FIRES_PER_JOB {
             all_day.push(job.spec.name.clone());
@@ -205,7 +217,7 @@ fn calendar(
             }
         })
         .collect();
-    (days, all_day)
+    (days, all_day, steps >= CALENDAR_STEPS)
 }
 
 /// One namespace's section.
@@ -216,30 +228,23 @@ async fn section<S: Store>(
     now: Timestamp,
 ) -> dagcron_store::Result<Section> {
     let store = &ui.st.store;
-    let browse = |states: Vec<RunState>, since: Option<Timestamp>| RunFilter {
-        namespace: Some(ns.clone()),
-        states,
-        since,
-        ..RunFilter::default()
-    };
     let day_ago = now - SignedDuration::from_hours(24);
-    let running = store
-        .browse_runs(
-            &browse(vec![RunState::Pending, RunState::Running], None),
-            SECTION,
-            None,
-        )
-        .await?;
+    let running = store.unfinished_runs(&ns, false, SECTION).await?;
+    // The runs that failed in the last day, among the namespace's newest
+    // (the runs browser's window).
     let failed = store
         .browse_runs(
-            &browse(vec![RunState::Failed], Some(day_ago)),
+            &RunFilter {
+                namespace: Some(ns.clone()),
+                states: vec![RunState::Failed],
+                ended_since: Some(day_ago),
+                ..RunFilter::default()
+            },
             SECTION,
             None,
         )
         .await?;
-    let planned = store
-        .browse_runs(&browse(vec![RunState::Planned], None), 50, None)
-        .await?;
+    let planned = store.unfinished_runs(&ns, true, 50).await?;
     let held = store.held_runs(&ns, SECTION).await?;
     let fires = store.problem_fires(&ns, day_ago, SECTION).await?;
     let attention = store.attention_jobs(&ns, SECTION).await?;
@@ -251,13 +256,9 @@ async fn section<S: Store>(
         .filter_map(|j| Job::from_canonical(&j.namespace, &j.spec).ok())
         .collect();
     let zone = &v.zone;
-    let (days, all_day) = calendar(&parsed, &planned.items, now, zone);
+    let (days, all_day, budget_spent) = calendar(&parsed, &planned, now, zone);
     Ok(Section {
-        running: running
-            .items
-            .iter()
-            .map(|r| run_line(r, zone, now))
-            .collect(),
+        running: running.iter().map(|r| run_line(r, zone, now)).collect(),
         failed: failed
             .items
             .iter()
@@ -284,7 +285,7 @@ async fn section<S: Store>(
             .collect(),
         all_day,
         days,
-        calendar_partial: jobs.next_cursor.is_some(),
+        calendar_partial: jobs.next_cursor.is_some() || budget_spent,
         full: SECTION,
         ns,
     })
@@ -367,7 +368,8 @@ mod tests {
             job("weekdays", "0 30 9 * * MON-FRI"),
             job("busy", "* * * * * *"),
         ];
-        let (days, all_day) = calendar(&jobs, &[], now, &berlin);
+        let (days, all_day, spent) = calendar(&jobs, &[], now, &berlin);
+        assert!(!spent);
         assert_eq!(days.len(), DAYS);
         assert_eq!(all_day, ["busy"]);
         assert_eq!(days[0].label, "Fri 04 Dec");

@@ -230,16 +230,27 @@ fn marked_tail(
     if marks.is_empty() {
         return vec![];
     }
-    let text = String::from_utf8_lossy(bytes);
-    let lines = dagcron_core::log::lines(&text, &marks);
-    let mut size = 0;
-    let mut shown: Vec<(String, &'static str, String)> = lines
-        .iter()
-        .rev()
-        .take_while(|l| {
-            size += l.text.len() + 1;
-            size <= tail
+    // The tail, from the start of a line; the marks renumbered from it.
+    let mut from = bytes.len().saturating_sub(tail);
+    if from > 0 {
+        from = bytes[from..]
+            .iter()
+            .position(|b| *b == b'\n')
+            .map_or(bytes.len(), |i| from + i + 1);
+    }
+    let before = bytes[..from].iter().filter(|b| **b == b'\n').count() as u32;
+    let marks: Vec<dagcron_core::log::LineMark> = marks
+        .into_iter()
+        .filter(|m| m.line >= before)
+        .map(|m| dagcron_core::log::LineMark {
+            line: m.line - before,
+            ..m
         })
+        .collect();
+    let text = String::from_utf8_lossy(&bytes[from..]);
+    let lines = dagcron_core::log::lines(&text, &marks);
+    let shown: Vec<(String, &'static str, String)> = lines
+        .iter()
         .map(|l| match l.mark {
             Some(m) => (
                 Timestamp::from_microsecond(m.at_us)
@@ -258,7 +269,6 @@ fn marked_tail(
             None => (String::new(), "", l.text.to_string()),
         })
         .collect();
-    shown.reverse();
     shown
 }
 

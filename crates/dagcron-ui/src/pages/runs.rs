@@ -65,6 +65,9 @@ struct RunsPage {
     next: Option<String>,
     /// Whether the page follows itself (the first page, with runs going on).
     live: bool,
+    /// Whether the filters were checked on a window of runs that ended
+    /// before the page was full (older runs may match).
+    windowed: bool,
     problem: Option<String>,
 }
 
@@ -108,6 +111,7 @@ fn filter_of(q: &RunsQuery, zone: &TimeZone) -> Result<RunFilter, String> {
         trigger: RunFilter::parse_trigger(&q.trigger)?,
         since,
         until,
+        ended_since: None,
     })
 }
 
@@ -207,10 +211,12 @@ pub(crate) async fn page<S: Store>(
             }
         }
     }
+    // Planned runs may wait for days: they do not keep the page refreshing.
     let live = q.cursor.is_none()
         && rows
             .iter()
-            .any(|r| ["planned", "pending", "running"].contains(&r.state));
+            .any(|r| ["pending", "running"].contains(&r.state));
+    let windowed = rows.len() < PAGE as usize && next.is_some();
     let query = [
         ("ns", &q.ns),
         ("job", &q.job),
@@ -235,6 +241,7 @@ pub(crate) async fn page<S: Store>(
         query,
         next,
         live,
+        windowed,
         problem,
     })
 }
