@@ -56,6 +56,9 @@ struct Fire {
     sla_missed_at: Option<Timestamp>,
 }
 
+/// An ended attempt's output and the marks of its lines.
+type StoredLog = (Vec<u8>, Vec<u8>);
+
 /// A run: what it was made with, and its row.
 #[derive(Clone, Debug)]
 struct Run {
@@ -106,7 +109,7 @@ struct Data {
     fires: BTreeMap<Key, BTreeMap<i64, Fire>>,
     runs: BTreeMap<RunId, Run>,
     /// Each ended attempt's output and the marks of its lines.
-    logs: BTreeMap<(RunId, String, u32), (Vec<u8>, Vec<u8>)>,
+    logs: BTreeMap<(RunId, String, u32), StoredLog>,
     /// Tokens with the keyed hash of their secret.
     tokens: Vec<(TokenRecord, Vec<u8>)>,
     secrets: BTreeMap<Key, SecretRecord>,
@@ -707,7 +710,7 @@ impl RunStore for MemoryStore {
                 }
             }
         }
-        out.sort_by(|a, b| b.1.scheduled_at.cmp(&a.1.scheduled_at));
+        out.sort_by_key(|f| std::cmp::Reverse(f.1.scheduled_at));
         out.truncate(limit as usize);
         Ok(out)
     }

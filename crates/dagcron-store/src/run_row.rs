@@ -163,12 +163,16 @@ impl Row {
     }
 }
 
+/// An ended attempt's output: run, task, number, output, the marks of its
+/// lines.
+pub type EndedLog<'a> = (RunId, &'a str, u32, &'a [u8], &'a [u8]);
+
 /// What a batch does besides its runs' rows, by run.
 #[derive(Debug, Default)]
 pub struct Effects<'a> {
     /// Output of ended attempts: run, task, number, output, the marks of
     /// its lines.
-    pub logs: Vec<(RunId, &'a str, u32, &'a [u8], &'a [u8])>,
+    pub logs: Vec<EndedLog<'a>>,
     /// Attempts handed to the cluster: run, task, number, instant, labels.
     pub queued: Vec<(RunId, &'a str, u32, i64, Option<String>)>,
     /// Attempts that left the cluster's queue unclaimed (ended or withdrawn).

@@ -520,7 +520,7 @@ pub async fn attention_jobs<D: Reader>(
         db,
         &sql,
         vec![namespace.into(), i64::from(limit).into()],
-        |r| read::job(r),
+        read::job,
     )
     .await
 }

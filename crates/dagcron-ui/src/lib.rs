@@ -235,6 +235,18 @@ pub(crate) async fn viewer<S: Store>(ui: &Ui<S>, headers: &HeaderMap) -> Result<
     })
 }
 
+/// The viewer of a form's request, once its CSRF token is the session's;
+/// else the answer that refuses it.
+pub(crate) async fn form_viewer<S: Store>(
+    ui: &Ui<S>,
+    headers: &HeaderMap,
+    form: &std::collections::HashMap<String, String>,
+) -> Result<Viewer, Response> {
+    let v = viewer(ui, headers).await?;
+    check_csrf(&v, form)?;
+    Ok(v)
+}
+
 /// Refuses a form whose CSRF token is not the session's.
 pub(crate) fn check_csrf(
     v: &Viewer,

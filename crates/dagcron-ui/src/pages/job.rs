@@ -20,7 +20,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::svg::{DagNode, dag};
-use crate::{Chrome, Ui, call_api, check_csrf, error_page, format, health, render, viewer};
+use crate::{Chrome, Ui, call_api, error_page, format, health, render, viewer};
 
 /// Runs in the grid.
 pub(crate) const GRID_RUNS: u32 = 20;
@@ -591,13 +591,10 @@ pub(crate) async fn act<S: Store>(
     Path((ns, name, action)): Path<(String, String, String)>,
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
-    let v = match viewer(&ui, &parts.headers).await {
+    let v = match crate::form_viewer(&ui, &parts.headers, &f).await {
         Ok(v) => v,
         Err(resp) => return resp,
     };
-    if let Err(resp) = check_csrf(&v, &f) {
-        return resp;
-    }
     let at = |k: &str| {
         let text = f.get(k).map_or("", |s| s.trim());
         text.parse::<Timestamp>()

@@ -14,7 +14,7 @@ use jiff::tz::TimeZone;
 use serde::Deserialize;
 
 use crate::session::{THEME_COOKIE, ZONE_CHOICE_COOKIE, cookie, set_cookie};
-use crate::{Chrome, Ui, check_csrf, error_page, render, viewer};
+use crate::{Chrome, Ui, error_page, render, viewer};
 
 /// A year, in seconds: how long a choice is remembered.
 const YEAR: i64 = 365 * 24 * 3600;
@@ -77,11 +77,7 @@ pub(crate) async fn save<S: Store>(
     headers: HeaderMap,
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
-    let v = match viewer(&ui, &headers).await {
-        Ok(v) => v,
-        Err(resp) => return resp,
-    };
-    if let Err(resp) = check_csrf(&v, &f) {
+    if let Err(resp) = crate::form_viewer(&ui, &headers, &f).await {
         return resp;
     }
     let theme = f.get("theme").map(String::as_str).unwrap_or("");

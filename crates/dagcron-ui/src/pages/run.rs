@@ -19,9 +19,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::svg::{Bar, Row, gantt};
-use crate::{
-    Chrome, Ui, Viewer, call_api, check_csrf, error_page, format, from_htmx, render, viewer,
-};
+use crate::{Chrome, Ui, Viewer, call_api, error_page, format, from_htmx, render, viewer};
 
 /// The most of a log a page shows: its end.
 const LOG_TAIL: usize = 64 << 10;
@@ -499,13 +497,10 @@ pub(crate) async fn act_on_task<S: Store>(
     Path((id, task, action)): Path<(RunId, String, String)>,
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
-    let v = match viewer(&ui, &parts.headers).await {
+    let v = match crate::form_viewer(&ui, &parts.headers, &f).await {
         Ok(v) => v,
         Err(resp) => return resp,
     };
-    if let Err(resp) = check_csrf(&v, &f) {
-        return resp;
-    }
     let path = format!(
         "/api/v1/runs/{id}/tasks/{}/{}",
         crate::path_part(&task),
@@ -527,13 +522,10 @@ pub(crate) async fn act<S: Store>(
     Path((id, action)): Path<(RunId, String)>,
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
-    let v = match viewer(&ui, &parts.headers).await {
+    let v = match crate::form_viewer(&ui, &parts.headers, &f).await {
         Ok(v) => v,
         Err(resp) => return resp,
     };
-    if let Err(resp) = check_csrf(&v, &f) {
-        return resp;
-    }
     let body = match action.as_str() {
         "cancel" => json!({}),
         "rerun" => json!({ "failed_only": f.get("failed_only").is_some_and(|x| x == "true") }),

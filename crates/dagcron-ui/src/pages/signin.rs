@@ -14,7 +14,7 @@ use dagcron_store::prelude::*;
 use jiff::Timestamp;
 
 use crate::session::{SESSION_COOKIE, SIGNIN_COOKIE, cookie, random_id, same_secret, set_cookie};
-use crate::{Ui, check_csrf, error_page, render, viewer};
+use crate::{Ui, error_page, render};
 
 #[derive(Template)]
 #[template(path = "signin.html")]
@@ -91,11 +91,7 @@ pub(crate) async fn signout<S: Store>(
     headers: HeaderMap,
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
-    let v = match viewer(&ui, &headers).await {
-        Ok(v) => v,
-        Err(resp) => return resp,
-    };
-    if let Err(resp) = check_csrf(&v, &f) {
+    if let Err(resp) = crate::form_viewer(&ui, &headers, &f).await {
         return resp;
     }
     if let Some(id) = cookie(&headers, SESSION_COOKIE) {
