@@ -101,7 +101,7 @@ impl SqliteStore {
             // Pages of 16 KiB for a new database (an existing one keeps
             // its own: the size cannot change in WAL mode): a B-tree of
             // fewer, larger pages to split and to log, a third less of the
-            // writer's time for a large apply (BENCHMARKS.md).
+            // writer's time for a large apply (docs/benchmarks-history.md).
             .page_size(PAGE_SIZE)
             .journal_mode(SqliteJournalMode::Wal)
             // Durable at every checkpoint; WAL with NORMAL survives process

@@ -17,7 +17,7 @@ use dagcron::serve::{self, Exit};
 
 /// mimalloc rather than the system's allocator: registering or reading
 /// back a million jobs, and each fire, allocate and free many small values
-/// (BENCHMARKS.md has the figures before and after).
+/// (docs/benchmarks-history.md has the figures before and after).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
