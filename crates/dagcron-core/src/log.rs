@@ -108,11 +108,6 @@ impl Marker {
         }
     }
 
-    /// The marks so far.
-    pub fn marks(&self) -> &[LineMark] {
-        &self.marks
-    }
-
     /// The marks, once the output has ended.
     pub fn finish(self) -> Vec<LineMark> {
         self.marks

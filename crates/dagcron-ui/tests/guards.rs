@@ -280,6 +280,44 @@ async fn a_viewer_is_offered_no_action_and_its_posted_actions_are_refused() {
         !page.body.contains(r#"method="post" action="/jobs"#),
         "no action form"
     );
+    // A task action of a viewer: refused before it reaches the run.
+    let a = ui
+        .send(
+            Method::POST,
+            "/runs/1/tasks/t/retry",
+            &cookie,
+            &format!("csrf={csrf}"),
+            None,
+        )
+        .await;
+    assert!(
+        [StatusCode::FORBIDDEN, StatusCode::NOT_FOUND].contains(&a.status),
+        "{}",
+        a.body
+    );
+    // Preferences are the viewer's own: a bad value is refused in the page.
+    let a = ui
+        .send(
+            Method::POST,
+            "/preferences",
+            &cookie,
+            &format!("csrf={csrf}&theme=%22%3E%3Cscript%3E&zone="),
+            None,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.body);
+    assert!(!a.body.contains("<script>"), "{}", a.body);
+    let a = ui
+        .send(
+            Method::POST,
+            "/preferences",
+            &cookie,
+            &format!("csrf={csrf}&theme=dark&zone=Mars%2FOlympus%0D%0ASet-Cookie%3A+x%3D1"),
+            None,
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST, "{}", a.body);
+    assert!(a.cookies.is_empty(), "{:?}", a.cookies);
     for action in ["pause", "trigger"] {
         let a = ui
             .send(
@@ -392,7 +430,22 @@ async fn another_namespaces_jobs_and_runs_are_not_shown() {
     let run: serde_json::Value = serde_json::from_str(&trigger.body).unwrap();
     let run = run["id"].as_i64().unwrap();
     let scoped = ui.token(Role::Admin, Some("a")).await;
-    let (cookie, _) = ui.sign_in(&scoped).await;
+    let (cookie, csrf) = ui.sign_in(&scoped).await;
+    // An action on another namespace's run is refused as if it did not
+    // exist, and changes nothing.
+    for action in ["retry", "mark_succeeded", "fail"] {
+        let a = ui
+            .send(
+                Method::POST,
+                &format!("/runs/{run}/tasks/t/{action}"),
+                &cookie,
+                &format!("csrf={csrf}"),
+                None,
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::NOT_FOUND, "{action}: {}", a.body);
+        assert!(!a.body.contains("\"b\""));
+    }
     let overview = ui.send(Method::GET, "/", &cookie, "", None).await;
     assert!(overview.body.contains(r#"id="ns-a""#), "{}", overview.body);
     let other = ui.send(Method::GET, "/?ns=b", &cookie, "", None).await;
