@@ -22,6 +22,18 @@ pub struct Dag {
 pub type DagError = (String, String);
 
 impl Dag {
+    /// Whether each task is upstream of `task`, directly or through others.
+    pub fn ancestors(&self, task: usize) -> Vec<bool> {
+        let mut seen = vec![false; self.upstream.len()];
+        let mut stack = self.upstream[task].clone();
+        while let Some(t) = stack.pop() {
+            if !std::mem::replace(&mut seen[t], true) {
+                stack.extend(self.upstream[t].iter().copied());
+            }
+        }
+        seen
+    }
+
     /// Builds and checks the graph; reports every problem.
     pub fn build(tasks: &[TaskSpec]) -> Result<Dag, Vec<DagError>> {
         let mut errors = Vec::new();
@@ -286,6 +298,8 @@ mod tests {
                 wasm: None,
                 noop: false,
                 run_on: None,
+                when: None,
+                skip_on_exit_code: vec![],
             })
             .collect()
     }
@@ -541,6 +555,8 @@ mod tests {
                         wasm: None,
                         noop: false,
                         run_on: None,
+                        when: None,
+                        skip_on_exit_code: vec![],
                     })
                     .collect();
                 (specs, rules, outcomes)

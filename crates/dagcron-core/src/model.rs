@@ -384,6 +384,10 @@ pub struct HttpSpec {
     /// Statuses that count as success (default: any 2xx).
     #[serde(default)]
     pub expect: Vec<u16>,
+    /// Outputs taken from the JSON answer, each by a path (`$.id`,
+    /// `$.items[0].name`; see [`crate::outputs`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub outputs: BTreeMap<String, String>,
 }
 
 fn default_method() -> String {
@@ -423,6 +427,14 @@ pub struct TaskSpec {
     /// server's own pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_on: Option<RunOn>,
+    /// Whether it runs once its trigger rule lets it start (false: it is
+    /// `skipped`); see [`crate::condition`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
+    /// Exit codes of a shell task that mean "nothing to do": the task is
+    /// `skipped` (not failed, not retried), as Airflow's BashOperator.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skip_on_exit_code: Vec<i32>,
 }
 
 /// Which remote worker agents may run a task.
@@ -684,6 +696,13 @@ pub struct Task {
     pub executor: Executor,
     /// Where: a remote agent matching these labels, or (none) the server's pool.
     pub run_on: Option<RunOn>,
+    /// Whether it runs once it may start (none: always).
+    pub when: Option<crate::condition::Condition>,
+    /// Exit codes that skip it (a shell task's).
+    pub skip_on_exit_code: Vec<i32>,
+    /// The tasks whose outputs it gets, by index: its upstream tasks and
+    /// the tasks its text and condition refer to.
+    pub reads: Vec<usize>,
 }
 
 /// A validated job, ready to schedule.

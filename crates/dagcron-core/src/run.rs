@@ -26,6 +26,9 @@ use crate::state::{AttemptState, IllegalTransition, RunState, TaskState};
 pub enum End {
     /// Finished well.
     Succeeded,
+    /// Finished with an exit code of its task's `skip_on_exit_code`: the
+    /// task is skipped.
+    Skipped,
     /// Stopped by a cancel (its run is stopping).
     Cancelled,
     /// Finished badly: the failure decides whether it is retried
@@ -39,6 +42,7 @@ impl End {
     pub fn attempt_state(&self) -> AttemptState {
         match self {
             End::Succeeded => AttemptState::Succeeded,
+            End::Skipped => AttemptState::Skipped,
             End::Cancelled => AttemptState::Cancelled,
             End::Failed(Failure::Timeout) => AttemptState::TimedOut,
             End::Failed(Failure::Lost) => AttemptState::Lost,
@@ -379,6 +383,44 @@ pub struct StoredTask {
     pub current: Option<Attempt>,
 }
 
+/// What a run's `when` conditions read: its parameters and the outputs of
+/// its tasks, by index (none for a task without any).
+#[derive(Clone, Copy)]
+pub struct RunData<'a> {
+    /// The run's parameters.
+    pub params: &'a std::collections::BTreeMap<String, String>,
+    /// Each task's outputs.
+    pub outputs: &'a [Option<std::sync::Arc<crate::outputs::Outputs>>],
+}
+
+static NO_PARAMS: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
+
+impl RunData<'static> {
+    /// No parameters and no outputs.
+    pub const NONE: RunData<'static> = RunData {
+        params: &NO_PARAMS,
+        outputs: &[],
+    };
+}
+
+impl RunData<'_> {
+    /// Whether task `task` of `job` runs once it may start: its `when`
+    /// holds (or it has none).
+    pub fn runs(&self, job: &Job, task: usize) -> bool {
+        let Some(when) = &job.tasks[task].when else {
+            return true;
+        };
+        let outputs = |id: &str| {
+            let i = job.tasks.iter().position(|t| t.id == id)?;
+            self.outputs.get(i)?.as_deref()
+        };
+        when.holds(&crate::condition::Facts {
+            params: self.params,
+            outputs: &outputs,
+        })
+    }
+}
+
 /// One run: its state, its tasks' states and their current attempts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunMachine {
@@ -463,10 +505,25 @@ impl RunMachine {
     }
 
     /// Steps on `event` at `now` (`random` gives the jitter of a retry) and
-    /// appends what to carry out to `out`.
+    /// appends what to carry out to `out`, for a run with no parameters
+    /// nor outputs (see [`RunMachine::step_with`]).
     pub fn step(
         &mut self,
         job: &Job,
+        event: Event,
+        now: Timestamp,
+        random: &mut dyn FnMut() -> u64,
+        out: &mut Vec<Effect>,
+    ) -> Step {
+        self.step_with(job, RunData::NONE, event, now, random, out)
+    }
+
+    /// [`RunMachine::step`] for a run with `data`: a task whose trigger
+    /// rule lets it start and whose `when` does not hold is skipped.
+    pub fn step_with(
+        &mut self,
+        job: &Job,
+        data: RunData<'_>,
         event: Event,
         now: Timestamp,
         random: &mut dyn FnMut() -> u64,
@@ -483,7 +540,7 @@ impl RunMachine {
                     return Ok(());
                 }
                 self.arm_deadline(job, now, out);
-                self.advance(job, out)
+                self.advance(job, data, out)
             }
             Event::Due { skip } => {
                 if self.state != RunState::Planned {
@@ -504,7 +561,7 @@ impl RunMachine {
                 }
                 if let Some(closing) = self.closing {
                     // It was being stopped: finish stopping it.
-                    return self.stop(job, closing, out);
+                    return self.stop(job, data, closing, out);
                 }
                 for (task, state) in self.tasks.iter().enumerate() {
                     match state {
@@ -514,7 +571,7 @@ impl RunMachine {
                     }
                 }
                 self.arm_deadline(job, started, out);
-                self.advance(job, out)
+                self.advance(job, data, out)
             }
             Event::Dispatch { task, shared } => {
                 if self.tasks[task] != TaskState::Ready || self.closing.is_some() {
@@ -579,16 +636,17 @@ impl RunMachine {
                 }
                 if self.tasks[task] == TaskState::Dispatching {
                     // Lost before it ran (its node died while handing it over).
-                    return self.failed(job, task, number, Failure::Lost, now, random, out);
+                    return self.failed(job, data, task, number, Failure::Lost, now, random, out);
                 }
                 match end {
                     End::Succeeded => self.set_task(task, TaskState::Succeeded, out)?,
+                    End::Skipped => self.set_task(task, TaskState::Skipped, out)?,
                     End::Cancelled => self.set_task(task, TaskState::Cancelled, out)?,
                     End::Failed(failure) => {
-                        return self.failed(job, task, number, failure, now, random, out);
+                        return self.failed(job, data, task, number, failure, now, random, out);
                     }
                 }
-                self.advance(job, out)
+                self.advance(job, data, out)
             }
             Event::RetryDue { task } => {
                 if self.tasks[task] != TaskState::Retrying || self.closing.is_some() {
@@ -598,7 +656,7 @@ impl RunMachine {
                 out.push(Effect::Ready { task });
                 Ok(())
             }
-            Event::Stop { final_state } => self.stop(job, final_state, out),
+            Event::Stop { final_state } => self.stop(job, data, final_state, out),
             Event::Orphaned { task } => {
                 let moving = matches!(
                     self.tasks[task],
@@ -608,7 +666,7 @@ impl RunMachine {
                     return Ok(());
                 }
                 let number = self.attempts[task];
-                self.failed(job, task, number, Failure::Lost, now, random, out)
+                self.failed(job, data, task, number, Failure::Lost, now, random, out)
             }
             Event::Intervene { task, action } => {
                 if self.may_intervene(task, action).is_err() {
@@ -622,7 +680,7 @@ impl RunMachine {
                     }
                     Intervention::Fail => {}
                 }
-                self.advance(job, out)
+                self.advance(job, data, out)
             }
             Event::Abandoned { task, number } => {
                 let Some(attempt) = self.current_of(task, number) else {
@@ -684,6 +742,7 @@ impl RunMachine {
     fn failed(
         &mut self,
         job: &Job,
+        data: RunData<'_>,
         task: usize,
         number: u32,
         failure: Failure,
@@ -714,7 +773,7 @@ impl RunMachine {
             }
             RetryDecision::GiveUp(_) => self.set_task(task, TaskState::Failed, out)?,
         }
-        self.advance(job, out)
+        self.advance(job, data, out)
     }
 
     /// `task` was marked: the tasks downstream of it that did not run
@@ -731,7 +790,13 @@ impl RunMachine {
         Ok(())
     }
 
-    fn stop(&mut self, job: &Job, final_state: RunState, out: &mut Vec<Effect>) -> Step {
+    fn stop(
+        &mut self,
+        job: &Job,
+        data: RunData<'_>,
+        final_state: RunState,
+        out: &mut Vec<Effect>,
+    ) -> Step {
         match self.state {
             RunState::Planned | RunState::Pending => {
                 self.set_run(RunState::Cancelled, out)?;
@@ -769,11 +834,11 @@ impl RunMachine {
                 _ => {}
             }
         }
-        self.advance(job, out)
+        self.advance(job, data, out)
     }
 
     /// Plans the DAG until nothing changes; ends the run when it is done.
-    fn advance(&mut self, job: &Job, out: &mut Vec<Effect>) -> Step {
+    fn advance(&mut self, job: &Job, data: RunData<'_>, out: &mut Vec<Effect>) -> Step {
         if self.state != RunState::Running {
             return Ok(());
         }
@@ -785,6 +850,13 @@ impl RunMachine {
                     break;
                 }
                 for (task, to) in changes {
+                    // A task its condition declines is skipped where it
+                    // would have started.
+                    let to = if to == TaskState::Ready && !data.runs(job, task) {
+                        TaskState::Skipped
+                    } else {
+                        to
+                    };
                     self.set_task(task, to, out)?;
                     if to == TaskState::Ready {
                         out.push(Effect::Ready { task });

@@ -113,6 +113,9 @@ states! {
         Running = "running",
         /// Finished well.
         Succeeded = "succeeded",
+        /// Finished with an exit code of its task's `skip_on_exit_code`:
+        /// its task is skipped.
+        Skipped = "skipped",
         /// Finished badly.
         Failed = "failed",
         /// Ran past its timeout and was killed.
@@ -197,7 +200,7 @@ impl TaskState {
             (Pending, Ready | UpstreamFailed | Skipped | Cancelled) => true,
             (Ready, Dispatching | Cancelled) => true,
             (Dispatching, Running | Retrying | Failed | Cancelled) => true,
-            (Running, Succeeded | Failed | Retrying | Cancelled) => true,
+            (Running, Succeeded | Failed | Retrying | Cancelled | Skipped) => true,
             (Retrying, Ready | Cancelled) => true,
             // Retries exhausted under `on_exhausted: hold`, and what an
             // operator does with a held task (or a run stopping does).
@@ -233,7 +236,10 @@ impl AttemptState {
         let ok = matches!(
             (self, next),
             (Dispatching, Running | Failed | Lost | Cancelled)
-                | (Running, Succeeded | Failed | TimedOut | Lost | Cancelled)
+                | (
+                    Running,
+                    Succeeded | Skipped | Failed | TimedOut | Lost | Cancelled
+                )
         );
         if ok {
             Ok(next)
@@ -280,7 +286,7 @@ mod tests {
             pending -> ready, upstream_failed, skipped, cancelled
             ready -> dispatching, cancelled
             dispatching -> running, retrying, held, failed, cancelled
-            running -> retrying, held, succeeded, failed, cancelled
+            running -> retrying, held, succeeded, failed, skipped, cancelled
             retrying -> ready, cancelled
             held -> ready, succeeded, failed, skipped, cancelled
             succeeded -> 
@@ -292,8 +298,9 @@ mod tests {
         .assert_eq(&table(TaskState::ALL, |a, b| a.to(b).is_ok()));
         expect_test::expect![[r#"
             dispatching -> running, failed, lost, cancelled
-            running -> succeeded, failed, timed_out, lost, cancelled
+            running -> succeeded, skipped, failed, timed_out, lost, cancelled
             succeeded -> 
+            skipped -> 
             failed -> 
             timed_out -> 
             lost -> 

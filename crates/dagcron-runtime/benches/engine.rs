@@ -66,6 +66,8 @@ fn task(id: &str, deps: &[&str]) -> TaskSpec {
         wasm: None,
         noop: true,
         run_on: None,
+        when: None,
+        skip_on_exit_code: vec![],
     }
 }
 

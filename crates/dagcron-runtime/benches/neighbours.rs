@@ -73,6 +73,8 @@ fn every_second(name: String, script: String) -> JobSpec {
             wasm: None,
             noop: false,
             run_on: None,
+            when: None,
+            skip_on_exit_code: vec![],
         }],
     }
 }

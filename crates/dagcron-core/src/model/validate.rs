@@ -66,6 +66,12 @@ pub(super) fn validate_job(
     };
     // The canonical spelling of the anchor (see `JobSpec::anchor`).
     spec.anchor = anchor.map(|t| t.to_string());
+    let mut tasks = tasks;
+    if let Some(dag) = &dag
+        && tasks.len() == spec.tasks.len()
+    {
+        check_reads(&spec, dag, &mut tasks, at, &mut errors);
+    }
     match dag {
         Some(dag) if errors.is_empty() => Ok(Job {
             namespace: namespace.to_string(),
@@ -432,6 +438,32 @@ fn check_task(
             .into_iter()
             .filter(|_| t.retry.is_some()),
     );
+    let when = t
+        .when
+        .as_ref()
+        .and_then(|w| match crate::condition::Condition::parse(w) {
+            Ok(c) => Some(c),
+            Err(message) => {
+                problem(errors, format!("{path}.when"), message);
+                None
+            }
+        });
+    if !t.skip_on_exit_code.is_empty() {
+        if t.shell.is_none() {
+            problem(
+                errors,
+                format!("{path}.skip_on_exit_code"),
+                "only a shell task has exit codes: drop `skip_on_exit_code`".into(),
+            );
+        }
+        if let Some(c) = t.skip_on_exit_code.iter().find(|c| !(1..=255).contains(*c)) {
+            problem(
+                errors,
+                format!("{path}.skip_on_exit_code"),
+                format!("{c} is not an exit code that means anything but success (1 to 255)"),
+            );
+        }
+    }
     executor.map(|executor| Task {
         id: t.id.clone(),
         trigger_rule: t.trigger_rule,
@@ -440,7 +472,159 @@ fn check_task(
         on_exhausted: t.on_exhausted.or(spec.on_exhausted).unwrap_or_default(),
         executor,
         run_on: t.run_on.clone(),
+        when,
+        skip_on_exit_code: t.skip_on_exit_code.clone(),
+        reads: Vec::new(),
     })
+}
+
+/// The texts of task `t` that `{{...}}` placeholders are substituted in,
+/// each with its path.
+fn texts_of(t: &TaskSpec, path: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    match &t.shell {
+        Some(ShellSpec::Script(s)) => out.push((format!("{path}.shell"), s.clone())),
+        Some(ShellSpec::Command(c)) => {
+            out.push((format!("{path}.shell.command"), c.command.clone()));
+            for (k, a) in c.args.iter().enumerate() {
+                out.push((format!("{path}.shell.args[{k}]"), a.clone()));
+            }
+            for (k, v) in &c.env {
+                if let EnvValue::Plain(text) = v {
+                    out.push((format!("{path}.shell.env.{k}"), text.clone()));
+                }
+            }
+            if let Some(cwd) = &c.cwd {
+                out.push((format!("{path}.shell.cwd"), cwd.clone()));
+            }
+        }
+        None => {}
+    }
+    if let Some(h) = &t.http {
+        out.push((format!("{path}.http.url"), h.url.clone()));
+        for (k, v) in &h.headers {
+            out.push((format!("{path}.http.headers.{k}"), v.clone()));
+        }
+        if let Some(b) = &h.body {
+            out.push((format!("{path}.http.body"), b.clone()));
+        }
+    }
+    if let Some(w) = &t.wasm {
+        for (k, a) in w.args.iter().enumerate() {
+            out.push((format!("{path}.wasm.args[{k}]"), a.clone()));
+        }
+        for (k, v) in &w.env {
+            if let EnvValue::Plain(text) = v {
+                out.push((format!("{path}.wasm.env.{k}"), text.clone()));
+            }
+        }
+        if let Some(stdin) = &w.stdin {
+            out.push((format!("{path}.wasm.stdin"), stdin.clone()));
+        }
+    }
+    out
+}
+
+/// The outputs each task reads: every `{{tasks.<task>.outputs.<name>}}`
+/// of its texts and every output its `when` refers to must be of a task
+/// upstream of it (whose outputs exist when it starts), and an http
+/// task's output must be one it declares. Sets each task's
+/// [`Task::reads`].
+fn check_reads(
+    spec: &JobSpec,
+    dag: &Dag,
+    tasks: &mut [Task],
+    at: &str,
+    errors: &mut Vec<ValidationError>,
+) {
+    let index: BTreeMap<&str, usize> = spec
+        .tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.id.as_str(), i))
+        .collect();
+    for (i, t) in spec.tasks.iter().enumerate() {
+        let path = format!("{at}.tasks[{i}]");
+        let mut refs: Vec<(String, crate::outputs::Ref)> = Vec::new();
+        for (field, text) in texts_of(t, &path) {
+            for found in crate::outputs::references(&text) {
+                match found {
+                    Ok(r) => refs.push((field.clone(), r)),
+                    Err(message) => problem(errors, field.clone(), message),
+                }
+            }
+        }
+        if let Some(when) = &tasks[i].when {
+            refs.extend(
+                when.references()
+                    .into_iter()
+                    .map(|r| (format!("{path}.when"), r)),
+            );
+        }
+        let ancestors = if refs.is_empty() {
+            Vec::new()
+        } else {
+            dag.ancestors(i)
+        };
+        let mut reads: Vec<usize> = dag.upstream[i].clone();
+        for (field, r) in refs {
+            let Some(&j) = index.get(r.task.as_str()) else {
+                let known: Vec<&str> = spec.tasks.iter().map(|t| t.id.as_str()).collect();
+                let hint = crate::yaml::closest(&r.task, &known)
+                    .map(|s| format!(" (did you mean `{s}`?)"))
+                    .unwrap_or_default();
+                problem(
+                    errors,
+                    field,
+                    format!("there is no task `{}` in this job{hint}", r.task),
+                );
+                continue;
+            };
+            if !ancestors[j] {
+                problem(
+                    errors,
+                    field,
+                    format!(
+                        "task `{}` is not upstream of `{}`, so its outputs do not exist when `{}` starts: add it to `depends_on`",
+                        r.task, t.id, t.id
+                    ),
+                );
+                continue;
+            }
+            if let Some(h) = &spec.tasks[j].http
+                && !h.outputs.contains_key(&r.key)
+            {
+                let declared: Vec<&str> = h.outputs.keys().map(String::as_str).collect();
+                problem(
+                    errors,
+                    field,
+                    format!(
+                        "task `{}` declares no output `{}` (its `http.outputs`: {})",
+                        r.task,
+                        r.key,
+                        if declared.is_empty() {
+                            "none".to_string()
+                        } else {
+                            declared.join(", ")
+                        }
+                    ),
+                );
+                continue;
+            }
+            if matches!(tasks[j].executor, Executor::Noop) {
+                problem(
+                    errors,
+                    field,
+                    format!("task `{}` is a no-op: it has no outputs", r.task),
+                );
+                continue;
+            }
+            reads.push(j);
+        }
+        reads.sort_unstable();
+        reads.dedup();
+        tasks[i].reads = reads;
+    }
 }
 
 /// The one executor of task `t`, at `path` (a WebAssembly module's
@@ -507,6 +691,33 @@ fn check_executor(
                     format!("{path}.http.expect"),
                     format!("{s} is not an HTTP status (100-599)"),
                 );
+            }
+            if h.outputs.len() > crate::outputs::MAX_KEYS {
+                problem(
+                    errors,
+                    format!("{path}.http.outputs"),
+                    format!(
+                        "{} outputs; at most {} are taken",
+                        h.outputs.len(),
+                        crate::outputs::MAX_KEYS
+                    ),
+                );
+            }
+            for (name, p) in &h.outputs {
+                let at = format!("{path}.http.outputs.{}", name.escape_debug());
+                if !crate::outputs::valid_key(name) {
+                    problem(
+                        errors,
+                        at.clone(),
+                        format!(
+                            "invalid output name {name:?}: use 1 to {} letters, digits and `_`, not starting with a digit",
+                            crate::outputs::MAX_KEY
+                        ),
+                    );
+                }
+                if let Err(message) = crate::hook::Path::parse(p) {
+                    problem(errors, at, message);
+                }
             }
             Some(Executor::Http(h.clone()))
         }

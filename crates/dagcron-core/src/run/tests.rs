@@ -715,6 +715,83 @@ fn a_task_holds_only_when_its_retries_are_exhausted_not_when_its_run_stops() {
 
 /// A job of up to six tasks, each depending on some earlier ones, with
 /// random trigger rules, retries and delivery.
+/// A task skipped by its condition, or by its exit code, counts for every
+/// trigger rule downstream as a skipped task does; a condition reads the
+/// run's parameters and its upstream tasks' outputs.
+#[test]
+fn a_condition_or_an_exit_code_skips_a_task_for_every_trigger_rule_downstream() {
+    let mut table = String::new();
+    for rule in TriggerRule::ALL {
+        let mut ends = Vec::new();
+        for how in ["when", "exit"] {
+            let a = match how {
+                "when" => {
+                    "      - { id: a, shell: x, when: \"tasks.check.outputs.changed == 'true'\", depends_on: [check] }\n"
+                }
+                _ => "      - { id: a, shell: x, skip_on_exit_code: [99], depends_on: [check] }\n",
+            };
+            let tasks = format!(
+                "      - {{ id: check, shell: x }}\n{a}      - {{ id: b, depends_on: [a], trigger_rule: {}, shell: x }}\n",
+                rule.as_str()
+            );
+            let job = job(&tasks, "");
+            let mut run = RunMachine::new(3, RunState::Running);
+            let params = std::collections::BTreeMap::new();
+            let outputs = [
+                Some(std::sync::Arc::new(
+                    [("changed".to_string(), "false".to_string())].into(),
+                )),
+                None,
+                None,
+            ];
+            let data = RunData {
+                params: &params,
+                outputs: &outputs,
+            };
+            let mut out = Vec::new();
+            let mut step = |run: &mut RunMachine, event| {
+                run.step_with(&job, data, event, t0(), &mut || 0, &mut out)
+                    .unwrap()
+            };
+            step(&mut run, Event::Begin);
+            step(&mut run, dispatch(0));
+            step(&mut run, ended(0, 1, End::Succeeded));
+            if how == "exit" {
+                step(&mut run, dispatch(1));
+                step(&mut run, ended(1, 1, End::Skipped));
+            }
+            if run.tasks()[2] == TaskState::Ready {
+                step(&mut run, dispatch(2));
+                step(&mut run, ended(2, 1, End::Succeeded));
+            }
+            assert_eq!(run.tasks()[1], TaskState::Skipped, "{how}");
+            ends.push((run.tasks()[2], run.state()));
+        }
+        assert_eq!(ends[0], ends[1], "{rule:?}: a skip is a skip");
+        table.push_str(&format!(
+            "{} -> b {}, run {}\n",
+            rule.as_str(),
+            ends[0].0,
+            ends[0].1
+        ));
+    }
+    expect_test::expect![[r#"
+        all_success -> b skipped, run succeeded
+        all_failed -> b skipped, run succeeded
+        all_done -> b succeeded, run succeeded
+        all_done_min_one_success -> b skipped, run succeeded
+        all_skipped -> b succeeded, run succeeded
+        one_failed -> b skipped, run succeeded
+        one_success -> b skipped, run succeeded
+        one_done -> b skipped, run succeeded
+        none_failed -> b succeeded, run succeeded
+        none_failed_min_one_success -> b skipped, run succeeded
+        none_skipped -> b skipped, run succeeded
+        always -> b succeeded, run succeeded
+    "#]]
+    .assert_eq(&table);
+}
+
 fn any_job() -> impl Strategy<Value = Job> {
     let rules = prop::sample::select(
         TriggerRule::ALL
@@ -722,7 +799,7 @@ fn any_job() -> impl Strategy<Value = Job> {
             .map(|r| r.as_str())
             .collect::<Vec<_>>(),
     );
-    let task = (rules, 1..4u32, any::<u8>(), any::<bool>());
+    let task = (rules, 1..4u32, any::<u8>(), any::<bool>(), 0..3u8);
     (
         prop::collection::vec(task, 1..7),
         any::<bool>(),
@@ -730,13 +807,19 @@ fn any_job() -> impl Strategy<Value = Job> {
     )
         .prop_map(|(tasks, at_most_once, deadline)| {
             let mut text = String::new();
-            for (i, (rule, attempts, deps, hold)) in tasks.iter().enumerate() {
+            for (i, (rule, attempts, deps, hold, when)) in tasks.iter().enumerate() {
                 let deps: Vec<String> = (0..i)
                     .filter(|d| deps & (1 << d) != 0)
                     .map(|d| format!("t{d}"))
                     .collect();
+                // With a condition that holds, one that does not, or none.
+                let when = match when {
+                    0 => "",
+                    1 => ", when: \"params.go == 'yes'\"",
+                    _ => ", when: \"params.go != 'yes'\"",
+                };
                 text.push_str(&format!(
-                    "      - {{ id: t{i}, depends_on: [{}], trigger_rule: {rule}, shell: \"x\", retry: {{ max_attempts: {attempts} }}, on_exhausted: {} }}\n",
+                    "      - {{ id: t{i}, depends_on: [{}], trigger_rule: {rule}, shell: \"x\", skip_on_exit_code: [3], retry: {{ max_attempts: {attempts} }}, on_exhausted: {}{when} }}\n",
                     deps.join(", "),
                     if *hold { "hold" } else { "fail" }
                 ));
@@ -778,13 +861,19 @@ fn any_act() -> impl Strategy<Value = Act> {
 }
 
 fn end_of(pick: u8) -> End {
-    match pick % 6 {
+    match pick % 7 {
         0 | 1 => End::Succeeded,
         2 => End::Cancelled,
         3 => End::Failed(Failure::Exit(Some(1))),
         4 => End::Failed(Failure::Timeout),
+        5 => End::Skipped,
         _ => End::Failed(Failure::Lost),
     }
+}
+
+/// The parameters the random runs have: `go` is `yes`.
+fn go() -> std::collections::BTreeMap<String, String> {
+    [("go".to_string(), "yes".to_string())].into()
 }
 
 /// Steps `event`, and checks its effects against a replay of the tasks'
@@ -810,8 +899,14 @@ fn step_checked(
     }
     let mut out = Vec::new();
     let mut n = 0u64;
-    let result = run.step(
+    let params = go();
+    let data = RunData {
+        params: &params,
+        outputs: &[],
+    };
+    let result = run.step_with(
         job,
+        data,
         event.clone(),
         t0(),
         &mut || {
@@ -834,6 +929,11 @@ fn step_checked(
             }
             Effect::Withdraw { task, .. } => shadow[*task] = TaskState::Cancelled,
             Effect::Finished { state } => *finished = Some(*state),
+            Effect::Ready { task } => prop_assert!(
+                data.runs(job, *task),
+                "task {} started though its condition does not hold",
+                job.tasks[*task].id
+            ),
             _ => {}
         }
     }
@@ -921,7 +1021,9 @@ proptest! {
                     let before = run.tasks()[task];
                     let mut probe = run.clone();
                     let mut out = Vec::new();
-                    let stepped = probe.step(&job, Event::Intervene { task, action }, t0(), &mut || 0, &mut out);
+                    let params = go();
+                    let data = RunData { params: &params, outputs: &[] };
+                    let stepped = probe.step_with(&job, data, Event::Intervene { task, action }, t0(), &mut || 0, &mut out);
                     prop_assert!(stepped.is_ok());
                     prop_assert_eq!(allowed, !out.is_empty(), "{:?} on {:?}", action, before);
                     if allowed {

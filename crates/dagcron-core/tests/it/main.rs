@@ -534,3 +534,68 @@ jobs:
     "#]]
     .assert_debug_eq(&errors(yaml));
 }
+
+#[test]
+fn outputs_conditions_and_skip_codes_are_checked_with_their_paths() {
+    let yaml = r#"
+jobs:
+  - name: j
+    tasks:
+      - id: extract
+        shell: "echo rows=1 >> $DAGCRON_OUTPUTS"
+      - id: api
+        http: { url: "https://x", outputs: { id: "$.id", "bad-name": "$.x", n: "id" } }
+      - id: load
+        depends_on: [extract, api]
+        shell: "load {{tasks.extract.outputs.rows}} {{tasks.api.outputs.nope}} {{tasks.extrct.outputs.rows}}"
+        when: "tasks.lonely.outputs.x == 'y' and params.p = 1"
+      - id: lonely
+        shell: "echo {{tasks.load.outputs.x}} {{tasks.a.rows}}"
+        skip_on_exit_code: [0]
+      - id: call
+        depends_on: [load]
+        http: { url: "https://x/{{tasks.extract.outputs.rows}}" }
+        skip_on_exit_code: [99]
+        when: "tasks.lonely.outputs.x == 'y'"
+"#;
+    expect_test::expect![[r#"
+        [
+            "jobs[0].tasks[1].http.outputs.bad-name: invalid output name \"bad-name\": use 1 to 64 letters, digits and `_`, not starting with a digit",
+            "jobs[0].tasks[1].http.outputs.n: invalid path \"id\": it starts with $ (write it as $.field.field[0])",
+            "jobs[0].tasks[2].when: at column 44: `=` alone; compare with `==` or `!=`",
+            "jobs[0].tasks[3].skip_on_exit_code: 0 is not an exit code that means anything but success (1 to 255)",
+            "jobs[0].tasks[4].skip_on_exit_code: only a shell task has exit codes: drop `skip_on_exit_code`",
+            "jobs[0].tasks[2].shell: task `api` declares no output `nope` (its `http.outputs`: bad-name, id, n)",
+            "jobs[0].tasks[2].shell: there is no task `extrct` in this job (did you mean `extract`?)",
+            "jobs[0].tasks[3].shell: `{{tasks.a.rows}}` is not of the form {{tasks.<task>.outputs.<name>}}",
+            "jobs[0].tasks[3].shell: task `load` is not upstream of `lonely`, so its outputs do not exist when `lonely` starts: add it to `depends_on`",
+            "jobs[0].tasks[4].when: task `lonely` is not upstream of `call`, so its outputs do not exist when `call` starts: add it to `depends_on`",
+        ]
+    "#]]
+    .assert_debug_eq(&errors(yaml));
+    let good = r#"
+jobs:
+  - name: j
+    tasks:
+      - { id: extract, shell: "echo rows=1 >> $DAGCRON_OUTPUTS" }
+      - { id: api, http: { url: "https://x", outputs: { id: "$.id" } } }
+      - { id: gate, noop: true, depends_on: [extract] }
+      - id: load
+        depends_on: [gate, api]
+        shell: "load {{tasks.extract.outputs.rows}} {{tasks.api.outputs.id}}"
+        when: "tasks.extract.outputs.rows != 0"
+        skip_on_exit_code: [99]
+"#;
+    let job = load(good).validate().unwrap().remove(0);
+    let reads: Vec<&str> = job.tasks[3]
+        .reads
+        .iter()
+        .map(|&i| job.tasks[i].id.as_str())
+        .collect();
+    assert_eq!(
+        reads,
+        ["extract", "api", "gate"],
+        "its upstream tasks and those it refers to"
+    );
+    assert_eq!(job.tasks[3].skip_on_exit_code, [99]);
+}
