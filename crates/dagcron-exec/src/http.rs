@@ -7,7 +7,9 @@ use std::time::Duration;
 use dagcron_core::exec_policy::ExecPolicy;
 
 use dagcron_core::Failure;
+use dagcron_core::hook::Path;
 use dagcron_core::model::HttpSpec;
+use dagcron_core::outputs::Outputs;
 use tokio_util::sync::CancellationToken;
 
 use crate::{AttemptContext, CappedLog, Ending, Limits, Outcome};
@@ -145,8 +147,30 @@ fn header_name(identity: &str) -> String {
         .join("-")
 }
 
+/// The outputs the task declares, read from its answer `body`: a path
+/// that finds nothing (or `null`) sets nothing; an answer that is not JSON
+/// fails the attempt, as outputs beyond the limits do.
+fn answer_outputs(spec: &HttpSpec, body: &[u8]) -> Result<Outputs, String> {
+    if spec.outputs.is_empty() {
+        return Ok(Outputs::new());
+    }
+    let json: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+        format!("the task's outputs: the answer is not JSON (or was cut at the output limit): {e}")
+    })?;
+    let mut out = Outputs::new();
+    for (name, path) in &spec.outputs {
+        let path = Path::parse(path).map_err(|e| format!("the task's outputs: {e}"))?;
+        if let Some(value) = path.read(&json) {
+            out.insert(name.clone(), value);
+        }
+    }
+    dagcron_core::outputs::check(&out).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
 fn failed(failure: Failure, error: String, code: Option<i32>, log: Vec<u8>) -> Outcome {
     Outcome {
+        outputs: Default::default(),
         ending: Ending::Failed(failure),
         exit_code: code,
         error: Some(error),
@@ -228,7 +252,10 @@ pub(crate) async fn run(
             Ok((status, log)) => {
                 let ok = if spec.expect.is_empty() { (200..300).contains(&status) } else { spec.expect.contains(&status) };
                 if ok {
-                    Outcome { ending: Ending::Succeeded, exit_code: Some(i32::from(status)), error: None, log, lines: Vec::new(), start_error_us: None }
+                    match answer_outputs(spec, &log) {
+                        Ok(outputs) => Outcome { ending: Ending::Succeeded, exit_code: Some(i32::from(status)), error: None, log, lines: Vec::new(), outputs: ctx.secrets.redact_outputs(outputs), start_error_us: None },
+                        Err(why) => failed(Failure::Error(why.clone()), why, Some(i32::from(status)), log),
+                    }
                 } else {
                     let expected = if spec.expect.is_empty() { "2xx".to_string() } else { format!("{:?}", spec.expect) };
                     failed(Failure::HttpStatus(status), format!("{} {url} answered {status}, expected {expected}", spec.method), Some(i32::from(status)), log)
@@ -236,8 +263,8 @@ pub(crate) async fn run(
             }
             Err(e) => failed(Failure::Error(e.to_string()), format!("{} {url}: {}", spec.method, chain(&e)), None, vec![]),
         },
-        () = sleep => Outcome { ending: Ending::TimedOut, exit_code: None, error: Some(format!("no answer from {url} within {:?}", timeout.unwrap_or_default())), log: vec![], lines: Vec::new(), start_error_us: None },
-        () = cancel.cancelled() => Outcome { ending: Ending::Cancelled, exit_code: None, error: Some("cancelled".into()), log: vec![], lines: Vec::new(), start_error_us: None },
+        () = sleep => Outcome { ending: Ending::TimedOut, exit_code: None, error: Some(format!("no answer from {url} within {:?}", timeout.unwrap_or_default())), log: vec![], lines: Vec::new(), start_error_us: None, outputs: Default::default(), },
+        () = cancel.cancelled() => Outcome { ending: Ending::Cancelled, exit_code: None, error: Some("cancelled".into()), log: vec![], lines: Vec::new(), start_error_us: None, outputs: Default::default(), },
     }
 }
 

@@ -55,6 +55,7 @@ pub mod environ;
 mod http;
 pub mod mail;
 pub mod notify;
+mod outputs;
 // The other module with unsafe code: the set-up of a task's sandbox, between
 // fork and exec.
 #[allow(unsafe_code)]
@@ -71,6 +72,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dagcron_core::exec_policy::ExecPolicy;
+use dagcron_core::outputs::Outputs;
 use dagcron_core::{Executor, Failure};
 use jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
@@ -99,6 +101,9 @@ pub struct AttemptContext {
     /// The W3C trace context of the attempt, passed to the task so that
     /// its own spans join the run's trace.
     pub trace: Option<TraceHeaders>,
+    /// The outputs of the upstream tasks the task reads (see
+    /// [`dagcron_core::Task::reads`]), by task id.
+    pub outputs: BTreeMap<String, Arc<Outputs>>,
     /// The execution policy of the namespace, checked when the attempt
     /// starts (executor, WebAssembly grants, http destinations, the user of
     /// a sandboxed shell task); `None` on an agent, which runs what its
@@ -168,6 +173,21 @@ impl SecretValues {
     /// [`SecretValues::redact`] for text.
     pub fn redact_str(&self, text: &str) -> String {
         String::from_utf8_lossy(&self.redact(text.as_bytes())).into_owned()
+    }
+
+    /// Outputs with every secret value of their values replaced by `***`.
+    pub fn redact_outputs(&self, outputs: Outputs) -> Outputs {
+        if self.0.is_empty() {
+            return outputs;
+        }
+        let forms = self.forms();
+        outputs
+            .into_iter()
+            .map(|(k, v)| {
+                let v = String::from_utf8_lossy(&redact_with(&forms, v.as_bytes())).into_owned();
+                (k, v)
+            })
+            .collect()
     }
 }
 
@@ -258,7 +278,19 @@ impl AttemptContext {
         out
     }
 
-    /// Replaces `{{params.name}}` with the parameter's value (unknown names stay as written).
+    /// The upstream tasks' outputs as `DAGCRON_OUTPUT_<TASK>_<KEY>`
+    /// variables.
+    pub fn output_vars(&self) -> impl Iterator<Item = (String, &str)> {
+        self.outputs.iter().flat_map(|(task, outputs)| {
+            outputs
+                .iter()
+                .map(move |(k, v)| (dagcron_core::outputs::env_name(task, k), v.as_str()))
+        })
+    }
+
+    /// Replaces `{{params.name}}` with the parameter's value and
+    /// `{{tasks.<task>.outputs.<name>}}` with an upstream task's output
+    /// (unknown names stay as written).
     pub fn substitute(&self, text: &str) -> String {
         self.substitute_with(text, |v, out| out.push_str(v))
     }
@@ -286,6 +318,9 @@ impl AttemptContext {
                     let value = match key.split_once('.') {
                         Some(("params", k)) => self.params.get(k),
                         Some(("secrets", k)) => self.secrets.0.get(k),
+                        Some(("tasks", path)) => path
+                            .split_once(".outputs.")
+                            .and_then(|(task, k)| self.outputs.get(task).and_then(|o| o.get(k))),
                         _ => None,
                     };
                     match value {
@@ -381,6 +416,8 @@ pub struct Outcome {
     /// Where each line of `log` came from and when (a shell task's; none
     /// for other kinds).
     pub lines: Vec<dagcron_core::log::LineMark>,
+    /// What the task handed downstream (secrets redacted).
+    pub outputs: Outputs,
     /// For an attempt asked to start at an instant: how far from it it
     /// started, in microseconds (positive: late).
     pub start_error_us: Option<i64>,
@@ -390,6 +427,7 @@ impl Outcome {
     /// An attempt that failed before its work started, saying why.
     pub fn not_started(error: String) -> Outcome {
         Outcome {
+            outputs: Default::default(),
             ending: Ending::Failed(Failure::Error(error.clone())),
             exit_code: None,
             error: Some(error),
@@ -435,6 +473,7 @@ pub async fn run_live(
         }
         Executor::Wasm(spec) => wasm::run(spec, ctx, timeout, cancel, limits, live).await,
         Executor::Noop => Outcome {
+            outputs: Default::default(),
             ending: Ending::Succeeded,
             exit_code: None,
             error: None,
@@ -608,6 +647,7 @@ mod tests {
 
     fn ctx() -> AttemptContext {
         AttemptContext {
+            outputs: Default::default(),
             namespace: "billing".into(),
             job: "nightly".into(),
             run_id: 42,

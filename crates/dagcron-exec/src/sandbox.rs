@@ -245,6 +245,11 @@ impl Prepared {
         }
     }
 
+    /// The user the task runs as, when it is another than this process's.
+    pub(crate) fn user(&self) -> Option<TaskUser> {
+        self.become_user
+    }
+
     /// Makes `command` start in this sandbox.
     pub(crate) fn install(self, command: &mut tokio::process::Command) {
         // SAFETY: `enter` makes only system calls between fork and exec.

@@ -16,6 +16,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
+use crate::outputs::{self, OutputsFile};
 use crate::sandbox;
 use crate::tree::{self, MARK_VAR};
 use dagcron_core::log::Stream;
@@ -127,10 +128,22 @@ pub(crate) async fn run(
         },
         _ => None,
     };
-    match sandbox::prepare(run_as) {
-        None => {}
-        Some(Ok(prepared)) => prepared.install(&mut command),
+    let user = match sandbox::prepare(run_as) {
+        None => None,
+        Some(Ok(prepared)) => {
+            let user = prepared.user();
+            prepared.install(&mut command);
+            user
+        }
         Some(Err(why)) => return Outcome::not_started(why),
+    };
+    let outputs_file = match OutputsFile::make(user) {
+        Ok(f) => f,
+        Err(why) => return Outcome::not_started(why),
+    };
+    command.env(outputs::VAR, outputs_file.path());
+    for (k, v) in ctx.output_vars() {
+        command.env(k, v);
     }
     let mark = tree::new_mark();
     command
@@ -252,12 +265,25 @@ pub(crate) async fn run(
             ),
         },
     };
+    // What the task wrote counts only if it ended well; a success whose
+    // outputs are refused fails, saying why.
+    let (ending, error, outputs) = match (ending, outputs_file.read()) {
+        (Ending::Succeeded, Ok(o)) => (Ending::Succeeded, error, o),
+        (Ending::Succeeded, Err(why)) => (
+            Ending::Failed(Failure::Error(why.clone())),
+            Some(why),
+            Default::default(),
+        ),
+        (ending, read) => (ending, error, read.unwrap_or_default()),
+    };
+    drop(outputs_file);
     Outcome {
         ending,
         exit_code,
         error,
         log,
         lines,
+        outputs: ctx.secrets.redact_outputs(outputs),
         start_error_us: None,
     }
 }

@@ -16,6 +16,7 @@ fn failed(error: String, exit_code: Option<i32>, log: Vec<u8>) -> Outcome {
         None => Failure::Error(error.clone()),
     };
     Outcome {
+        outputs: Default::default(),
         ending: Ending::Failed(failure),
         exit_code,
         error: Some(error),

@@ -35,6 +35,7 @@ async fn service(ip: &str) -> String {
 
 fn ctx(policy: ExecPolicy) -> AttemptContext {
     AttemptContext {
+        outputs: Default::default(),
         namespace: "alpha".into(),
         job: "j".into(),
         run_id: 1,
@@ -51,6 +52,7 @@ fn ctx(policy: ExecPolicy) -> AttemptContext {
 
 async fn get(url: &str, policy: ExecPolicy) -> Outcome {
     let task = Executor::Http(HttpSpec {
+        outputs: Default::default(),
         method: "GET".into(),
         url: url.into(),
         headers: BTreeMap::new(),

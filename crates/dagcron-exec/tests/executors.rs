@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 fn ctx() -> AttemptContext {
     AttemptContext {
+        outputs: Default::default(),
         namespace: "billing".into(),
         job: "nightly".into(),
         run_id: 42,
@@ -316,6 +317,12 @@ async fn server() -> String {
             }),
         )
         .route(
+            "/json",
+            get(|| async {
+                r#"{"id": 7, "meta": {"name": "n-1"}, "items": [{"k": "first"}], "none": null}"#
+            }),
+        )
+        .route(
             "/fail",
             get(|| async { (axum::http::StatusCode::SERVICE_UNAVAILABLE, "busy") }),
         )
@@ -381,6 +388,7 @@ async fn tasks_get_the_trace_context_of_their_attempt() {
 
 fn http(method: &str, url: String, body: Option<&str>, expect: Vec<u16>) -> Executor {
     Executor::Http(HttpSpec {
+        outputs: Default::default(),
         method: method.into(),
         url,
         headers: BTreeMap::new(),
@@ -684,4 +692,181 @@ mod wasm {
             assert!(out.log.is_empty(), "{what}: nothing ran");
         }
     }
+}
+
+async fn go(executor: &Executor, ctx: &AttemptContext) -> dagcron_exec::Outcome {
+    run(
+        executor,
+        ctx,
+        Some(Duration::from_secs(30)),
+        CancellationToken::new(),
+        Limits::default(),
+    )
+    .await
+}
+
+fn outputs(pairs: &[(&str, &str)]) -> dagcron_core::outputs::Outputs {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_shell_task_hands_outputs_through_its_file() {
+    let out = go(
+        &sh("echo rows=42 >> \"$DAGCRON_OUTPUTS\"; printf 'note<<END\\na\\nb\\nEND\\n' >> $DAGCRON_OUTPUTS"),
+        &ctx(),
+    )
+    .await;
+    assert_eq!(out.ending, Ending::Succeeded, "{:?}", out.error);
+    assert_eq!(out.outputs, outputs(&[("rows", "42"), ("note", "a\nb")]));
+    // One JSON object, written by a program the task started.
+    let out = go(
+        &sh(
+            "sh -c 'echo {\\\"parts\\\": [\\\"a\\\", \\\"b\\\"], \\\"n\\\": 2} > $DAGCRON_OUTPUTS'",
+        ),
+        &ctx(),
+    )
+    .await;
+    assert_eq!(
+        out.outputs,
+        outputs(&[("parts", r#"["a","b"]"#), ("n", "2")])
+    );
+    // The file is gone once the attempt is over.
+    let out = go(
+        &sh("echo path=$DAGCRON_OUTPUTS >> $DAGCRON_OUTPUTS"),
+        &ctx(),
+    )
+    .await;
+    let path = std::path::PathBuf::from(&out.outputs["path"]);
+    assert!(
+        !path.exists() && !path.parent().unwrap().exists(),
+        "{path:?}"
+    );
+}
+
+#[tokio::test]
+async fn outputs_a_task_cannot_hand_fail_it_and_a_failed_task_keeps_what_it_wrote() {
+    let cases = [
+        (
+            "echo 'rows 42' > $DAGCRON_OUTPUTS",
+            "line 1: expected key=value",
+        ),
+        ("echo '1x=2' > $DAGCRON_OUTPUTS", "invalid output name"),
+        (
+            "head -c 200000 /dev/zero | tr '\\0' x | sed 's/^/k=/' > $DAGCRON_OUTPUTS",
+            "at most 65536",
+        ),
+        // The server is not made to read another file, nor to wait on a pipe.
+        (
+            "echo secret=1 > /tmp/planted-$$; rm $DAGCRON_OUTPUTS; ln -s /tmp/planted-$$ $DAGCRON_OUTPUTS",
+            "replaced by something other than a regular file",
+        ),
+        (
+            "rm $DAGCRON_OUTPUTS; mkfifo $DAGCRON_OUTPUTS",
+            "replaced by something other than a regular file",
+        ),
+    ];
+    for (script, why) in cases {
+        let started = Instant::now();
+        let out = go(&sh(script), &ctx()).await;
+        assert!(
+            matches!(out.ending, Ending::Failed(Failure::Error(_))),
+            "{script}: {:?}",
+            out.ending
+        );
+        assert!(
+            out.error.as_deref().unwrap_or("").contains(why),
+            "{script}: {:?}",
+            out.error
+        );
+        assert!(out.outputs.is_empty());
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{script} stalled the attempt"
+        );
+    }
+    // A task that removed its file has no outputs, and that is no error.
+    let out = go(&sh("rm $DAGCRON_OUTPUTS"), &ctx()).await;
+    assert_eq!(out.ending, Ending::Succeeded);
+    // A failed task's outputs are kept for its record; refused ones do
+    // not hide its own failure.
+    let out = go(&sh("echo rows=1 > $DAGCRON_OUTPUTS; exit 3"), &ctx()).await;
+    assert_eq!(out.ending, Ending::Failed(Failure::Exit(Some(3))));
+    assert_eq!(out.outputs, outputs(&[("rows", "1")]));
+    let out = go(&sh("echo 'bad line' > $DAGCRON_OUTPUTS; exit 3"), &ctx()).await;
+    assert_eq!(out.ending, Ending::Failed(Failure::Exit(Some(3))));
+}
+
+#[tokio::test]
+async fn upstream_outputs_are_data_in_a_shell_string_and_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let pwned = dir.path().join("pwned");
+    let hostile = format!("x; touch {}", pwned.display());
+    let mut ctx = ctx();
+    ctx.outputs.insert(
+        "extract".into(),
+        std::sync::Arc::new(outputs(&[("rows", hostile.as_str()), ("q", "it's $(id)")])),
+    );
+    let out = go(
+        &sh("echo [{{tasks.extract.outputs.rows}}] [{{ tasks.extract.outputs.q }}] [{{tasks.extract.outputs.none}}]; echo \"$DAGCRON_OUTPUT_EXTRACT_ROWS\""),
+        &ctx,
+    )
+    .await;
+    assert_eq!(out.ending, Ending::Succeeded, "{:?}", out.error);
+    assert!(!pwned.exists(), "an output ran as shell code");
+    assert_eq!(
+        String::from_utf8(out.log).unwrap(),
+        format!("[{hostile}] [it's $(id)] [{{{{tasks.extract.outputs.none}}}}]\n{hostile}\n")
+    );
+}
+
+#[tokio::test]
+async fn secrets_in_outputs_are_redacted() {
+    let mut ctx = ctx();
+    ctx.secrets =
+        dagcron_exec::SecretValues(BTreeMap::from([("db".into(), "hunter2-password".into())]));
+    let cmd = Executor::Shell(ShellCommand {
+        command: "echo dsn=postgres://u:$PW@h/db >> $DAGCRON_OUTPUTS".into(),
+        args: vec![],
+        env: BTreeMap::from([(
+            "PW".into(),
+            dagcron_core::model::EnvValue::Secret {
+                secret: "db".into(),
+            },
+        )]),
+        cwd: None,
+    });
+    let out = go(&cmd, &ctx).await;
+    assert_eq!(out.outputs, outputs(&[("dsn", "postgres://u:***@h/db")]));
+}
+
+#[tokio::test]
+async fn an_http_task_takes_its_outputs_from_the_json_answer() {
+    let base = server().await;
+    let mut task = http("GET", format!("{base}/json"), None, vec![]);
+    if let Executor::Http(h) = &mut task {
+        h.outputs = BTreeMap::from([
+            ("id".into(), "$.id".into()),
+            ("name".into(), "$.meta.name".into()),
+            ("first".into(), "$.items[0].k".into()),
+            ("gone".into(), "$.none".into()),
+            ("missing".into(), "$.nope".into()),
+        ]);
+    }
+    let out = go(&task, &ctx()).await;
+    assert_eq!(out.ending, Ending::Succeeded, "{:?}", out.error);
+    assert_eq!(
+        out.outputs,
+        outputs(&[("id", "7"), ("name", "n-1"), ("first", "first")])
+    );
+    // An answer that is not JSON fails a task that wants outputs from it.
+    let mut task = http("POST", format!("{base}/echo"), Some("x"), vec![]);
+    if let Executor::Http(h) = &mut task {
+        h.outputs = BTreeMap::from([("id".into(), "$.id".into())]);
+    }
+    let out = go(&task, &ctx()).await;
+    assert!(matches!(out.ending, Ending::Failed(Failure::Error(_))));
+    assert!(out.error.unwrap().contains("the answer is not JSON"));
 }

@@ -63,6 +63,7 @@ fn chmod(path: &std::path::Path, mode: u32) {
 
 fn ctx() -> AttemptContext {
     AttemptContext {
+        outputs: Default::default(),
         namespace: "alpha".into(),
         job: "j".into(),
         run_id: 1,
@@ -262,4 +263,35 @@ async fn a_timeout_kills_the_task_and_what_it_left_behind() {
     });
     let out = run(&sh("sleep 60"), &ctx(), None, cancel, Limits::default()).await;
     assert_eq!(out.ending, Ending::Cancelled);
+}
+
+/// Another task (the same unprivileged user, another namespace) can find
+/// no outputs file to write into: the directory holding them cannot be
+/// listed, and the attempts' own names cannot be guessed. A task still
+/// writes its own.
+#[tokio::test]
+async fn a_task_cannot_reach_another_tasks_outputs_file() {
+    let base = std::env::temp_dir().join(format!(
+        "dagcron-outputs-{}",
+        nix::unistd::geteuid().as_raw()
+    ));
+    let script = format!(
+        "echo mine=1 >> $DAGCRON_OUTPUTS; ls {b} && echo LISTED; for f in {b}/*/outputs; do echo stolen=1 >> \"$f\" && echo WROTE; done; true",
+        b = base.display()
+    );
+    let (out, log) = go(&sh(&script), &ctx()).await;
+    assert_eq!(out.ending, Ending::Succeeded, "{log}");
+    assert_eq!(
+        out.outputs.get("mine").map(String::as_str),
+        Some("1"),
+        "{log}"
+    );
+    assert!(!out.outputs.contains_key("stolen"), "{log}");
+    if root() {
+        assert!(
+            !log.contains("LISTED"),
+            "the outputs directory was listed: {log}"
+        );
+        assert!(!log.contains("WROTE"), "{log}");
+    }
 }
