@@ -237,6 +237,7 @@ mod tests {
         assert_eq!(tasks[1], (2, "[]".to_string()), "a run with no task");
         let tasks = parse_tasks(1, &tasks[0].1).unwrap();
         let attempt = |number, state, started_at, finished_at, node_epoch| Attempt {
+            outputs: Default::default(),
             number,
             state,
             started_at,

@@ -411,6 +411,7 @@ fn task_to(task: &str, from: TaskState, to: TaskState) -> Write {
 
 fn attempt_end(task: &str, at: Timestamp, for_other_node: bool) -> Write {
     Write::AttemptEnd {
+        outputs: Default::default(),
         run: 1,
         task: task.into(),
         number: 1,

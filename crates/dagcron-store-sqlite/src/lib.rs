@@ -171,7 +171,7 @@ impl SqliteStore {
             });
         }
         let attempts = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT run_id, task_id, number, state, started_at, finished_at, exit_code, error, start_error_us FROM attempts WHERE run_id IN ({list}) ORDER BY run_id, task_id, number"
+            "SELECT run_id, task_id, number, state, started_at, finished_at, exit_code, error, start_error_us, outputs FROM attempts WHERE run_id IN ({list}) ORDER BY run_id, task_id, number"
         )))
         .fetch_all(&mut *conn)
         .await
@@ -188,6 +188,12 @@ impl SqliteStore {
                 error: row.get(7),
                 node_epoch: None,
                 start_error_us: row.get(8),
+                outputs: match row.get::<Option<&str>, _>(9) {
+                    None => Default::default(),
+                    Some(json) => serde_json::from_str(json).map_err(|e| {
+                        StorageError::Corrupt(format!("run {run} task {task} outputs: {e}"))
+                    })?,
+                },
             };
             if let Some(t) = out
                 .get_mut(&run)

@@ -683,14 +683,17 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
             log,
             lines,
             start_error_us,
+            outputs,
             ..
         } => {
+            let outputs = (!outputs.is_empty())
+                .then(|| serde_json::to_string(outputs).expect("outputs serialize"));
             let n = tx
                 .prepare_cached(
-                    "UPDATE attempts SET state = ?1, finished_at = ?2, exit_code = ?3, error = ?4, log = ?5, start_error_us = ?10, log_lines = ?11
+                    "UPDATE attempts SET state = ?1, finished_at = ?2, exit_code = ?3, error = ?4, log = ?5, start_error_us = ?10, log_lines = ?11, outputs = ?12
                      WHERE run_id = ?6 AND task_id = ?7 AND number = ?8 AND state = ?9",
                 )?
-                .execute(params![to.as_str(), at.as_microsecond(), exit_code, error, log, run, task, number, from.as_str(), start_error_us, (!lines.is_empty()).then_some(lines)])?;
+                .execute(params![to.as_str(), at.as_microsecond(), exit_code, error, log, run, task, number, from.as_str(), start_error_us, (!lines.is_empty()).then_some(lines), outputs])?;
             Ok(if n == 1 {
                 WriteResult::Done
             } else {

@@ -110,6 +110,7 @@ pub fn write() -> impl Strategy<Value = Write> {
         }),
         1 => (run, task, 1..=2u32, 0..2usize, 2..5usize, any::<bool>()).prop_map(
             |(run, task, number, f, to, failed)| Write::AttemptEnd {
+                outputs: Default::default(),
                 run,
                 task,
                 number,

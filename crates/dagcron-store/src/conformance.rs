@@ -1161,7 +1161,13 @@ pub async fn attempts_and_logs<S: Store>(s: &S) {
         at: t(100 + i64::from(n)),
         run_on: None,
     };
+    // Each attempt hands its own outputs (a failed one's are kept too).
     let end = |n, to, code| Write::AttemptEnd {
+        outputs: [
+            ("attempt".to_string(), format!("{n}")),
+            ("quote".to_string(), "it's \"x\"\n".to_string()),
+        ]
+        .into(),
         run: 1,
         task: "a".into(),
         number: n,
@@ -1208,6 +1214,14 @@ pub async fn attempts_and_logs<S: Store>(s: &S) {
         (a[1].state, a[1].started_at),
         (AttemptState::Succeeded, t(102))
     );
+    assert_eq!(
+        (
+            a[0].outputs["attempt"].as_str(),
+            a[1].outputs["attempt"].as_str()
+        ),
+        ("1", "2")
+    );
+    assert_eq!(a[1].outputs["quote"], "it's \"x\"\n");
     assert_eq!(
         s.read_log(1, "a", 1).await.unwrap().unwrap(),
         b"output of attempt 1"

@@ -466,6 +466,8 @@ pub enum Write {
         lines: Vec<u8>,
         /// How far from its asked instant it started (see [`AttemptRecord::start_error_us`]).
         start_error_us: Option<i64>,
+        /// What the task handed downstream (see [`dagcron_core::outputs`]).
+        outputs: dagcron_core::outputs::Outputs,
         /// Run on this node for a run another node owns: in a cluster, that
         /// node is told once the end is committed.
         for_other_node: bool,
@@ -747,6 +749,8 @@ pub struct AttemptRecord {
     /// For an attempt asked to start at an instant (a job's `send_ahead`):
     /// how far from it it started, in microseconds (positive: late).
     pub start_error_us: Option<i64>,
+    /// What the task handed downstream (see [`dagcron_core::outputs`]).
+    pub outputs: dagcron_core::outputs::Outputs,
 }
 
 /// An attempt handed to the cluster and claimed by this node to run.

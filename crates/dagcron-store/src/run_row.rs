@@ -57,6 +57,9 @@ pub struct Attempt {
     /// See [`AttemptRecord::start_error_us`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_error_us: Option<i64>,
+    /// See [`AttemptRecord::outputs`].
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub outputs: dagcron_core::outputs::Outputs,
 }
 
 impl Task {
@@ -79,6 +82,7 @@ impl Task {
                         error: a.error,
                         node_epoch: a.node_epoch,
                         start_error_us: a.start_error_us,
+                        outputs: a.outputs,
                     })
                 })
                 .collect::<Result<_, StorageError>>()?,
@@ -326,6 +330,7 @@ pub fn apply<'a>(
                 // An attempt handed to the cluster has no node until one claims it.
                 node_epoch: epoch.filter(|_| !shared),
                 start_error_us: None,
+                outputs: Default::default(),
             });
             t.attempts.sort_by_key(|a| a.number);
             if shared {
@@ -348,6 +353,7 @@ pub fn apply<'a>(
                 log,
                 lines,
                 start_error_us,
+                outputs,
                 for_other_node,
             },
             Some(row),
@@ -367,6 +373,7 @@ pub fn apply<'a>(
             a.exit_code = *exit_code;
             a.error.clone_from(error);
             a.start_error_us = *start_error_us;
+            a.outputs.clone_from(outputs);
             if !log.is_empty() {
                 effects.logs.push((*run, task, *number, log, lines));
             }
@@ -556,6 +563,7 @@ mod tests {
             WriteResult::Conflict("task a of run 1 is pending, not ready".into())
         );
         let end = Write::AttemptEnd {
+            outputs: Default::default(),
             run: 1,
             task: "a".into(),
             number: 1,
