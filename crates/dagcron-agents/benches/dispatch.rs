@@ -25,6 +25,7 @@ type Report = mpsc::UnboundedSender<(u64, Instant, Option<i64>)>;
 fn attempt(n: u64, report: Report, start_at: Option<jiff::Timestamp>) -> RemoteTask {
     RemoteTask {
         ctx: AttemptContext {
+            outputs: Default::default(),
             namespace: "bench".into(),
             job: "j".into(),
             run_id: n as i64,

@@ -507,6 +507,7 @@ async fn start(
     tokio::spawn(async move {
         let outcome = match prepare(&a) {
             Err(e) => dagcron_exec::Outcome {
+                outputs: Default::default(),
                 ending: dagcron_exec::Ending::Failed(dagcron_core::Failure::Error(e.clone())),
                 exit_code: None,
                 error: Some(e),
@@ -557,6 +558,14 @@ fn prepare(a: &v1::Assignment) -> Result<(dagcron_core::Executor, AttemptContext
         .parse()
         .map_err(|e| format!("scheduled_at {:?}: {e}", a.scheduled_at))?;
     let ctx = AttemptContext {
+        outputs: a
+            .upstream
+            .iter()
+            .map(|u| {
+                let outputs = u.outputs.iter().map(|(k, v)| (k.clone(), v.clone()));
+                (u.task.clone(), std::sync::Arc::new(outputs.collect()))
+            })
+            .collect(),
         namespace: a.namespace.clone(),
         job: a.job.clone(),
         run_id: attempt.run_id,

@@ -95,6 +95,11 @@ pub(crate) fn executor_to_proto(e: &Executor) -> v1::Executor {
                 .collect(),
             body: h.body.clone(),
             expect: h.expect.iter().map(|s| u32::from(*s)).collect(),
+            outputs: h
+                .outputs
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
         }),
         Executor::Noop => v1::executor::Kind::Noop(v1::Noop {}),
     };
@@ -114,6 +119,7 @@ pub(crate) fn executor_from_proto(e: &v1::Executor) -> Result<Executor, String> 
         })),
         Some(v1::executor::Kind::Wasm(w)) => Ok(Executor::Wasm(wasm_from_proto(w))),
         Some(v1::executor::Kind::Http(h)) => Ok(Executor::Http(HttpSpec {
+            outputs: sorted(&h.outputs),
             method: h.method.clone(),
             url: h.url.clone(),
             headers: sorted(&h.headers),
@@ -147,6 +153,11 @@ pub(crate) fn outcome_to_result(attempt: v1::AttemptRef, o: &Outcome) -> v1::Res
         start_error_us: 0,
         output: o.log.clone(),
         lines: dagcron_core::log::encode(&o.lines),
+        outputs: o
+            .outputs
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     }
 }
 
@@ -165,7 +176,23 @@ pub(crate) fn outcome_from_result(r: &v1::Result, is_http: bool) -> Outcome {
             (_, None) => Failure::Error(error.clone().unwrap_or_else(|| "failed".into())),
         }),
     };
+    // An agent's outputs keep to the same limits as the server's own.
+    let outputs: dagcron_core::outputs::Outputs = r
+        .outputs
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let (ending, error, outputs) = match dagcron_core::outputs::check(&outputs) {
+        Ok(()) => (ending, error, outputs),
+        Err(e) if ending == Ending::Succeeded => (
+            Ending::Failed(Failure::Error(e.to_string())),
+            Some(e.to_string()),
+            Default::default(),
+        ),
+        Err(_) => (ending, error, Default::default()),
+    };
     Outcome {
+        outputs,
         ending,
         exit_code: r.exit_code,
         error,
@@ -178,6 +205,7 @@ pub(crate) fn outcome_from_result(r: &v1::Result, is_http: bool) -> Outcome {
 /// The outcome of an attempt whose agent vanished.
 pub(crate) fn lost(why: &str) -> Outcome {
     Outcome {
+        outputs: Default::default(),
         ending: Ending::Failed(Failure::Lost),
         exit_code: None,
         error: Some(why.to_string()),

@@ -267,6 +267,15 @@ impl State {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
                 executor: Some(convert::executor_to_proto(&task.executor)),
+                upstream: task
+                    .ctx
+                    .outputs
+                    .iter()
+                    .map(|(t, o)| v1::TaskOutputs {
+                        task: t.clone(),
+                        outputs: o.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                    })
+                    .collect(),
                 timeout_ms: task
                     .timeout
                     .map_or(0, |d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX)),
@@ -788,6 +797,7 @@ impl AgentPool {
 
 fn cancelled_outcome() -> dagcron_exec::Outcome {
     dagcron_exec::Outcome {
+        outputs: Default::default(),
         ending: dagcron_exec::Ending::Cancelled,
         exit_code: None,
         error: Some("cancelled before an agent took it".into()),
@@ -991,6 +1001,7 @@ mod tests {
     ) -> RemoteTask {
         RemoteTask {
             ctx: AttemptContext {
+                outputs: Default::default(),
                 namespace: "ns".into(),
                 job: "j".into(),
                 run_id: 1,

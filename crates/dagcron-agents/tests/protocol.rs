@@ -53,6 +53,7 @@ fn free_addr() -> SocketAddr {
 fn task(script: &str, report: oneshot::Sender<Outcome>) -> RemoteTask {
     RemoteTask {
         ctx: AttemptContext {
+            outputs: Default::default(),
             namespace: "ns".into(),
             job: "j".into(),
             run_id: 1,

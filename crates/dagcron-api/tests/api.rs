@@ -2662,6 +2662,7 @@ async fn old_history(store: &SqliteStore) {
         run_on: None,
     });
     batch.push(Write::AttemptEnd {
+        outputs: Default::default(),
         run: 1,
         task: "t".into(),
         number: 1,

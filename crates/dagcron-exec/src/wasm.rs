@@ -214,6 +214,7 @@ pub(crate) async fn run(
         dagcron_wasm::Ending::Failed(error) => return failed(error, None, report.log),
     };
     Outcome {
+        outputs: Default::default(),
         ending,
         exit_code,
         error,

@@ -3438,3 +3438,71 @@ async fn a_duplicate_key_replaces_nothing_and_a_paused_job_takes_no_event() {
     );
     h.stop().await;
 }
+
+/// Outputs reach the tasks downstream (templates, variables, conditions);
+/// a condition that does not hold and an exit code of `skip_on_exit_code`
+/// skip their task; a re-run of the failed tasks gives the tasks it runs
+/// again the outputs of those it carried over.
+#[tokio::test]
+async fn outputs_flow_downstream_and_decide_conditions_and_reruns() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace");
+    let flag = dir.path().join("second-time");
+    h.apply(&format!(
+        r#"
+namespace: t
+jobs:
+  - name: flow
+    params: {{ mode: full }}
+    tasks:
+      - {{ id: extract, shell: "echo rows=42 >> $DAGCRON_OUTPUTS; echo 'file=a b; touch pwned' >> $DAGCRON_OUTPUTS" }}
+      - id: load
+        depends_on: [extract]
+        shell: "echo load {{{{tasks.extract.outputs.rows}}}} {{{{tasks.extract.outputs.file}}}} $DAGCRON_OUTPUT_EXTRACT_ROWS >> {t}; test -e {f} || (touch {f}; exit 1)"
+      - {{ id: empty, depends_on: [extract], when: "tasks.extract.outputs.rows == 0", shell: "echo empty >> {t}" }}
+      - {{ id: full, depends_on: [extract], when: "params.mode == 'full' and tasks.extract.outputs.rows != 0", shell: "echo full >> {t}" }}
+      - {{ id: nothing, depends_on: [extract], shell: "exit 99", skip_on_exit_code: [99] }}
+      - {{ id: after, depends_on: [nothing], trigger_rule: none_failed, shell: "echo after >> {t}" }}
+"#,
+        t = trace.display(),
+        f = flag.display(),
+    ))
+    .await;
+    let run = h
+        .handle
+        .trigger("t", "flow", BTreeMap::new())
+        .await
+        .unwrap();
+    h.idle().await;
+    let r = h.store.get_run(run).await.unwrap().unwrap();
+    let states: Vec<(&str, TaskState)> = r.tasks.iter().map(|t| (t.id.as_str(), t.state)).collect();
+    assert_eq!(
+        states,
+        [
+            ("extract", TaskState::Succeeded),
+            ("load", TaskState::Failed),
+            ("empty", TaskState::Skipped),
+            ("full", TaskState::Succeeded),
+            ("nothing", TaskState::Skipped),
+            ("after", TaskState::Succeeded),
+        ]
+    );
+    assert_eq!(r.tasks[0].attempts[0].outputs["rows"], "42");
+    assert_eq!(
+        r.tasks[4].attempts[0].state,
+        dagcron_core::AttemptState::Skipped
+    );
+    // The re-run runs `load` again with the outputs `extract` had.
+    let again = h.handle.rerun(run, true).await.unwrap();
+    h.idle().await;
+    let r2 = h.store.get_run(again).await.unwrap().unwrap();
+    assert_eq!(r2.state, RunState::Succeeded, "{r2:?}");
+    assert!(r2.tasks[0].carried);
+    let lines = std::fs::read_to_string(&trace).unwrap();
+    let loads: Vec<&str> = lines.lines().filter(|l| l.starts_with("load")).collect();
+    assert_eq!(loads, ["load 42 a b; touch pwned 42"; 2], "{lines}");
+    assert!(!std::path::Path::new("pwned").exists());
+    assert!(!lines.contains("empty"));
+    h.stop().await;
+}

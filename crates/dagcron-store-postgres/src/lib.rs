@@ -355,7 +355,16 @@ async fn insert_runs(
 
 /// What a node running a claimed attempt needs of its run: id, namespace,
 /// job, instant, parameters, the caller's trace, job version.
-type ClaimedRun = (RunId, String, String, i64, String, Option<String>, i64);
+type ClaimedRun = (
+    RunId,
+    String,
+    String,
+    i64,
+    String,
+    Option<String>,
+    i64,
+    String,
+);
 
 /// Claims up to `limit` attempts waiting in the cluster's queue: for the
 /// node's own pool (`labels` none: attempts that need no agent), or for one
@@ -421,7 +430,7 @@ async fn claim_some(
     let ids: Vec<RunId> = claimed.iter().map(|k| k.0).collect();
     *sent += 1;
     let runs: Vec<ClaimedRun> = sqlx::query_as(
-        "SELECT id, namespace, job, scheduled_at, params, trace, job_version FROM runs WHERE id = ANY($1)",
+        "SELECT id, namespace, job, scheduled_at, params, trace, job_version, tasks FROM runs WHERE id = ANY($1)",
     )
     .bind(&ids)
     .fetch_all(&mut *conn)
@@ -430,7 +439,8 @@ async fn claim_some(
     let corrupt = |e: StorageError| sqlx::Error::Decode(Box::new(e));
     let mut out = Vec::with_capacity(claimed.len());
     for (run, task, number) in claimed {
-        let (_, namespace, job, scheduled_at, params, trace, job_version) = &runs[&run];
+        let (_, namespace, job, scheduled_at, params, trace, job_version, tasks) = &runs[&run];
+        let tasks = dagcron_store::run_row::parse_tasks(run, tasks).map_err(corrupt)?;
         out.push(ClaimedAttempt {
             run,
             namespace: namespace.clone(),
@@ -442,6 +452,7 @@ async fn claim_some(
                 .map_err(|e| corrupt(StorageError::Corrupt(format!("run {run} params: {e}"))))?,
             trace: trace.clone(),
             job_version: *job_version,
+            outputs: dagcron_store::run_row::task_outputs(&tasks),
         });
     }
     Ok(out)

@@ -264,6 +264,7 @@ impl RunStore for PgStore {
                     state: a.state,
                     exit_code: a.exit_code,
                     error: a.error.clone(),
+                    outputs: a.outputs.clone(),
                     run,
                     task,
                     number,

@@ -774,6 +774,8 @@ pub struct ClaimedAttempt {
     pub trace: Option<String>,
     /// The version of the job the run runs.
     pub job_version: i64,
+    /// The outputs of the run's tasks that have some, by task id.
+    pub outputs: BTreeMap<String, dagcron_core::outputs::Outputs>,
 }
 
 /// An attempt of one of this node's runs that another node claimed.
@@ -793,6 +795,8 @@ pub struct RemoteAttempt {
     pub error: Option<String>,
     /// Whether the node running it still holds its lease.
     pub executor_alive: bool,
+    /// What it handed downstream.
+    pub outputs: dagcron_core::outputs::Outputs,
 }
 
 /// An attempt's identity: run, task, number.
@@ -810,6 +814,18 @@ pub struct TaskRecord {
     /// Its outcome was carried over from the run this one re-runs (it has
     /// no attempt here).
     pub carried: bool,
+}
+
+impl TaskRecord {
+    /// Its outputs: those of its attempt that succeeded, if any.
+    pub fn outputs(&self) -> Option<&dagcron_core::outputs::Outputs> {
+        self.attempts
+            .iter()
+            .rev()
+            .find(|a| a.state == AttemptState::Succeeded)
+            .map(|a| &a.outputs)
+            .filter(|o| !o.is_empty())
+    }
 }
 
 /// A run as stored, with its tasks and attempts.

@@ -12,6 +12,8 @@
 //! Captured output and the queue of attempts handed to a cluster are kept
 //! apart: [`apply`] reports them in [`Effects`].
 
+use std::collections::BTreeMap;
+
 use dagcron_core::{AttemptState, RunState, TaskState};
 use serde::{Deserialize, Serialize};
 
@@ -92,6 +94,22 @@ impl Task {
     fn attempt_mut(&mut self, number: u32) -> Option<&mut Attempt> {
         self.attempts.iter_mut().find(|a| a.number == number)
     }
+}
+
+/// The outputs of each task of a run that has some: those of its attempt
+/// that succeeded.
+pub fn task_outputs(tasks: &[Task]) -> BTreeMap<String, dagcron_core::outputs::Outputs> {
+    tasks
+        .iter()
+        .filter_map(|t| {
+            let a = t
+                .attempts
+                .iter()
+                .rev()
+                .find(|a| a.state == AttemptState::Succeeded)?;
+            (!a.outputs.is_empty()).then(|| (t.id.clone(), a.outputs.clone()))
+        })
+        .collect()
 }
 
 /// A run's tasks from their stored JSON.

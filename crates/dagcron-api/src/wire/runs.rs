@@ -66,7 +66,7 @@ pub struct TaskAnswer {
 pub struct AttemptAnswer {
     /// 1-based.
     pub number: u32,
-    /// `dispatching`, `running`, `succeeded`, `failed`, `timed_out`, `lost` or `cancelled`.
+    /// `dispatching`, `running`, `succeeded`, `skipped`, `failed`, `timed_out`, `lost` or `cancelled`.
     pub state: String,
     /// Start.
     #[schema(value_type = String, format = DateTime)]
@@ -84,6 +84,10 @@ pub struct AttemptAnswer {
     /// For a timed attempt: how far from its instant it started, in µs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_error_us: Option<i64>,
+    /// What the task handed downstream (`{{tasks.<task>.outputs.<name>}}`),
+    /// secrets redacted.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub outputs: BTreeMap<String, String>,
 }
 
 impl From<&AttemptRecord> for AttemptAnswer {
@@ -97,6 +101,7 @@ impl From<&AttemptRecord> for AttemptAnswer {
             error: a.error.clone(),
             node_epoch: a.node_epoch,
             start_error_us: a.start_error_us,
+            outputs: a.outputs.clone(),
         }
     }
 }
@@ -247,6 +252,7 @@ mod tests {
                 id: "t".into(),
                 state: TaskState::Running,
                 attempts: vec![AttemptRecord {
+                    outputs: [("rows".to_string(), "42".to_string())].into(),
                     number: 1,
                     state: AttemptState::Running,
                     started_at: t,
@@ -264,6 +270,7 @@ mod tests {
         assert_eq!(written["rerun_of"], 32);
         assert!(written["tasks"][0].get("carried").is_none());
         assert_eq!(written["tasks"][0]["attempts"][0]["node_epoch"], 3);
+        assert_eq!(written["tasks"][0]["attempts"][0]["outputs"]["rows"], "42");
         assert!(
             written["tasks"][0]["attempts"][0]
                 .get("start_error_us")

@@ -30,6 +30,7 @@ impl<S: Store> Engine<S> {
                 &run.job.tasks[task].id,
             ),
             params: run.params.clone(),
+            outputs: upstream_outputs(&run.job, task, |j| run.outputs[j].clone()),
             secrets: Default::default(),
             trace: run.trace.as_ref().and_then(|t| {
                 t.for_task(
@@ -50,6 +51,7 @@ impl<S: Store> Engine<S> {
     /// A no-op attempt has ended, having nothing to run.
     fn noop_done(&mut self, run: RunId, task: usize, number: u32, lane: Lane) {
         let outcome = Outcome {
+            outputs: Default::default(),
             ending: Ending::Succeeded,
             exit_code: None,
             error: None,
@@ -347,7 +349,7 @@ impl<S: Store> Engine<S> {
             }
             // Run for another node: record the result; the run's owner
             // decides what follows. A stale result is refused by the store.
-            let to = end_of(outcome.ending.clone()).attempt_state();
+            let to = end_of(outcome.ending.clone(), &foreign.skip_on_exit_code).attempt_state();
             if let Some(m) = &self.config.metrics {
                 m.attempt_ended(&foreign.key, foreign.executor, to);
             }
@@ -381,6 +383,7 @@ impl<S: Store> Engine<S> {
                 log: outcome.log,
                 lines: dagcron_core::log::encode(&outcome.lines),
                 start_error_us: outcome.start_error_us,
+                outputs: outcome.outputs,
                 for_other_node: true,
             });
             return;
@@ -400,7 +403,7 @@ impl<S: Store> Engine<S> {
             self.step(id, Event::Abandoned { task: i, number }, at, Some(outcome));
             return;
         }
-        let end = end_of(outcome.ending.clone());
+        let end = end_of(outcome.ending.clone(), &run.job.tasks[i].skip_on_exit_code);
         let event = Event::AttemptEnded {
             task: i,
             number,
@@ -463,4 +466,18 @@ impl OutputReserve {
             Err(_) => true,
         }
     }
+}
+
+/// The outputs task `task` of `job` gets: those of the tasks it reads
+/// (see [`dagcron_core::Task::reads`]) that have some, by task id.
+pub(super) fn upstream_outputs(
+    job: &Job,
+    task: usize,
+    of: impl Fn(usize) -> Option<Arc<dagcron_core::outputs::Outputs>>,
+) -> std::collections::BTreeMap<String, Arc<dagcron_core::outputs::Outputs>> {
+    job.tasks[task]
+        .reads
+        .iter()
+        .filter_map(|&j| Some((job.tasks[j].id.clone(), of(j)?)))
+        .collect()
 }

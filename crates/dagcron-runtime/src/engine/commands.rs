@@ -411,10 +411,23 @@ impl<S: Store> Engine<S> {
                 return;
             }
         };
+        let outputs = job
+            .tasks
+            .iter()
+            .zip(&starts)
+            .map(|(t, start)| {
+                let carried = *start != TaskState::Pending;
+                let record = record.tasks.iter().find(|r| r.id == t.id)?;
+                carried
+                    .then(|| record.outputs().cloned().map(Arc::new))
+                    .flatten()
+            })
+            .collect();
         let rerun = Rerun {
             version: record.job_version,
             of: record.id,
             starts,
+            outputs,
         };
         let run = self.new_run(
             &key,

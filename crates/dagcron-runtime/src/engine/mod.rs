@@ -237,9 +237,13 @@ fn failed(error: String) -> Outcome {
     Outcome::not_started(error)
 }
 
-/// How an attempt's end counts for its run.
-fn end_of(ending: Ending) -> End {
+/// How an attempt of `task` that ended so counts for its run: a shell
+/// task's exit code it lists in `skip_on_exit_code` skips it.
+fn end_of(ending: Ending, skip_on_exit_code: &[i32]) -> End {
     match ending {
+        Ending::Failed(Failure::Exit(Some(code))) if skip_on_exit_code.contains(&code) => {
+            End::Skipped
+        }
         Ending::Succeeded => End::Succeeded,
         Ending::Cancelled => End::Cancelled,
         Ending::TimedOut => End::Failed(Failure::Timeout),
@@ -250,6 +254,7 @@ fn end_of(ending: Ending) -> End {
 /// The outcome of an attempt lost with its process or node.
 fn lost(error: &str) -> Outcome {
     Outcome {
+        outputs: Default::default(),
         ending: Ending::Failed(Failure::Lost),
         exit_code: None,
         error: Some(error.into()),
@@ -714,6 +719,9 @@ struct RunEntry {
     /// What made it.
     trigger: Trigger,
     params: std::collections::BTreeMap<String, String>,
+    /// The outputs of its tasks that succeeded with some (a re-run's
+    /// carried tasks keep those of the run re-run), by task index.
+    outputs: Vec<Option<Arc<dagcron_core::outputs::Outputs>>>,
     /// Its state, its tasks' and their attempts' (every decision about it).
     machine: RunMachine,
     /// The cancellation of each task's attempt running here.
@@ -880,6 +888,8 @@ struct Foreign {
     started: Timestamp,
     task: String,
     number: u32,
+    /// Its task's exit codes that skip it.
+    skip_on_exit_code: Vec<i32>,
     token: CancellationToken,
     /// Its run's owner withdrew it (the store has it cancelled already).
     withdrawn: bool,

@@ -395,6 +395,7 @@ impl<S: Store> Engine<S> {
         }
         for &(k, number, from) in &plan.stray {
             self.batch.writes.push(Write::AttemptEnd {
+                outputs: Default::default(),
                 run: record.id,
                 task: record.tasks[k].id.clone(),
                 number,
@@ -415,6 +416,14 @@ impl<S: Store> Engine<S> {
             scheduled_at: record.scheduled_at,
             trigger: record.trigger,
             params: record.params,
+            outputs: job
+                .tasks
+                .iter()
+                .map(|t| {
+                    let stored = record.tasks.iter().find(|r| r.id == t.id)?;
+                    stored.outputs().cloned().map(Arc::new)
+                })
+                .collect(),
             machine: RunMachine::rebuilt(record.state, record.closing, plan.tasks),
             tokens,
             start_at: None,

@@ -284,6 +284,10 @@ impl<S: Store> Engine<S> {
                 scheduled_at: at,
                 trigger,
                 params: params.clone(),
+                outputs: match &rerun {
+                    Some(r) => r.outputs.clone(),
+                    None => vec![None; job.tasks.len()],
+                },
                 machine: match &rerun {
                     Some(r) => RunMachine::carrying(state, r.starts.clone()),
                     None => RunMachine::new(job.tasks.len(), state),
@@ -333,6 +337,8 @@ pub(super) struct Rerun {
     pub(super) of: RunId,
     /// The state each task starts in (see [`dagcron_core::rerun::start_states`]).
     pub(super) starts: Vec<TaskState>,
+    /// The outputs of the tasks it carries over, by index.
+    pub(super) outputs: Vec<Option<Arc<dagcron_core::outputs::Outputs>>>,
 }
 
 impl<S: Store> Engine<S> {
@@ -487,9 +493,23 @@ impl<S: Store> Engine<S> {
         let job = run.job.clone();
         let mut effects = Vec::new();
         let rng = &mut self.rng;
-        if let Err(e) = run
-            .machine
-            .step(&job, event, now, &mut || rng.next(), &mut effects)
+        if let Some(o) = &outcome
+            && let Event::AttemptEnded {
+                task,
+                end: End::Succeeded,
+                ..
+            } = &event
+            && !o.outputs.is_empty()
+        {
+            run.outputs[*task] = Some(Arc::new(o.outputs.clone()));
+        }
+        let data = dagcron_core::run::RunData {
+            params: &run.params,
+            outputs: &run.outputs,
+        };
+        if let Err(e) =
+            run.machine
+                .step_with(&job, data, event, now, &mut || rng.next(), &mut effects)
         {
             // Only a bug (or a store edited by hand) gets here.
             tracing::error!(run = id, "{e}; the run keeps the state it had");
@@ -586,6 +606,7 @@ impl<S: Store> Engine<S> {
                     log: o.log,
                     lines: dagcron_core::log::encode(&o.lines),
                     start_error_us: o.start_error_us,
+                    outputs: o.outputs,
                     for_other_node: false,
                 });
             }

@@ -144,6 +144,7 @@ impl<S: Store> Engine<S> {
             let (from, to) = recovery::unplaceable_attempt(AttemptState::Running)
                 .expect("a running attempt can fail");
             self.batch.writes.push(Write::AttemptEnd {
+                outputs: Default::default(),
                 run: claim.run,
                 task: claim.task.clone(),
                 number: claim.number,
@@ -202,6 +203,9 @@ impl<S: Store> Engine<S> {
             attempt: claim.number,
             scheduled_at: claim.scheduled_at,
             params: claim.params,
+            outputs: attempts::upstream_outputs(&job, i, |j| {
+                claim.outputs.get(&job.tasks[j].id).cloned().map(Arc::new)
+            }),
             secrets: Default::default(),
             trace: trace
                 .as_ref()
@@ -218,6 +222,7 @@ impl<S: Store> Engine<S> {
                 started: now,
                 task: claim.task,
                 number: claim.number,
+                skip_on_exit_code: job.tasks[i].skip_on_exit_code.clone(),
                 token: token.clone(),
                 withdrawn: false,
             },
@@ -266,6 +271,7 @@ impl<S: Store> Engine<S> {
             }
             AttemptState::Lost => End::Failed(Failure::Lost),
             AttemptState::Succeeded => End::Succeeded,
+            AttemptState::Skipped => End::Skipped,
             AttemptState::Cancelled => End::Cancelled,
             AttemptState::TimedOut => End::Failed(Failure::Timeout),
             AttemptState::Failed => {
@@ -279,6 +285,10 @@ impl<S: Store> Engine<S> {
             }
         };
         self.cluster.shared.remove(&(id, i));
+        if end == End::Succeeded && !remote.outputs.is_empty() {
+            let run = self.runs.table.get_mut(&id).expect("run");
+            run.outputs[i] = Some(Arc::new(remote.outputs));
+        }
         let ended = Event::AttemptEnded {
             task: i,
             number,

@@ -63,6 +63,8 @@ struct AttemptView {
     took: String,
     exit: String,
     error: String,
+    /// What it handed downstream.
+    outputs: Vec<(String, String)>,
     selected: bool,
 }
 
@@ -397,6 +399,11 @@ pub(crate) async fn page<S: Store>(
                     ),
                     exit: a.exit_code.map_or(String::new(), |c| c.to_string()),
                     error: a.error.clone().unwrap_or_default(),
+                    outputs: a
+                        .outputs
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
                     selected: chosen.as_ref() == Some(&(t.id.clone(), a.number)),
                 })
                 .collect(),

@@ -113,6 +113,10 @@ impl Show for RunAnswer {
                     a.started_at,
                     a.error.as_deref().unwrap_or("")
                 )?;
+                for (k, v) in &a.outputs {
+                    // One line each: a value's own lines stay visible as \n.
+                    writeln!(out, "      output {k} = {}", v.escape_debug())?;
+                }
             }
         }
         Ok(())
