@@ -29,7 +29,9 @@
 //! calendars, resolved into the jobs that list them at validation, so a job
 //! carries its calendars in its stored form and its `Timing`; the decision
 //! which calendar excludes an instant),
-//! `retry.rs` (backoff, jitter, retryable failures), `policy.rs` (the fire
+//! `outputs.rs` (what a task hands downstream: reading its file, the
+//! limits, the references a task's text makes), `condition.rs` (the `when`
+//! language: whether a task that may start runs), `retry.rs` (backoff, jitter, retryable failures), `policy.rs` (the fire
 //! ledger's outcomes, catch-up, the fire quota's bucket, run outcome), `rerun.rs` (which tasks of a re-run start over
 //! and which keep their outcome), `retention.rs` (a namespace's retention
 //! policy and which runs, ledger rows and deleted jobs it lets go; never an
