@@ -411,18 +411,13 @@ impl<S: Store> Engine<S> {
                 return;
             }
         };
-        let outputs = job
-            .tasks
-            .iter()
-            .zip(&starts)
-            .map(|(t, start)| {
-                let carried = *start != TaskState::Pending;
-                let record = record.tasks.iter().find(|r| r.id == t.id)?;
-                carried
-                    .then(|| record.outputs().cloned().map(Arc::new))
-                    .flatten()
-            })
-            .collect();
+        // The tasks carried over keep their outputs; the others make theirs.
+        let mut outputs = stored_outputs(&job, &record.tasks);
+        for (o, start) in outputs.iter_mut().zip(&starts) {
+            if *start == TaskState::Pending {
+                *o = None;
+            }
+        }
         let rerun = Rerun {
             version: record.job_version,
             of: record.id,

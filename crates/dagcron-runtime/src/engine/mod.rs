@@ -251,6 +251,21 @@ fn end_of(ending: Ending, skip_on_exit_code: &[i32]) -> End {
     }
 }
 
+/// The outputs of each task of `job`, by index, as a run's stored `tasks`
+/// have them.
+fn stored_outputs(
+    job: &Job,
+    tasks: &[dagcron_store::TaskRecord],
+) -> Vec<Option<Arc<dagcron_core::outputs::Outputs>>> {
+    job.tasks
+        .iter()
+        .map(|t| {
+            let stored = tasks.iter().find(|r| r.id == t.id)?;
+            stored.outputs().cloned().map(Arc::new)
+        })
+        .collect()
+}
+
 /// The outcome of an attempt lost with its process or node.
 fn lost(error: &str) -> Outcome {
     Outcome {

@@ -416,14 +416,7 @@ impl<S: Store> Engine<S> {
             scheduled_at: record.scheduled_at,
             trigger: record.trigger,
             params: record.params,
-            outputs: job
-                .tasks
-                .iter()
-                .map(|t| {
-                    let stored = record.tasks.iter().find(|r| r.id == t.id)?;
-                    stored.outputs().cloned().map(Arc::new)
-                })
-                .collect(),
+            outputs: stored_outputs(&job, &record.tasks),
             machine: RunMachine::rebuilt(record.state, record.closing, plan.tasks),
             tokens,
             start_at: None,
