@@ -3506,3 +3506,42 @@ jobs:
     assert!(!lines.contains("empty"));
     h.stop().await;
 }
+
+/// `examples/workflow.yaml` as written: with rows, every task runs; with
+/// none, the condition and the exit code skip their tasks and the join
+/// still runs.
+#[tokio::test]
+async fn the_workflow_example_runs_and_skips_by_its_outputs() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/workflow.yaml");
+    let yaml = std::fs::read_to_string(path).unwrap();
+    let file: JobFile = serde_saphyr::from_str(&yaml).unwrap();
+    h.handle.apply(file.validate().unwrap()).await.unwrap();
+    let mut ends = Vec::new();
+    for rows in ["2", "0"] {
+        let params = BTreeMap::from([("rows".to_string(), rows.to_string())]);
+        let run = h
+            .handle
+            .trigger("analytics", "daily-export", params)
+            .await
+            .unwrap();
+        h.idle().await;
+        let r = h.store.get_run(run).await.unwrap().unwrap();
+        assert_eq!(r.state, RunState::Succeeded, "{r:?}");
+        let states: Vec<TaskState> = r.tasks.iter().map(|t| t.state).collect();
+        let log = h.store.read_log(run, "export", 1).await.unwrap();
+        ends.push((states, log.map(|l| String::from_utf8(l).unwrap())));
+    }
+    use TaskState::{Skipped, Succeeded};
+    assert_eq!(
+        ends,
+        [
+            (
+                vec![Succeeded, Succeeded, Succeeded, Succeeded],
+                Some("exporting 2 rows of 2026-01-01T00:00:00Z to warehouse\n".to_string())
+            ),
+            (vec![Succeeded, Skipped, Skipped, Succeeded], None),
+        ]
+    );
+    h.stop().await;
+}
