@@ -95,6 +95,10 @@ pub struct DirGrant {
     pub write: bool,
 }
 
+/// Where a module sees the directory of its outputs file
+/// (`$DAGCRON_OUTPUTS` is `/dagcron/outputs`); no grant may use it.
+pub const OUTPUTS_DIR: &str = "/dagcron";
+
 /// A number of bytes, written `64MiB`, `512KiB`, `1GiB` or as a number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ByteSize(pub u64);
@@ -274,6 +278,14 @@ pub(crate) fn check(spec: &WasmSpec, at: &str) -> Vec<ValidationError> {
                 format!(
                     "{:?} is not an absolute path: the module sees the directory there, such as /in",
                     dir.guest
+                ),
+            );
+        }
+        if std::path::Path::new(&dir.guest).starts_with(OUTPUTS_DIR) {
+            err(
+                format!("{path}.guest"),
+                format!(
+                    "{OUTPUTS_DIR} is where the module finds its outputs file: grant the directory elsewhere"
                 ),
             );
         }

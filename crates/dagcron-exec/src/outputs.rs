@@ -90,6 +90,12 @@ impl OutputsFile {
         &self.file
     }
 
+    /// The attempt's directory that holds the file.
+    #[cfg_attr(not(feature = "wasm"), allow(dead_code))]
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// What the task wrote: nothing if the file is gone, an error if it is
     /// not a regular file of the task's user or its content is refused.
     pub(crate) fn read(&self) -> Result<Outputs, String> {

@@ -172,6 +172,24 @@ pub(crate) async fn run(
     {
         return failed(format!("a host in grants.http: {why}"), None, vec![]);
     }
+    // The module writes its outputs in a directory of the attempt's own,
+    // granted after the task's.
+    let outputs_file = match crate::outputs::OutputsFile::make(None) {
+        Ok(f) => f,
+        Err(error) => return failed(error, None, vec![]),
+    };
+    let mut env = env;
+    env.push((
+        crate::outputs::VAR.to_string(),
+        format!("{}/outputs", dagcron_core::wasm::OUTPUTS_DIR),
+    ));
+    env.extend(ctx.output_vars().map(|(k, v)| (k, v.to_string())));
+    let mut dirs = spec.grants.dirs.clone();
+    dirs.push(dagcron_core::model::DirGrant {
+        host: outputs_file.dir().to_string_lossy().into_owned(),
+        guest: dagcron_core::wasm::OUTPUTS_DIR.to_string(),
+        write: true,
+    });
     let module = std::path::PathBuf::from(&spec.module);
     let program = module
         .file_name()
@@ -190,7 +208,7 @@ pub(crate) async fn run(
             .unwrap_or_default(),
         memory: spec.memory_limit(),
         fuel: spec.fuel,
-        dirs: spec.grants.dirs.clone(),
+        dirs,
         connect,
         timeout,
         max_output: limits.max_output,
@@ -200,21 +218,40 @@ pub(crate) async fn run(
         push
     });
     let report = dagcron_wasm::run(&inv, cancel, on_output).await;
-    let (ending, exit_code, error) = match report.ending {
-        dagcron_wasm::Ending::Exited(0) => (Ending::Succeeded, Some(0), None),
-        dagcron_wasm::Ending::Exited(code) => {
-            return failed(format!("exit status {code}"), Some(code), report.log);
+    let read = outputs_file.read();
+    drop(outputs_file);
+    let (ending, exit_code, error, outputs) = match (report.ending, read) {
+        (dagcron_wasm::Ending::Exited(0), Ok(outputs)) => {
+            (Ending::Succeeded, Some(0), None, outputs)
         }
-        dagcron_wasm::Ending::TimedOut => (
+        (dagcron_wasm::Ending::Exited(0), Err(why)) => {
+            return Outcome {
+                exit_code: Some(0),
+                ..failed(why, None, report.log)
+            };
+        }
+        (dagcron_wasm::Ending::Exited(code), read) => {
+            return Outcome {
+                outputs: ctx.secrets.redact_outputs(read.unwrap_or_default()),
+                ..failed(format!("exit status {code}"), Some(code), report.log)
+            };
+        }
+        (dagcron_wasm::Ending::TimedOut, _) => (
             Ending::TimedOut,
             None,
             Some(format!("timed out after {:?}", timeout.unwrap_or_default())),
+            Default::default(),
         ),
-        dagcron_wasm::Ending::Cancelled => (Ending::Cancelled, None, Some("cancelled".into())),
-        dagcron_wasm::Ending::Failed(error) => return failed(error, None, report.log),
+        (dagcron_wasm::Ending::Cancelled, _) => (
+            Ending::Cancelled,
+            None,
+            Some("cancelled".into()),
+            Default::default(),
+        ),
+        (dagcron_wasm::Ending::Failed(error), _) => return failed(error, None, report.log),
     };
     Outcome {
-        outputs: Default::default(),
+        outputs: ctx.secrets.redact_outputs(outputs),
         ending,
         exit_code,
         error,

@@ -591,6 +591,71 @@ mod wasm {
         );
     }
 
+    /// Writes `rows=7` to `outputs` in its first granted directory.
+    const WRITE_OUTPUTS: &str = r#"(module
+      (import "wasi_snapshot_preview1" "path_open" (func $open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+      (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+      (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+      (memory (export "memory") 1)
+      (data (i32.const 100) "outputs")
+      (data (i32.const 300) "rows=7\n")
+      (func (export "_start") (local $err i32)
+        (local.set $err (call $open (i32.const 3) (i32.const 0) (i32.const 100) (i32.const 7)
+          (i32.const 0) (i64.const 64) (i64.const 0) (i32.const 0) (i32.const 200)))
+        (if (local.get $err) (then (call $exit (i32.add (i32.const 100) (local.get $err)))))
+        (i32.store (i32.const 0) (i32.const 300))
+        (i32.store (i32.const 4) (i32.const 7))
+        (drop (call $write (i32.load (i32.const 200)) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
+
+    /// A module finds its outputs file at `$DAGCRON_OUTPUTS` (its directory
+    /// granted as `/dagcron`), and its upstream tasks' outputs as variables.
+    #[tokio::test]
+    async fn a_module_hands_outputs_and_reads_upstream_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let module = dir.path().join("write.wat");
+        std::fs::write(&module, WRITE_OUTPUTS).unwrap();
+        let mut task = spec(&module);
+        task.args.clear();
+        task.env.clear();
+        task.stdin = None;
+        let out = run(
+            &Executor::Wasm(task),
+            &ctx(),
+            None,
+            CancellationToken::new(),
+            Limits::default(),
+        )
+        .await;
+        assert_eq!(out.ending, Ending::Succeeded, "{:?}", out.error);
+        assert_eq!(out.outputs.get("rows").map(String::as_str), Some("7"));
+
+        let show = dir.path().join("show.wat");
+        std::fs::write(&show, SHOW).unwrap();
+        let mut c = ctx();
+        c.outputs.insert(
+            "extract".into(),
+            std::sync::Arc::new(BTreeMap::from([("rows".into(), "42".into())])),
+        );
+        let mut task = spec(&show);
+        task.args = vec!["{{tasks.extract.outputs.rows}}".into()];
+        let out = run(
+            &Executor::Wasm(task),
+            &c,
+            None,
+            CancellationToken::new(),
+            Limits::default(),
+        )
+        .await;
+        let log = String::from_utf8(out.log).unwrap().replace('\0', "\n");
+        for line in [
+            "DAGCRON_OUTPUTS=/dagcron/outputs",
+            "DAGCRON_OUTPUT_EXTRACT_ROWS=42",
+            "show.wat\n42\n",
+        ] {
+            assert!(log.contains(line), "{line:?} missing from {log:?}");
+        }
+    }
+
     #[tokio::test]
     async fn a_missing_secret_fails_before_the_module_starts() {
         let dir = tempfile::tempdir().unwrap();

@@ -599,3 +599,20 @@ jobs:
     );
     assert_eq!(job.tasks[3].skip_on_exit_code, [99]);
 }
+
+#[test]
+fn a_module_may_not_be_granted_a_directory_where_its_outputs_are() {
+    let yaml = r#"
+jobs:
+  - name: j
+    tasks:
+      - id: m
+        wasm: { module: /opt/m.wasm, grants: { dirs: [{ host: /srv/in, guest: /dagcron/in }] } }
+"#;
+    assert_eq!(
+        errors(yaml),
+        [
+            "jobs[0].tasks[0].wasm.grants.dirs[0].guest: /dagcron is where the module finds its outputs file: grant the directory elsewhere"
+        ]
+    );
+}
