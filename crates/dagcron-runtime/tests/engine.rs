@@ -3545,3 +3545,69 @@ async fn the_workflow_example_runs_and_skips_by_its_outputs() {
     );
     h.stop().await;
 }
+
+/// A re-run keeps the outputs of the tasks it carried over in the store:
+/// after a crash in the middle of it, the task retried still gets them.
+#[tokio::test]
+async fn a_rerun_carries_its_outputs_across_a_crash() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (trace, broken) = (dir.path().join("trace"), dir.path().join("broken"));
+    std::fs::write(&broken, "").unwrap();
+    h.apply(&format!(
+        r#"
+namespace: t
+jobs:
+  - name: carry
+    retry: {{ max_attempts: 2, backoff: fixed, initial: 1s, max: 1s }}
+    tasks:
+      - {{ id: extract, shell: "echo rows=42 >> $DAGCRON_OUTPUTS" }}
+      - id: load
+        depends_on: [extract]
+        shell: "test ! -e {b} || exit 1; echo load {{{{tasks.extract.outputs.rows}}}} $DAGCRON_ATTEMPT >> {t}; if [ $DAGCRON_ATTEMPT -eq 1 ]; then sleep 30; fi"
+"#,
+        t = trace.display(),
+        b = broken.display(),
+    ))
+    .await;
+    let run = h
+        .handle
+        .trigger("t", "carry", BTreeMap::new())
+        .await
+        .unwrap();
+    h.until("load waiting to retry", async |s| {
+        s.get_run(run).await.unwrap().unwrap().tasks[1].state == TaskState::Retrying
+    })
+    .await;
+    h.clock.advance(SignedDuration::from_secs(1));
+    h.until("the first run failed", async |s| {
+        s.get_run(run).await.unwrap().unwrap().state == RunState::Failed
+    })
+    .await;
+    std::fs::remove_file(&broken).unwrap();
+    let again = h.handle.rerun(run, true).await.unwrap();
+    h.until("the re-run's load running", async |_| {
+        std::fs::read_to_string(&trace).is_ok_and(|s| s == "load 42 1\n")
+    })
+    .await;
+    // A crash: the engine disappears without any cleanup.
+    h.task.abort();
+    let (store, clock) = (h.store.clone(), h.clock.clone());
+    drop(h);
+    let config = EngineConfig {
+        misfire_grace: Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let h = start(store, clock, config).await;
+    h.clock.advance(SignedDuration::from_secs(1));
+    h.idle().await;
+    let r = h.store.get_run(again).await.unwrap().unwrap();
+    assert_eq!(r.state, RunState::Succeeded, "{r:?}");
+    assert!(r.tasks[0].carried);
+    assert_eq!(
+        std::fs::read_to_string(&trace).unwrap(),
+        "load 42 1\nload 42 2\n",
+        "the retry after the crash got the carried output"
+    );
+    h.stop().await;
+}

@@ -248,6 +248,7 @@ mod tests {
             start_error_us: None,
         };
         let task = |id: &str, state, carried, attempts| Task {
+            carried_outputs: Default::default(),
             id: id.into(),
             state,
             carried,

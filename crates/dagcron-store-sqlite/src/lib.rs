@@ -158,7 +158,7 @@ impl SqliteStore {
             .collect::<Vec<_>>()
             .join(",");
         // The ids are integers we produced, so they are safe to inline.
-        let tasks = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT run_id, task_id, state, carried FROM tasks WHERE run_id IN ({list}) ORDER BY run_id, position")))
+        let tasks = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT run_id, task_id, state, carried, outputs FROM tasks WHERE run_id IN ({list}) ORDER BY run_id, position")))
             .fetch_all(&mut *conn)
             .await
             .map_err(unavailable)?;
@@ -168,6 +168,7 @@ impl SqliteStore {
                 state: parse(row.get::<&str, _>(2))?,
                 attempts: vec![],
                 carried: row.get::<i64, _>(3) != 0,
+                carried_outputs: outputs_json(row.get(4))?,
             });
         }
         let attempts = sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -188,12 +189,7 @@ impl SqliteStore {
                 error: row.get(7),
                 node_epoch: None,
                 start_error_us: row.get(8),
-                outputs: match row.get::<Option<&str>, _>(9) {
-                    None => Default::default(),
-                    Some(json) => serde_json::from_str(json).map_err(|e| {
-                        StorageError::Corrupt(format!("run {run} task {task} outputs: {e}"))
-                    })?,
-                },
+                outputs: outputs_json(row.get(9))?,
             };
             if let Some(t) = out
                 .get_mut(&run)
@@ -247,6 +243,13 @@ impl SqliteStore {
             .await
             .map_err(|e| StorageError::Unavailable(format!("reading jobs: {e}")))?
     }
+}
+
+/// Outputs as a column holds them (JSON; none: no outputs).
+fn outputs_json(json: Option<&str>) -> Result<dagcron_core::outputs::Outputs> {
+    json.map_or(Ok(Default::default()), |j| {
+        serde_json::from_str(j).map_err(|e| StorageError::Corrupt(format!("outputs: {e}")))
+    })
 }
 
 #[cfg(test)]

@@ -297,15 +297,20 @@ fn insert_run_as(tx: &Transaction<'_>, run: &NewRun, states: &[TaskState]) -> ru
         run.rerun_of
     ])?;
     let mut insert = tx.prepare_cached(
-        "INSERT INTO tasks (run_id, task_id, position, state, carried) VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO tasks (run_id, task_id, position, state, carried, outputs) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?;
     for (position, (task, state)) in run.tasks.iter().zip(states).enumerate() {
+        let outputs = run
+            .carried_outputs
+            .get(task)
+            .map(|o| serde_json::to_string(o).expect("outputs serialize"));
         insert.execute(params![
             run.id,
             task,
             position as i64,
             state.as_str(),
-            run.carried.contains_key(task)
+            run.carried.contains_key(task),
+            outputs
         ])?;
     }
     Ok(())

@@ -102,6 +102,7 @@ fn by(id: &str) -> Option<Actor> {
 /// A run of job `ns/j` with tasks a and b.
 pub fn new_run(id: i64, scheduled: i64) -> NewRun {
     NewRun {
+        carried_outputs: Default::default(),
         id,
         namespace: "ns".into(),
         job: "j".into(),
@@ -419,10 +420,17 @@ pub async fn a_rerun_starts_with_the_outcomes_it_carries<S: Store>(s: &S) {
         created_at: t(500),
         rerun_of: Some(1),
         carried: BTreeMap::from([("a".to_string(), TaskState::Succeeded)]),
+        carried_outputs: BTreeMap::from([(
+            "a".to_string(),
+            BTreeMap::from([("rows".to_string(), "42".to_string())]),
+        )]),
         ..new_run(2, 100)
     };
     s.write(&[Write::Run(rerun)]).await.unwrap();
     let r = s.get_run(2).await.unwrap().unwrap();
+    // The carried task keeps the outputs it had, for the tasks run again.
+    assert_eq!(r.tasks[0].outputs().map(|o| o["rows"].as_str()), Some("42"));
+    assert_eq!(r.tasks[1].outputs(), None);
     assert_eq!(
         (r.trigger, r.rerun_of, r.scheduled_at, r.created_at),
         (Trigger::Rerun, Some(1), t(100), t(500))

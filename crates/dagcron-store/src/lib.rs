@@ -346,6 +346,9 @@ pub struct NewRun {
     /// from the run re-run (`succeeded` or `skipped`), with it; they start
     /// in that state, with no attempt, and are marked carried over.
     pub carried: BTreeMap<String, TaskState>,
+    /// The outputs of the tasks carried over that had some in the run
+    /// re-run: kept with the new run's tasks, for the tasks it runs again.
+    pub carried_outputs: BTreeMap<String, dagcron_core::outputs::Outputs>,
     /// Its idempotency key within its job, for a run made by a trigger that
     /// can come twice (a webhook's delivery, a message, another run's
     /// end): a [`Write::Run`] whose job has a run of this key already is
@@ -814,17 +817,21 @@ pub struct TaskRecord {
     /// Its outcome was carried over from the run this one re-runs (it has
     /// no attempt here).
     pub carried: bool,
+    /// A task carried over: the outputs it had in the run re-run.
+    pub carried_outputs: dagcron_core::outputs::Outputs,
 }
 
 impl TaskRecord {
-    /// Its outputs: those of its attempt that succeeded, if any.
+    /// Its outputs: those of its attempt that succeeded, or for a task
+    /// carried over those it had in the run re-run; none if empty.
     pub fn outputs(&self) -> Option<&dagcron_core::outputs::Outputs> {
-        self.attempts
+        let outputs = self
+            .attempts
             .iter()
             .rev()
             .find(|a| a.state == AttemptState::Succeeded)
-            .map(|a| &a.outputs)
-            .filter(|o| !o.is_empty())
+            .map_or(&self.carried_outputs, |a| &a.outputs);
+        (!outputs.is_empty()).then_some(outputs)
     }
 }
 

@@ -30,6 +30,9 @@ pub struct Task {
     /// Its outcome was carried over from the run re-run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub carried: bool,
+    /// See [`TaskRecord::carried_outputs`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub carried_outputs: dagcron_core::outputs::Outputs,
     /// Attempts, by number.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<Attempt>,
@@ -71,6 +74,7 @@ impl Task {
             id: self.id,
             state: self.state,
             carried: self.carried,
+            carried_outputs: self.carried_outputs,
             attempts: self
                 .attempts
                 .into_iter()
@@ -102,12 +106,13 @@ pub fn task_outputs(tasks: &[Task]) -> BTreeMap<String, dagcron_core::outputs::O
     tasks
         .iter()
         .filter_map(|t| {
-            let a = t
+            let outputs = t
                 .attempts
                 .iter()
                 .rev()
-                .find(|a| a.state == AttemptState::Succeeded)?;
-            (!a.outputs.is_empty()).then(|| (t.id.clone(), a.outputs.clone()))
+                .find(|a| a.state == AttemptState::Succeeded)
+                .map_or(&t.carried_outputs, |a| &a.outputs);
+            (!outputs.is_empty()).then(|| (t.id.clone(), outputs.clone()))
         })
         .collect()
 }
@@ -168,6 +173,7 @@ impl Row {
                     id: t.clone(),
                     state: run.task_start(t),
                     carried: run.carried.contains_key(t),
+                    carried_outputs: run.carried_outputs.get(t).cloned().unwrap_or_default(),
                     attempts: vec![],
                 })
                 .collect(),
@@ -473,6 +479,7 @@ mod tests {
 
     fn run() -> Row {
         Row::new(&NewRun {
+            carried_outputs: Default::default(),
             id: 1,
             namespace: "ns".into(),
             job: "j".into(),

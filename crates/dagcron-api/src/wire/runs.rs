@@ -249,6 +249,7 @@ mod tests {
             trace: None,
             rerun_of: Some(32),
             tasks: vec![TaskRecord {
+                carried_outputs: Default::default(),
                 id: "t".into(),
                 state: TaskState::Running,
                 attempts: vec![AttemptRecord {

@@ -219,6 +219,7 @@ impl<S: Store> Engine<S> {
                 .iter()
                 .enumerate()
                 .map(|(i, id)| dagcron_store::TaskRecord {
+                    carried_outputs: Default::default(),
                     id: id.clone(),
                     state: machine
                         .and_then(|m| m.tasks().get(i).copied())

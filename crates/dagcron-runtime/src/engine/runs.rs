@@ -314,6 +314,16 @@ impl<S: Store> Engine<S> {
             created_at: now,
             trace: caller.map(|c| c.stored()),
             rerun_of: rerun.as_ref().map(|r| r.of),
+            carried_outputs: rerun
+                .as_ref()
+                .map(|r| {
+                    job.tasks
+                        .iter()
+                        .zip(&r.outputs)
+                        .filter_map(|(t, o)| Some((t.id.clone(), (**o.as_ref()?).clone())))
+                        .collect()
+                })
+                .unwrap_or_default(),
             carried: rerun
                 .map(|r| {
                     job.tasks
