@@ -1320,3 +1320,75 @@ fn a_running_attempts_output_is_read_through_every_node() {
         cluster.count("SELECT count(*) FROM live_logs") == 0
     });
 }
+
+/// Outputs cross a real agent and the other node of a cluster: a task of
+/// either node's run hands outputs to a task on the agent (connected to
+/// node 1 only, so node 0's runs reach it through the cluster's shared
+/// attempts), whose own outputs come back to a task on the run's node. A
+/// hostile value stays data all the way.
+#[test]
+fn outputs_cross_an_agent_and_the_other_node() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = Cluster::new("outputs", 2, 2000);
+    let edge = cluster.dir.path().join("edge");
+    std::fs::create_dir_all(&edge).unwrap();
+    let log_file = std::fs::File::create(cluster.dir.path().join("edge.log")).unwrap();
+    let join = join_token(cluster.node(1), None, None);
+    let _agent = Killed(
+        std::process::Command::new(env!("CARGO_BIN_EXE_dagcron"))
+            .args(["worker", "--server", &cluster.node(1).url, "--id", "edge"])
+            .args(["--labels", "site=edge", "--token", &join])
+            .current_dir(&edge)
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file)
+            .spawn()
+            .unwrap(),
+    );
+    until("the agent is connected to node 1", || {
+        cluster.node(1).get("/api/v1/workers")["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w["connected"] == true)
+    });
+    cluster.apply(
+        r#"
+namespace: c
+jobs:
+  - name: flow
+    schedule: '0 0 0 1 1 *'
+    tasks:
+      - { id: extract, shell: "echo rows=42 >> $DAGCRON_OUTPUTS; echo 'q=x; touch pwned' >> $DAGCRON_OUTPUTS" }
+      - id: remote
+        depends_on: [extract]
+        run_on: { labels: { site: edge } }
+        shell: "echo got {{tasks.extract.outputs.rows}} {{tasks.extract.outputs.q}} $DAGCRON_OUTPUT_EXTRACT_ROWS; echo seen=on-the-edge-{{tasks.extract.outputs.rows}} >> $DAGCRON_OUTPUTS"
+      - { id: back, depends_on: [remote], shell: "echo back {{tasks.remote.outputs.seen}}" }
+"#,
+    );
+    cluster.wait_converged(1);
+    for node in [0, 1] {
+        let id = cluster.node(node).trigger("flow");
+        let run = cluster.node(0).wait_run(id, "succeeded");
+        assert_eq!(
+            run["tasks"][1]["attempts"][0]["outputs"]["seen"], "on-the-edge-42",
+            "{run}"
+        );
+        assert_eq!(
+            log(cluster.node(0), id, "remote", 1),
+            "got 42 x; touch pwned 42\n"
+        );
+        assert_eq!(log(cluster.node(1), id, "back", 1), "back on-the-edge-42\n");
+        let epoch = |task: usize| run["tasks"][task]["attempts"][0]["node_epoch"].as_i64();
+        assert_eq!(
+            (epoch(0), epoch(1), epoch(2)),
+            (
+                Some(cluster.epoch_of(node)),
+                Some(cluster.epoch_of(1)),
+                Some(cluster.epoch_of(node))
+            ),
+            "run on node {node}, the agent's task through node 1: {run}"
+        );
+    }
+    assert!(!edge.join("pwned").exists(), "an output ran as shell code");
+}
