@@ -56,6 +56,7 @@ mod http;
 pub mod mail;
 pub mod notify;
 mod outputs;
+mod quote;
 // The other module with unsafe code: the set-up of a task's sandbox, between
 // fork and exec.
 #[allow(unsafe_code)]
@@ -292,51 +293,76 @@ impl AttemptContext {
     /// `{{tasks.<task>.outputs.<name>}}` with an upstream task's output
     /// (unknown names stay as written).
     pub fn substitute(&self, text: &str) -> String {
-        self.substitute_with(text, |v, out| out.push_str(v))
+        self.substitute_with(text, |piece, out| {
+            out.push_str(piece.text());
+            Ok(())
+        })
+        .expect("plain substitution never fails")
     }
 
     /// [`AttemptContext::substitute`] for a string run by `/bin/sh -c`:
-    /// each value becomes one single-quoted word, so that it is always data
-    /// (`x; touch pwned` is the word `'x; touch pwned'`, never a command).
-    pub fn substitute_shell(&self, text: &str) -> String {
-        self.substitute_with(text, |v, out| {
-            out.push('\'');
-            out.push_str(&v.replace('\'', r"'\''"));
-            out.push('\'');
+    /// each value is data wherever it stands (see [`quote`]): outside
+    /// quotes it becomes one single-quoted word (`x; touch pwned` is the
+    /// word `'x; touch pwned'`, never a command), inside quotes, a command
+    /// substitution or a here-document it is escaped for them. A value
+    /// that would end a here-document early is refused.
+    pub fn substitute_shell(&self, text: &str) -> Result<String, String> {
+        let mut tracker = quote::Tracker::default();
+        self.substitute_with(text, |piece, out| match piece {
+            Piece::Text(t) => {
+                tracker.feed(t);
+                out.push_str(t);
+                Ok(())
+            }
+            Piece::Value(v) => tracker.put(v, out),
         })
     }
 
-    fn substitute_with(&self, text: &str, put: impl Fn(&str, &mut String)) -> String {
+    fn substitute_with(
+        &self,
+        text: &str,
+        mut put: impl FnMut(Piece<'_>, &mut String) -> Result<(), String>,
+    ) -> Result<String, String> {
         let mut out = String::with_capacity(text.len());
         let mut rest = text;
         while let Some(start) = rest.find("{{") {
-            out.push_str(&rest[..start]);
+            put(Piece::Text(&rest[..start]), &mut out)?;
             let after = &rest[start + 2..];
-            match after.find("}}") {
-                Some(end) => {
-                    let key = after[..end].trim();
-                    let value = match key.split_once('.') {
-                        Some(("params", k)) => self.params.get(k),
-                        Some(("secrets", k)) => self.secrets.0.get(k),
-                        Some(("tasks", path)) => path
-                            .split_once(".outputs.")
-                            .and_then(|(task, k)| self.outputs.get(task).and_then(|o| o.get(k))),
-                        _ => None,
-                    };
-                    match value {
-                        Some(v) => put(v, &mut out),
-                        None => out.push_str(&rest[start..start + 2 + end + 2]),
-                    }
-                    rest = &after[end + 2..];
-                }
-                None => {
-                    out.push_str(&rest[start..]);
-                    rest = "";
-                }
+            let Some(end) = after.find("}}") else {
+                rest = &rest[start..];
+                break;
+            };
+            let key = after[..end].trim();
+            let value = match key.split_once('.') {
+                Some(("params", k)) => self.params.get(k),
+                Some(("secrets", k)) => self.secrets.0.get(k),
+                Some(("tasks", path)) => path
+                    .split_once(".outputs.")
+                    .and_then(|(task, k)| self.outputs.get(task).and_then(|o| o.get(k))),
+                _ => None,
+            };
+            match value {
+                Some(v) => put(Piece::Value(v), &mut out)?,
+                None => put(Piece::Text(&rest[start..start + 2 + end + 2]), &mut out)?,
             }
+            rest = &after[end + 2..];
         }
-        out.push_str(rest);
-        out
+        put(Piece::Text(rest), &mut out)?;
+        Ok(out)
+    }
+}
+
+/// A piece of a text being substituted: written as it is, or a value.
+enum Piece<'a> {
+    Text(&'a str),
+    Value(&'a str),
+}
+
+impl Piece<'_> {
+    fn text(&self) -> &str {
+        match self {
+            Piece::Text(t) | Piece::Value(t) => t,
+        }
     }
 }
 
@@ -684,7 +710,7 @@ mod tests {
         c.params
             .insert("who".into(), "x; touch pwned 'quoted' $(id)".into());
         assert_eq!(
-            c.substitute_shell("echo hello {{params.who}}"),
+            c.substitute_shell("echo hello {{params.who}}").unwrap(),
             r"echo hello 'x; touch pwned '\''quoted'\'' $(id)'"
         );
     }

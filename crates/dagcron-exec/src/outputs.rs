@@ -1,17 +1,18 @@
-//! The outputs file of a shell attempt (`$DAGCRON_OUTPUTS`), made so that
-//! only the attempt can reach it, and read back without trusting what the
-//! task left there.
+//! The outputs file of a shell or WebAssembly attempt (`$DAGCRON_OUTPUTS`),
+//! made so that only the attempt can reach it, and read back without
+//! trusting what the task left there.
 //!
-//! Each attempt gets a directory of its own with an unguessable name inside
-//! `dagcron-outputs-<uid>` of the temporary directory, which this process
-//! owns and which nobody else may list (mode 0711): another task, even one
-//! running as the same unprivileged user, cannot find the file to write
-//! into it. The attempt's directory and file belong to the user the task
-//! runs as. Once the attempt is over, the file is opened without following
-//! a symbolic link, and taken only if it is a regular file of that user, at
-//! most a bounded number of bytes: a task cannot make the server read
-//! another file, a pipe that never ends, or a huge one. The directory is
-//! removed when the attempt's [`OutputsFile`] is dropped.
+//! This process keeps the files in a directory of the temporary directory
+//! with a random name, made once (nobody can take its place ahead of it),
+//! which others pass through but cannot list (mode 0711). Each attempt gets
+//! a directory there with an unguessable name, this process's and as
+//! closed (the task can neither list it nor create, link or replace
+//! anything in it), holding one file that belongs to the user the task
+//! runs as: another task, even one running as the same unprivileged user,
+//! cannot find a file to write into. Once the attempt is over, the file is
+//! opened without following a symbolic link, and taken only if it is a
+//! regular file of that user, at most a bounded number of bytes. The
+//! directory is removed when the attempt's [`OutputsFile`] is dropped.
 
 use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -34,36 +35,44 @@ pub(crate) struct OutputsFile {
     owner: u32,
 }
 
+/// This process's directory of outputs files: made once, with a random
+/// name (nobody can take its place ahead of it), mode 0711 (others pass
+/// through it but cannot list it).
+pub(crate) fn base() -> Result<&'static Path, String> {
+    static BASE: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    BASE.get_or_init(|| {
+        let cannot = |e: std::io::Error| format!("cannot make the directory of outputs files: {e}");
+        let base = std::env::temp_dir().join(format!(
+            "dagcron-outputs-{}",
+            random_name().map_err(cannot)?
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&base)
+            .map_err(cannot)?;
+        // Whatever the umask made of it.
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o711)).map_err(cannot)?;
+        Ok(base)
+    })
+    .as_ref()
+    .map(PathBuf::as_path)
+    .map_err(Clone::clone)
+}
+
 impl OutputsFile {
-    /// Makes the attempt's directory and empty file, owned by `user` when
-    /// the task runs as another user than this process.
+    /// Makes the attempt's directory (this process's, mode 0711: the task
+    /// can neither list it nor put anything else in it) and its empty file,
+    /// owned by `user` when the task runs as another user than this process.
     pub(crate) fn make(user: Option<TaskUser>) -> Result<OutputsFile, String> {
         let me = nix::unistd::geteuid().as_raw();
-        let base = std::env::temp_dir().join(format!("dagcron-outputs-{me}"));
         let cannot =
             |what: &str, e: std::io::Error| format!("cannot make the outputs file: {what}: {e}");
-        match std::fs::DirBuilder::new().mode(0o711).create(&base) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(cannot(&base.display().to_string(), e)),
-        }
-        // A directory someone else made (or made readable) in its place
-        // would let them find the files: refused.
-        let meta = std::fs::symlink_metadata(&base).map_err(|e| cannot("its directory", e))?;
-        if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o066 != 0 {
-            return Err(format!(
-                "cannot make the outputs file: {} is not a directory of this server's user that only it may list",
-                base.display()
-            ));
-        }
-        // Others pass through it (a task's user reaches its own directory),
-        // whatever the umask made of it.
-        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o711))
-            .map_err(|e| cannot("its directory", e))?;
-        let dir = base.join(random_name().map_err(|e| cannot("a random name", e))?);
+        let dir = base()?.join(random_name().map_err(|e| cannot("a random name", e))?);
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&dir)
+            .map_err(|e| cannot("the attempt's directory", e))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
             .map_err(|e| cannot("the attempt's directory", e))?;
         let made = OutputsFile {
             file: dir.join("outputs"),
@@ -77,10 +86,8 @@ impl OutputsFile {
             .open(&made.file)
             .map_err(|e| cannot("the file", e))?;
         if let Some(user) = user {
-            for path in [&made.dir, &made.file] {
-                std::os::unix::fs::chown(path, Some(user.uid), Some(user.gid))
-                    .map_err(|e| cannot("giving it to the task's user", e))?;
-            }
+            std::os::unix::fs::chown(&made.file, Some(user.uid), Some(user.gid))
+                .map_err(|e| cannot("giving it to the task's user", e))?;
         }
         Ok(made)
     }

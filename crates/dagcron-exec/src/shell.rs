@@ -84,7 +84,10 @@ pub(crate) async fn run(
     let mut command = if cmd.args.is_empty() {
         let mut c = Command::new("/bin/sh");
         // Parameters are data, never shell code: each is one quoted word.
-        c.arg("-c").arg(ctx.substitute_shell(&cmd.command));
+        match ctx.substitute_shell(&cmd.command) {
+            Ok(script) => c.arg("-c").arg(script),
+            Err(why) => return Outcome::not_started(ctx.secrets.redact_str(&why)),
+        };
         c
     } else {
         let mut c = Command::new(ctx.substitute(&cmd.command));

@@ -78,10 +78,10 @@ fn environment(spec: &WasmSpec, ctx: &AttemptContext) -> Result<Vec<(String, Str
 /// outside `wasm_modules`, a directory grant outside `wasm_dirs` (or
 /// `wasm_write_dirs`), a host variable not in `wasm_env`; and, whatever
 /// the policy says, a module or directory that is one of the server's
-/// hidden files or holds one.
+/// hidden files or holds one, and a directory that holds the attempts'
+/// outputs files or is inside it.
 #[cfg(feature = "wasm")]
 fn check_policy(spec: &WasmSpec, ctx: &AttemptContext) -> Result<(), String> {
-    use dagcron_core::exec_policy::within;
     use std::path::Path;
     let real = |p: &str| {
         Path::new(p)
@@ -109,10 +109,33 @@ fn check_policy(spec: &WasmSpec, ctx: &AttemptContext) -> Result<(), String> {
             ));
         }
     }
-    let Some(policy) = &ctx.policy else {
-        return Ok(());
-    };
-    if !within(&module, &policy.wasm_modules) {
+    if let Some(policy) = &ctx.policy {
+        check_grants(spec, &module, policy, real)?;
+    }
+    // The attempts' outputs files, a module's own aside, are no task's.
+    let outputs = crate::outputs::base()?;
+    for dir in &spec.grants.dirs {
+        let host = real(&dir.host);
+        if outputs.starts_with(&host) || Path::new(&host).starts_with(outputs) {
+            return Err(format!(
+                "the grant of {:?} would show other attempts' outputs files",
+                dir.host
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What the namespace's `policy` lets a module read and be granted.
+#[cfg(feature = "wasm")]
+fn check_grants(
+    spec: &WasmSpec,
+    module: &str,
+    policy: &dagcron_core::exec_policy::ExecPolicy,
+    real: impl Fn(&str) -> String,
+) -> Result<(), String> {
+    use dagcron_core::exec_policy::within;
+    if !within(module, &policy.wasm_modules) {
         return Err(format!(
             "{:?} is outside the directories the namespace's policy lets modules be read from",
             spec.module

@@ -656,6 +656,36 @@ mod wasm {
         }
     }
 
+    /// A grant of the temporary directory would show every attempt's
+    /// outputs file to the module (it runs as the server): refused,
+    /// whatever the namespace's policy.
+    #[tokio::test]
+    async fn a_module_is_never_granted_the_outputs_files_of_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let module = dir.path().join("write.wat");
+        std::fs::write(&module, WRITE_OUTPUTS).unwrap();
+        let mut task = spec(&module);
+        task.grants.dirs = vec![dagcron_core::wasm::DirGrant {
+            host: std::env::temp_dir().display().to_string(),
+            guest: "/tmp".into(),
+            write: true,
+        }];
+        let out = run(
+            &Executor::Wasm(task),
+            &ctx(),
+            None,
+            CancellationToken::new(),
+            Limits::default(),
+        )
+        .await;
+        assert!(
+            matches!(out.ending, Ending::Failed(Failure::Error(_))),
+            "{out:?}"
+        );
+        assert!(out.error.unwrap().contains("other attempts' outputs files"));
+        assert!(out.log.is_empty());
+    }
+
     #[tokio::test]
     async fn a_missing_secret_fails_before_the_module_starts() {
         let dir = tempfile::tempdir().unwrap();

@@ -267,19 +267,14 @@ async fn a_timeout_kills_the_task_and_what_it_left_behind() {
 
 /// Another task (the same unprivileged user, another namespace) can find
 /// no outputs file to write into: the directory holding them cannot be
-/// listed, and the attempts' own names cannot be guessed. A task still
-/// writes its own.
+/// listed, and the attempts' own names cannot be guessed; nor can a task
+/// put anything beside its own file. A task still writes its own.
 #[tokio::test]
 async fn a_task_cannot_reach_another_tasks_outputs_file() {
-    let base = std::env::temp_dir().join(format!(
-        "dagcron-outputs-{}",
-        nix::unistd::geteuid().as_raw()
-    ));
-    let script = format!(
-        "echo mine=1 >> $DAGCRON_OUTPUTS; ls {b} && echo LISTED; for f in {b}/*/outputs; do echo stolen=1 >> \"$f\" && echo WROTE; done; true",
-        b = base.display()
-    );
-    let (out, log) = go(&sh(&script), &ctx()).await;
+    let script = "echo mine=1 >> $DAGCRON_OUTPUTS; own=$(dirname $DAGCRON_OUTPUTS); base=$(dirname $own); \
+        ls $base && echo LISTED; for f in $base/*/outputs; do echo stolen=1 >> \"$f\" && echo WROTE; done; \
+        touch $own/other && echo CREATED; ln -sf /etc/passwd $own/link && echo LINKED; true";
+    let (out, log) = go(&sh(script), &ctx()).await;
     assert_eq!(out.ending, Ending::Succeeded, "{log}");
     assert_eq!(
         out.outputs.get("mine").map(String::as_str),
@@ -288,10 +283,8 @@ async fn a_task_cannot_reach_another_tasks_outputs_file() {
     );
     assert!(!out.outputs.contains_key("stolen"), "{log}");
     if root() {
-        assert!(
-            !log.contains("LISTED"),
-            "the outputs directory was listed: {log}"
-        );
-        assert!(!log.contains("WROTE"), "{log}");
+        for what in ["LISTED", "WROTE", "CREATED", "LINKED"] {
+            assert!(!log.contains(what), "{what}: {log}");
+        }
     }
 }
