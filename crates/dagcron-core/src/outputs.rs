@@ -27,6 +27,28 @@ pub const MAX_KEY: usize = 64;
 /// The most bytes of names and values, together, one attempt may write.
 pub const MAX_TOTAL: usize = 64 * 1024;
 
+/// The most bytes of names and values the tasks of one run may hand
+/// downstream together: a run keeps its outputs with it (in memory while it
+/// runs, in its stored row), so they are bounded per run as well.
+pub const MAX_RUN_TOTAL: usize = 1024 * 1024;
+
+/// The bytes of names and values of `outputs`.
+pub fn size(outputs: &Outputs) -> usize {
+    outputs.iter().map(|(k, v)| k.len() + v.len()).sum()
+}
+
+/// Whether a task may add `outputs` to a run whose other tasks hold
+/// `others` bytes of outputs: refused beyond [`MAX_RUN_TOTAL`].
+pub fn within_run(outputs: &Outputs, others: usize) -> Result<(), OutputsError> {
+    let total = others + size(outputs);
+    if total > MAX_RUN_TOTAL {
+        return Err(OutputsError(format!(
+            "the run's tasks would hold {total} bytes of outputs; at most {MAX_RUN_TOTAL} are taken"
+        )));
+    }
+    Ok(())
+}
+
 /// Why a task's outputs are refused.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutputsError(pub String);
@@ -111,10 +133,11 @@ pub fn parse(bytes: &[u8]) -> Result<Outputs, OutputsError> {
             } else if let Some((key, value)) = line.split_once('=') {
                 out.insert(key.trim().to_string(), value.to_string());
             } else {
+                // The line itself is not quoted: it may be a secret
+                // written there by mistake.
                 return bad(format!(
-                    "line {}: expected key=value (or key<<END, lines, END), found {:?}",
-                    n + 1,
-                    cut(line, 60)
+                    "line {}: expected key=value (or key<<END, lines, END)",
+                    n + 1
                 ));
             }
         }
@@ -132,7 +155,6 @@ pub fn check(outputs: &Outputs) -> Result<(), OutputsError> {
             outputs.len()
         )));
     }
-    let mut total = 0;
     for (k, v) in outputs {
         if !valid_key(k) {
             return Err(OutputsError(format!(
@@ -143,8 +165,8 @@ pub fn check(outputs: &Outputs) -> Result<(), OutputsError> {
         if v.contains('\0') {
             return Err(OutputsError(format!("the value of {k} holds a NUL byte")));
         }
-        total += k.len() + v.len();
     }
+    let total = size(outputs);
     if total > MAX_TOTAL {
         return Err(OutputsError(format!(
             "{total} bytes of names and values; at most {MAX_TOTAL} are taken"
@@ -207,10 +229,9 @@ pub fn references(text: &str) -> Vec<Result<Ref, String>> {
     out
 }
 
-/// `<task>.outputs.<key>` as a reference.
+/// `<task>.outputs.<key>` as a reference (a task id may hold dots).
 pub(crate) fn reference(path: &str) -> Option<Ref> {
-    let (task, rest) = path.split_once('.')?;
-    let key = rest.strip_prefix("outputs.")?;
+    let (task, key) = path.split_once(".outputs.")?;
     (!task.is_empty() && valid_key(key)).then(|| Ref {
         task: task.to_string(),
         key: key.to_string(),
@@ -295,6 +316,14 @@ mod tests {
                     key: "f".into()
                 })
             ]
+        );
+        assert_eq!(
+            references("{{tasks.load.eu.outputs.rows}}"),
+            [Ok(Ref {
+                task: "load.eu".into(),
+                key: "rows".into()
+            })],
+            "a task id with a dot"
         );
         let found = references("{{tasks.a.rows}} {{tasks.a.outputs.}} {{tasks.b.outputs.x}}");
         assert!(

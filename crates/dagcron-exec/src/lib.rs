@@ -157,6 +157,9 @@ impl SecretValues {
         for v in self.0.values().filter(|v| v.len() >= MIN_REDACTED) {
             let b64 = base64(v.as_bytes());
             out.push(v.as_bytes().to_vec());
+            // As a JSON string writes it (outputs that are JSON values).
+            let json = serde_json::to_string(v).expect("strings serialize");
+            out.push(json.as_bytes()[1..json.len() - 1].to_vec());
             out.push(b64.trim_end_matches('=').as_bytes().to_vec());
             out.push(b64.into_bytes());
             out.push(url_encode(v).into_bytes());
@@ -725,6 +728,12 @@ mod tests {
         assert_eq!(
             secrets.redact_str(text),
             "plain ***, base64 ***, url ***, ab"
+        );
+        // As a JSON string writes it: a secret with a quote or a backslash.
+        let quoted = SecretValues(BTreeMap::from([("k".into(), r#"pa"ss\word"#.into())]));
+        assert_eq!(
+            quoted.redact_str(r#"{"dsn": "u:pa\"ss\\word@h"}"#),
+            r#"{"dsn": "u:***@h"}"#
         );
         assert_eq!(format!("{secrets:?}"), r#"["k", "short"]"#, "never printed");
         assert_eq!(base64(b"hello"), "aGVsbG8=");

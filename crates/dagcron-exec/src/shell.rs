@@ -268,16 +268,20 @@ pub(crate) async fn run(
             ),
         },
     };
-    // What the task wrote counts only if it ended well; a success whose
-    // outputs are refused fails, saying why.
+    // What the task wrote counts only if it ended well (a failed attempt
+    // hands nothing downstream); a success whose outputs are refused
+    // fails, saying why.
     let (ending, error, outputs) = match (ending, outputs_file.read()) {
         (Ending::Succeeded, Ok(o)) => (Ending::Succeeded, error, o),
-        (Ending::Succeeded, Err(why)) => (
-            Ending::Failed(Failure::Error(why.clone())),
-            Some(why),
-            Default::default(),
-        ),
-        (ending, read) => (ending, error, read.unwrap_or_default()),
+        (Ending::Succeeded, Err(why)) => {
+            let why = ctx.secrets.redact_str(&why);
+            (
+                Ending::Failed(Failure::Error(why.clone())),
+                Some(why),
+                Default::default(),
+            )
+        }
+        (ending, _) => (ending, error, Default::default()),
     };
     drop(outputs_file);
     Outcome {

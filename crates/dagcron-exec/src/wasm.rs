@@ -250,14 +250,11 @@ pub(crate) async fn run(
         (dagcron_wasm::Ending::Exited(0), Err(why)) => {
             return Outcome {
                 exit_code: Some(0),
-                ..failed(why, None, report.log)
+                ..failed(ctx.secrets.redact_str(&why), None, report.log)
             };
         }
-        (dagcron_wasm::Ending::Exited(code), read) => {
-            return Outcome {
-                outputs: ctx.secrets.redact_outputs(read.unwrap_or_default()),
-                ..failed(format!("exit status {code}"), Some(code), report.log)
-            };
+        (dagcron_wasm::Ending::Exited(code), _) => {
+            return failed(format!("exit status {code}"), Some(code), report.log);
         }
         (dagcron_wasm::Ending::TimedOut, _) => (
             Ending::TimedOut,

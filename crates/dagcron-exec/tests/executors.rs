@@ -842,7 +842,7 @@ async fn a_shell_task_hands_outputs_through_its_file() {
 }
 
 #[tokio::test]
-async fn outputs_a_task_cannot_hand_fail_it_and_a_failed_task_keeps_what_it_wrote() {
+async fn outputs_a_task_cannot_hand_fail_it_and_a_failed_task_hands_none() {
     let cases = [
         (
             "echo 'rows 42' > $DAGCRON_OUTPUTS",
@@ -885,11 +885,11 @@ async fn outputs_a_task_cannot_hand_fail_it_and_a_failed_task_keeps_what_it_wrot
     // A task that removed its file has no outputs, and that is no error.
     let out = go(&sh("rm $DAGCRON_OUTPUTS"), &ctx()).await;
     assert_eq!(out.ending, Ending::Succeeded);
-    // A failed task's outputs are kept for its record; refused ones do
-    // not hide its own failure.
+    // A failed task hands nothing downstream; refused outputs do not hide
+    // its own failure.
     let out = go(&sh("echo rows=1 > $DAGCRON_OUTPUTS; exit 3"), &ctx()).await;
     assert_eq!(out.ending, Ending::Failed(Failure::Exit(Some(3))));
-    assert_eq!(out.outputs, outputs(&[("rows", "1")]));
+    assert!(out.outputs.is_empty());
     let out = go(&sh("echo 'bad line' > $DAGCRON_OUTPUTS; exit 3"), &ctx()).await;
     assert_eq!(out.ending, Ending::Failed(Failure::Exit(Some(3))));
 }

@@ -3611,3 +3611,43 @@ jobs:
     );
     h.stop().await;
 }
+
+/// A run's tasks hold at most 1 MiB of outputs together: of seventeen
+/// tasks handing 64,001 bytes each, the one whose outputs would pass the
+/// bound fails, saying why, whichever it is.
+#[tokio::test]
+async fn a_runs_outputs_are_bounded_as_a_whole() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    let tasks: String = (0..17)
+        .map(|i| {
+            format!("      - {{ id: t{i}, shell: \"head -c 64000 /dev/zero | tr '\\\\0' x | sed 's/^/v=/' > $DAGCRON_OUTPUTS\" }}\n")
+        })
+        .collect();
+    h.apply(&format!(
+        "namespace: t\njobs:\n  - name: big\n    tasks:\n{tasks}"
+    ))
+    .await;
+    let run = h.handle.trigger("t", "big", BTreeMap::new()).await.unwrap();
+    h.idle().await;
+    let r = h.store.get_run(run).await.unwrap().unwrap();
+    let failed: Vec<&str> = r
+        .tasks
+        .iter()
+        .filter(|t| t.state == TaskState::Failed)
+        .map(|t| t.attempts[0].error.as_deref().unwrap_or(""))
+        .collect();
+    assert_eq!(failed.len(), 1, "{r:?}");
+    assert!(
+        failed[0].contains("at most 1048576 are taken"),
+        "{}",
+        failed[0]
+    );
+    let held: usize = r
+        .tasks
+        .iter()
+        .filter_map(|t| t.outputs())
+        .map(dagcron_core::outputs::size)
+        .sum();
+    assert_eq!(held, 16 * 64_001);
+    h.stop().await;
+}

@@ -463,6 +463,16 @@ fn check_task(
                 format!("{c} is not an exit code that means anything but success (1 to 255)"),
             );
         }
+        // The shell's own: the command could not be run, or not found.
+        if let Some(c) = t.skip_on_exit_code.iter().find(|c| matches!(c, 126 | 127)) {
+            problem(
+                errors,
+                format!("{path}.skip_on_exit_code"),
+                format!(
+                    "{c} is the shell's (a command that could not run or was not found), never a skip: pick another code"
+                ),
+            );
+        }
     }
     executor.map(|executor| Task {
         id: t.id.clone(),
@@ -543,6 +553,23 @@ fn check_reads(
         .enumerate()
         .map(|(i, t)| (t.id.as_str(), i))
         .collect();
+    // Tasks whose outputs would become the same variables.
+    let mut prefixes: BTreeMap<String, &str> = BTreeMap::new();
+    for (i, t) in spec.tasks.iter().enumerate() {
+        if let Some(other) = prefixes.insert(crate::outputs::env_name(&t.id, ""), &t.id) {
+            problem(
+                errors,
+                format!("{at}.tasks[{i}].id"),
+                format!(
+                    "tasks `{other}` and `{}` would hand their outputs in the same variables (DAGCRON_OUTPUT_{}_...): rename one",
+                    t.id,
+                    crate::outputs::env_name(&t.id, "")
+                        .trim_start_matches("DAGCRON_OUTPUT_")
+                        .trim_end_matches('_')
+                ),
+            );
+        }
+    }
     for (i, t) in spec.tasks.iter().enumerate() {
         let path = format!("{at}.tasks[{i}]");
         let mut refs: Vec<(String, crate::outputs::Ref)> = Vec::new();

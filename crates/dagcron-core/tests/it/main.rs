@@ -616,3 +616,22 @@ jobs:
         ]
     );
 }
+
+#[test]
+fn output_variables_never_collide_and_the_shells_codes_are_no_skip() {
+    let yaml = r#"
+jobs:
+  - name: j
+    tasks:
+      - { id: load-eu, shell: "true", skip_on_exit_code: [127] }
+      - { id: load_eu, shell: "true", skip_on_exit_code: [3, 126] }
+"#;
+    expect_test::expect![[r#"
+        [
+            "jobs[0].tasks[0].skip_on_exit_code: 127 is the shell's (a command that could not run or was not found), never a skip: pick another code",
+            "jobs[0].tasks[1].skip_on_exit_code: 126 is the shell's (a command that could not run or was not found), never a skip: pick another code",
+            "jobs[0].tasks[1].id: tasks `load-eu` and `load_eu` would hand their outputs in the same variables (DAGCRON_OUTPUT_LOAD_EU_...): rename one",
+        ]
+    "#]]
+    .assert_debug_eq(&errors(yaml));
+}

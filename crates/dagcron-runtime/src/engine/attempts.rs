@@ -349,6 +349,7 @@ impl<S: Store> Engine<S> {
             }
             // Run for another node: record the result; the run's owner
             // decides what follows. A stale result is refused by the store.
+            let outcome = within_run(outcome, foreign.outputs_held);
             let to = end_of(outcome.ending.clone(), &foreign.skip_on_exit_code).attempt_state();
             if let Some(m) = &self.config.metrics {
                 m.attempt_ended(&foreign.key, foreign.executor, to);
@@ -403,6 +404,7 @@ impl<S: Store> Engine<S> {
             self.step(id, Event::Abandoned { task: i, number }, at, Some(outcome));
             return;
         }
+        let outcome = within_run(outcome, outputs_held(&run.outputs, i));
         let end = end_of(outcome.ending.clone(), &run.job.tasks[i].skip_on_exit_code);
         let event = Event::AttemptEnded {
             task: i,

@@ -251,6 +251,32 @@ fn end_of(ending: Ending, skip_on_exit_code: &[i32]) -> End {
     }
 }
 
+/// `outcome` of an attempt of a run whose other tasks hold `others` bytes
+/// of outputs: a success whose outputs would take the run past its bound
+/// fails, saying why (see [`dagcron_core::outputs::within_run`]).
+fn within_run(outcome: Outcome, others: usize) -> Outcome {
+    match dagcron_core::outputs::within_run(&outcome.outputs, others) {
+        Err(e) if outcome.ending == Ending::Succeeded => Outcome {
+            ending: Ending::Failed(Failure::Error(e.to_string())),
+            error: Some(e.to_string()),
+            outputs: Default::default(),
+            ..outcome
+        },
+        _ => outcome,
+    }
+}
+
+/// The bytes of outputs the tasks of a run hold, `task`'s aside.
+fn outputs_held(outputs: &[Option<Arc<dagcron_core::outputs::Outputs>>], task: usize) -> usize {
+    outputs
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != task)
+        .filter_map(|(_, o)| o.as_deref())
+        .map(dagcron_core::outputs::size)
+        .sum()
+}
+
 /// The outputs of each task of `job`, by index, as a run's stored `tasks`
 /// have them.
 fn stored_outputs(
@@ -905,6 +931,8 @@ struct Foreign {
     number: u32,
     /// Its task's exit codes that skip it.
     skip_on_exit_code: Vec<i32>,
+    /// The bytes of outputs the run's other tasks held when it was claimed.
+    outputs_held: usize,
     token: CancellationToken,
     /// Its run's owner withdrew it (the store has it cancelled already).
     withdrawn: bool,

@@ -503,15 +503,21 @@ impl<S: Store> Engine<S> {
         let job = run.job.clone();
         let mut effects = Vec::new();
         let rng = &mut self.rng;
+        // The outputs of the task's current attempt that succeeded (a
+        // stale attempt's are not taken).
         if let Some(o) = &outcome
             && let Event::AttemptEnded {
                 task,
+                number,
                 end: End::Succeeded,
                 ..
             } = &event
-            && !o.outputs.is_empty()
+            && run
+                .machine
+                .attempt(*task)
+                .is_some_and(|a| a.number == *number)
         {
-            run.outputs[*task] = Some(Arc::new(o.outputs.clone()));
+            run.outputs[*task] = (!o.outputs.is_empty()).then(|| Arc::new(o.outputs.clone()));
         }
         let data = dagcron_core::run::RunData {
             params: &run.params,

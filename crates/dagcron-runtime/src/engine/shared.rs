@@ -223,6 +223,12 @@ impl<S: Store> Engine<S> {
                 task: claim.task,
                 number: claim.number,
                 skip_on_exit_code: job.tasks[i].skip_on_exit_code.clone(),
+                outputs_held: claim
+                    .outputs
+                    .iter()
+                    .filter(|(task, _)| **task != job.tasks[i].id)
+                    .map(|(_, o)| dagcron_core::outputs::size(o))
+                    .sum(),
                 token: token.clone(),
                 withdrawn: false,
             },
@@ -285,9 +291,9 @@ impl<S: Store> Engine<S> {
             }
         };
         self.cluster.shared.remove(&(id, i));
-        if end == End::Succeeded && !remote.outputs.is_empty() {
+        if end == End::Succeeded {
             let run = self.runs.table.get_mut(&id).expect("run");
-            run.outputs[i] = Some(Arc::new(remote.outputs));
+            run.outputs[i] = (!remote.outputs.is_empty()).then(|| Arc::new(remote.outputs));
         }
         let ended = Event::AttemptEnded {
             task: i,
