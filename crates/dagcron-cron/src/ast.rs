@@ -239,6 +239,8 @@ pub(crate) enum Body {
     Every { seconds: i64, span: Span },
     /// `@at <RFC 3339 instant>`: one fire, at this Unix second.
     At { second: i64, span: Span },
+    /// An RFC 5545 recurrence rule, as written.
+    Rule(Box<crate::rrule::Rrule>),
 }
 
 /// A parsed cron expression.
@@ -267,7 +269,7 @@ impl Ast {
                     written: slot.written,
                 })
             }
-            Body::Every { .. } | Body::At { .. } => None,
+            Body::Every { .. } | Body::At { .. } | Body::Rule(_) => None,
         }
     }
 
@@ -288,7 +290,7 @@ impl Ast {
     pub fn descriptor(&self) -> Option<Descriptor> {
         match &self.body {
             Body::Fields { descriptor, .. } => *descriptor,
-            Body::Every { .. } | Body::At { .. } => None,
+            Body::Every { .. } | Body::At { .. } | Body::Rule(_) => None,
         }
     }
 
@@ -296,8 +298,13 @@ impl Ast {
     pub fn every_seconds(&self) -> Option<i64> {
         match &self.body {
             Body::Every { seconds, .. } => Some(*seconds),
-            Body::Fields { .. } | Body::At { .. } => None,
+            Body::Fields { .. } | Body::At { .. } | Body::Rule(_) => None,
         }
+    }
+
+    /// Whether the schedule is an RFC 5545 recurrence rule.
+    pub fn is_rule(&self) -> bool {
+        matches!(self.body, Body::Rule(_))
     }
 
     /// The instant of an `@at` expression.

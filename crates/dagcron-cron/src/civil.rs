@@ -27,6 +27,29 @@ pub(crate) enum Search {
     Exhausted,
 }
 
+/// A set of civil seconds the zone walker can search: a compiled cron
+/// expression or a recurrence rule.
+pub(crate) trait CivilSet {
+    /// The first member in `[from, limit)`.
+    fn next(&self, from: i64, limit: i64) -> Search;
+    /// The last member in `[limit, from]`.
+    fn prev(&self, from: i64, limit: i64) -> Search;
+    /// Whether `secs` is a member.
+    fn matches_civil(&self, secs: i64) -> bool;
+}
+
+impl CivilSet for Compiled {
+    fn next(&self, from: i64, limit: i64) -> Search {
+        Compiled::next(self, from, limit)
+    }
+    fn prev(&self, from: i64, limit: i64) -> Search {
+        Compiled::prev(self, from, limit)
+    }
+    fn matches_civil(&self, secs: i64) -> bool {
+        Compiled::matches_civil(self, secs)
+    }
+}
+
 /// Years 1970-2099 as a bit set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct YearSet([u64; 3]);

@@ -57,6 +57,9 @@ pub enum ErrorKind {
     TimeZone,
     /// A valid expression that can never fire.
     NeverFires,
+    /// A malformed recurrence rule (`RRULE:`): a property, part or
+    /// combination RFC 5545 does not allow.
+    Recurrence,
 }
 
 /// An error found while parsing a cron expression.

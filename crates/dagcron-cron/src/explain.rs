@@ -4,7 +4,7 @@
 use crate::ast::{Field, FieldKind, Item, ItemKind, StepBase};
 use crate::schedule::Schedule;
 
-const MONTH_NAMES: [&str; 12] = [
+pub(crate) const MONTH_NAMES: [&str; 12] = [
     "January",
     "February",
     "March",
@@ -18,7 +18,7 @@ const MONTH_NAMES: [&str; 12] = [
     "November",
     "December",
 ];
-const WEEKDAY_NAMES: [&str; 7] = [
+pub(crate) const WEEKDAY_NAMES: [&str; 7] = [
     "Sunday",
     "Monday",
     "Tuesday",
@@ -28,7 +28,7 @@ const WEEKDAY_NAMES: [&str; 7] = [
     "Saturday",
 ];
 
-fn ordinal(n: u32) -> String {
+pub(crate) fn ordinal(n: u32) -> String {
     let suffix = match (n % 10, n % 100) {
         (1, x) if x != 11 => "st",
         (2, x) if x != 12 => "nd",
@@ -39,7 +39,7 @@ fn ordinal(n: u32) -> String {
 }
 
 /// "a", "a and b", "a, b and c".
-fn join(parts: &[String]) -> String {
+pub(crate) fn join(parts: &[String]) -> String {
     match parts {
         [] => String::new(),
         [one] => one.clone(),
@@ -298,7 +298,9 @@ pub(crate) fn explain(schedule: &Schedule) -> String {
         let at = jiff::Timestamp::from_second(at).expect("a parsed instant");
         return format!("once, at {at}");
     }
-    let mut out = if let Some((period, anchor)) = schedule.every() {
+    let mut out = if let Some(rule) = schedule.rule() {
+        rule.explain()
+    } else if let Some((period, anchor)) = schedule.every() {
         let mut s = if period == 1 {
             "every second".to_string()
         } else {

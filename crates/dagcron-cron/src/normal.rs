@@ -5,6 +5,7 @@
 //! It round-trips: parsing the normal form gives the same schedule, including
 //! the wall-clock/rhythm distinction that decides daylight-saving behaviour.
 
+use crate::ast::Body;
 use crate::civil::Compiled;
 use crate::schedule::Schedule;
 
@@ -137,6 +138,9 @@ fn join_field(plain: String, specials: Vec<String>) -> String {
 pub(crate) fn normalized(schedule: &Schedule) -> String {
     let mut out = String::new();
     let tz = schedule.time_zone();
+    if let Body::Rule(rule) = &schedule.ast().body {
+        return rule.normalized(tz.iana_name().filter(|n| *n != "UTC"));
+    }
     if let Some(name) = tz.iana_name().filter(|n| *n != "UTC") {
         out.push_str(&format!("CRON_TZ={name} "));
     }

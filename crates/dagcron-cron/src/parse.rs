@@ -94,7 +94,7 @@ pub(crate) fn parse(src: &str, seed: u64) -> Result<Ast, ParseError> {
     Ok(Ast { time_zone, body })
 }
 
-fn check_ascii(src: &str) -> Result<(), ParseError> {
+pub(crate) fn check_ascii(src: &str) -> Result<(), ParseError> {
     if src.is_ascii()
         && !src
             .bytes()

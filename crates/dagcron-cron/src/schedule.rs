@@ -5,8 +5,9 @@ use jiff::Timestamp;
 use jiff::tz::TimeZone;
 
 use crate::ast::{Ast, Body, FieldKind};
-use crate::civil::Compiled;
+use crate::civil::{CivilSet, Compiled};
 use crate::error::ParseError;
+use crate::rrule::Rrule;
 use crate::zone::{DstGap, DstNote, DstOverlap, Policy, Walker};
 
 /// Options that the expression itself does not carry.
@@ -48,6 +49,7 @@ pub struct Fire {
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Kind {
     Cron(Compiled),
+    Rule(Box<Rrule>),
     Every { period: i64, anchor: i64 },
     At(i64),
 }
@@ -100,6 +102,9 @@ impl Schedule {
 
     /// Parses an expression with the given options.
     pub fn parse_with(expr: &str, options: &Options) -> Result<Schedule, ParseError> {
+        if crate::rrule::looks_like_rule(expr) {
+            return Schedule::parse_rule(expr, options);
+        }
         let ast = crate::parse::parse(expr, options.hash_seed)?;
         let tz = match &ast.time_zone {
             Some((name, span)) => crate::zone::lookup(name, *span)?,
@@ -118,6 +123,7 @@ impl Schedule {
                 )
             }
             Body::At { second, .. } => (Kind::At(*second), false),
+            Body::Rule(_) => unreachable!("rules are parsed by parse_rule"),
             Body::Fields { .. } => {
                 let compiled = Compiled::new(&ast)?;
                 let plain = [FieldKind::Second, FieldKind::Minute, FieldKind::Hour]
@@ -132,18 +138,7 @@ impl Schedule {
                 (Kind::Cron(compiled), plain)
             }
         };
-        let policy = Policy {
-            gap: options.dst_gap.unwrap_or(if wall_clock {
-                DstGap::Shift
-            } else {
-                DstGap::Skip
-            }),
-            overlap: options.dst_overlap.unwrap_or(if wall_clock {
-                DstOverlap::First
-            } else {
-                DstOverlap::Both
-            }),
-        };
+        let policy = Policy::defaults(wall_clock, options);
         Ok(Schedule {
             ast,
             table: Timetable {
@@ -152,6 +147,46 @@ impl Schedule {
                 fixed,
                 wall_clock,
                 policy,
+            },
+        })
+    }
+
+    /// An RFC 5545 recurrence rule (`RRULE:`, with optional `DTSTART`,
+    /// `EXDATE` and `RDATE` lines). Daily and coarser rules name wall-clock
+    /// times; hourly and finer ones are rhythms (see the DST defaults).
+    fn parse_rule(expr: &str, options: &Options) -> Result<Schedule, ParseError> {
+        if expr.len() > crate::rrule::MAX_RULE_LEN {
+            return Err(ParseError::new(
+                crate::ErrorKind::TooLong,
+                crate::Span::new(crate::rrule::MAX_RULE_LEN, expr.len()),
+                format!(
+                    "the rule is {} bytes long; at most {} are accepted",
+                    expr.len(),
+                    crate::rrule::MAX_RULE_LEN
+                ),
+            ));
+        }
+        crate::parse::check_ascii(expr)?;
+        let rule = crate::rrule::parse(expr)?;
+        let tz = match &rule.tzid {
+            Some((name, span)) => crate::zone::lookup(name, *span)?,
+            None => options.time_zone.clone(),
+        };
+        let mut compiled = rule.clone();
+        compiled.compile(&tz)?;
+        let wall_clock = !compiled.freq.sub_daily();
+        let fixed = tz.to_fixed_offset().ok().map(|o| i64::from(o.seconds()));
+        Ok(Schedule {
+            ast: Ast {
+                time_zone: rule.tzid.clone(),
+                body: Body::Rule(Box::new(rule)),
+            },
+            table: Timetable {
+                kind: Kind::Rule(Box::new(compiled)),
+                tz,
+                fixed,
+                wall_clock,
+                policy: Policy::defaults(wall_clock, options),
             },
         })
     }
@@ -192,14 +227,22 @@ impl Timetable {
     pub(crate) fn compiled(&self) -> Option<&Compiled> {
         match &self.kind {
             Kind::Cron(c) => Some(c),
-            Kind::Every { .. } | Kind::At(_) => None,
+            Kind::Rule(_) | Kind::Every { .. } | Kind::At(_) => None,
+        }
+    }
+
+    /// The compiled recurrence rule, for a rule.
+    pub(crate) fn rule(&self) -> Option<&Rrule> {
+        match &self.kind {
+            Kind::Rule(r) => Some(r),
+            _ => None,
         }
     }
 
     pub(crate) fn every(&self) -> Option<(i64, i64)> {
         match self.kind {
             Kind::Every { period, anchor } => Some((period, anchor)),
-            Kind::Cron(_) | Kind::At(_) => None,
+            _ => None,
         }
     }
 
@@ -212,7 +255,11 @@ impl Timetable {
     }
 
     fn walker(&self) -> Walker<'_> {
-        let compiled = self.compiled().expect("walker is for cron fields");
+        let compiled: &dyn CivilSet = match &self.kind {
+            Kind::Cron(c) => c,
+            Kind::Rule(r) => r.as_ref(),
+            Kind::Every { .. } | Kind::At(_) => unreachable!("walker is for cron fields and rules"),
+        };
         Walker {
             compiled,
             tz: &self.tz,
@@ -257,12 +304,17 @@ impl Timetable {
         } else {
             t.as_second() - 1
         };
+        // A rule's UNTIL given in UTC bounds its fires as an instant.
+        let from = match self.rule().and_then(|r| r.c.end_instant) {
+            Some(end) => from.min(end),
+            None => from,
+        };
         self.fires(from, false)
     }
 
     fn fires(&self, from: i64, forward: bool) -> Fires<'_> {
         let state = match &self.kind {
-            Kind::Cron(_) => State::Cron(self.walker()),
+            Kind::Cron(_) | Kind::Rule(_) => State::Cron(self.walker()),
             Kind::Every { .. } => State::Every,
             Kind::At(_) => State::At,
         };
@@ -337,6 +389,16 @@ impl Iterator for Fires<'_> {
             self.next = None;
             return None;
         };
+        let past_end = self.forward
+            && self
+                .schedule
+                .rule()
+                .and_then(|r| r.c.end_instant)
+                .is_some_and(|end| at > end);
+        if past_end {
+            self.next = None;
+            return None;
+        }
         let Ok(ts) = Timestamp::from_second(at) else {
             self.next = None;
             return None;

@@ -14,7 +14,7 @@
 use jiff::Timestamp;
 use jiff::tz::TimeZone;
 
-use crate::civil::{Compiled, Search};
+use crate::civil::{CivilSet, Search};
 use crate::error::{ErrorKind, ParseError, Span};
 
 /// What a fire does with wall-clock times that a spring-forward gap skips.
@@ -163,6 +163,25 @@ pub(crate) struct Policy {
     pub(crate) overlap: DstOverlap,
 }
 
+impl Policy {
+    /// The options' overrides, else shift and first for wall-clock times,
+    /// skip and both for rhythms.
+    pub(crate) fn defaults(wall_clock: bool, options: &crate::Options) -> Policy {
+        Policy {
+            gap: options.dst_gap.unwrap_or(if wall_clock {
+                DstGap::Shift
+            } else {
+                DstGap::Skip
+            }),
+            overlap: options.dst_overlap.unwrap_or(if wall_clock {
+                DstOverlap::First
+            } else {
+                DstOverlap::Both
+            }),
+        }
+    }
+}
+
 /// The civil range `[lo, hi)` that this segment is responsible for, after the
 /// overlap policy removed the occurrences that belong to a neighbour.
 fn civil_range(seg: &Segment, policy: Policy) -> (i64, i64) {
@@ -181,7 +200,7 @@ fn civil_range(seg: &Segment, policy: Policy) -> (i64, i64) {
 
 /// If the segment starts after a gap and the policy shifts, whether the gap
 /// held a matching local time, and so whether `seg.start` fires.
-fn gap_fire(c: &Compiled, seg: &Segment, policy: Policy) -> Option<DstNote> {
+fn gap_fire(c: &dyn CivilSet, seg: &Segment, policy: Policy) -> Option<DstNote> {
     if policy.gap != DstGap::Shift || seg.offset <= seg.prev_offset || seg.start == i64::MIN {
         return None;
     }
@@ -219,7 +238,7 @@ fn fold_note(seg: &Segment, civil: i64, policy: Policy) -> Option<DstNote> {
 /// The search state over one zone; it caches the current segment so that
 /// iterating fires does not look transitions up again.
 pub(crate) struct Walker<'a> {
-    pub(crate) compiled: &'a Compiled,
+    pub(crate) compiled: &'a dyn CivilSet,
     pub(crate) tz: &'a TimeZone,
     pub(crate) fixed: Option<i64>,
     pub(crate) policy: Policy,

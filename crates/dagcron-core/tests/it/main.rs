@@ -635,3 +635,41 @@ jobs:
     "#]]
     .assert_debug_eq(&errors(yaml));
 }
+
+/// `examples/recurrence.yaml`: a recurrence rule combined with a calendar
+/// (a holiday on the last business day moves nothing: that fire is
+/// excluded), and one with EXDATE and RDATE in its own zone.
+#[test]
+fn the_recurrence_example_fires_on_the_days_it_names() {
+    let file = load(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/recurrence.yaml")).unwrap(),
+    );
+    let jobs = file.validate().unwrap();
+    let fires = |job: &dagcron_core::model::Job, from: &str, n: usize| -> Vec<String> {
+        let timing = job.timing();
+        let mut t: jiff::Timestamp = from.parse().unwrap();
+        let mut out = Vec::new();
+        while out.len() < n {
+            t = timing.next_fire_after(t).unwrap();
+            out.push(match timing.excluded_by(t) {
+                Some(by) => format!("{t} (excluded by {by})"),
+                None => t.to_string(),
+            });
+        }
+        out
+    };
+    assert_eq!(
+        fires(&jobs[0], "2026-10-01T00:00:00Z", 4),
+        [
+            "2026-10-30T17:00:00Z",
+            "2026-11-30T17:00:00Z",
+            // 2026-12-31 is a Thursday, and a holiday.
+            "2026-12-31T17:00:00Z (excluded by holidays)",
+            "2027-01-29T17:00:00Z",
+        ]
+    );
+    assert_eq!(
+        fires(&jobs[1], "2027-01-01T00:00:00Z", 4),
+        ["2027-01-12T06:00:00Z", "2027-04-20T05:00:00Z", "2027-07-13T05:00:00Z", "2027-10-12T05:00:00Z"]
+    );
+}

@@ -7,6 +7,7 @@ mod explain;
 mod fuzz_corpus;
 mod oracle;
 mod props;
+mod rrule;
 mod syntax;
 
 use dagcron_cron::{Options, Schedule};
