@@ -39,9 +39,12 @@ pub(crate) enum CronCommand {
 
 #[derive(Args)]
 pub(crate) struct ExprArgs {
-    /// The cron expression (5, 6 or 7 fields, or a descriptor such as @daily).
+    /// The cron expression (5, 6 or 7 fields, or a descriptor such as @daily),
+    /// or an RFC 5545 rule (`RRULE:FREQ=...`, with optional DTSTART, EXDATE
+    /// and RDATE lines or words).
     expr: String,
-    /// IANA time zone the expression is evaluated in (a CRON_TZ= prefix wins).
+    /// IANA time zone the expression is evaluated in (a CRON_TZ= prefix or a
+    /// rule's TZID wins).
     #[arg(long, default_value = "UTC")]
     tz: String,
     /// Key that `H` hashes (a job's identity, such as namespace/name).
