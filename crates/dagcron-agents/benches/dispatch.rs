@@ -24,6 +24,8 @@ type Report = mpsc::UnboundedSender<(u64, Instant, Option<i64>)>;
 
 fn attempt(n: u64, report: Report, start_at: Option<jiff::Timestamp>) -> RemoteTask {
     RemoteTask {
+        priority: Default::default(),
+        ready_us: Default::default(),
         ctx: AttemptContext {
             outputs: Default::default(),
             namespace: "bench".into(),

@@ -193,6 +193,18 @@ impl Taken {
     }
 }
 
+/// Puts an attempt in the queue: behind the others of its job, or (it
+/// waited already) ahead of them.
+fn wait(queue: &mut FairQueue<RemoteTask>, task: RemoteTask, front: bool) {
+    let (ns, job) = (task.ctx.namespace.clone(), task.ctx.job.clone());
+    let (priority, ready) = (task.priority, task.ready_us);
+    if front {
+        queue.push_front(&ns, &job, priority, ready, task);
+    } else {
+        queue.push_back(&ns, &job, priority, ready, task);
+    }
+}
+
 #[derive(Default)]
 struct State {
     agents: HashMap<u64, Agent>,
@@ -241,8 +253,7 @@ impl State {
                 .map(|(s, _)| *s);
             let Some(session) = best else {
                 // `take` saw an agent for it: cannot happen; keep it anyway.
-                let (ns, job) = (task.ctx.namespace.clone(), task.ctx.job.clone());
-                self.waiting.push_front(&ns, &job, task);
+                wait(&mut self.waiting, task, true);
                 break;
             };
             // Increasing, for systems that reject a stale writer, by a
@@ -303,8 +314,7 @@ impl State {
             };
             let Some(tx) = agent.tx.as_ref().filter(|tx| !tx.is_closed()) else {
                 agent.tx = None;
-                let (ns, job) = (task.ctx.namespace.clone(), task.ctx.job.clone());
-                self.waiting.push_front(&ns, &job, task);
+                wait(&mut self.waiting, task, true);
                 continue;
             };
             outs.send(tx, at, server_message::Body::Assignment(assignment));
@@ -421,11 +431,7 @@ impl State {
                 }, Some(inflight.agent));
             } else {
                 tracing::info!(run = inflight.task.ctx.run_id, task = %inflight.task.ctx.task_id, "assignment not accepted in time; trying another agent");
-                let (ns, job) = (
-                    inflight.task.ctx.namespace.clone(),
-                    inflight.task.ctx.job.clone(),
-                );
-                state.waiting.push_front(&ns, &job, inflight.task);
+                wait(&mut state.waiting, inflight.task, true);
             }
         }
         state.assign(at, outs);
@@ -810,8 +816,7 @@ fn cancelled_outcome() -> dagcron_exec::Outcome {
 impl Remote for AgentPool {
     fn submit(&self, task: RemoteTask) {
         self.with_state(|state, at, outs| {
-            let (ns, job) = (task.ctx.namespace.clone(), task.ctx.job.clone());
-            state.waiting.push_back(&ns, &job, task);
+            wait(&mut state.waiting, task, false);
             state.assign(at, outs);
         });
     }
@@ -1000,6 +1005,8 @@ mod tests {
         report: impl FnOnce(dagcron_exec::Outcome, Option<String>) + Send + 'static,
     ) -> RemoteTask {
         RemoteTask {
+            priority: Default::default(),
+            ready_us: Default::default(),
             ctx: AttemptContext {
                 outputs: Default::default(),
                 namespace: "ns".into(),
@@ -1063,9 +1070,13 @@ mod tests {
         state.agents.insert(1, agent(tx, t0));
         let reported = Arc::new(Mutex::new(None));
         let r = reported.clone();
-        state
-            .waiting
-            .push_back("ns", "j", task(move |o, _| *r.lock().unwrap() = Some(o)));
+        state.waiting.push_back(
+            "ns",
+            "j",
+            0,
+            0,
+            task(move |o, _| *r.lock().unwrap() = Some(o)),
+        );
         let mut outs = Outs::default();
         state.assign(t0, &mut outs);
         assert!(rx.try_recv().is_err(), "nothing sent before carrying out");
@@ -1175,9 +1186,13 @@ mod tests {
         state.agents.insert(2, forger);
         let reported = Arc::new(Mutex::new(None));
         let r = reported.clone();
-        state
-            .waiting
-            .push_back("ns", "j", task(move |o, _| *r.lock().unwrap() = Some(o)));
+        state.waiting.push_back(
+            "ns",
+            "j",
+            0,
+            0,
+            task(move |o, _| *r.lock().unwrap() = Some(o)),
+        );
         let mut outs = Outs::default();
         state.assign(t0, &mut outs);
         outs.carry_out();

@@ -52,6 +52,8 @@ fn free_addr() -> SocketAddr {
 
 fn task(script: &str, report: oneshot::Sender<Outcome>) -> RemoteTask {
     RemoteTask {
+        priority: Default::default(),
+        ready_us: Default::default(),
         ctx: AttemptContext {
             outputs: Default::default(),
             namespace: "ns".into(),

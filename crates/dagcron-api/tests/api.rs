@@ -2655,6 +2655,7 @@ async fn old_history(store: &SqliteStore) {
     batch.push(fire(day("2020-01-07"), None));
     let at = day("2020-01-01");
     batch.push(Write::AttemptStart {
+        priority: Default::default(),
         run: 1,
         task: "t".into(),
         number: 1,

@@ -287,6 +287,7 @@ mod tests {
     fn tasks(spec: &[(&str, &[&str])]) -> Vec<TaskSpec> {
         spec.iter()
             .map(|(id, deps)| TaskSpec {
+                priority: Default::default(),
                 id: id.to_string(),
                 depends_on: deps.iter().map(|d| d.to_string()).collect(),
                 trigger_rule: TriggerRule::AllSuccess,
@@ -541,6 +542,7 @@ mod tests {
             (edges, rules, outcomes).prop_map(move |(edges, rules, outcomes)| {
                 let specs = (0..n)
                     .map(|i| TaskSpec {
+                        priority: Default::default(),
                         id: format!("t{i}"),
                         depends_on: (0..i)
                             .filter(|&j| edges[i][j])

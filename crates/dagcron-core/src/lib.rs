@@ -72,6 +72,7 @@ pub mod model;
 pub mod notify;
 pub mod outputs;
 pub mod policy;
+pub mod priority;
 pub mod quota;
 pub mod rerun;
 pub mod retention;

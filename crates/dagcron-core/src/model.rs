@@ -435,6 +435,10 @@ pub struct TaskSpec {
     /// `skipped` (not failed, not retried), as Airflow's BashOperator.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skip_on_exit_code: Vec<i32>,
+    /// Which ready attempt starts first when slots are short (the job's
+    /// when not given); see [`crate::priority`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
 }
 
 /// Which remote worker agents may run a task.
@@ -545,6 +549,10 @@ pub struct JobSpec {
     /// When its scheduled runs should have succeeded (see [`crate::sla`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sla: Option<crate::sla::SlaSpec>,
+    /// Which of its ready attempts start first when slots are short
+    /// (see [`crate::priority`]); a task may name its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
     /// The DAG.
     pub tasks: Vec<TaskSpec>,
 }
@@ -700,6 +708,9 @@ pub struct Task {
     pub when: Option<crate::condition::Condition>,
     /// Exit codes that skip it (a shell task's).
     pub skip_on_exit_code: Vec<i32>,
+    /// Which ready attempt starts first when slots are short, from
+    /// [`crate::priority::MIN`] to [`crate::priority::MAX`].
+    pub priority: i32,
     /// The tasks whose outputs it gets, by index: its upstream tasks and
     /// the tasks its text and condition refer to.
     pub reads: Vec<usize>,

@@ -55,6 +55,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 fn task(id: &str, deps: &[&str]) -> TaskSpec {
     TaskSpec {
+        priority: Default::default(),
         id: id.into(),
         depends_on: deps.iter().map(|d| d.to_string()).collect(),
         trigger_rule: TriggerRule::AllSuccess,
@@ -73,6 +74,7 @@ fn task(id: &str, deps: &[&str]) -> TaskSpec {
 
 fn job(name: String, schedule: Option<String>, tasks: Vec<TaskSpec>) -> JobSpec {
     JobSpec {
+        priority: Default::default(),
         name,
         schedule: schedule.map(Schedules::One),
         timezone: "UTC".into(),

@@ -33,6 +33,7 @@ fn env(name: &str, default: u64) -> u64 {
 
 fn every_second(name: String, script: String) -> JobSpec {
     JobSpec {
+        priority: Default::default(),
         name,
         schedule: Some(Schedules::One("* * * * * *".into())),
         timezone: "UTC".into(),
@@ -62,6 +63,7 @@ fn every_second(name: String, script: String) -> JobSpec {
         sla: None,
         nats: None,
         tasks: vec![TaskSpec {
+            priority: Default::default(),
             id: "t".into(),
             depends_on: vec![],
             trigger_rule: TriggerRule::AllSuccess,

@@ -3651,3 +3651,75 @@ async fn a_runs_outputs_are_bounded_as_a_whole() {
     assert_eq!(held, 16 * 64_001);
     h.stop().await;
 }
+
+/// Priorities in the pool: with its one slot held, a job of priority 50
+/// ready after three tasks of priority 0 starts before them; the three keep
+/// their order. Default tasks that have waited long enough (here 9 min,
+/// fifty-four levels of aging) go before a priority 50 one ready just now.
+#[tokio::test]
+async fn the_pool_starts_higher_priorities_first_and_ages_the_others() {
+    let config = EngineConfig {
+        pool_size: 1,
+        ..EngineConfig::default()
+    };
+    let h = fresh_with("2026-01-01T00:00:30Z", config).await;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace");
+    h.apply(&format!(
+        r#"
+namespace: t
+jobs:
+  - {{ name: hold, tasks: [{{ id: long, shell: 'sleep 30' }}] }}
+  - name: low
+    concurrency: allow
+    tasks:
+      - {{ id: a, shell: 'echo low-a >> {t}' }}
+      - {{ id: b, shell: 'echo low-b >> {t}' }}
+      - {{ id: c, shell: 'echo low-c >> {t}', priority: -5 }}
+  - {{ name: high, priority: 50, concurrency: allow, tasks: [{{ id: x, shell: 'echo high >> {t}' }}] }}
+"#,
+        t = trace.display()
+    ))
+    .await;
+    let order = async |advance: i64| {
+        let _ = std::fs::remove_file(&trace);
+        let hold = h
+            .handle
+            .trigger("t", "hold", BTreeMap::new())
+            .await
+            .unwrap();
+        h.until("the slot is held", async |s| {
+            s.get_run(hold).await.unwrap().unwrap().tasks[0].state == TaskState::Running
+        })
+        .await;
+        let low = h.handle.trigger("t", "low", BTreeMap::new()).await.unwrap();
+        h.until("the low tasks wait", async |s| {
+            let r = s.get_run(low).await.unwrap().unwrap();
+            r.tasks.iter().all(|t| t.state == TaskState::Ready)
+        })
+        .await;
+        h.clock.advance(SignedDuration::from_secs(advance));
+        let high = h
+            .handle
+            .trigger("t", "high", BTreeMap::new())
+            .await
+            .unwrap();
+        h.until("the high task waits", async |s| {
+            s.get_run(high).await.unwrap().unwrap().tasks[0].state == TaskState::Ready
+        })
+        .await;
+        h.handle.cancel(hold).await.unwrap();
+        for run in [low, high] {
+            h.until("the runs end", async |s| {
+                s.get_run(run).await.unwrap().unwrap().state == RunState::Succeeded
+            })
+            .await;
+        }
+        std::fs::read_to_string(&trace).unwrap()
+    };
+    assert_eq!(order(1).await, "high\nlow-a\nlow-b\nlow-c\n");
+    // Ready 9 min later, the priority 50 task ranks 9 min - 500 s = 40 s
+    // after the default ones and 10 s before the priority -5 one (+50 s).
+    assert_eq!(order(540).await, "low-a\nlow-b\nhigh\nlow-c\n");
+    h.stop().await;
+}

@@ -385,7 +385,7 @@ async fn claim_some(
             SELECT run_id, task_id, number FROM shared_attempts
             WHERE node_epoch IS NULL
               AND (CASE WHEN $4::jsonb IS NULL THEN run_on IS NULL ELSE run_on <@ $4::jsonb END)
-            ORDER BY queued_at LIMIT $1 FOR UPDATE SKIP LOCKED
+            ORDER BY rank LIMIT $1 FOR UPDATE SKIP LOCKED
          )
          UPDATE shared_attempts s SET node_epoch = $2
          FROM c WHERE s.run_id = c.run_id AND s.task_id = c.task_id AND s.number = c.number

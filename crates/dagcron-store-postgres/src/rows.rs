@@ -122,7 +122,7 @@ pub(crate) async fn queue(
         *sent += 1;
         let q = &effects.queued;
         sqlx::query(
-            "INSERT INTO shared_attempts (run_id, task_id, number, queued_at, run_on)
+            "INSERT INTO shared_attempts (run_id, task_id, number, rank, run_on)
              SELECT r, t, n, a, o::jsonb FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bigint[], $5::text[]) AS v(r, t, n, a, o)
              ON CONFLICT DO NOTHING",
         )

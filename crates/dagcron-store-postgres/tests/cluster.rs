@@ -432,6 +432,7 @@ fn attempt_end(task: &str, at: Timestamp, for_other_node: bool) -> Write {
 async fn one_task_here_one_shared(a: &PgStore, at: Timestamp) {
     a.write(&[fire(1, 1)]).await.unwrap();
     let start = |task: &str, state: AttemptState| Write::AttemptStart {
+        priority: Default::default(),
         run: 1,
         task: task.into(),
         number: 1,
@@ -673,4 +674,56 @@ async fn the_writes_of_a_run_deleted_under_a_batch_find_no_run() {
     );
     assert!(a.get_run(1).await.unwrap().is_none());
     assert_eq!(db.scalar("SELECT count(*) FROM attempt_logs"), 0);
+}
+
+/// The cluster's queue is claimed in order of rank: the instant an attempt
+/// was handed over less 10 s a level of priority. Priority 5 handed over
+/// at 105 s ranks 55 s, before priority 0 at 100 s; priority -10 handed
+/// over first, at 50 s, ranks 150 s and goes last.
+#[tokio::test]
+async fn the_cluster_queue_is_claimed_by_priority_and_waiting() {
+    let db = TestDatabase::create("queue_rank").await;
+    let a = node(&db, "a").await;
+    let b = node(&db, "b").await;
+    a.write(&[fire(1, 1), fire(2, 2)]).await.unwrap();
+    let hand_over = |run: i64, task: &str, at: i64, priority: i32| {
+        [
+            Write::TaskState {
+                run,
+                task: task.into(),
+                from: TaskState::Pending,
+                to: TaskState::Dispatching,
+            },
+            Write::AttemptStart {
+                run,
+                task: task.into(),
+                number: 1,
+                state: AttemptState::Dispatching,
+                at: Timestamp::from_second(at).unwrap(),
+                run_on: None,
+                priority,
+            },
+        ]
+    };
+    for (run, task, at, priority) in [(1, "b", 50, -10), (1, "a", 100, 0), (2, "a", 105, 5)] {
+        let done = a.write(&hand_over(run, task, at, priority)).await.unwrap();
+        assert!(done.iter().all(|r| *r == WriteResult::Done), "{done:?}");
+    }
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        let claimed = b
+            .claim_attempts(1, &[], Timestamp::from_second(200).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 1, "{claimed:?}");
+        order.push((claimed[0].run, claimed[0].task.clone()));
+    }
+    assert_eq!(
+        order,
+        [
+            (2, "a".to_string()),
+            (1, "a".to_string()),
+            (1, "b".to_string())
+        ]
+    );
 }

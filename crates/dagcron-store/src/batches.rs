@@ -92,6 +92,7 @@ pub fn write() -> impl Strategy<Value = Write> {
         }),
         1 => (run.clone(), task.clone(), 1..=2u32, 0..2usize).prop_map(|(run, task, number, s)| {
             Write::AttemptStart {
+                priority: Default::default(),
                 run,
                 task,
                 number,

@@ -976,6 +976,7 @@ pub async fn a_stop_is_recorded_with_its_final_state<S: Store>(s: &S) {
 pub async fn a_withdrawn_attempt_is_cancelled_claimed_or_not<S: Store>(s: &S) {
     s.write(&[fire(100, Some(new_run(1, 100)))]).await.unwrap();
     let start = |task: &str, state: AttemptState| Write::AttemptStart {
+        priority: Default::default(),
         run: 1,
         task: task.into(),
         number: 1,
@@ -1162,6 +1163,7 @@ pub async fn changes_of_one_row_in_a_batch_apply_in_order<S: Store>(s: &S) {
 pub async fn attempts_and_logs<S: Store>(s: &S) {
     s.write(&[fire(100, Some(new_run(1, 100)))]).await.unwrap();
     let start = |n| Write::AttemptStart {
+        priority: Default::default(),
         run: 1,
         task: "a".into(),
         number: n,
@@ -1566,6 +1568,7 @@ pub async fn retention_reads_the_history_and_prunes_only_what_may_go<S: Store>(s
         Write::Run(rerun),
         fire(400, None),
         Write::AttemptStart {
+            priority: Default::default(),
             run: 1,
             task: "a".into(),
             number: 1,

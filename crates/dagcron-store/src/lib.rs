@@ -443,6 +443,9 @@ pub enum Write {
         /// For an attempt handed to the cluster (`dispatching`) that needs a
         /// remote agent: the labels the agent must have.
         run_on: Option<BTreeMap<String, String>>,
+        /// For an attempt handed to the cluster: its task's priority, which
+        /// with `at` orders the cluster's queue (`dagcron_core::priority::rank`).
+        priority: i32,
     },
     /// Change an attempt's state if it is still `from`, with its result.
     AttemptEnd {

@@ -201,7 +201,8 @@ pub struct Effects<'a> {
     /// Output of ended attempts: run, task, number, output, the marks of
     /// its lines.
     pub logs: Vec<EndedLog<'a>>,
-    /// Attempts handed to the cluster: run, task, number, instant, labels.
+    /// Attempts handed to the cluster: run, task, number, rank (the instant
+    /// less the priority's head start), labels.
     pub queued: Vec<(RunId, &'a str, u32, i64, Option<String>)>,
     /// Attempts that left the cluster's queue unclaimed (ended or withdrawn).
     pub unqueued: Vec<(RunId, &'a str, u32)>,
@@ -333,6 +334,7 @@ pub fn apply<'a>(
                 state,
                 at,
                 run_on,
+                priority,
             },
             Some(row),
         ) => {
@@ -359,7 +361,8 @@ pub fn apply<'a>(
             t.attempts.sort_by_key(|a| a.number);
             if shared {
                 let labels = run_on.as_ref().map(crate::rows::labels_json);
-                effects.queued.push((*run, task, *number, at, labels));
+                let rank = dagcron_core::priority::rank(at, *priority);
+                effects.queued.push((*run, task, *number, rank, labels));
             }
             row.changed = true;
             WriteResult::Done
@@ -499,6 +502,7 @@ mod tests {
 
     fn start(task: &str, state: AttemptState) -> Write {
         Write::AttemptStart {
+            priority: Default::default(),
             run: 1,
             task: task.into(),
             number: 1,

@@ -109,6 +109,7 @@ fn check_limits(spec: &JobSpec, at: &str, errors: &mut Vec<ValidationError>) -> 
             None
         }
     };
+    check_priority(spec.priority, &format!("{at}.priority"), errors);
     if spec.max_pending_runs == Some(0) {
         problem(
             errors,
@@ -350,6 +351,19 @@ fn check_schedules(
 
 /// Task `t` of `spec`, at `path`: its task, or `None` when its executor is
 /// in error (its problems noted).
+fn check_priority(priority: Option<i32>, path: &str, errors: &mut Vec<ValidationError>) {
+    use crate::priority::{DEFAULT, MAX, MIN};
+    if let Some(p) = priority.filter(|p| !(MIN..=MAX).contains(p)) {
+        problem(
+            errors,
+            path.to_string(),
+            format!(
+                "priority {p} is outside {MIN} to {MAX} (higher starts first; default {DEFAULT})"
+            ),
+        );
+    }
+}
+
 fn check_task(
     spec: &JobSpec,
     t: &TaskSpec,
@@ -474,6 +488,11 @@ fn check_task(
             );
         }
     }
+    check_priority(t.priority, &format!("{path}.priority"), errors);
+    let priority = t
+        .priority
+        .or(spec.priority)
+        .unwrap_or(crate::priority::DEFAULT);
     executor.map(|executor| Task {
         id: t.id.clone(),
         trigger_rule: t.trigger_rule,
@@ -484,6 +503,7 @@ fn check_task(
         run_on: t.run_on.clone(),
         when,
         skip_on_exit_code: t.skip_on_exit_code.clone(),
+        priority,
         reads: Vec::new(),
     })
 }

@@ -642,7 +642,11 @@ jobs:
 #[test]
 fn the_recurrence_example_fires_on_the_days_it_names() {
     let file = load(
-        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/recurrence.yaml")).unwrap(),
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/recurrence.yaml"
+        ))
+        .unwrap(),
     );
     let jobs = file.validate().unwrap();
     let fires = |job: &dagcron_core::model::Job, from: &str, n: usize| -> Vec<String> {
@@ -670,6 +674,11 @@ fn the_recurrence_example_fires_on_the_days_it_names() {
     );
     assert_eq!(
         fires(&jobs[1], "2027-01-01T00:00:00Z", 4),
-        ["2027-01-12T06:00:00Z", "2027-04-20T05:00:00Z", "2027-07-13T05:00:00Z", "2027-10-12T05:00:00Z"]
+        [
+            "2027-01-12T06:00:00Z",
+            "2027-04-20T05:00:00Z",
+            "2027-07-13T05:00:00Z",
+            "2027-10-12T05:00:00Z"
+        ]
     );
 }

@@ -138,6 +138,8 @@ impl<S: Store> Engine<S> {
                 max_output: limits.max_output,
                 cancel: token,
                 live: Some(live),
+                priority: spec.priority,
+                ready_us: self.clock.now().as_microsecond(),
                 report: Box::new(report),
             };
             if task.executor.secret_refs().is_empty() && self.config.policies.is_none() {
@@ -286,6 +288,7 @@ impl<S: Store> Engine<S> {
                 state,
                 at: now,
                 run_on: needs.cloned(),
+                priority: job.tasks[i].priority,
             });
             self.cluster.shared.insert((id, i), number);
             return;
@@ -301,6 +304,7 @@ impl<S: Store> Engine<S> {
         }
         let write = self.batch.writes.len();
         self.batch.writes.push(Write::AttemptStart {
+            priority: job.tasks[i].priority,
             run: id,
             task,
             number,

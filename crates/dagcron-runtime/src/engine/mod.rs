@@ -324,6 +324,10 @@ pub struct RemoteTask {
     /// The instant to start at, sent ahead of it (a job's `send_ahead`);
     /// none: at once.
     pub start_at: Option<Timestamp>,
+    /// Which waiting attempt an agent gets first (see `dagcron_core::priority`).
+    pub priority: i32,
+    /// When it became ready to start (microseconds since the Unix epoch).
+    pub ready_us: i64,
     /// Called once, with the outcome.
     pub report: Report,
 }

@@ -643,7 +643,9 @@ impl<S: Store> Engine<S> {
             }
             Effect::Ready { task } => {
                 self.runs.table.get_mut(&id).expect("run").times[task].ready = Some(now);
-                self.dispatch.ready.push(job, id, task);
+                self.dispatch
+                    .ready
+                    .push(job, id, task, now.as_microsecond());
             }
             Effect::ArmRetry { task, at } => {
                 let key = &self.runs.table[&id].key;

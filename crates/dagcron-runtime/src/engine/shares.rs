@@ -1,35 +1,73 @@
 //! The pool's ready queue: a queue per namespace, taken in turn (each
 //! namespace up to its weight a turn), so that a namespace with a backlog
-//! cannot keep another's next task out of the pool.
+//! cannot keep another's next task out of the pool; within that, levels of
+//! priority (see `dagcron_core::priority`).
 
 use std::collections::{HashMap, VecDeque};
 
-/// A queue per namespace, taken in turn (first in, first out within a
-/// namespace): while several namespaces wait, the pool's slots are shared
-/// between them by weight (a namespace of weight 3 takes up to three items
-/// in its turn).
+use dagcron_core::priority::Levels;
+
+/// Ready items by priority level; in a level, a queue per namespace taken
+/// in turn (see [`Turns`]).
 pub(super) struct Shares<T> {
-    queues: HashMap<String, VecDeque<T>>,
-    /// The namespaces with something waiting, the next one to take from first.
-    turn: VecDeque<String>,
-    /// Items taken from the namespace at the front in its current turn.
-    taken: u32,
+    levels: Levels<Turns<(i64, T)>>,
     len: usize,
 }
 
 impl<T> Default for Shares<T> {
     fn default() -> Shares<T> {
         Shares {
-            queues: HashMap::new(),
-            turn: VecDeque::new(),
-            taken: 0,
+            levels: Levels::default(),
             len: 0,
         }
     }
 }
 
 impl<T> Shares<T> {
-    pub(super) fn push_back(&mut self, namespace: &str, item: T) {
+    /// Queues an item of `namespace` at `priority`, ready at `ready_us`.
+    pub(super) fn push_back(&mut self, namespace: &str, priority: i32, ready_us: i64, item: T) {
+        self.levels
+            .push(priority, ready_us)
+            .push_back(namespace, (ready_us, item));
+        self.len += 1;
+    }
+
+    /// The next item: of the level served next, the namespace whose turn it is.
+    pub(super) fn pop_front(&mut self, weight: impl Fn(&str) -> u32) -> Option<T> {
+        let (_, item) = self.levels.take(|q| q.pop_front(&weight), |i| i.0)?;
+        self.len -= 1;
+        Some(item)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// A queue per namespace, taken in turn (first in, first out within a
+/// namespace): while several namespaces wait, the pool's slots are shared
+/// between them by weight (a namespace of weight 3 takes up to three items
+/// in its turn).
+struct Turns<T> {
+    queues: HashMap<String, VecDeque<T>>,
+    /// The namespaces with something waiting, the next one to take from first.
+    turn: VecDeque<String>,
+    /// Items taken from the namespace at the front in its current turn.
+    taken: u32,
+}
+
+impl<T> Default for Turns<T> {
+    fn default() -> Turns<T> {
+        Turns {
+            queues: HashMap::new(),
+            turn: VecDeque::new(),
+            taken: 0,
+        }
+    }
+}
+
+impl<T> Turns<T> {
+    fn push_back(&mut self, namespace: &str, item: T) {
         match self.queues.get_mut(namespace) {
             Some(q) => q.push_back(item),
             None => {
@@ -38,18 +76,16 @@ impl<T> Shares<T> {
                 self.turn.push_back(namespace.to_string());
             }
         }
-        self.len += 1;
     }
 
     /// The first item of the namespace whose turn it is; once it has taken
     /// `weight(namespace)` items in this turn (or has none left), the turn
     /// passes to the next namespace.
-    pub(super) fn pop_front(&mut self, weight: impl Fn(&str) -> u32) -> Option<T> {
+    fn pop_front(&mut self, weight: impl Fn(&str) -> u32) -> Option<T> {
         let namespace = self.turn.front()?;
         let queue = self.queues.get_mut(namespace).expect("a queue per turn");
         let item = queue.pop_front().expect("a queue in turn is not empty");
         self.taken += 1;
-        self.len -= 1;
         if queue.is_empty() {
             let namespace = self.turn.pop_front().expect("its turn");
             self.queues.remove(&namespace);
@@ -60,10 +96,6 @@ impl<T> Shares<T> {
             self.taken = 0;
         }
         Some(item)
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.len
     }
 }
 
@@ -77,9 +109,9 @@ mod tests {
     fn a_backlog_does_not_keep_another_namespaces_task_waiting() {
         let mut q = Shares::default();
         for i in 0..600 {
-            q.push_back("alpha", ("alpha", i));
+            q.push_back("alpha", 0, i, ("alpha", i));
         }
-        q.push_back("beta", ("beta", 0));
+        q.push_back("beta", 0, 600, ("beta", 0));
         assert_eq!(q.len(), 601);
         assert_eq!(q.pop_front(|_| 1), Some(("alpha", 0)));
         assert_eq!(q.pop_front(|_| 1), Some(("beta", 0)));
@@ -96,7 +128,7 @@ mod tests {
         let mut q = Shares::default();
         for ns in ["a", "b", "c"] {
             for i in 0..3 {
-                q.push_back(ns, (ns, i));
+                q.push_back(ns, 0, i, (ns, i));
             }
         }
         let order: Vec<&str> = std::iter::from_fn(|| q.pop_front(|_| 1))
@@ -111,15 +143,42 @@ mod tests {
     fn namespaces_take_turns_by_weight() {
         let mut q = Shares::default();
         for i in 0..6 {
-            q.push_back("a", ("a", i));
+            q.push_back("a", 0, i, ("a", i));
         }
         for i in 0..4 {
-            q.push_back("b", ("b", i));
+            q.push_back("b", 0, i, ("b", i));
         }
         let weight = |ns: &str| if ns == "a" { 3 } else { 1 };
         let order: String = std::iter::from_fn(|| q.pop_front(weight))
             .map(|(ns, _)| ns)
             .collect();
         assert_eq!(order, "aaabaaabbb");
+    }
+
+    /// Levels first, namespaces' turns within a level: a priority 10 item
+    /// of a namespace with a backlog goes before the other namespace's
+    /// default ones, and the backlog's default items keep their turns.
+    #[test]
+    fn a_higher_priority_goes_first_and_turns_hold_within_a_level() {
+        let mut q = Shares::default();
+        for i in 0..3 {
+            q.push_back("a", 0, i, ("a", i));
+            q.push_back("b", 0, i, ("b", i));
+        }
+        q.push_back("a", 10, 5, ("a", 99));
+        let order: Vec<_> = std::iter::from_fn(|| q.pop_front(|_| 1)).collect();
+        assert_eq!(
+            order,
+            [
+                ("a", 99),
+                ("a", 0),
+                ("b", 0),
+                ("a", 1),
+                ("b", 1),
+                ("a", 2),
+                ("b", 2)
+            ]
+        );
+        assert_eq!(q.len(), 0);
     }
 }
