@@ -1,30 +1,52 @@
-//! Waiting attempts, by levels of priority (see `dagcron_core::priority`);
-//! in a level, taken in turn across namespaces and, within a namespace,
-//! across jobs; first in, first out within a job. A busy job cannot starve
-//! the others, nor a busy namespace the other tenants.
+//! Waiting attempts, taken in turn across namespaces; within a namespace,
+//! by levels of priority (see `dagcron_core::priority`), and within a level
+//! in turn across jobs, first in, first out within a job. A busy job cannot
+//! starve the others, nor a busy namespace (whatever its priorities) the
+//! other tenants.
 
 use std::collections::VecDeque;
 
 use dagcron_core::priority::Levels;
 
-type Jobs<T> = VecDeque<(String, VecDeque<T>)>;
+/// A namespace's waiting items: by level, then a queue per job, each item
+/// with the instant it became ready.
+type Namespace<T> = Levels<Jobs<(i64, T)>>;
 
 /// See the module documentation.
 pub(crate) struct FairQueue<T> {
-    levels: Levels<Turns<(i64, T)>>,
+    namespaces: VecDeque<(String, Namespace<T>)>,
     len: usize,
 }
 
 impl<T> Default for FairQueue<T> {
     fn default() -> FairQueue<T> {
         FairQueue {
-            levels: Levels::default(),
+            namespaces: VecDeque::new(),
             len: 0,
         }
     }
 }
 
 impl<T> FairQueue<T> {
+    fn queue(
+        &mut self,
+        namespace: &str,
+        job: &str,
+        priority: i32,
+        ready_us: i64,
+    ) -> &mut VecDeque<(i64, T)> {
+        let n = match self.namespaces.iter().position(|(ns, _)| ns == namespace) {
+            Some(n) => n,
+            None => {
+                self.namespaces
+                    .push_back((namespace.to_string(), Levels::default()));
+                self.namespaces.len() - 1
+            }
+        };
+        self.len += 1;
+        self.namespaces[n].1.push(priority, ready_us).queue(job)
+    }
+
     /// Queues an item behind the others of its job, at `priority`, ready
     /// at `ready_us`.
     pub(crate) fn push_back(
@@ -35,11 +57,8 @@ impl<T> FairQueue<T> {
         ready_us: i64,
         item: T,
     ) {
-        self.levels
-            .push(priority, ready_us)
-            .queue(namespace, job)
+        self.queue(namespace, job, priority, ready_us)
             .push_back((ready_us, item));
-        self.len += 1;
     }
 
     /// Queues an item ahead of the others of its job (it waited already).
@@ -51,11 +70,8 @@ impl<T> FairQueue<T> {
         ready_us: i64,
         item: T,
     ) {
-        self.levels
-            .push(priority, ready_us)
-            .queue(namespace, job)
+        self.queue(namespace, job, priority, ready_us)
             .push_front((ready_us, item));
-        self.len += 1;
     }
 
     /// Items waiting.
@@ -63,68 +79,62 @@ impl<T> FairQueue<T> {
         self.len
     }
 
-    /// Takes the first item that `fits` accepts: of the level served next
-    /// (or the next level with one that fits), in turn; the next call
-    /// starts with the next namespace, and in this namespace with the next job.
+    /// Takes the first item, in turn, that `fits` accepts (in a namespace,
+    /// of the level served next that has one); the next call starts with
+    /// the next namespace, and in this namespace with the next job.
     pub(crate) fn take(&mut self, mut fits: impl FnMut(&T) -> bool) -> Option<T> {
-        let (_, item) = self.levels.take(|q| q.take(|e| fits(&e.1)), |e| e.0)?;
-        self.len -= 1;
-        Some(item)
-    }
-}
-
-/// One level's queue: namespaces in turn, jobs in turn within a namespace.
-struct Turns<T> {
-    namespaces: VecDeque<(String, Jobs<T>)>,
-}
-
-impl<T> Default for Turns<T> {
-    fn default() -> Turns<T> {
-        Turns {
-            namespaces: VecDeque::new(),
-        }
-    }
-}
-
-impl<T> Turns<T> {
-    fn queue(&mut self, namespace: &str, job: &str) -> &mut VecDeque<T> {
-        let n = match self.namespaces.iter().position(|(ns, _)| ns == namespace) {
-            Some(n) => n,
-            None => {
-                self.namespaces
-                    .push_back((namespace.to_string(), VecDeque::new()));
-                self.namespaces.len() - 1
+        for n in 0..self.namespaces.len() {
+            let Some((_, item)) = self.namespaces[n]
+                .1
+                .take(|jobs| jobs.take(|e| fits(&e.1)), |e| e.0)
+            else {
+                continue;
+            };
+            self.len -= 1;
+            let entry = self.namespaces.remove(n).expect("present");
+            if !entry.1.is_empty() {
+                self.namespaces.push_back(entry);
             }
-        };
-        let jobs = &mut self.namespaces[n].1;
-        let j = match jobs.iter().position(|(name, _)| name == job) {
+            return Some(item);
+        }
+        None
+    }
+}
+
+/// A queue per job, taken in turn.
+struct Jobs<T>(VecDeque<(String, VecDeque<T>)>);
+
+impl<T> Default for Jobs<T> {
+    fn default() -> Jobs<T> {
+        Jobs(VecDeque::new())
+    }
+}
+
+impl<T> Jobs<T> {
+    fn queue(&mut self, job: &str) -> &mut VecDeque<T> {
+        let j = match self.0.iter().position(|(name, _)| name == job) {
             Some(j) => j,
             None => {
-                jobs.push_back((job.to_string(), VecDeque::new()));
-                jobs.len() - 1
+                self.0.push_back((job.to_string(), VecDeque::new()));
+                self.0.len() - 1
             }
         };
-        &mut jobs[j].1
+        &mut self.0[j].1
     }
 
+    /// The first item `fits` accepts, of the first job in turn that has
+    /// one; that job's turn passes.
     fn take(&mut self, mut fits: impl FnMut(&T) -> bool) -> Option<T> {
-        for n in 0..self.namespaces.len() {
-            let jobs = &mut self.namespaces[n].1;
-            for j in 0..jobs.len() {
-                let Some(i) = jobs[j].1.iter().position(&mut fits) else {
-                    continue;
-                };
-                let item = jobs[j].1.remove(i).expect("present");
-                let entry = jobs.remove(j).expect("present");
-                if !entry.1.is_empty() {
-                    jobs.push_back(entry);
-                }
-                let entry = self.namespaces.remove(n).expect("present");
-                if !entry.1.is_empty() {
-                    self.namespaces.push_back(entry);
-                }
-                return Some(item);
+        for j in 0..self.0.len() {
+            let Some(i) = self.0[j].1.iter().position(&mut fits) else {
+                continue;
+            };
+            let item = self.0[j].1.remove(i).expect("present");
+            let entry = self.0.remove(j).expect("present");
+            if !entry.1.is_empty() {
+                self.0.push_back(entry);
             }
+            return Some(item);
         }
         None
     }
@@ -166,18 +176,22 @@ mod tests {
         assert_eq!(drain(&mut q), ["g0", "g1"]);
     }
 
-    /// A higher priority goes first, also when what it needs is busy:
-    /// then the next level's items that fit go meanwhile.
+    /// A higher priority goes first within its namespace, also when what it
+    /// needs is busy (then the next level's items that fit go meanwhile);
+    /// another namespace keeps its turn.
     #[test]
-    fn levels_first_and_what_fits_meanwhile() {
+    fn levels_within_a_namespace_and_what_fits_meanwhile() {
         let mut q = FairQueue::default();
         q.push_back("ns", "a", 0, 0, "a1");
         q.push_back("ns", "b", 0, 1, "b1");
         q.push_back("ns", "gpu", 50, 2, "g1");
         q.push_back("ns", "c", 50, 3, "c1");
+        q.push_back("other", "o", 0, 4, "o1");
         assert_eq!(q.take(|i| !i.starts_with('g')), Some("c1"));
+        assert_eq!(q.take(|i| !i.starts_with('g')), Some("o1"));
         assert_eq!(q.take(|i| !i.starts_with('g')), Some("a1"));
         assert_eq!(q.take(|_| true), Some("g1"));
         assert_eq!(drain(&mut q), ["b1"]);
+        assert_eq!(q.len(), 0);
     }
 }

@@ -8,12 +8,15 @@
 //! higher one goes before it, and no priority waits forever behind a
 //! stream of higher ones.
 //!
-//! Each queue keeps its own order inside a level (the pool takes namespaces
-//! in turn, the agents' queue namespaces and jobs in turn, both first in
-//! first out within): [`Levels`] only chooses which level serves next, the
-//! one whose longest-waiting attempt has the smallest rank. With one level
-//! (every job at the default) nothing changes. The cluster's shared queue,
-//! which has no turns, is ordered by rank.
+//! Priorities order a namespace's own work: the pool and the agents' queue
+//! still take namespaces in turn (by weight), so a tenant cannot take the
+//! slots of others by raising its priorities. Within a namespace,
+//! [`Levels`] chooses which level serves next, the one whose
+//! longest-waiting attempt has the smallest rank; a level keeps its own
+//! order (first in, first out; jobs in turn on the agents' queue). With one
+//! level (every job at the default) nothing changes. The cluster's shared
+//! queue (the work a node with a full pool hands to the others) has no
+//! turns: it is ordered by rank.
 
 use std::collections::BTreeMap;
 
@@ -80,6 +83,11 @@ impl<Q: Default> Levels<Q> {
 }
 
 impl<Q> Levels<Q> {
+    /// Whether no level holds an item.
+    pub fn is_empty(&self) -> bool {
+        self.levels.is_empty()
+    }
+
     /// The levels in the order they are offered the next slot: by the rank
     /// of their longest-waiting item, the higher level first on a tie.
     pub fn order(&self) -> Vec<usize> {

@@ -682,3 +682,26 @@ fn the_recurrence_example_fires_on_the_days_it_names() {
         ]
     );
 }
+
+/// A priority is checked once where it is written, job or task; a task
+/// without one takes its job's, else the default.
+#[test]
+fn priorities_are_checked_where_written_and_inherited() {
+    assert_eq!(
+        errors(
+            "namespace: t\njobs:\n  - name: j\n    priority: 101\n    tasks:\n      - { id: a, shell: 'true' }\n      - { id: b, shell: 'true', priority: -101 }\n"
+        ),
+        [
+            "jobs[0].priority: priority 101 is outside -100 to 100 (higher starts first; default 0)",
+            "jobs[0].tasks[1].priority: priority -101 is outside -100 to 100 (higher starts first; default 0)",
+        ]
+    );
+    let jobs = load("namespace: t\njobs:\n  - name: j\n    priority: 20\n    tasks:\n      - { id: a, shell: 'true' }\n      - { id: b, shell: 'true', priority: -3 }\n  - { name: k, tasks: [{ id: c, shell: 'true' }] }\n")
+        .validate()
+        .unwrap();
+    let priorities: Vec<i32> = jobs
+        .iter()
+        .flat_map(|j| j.tasks.iter().map(|t| t.priority))
+        .collect();
+    assert_eq!(priorities, [20, -3, 0]);
+}

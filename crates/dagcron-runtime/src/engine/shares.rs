@@ -1,23 +1,34 @@
 //! The pool's ready queue: a queue per namespace, taken in turn (each
 //! namespace up to its weight a turn), so that a namespace with a backlog
-//! cannot keep another's next task out of the pool; within that, levels of
-//! priority (see `dagcron_core::priority`).
+//! cannot keep another's next task out of the pool; within a namespace,
+//! levels of priority (see `dagcron_core::priority`), first in, first out
+//! within a level.
 
 use std::collections::{HashMap, VecDeque};
 
 use dagcron_core::priority::Levels;
 
-/// Ready items by priority level; in a level, a queue per namespace taken
-/// in turn (see [`Turns`]).
+/// A namespace's waiting items: by level, each ready at its instant.
+type Namespace<T> = Levels<VecDeque<(i64, T)>>;
+
+/// A queue per namespace, taken in turn: while several namespaces wait,
+/// the pool's slots are shared between them by weight (a namespace of
+/// weight 3 takes up to three items in its turn).
 pub(super) struct Shares<T> {
-    levels: Levels<Turns<(i64, T)>>,
+    queues: HashMap<String, Namespace<T>>,
+    /// The namespaces with something waiting, the next one to take from first.
+    turn: VecDeque<String>,
+    /// Items taken from the namespace at the front in its current turn.
+    taken: u32,
     len: usize,
 }
 
 impl<T> Default for Shares<T> {
     fn default() -> Shares<T> {
         Shares {
-            levels: Levels::default(),
+            queues: HashMap::new(),
+            turn: VecDeque::new(),
+            taken: 0,
             len: 0,
         }
     }
@@ -26,66 +37,28 @@ impl<T> Default for Shares<T> {
 impl<T> Shares<T> {
     /// Queues an item of `namespace` at `priority`, ready at `ready_us`.
     pub(super) fn push_back(&mut self, namespace: &str, priority: i32, ready_us: i64, item: T) {
-        self.levels
-            .push(priority, ready_us)
-            .push_back(namespace, (ready_us, item));
+        let queue = match self.queues.get_mut(namespace) {
+            Some(q) => q,
+            None => {
+                self.turn.push_back(namespace.to_string());
+                self.queues.entry(namespace.to_string()).or_default()
+            }
+        };
+        queue.push(priority, ready_us).push_back((ready_us, item));
         self.len += 1;
     }
 
-    /// The next item: of the level served next, the namespace whose turn it is.
+    /// The next item of the namespace whose turn it is (of its level served
+    /// next); once it has taken `weight(namespace)` items in this turn (or
+    /// has none left), the turn passes to the next namespace.
     pub(super) fn pop_front(&mut self, weight: impl Fn(&str) -> u32) -> Option<T> {
-        let (_, item) = self.levels.take(|q| q.pop_front(&weight), |i| i.0)?;
-        self.len -= 1;
-        Some(item)
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.len
-    }
-}
-
-/// A queue per namespace, taken in turn (first in, first out within a
-/// namespace): while several namespaces wait, the pool's slots are shared
-/// between them by weight (a namespace of weight 3 takes up to three items
-/// in its turn).
-struct Turns<T> {
-    queues: HashMap<String, VecDeque<T>>,
-    /// The namespaces with something waiting, the next one to take from first.
-    turn: VecDeque<String>,
-    /// Items taken from the namespace at the front in its current turn.
-    taken: u32,
-}
-
-impl<T> Default for Turns<T> {
-    fn default() -> Turns<T> {
-        Turns {
-            queues: HashMap::new(),
-            turn: VecDeque::new(),
-            taken: 0,
-        }
-    }
-}
-
-impl<T> Turns<T> {
-    fn push_back(&mut self, namespace: &str, item: T) {
-        match self.queues.get_mut(namespace) {
-            Some(q) => q.push_back(item),
-            None => {
-                self.queues
-                    .insert(namespace.to_string(), VecDeque::from([item]));
-                self.turn.push_back(namespace.to_string());
-            }
-        }
-    }
-
-    /// The first item of the namespace whose turn it is; once it has taken
-    /// `weight(namespace)` items in this turn (or has none left), the turn
-    /// passes to the next namespace.
-    fn pop_front(&mut self, weight: impl Fn(&str) -> u32) -> Option<T> {
         let namespace = self.turn.front()?;
         let queue = self.queues.get_mut(namespace).expect("a queue per turn");
-        let item = queue.pop_front().expect("a queue in turn is not empty");
+        let (_, item) = queue
+            .take(VecDeque::pop_front, |i| i.0)
+            .expect("a queue in turn is not empty");
         self.taken += 1;
+        self.len -= 1;
         if queue.is_empty() {
             let namespace = self.turn.pop_front().expect("its turn");
             self.queues.remove(&namespace);
@@ -96,6 +69,10 @@ impl<T> Turns<T> {
             self.taken = 0;
         }
         Some(item)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.len
     }
 }
 
@@ -155,28 +132,30 @@ mod tests {
         assert_eq!(order, "aaabaaabbb");
     }
 
-    /// Levels first, namespaces' turns within a level: a priority 10 item
-    /// of a namespace with a backlog goes before the other namespace's
-    /// default ones, and the backlog's default items keep their turns.
+    /// Levels within a namespace, turns between namespaces: a priority 10
+    /// item goes first among `a`'s, and does not take `b`'s turn; a
+    /// namespace that raises its priorities gets no more of the pool.
     #[test]
-    fn a_higher_priority_goes_first_and_turns_hold_within_a_level() {
+    fn a_higher_priority_goes_first_within_its_namespace_only() {
         let mut q = Shares::default();
         for i in 0..3 {
             q.push_back("a", 0, i, ("a", i));
             q.push_back("b", 0, i, ("b", i));
         }
         q.push_back("a", 10, 5, ("a", 99));
+        q.push_back("a", 100, 6, ("a", 100));
         let order: Vec<_> = std::iter::from_fn(|| q.pop_front(|_| 1)).collect();
         assert_eq!(
             order,
             [
-                ("a", 99),
-                ("a", 0),
+                ("a", 100),
                 ("b", 0),
-                ("a", 1),
+                ("a", 99),
                 ("b", 1),
-                ("a", 2),
-                ("b", 2)
+                ("a", 0),
+                ("b", 2),
+                ("a", 1),
+                ("a", 2)
             ]
         );
         assert_eq!(q.len(), 0);
