@@ -110,6 +110,10 @@ impl<Q> Levels<Q> {
     /// An item ready at `ready_us` left level `i`; an empty level goes.
     pub fn took(&mut self, i: usize, ready_us: i64) {
         let level = &mut self.levels[i];
+        debug_assert!(
+            level.ready.contains_key(&ready_us),
+            "an item leaves with the instant it came with"
+        );
         if let Some(n) = level.ready.get_mut(&ready_us) {
             *n -= 1;
             if *n == 0 {

@@ -139,7 +139,10 @@ pub(crate) fn normalized(schedule: &Schedule) -> String {
     let mut out = String::new();
     let tz = schedule.time_zone();
     if let Body::Rule(rule) = &schedule.ast().body {
-        return rule.normalized(tz.iana_name().filter(|n| *n != "UTC"));
+        // A zone the rule named stays (TZID=UTC included); the job's, when
+        // it is not UTC, is written in.
+        let named = schedule.ast().time_zone.is_some();
+        return rule.normalized(tz.iana_name().filter(|n| named || *n != "UTC"));
     }
     if let Some(name) = tz.iana_name().filter(|n| *n != "UTC") {
         out.push_str(&format!("CRON_TZ={name} "));

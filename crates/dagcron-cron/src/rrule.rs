@@ -22,13 +22,13 @@ use crate::error::{ErrorKind, ParseError, Span};
 
 /// The longest recurrence text accepted, in bytes (room for a year of
 /// holidays as `EXDATE`s).
-pub const MAX_RULE_LEN: usize = 8192;
+pub const MAX_RULE_LEN: usize = 16_384;
 /// The largest `COUNT`.
 pub const MAX_COUNT: u32 = 100_000;
 /// The largest `INTERVAL`.
 pub const MAX_INTERVAL: u32 = 1_000_000;
 /// The most `EXDATE` plus `RDATE` values.
-pub const MAX_DATES: usize = 1000;
+pub const MAX_DATES: usize = 500;
 
 /// Whether `text` is written as a recurrence rule rather than a cron expression.
 pub(crate) fn looks_like_rule(text: &str) -> bool {
@@ -163,8 +163,6 @@ pub(crate) struct Compiled {
     inner: Vec<u32>,
     /// The last civil second the rule may produce (from `UNTIL` or `COUNT`).
     pub(crate) end: Option<i64>,
-    /// `UNTIL` as an instant, applied to fires.
-    pub(crate) end_instant: Option<i64>,
     exdates: Vec<i64>,
     /// Days an `EXDATE;VALUE=DATE` removes whole.
     exdays: Vec<i64>,
@@ -206,6 +204,8 @@ pub(crate) fn parse(src: &str) -> Result<Rrule, ParseError> {
     let mut dtstart: Option<(When, Span)> = None;
     let mut tzid: Option<(String, Span)> = None;
     let mut exdates = Vec::new();
+    // The zones EXDATE and RDATE lines name: each must be DTSTART's.
+    let mut dates_tz: Vec<(String, Span)> = Vec::new();
     let mut rdates = Vec::new();
     for tok in tokens {
         let text = &src[tok.start..tok.end];
@@ -249,17 +249,6 @@ pub(crate) fn parse(src: &str) -> Result<Rrule, ParseError> {
                 .help("only `TZID=` and `VALUE=` are accepted, and not on RRULE"));
             }
         }
-        let same_zone = |found: &Option<(String, Span)>,
-                         given: Option<(String, Span)>|
-         -> Result<Option<(String, Span)>, ParseError> {
-            match (found, given) {
-                (_, None) => Ok(found.clone()),
-                (None, Some(g)) => Ok(Some(g)),
-                (Some(f), Some(g)) if f.0 == g.0 => Ok(Some(f.clone())),
-                (Some(f), Some(g)) => Err(err(ErrorKind::TimeZone, g.1, format!("`TZID={}` differs from `TZID={}` given before", g.0, f.0))
-                    .help("one rule is evaluated in one zone; write the times in that zone, or as UTC with a trailing `Z`")),
-            }
-        };
         match name.as_str() {
             "RRULE" => {
                 if let Some((first, _)) = rule {
@@ -282,11 +271,11 @@ pub(crate) fn parse(src: &str) -> Result<Rrule, ParseError> {
                     )
                     .help("drop the `Z` to give a wall-clock time in that zone"));
                 }
-                tzid = same_zone(&tzid, param_tz)?;
+                tzid = param_tz;
                 dtstart = Some((when, value_span));
             }
             "EXDATE" | "RDATE" => {
-                tzid = same_zone(&tzid, param_tz)?;
+                dates_tz.extend(param_tz);
                 let list = if name == "EXDATE" {
                     &mut exdates
                 } else {
@@ -329,7 +318,24 @@ pub(crate) fn parse(src: &str) -> Result<Rrule, ParseError> {
         return Err(err(ErrorKind::Recurrence, whole, "no RRULE")
             .help("add a line such as `RRULE:FREQ=DAILY;BYHOUR=9`"));
     };
-    if let Some((When::Utc(_), _)) = dtstart {
+    let utc_start = matches!(dtstart, Some((When::Utc(_), _)));
+    for (zone, span) in &dates_tz {
+        let same = tzid.as_ref().is_some_and(|(t, _)| t == zone);
+        if !same {
+            let why = match &tzid {
+                _ if utc_start => "DTSTART is in UTC (a trailing `Z`)".to_string(),
+                Some((t, _)) => format!("DTSTART's is `TZID={t}`"),
+                None => "DTSTART names no zone (the job's applies)".to_string(),
+            };
+            return Err(err(
+                ErrorKind::TimeZone,
+                *span,
+                format!("`TZID={zone}` on EXDATE or RDATE, but {why}"),
+            )
+            .help("one rule is evaluated in one zone: give EXDATE and RDATE the TZID of DTSTART, none, or write their times in UTC with a trailing `Z`"));
+        }
+    }
+    if utc_start {
         tzid = Some(("UTC".to_string(), dtstart.expect("set").1));
     }
     let mut r = parse_rule(rule_text, rule_span.start)?;
@@ -395,6 +401,14 @@ fn parse_when(v: &str, span: Span, date_only: bool) -> Result<When, ParseError> 
     let civil = day + i64::from(h * 3600 + mi * 60 + s);
     match &b[15..] {
         b"" => Ok(When::Local(civil)),
+        b"Z" | b"z" if civil > jiff::Timestamp::MAX.as_second() => Err(err(
+            ErrorKind::OutOfRange,
+            span,
+            format!(
+                "`{v}` is after the last instant supported, {}",
+                jiff::Timestamp::MAX
+            ),
+        )),
         b"Z" | b"z" => Ok(When::Utc(civil)),
         _ => Err(bad()),
     }
@@ -920,7 +934,7 @@ impl Rrule {
         c.rdates.sort_unstable();
         c.rdates.dedup();
         match self.until {
-            Some(When::Utc(u)) => c.end_instant = Some(u),
+            Some(When::Utc(u)) => c.end = Some(wall(When::Utc(u))),
             Some(When::Local(l)) => c.end = Some(l),
             Some(When::Date(d)) => c.end = Some(d + DAY - 1),
             None => {}
@@ -929,11 +943,17 @@ impl Rrule {
         if f.sub_daily() {
             self.reduce_lattice();
         }
+        if f.sub_daily() {
+            self.check_alignment()?;
+        }
         let c = &mut self.c;
         c.never = c.hours == 0
             || c.minutes == 0
             || c.seconds == 0
             || (f.sub_daily() && c.inner.is_empty());
+        if f.sub_daily() && !self.lattice_reaches() {
+            self.c.never = true;
+        }
         // The rule's pattern repeats after its horizon: none there, none ever.
         // Knowing it keeps later searches from walking to year 9999.
         let horizon = start.saturating_add(self.horizon_days().saturating_mul(DAY));
@@ -941,18 +961,7 @@ impl Rrule {
             self.c.never = true;
         }
         if let Some(count) = self.count {
-            let mut at = start;
-            let mut last = None;
-            for _ in 0..count {
-                match self.raw_next(at, i64::MAX) {
-                    Search::Found(x) => {
-                        last = Some(x);
-                        at = x + 1;
-                    }
-                    _ => break,
-                }
-            }
-            self.c.end = Some(last.unwrap_or(start - 1));
+            self.c.end = Some(self.nth_time(count).unwrap_or(start - 1));
         }
         if matches!(
             crate::civil::CivilSet::next(self, i64::MIN / 4, i64::MAX),
@@ -982,6 +991,107 @@ impl Rrule {
         };
         // Past year 9999 the search stops anyway.
         days.min(i128::from(max_day() - min_day())) as i64 + 1
+    }
+
+    /// The `n`-th time the rule produces from DTSTART (for COUNT), or its
+    /// last if it produces fewer. With BYSETPOS over whole periods, a
+    /// period's set is built once, not once per time.
+    fn nth_time(&self, n: u32) -> Option<i64> {
+        let start = self.dtstart;
+        let mut last = None;
+        let mut left = n;
+        if !self.freq.sub_daily() && !self.setpos.is_empty() {
+            if self.c.never {
+                return None;
+            }
+            let mut idx = self.chunk_index(start.div_euclid(DAY));
+            while self.chunk_days(idx).0 <= max_day() {
+                for x in self.period_set(idx).into_iter().filter(|x| *x >= start) {
+                    last = Some(x);
+                    left -= 1;
+                    if left == 0 {
+                        return last;
+                    }
+                }
+                idx += self.step();
+            }
+            return last;
+        }
+        let mut at = start;
+        while left > 0 {
+            let Search::Found(x) = self.raw_next(at, i64::MAX) else {
+                break;
+            };
+            last = Some(x);
+            left -= 1;
+            at = x + 1;
+        }
+        last
+    }
+
+    /// Sub-daily: the period starts of a day the hour, minute and second
+    /// parts allow, as indices of the frequency's unit in the day.
+    fn allowed_periods(&self) -> impl Iterator<Item = i64> + '_ {
+        let c = &self.c;
+        let (hours, minutes, seconds) =
+            (bits(u64::from(c.hours)), bits(c.minutes), bits(c.seconds));
+        let f = self.freq;
+        hours.into_iter().flat_map(move |h| {
+            let minutes = if f >= Freq::Minutely {
+                minutes.clone()
+            } else {
+                vec![0]
+            };
+            let seconds = seconds.clone();
+            minutes.into_iter().flat_map(move |m| {
+                let seconds = if f == Freq::Secondly {
+                    seconds.clone()
+                } else {
+                    vec![0]
+                };
+                seconds
+                    .into_iter()
+                    .map(move |s| i64::from(h * 3600 + m * 60 + s) / f.unit())
+            })
+        })
+    }
+
+    /// Sub-daily: whether some allowed period start falls on the lattice
+    /// on some day. On day d the lattice holds the periods congruent to
+    /// DTSTART's minus d times the periods of a day, modulo INTERVAL; over
+    /// all days, exactly those congruent to DTSTART's modulo g =
+    /// gcd(INTERVAL, periods a day).
+    fn lattice_reaches(&self) -> bool {
+        let g = gcd(i64::from(self.interval), DAY / self.freq.unit());
+        let u0 = self.c.unit0.rem_euclid(g);
+        self.allowed_periods().any(|p| p % g == u0)
+    }
+
+    /// Sub-daily rules whose allowed hours, minutes or seconds meet the
+    /// lattice less than once a year are refused: each search would walk
+    /// that far.
+    fn check_alignment(&self) -> Result<(), ParseError> {
+        let per_day = DAY / self.freq.unit();
+        let interval = i64::from(self.interval);
+        let g = gcd(interval, per_day);
+        let days = interval / g;
+        let u0 = self.c.unit0.rem_euclid(g);
+        // The periods the lattice can reach that the parts allow: all of
+        // them, and every period of the lattice fires (no search).
+        let allowed = self.allowed_periods().filter(|p| p % g == u0).count() as i64;
+        if days > 366 && allowed < per_day / g {
+            return Err(err(
+                ErrorKind::OutOfRange,
+                self.span,
+                format!(
+                    "with INTERVAL={} the {} periods line up with the same time of day only every {days} days, so BYHOUR, BYMINUTE or BYSECOND would fire years apart",
+                    self.interval,
+                    self.freq.name().to_ascii_lowercase()
+                ),
+            )
+            .help("use an INTERVAL that divides a day (or a small multiple of one), or drop BYHOUR, BYMINUTE and BYSECOND"));
+        }
+        Ok(())
     }
 
     /// Drops the hours, minutes or seconds that no period of a sub-daily
@@ -1360,6 +1470,31 @@ impl Rrule {
         }
     }
 
+    /// Sub-daily: when no period of the lattice starts on `day` at or after
+    /// `at`, the start of the next one (on a later day), so that days
+    /// without one are skipped whole.
+    fn next_lattice_day(&self, at: i64, day: i64) -> Option<i64> {
+        if !self.freq.sub_daily() {
+            return None;
+        }
+        let unit = self.freq.unit();
+        let u = at.div_euclid(unit);
+        let next = u + (self.c.unit0 - u).rem_euclid(i64::from(self.interval));
+        (next.div_euclid(DAY / unit) > day).then(|| next.saturating_mul(unit))
+    }
+
+    /// Sub-daily: when no period of the lattice starts on `day` at or
+    /// before `at`, the last second of the previous one (on an earlier day).
+    fn prev_lattice_day(&self, at: i64, day: i64) -> Option<i64> {
+        if !self.freq.sub_daily() {
+            return None;
+        }
+        let unit = self.freq.unit();
+        let u = at.div_euclid(unit);
+        let prev = u - (u - self.c.unit0).rem_euclid(i64::from(self.interval));
+        (prev.div_euclid(DAY / unit) < day).then(|| (prev + 1).saturating_mul(unit) - 1)
+    }
+
     /// The rule's first civil second in `[from, limit)`, without EXDATE and RDATE.
     fn raw_next(&self, from: i64, limit: i64) -> Search {
         if self.c.never {
@@ -1378,6 +1513,10 @@ impl Rrule {
             let day = at.div_euclid(DAY);
             if day > max_day() {
                 return Search::Exhausted;
+            }
+            if let Some(next) = self.next_lattice_day(at, day) {
+                at = next;
+                continue;
             }
             let idx = self.chunk_index(day);
             let lattice = self.on_lattice(idx, true);
@@ -1433,6 +1572,10 @@ impl Rrule {
             let day = at.div_euclid(DAY);
             if day < min_day() {
                 return Search::Exhausted;
+            }
+            if let Some(prev) = self.prev_lattice_day(at, day) {
+                at = prev;
+                continue;
             }
             let idx = self.chunk_index(day);
             let lattice = self.on_lattice(idx, false);
@@ -1571,9 +1714,10 @@ fn day_spec(n: i8, wd: u8) -> String {
 }
 
 impl Rrule {
-    /// The normal form: a `DTSTART` line (with the zone unless it is UTC),
-    /// the rule with its parts in one order, then `EXDATE` and `RDATE`
-    /// lines, one value each.
+    /// The normal form: a `DTSTART` line (with the zone given, if any), the
+    /// rule with its parts in one order, then `EXDATE` and `RDATE` lines,
+    /// times and dates apart, sorted. It is never longer than the longest
+    /// text the parser takes from at most [`MAX_DATES`] values.
     pub(crate) fn normalized(&self, zone: Option<&str>) -> String {
         let tz = zone.map(|z| format!(";TZID={z}")).unwrap_or_default();
         let mut out = match self.dtstart_written {
@@ -1651,18 +1795,32 @@ impl Rrule {
             parts.push(format!("WKST={}", DAYS[usize::from(self.wkst)]));
         }
         out.push_str(&format!("\nRRULE:{}", parts.join(";")));
+        // EXDATE and RDATE lines carry the zone unless DTSTART is in UTC
+        // (then their wall times are UTC's, and a TZID is refused).
+        let tz = if matches!(self.dtstart_written, Some(When::Utc(_))) {
+            String::new()
+        } else {
+            tz
+        };
         for (name, dates) in [("EXDATE", &self.exdates), ("RDATE", &self.rdates)] {
             let mut dates = dates.clone();
             dates.sort_by_key(|w| match w {
                 When::Local(c) | When::Date(c) | When::Utc(c) => *c,
             });
             dates.dedup();
-            for w in dates {
-                out.push_str(&match w {
-                    When::Date(_) => format!("\n{name}{tz};VALUE=DATE:{}", fmt_when(w)),
-                    When::Utc(_) => format!("\n{name}:{}", fmt_when(w)),
-                    When::Local(_) => format!("\n{name}{tz}:{}", fmt_when(w)),
-                });
+            let (days, times): (Vec<When>, Vec<When>) =
+                dates.into_iter().partition(|w| matches!(w, When::Date(_)));
+            if !times.is_empty() {
+                out.push_str(&format!(
+                    "\n{name}{tz}:{}",
+                    list(times.into_iter().map(fmt_when))
+                ));
+            }
+            if !days.is_empty() {
+                out.push_str(&format!(
+                    "\n{name}{tz};VALUE=DATE:{}",
+                    list(days.into_iter().map(fmt_when))
+                ));
             }
         }
         out

@@ -176,7 +176,7 @@ impl Schedule {
         compiled.compile(&tz)?;
         let wall_clock = !compiled.freq.sub_daily();
         let fixed = tz.to_fixed_offset().ok().map(|o| i64::from(o.seconds()));
-        Ok(Schedule {
+        let schedule = Schedule {
             ast: Ast {
                 time_zone: rule.tzid.clone(),
                 body: Body::Rule(Box::new(rule)),
@@ -188,7 +188,20 @@ impl Schedule {
                 wall_clock,
                 policy: Policy::defaults(wall_clock, options),
             },
-        })
+        };
+        // Its normal form must parse too (it adds a DTSTART line and zones).
+        let normal = schedule.normalized().len();
+        if normal > crate::rrule::MAX_RULE_LEN {
+            return Err(ParseError::new(
+                crate::ErrorKind::TooLong,
+                crate::Span::new(0, expr.len()),
+                format!(
+                    "the rule's normal form would be {normal} bytes long; at most {} are accepted",
+                    crate::rrule::MAX_RULE_LEN
+                ),
+            ));
+        }
+        Ok(schedule)
     }
 
     /// The syntax tree, with spans.
@@ -304,11 +317,6 @@ impl Timetable {
         } else {
             t.as_second() - 1
         };
-        // A rule's UNTIL given in UTC bounds its fires as an instant.
-        let from = match self.rule().and_then(|r| r.c.end_instant) {
-            Some(end) => from.min(end),
-            None => from,
-        };
         self.fires(from, false)
     }
 
@@ -389,16 +397,6 @@ impl Iterator for Fires<'_> {
             self.next = None;
             return None;
         };
-        let past_end = self.forward
-            && self
-                .schedule
-                .rule()
-                .and_then(|r| r.c.end_instant)
-                .is_some_and(|end| at > end);
-        if past_end {
-            self.next = None;
-            return None;
-        }
         let Ok(ts) = Timestamp::from_second(at) else {
             self.next = None;
             return None;

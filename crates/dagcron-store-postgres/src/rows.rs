@@ -122,15 +122,16 @@ pub(crate) async fn queue(
         *sent += 1;
         let q = &effects.queued;
         sqlx::query(
-            "INSERT INTO shared_attempts (run_id, task_id, number, rank, run_on)
-             SELECT r, t, n, a, o::jsonb FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bigint[], $5::text[]) AS v(r, t, n, a, o)
+            "INSERT INTO shared_attempts (run_id, task_id, number, queued_at, priority, run_on)
+             SELECT r, t, n, a, p, o::jsonb FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bigint[], $5::int[], $6::text[]) AS v(r, t, n, a, p, o)
              ON CONFLICT DO NOTHING",
         )
         .bind(q.iter().map(|e| e.0).collect::<Vec<_>>())
         .bind(q.iter().map(|e| e.1).collect::<Vec<_>>())
         .bind(q.iter().map(|e| e.2 as i32).collect::<Vec<_>>())
         .bind(q.iter().map(|e| e.3).collect::<Vec<_>>())
-        .bind(q.iter().map(|e| e.4.as_deref()).collect::<Vec<_>>())
+        .bind(q.iter().map(|e| e.4).collect::<Vec<_>>())
+        .bind(q.iter().map(|e| e.5.as_deref()).collect::<Vec<_>>())
         .execute(&mut *conn)
         .await?;
     }

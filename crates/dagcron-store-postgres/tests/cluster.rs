@@ -709,6 +709,17 @@ async fn the_cluster_queue_is_claimed_by_priority_and_waiting() {
         let done = a.write(&hand_over(run, task, at, priority)).await.unwrap();
         assert!(done.iter().all(|r| *r == WriteResult::Done), "{done:?}");
     }
+    // The rank is computed by the database from the instant and the
+    // priority; a node of the version before, which writes neither
+    // priority nor rank, queues at its instant.
+    let rank = "SELECT rank FROM shared_attempts WHERE run_id = 1 AND task_id = 'b'";
+    assert_eq!(db.scalar(rank), 150_000_000);
+    assert_eq!(
+        db.scalar(
+            "SELECT count(*) FROM shared_attempts WHERE rank = queued_at - priority * 10000000"
+        ),
+        3
+    );
     let mut order = Vec::new();
     for _ in 0..3 {
         let claimed = b

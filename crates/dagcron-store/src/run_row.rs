@@ -201,14 +201,17 @@ pub struct Effects<'a> {
     /// Output of ended attempts: run, task, number, output, the marks of
     /// its lines.
     pub logs: Vec<EndedLog<'a>>,
-    /// Attempts handed to the cluster: run, task, number, rank (the instant
-    /// less the priority's head start), labels.
-    pub queued: Vec<(RunId, &'a str, u32, i64, Option<String>)>,
+    /// Attempts handed to the cluster.
+    pub queued: Vec<Queued<'a>>,
     /// Attempts that left the cluster's queue unclaimed (ended or withdrawn).
     pub unqueued: Vec<(RunId, &'a str, u32)>,
     /// An attempt run for another node's run ended: its owner is told.
     pub ended_for_others: Vec<RunId>,
 }
+
+/// An attempt handed to the cluster: run, task, number, instant (µs),
+/// priority, labels.
+pub type Queued<'a> = (RunId, &'a str, u32, i64, i32, Option<String>);
 
 impl<'a> Effects<'a> {
     /// Takes in what the writes of other runs did.
@@ -361,8 +364,9 @@ pub fn apply<'a>(
             t.attempts.sort_by_key(|a| a.number);
             if shared {
                 let labels = run_on.as_ref().map(crate::rows::labels_json);
-                let rank = dagcron_core::priority::rank(at, *priority);
-                effects.queued.push((*run, task, *number, rank, labels));
+                effects
+                    .queued
+                    .push((*run, task, *number, at, *priority, labels));
             }
             row.changed = true;
             WriteResult::Done

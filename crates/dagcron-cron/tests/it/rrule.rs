@@ -750,3 +750,127 @@ fn every_reference_rule_passes_the_fuzz_checks() {
         dagcron_cron::fuzzing::check(&row.rule);
     }
 }
+
+/// Inputs an attack review found, each refused or answered at once.
+#[test]
+fn regression_hostile_rules_are_refused_or_cheap() {
+    // Odd seconds on a lattice of even ones never fire: refused by
+    // arithmetic, not by walking 400 years a day at a time.
+    let odd = (1..60)
+        .step_by(2)
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    assert_eq!(
+        refused(&format!("RRULE:FREQ=SECONDLY;INTERVAL=8;BYSECOND={odd}")).kind,
+        ErrorKind::NeverFires
+    );
+    assert_eq!(
+        refused("RRULE:FREQ=MINUTELY;INTERVAL=8;BYMINUTE=1,3,5,7").kind,
+        ErrorKind::NeverFires
+    );
+    // A lattice that meets the allowed time of day once in 999,983 days.
+    let e = refused(
+        "DTSTART:20260101T000000\nRRULE:FREQ=SECONDLY;INTERVAL=999983;BYHOUR=0;BYMINUTE=0;BYSECOND=0",
+    );
+    assert_eq!(e.kind, ErrorKind::OutOfRange, "{e}");
+    assert!(e.message.contains("999983 days"), "{e}");
+    // Without BY parts the same interval is a plain rhythm.
+    let plain =
+        Schedule::parse("DTSTART:20260101T000000\nRRULE:FREQ=SECONDLY;INTERVAL=999983").unwrap();
+    assert_eq!(
+        fires(&plain, "2025-01-01T00:00:00Z", 2),
+        ["2026-01-01T00:00:00Z", "2026-01-12T13:46:23Z"]
+    );
+    // UTC times past the last instant were a panic.
+    for rule in [
+        "DTSTART:99991231T000000Z\nRRULE:FREQ=DAILY",
+        "RRULE:FREQ=DAILY\nEXDATE:99991231T000000Z",
+        "RRULE:FREQ=DAILY\nRDATE:99991231T230000Z",
+    ] {
+        assert_eq!(refused(rule).kind, ErrorKind::OutOfRange, "{rule:?}");
+    }
+    // COUNT with a long BYSETPOS builds each period's set once.
+    let hours = (0..24).map(|h| h.to_string()).collect::<Vec<_>>().join(",");
+    let minutes = (0..60).map(|m| m.to_string()).collect::<Vec<_>>().join(",");
+    let positions = (1..=366)
+        .chain(-366..=-1)
+        .map(|p: i32| p.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let many = Schedule::parse(&format!(
+        "DTSTART:20260101T000000\nRRULE:FREQ=DAILY;COUNT=100000;BYHOUR={hours};BYMINUTE={minutes};BYSETPOS={positions}"
+    ))
+    .unwrap();
+    // 732 a day, the first 366 minutes and the last 366: the 100,000th is
+    // the 448th of day 137 (2026-05-17), the 82nd of the last 366 (from
+    // 17:54), 19:15; nothing after it.
+    let last = crate::ts("2026-05-17T19:15:00Z");
+    assert_eq!(
+        many.prev_before(crate::ts("2030-01-01T00:00:00Z")),
+        Some(last)
+    );
+    assert_eq!(many.next_after(last), None);
+    assert_eq!(
+        many.next_after(crate::ts("2026-05-17T19:14:00Z")),
+        Some(last)
+    );
+    // A zone on EXDATE or RDATE must be DTSTART's.
+    for rule in [
+        "DTSTART:20260105T080000Z\nRRULE:FREQ=DAILY\nEXDATE;TZID=Europe/Berlin:20260106T090000",
+        "DTSTART:20260105T090000\nRRULE:FREQ=DAILY\nRDATE;TZID=Europe/Berlin:20260106T120000",
+        "DTSTART;TZID=Asia/Tokyo:20260105T090000\nRRULE:FREQ=DAILY\nEXDATE;TZID=Europe/Berlin:20260106T090000",
+    ] {
+        let e = refused(rule);
+        assert_eq!(e.kind, ErrorKind::TimeZone, "{rule:?}: {e}");
+        assert_eq!(&rule[e.span.start..e.span.end], "Europe/Berlin");
+    }
+    // A UTC UNTIL before DTSTART never fires (as a local one); it bounds the
+    // rule, not the RDATEs.
+    assert_eq!(
+        refused("DTSTART:20260101T000000Z\nRRULE:FREQ=DAILY;UNTIL=20250101T000000Z").kind,
+        ErrorKind::NeverFires
+    );
+    let s = Schedule::parse(
+        "DTSTART:20260101T000000Z\nRRULE:FREQ=DAILY;UNTIL=20260102T000000Z\nRDATE:20260301T000000Z",
+    )
+    .unwrap();
+    assert_eq!(
+        fires(&s, "2025-01-01T00:00:00Z", 5),
+        [
+            "2026-01-01T00:00:00Z",
+            "2026-01-02T00:00:00Z",
+            "2026-03-01T00:00:00Z"
+        ]
+    );
+    // TZID=UTC written under a job in another zone stays in the normal form.
+    let utc = crate::schedule(
+        "DTSTART;TZID=UTC:20260101T090000\nRRULE:FREQ=DAILY",
+        "Asia/Shanghai",
+    );
+    assert!(
+        utc.normalized().starts_with("DTSTART;TZID=UTC:"),
+        "{}",
+        utc.normalized()
+    );
+    assert_eq!(
+        crate::schedule(&utc.normalized(), "Asia/Shanghai")
+            .next_after(crate::ts("2026-01-01T00:00:00Z")),
+        utc.next_after(crate::ts("2026-01-01T00:00:00Z"))
+    );
+    // The most EXDATEs: the normal form parses back.
+    let days: Vec<String> = (0..500)
+        .map(|d| {
+            (jiff::civil::date(2026, 1, 1) + jiff::Span::new().days(d))
+                .strftime("%Y%m%dT090000")
+                .to_string()
+        })
+        .collect();
+    let rule = format!("RRULE:FREQ=DAILY;BYHOUR=9\nEXDATE:{}", days.join(","));
+    dagcron_cron::fuzzing::check(&rule);
+    let s = Schedule::parse(&rule).unwrap();
+    assert_eq!(
+        fires(&s, "2026-01-01T00:00:00Z", 1),
+        ["2027-05-16T09:00:00Z"]
+    );
+}
