@@ -256,6 +256,14 @@ impl Calendar {
         for (k, expr) in spec.cron.iter().enumerate() {
             match Schedule::parse_with(expr, &options) {
                 Ok(s) => {
+                    if s.ast().is_rule() {
+                        cron_errors.push(ValidationError {
+                            path: format!("{at}.cron[{k}]"),
+                            message: format!("{expr:?}: a recurrence rule names instants, not periods to exclude; use `dates`, `ranges`, `weekly` or a cron expression"),
+                            span: None,
+                        });
+                        continue;
+                    }
                     if s.ast().every_seconds().is_some() {
                         cron_errors.push(ValidationError {
                             path: format!("{at}.cron[{k}]"),
@@ -476,7 +484,7 @@ mod tests {
     #[test]
     fn malformed_entries_are_reported_with_their_paths() {
         let spec: CalendarSpec = serde_saphyr::from_str(
-            "name: Bad\ntimezone: Mars/Olympus\ndates: ['12-32', '2-1', '02-30']\nranges: [{ from: yesterday, to: '2026-01-01T00:00:00Z' }, { from: '2026-01-02T00:00:00Z', to: '2026-01-01T00:00:00Z' }]\nweekly: [{ days: [SUNDAY], from: '25:00', to: '04:00' }, { days: [], from: '02:00', to: '02:00' }]\ncron: ['61 * * * *', '@every 1h']\n",
+            "name: Bad\ntimezone: Mars/Olympus\ndates: ['12-32', '2-1', '02-30']\nranges: [{ from: yesterday, to: '2026-01-01T00:00:00Z' }, { from: '2026-01-02T00:00:00Z', to: '2026-01-01T00:00:00Z' }]\nweekly: [{ days: [SUNDAY], from: '25:00', to: '04:00' }, { days: [], from: '02:00', to: '02:00' }]\ncron: ['61 * * * *', '@every 1h', 'RRULE:FREQ=DAILY']\n",
         )
         .unwrap();
         let errors = Calendar::compile(&spec, "calendars[0]").unwrap_err();
@@ -496,6 +504,7 @@ mod tests {
                 "calendars[0].weekly[1].to: the window is empty: `to` equals `from`",
                 "calendars[0].cron[0]: invalid cron expression \"61 * * * *\": 61 is out of range for the minute field (accepted: 0-59)",
                 "calendars[0].cron[1]: \"@every 1h\": `@every` names instants, not periods to exclude; use a cron expression or a weekly window",
+                "calendars[0].cron[2]: \"RRULE:FREQ=DAILY\": a recurrence rule names instants, not periods to exclude; use `dates`, `ranges`, `weekly` or a cron expression",
             ]
         "#]]
         .assert_debug_eq(&text);

@@ -1298,3 +1298,41 @@ fn regression_slow_clients_are_closed_after_the_header_timeout() {
         }
     }
 }
+
+/// Priorities through a real server: with its one slot (`--pool-size 1`)
+/// held, a job of priority 50 triggered after three default tasks starts
+/// first; the three keep their order.
+#[test]
+fn the_server_starts_higher_priorities_first() {
+    let (dir, data) = setup();
+    let trace = dir.path().join("trace");
+    let server = Server::start(&data, &["--pool-size", "1"]);
+    let t = trace.display();
+    server.apply(&format!(
+        "namespace: {ns}\njobs:\n  - {{ name: hold, tasks: [{{ id: long, shell: 'sleep 60' }}] }}\n  - name: low\n    tasks:\n      - {{ id: a, shell: 'echo low-a >> {t}' }}\n      - {{ id: b, shell: 'echo low-b >> {t}' }}\n      - {{ id: c, shell: 'echo low-c >> {t}' }}\n  - {{ name: high, priority: 50, tasks: [{{ id: x, shell: 'echo high >> {t}' }}] }}\n",
+        ns = server.namespace
+    ));
+    let state = |run: i64, task: usize| {
+        server.get(&format!("/api/v1/runs/{run}"))["tasks"][task]["state"].clone()
+    };
+    let hold = server.trigger("hold");
+    until("the slot is held", || state(hold, 0) == "running");
+    let low = server.trigger("low");
+    until("the low tasks wait", || {
+        (0..3).all(|i| state(low, i) == "ready")
+    });
+    let high = server.trigger("high");
+    until("the high task waits", || state(high, 0) == "ready");
+    let (status, body) = server.post(
+        &format!("/api/v1/runs/{hold}/cancel"),
+        "",
+        "application/json",
+    );
+    assert!(status < 300, "{status} {body}");
+    server.wait_run(low, "succeeded");
+    server.wait_run(high, "succeeded");
+    assert_eq!(
+        std::fs::read_to_string(&trace).unwrap(),
+        "high\nlow-a\nlow-b\nlow-c\n"
+    );
+}
