@@ -3723,3 +3723,49 @@ jobs:
     assert_eq!(order(540).await, "low-a\nlow-b\nhigh\nlow-c\n");
     h.stop().await;
 }
+
+/// A recurrence rule fires through the engine like a cron expression: a
+/// year of "the last business day of the month at 18:00 in Berlin, except
+/// New Year's Eve" in one jump, twelve fires less the excluded one, each
+/// recorded at its instant.
+#[tokio::test]
+async fn a_year_of_a_recurrence_rule_in_one_jump() {
+    let h = fresh_with_grace("2026-01-01T00:00:00Z", LONG_GRACE).await;
+    h.apply("namespace: t\njobs:\n  - name: close\n    schedule: |\n      RRULE:FREQ=MONTHLY;BYDAY=MO,TU,WE,TH,FR;BYSETPOS=-1;BYHOUR=18\n      EXDATE:20261231T180000\n    timezone: Europe/Berlin\n    max_pending_runs: 100\n    tasks: [{ id: a, noop: true }]\n").await;
+    h.clock.set(ts("2027-01-01T00:00:00Z"));
+    h.until("11 runs finished", async |s| {
+        let runs = s.list_runs("t", "close", 100, None).await.unwrap().items;
+        runs.len() == 11 && runs.iter().all(|r| r.state == RunState::Succeeded)
+    })
+    .await;
+    let fires = h
+        .store
+        .list_fires(
+            "t",
+            "close",
+            ts("2026-01-01T00:00:00Z"),
+            ts("2027-01-01T00:00:00Z"),
+            100,
+        )
+        .await
+        .unwrap();
+    let mut at: Vec<String> = fires.iter().map(|f| f.scheduled_at.to_string()).collect();
+    at.sort();
+    assert_eq!(
+        at,
+        [
+            "2026-01-30T17:00:00Z",
+            "2026-02-27T17:00:00Z",
+            "2026-03-31T16:00:00Z",
+            "2026-04-30T16:00:00Z",
+            "2026-05-29T16:00:00Z",
+            "2026-06-30T16:00:00Z",
+            "2026-07-31T16:00:00Z",
+            "2026-08-31T16:00:00Z",
+            "2026-09-30T16:00:00Z",
+            "2026-10-30T17:00:00Z",
+            "2026-11-30T17:00:00Z",
+        ]
+    );
+    h.stop().await;
+}
