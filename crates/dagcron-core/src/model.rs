@@ -1251,7 +1251,10 @@ impl Compiled {
         timezone: &str,
         options: &Options,
     ) -> Result<Schedule, dagcron_cron::ParseError> {
-        if expr.bytes().any(|b| b.eq_ignore_ascii_case(&b'h')) {
+        // Cron's `H` depends on the job; a recurrence rule's letters do not.
+        if !dagcron_cron::is_recurrence_rule(expr)
+            && expr.bytes().any(|b| b.eq_ignore_ascii_case(&b'h'))
+        {
             return Schedule::parse_with(expr, options);
         }
         use std::fmt::Write as _;

@@ -65,6 +65,13 @@ pub use zone::{DstGap, DstNote, DstOverlap};
 /// upgrade that changes a rule never silently moves a fire.
 pub const SEMANTICS_VERSION: u32 = 1;
 
+/// Whether `text` is written as an RFC 5545 recurrence rule (it starts
+/// with `RRULE:`, `DTSTART`, `EXDATE` or `RDATE`) rather than a cron
+/// expression.
+pub fn is_recurrence_rule(text: &str) -> bool {
+    rrule::looks_like_rule(text)
+}
+
 impl Schedule {
     /// A plain-English explanation.
     pub fn explain(&self) -> String {

@@ -1741,56 +1741,21 @@ impl Rrule {
                 parts.push(format!("{name}={}", list(values)));
             }
         };
-        let nums = |v: Vec<i64>| v.into_iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        push(
-            "BYMONTH",
-            nums(
-                bits(u64::from(self.months))
-                    .into_iter()
-                    .map(i64::from)
-                    .collect(),
-            ),
-        );
-        push(
-            "BYWEEKNO",
-            nums(self.weeknos.iter().map(|x| i64::from(*x)).collect()),
-        );
-        push(
-            "BYYEARDAY",
-            nums(self.yeardays.iter().map(|x| i64::from(*x)).collect()),
-        );
-        push(
-            "BYMONTHDAY",
-            nums(self.monthdays.iter().map(|x| i64::from(*x)).collect()),
-        );
+        fn texts<T: ToString>(values: impl IntoIterator<Item = T>) -> Vec<String> {
+            values.into_iter().map(|v| v.to_string()).collect()
+        }
+        push("BYMONTH", texts(bits(u64::from(self.months))));
+        push("BYWEEKNO", texts(&self.weeknos));
+        push("BYYEARDAY", texts(&self.yeardays));
+        push("BYMONTHDAY", texts(&self.monthdays));
         push(
             "BYDAY",
-            self.weekdays
-                .iter()
-                .map(|(n, w)| day_spec(*n, *w))
-                .collect(),
+            texts(self.weekdays.iter().map(|(n, w)| day_spec(*n, *w))),
         );
-        push(
-            "BYHOUR",
-            nums(
-                bits(u64::from(self.by_hour))
-                    .into_iter()
-                    .map(i64::from)
-                    .collect(),
-            ),
-        );
-        push(
-            "BYMINUTE",
-            nums(bits(self.by_minute).into_iter().map(i64::from).collect()),
-        );
-        push(
-            "BYSECOND",
-            nums(bits(self.by_second).into_iter().map(i64::from).collect()),
-        );
-        push(
-            "BYSETPOS",
-            nums(self.setpos.iter().map(|x| i64::from(*x)).collect()),
-        );
+        push("BYHOUR", texts(bits(u64::from(self.by_hour))));
+        push("BYMINUTE", texts(bits(self.by_minute)));
+        push("BYSECOND", texts(bits(self.by_second)));
+        push("BYSETPOS", texts(&self.setpos));
         if self.wkst != 0 {
             parts.push(format!("WKST={}", DAYS[usize::from(self.wkst)]));
         }

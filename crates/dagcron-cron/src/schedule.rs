@@ -102,7 +102,7 @@ impl Schedule {
 
     /// Parses an expression with the given options.
     pub fn parse_with(expr: &str, options: &Options) -> Result<Schedule, ParseError> {
-        if crate::rrule::looks_like_rule(expr) {
+        if crate::is_recurrence_rule(expr) {
             return Schedule::parse_rule(expr, options);
         }
         let ast = crate::parse::parse(expr, options.hash_seed)?;
