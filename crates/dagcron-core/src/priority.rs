@@ -133,6 +133,12 @@ impl<Q> Levels<Q> {
         mut take: impl FnMut(&mut Q) -> Option<T>,
         ready: impl Fn(&T) -> i64,
     ) -> Option<T> {
+        // The usual case, one level: no order to work out.
+        if self.levels.len() == 1 {
+            let item = take(&mut self.levels[0].queue)?;
+            self.took(0, ready(&item));
+            return Some(item);
+        }
         for i in self.order() {
             if let Some(item) = take(&mut self.levels[i].queue) {
                 self.took(i, ready(&item));
