@@ -287,6 +287,8 @@ mod tests {
     fn tasks(spec: &[(&str, &[&str])]) -> Vec<TaskSpec> {
         spec.iter()
             .map(|(id, deps)| TaskSpec {
+                for_each: Default::default(),
+                max_parallel: Default::default(),
                 priority: Default::default(),
                 id: id.to_string(),
                 depends_on: deps.iter().map(|d| d.to_string()).collect(),
@@ -542,6 +544,8 @@ mod tests {
             (edges, rules, outcomes).prop_map(move |(edges, rules, outcomes)| {
                 let specs = (0..n)
                     .map(|i| TaskSpec {
+                        for_each: Default::default(),
+                        max_parallel: Default::default(),
                         priority: Default::default(),
                         id: format!("t{i}"),
                         depends_on: (0..i)

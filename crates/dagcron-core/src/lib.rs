@@ -62,6 +62,7 @@ pub mod condition;
 pub mod dag;
 pub mod duration;
 pub mod exec_policy;
+pub mod fan_out;
 pub mod fires;
 pub mod hook;
 pub mod hotspots;

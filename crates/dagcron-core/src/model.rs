@@ -439,6 +439,14 @@ pub struct TaskSpec {
     /// when not given); see [`crate::priority`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<i32>,
+    /// Run once per item of a list found when the task may start (see
+    /// [`crate::fan_out`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_each: Option<crate::fan_out::ForEach>,
+    /// With `for_each`: the most instances that run at once (none: as
+    /// many as there are slots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel: Option<u32>,
 }
 
 /// Which remote worker agents may run a task.
@@ -714,6 +722,10 @@ pub struct Task {
     /// The tasks whose outputs it gets, by index: its upstream tasks and
     /// the tasks its text and condition refer to.
     pub reads: Vec<usize>,
+    /// Where its items come from, if it runs once per item.
+    pub for_each: Option<crate::fan_out::Source>,
+    /// The most of its instances that run at once (none: no bound).
+    pub max_parallel: Option<u32>,
 }
 
 /// A validated job, ready to schedule.

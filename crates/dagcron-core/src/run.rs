@@ -336,6 +336,24 @@ pub enum Effect {
         /// The task's index.
         task: usize,
     },
+    /// Mapped task `task` expands into one instance per item (each item's
+    /// JSON), the next slots of the run in order (see
+    /// [`RunMachine::instances`]): record them, `pending`.
+    Expand {
+        /// The mapped task's index.
+        task: usize,
+        /// The items.
+        items: Vec<String>,
+    },
+    /// Record why mapped task `task` has no instances (no items, or a list
+    /// it could not take), or why its instances' outputs could not be
+    /// handed downstream.
+    Note {
+        /// The mapped task's index.
+        task: usize,
+        /// What happened.
+        note: String,
+    },
     /// `task` may start: queue it for a worker.
     Ready {
         /// The task's index.
@@ -389,7 +407,8 @@ pub struct StoredTask {
 pub struct RunData<'a> {
     /// The run's parameters.
     pub params: &'a std::collections::BTreeMap<String, String>,
-    /// Each task's outputs.
+    /// Each task's outputs, by slot (a mapped task's: its instances',
+    /// gathered in lists).
     pub outputs: &'a [Option<std::sync::Arc<crate::outputs::Outputs>>],
 }
 
@@ -419,16 +438,39 @@ impl RunData<'_> {
             outputs: &outputs,
         })
     }
+
+    /// The items mapped task `task` of `job` expands into, or why it has
+    /// none to take.
+    fn items(&self, job: &Job, task: usize) -> Result<Vec<String>, String> {
+        let source = job.tasks[task].for_each.as_ref().expect("a mapped task");
+        source.items(self.params, |r| {
+            let i = job.tasks.iter().position(|t| t.id == r.task)?;
+            self.outputs.get(i)?.as_deref()?.get(&r.key).cloned()
+        })
+    }
+
+    /// What the instances in `slots` hand downstream together.
+    pub fn gathered(
+        &self,
+        slots: std::ops::Range<usize>,
+    ) -> Result<crate::outputs::Outputs, String> {
+        crate::fan_out::gather(slots.map(|s| self.outputs.get(s).and_then(|o| o.as_deref())))
+    }
 }
 
 /// One run: its state, its tasks' states and their current attempts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunMachine {
     state: RunState,
+    /// By slot: the job's tasks, then the instances of its mapped tasks.
     tasks: Vec<TaskState>,
     attempts: Vec<u32>,
     current: Vec<Option<Attempt>>,
     closing: Option<RunState>,
+    /// The job's task each instance is of, by slot past the job's tasks.
+    instance_of: Vec<usize>,
+    /// The slots of each job task's instances, once it is expanded.
+    mapped: Vec<Option<std::ops::Range<usize>>>,
 }
 
 type Step = Result<(), IllegalTransition>;
@@ -437,43 +479,79 @@ impl RunMachine {
     /// A new run of a job with `tasks` tasks, `pending` (waiting for a slot)
     /// or `running`.
     pub fn new(tasks: usize, state: RunState) -> RunMachine {
-        RunMachine {
-            state,
-            tasks: vec![TaskState::Pending; tasks],
-            attempts: vec![0; tasks],
-            current: vec![None; tasks],
-            closing: None,
-        }
+        RunMachine::carrying(state, vec![TaskState::Pending; tasks], vec![])
     }
 
-    /// A new run whose tasks start in `tasks`: `pending`, or for a re-run
+    /// A new run whose slots start in `tasks`: `pending`, or for a re-run
     /// the `succeeded` or `skipped` outcome a task keeps from the run it
     /// re-runs (see [`crate::rerun::start_states`]); `pending` or `running`.
-    pub fn carrying(state: RunState, tasks: Vec<TaskState>) -> RunMachine {
+    /// A re-run keeps the expansion of the mapped tasks it runs again: the
+    /// slots past the job's tasks are their instances, of the job's task
+    /// `instance_of` names for each, in order.
+    pub fn carrying(state: RunState, tasks: Vec<TaskState>, instance_of: Vec<usize>) -> RunMachine {
         debug_assert!(tasks.iter().all(|t| matches!(
             t,
             TaskState::Pending | TaskState::Succeeded | TaskState::Skipped
         )));
-        RunMachine {
-            state,
-            attempts: vec![0; tasks.len()],
-            current: vec![None; tasks.len()],
-            tasks,
-            closing: None,
-        }
+        let tasks = tasks
+            .into_iter()
+            .map(|state| StoredTask {
+                state,
+                attempts: 0,
+                current: None,
+            })
+            .collect();
+        RunMachine::rebuilt(state, None, tasks, instance_of)
     }
 
-    /// A run rebuilt from the store. Its tasks' attempts that do not go on
-    /// must be ended by the caller first ([`Event::AttemptEnded`] of a
-    /// [`Failure::Lost`] for the task's current attempt).
-    pub fn rebuilt(state: RunState, closing: Option<RunState>, tasks: Vec<StoredTask>) -> Self {
+    /// A run rebuilt from the store, its slots as [`RunMachine::carrying`]
+    /// has them. Its tasks' attempts that do not go on must be ended by the
+    /// caller first ([`Event::AttemptEnded`] of a [`Failure::Lost`] for the
+    /// task's current attempt).
+    pub fn rebuilt(
+        state: RunState,
+        closing: Option<RunState>,
+        tasks: Vec<StoredTask>,
+        instance_of: Vec<usize>,
+    ) -> Self {
+        let declared = tasks.len() - instance_of.len();
+        let mut mapped: Vec<Option<std::ops::Range<usize>>> = vec![None; declared];
+        for (k, &parent) in instance_of.iter().enumerate() {
+            let slot = declared + k;
+            let range = mapped[parent].get_or_insert(slot..slot);
+            debug_assert_eq!(range.end, slot, "the instances of a task are together");
+            range.end = slot + 1;
+        }
         RunMachine {
             state,
             attempts: tasks.iter().map(|t| t.attempts).collect(),
             current: tasks.iter().map(|t| t.current).collect(),
             tasks: tasks.into_iter().map(|t| t.state).collect(),
             closing,
+            instance_of,
+            mapped,
         }
+    }
+
+    /// The job's task `slot` runs: itself, or the mapped task it is an
+    /// instance of.
+    pub fn task_of(&self, slot: usize) -> usize {
+        let declared = self.mapped.len();
+        if slot < declared {
+            slot
+        } else {
+            self.instance_of[slot - declared]
+        }
+    }
+
+    /// The slots of the instances of `task`, once it is expanded.
+    pub fn instances(&self, task: usize) -> Option<std::ops::Range<usize>> {
+        self.mapped.get(task).cloned().flatten()
+    }
+
+    /// The job's task each instance slot is of, in order.
+    pub fn instance_of(&self) -> &[usize] {
+        &self.instance_of
     }
 
     /// The run's state.
@@ -486,7 +564,7 @@ impl RunMachine {
         self.closing.is_some() && !self.state.is_terminal()
     }
 
-    /// The state of every task, by index.
+    /// The state of every slot: the job's tasks, then the instances.
     pub fn tasks(&self) -> &[TaskState] {
         &self.tasks
     }
@@ -662,7 +740,7 @@ impl RunMachine {
                     self.tasks[task],
                     TaskState::Running | TaskState::Dispatching
                 );
-                if !moving || self.current[task].is_some() {
+                if !moving || self.current[task].is_some() || self.instances(task).is_some() {
                     return Ok(());
                 }
                 let number = self.attempts[task];
@@ -677,6 +755,7 @@ impl RunMachine {
                     Intervention::Retry => out.push(Effect::Ready { task }),
                     Intervention::MarkSucceeded | Intervention::MarkSkipped => {
                         self.reopen_downstream(job, task, out)?;
+                        self.regather(job, data, task, out)?;
                     }
                     Intervention::Fail => {}
                 }
@@ -755,7 +834,9 @@ impl RunMachine {
         } else if self.closing.is_some() {
             RetryDecision::GiveUp("the run is stopping")
         } else {
-            job.tasks[task].retry.decide(number, &failure, random())
+            job.tasks[self.task_of(task)]
+                .retry
+                .decide(number, &failure, random())
         };
         match decision {
             RetryDecision::Retry(delay) => {
@@ -766,7 +847,8 @@ impl RunMachine {
                 });
             }
             RetryDecision::GiveUp(_)
-                if self.closing.is_none() && job.tasks[task].on_exhausted == OnExhausted::Hold =>
+                if self.closing.is_none()
+                    && job.tasks[self.task_of(task)].on_exhausted == OnExhausted::Hold =>
             {
                 // Its run waits for an operator (its deadline still applies).
                 self.set_task(task, TaskState::Held, out)?;
@@ -780,7 +862,10 @@ impl RunMachine {
     /// because of it (`upstream_failed`, through a chain of such tasks) go
     /// back to `pending`, for planning to decide them again.
     fn reopen_downstream(&mut self, job: &Job, task: usize, out: &mut Vec<Effect>) -> Step {
-        let mut stack = job.dag.downstream[task].clone();
+        let Some(downstream) = job.dag.downstream.get(task) else {
+            return Ok(()); // an instance: its mapped task decides
+        };
+        let mut stack = downstream.clone();
         while let Some(next) = stack.pop() {
             if self.tasks[next] == TaskState::UpstreamFailed {
                 self.set_task(next, TaskState::Pending, out)?;
@@ -842,10 +927,12 @@ impl RunMachine {
         if self.state != RunState::Running {
             return Ok(());
         }
+        self.settle(job, data, out)?;
         if self.closing.is_none() {
             let rules: Vec<_> = job.tasks.iter().map(|t| t.trigger_rule).collect();
             loop {
-                let changes = job.dag.plan(&rules, &self.tasks);
+                let declared = self.mapped.len();
+                let changes = job.dag.plan(&rules, &self.tasks[..declared]);
                 if changes.is_empty() {
                     break;
                 }
@@ -859,7 +946,11 @@ impl RunMachine {
                     };
                     self.set_task(task, to, out)?;
                     if to == TaskState::Ready {
-                        out.push(Effect::Ready { task });
+                        if job.tasks[task].for_each.is_some() {
+                            self.expand(job, data, task, out)?;
+                        } else {
+                            out.push(Effect::Ready { task });
+                        }
                     }
                 }
             }
@@ -870,11 +961,159 @@ impl RunMachine {
                 .iter()
                 .all(|t| t.is_terminal())
                 .then_some(closing),
-            None => policy::run_outcome(&self.tasks),
+            None => policy::run_outcome(&self.tasks[..self.mapped.len()]),
         };
         if let Some(state) = outcome {
             self.set_run(state, out)?;
             out.push(Effect::Finished { state });
+        }
+        Ok(())
+    }
+
+    /// Ready mapped task `task` starts its instances: expanded now into
+    /// one per item (unless a re-run kept its expansion), `running` while
+    /// they are; skipped with no items, failed with a list it cannot take.
+    fn expand(&mut self, job: &Job, data: RunData<'_>, task: usize, out: &mut Vec<Effect>) -> Step {
+        if self.instances(task).is_none() {
+            let items = data.items(job, task).and_then(|items| {
+                let total = self.instance_of.len() + items.len();
+                if total > crate::fan_out::MAX_INSTANCES {
+                    Err(format!(
+                        "{} items would make {total} instances in the run; at most {} are taken",
+                        items.len(),
+                        crate::fan_out::MAX_INSTANCES
+                    ))
+                } else {
+                    Ok(items)
+                }
+            });
+            let items = match items {
+                Ok(items) if items.is_empty() => {
+                    let note = "`for_each` gave no items: nothing to run".to_string();
+                    out.push(Effect::Note { task, note });
+                    return self.set_task(task, TaskState::Skipped, out);
+                }
+                Ok(items) => items,
+                Err(note) => {
+                    out.push(Effect::Note { task, note });
+                    return self.set_task(task, TaskState::Failed, out);
+                }
+            };
+            let first = self.tasks.len();
+            let slots = first..first + items.len();
+            self.tasks.resize(slots.end, TaskState::Pending);
+            self.attempts.resize(slots.end, 0);
+            self.current.resize(slots.end, None);
+            self.instance_of.resize(slots.end - self.mapped.len(), task);
+            self.mapped[task] = Some(slots);
+            out.push(Effect::Expand { task, items });
+        }
+        self.set_task(task, TaskState::Running, out)?;
+        self.fill(job, task, out)
+    }
+
+    /// Readies the pending instances of mapped task `task` that its
+    /// `max_parallel` lets start, in order (an instance counts from when it
+    /// is ready until it ends, waiting for a retry or an operator included).
+    fn fill(&mut self, job: &Job, task: usize, out: &mut Vec<Effect>) -> Step {
+        let Some(slots) = self.instances(task) else {
+            return Ok(());
+        };
+        let limit = job.tasks[task]
+            .max_parallel
+            .map_or(usize::MAX, |m| m as usize);
+        let mut busy = self.tasks[slots.clone()]
+            .iter()
+            .filter(|t| {
+                matches!(
+                    t,
+                    TaskState::Ready
+                        | TaskState::Dispatching
+                        | TaskState::Running
+                        | TaskState::Retrying
+                        | TaskState::Held
+                )
+            })
+            .count();
+        for slot in slots {
+            if busy >= limit {
+                break;
+            }
+            if self.tasks[slot] == TaskState::Pending {
+                self.set_task(slot, TaskState::Ready, out)?;
+                out.push(Effect::Ready { task: slot });
+                busy += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The mapped tasks whose instances are running: more instances start
+    /// as others end; once all have ended, the task ends by them.
+    fn settle(&mut self, job: &Job, data: RunData<'_>, out: &mut Vec<Effect>) -> Step {
+        for task in 0..self.mapped.len() {
+            let Some(slots) = self.instances(task) else {
+                continue;
+            };
+            if self.tasks[task] != TaskState::Running {
+                continue;
+            }
+            if self.closing.is_none() {
+                self.fill(job, task, out)?;
+            }
+            if self.tasks[slots.clone()].iter().all(|t| t.is_terminal()) {
+                let to = self.gathered(data, task, slots, out);
+                self.set_task(task, to, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What mapped task `task` ends in, its instances in `slots` all
+    /// ended: by their states, failed if their outputs cannot be handed
+    /// downstream.
+    fn gathered(
+        &self,
+        data: RunData<'_>,
+        task: usize,
+        slots: std::ops::Range<usize>,
+        out: &mut Vec<Effect>,
+    ) -> TaskState {
+        let to = crate::fan_out::gathered_state(self.tasks[slots.clone()].iter().copied());
+        if to != TaskState::Succeeded {
+            return to;
+        }
+        match data.gathered(slots) {
+            Ok(_) => to,
+            Err(note) => {
+                out.push(Effect::Note { task, note });
+                TaskState::Failed
+            }
+        }
+    }
+
+    /// An instance was marked while its mapped task had failed by it: the
+    /// mapped task is decided again, and what did not run downstream of it
+    /// too.
+    fn regather(
+        &mut self,
+        job: &Job,
+        data: RunData<'_>,
+        slot: usize,
+        out: &mut Vec<Effect>,
+    ) -> Step {
+        let task = self.task_of(slot);
+        if task == slot || self.tasks[task] != TaskState::Failed {
+            return Ok(());
+        }
+        let slots = self.instances(task).expect("an instance's task is mapped");
+        if !self.tasks[slots.clone()].iter().all(|t| t.is_terminal()) {
+            return Ok(());
+        }
+        let to = self.gathered(data, task, slots, out);
+        if to != TaskState::Failed {
+            self.set_task(task, to, out)?;
+            self.reopen_downstream(job, task, out)?;
         }
         Ok(())
     }

@@ -199,6 +199,9 @@ impl TaskState {
         let ok = match (self, next) {
             (Pending, Ready | UpstreamFailed | Skipped | Cancelled) => true,
             (Ready, Dispatching | Cancelled) => true,
+            // A mapped task (`for_each`): its instances start, or it has
+            // none to run (no items, or a list it cannot take).
+            (Ready, Running | Skipped | Failed) => true,
             (Dispatching, Running | Retrying | Failed | Cancelled) => true,
             (Running, Succeeded | Failed | Retrying | Cancelled | Skipped) => true,
             (Retrying, Ready | Cancelled) => true,
@@ -284,7 +287,7 @@ mod tests {
         .assert_eq(&table(RunState::ALL, |a, b| a.to(b).is_ok()));
         expect_test::expect![[r#"
             pending -> ready, upstream_failed, skipped, cancelled
-            ready -> dispatching, cancelled
+            ready -> dispatching, running, failed, skipped, cancelled
             dispatching -> running, retrying, held, failed, cancelled
             running -> retrying, held, succeeded, failed, skipped, cancelled
             retrying -> ready, cancelled

@@ -442,6 +442,10 @@ async fn claim_some(
         let (_, namespace, job, scheduled_at, params, trace, job_version, tasks) = &runs[&run];
         let tasks = dagcron_store::run_row::parse_tasks(run, tasks).map_err(corrupt)?;
         out.push(ClaimedAttempt {
+            item: tasks
+                .iter()
+                .find(|t| t.id == task)
+                .and_then(|t| t.item.clone()),
             run,
             namespace: namespace.clone(),
             job: job.clone(),

@@ -249,6 +249,8 @@ mod tests {
             start_error_us: None,
         };
         let task = |id: &str, state, carried, attempts| Task {
+            item: Default::default(),
+            note: Default::default(),
             carried_outputs: Default::default(),
             id: id.into(),
             state,

@@ -158,7 +158,7 @@ impl SqliteStore {
             .collect::<Vec<_>>()
             .join(",");
         // The ids are integers we produced, so they are safe to inline.
-        let tasks = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT run_id, task_id, state, carried, outputs FROM tasks WHERE run_id IN ({list}) ORDER BY run_id, position")))
+        let tasks = sqlx::query(sqlx::AssertSqlSafe(format!("SELECT run_id, task_id, state, carried, outputs, item, note FROM tasks WHERE run_id IN ({list}) ORDER BY run_id, position")))
             .fetch_all(&mut *conn)
             .await
             .map_err(unavailable)?;
@@ -169,6 +169,8 @@ impl SqliteStore {
                 attempts: vec![],
                 carried: row.get::<i64, _>(3) != 0,
                 carried_outputs: outputs_json(row.get(4))?,
+                item: row.get(5),
+                note: row.get(6),
             });
         }
         let attempts = sqlx::query(sqlx::AssertSqlSafe(format!(

@@ -185,11 +185,12 @@ struct Counts {
 /// attempt, a fire or an attempt inserted twice, a run with a key): it must then be applied
 /// one write at a time, with the same results.
 pub(crate) fn plan(batch: &[Write]) -> Option<Plan<'_>> {
-    // A run with a key may be refused: one write at a time (they are rare).
-    if batch
-        .iter()
-        .any(|w| matches!(w, Write::Run(run) if run.key.is_some()))
-    {
+    // A run with a key may be refused, and a mapped task's expansion adds
+    // tasks: one write at a time (they are rare).
+    if batch.iter().any(|w| {
+        matches!(w, Write::Run(run) if run.key.is_some())
+            || matches!(w, Write::Expand { .. } | Write::Gathered { .. })
+    }) {
         return None;
     }
     // Counted first, so that no map or list of the plan grows as it fills.
@@ -203,6 +204,8 @@ pub(crate) fn plan(batch: &[Write]) -> Option<Plan<'_>> {
             Write::AttemptStart { .. } => count.starts += 1,
             Write::AttemptWithdraw { .. } => count.withdrawals += 1,
             Write::Run(_)
+            | Write::Expand { .. }
+            | Write::Gathered { .. }
             | Write::RunClosing { .. }
             | Write::Notify(_)
             | Write::Breaker(_)

@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::plan::{AsStateName, Plan, plan};
 use dagcron_core::{FireOutcome, Rules, RunState, TaskState};
 use dagcron_store::{
-    ApplyResult, BreakerWrite, JobUpsert, NewRun, Result, StorageError, Write, WriteResult,
+    ApplyResult, BreakerWrite, JobUpsert, NewRun, Result, RunId, StorageError, Write, WriteResult,
 };
 use jiff::Timestamp;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
@@ -297,7 +297,7 @@ fn insert_run_as(tx: &Transaction<'_>, run: &NewRun, states: &[TaskState]) -> ru
         run.rerun_of
     ])?;
     let mut insert = tx.prepare_cached(
-        "INSERT INTO tasks (run_id, task_id, position, state, carried, outputs) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO tasks (run_id, task_id, position, state, carried, outputs, item) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?;
     for (position, (task, state)) in run.tasks.iter().zip(states).enumerate() {
         let outputs = run
@@ -310,10 +310,50 @@ fn insert_run_as(tx: &Transaction<'_>, run: &NewRun, states: &[TaskState]) -> ru
             position as i64,
             state.as_str(),
             run.carried.contains_key(task),
-            outputs
+            outputs,
+            run.items.get(task)
         ])?;
     }
     Ok(())
+}
+
+/// Adds the instances of mapped task `task` of `run` (see [`Write::Expand`]).
+fn expand(
+    tx: &Transaction<'_>,
+    run: RunId,
+    task: &str,
+    items: &[String],
+) -> rusqlite::Result<WriteResult> {
+    let next: Option<i64> = tx
+        .prepare_cached(
+            "SELECT (SELECT max(position) + 1 FROM tasks WHERE run_id = ?1) FROM tasks WHERE run_id = ?1 AND task_id = ?2",
+        )?
+        .query_row(params![run, task], |r| r.get(0))
+        .optional()?;
+    let Some(next) = next else {
+        return Ok(WriteResult::task_conflict(
+            run,
+            task,
+            None,
+            TaskState::Ready,
+        ));
+    };
+    let expanded = tx
+        .prepare_cached("SELECT 1 FROM tasks WHERE run_id = ?1 AND task_id = ?2")?
+        .exists(params![run, dagcron_core::fan_out::instance_id(task, 0)])?;
+    if expanded {
+        return Ok(WriteResult::Conflict(format!(
+            "{run}/{task} is expanded already"
+        )));
+    }
+    let mut insert = tx.prepare_cached(
+        "INSERT INTO tasks (run_id, task_id, position, state, item) VALUES (?1, ?2, ?3, 'pending', ?4)",
+    )?;
+    for (i, item) in items.iter().enumerate() {
+        let id = dagcron_core::fan_out::instance_id(task, i);
+        insert.execute(params![run, id, next + i as i64, item])?;
+    }
+    Ok(WriteResult::Done)
 }
 
 /// Applies a batch. Planned ([`crate::plan`]) when it can be, in
@@ -728,6 +768,21 @@ pub(crate) fn apply(tx: &Transaction<'_>, w: &Write) -> rusqlite::Result<WriteRe
                 dagcron_store::attempt_unfinished!()
             ))?
             .execute(params![run, task])?;
+            Ok(WriteResult::Done)
+        }
+        Write::Expand { run, task, items } => expand(tx, *run, task, items),
+        Write::Gathered {
+            run,
+            task,
+            note,
+            outputs,
+        } => {
+            let outputs = (!outputs.is_empty())
+                .then(|| serde_json::to_string(outputs).expect("outputs serialize"));
+            tx.prepare_cached(
+                "UPDATE tasks SET note = coalesce(?1, note), outputs = ?2 WHERE run_id = ?3 AND task_id = ?4",
+            )?
+            .execute(params![note, outputs, run, task])?;
             Ok(WriteResult::Done)
         }
         // Applied by `apply_batch`, after the batch's other writes.

@@ -109,6 +109,17 @@ pub fn write() -> impl Strategy<Value = Write> {
                 at: t(3),
             }
         }),
+        1 => (run.clone(), task.clone(), 0..3usize).prop_map(|(run, task, n)| Write::Expand {
+            run,
+            task,
+            items: (0..n).map(|i| i.to_string()).collect(),
+        }),
+        1 => (run.clone(), task.clone(), any::<bool>()).prop_map(|(run, task, note)| Write::Gathered {
+            run,
+            task,
+            note: note.then(|| "no items".to_string()),
+            outputs: [("n".to_string(), "[\"1\"]".to_string())].into(),
+        }),
         1 => (run, task, 1..=2u32, 0..2usize, 2..5usize, any::<bool>()).prop_map(
             |(run, task, number, f, to, failed)| Write::AttemptEnd {
                 outputs: Default::default(),
@@ -131,8 +142,18 @@ pub fn write() -> impl Strategy<Value = Write> {
 /// The rows a write changes or inserts.
 fn rows(w: &Write) -> Vec<String> {
     match w {
-        Write::TaskState { run, task, .. } | Write::AttemptWithdraw { run, task, .. } => {
+        Write::TaskState { run, task, .. }
+        | Write::AttemptWithdraw { run, task, .. }
+        | Write::Gathered { run, task, .. } => {
             vec![format!("task {run}/{task}")]
+        }
+        Write::Expand { run, task, items } => {
+            let mut rows = vec![format!("task {run}/{task}")];
+            rows.extend(
+                (0..items.len())
+                    .map(|i| format!("task {run}/{}", dagcron_core::fan_out::instance_id(task, i))),
+            );
+            rows
         }
         Write::RunState { run, .. } => vec![format!("run {run}")],
         Write::RunClosing { run, .. } => vec![format!("closing {run}")],
@@ -253,7 +274,10 @@ pub async fn snapshot(store: &impl Store) -> String {
             id, run.state, run.started_at, run.finished_at, run.closing
         ));
         for task in &run.tasks {
-            out.push_str(&format!("  {} {}\n", task.id, task.state));
+            out.push_str(&format!(
+                "  {} {} {:?} {:?} {:?}\n",
+                task.id, task.state, task.item, task.note, task.carried_outputs
+            ));
             for a in &task.attempts {
                 out.push_str(&format!(
                     "    {} {} {:?} {:?} {:?}\n",

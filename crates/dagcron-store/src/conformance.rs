@@ -26,6 +26,7 @@ macro_rules! conformance_tests {
             versions_record_who_when_and_rollbacks,
             new_rules_make_a_new_version_and_old_versions_are_stamped,
             a_rerun_starts_with_the_outcomes_it_carries,
+            a_mapped_task_expands_once_into_instances_after_the_tasks,
             held_runs_are_the_unfinished_runs_of_a_namespace_with_a_held_task,
             pause_delete_and_list_jobs,
             start_up_reads_each_jobs_timing,
@@ -102,6 +103,7 @@ fn by(id: &str) -> Option<Actor> {
 /// A run of job `ns/j` with tasks a and b.
 pub fn new_run(id: i64, scheduled: i64) -> NewRun {
     NewRun {
+        items: Default::default(),
         carried_outputs: Default::default(),
         id,
         namespace: "ns".into(),
@@ -469,6 +471,112 @@ pub async fn a_rerun_starts_with_the_outcomes_it_carries<S: Store>(s: &S) {
     assert!(
         matches!(&results[1], WriteResult::Conflict(_)),
         "a carried task is finished: {results:?}"
+    );
+}
+
+/// A mapped task's instances are tasks after the run's own, with their
+/// items; the expansion is recorded once; its end keeps a note and the
+/// gathered outputs; a re-run keeps instances with their items.
+pub async fn a_mapped_task_expands_once_into_instances_after_the_tasks<S: Store>(s: &S) {
+    s.write(&[fire(100, Some(new_run(1, 100)))]).await.unwrap();
+    let expand = |items: &[&str]| Write::Expand {
+        run: 1,
+        task: "a".into(),
+        items: items.iter().map(|i| i.to_string()).collect(),
+    };
+    let results = s
+        .write(&[
+            expand(&["\"eu\"", "{\"n\":2}"]),
+            Write::TaskState {
+                run: 1,
+                task: "a[1]".into(),
+                from: TaskState::Pending,
+                to: TaskState::Ready,
+            },
+        ])
+        .await
+        .unwrap();
+    assert_eq!(results, [WriteResult::Done, WriteResult::Done]);
+    let again = s.write(&[expand(&["1"])]).await.unwrap();
+    assert!(
+        matches!(&again[0], WriteResult::Conflict(m) if m.contains("expanded already")),
+        "{again:?}"
+    );
+    let none = s
+        .write(&[Write::Expand {
+            run: 1,
+            task: "zz".into(),
+            items: vec!["1".into()],
+        }])
+        .await
+        .unwrap();
+    assert!(matches!(&none[0], WriteResult::Conflict(_)), "{none:?}");
+    let gathered = BTreeMap::from([("n".to_string(), "[\"1\",null]".to_string())]);
+    s.write(&[
+        Write::Gathered {
+            run: 1,
+            task: "b".into(),
+            note: Some("`for_each` gave no items: nothing to run".into()),
+            outputs: Default::default(),
+        },
+        Write::Gathered {
+            run: 1,
+            task: "a".into(),
+            note: None,
+            outputs: gathered.clone(),
+        },
+    ])
+    .await
+    .unwrap();
+    let r = s.get_run(1).await.unwrap().unwrap();
+    let tasks: Vec<(&str, TaskState, Option<&str>, Option<&str>)> = r
+        .tasks
+        .iter()
+        .map(|t| (t.id.as_str(), t.state, t.item.as_deref(), t.note.as_deref()))
+        .collect();
+    assert_eq!(
+        tasks,
+        [
+            ("a", TaskState::Pending, None, None),
+            (
+                "b",
+                TaskState::Pending,
+                None,
+                Some("`for_each` gave no items: nothing to run")
+            ),
+            ("a[0]", TaskState::Pending, Some("\"eu\""), None),
+            ("a[1]", TaskState::Ready, Some("{\"n\":2}"), None),
+        ]
+    );
+    assert_eq!(r.tasks[0].outputs(), Some(&gathered));
+    // A re-run keeping the expansion, its first instance carried.
+    let rerun = NewRun {
+        id: 2,
+        trigger: Trigger::Rerun,
+        rerun_of: Some(1),
+        tasks: ["a", "b", "a[0]", "a[1]"].map(String::from).to_vec(),
+        carried: BTreeMap::from([("a[0]".to_string(), TaskState::Succeeded)]),
+        items: BTreeMap::from([
+            ("a[0]".to_string(), "\"eu\"".to_string()),
+            ("a[1]".to_string(), "{\"n\":2}".to_string()),
+        ]),
+        ..new_run(2, 100)
+    };
+    s.write(&[Write::Run(rerun)]).await.unwrap();
+    let r = s.get_run(2).await.unwrap().unwrap();
+    let tasks: Vec<(&str, TaskState, Option<&str>)> = r
+        .tasks
+        .iter()
+        .map(|t| (t.id.as_str(), t.state, t.item.as_deref()))
+        .collect();
+    assert_eq!(
+        tasks,
+        [
+            ("a", TaskState::Pending, None),
+            ("b", TaskState::Pending, None),
+            ("a[0]", TaskState::Succeeded, Some("\"eu\"")),
+            ("a[1]", TaskState::Pending, Some("{\"n\":2}")),
+        ]
     );
 }
 

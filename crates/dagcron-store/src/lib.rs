@@ -349,6 +349,9 @@ pub struct NewRun {
     /// The outputs of the tasks carried over that had some in the run
     /// re-run: kept with the new run's tasks, for the tasks it runs again.
     pub carried_outputs: BTreeMap<String, dagcron_core::outputs::Outputs>,
+    /// For a re-run that keeps the expansion of a mapped task (see
+    /// [`Write::Expand`]): the item of each instance among `tasks`, by id.
+    pub items: BTreeMap<String, String>,
     /// Its idempotency key within its job, for a run made by a trigger that
     /// can come twice (a webhook's delivery, a message, another run's
     /// end): a [`Write::Run`] whose job has a run of this key already is
@@ -493,6 +496,31 @@ pub enum Write {
         /// When.
         at: Timestamp,
     },
+    /// Expand mapped task `task` (see [`dagcron_core::fan_out`]): its
+    /// instances are added after the run's tasks, `task[0]`, `task[1]`,
+    /// ..., `pending`, each with its item. Refused if it has instances
+    /// already.
+    Expand {
+        /// The run.
+        run: RunId,
+        /// The mapped task.
+        task: String,
+        /// Each instance's item (its JSON).
+        items: Vec<String>,
+    },
+    /// Record how mapped task `task` ended: why it has no instances or
+    /// failed by them (`note`), and what its instances hand downstream
+    /// together (`outputs`, kept as a carried task's). Always done.
+    Gathered {
+        /// The run.
+        run: RunId,
+        /// The mapped task.
+        task: String,
+        /// What happened, if anything is to be said.
+        note: Option<String>,
+        /// Its instances' outputs, gathered.
+        outputs: dagcron_core::outputs::Outputs,
+    },
     /// Put a notification in the outbox, in the commit of the event it
     /// reports. Always done: a notification whose key is there already
     /// (the batch committed twice) is left as it is.
@@ -563,7 +591,9 @@ impl Write {
             | Write::TaskState { run, .. }
             | Write::AttemptStart { run, .. }
             | Write::AttemptEnd { run, .. }
-            | Write::AttemptWithdraw { run, .. } => Some(*run),
+            | Write::AttemptWithdraw { run, .. }
+            | Write::Expand { run, .. }
+            | Write::Gathered { run, .. } => Some(*run),
             Write::Notify(_) | Write::Breaker(_) | Write::SlaMissed { .. } => None,
         }
     }
@@ -782,6 +812,8 @@ pub struct ClaimedAttempt {
     pub job_version: i64,
     /// The outputs of the run's tasks that have some, by task id.
     pub outputs: BTreeMap<String, dagcron_core::outputs::Outputs>,
+    /// An instance of a mapped task: its item (JSON).
+    pub item: Option<String>,
 }
 
 /// An attempt of one of this node's runs that another node claimed.
@@ -820,8 +852,13 @@ pub struct TaskRecord {
     /// Its outcome was carried over from the run this one re-runs (it has
     /// no attempt here).
     pub carried: bool,
-    /// A task carried over: the outputs it had in the run re-run.
+    /// A task carried over: the outputs it had in the run re-run; a
+    /// mapped task: its instances' outputs, gathered.
     pub carried_outputs: dagcron_core::outputs::Outputs,
+    /// An instance of a mapped task: its item (JSON).
+    pub item: Option<String>,
+    /// A mapped task: why it has no instances, or failed by them.
+    pub note: Option<String>,
 }
 
 impl TaskRecord {

@@ -36,6 +36,12 @@ pub struct Task {
     /// Attempts, by number.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<Attempt>,
+    /// See [`TaskRecord::item`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<String>,
+    /// See [`TaskRecord::note`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// An attempt as stored in its run's row (its output apart).
@@ -75,6 +81,8 @@ impl Task {
             state: self.state,
             carried: self.carried,
             carried_outputs: self.carried_outputs,
+            item: self.item,
+            note: self.note,
             attempts: self
                 .attempts
                 .into_iter()
@@ -175,6 +183,8 @@ impl Row {
                     carried: run.carried.contains_key(t),
                     carried_outputs: run.carried_outputs.get(t).cloned().unwrap_or_default(),
                     attempts: vec![],
+                    item: run.items.get(t).cloned(),
+                    note: None,
                 })
                 .collect(),
             changed: true,
@@ -290,6 +300,49 @@ pub fn apply<'a>(
             },
             None,
         ) => WriteResult::attempt_conflict(*run, task, number, from.as_str()),
+        (Write::Expand { run, task, .. }, None) => {
+            WriteResult::task_conflict(*run, task, None, TaskState::Ready)
+        }
+        (Write::Gathered { .. }, None) => WriteResult::Done,
+        (Write::Expand { run, task, items }, Some(row)) => {
+            if !row.tasks.iter().any(|t| t.id == *task) {
+                return WriteResult::task_conflict(*run, task, None, TaskState::Ready);
+            }
+            let first = dagcron_core::fan_out::instance_id(task, 0);
+            if row.tasks.iter().any(|t| t.id == first) {
+                return WriteResult::Conflict(format!("{run}/{task} is expanded already"));
+            }
+            row.tasks
+                .extend(items.iter().enumerate().map(|(i, item)| Task {
+                    id: dagcron_core::fan_out::instance_id(task, i),
+                    state: TaskState::Pending,
+                    carried: false,
+                    carried_outputs: Default::default(),
+                    attempts: vec![],
+                    item: Some(item.clone()),
+                    note: None,
+                }));
+            row.changed = true;
+            WriteResult::Done
+        }
+        (
+            Write::Gathered {
+                task,
+                note,
+                outputs,
+                ..
+            },
+            Some(row),
+        ) => {
+            if let Some(t) = row.task_mut(task) {
+                if note.is_some() {
+                    t.note.clone_from(note);
+                }
+                t.carried_outputs.clone_from(outputs);
+                row.changed = true;
+            }
+            WriteResult::Done
+        }
         (Write::RunState { run, from, to, at }, Some(row)) => {
             if row.state != *from {
                 return WriteResult::run_conflict(*run, Some(row.state.as_str()), *from);
@@ -486,6 +539,7 @@ mod tests {
 
     fn run() -> Row {
         Row::new(&NewRun {
+            items: Default::default(),
             carried_outputs: Default::default(),
             id: 1,
             namespace: "ns".into(),

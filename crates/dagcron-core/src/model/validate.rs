@@ -489,6 +489,35 @@ fn check_task(
         }
     }
     check_priority(t.priority, &format!("{path}.priority"), errors);
+    let for_each = t.for_each.as_ref().and_then(|f| {
+        crate::fan_out::Source::parse(f)
+            .map_err(|message| problem(errors, format!("{path}.for_each"), message))
+            .ok()
+    });
+    match t.max_parallel {
+        Some(_) if t.for_each.is_none() => problem(
+            errors,
+            format!("{path}.max_parallel"),
+            "only a task with `for_each` has instances to bound: drop `max_parallel`".into(),
+        ),
+        Some(0) => problem(
+            errors,
+            format!("{path}.max_parallel"),
+            "must be at least 1 (omit it for no bound)".into(),
+        ),
+        _ => {}
+    }
+    if t.for_each.is_none()
+        && let Some((field, _)) = texts_of(t, &path)
+            .into_iter()
+            .find(|(_, text)| item_placeholder(text))
+    {
+        problem(
+            errors,
+            field,
+            "`{{item}}` and `{{index}}` are a mapped task's: add `for_each`".into(),
+        );
+    }
     let priority = t
         .priority
         .or(spec.priority)
@@ -505,6 +534,16 @@ fn check_task(
         skip_on_exit_code: t.skip_on_exit_code.clone(),
         priority,
         reads: Vec::new(),
+        for_each,
+        max_parallel: t.max_parallel,
+    })
+}
+
+/// Whether `text` holds `{{item}}` or `{{index}}`.
+fn item_placeholder(text: &str) -> bool {
+    text.split("{{").skip(1).any(|rest| {
+        rest.split_once("}}")
+            .is_some_and(|(inside, _)| matches!(inside.trim(), "item" | "index"))
     })
 }
 
@@ -600,6 +639,9 @@ fn check_reads(
                     Err(message) => problem(errors, field.clone(), message),
                 }
             }
+        }
+        if let Some(crate::fan_out::Source::Output(r)) = &tasks[i].for_each {
+            refs.push((format!("{path}.for_each"), r.clone()));
         }
         if let Some(when) = &tasks[i].when {
             refs.extend(

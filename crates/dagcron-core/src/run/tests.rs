@@ -46,8 +46,14 @@ fn steps(job: &Job, run: &mut RunMachine, events: Vec<Event>) -> String {
 }
 
 fn render(job: &Job, effect: &Effect) -> String {
-    let id = |task: &usize| job.tasks[*task].id.clone();
+    // Instances are named by their slot: the job's tasks come first.
+    let id = |task: &usize| match job.tasks.get(*task) {
+        Some(t) => t.id.clone(),
+        None => format!("#{task}"),
+    };
     match effect {
+        Effect::Expand { task, items } => format!("expand {} into {}", id(task), items.join(" ")),
+        Effect::Note { task, note } => format!("note {}: {note}", id(task)),
         Effect::Run { from, to } => format!("run {from} -> {to}"),
         Effect::Closing { to } => format!("closing, to end {to}"),
         Effect::Task { task, from, to } => format!("task {} {from} -> {to}", id(task)),
@@ -319,6 +325,7 @@ fn a_rebuilt_run_finishes_stopping_and_gives_up_its_lost_attempts() {
                 current: None,
             },
         ],
+        vec![],
     );
     let text = steps(
         &job,
@@ -368,6 +375,7 @@ fn a_change_outside_the_tables_is_an_error() {
                 current: None,
             },
         ],
+        vec![],
     );
     let mut out = Vec::new();
     let err = run
@@ -412,6 +420,7 @@ fn an_abandoned_attempt_is_lost_and_nothing_follows() {
                 current: None,
             })
             .collect(),
+        vec![],
     );
     let text = steps(&job, &mut rebuilt, vec![Event::Orphaned { task: 0 }]);
     expect_test::expect![[r#"
@@ -799,7 +808,7 @@ fn any_job() -> impl Strategy<Value = Job> {
             .map(|r| r.as_str())
             .collect::<Vec<_>>(),
     );
-    let task = (rules, 1..4u32, any::<u8>(), any::<bool>(), 0..3u8);
+    let task = (rules, 1..4u32, any::<u8>(), any::<bool>(), 0..3u8, 0..8u8);
     (
         prop::collection::vec(task, 1..7),
         any::<bool>(),
@@ -807,7 +816,7 @@ fn any_job() -> impl Strategy<Value = Job> {
     )
         .prop_map(|(tasks, at_most_once, deadline)| {
             let mut text = String::new();
-            for (i, (rule, attempts, deps, hold, when)) in tasks.iter().enumerate() {
+            for (i, (rule, attempts, deps, hold, when, fan)) in tasks.iter().enumerate() {
                 let deps: Vec<String> = (0..i)
                     .filter(|d| deps & (1 << d) != 0)
                     .map(|d| format!("t{d}"))
@@ -818,8 +827,18 @@ fn any_job() -> impl Strategy<Value = Job> {
                     1 => ", when: \"params.go == 'yes'\"",
                     _ => ", when: \"params.go != 'yes'\"",
                 };
+                // Mapped over 0 to 3 items, some at most 1 or 2 at a
+                // time, over a parameter's list, or over a missing one.
+                let fan = match fan {
+                    0 => ", for_each: []".to_string(),
+                    1 | 2 => format!(", for_each: [a, b, c], max_parallel: {fan}"),
+                    3 => ", for_each: [a]".to_string(),
+                    4 => ", for_each: \"{{params.items}}\"".to_string(),
+                    5 => ", for_each: \"{{params.none}}\"".to_string(),
+                    _ => String::new(),
+                };
                 text.push_str(&format!(
-                    "      - {{ id: t{i}, depends_on: [{}], trigger_rule: {rule}, shell: \"x\", skip_on_exit_code: [3], retry: {{ max_attempts: {attempts} }}, on_exhausted: {}{when} }}\n",
+                    "      - {{ id: t{i}, depends_on: [{}], trigger_rule: {rule}, shell: \"x\", skip_on_exit_code: [3], retry: {{ max_attempts: {attempts} }}, on_exhausted: {}{when}{fan} }}\n",
                     deps.join(", "),
                     if *hold { "hold" } else { "fail" }
                 ));
@@ -873,7 +892,11 @@ fn end_of(pick: u8) -> End {
 
 /// The parameters the random runs have: `go` is `yes`.
 fn go() -> std::collections::BTreeMap<String, String> {
-    [("go".to_string(), "yes".to_string())].into()
+    [
+        ("go".to_string(), "yes".to_string()),
+        ("items".to_string(), "[1, 2]".to_string()),
+    ]
+    .into()
 }
 
 /// Steps `event`, and checks its effects against a replay of the tasks'
@@ -881,7 +904,7 @@ fn go() -> std::collections::BTreeMap<String, String> {
 fn step_checked(
     job: &Job,
     run: &mut RunMachine,
-    shadow: &mut [TaskState],
+    shadow: &mut Vec<TaskState>,
     finished: &mut Option<RunState>,
     event: Event,
 ) -> Result<(), TestCaseError> {
@@ -929,12 +952,45 @@ fn step_checked(
             }
             Effect::Withdraw { task, .. } => shadow[*task] = TaskState::Cancelled,
             Effect::Finished { state } => *finished = Some(*state),
-            Effect::Ready { task } => prop_assert!(
-                data.runs(job, *task),
-                "task {} started though its condition does not hold",
-                job.tasks[*task].id
-            ),
+            Effect::Ready { task } => {
+                let of = run.task_of(*task);
+                prop_assert!(
+                    data.runs(job, of),
+                    "task {} started though its condition does not hold",
+                    job.tasks[of].id
+                );
+                prop_assert!(
+                    of != *task || job.tasks[of].for_each.is_none(),
+                    "a mapped task runs nothing itself"
+                );
+            }
+            Effect::Expand { task, items } => {
+                prop_assert_eq!(shadow[*task], TaskState::Ready);
+                prop_assert!(!items.is_empty());
+                prop_assert_eq!(
+                    run.instances(*task),
+                    Some(shadow.len()..shadow.len() + items.len())
+                );
+                shadow.resize(shadow.len() + items.len(), TaskState::Pending);
+            }
             _ => {}
+        }
+    }
+    // Instances between ready and their end stay within `max_parallel`,
+    // and a mapped task runs while any of its instances is unfinished.
+    for (task, spec) in job.tasks.iter().enumerate() {
+        let Some(slots) = run.instances(task) else {
+            prop_assert!(spec.for_each.is_none() || run.tasks()[task] != TaskState::Running);
+            continue;
+        };
+        let states = &run.tasks()[slots];
+        let busy = states
+            .iter()
+            .filter(|s| !s.is_terminal() && **s != TaskState::Pending)
+            .count();
+        prop_assert!(busy <= spec.max_parallel.map_or(usize::MAX, |m| m as usize));
+        if states.iter().any(|s| !s.is_terminal()) {
+            prop_assert_eq!(run.tasks()[task], TaskState::Running);
         }
     }
     Ok(())
@@ -957,14 +1013,14 @@ proptest! {
         planned in prop::option::of(any::<bool>()),
         acts in prop::collection::vec(any_act(), 0..60),
     ) {
-        let n = job.tasks.len();
+        let declared = job.tasks.len();
         let start = match planned {
             Some(_) => RunState::Planned,
             None if pending => RunState::Pending,
             None => RunState::Running,
         };
-        let mut run = RunMachine::new(n, start);
-        let mut shadow = vec![TaskState::Pending; n];
+        let mut run = RunMachine::new(declared, start);
+        let mut shadow = vec![TaskState::Pending; declared];
         let mut finished = None;
         if let Some(skip) = planned {
             // A planned run's instant comes: declined, it ends untouched;
@@ -983,6 +1039,7 @@ proptest! {
             if finished.is_some() {
                 break;
             }
+            let n = run.tasks().len();
             let event = match act {
                 Act::Dispatch(k, shared) => {
                     let Some(task) = pick(&in_state(&run, |_, s| s == TaskState::Ready), k) else { continue };
@@ -1041,7 +1098,7 @@ proptest! {
                 break;
             }
             let mut events = Vec::new();
-            for task in 0..n {
+            for task in 0..run.tasks().len() {
                 if let Some(a) = run.attempt(task) {
                     events.push(Event::AttemptEnded { task, number: a.number, end: End::Failed(Failure::Exit(Some(2))), recorded: a.shared });
                 }
@@ -1063,4 +1120,334 @@ proptest! {
         prop_assert!(run.tasks().iter().all(|t| t.is_terminal()), "{:?}", run.tasks());
         prop_assert_eq!(&shadow[..], run.tasks());
     }
+}
+
+/// a -> x (three items, two at a time, retried once) -> d.
+fn fan_out() -> Job {
+    job(
+        "      - { id: a, noop: true }\n\
+         \x20     - { id: x, depends_on: [a], shell: \"echo {{item}}\", for_each: [eu, us, 3], max_parallel: 2, retry: { max_attempts: 2, backoff: fixed, initial: 10s } }\n\
+         \x20     - { id: d, depends_on: [x], noop: true }\n",
+        "",
+    )
+}
+
+#[test]
+fn a_mapped_task_runs_its_instances_two_at_a_time_each_with_its_retries() {
+    let job = fan_out();
+    let mut run = RunMachine::new(3, RunState::Running);
+    let text = steps(
+        &job,
+        &mut run,
+        vec![
+            Event::Begin,
+            dispatch(0),
+            ended(0, 1, End::Succeeded),
+            dispatch(3),
+            dispatch(4),
+            ended(3, 1, End::Failed(Failure::Exit(Some(1)))),
+            ended(4, 1, End::Succeeded),
+            dispatch(5),
+            Event::RetryDue { task: 3 },
+            dispatch(3),
+            ended(3, 2, End::Succeeded),
+            ended(5, 1, End::Skipped),
+        ],
+    );
+    expect_test::expect![[r#"
+        Begin
+          task a pending -> ready
+          queue a
+        Dispatch { task: 0, shared: false }
+          task a ready -> dispatching
+          task a dispatching -> running
+          attempt a#1 starts running
+        AttemptEnded { task: 0, number: 1, end: Succeeded, recorded: false }
+          attempt a#1 running -> succeeded
+          task a running -> succeeded
+          task x pending -> ready
+          expand x into "eu" "us" 3
+          task x ready -> running
+          task #3 pending -> ready
+          queue #3
+          task #4 pending -> ready
+          queue #4
+        Dispatch { task: 3, shared: false }
+          task #3 ready -> dispatching
+          task #3 dispatching -> running
+          attempt #3#1 starts running
+        Dispatch { task: 4, shared: false }
+          task #4 ready -> dispatching
+          task #4 dispatching -> running
+          attempt #4#1 starts running
+        AttemptEnded { task: 3, number: 1, end: Failed(Exit(Some(1))), recorded: false }
+          attempt #3#1 running -> failed
+          task #3 running -> retrying
+          retry #3 at 2026-12-01T00:00:10Z
+        AttemptEnded { task: 4, number: 1, end: Succeeded, recorded: false }
+          attempt #4#1 running -> succeeded
+          task #4 running -> succeeded
+          task #5 pending -> ready
+          queue #5
+        Dispatch { task: 5, shared: false }
+          task #5 ready -> dispatching
+          task #5 dispatching -> running
+          attempt #5#1 starts running
+        RetryDue { task: 3 }
+          task #3 retrying -> ready
+          queue #3
+        Dispatch { task: 3, shared: false }
+          task #3 ready -> dispatching
+          task #3 dispatching -> running
+          attempt #3#2 starts running
+        AttemptEnded { task: 3, number: 2, end: Succeeded, recorded: false }
+          attempt #3#2 running -> succeeded
+          task #3 running -> succeeded
+        AttemptEnded { task: 5, number: 1, end: Skipped, recorded: false }
+          attempt #5#1 running -> skipped
+          task #5 running -> skipped
+          task x running -> succeeded
+          task d pending -> ready
+          queue d
+    "#]]
+    .assert_eq(&text);
+    assert_eq!(run.instances(1), Some(3..6));
+    assert_eq!((run.task_of(4), run.task_of(2)), (1, 2));
+    assert_eq!(run.instance_of(), [1, 1, 1]);
+}
+
+#[test]
+fn a_mapped_task_fails_by_an_instance_and_is_decided_again_when_it_is_marked() {
+    // x's second instance fails for good while `slow` keeps the run going;
+    // its third is held, then marked.
+    let job = job(
+        "      - { id: slow, noop: true }\n\
+         \x20     - { id: x, shell: \"echo {{item}}\", for_each: [1, 2, 3], retry: { max_attempts: 1 } }\n\
+         \x20     - { id: d, depends_on: [x], noop: true }\n",
+        "",
+    );
+    let mut run = RunMachine::new(3, RunState::Running);
+    let text = steps(
+        &job,
+        &mut run,
+        vec![
+            Event::Begin,
+            dispatch(0),
+            dispatch(3),
+            dispatch(4),
+            dispatch(5),
+            ended(3, 1, End::Succeeded),
+            ended(4, 1, End::Failed(Failure::Exit(Some(1)))),
+            ended(5, 1, End::Skipped),
+            intervene(4, Intervention::MarkSucceeded),
+            dispatch(2),
+            ended(2, 1, End::Succeeded),
+            ended(0, 1, End::Succeeded),
+        ],
+    );
+    expect_test::expect![[r#"
+        Begin
+          task slow pending -> ready
+          queue slow
+          task x pending -> ready
+          expand x into 1 2 3
+          task x ready -> running
+          task #3 pending -> ready
+          queue #3
+          task #4 pending -> ready
+          queue #4
+          task #5 pending -> ready
+          queue #5
+        Dispatch { task: 0, shared: false }
+          task slow ready -> dispatching
+          task slow dispatching -> running
+          attempt slow#1 starts running
+        Dispatch { task: 3, shared: false }
+          task #3 ready -> dispatching
+          task #3 dispatching -> running
+          attempt #3#1 starts running
+        Dispatch { task: 4, shared: false }
+          task #4 ready -> dispatching
+          task #4 dispatching -> running
+          attempt #4#1 starts running
+        Dispatch { task: 5, shared: false }
+          task #5 ready -> dispatching
+          task #5 dispatching -> running
+          attempt #5#1 starts running
+        AttemptEnded { task: 3, number: 1, end: Succeeded, recorded: false }
+          attempt #3#1 running -> succeeded
+          task #3 running -> succeeded
+        AttemptEnded { task: 4, number: 1, end: Failed(Exit(Some(1))), recorded: false }
+          attempt #4#1 running -> failed
+          task #4 running -> failed
+        AttemptEnded { task: 5, number: 1, end: Skipped, recorded: false }
+          attempt #5#1 running -> skipped
+          task #5 running -> skipped
+          task x running -> failed
+          task d pending -> upstream_failed
+        Intervene { task: 4, action: MarkSucceeded }
+          task #4 failed -> succeeded
+          task x failed -> succeeded
+          task d upstream_failed -> pending
+          task d pending -> ready
+          queue d
+        Dispatch { task: 2, shared: false }
+          task d ready -> dispatching
+          task d dispatching -> running
+          attempt d#1 starts running
+        AttemptEnded { task: 2, number: 1, end: Succeeded, recorded: false }
+          attempt d#1 running -> succeeded
+          task d running -> succeeded
+        AttemptEnded { task: 0, number: 1, end: Succeeded, recorded: false }
+          attempt slow#1 running -> succeeded
+          task slow running -> succeeded
+          run running -> succeeded
+          finished succeeded
+    "#]]
+    .assert_eq(&text);
+}
+
+#[test]
+fn a_mapped_task_without_items_is_skipped_and_one_with_a_bad_list_fails() {
+    let job = job(
+        "      - { id: x, shell: \"echo {{item}}\", for_each: \"{{params.list}}\" }\n\
+         \x20     - { id: d, depends_on: [x], trigger_rule: all_done, noop: true }\n",
+        "",
+    );
+    let mut table = String::new();
+    for list in [None, Some("[]"), Some("[1"), Some("{\"a\": 1}")] {
+        let params: std::collections::BTreeMap<String, String> = list
+            .map(|l| ("list".to_string(), l.to_string()))
+            .into_iter()
+            .collect();
+        let data = RunData {
+            params: &params,
+            outputs: &[],
+        };
+        let mut run = RunMachine::new(2, RunState::Running);
+        let mut out = Vec::new();
+        run.step_with(&job, data, Event::Begin, t0(), &mut || 0, &mut out)
+            .unwrap();
+        table.push_str(&format!("{list:?}\n"));
+        for effect in out {
+            table.push_str(&format!("  {}\n", render(&job, &effect)));
+        }
+    }
+    expect_test::expect![[r#"
+        None
+          task x pending -> ready
+          note x: the run has no parameter `list` to take items from
+          task x ready -> failed
+          task d pending -> ready
+          queue d
+        Some("[]")
+          task x pending -> ready
+          note x: `for_each` gave no items: nothing to run
+          task x ready -> skipped
+          task d pending -> ready
+          queue d
+        Some("[1")
+          task x pending -> ready
+          note x: parameter `list`: `[1` is not a JSON array
+          task x ready -> failed
+          task d pending -> ready
+          queue d
+        Some("{\"a\": 1}")
+          task x pending -> ready
+          note x: parameter `list`: `{"a": 1}` is not a JSON array
+          task x ready -> failed
+          task d pending -> ready
+          queue d
+    "#]]
+    .assert_eq(&table);
+}
+
+#[test]
+fn a_re_run_keeps_the_expansion_and_runs_only_the_instances_it_did_not_carry() {
+    let job = fan_out();
+    use TaskState::*;
+    let mut run = RunMachine::carrying(
+        RunState::Running,
+        vec![Succeeded, Pending, Pending, Succeeded, Pending, Succeeded],
+        vec![1, 1, 1],
+    );
+    let text = steps(
+        &job,
+        &mut run,
+        vec![Event::Begin, dispatch(4), ended(4, 1, End::Succeeded)],
+    );
+    expect_test::expect![[r#"
+        Begin
+          task x pending -> ready
+          task x ready -> running
+          task #4 pending -> ready
+          queue #4
+        Dispatch { task: 4, shared: false }
+          task #4 ready -> dispatching
+          task #4 dispatching -> running
+          attempt #4#1 starts running
+        AttemptEnded { task: 4, number: 1, end: Succeeded, recorded: false }
+          attempt #4#1 running -> succeeded
+          task #4 running -> succeeded
+          task x running -> succeeded
+          task d pending -> ready
+          queue d
+    "#]]
+    .assert_eq(&text);
+}
+
+#[test]
+fn stopping_a_run_cancels_the_instances_and_their_mapped_task_ends_with_them() {
+    let job = fan_out();
+    let mut run = RunMachine::new(3, RunState::Running);
+    let text = steps(
+        &job,
+        &mut run,
+        vec![
+            Event::Begin,
+            dispatch(0),
+            ended(0, 1, End::Succeeded),
+            dispatch(3),
+            Event::Stop {
+                final_state: RunState::Cancelled,
+            },
+            ended(3, 1, End::Cancelled),
+        ],
+    );
+    expect_test::expect![[r#"
+        Begin
+          task a pending -> ready
+          queue a
+        Dispatch { task: 0, shared: false }
+          task a ready -> dispatching
+          task a dispatching -> running
+          attempt a#1 starts running
+        AttemptEnded { task: 0, number: 1, end: Succeeded, recorded: false }
+          attempt a#1 running -> succeeded
+          task a running -> succeeded
+          task x pending -> ready
+          expand x into "eu" "us" 3
+          task x ready -> running
+          task #3 pending -> ready
+          queue #3
+          task #4 pending -> ready
+          queue #4
+        Dispatch { task: 3, shared: false }
+          task #3 ready -> dispatching
+          task #3 dispatching -> running
+          attempt #3#1 starts running
+        Stop { final_state: Cancelled }
+          closing, to end cancelled
+          task d pending -> cancelled
+          kill #3
+          task #4 ready -> cancelled
+          task #5 pending -> cancelled
+        AttemptEnded { task: 3, number: 1, end: Cancelled, recorded: false }
+          attempt #3#1 running -> cancelled
+          task #3 running -> cancelled
+          task x running -> cancelled
+          run running -> cancelled
+          finished cancelled
+    "#]]
+    .assert_eq(&text);
 }
