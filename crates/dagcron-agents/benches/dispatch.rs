@@ -27,6 +27,7 @@ fn attempt(n: u64, report: Report, start_at: Option<jiff::Timestamp>) -> RemoteT
         priority: Default::default(),
         ready_us: Default::default(),
         ctx: AttemptContext {
+            item: Default::default(),
             outputs: Default::default(),
             namespace: "bench".into(),
             job: "j".into(),

@@ -558,6 +558,7 @@ fn prepare(a: &v1::Assignment) -> Result<(dagcron_core::Executor, AttemptContext
         .parse()
         .map_err(|e| format!("scheduled_at {:?}: {e}", a.scheduled_at))?;
     let ctx = AttemptContext {
+        item: a.item.as_ref().map(|i| (i.index as usize, i.value.clone())),
         outputs: a
             .upstream
             .iter()

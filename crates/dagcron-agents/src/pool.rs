@@ -121,6 +121,8 @@ struct Agent {
     capacity: u32,
     running: u32,
     version: String,
+    /// The protocol revision it speaks.
+    protocol: u32,
     tx: Option<Tx>,
     last_seen: Instant,
     /// Not heard from for its lease: it gets nothing new, and its attempts
@@ -140,6 +142,7 @@ impl Agent {
 
     fn takes(&self, task: &RemoteTask) -> bool {
         self.serves(&task.ctx.namespace, &task.labels)
+            && (task.ctx.item.is_none() || self.protocol >= dagcron_proto::ITEMS_SINCE)
     }
 
     /// Whether it may run a task of `namespace` needing `labels` (its join
@@ -278,6 +281,10 @@ impl State {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
                 executor: Some(convert::executor_to_proto(&task.executor)),
+                item: task.ctx.item.as_ref().map(|(index, value)| v1::MappedItem {
+                    index: u32::try_from(*index).unwrap_or(u32::MAX),
+                    value: value.clone(),
+                }),
                 upstream: task
                     .ctx
                     .outputs
@@ -955,6 +962,7 @@ impl Agents for AgentPool {
                     capacity: hello.capacity,
                     running: 0,
                     version: hello.version.clone(),
+                    protocol: hello.protocol_version,
                     tx: Some(tx.clone()),
                     last_seen: at.mono,
                     lapsed: false,
@@ -1008,6 +1016,7 @@ mod tests {
             priority: Default::default(),
             ready_us: Default::default(),
             ctx: AttemptContext {
+                item: Default::default(),
                 outputs: Default::default(),
                 namespace: "ns".into(),
                 job: "j".into(),
@@ -1041,6 +1050,7 @@ mod tests {
             capacity: 1,
             running: 0,
             version: "test".into(),
+            protocol: dagcron_proto::PROTOCOL_VERSION,
             tx: Some(tx),
             last_seen: at.mono,
             lapsed: false,
@@ -1165,6 +1175,24 @@ mod tests {
         let labels = BTreeMap::new();
         assert!(pool.serves("team-a", &labels));
         assert!(!pool.serves("team-b", &labels));
+    }
+
+    /// An instance of a mapped task needs its item: an agent of a revision
+    /// that does not know items never gets one (it would run `{{item}}`
+    /// as written), while it still takes other attempts.
+    #[test]
+    fn an_instance_goes_only_to_an_agent_that_knows_items() {
+        let t0 = at(Instant::now(), "2026-12-01T00:00:00Z");
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let mut old = agent(tx, t0);
+        old.protocol = 1;
+        let plain = task(|_, _| {});
+        let mut mapped = task(|_, _| {});
+        mapped.ctx.item = Some((0, "eu".into()));
+        assert!(old.takes(&plain));
+        assert!(!old.takes(&mapped));
+        old.protocol = dagcron_proto::ITEMS_SINCE;
+        assert!(old.takes(&mapped));
     }
 
     /// An agent of another namespace's join token that names itself as the

@@ -55,6 +55,7 @@ fn task(script: &str, report: oneshot::Sender<Outcome>) -> RemoteTask {
         priority: Default::default(),
         ready_us: Default::default(),
         ctx: AttemptContext {
+            item: Default::default(),
             outputs: Default::default(),
             namespace: "ns".into(),
             job: "j".into(),

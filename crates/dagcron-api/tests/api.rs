@@ -2619,6 +2619,7 @@ async fn old_history(store: &SqliteStore) {
     use dagcron_store::{NewRun, Trigger, Write};
     let day = |d: &str| -> jiff::Timestamp { format!("{d}T00:00:00Z").parse().unwrap() };
     let run = |id: i64, at: jiff::Timestamp| NewRun {
+        items: Default::default(),
         carried_outputs: Default::default(),
         id,
         namespace: "a".into(),

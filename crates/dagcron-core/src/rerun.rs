@@ -74,6 +74,28 @@ pub fn start_states(
         .collect())
 }
 
+/// Whether a re-run that starts its tasks in `starts` keeps the expansion
+/// mapped task `task` had in the run re-run: the task runs again and none
+/// upstream of it does, so its list is the same; its instances that
+/// succeeded or were skipped are then carried over
+/// ([`instance_start`]) and only the others run again.
+pub fn keeps_expansion(job: &Job, starts: &[TaskState], task: usize) -> bool {
+    job.tasks[task].for_each.is_some()
+        && starts[task] == TaskState::Pending
+        && job.dag.upstream[task]
+            .iter()
+            .all(|&u| starts[u] != TaskState::Pending)
+}
+
+/// The state a kept instance starts in, by the state it ended in: its
+/// outcome carried over if it succeeded or was skipped, else `pending`.
+pub fn instance_start(before: TaskState) -> TaskState {
+    match before {
+        TaskState::Succeeded | TaskState::Skipped => before,
+        _ => TaskState::Pending,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

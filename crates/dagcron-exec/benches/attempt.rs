@@ -21,6 +21,7 @@ const TRIVIAL: &str = r#"(module (memory (export "memory") 1) (func (export "_st
 
 fn ctx(n: u64) -> AttemptContext {
     AttemptContext {
+        item: Default::default(),
         outputs: Default::default(),
         namespace: "bench".into(),
         job: "j".into(),

@@ -105,6 +105,10 @@ pub struct AttemptContext {
     /// The outputs of the upstream tasks the task reads (see
     /// [`dagcron_core::Task::reads`]), by task id.
     pub outputs: BTreeMap<String, Arc<Outputs>>,
+    /// For an instance of a mapped task: its index among its task's
+    /// instances and its item (a string as it is, anything else as JSON),
+    /// for `{{index}}` and `{{item}}`.
+    pub item: Option<(usize, String)>,
     /// The execution policy of the namespace, checked when the attempt
     /// starts (executor, WebAssembly grants, http destinations, the user of
     /// a sandboxed shell task); `None` on an agent, which runs what its
@@ -266,6 +270,9 @@ impl AttemptContext {
             ("SCHEDULED_AT".to_string(), self.scheduled_at.to_string()),
             ("IDEMPOTENCY_KEY".to_string(), self.idempotency_key.clone()),
         ];
+        if let Some((index, _)) = &self.item {
+            out.push(("INDEX".to_string(), index.to_string()));
+        }
         for (k, v) in &self.params {
             let name: String = k
                 .chars()
@@ -280,6 +287,14 @@ impl AttemptContext {
             out.push((format!("PARAM_{name}"), v.clone()));
         }
         out
+    }
+
+    /// An instance's item as the variable `DAGCRON_ITEM` (shell and
+    /// WebAssembly tasks; an http task has it as `{{item}}` only).
+    pub fn item_var(&self) -> Option<(&'static str, &str)> {
+        self.item
+            .as_ref()
+            .map(|(_, item)| ("DAGCRON_ITEM", item.as_str()))
     }
 
     /// The upstream tasks' outputs as `DAGCRON_OUTPUT_<TASK>_<KEY>`
@@ -336,7 +351,16 @@ impl AttemptContext {
                 break;
             };
             let key = after[..end].trim();
+            let index;
             let value = match key.split_once('.') {
+                None if key == "item" => self.item.as_ref().map(|(_, item)| item),
+                None if key == "index" => match &self.item {
+                    Some((i, _)) => {
+                        index = i.to_string();
+                        Some(&index)
+                    }
+                    None => None,
+                },
                 Some(("params", k)) => self.params.get(k),
                 Some(("secrets", k)) => self.secrets.0.get(k),
                 Some(("tasks", path)) => path
@@ -676,6 +700,7 @@ mod tests {
 
     fn ctx() -> AttemptContext {
         AttemptContext {
+            item: None,
             outputs: Default::default(),
             namespace: "billing".into(),
             job: "nightly".into(),
@@ -715,6 +740,39 @@ mod tests {
         assert_eq!(
             c.substitute_shell("echo hello {{params.who}}").unwrap(),
             r"echo hello 'x; touch pwned '\''quoted'\'' $(id)'"
+        );
+    }
+
+    #[test]
+    fn an_instance_gets_its_item_and_index_as_data() {
+        let mut c = ctx();
+        assert_eq!(
+            c.substitute("{{item}} {{index}}"),
+            "{{item}} {{index}}",
+            "a task that is not mapped has neither"
+        );
+        assert!(c.item_var().is_none());
+        c.item = Some((7, "eu; touch pwned $(id)".into()));
+        assert_eq!(
+            c.substitute("{{ item }}/{{index}}"),
+            "eu; touch pwned $(id)/7"
+        );
+        assert_eq!(
+            c.substitute_shell("load {{item}} --part {{index}}")
+                .unwrap(),
+            r"load 'eu; touch pwned $(id)' --part '7'"
+        );
+        assert_eq!(
+            c.item_var(),
+            Some(("DAGCRON_ITEM", "eu; touch pwned $(id)"))
+        );
+        assert!(
+            c.identity()
+                .contains(&("INDEX".to_string(), "7".to_string()))
+        );
+        assert!(
+            !c.identity().iter().any(|(k, _)| k == "ITEM"),
+            "not a header"
         );
     }
 

@@ -145,7 +145,10 @@ pub(crate) async fn run(
         Err(why) => return Outcome::not_started(why),
     };
     command.env(outputs::VAR, outputs_file.path());
-    for (k, v) in ctx.output_vars() {
+    for (k, v) in ctx
+        .output_vars()
+        .chain(ctx.item_var().map(|(k, v)| (k.to_string(), v)))
+    {
         command.env(k, v);
     }
     let mark = tree::new_mark();

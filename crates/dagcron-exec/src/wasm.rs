@@ -207,6 +207,7 @@ pub(crate) async fn run(
         format!("{}/outputs", dagcron_core::wasm::OUTPUTS_DIR),
     ));
     env.extend(ctx.output_vars().map(|(k, v)| (k, v.to_string())));
+    env.extend(ctx.item_var().map(|(k, v)| (k.to_string(), v.to_string())));
     let mut dirs = spec.grants.dirs.clone();
     dirs.push(dagcron_core::model::DirGrant {
         host: outputs_file.dir().to_string_lossy().into_owned(),

@@ -35,6 +35,7 @@ async fn service(ip: &str) -> String {
 
 fn ctx(policy: ExecPolicy) -> AttemptContext {
     AttemptContext {
+        item: Default::default(),
         outputs: Default::default(),
         namespace: "alpha".into(),
         job: "j".into(),

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 fn ctx() -> AttemptContext {
     AttemptContext {
+        item: Default::default(),
         outputs: Default::default(),
         namespace: "billing".into(),
         job: "nightly".into(),

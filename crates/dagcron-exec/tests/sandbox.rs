@@ -63,6 +63,7 @@ fn chmod(path: &std::path::Path, mode: u32) {
 
 fn ctx() -> AttemptContext {
     AttemptContext {
+        item: Default::default(),
         outputs: Default::default(),
         namespace: "alpha".into(),
         job: "j".into(),

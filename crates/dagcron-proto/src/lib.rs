@@ -23,4 +23,4 @@ pub mod clock;
 pub mod version;
 
 pub use clock::{ClockEstimate, ClockSample};
-pub use version::{PROTOCOL_VERSION, SUPPORTED_VERSIONS, VersionError, check_version};
+pub use version::{ITEMS_SINCE, PROTOCOL_VERSION, SUPPORTED_VERSIONS, VersionError, check_version};

@@ -2,11 +2,16 @@
 
 use std::fmt;
 
-/// The revision this build speaks (`Hello.protocol_version`).
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The revision this build speaks (`Hello.protocol_version`). Revision 2
+/// adds the item of an instance of a mapped task (`Assignment.item`): a
+/// server gives such attempts only to agents of revision 2 or later.
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// The revision from which agents take instances of mapped tasks.
+pub const ITEMS_SINCE: u32 = 2;
 
 /// The revisions a server of this build accepts.
-pub const SUPPORTED_VERSIONS: &[u32] = &[1];
+pub const SUPPORTED_VERSIONS: &[u32] = &[1, 2];
 
 /// An agent speaks a revision this server does not.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -55,6 +55,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 fn task(id: &str, deps: &[&str]) -> TaskSpec {
     TaskSpec {
+        for_each: Default::default(),
+        max_parallel: Default::default(),
         priority: Default::default(),
         id: id.into(),
         depends_on: deps.iter().map(|d| d.to_string()).collect(),

@@ -63,6 +63,8 @@ fn every_second(name: String, script: String) -> JobSpec {
         sla: None,
         nats: None,
         tasks: vec![TaskSpec {
+            for_each: Default::default(),
+            max_parallel: Default::default(),
             priority: Default::default(),
             id: "t".into(),
             depends_on: vec![],

@@ -3769,3 +3769,249 @@ async fn a_year_of_a_recurrence_rule_in_one_jump() {
     );
     h.stop().await;
 }
+
+/// A task fans out over the list an upstream task wrote: each instance
+/// gets its item and index (a hostile item stays data), at most two run at
+/// once, one is retried alone, and the task downstream gets each output as
+/// a list in the instances' order.
+#[tokio::test]
+async fn a_task_fans_out_over_an_upstream_list_and_hands_its_outputs_downstream() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (trace, flag) = (dir.path().join("trace"), dir.path().join("flag"));
+    h.apply(&format!(
+        r#"
+namespace: t
+jobs:
+  - name: fan
+    retry: {{ max_attempts: 2, backoff: fixed, initial: 1s, max: 1s }}
+    tasks:
+      - {{ id: list, shell: "echo 'parts=[\"a\", \"b c; touch pwned\", 3]' >> $DAGCRON_OUTPUTS" }}
+      - id: x
+        depends_on: [list]
+        for_each: "{{{{tasks.list.outputs.parts}}}}"
+        max_parallel: 2
+        shell: "echo {{{{index}}}} {{{{item}}}} \"$DAGCRON_INDEX $DAGCRON_ITEM\" >> {t}; echo n=$DAGCRON_INDEX >> $DAGCRON_OUTPUTS; if [ $DAGCRON_INDEX = 1 ] && [ ! -e {f} ]; then touch {f}; exit 1; fi"
+      - {{ id: d, depends_on: [x], shell: "echo d {{{{tasks.x.outputs.n}}}} >> {t}" }}
+"#,
+        t = trace.display(),
+        f = flag.display(),
+    ))
+    .await;
+    let run = h.handle.trigger("t", "fan", BTreeMap::new()).await.unwrap();
+    h.until("x[1] waiting to retry", async |s| {
+        s.get_run(run)
+            .await
+            .unwrap()
+            .unwrap()
+            .tasks
+            .iter()
+            .any(|t| t.id == "x[1]" && t.state == TaskState::Retrying)
+    })
+    .await;
+    h.clock.advance(SignedDuration::from_secs(1));
+    h.until("the run ended", async |s| {
+        s.get_run(run).await.unwrap().unwrap().state.is_terminal()
+    })
+    .await;
+    let r = h.store.get_run(run).await.unwrap().unwrap();
+    assert_eq!(r.state, RunState::Succeeded, "{r:?}");
+    let tasks: Vec<(&str, TaskState, usize, Option<&str>)> = r
+        .tasks
+        .iter()
+        .map(|t| (t.id.as_str(), t.state, t.attempts.len(), t.item.as_deref()))
+        .collect();
+    use TaskState::Succeeded;
+    assert_eq!(
+        tasks,
+        [
+            ("list", Succeeded, 1, None),
+            ("x", Succeeded, 0, None),
+            ("d", Succeeded, 1, None),
+            ("x[0]", Succeeded, 1, Some("\"a\"")),
+            ("x[1]", Succeeded, 2, Some("\"b c; touch pwned\"")),
+            ("x[2]", Succeeded, 1, Some("3")),
+        ]
+    );
+    assert_eq!(r.tasks[1].outputs().unwrap()["n"], r#"["0","1","2"]"#);
+    let lines = std::fs::read_to_string(&trace).unwrap();
+    let mut lines: Vec<&str> = lines.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            "0 a 0 a",
+            "1 b c; touch pwned 1 b c; touch pwned",
+            "1 b c; touch pwned 1 b c; touch pwned",
+            "2 3 2 3",
+            r#"d ["0","1","2"]"#,
+        ]
+    );
+    assert!(!std::path::Path::new("pwned").exists());
+    h.stop().await;
+}
+
+/// Fan-out over none, one and a thousand items: none skips the task (and
+/// says why), one and a thousand run each instance once; a list that is
+/// not one fails the task with the reason.
+#[tokio::test]
+async fn a_task_fans_out_over_none_one_or_a_thousand_items() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    h.apply(
+        r#"
+namespace: t
+jobs:
+  - name: fan
+    params: { items: "[]" }
+    tasks:
+      - { id: x, for_each: "{{params.items}}", noop: true }
+      - { id: d, depends_on: [x], trigger_rule: all_done, noop: true }
+"#,
+    )
+    .await;
+    let thousand = format!(
+        "[{}]",
+        (0..1000)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let mut seen = Vec::new();
+    for items in ["[]", "[\"one\"]", thousand.as_str(), "not a list"] {
+        let params = BTreeMap::from([("items".to_string(), items.to_string())]);
+        let run = h.handle.trigger("t", "fan", params).await.unwrap();
+        h.until("the run ended", async |s| {
+            s.get_run(run).await.unwrap().unwrap().state.is_terminal()
+        })
+        .await;
+        let r = h.store.get_run(run).await.unwrap().unwrap();
+        let instances = r.tasks.iter().filter(|t| t.item.is_some());
+        let ran = instances
+            .clone()
+            .filter(|t| t.state == TaskState::Succeeded && t.attempts.len() == 1)
+            .count();
+        seen.push((
+            r.state,
+            r.tasks[0].state,
+            instances.count(),
+            ran,
+            r.tasks[0].note.clone(),
+        ));
+    }
+    use TaskState::*;
+    assert_eq!(
+        seen,
+        [
+            (
+                RunState::Succeeded,
+                Skipped,
+                0,
+                0,
+                Some("`for_each` gave no items: nothing to run".into())
+            ),
+            (RunState::Succeeded, Succeeded, 1, 1, None),
+            (RunState::Succeeded, Succeeded, 1000, 1000, None),
+            (
+                RunState::Failed,
+                Failed,
+                0,
+                0,
+                Some("parameter `items`: `not a list` is not a JSON array".into())
+            ),
+        ]
+    );
+    h.stop().await;
+}
+
+/// A re-run of the failed tasks keeps a mapped task's instances: only the
+/// one that failed runs again, the others are carried with their outputs,
+/// and the task downstream gets all of them. After a crash in the middle
+/// of a fan-out, the run goes on where it was.
+#[tokio::test]
+async fn a_rerun_runs_again_only_the_instances_that_failed_and_a_crash_loses_none() {
+    let h = fresh("2026-01-01T00:00:00Z").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (trace, broken, slow) = (
+        dir.path().join("trace"),
+        dir.path().join("broken"),
+        dir.path().join("slow"),
+    );
+    std::fs::write(&broken, "").unwrap();
+    h.apply(&format!(
+        r#"
+namespace: t
+jobs:
+  - name: fan
+    retry: {{ max_attempts: 2, backoff: fixed, initial: 1s, max: 1s, retry_on: {{ exit_codes: [75] }} }}
+    tasks:
+      - id: x
+        for_each: [a, b, c]
+        shell: "echo {{{{item}}}} >> {t}; echo up={{{{item}}}} >> $DAGCRON_OUTPUTS; if [ {{{{index}}}} = 2 ] && [ -e {b} ]; then exit 1; fi; if [ -e {s} ]; then sleep 30; fi"
+      - {{ id: d, depends_on: [x], shell: "echo d {{{{tasks.x.outputs.up}}}} >> {t}" }}
+"#,
+        t = trace.display(),
+        b = broken.display(),
+        s = slow.display(),
+    ))
+    .await;
+    let run = h.handle.trigger("t", "fan", BTreeMap::new()).await.unwrap();
+    h.until("the run ended", async |s| {
+        s.get_run(run).await.unwrap().unwrap().state.is_terminal()
+    })
+    .await;
+    let r = h.store.get_run(run).await.unwrap().unwrap();
+    assert_eq!(r.state, RunState::Failed);
+    let states: Vec<TaskState> = r.tasks.iter().map(|t| t.state).collect();
+    use TaskState::*;
+    assert_eq!(
+        states,
+        [Failed, UpstreamFailed, Succeeded, Succeeded, Failed]
+    );
+    // The re-run: x[2] alone runs again, slowly; the engine crashes.
+    std::fs::remove_file(&broken).unwrap();
+    std::fs::write(&slow, "").unwrap();
+    std::fs::write(&trace, "").unwrap();
+    let again = h.handle.rerun(run, true).await.unwrap();
+    h.until("x[2] running again", async |_| {
+        std::fs::read_to_string(&trace).is_ok_and(|s| s == "c\n")
+    })
+    .await;
+    h.task.abort();
+    let (store, clock) = (h.store.clone(), h.clock.clone());
+    drop(h);
+    std::fs::remove_file(&slow).unwrap();
+    let config = EngineConfig {
+        misfire_grace: Duration::ZERO,
+        ..EngineConfig::default()
+    };
+    let h = start(store, clock, config).await;
+    h.clock.advance(SignedDuration::from_secs(1));
+    h.until("the re-run ended", async |s| {
+        s.get_run(again).await.unwrap().unwrap().state.is_terminal()
+    })
+    .await;
+    let r = h.store.get_run(again).await.unwrap().unwrap();
+    assert_eq!(r.state, RunState::Succeeded, "{r:?}");
+    let tasks: Vec<(&str, TaskState, bool)> = r
+        .tasks
+        .iter()
+        .map(|t| (t.id.as_str(), t.state, t.carried))
+        .collect();
+    assert_eq!(
+        tasks,
+        [
+            ("x", Succeeded, false),
+            ("d", Succeeded, false),
+            ("x[0]", Succeeded, true),
+            ("x[1]", Succeeded, true),
+            ("x[2]", Succeeded, false),
+        ]
+    );
+    // Lost with the crash, then retried after it (a loss is retried once).
+    assert_eq!(r.tasks[4].attempts.len(), 2);
+    assert_eq!(
+        std::fs::read_to_string(&trace).unwrap(),
+        "c\nc\nd [\"a\",\"b\",\"c\"]\n"
+    );
+    h.stop().await;
+}

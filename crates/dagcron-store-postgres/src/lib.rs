@@ -441,11 +441,13 @@ async fn claim_some(
     for (run, task, number) in claimed {
         let (_, namespace, job, scheduled_at, params, trace, job_version, tasks) = &runs[&run];
         let tasks = dagcron_store::run_row::parse_tasks(run, tasks).map_err(corrupt)?;
+        let position = tasks
+            .iter()
+            .position(|t| t.id == task)
+            .unwrap_or(usize::MAX);
         out.push(ClaimedAttempt {
-            item: tasks
-                .iter()
-                .find(|t| t.id == task)
-                .and_then(|t| t.item.clone()),
+            item: tasks.get(position).and_then(|t| t.item.clone()),
+            position,
             run,
             namespace: namespace.clone(),
             job: job.clone(),

@@ -814,6 +814,9 @@ pub struct ClaimedAttempt {
     pub outputs: BTreeMap<String, dagcron_core::outputs::Outputs>,
     /// An instance of a mapped task: its item (JSON).
     pub item: Option<String>,
+    /// The task's place among the run's tasks (the job's tasks in order,
+    /// then the instances of its mapped tasks).
+    pub position: usize,
 }
 
 /// An attempt of one of this node's runs that another node claimed.

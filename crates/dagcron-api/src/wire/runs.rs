@@ -249,6 +249,8 @@ mod tests {
             trace: None,
             rerun_of: Some(32),
             tasks: vec![TaskRecord {
+                item: Default::default(),
+                note: Default::default(),
                 carried_outputs: Default::default(),
                 id: "t".into(),
                 state: TaskState::Running,

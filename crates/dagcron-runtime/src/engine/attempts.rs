@@ -4,48 +4,48 @@
 use super::*;
 
 impl<S: Store> Engine<S> {
-    pub(super) fn spawn(&mut self, run_id: RunId, task: usize, number: u32) {
+    pub(super) fn spawn(&mut self, run_id: RunId, slot: usize, number: u32) {
         let Some(run) = self.runs.table.get(&run_id) else {
             return;
         };
         let start_at = run.start_at.filter(|at| *at > self.clock.now());
-        if run.job.tasks[task].executor == dagcron_core::Executor::Noop && start_at.is_none() {
+        let spec = run.machine.task_of(slot);
+        let task = &run.job.tasks[spec];
+        if task.executor == dagcron_core::Executor::Noop && start_at.is_none() {
             // Nothing to run, so no context to make: reported at once.
-            let lane = Lane::of(&run.job.tasks[task]);
+            let lane = Lane::of(task);
             self.dispatch.started += 1;
-            self.noop_done(run_id, task, number, lane);
+            self.noop_done(run_id, slot, number, lane);
             return;
         }
+        let task_id = run.task_id(slot);
         let ctx = AttemptContext {
             namespace: run.key.0.clone(),
             job: run.key.1.clone(),
             run_id,
-            task_id: run.job.tasks[task].id.clone(),
+            idempotency_key: AttemptContext::idempotency_key_for(
+                &run.key.0, &run.key.1, run_id, &task_id,
+            ),
             attempt: number,
             scheduled_at: run.scheduled_at,
-            idempotency_key: AttemptContext::idempotency_key_for(
-                &run.key.0,
-                &run.key.1,
-                run_id,
-                &run.job.tasks[task].id,
-            ),
             params: run.params.clone(),
-            outputs: upstream_outputs(&run.job, task, |j| run.outputs[j].clone()),
+            outputs: upstream_outputs(&run.job, spec, |j| run.outputs[j].clone()),
             secrets: Default::default(),
-            trace: run.trace.as_ref().and_then(|t| {
-                t.for_task(
-                    &run.job.tasks[task].id,
-                    number,
-                    self.config.tracing.is_some(),
-                )
-            }),
+            trace: run
+                .trace
+                .as_ref()
+                .and_then(|t| t.for_task(&task_id, number, self.config.tracing.is_some())),
+            item: run
+                .item(slot)
+                .map(|(index, item)| (index, dagcron_core::fan_out::item_text(item))),
+            task_id,
             policy: None,
         };
-        let token = run.tokens[task]
+        let token = run.tokens[slot]
             .clone()
             .unwrap_or_else(|| self.life.kill_switch.child_token());
         let job = run.job.clone();
-        self.launch(&job, task, ctx, token, start_at);
+        self.launch(&job, spec, slot, ctx, token, start_at);
     }
 
     /// A no-op attempt has ended, having nothing to run.
@@ -71,18 +71,21 @@ impl<S: Store> Engine<S> {
         });
     }
 
-    /// Runs attempt `ctx` of task `task` of `job` in the pool, or on a
-    /// remote agent; its outcome comes back as a [`Finished`]. With
-    /// `start_at`, it starts at that instant (a remote agent is sent it ahead).
+    /// Runs attempt `ctx` of task `spec` of `job` in the pool, or on a
+    /// remote agent; its outcome comes back as a [`Finished`] of `slot`.
+    /// With `start_at`, it starts at that instant (a remote agent is sent
+    /// it ahead).
     pub(super) fn launch(
         &mut self,
         job: &Job,
-        task: usize,
+        spec: usize,
+        slot: usize,
         ctx: AttemptContext,
         token: CancellationToken,
         start_at: Option<Timestamp>,
     ) {
-        let spec = &job.tasks[task];
+        let task = slot;
+        let spec = &job.tasks[spec];
         let (run_id, number) = (ctx.run_id, ctx.attempt);
         self.dispatch.started += 1;
         let lane = Lane::of(spec);
@@ -252,7 +255,7 @@ impl<S: Store> Engine<S> {
         // A task for a remote agent goes to the cluster when no agent here
         // could run it (an agent may be connected to any node); the node
         // that claims it must have an agent with its labels.
-        let needs = run.job.tasks[i].run_on.as_ref().map(|r| &r.labels);
+        let needs = run.spec(i).run_on.as_ref().map(|r| &r.labels);
         let elsewhere = self.config.node.is_some()
             && match (needs, &self.config.remote) {
                 (Some(labels), Some(remote)) => !remote.0.serves(&run.key.0, labels),
@@ -278,8 +281,10 @@ impl<S: Store> Engine<S> {
         state: AttemptState,
         now: Timestamp,
     ) {
-        let task = job.tasks[i].id.clone();
-        let needs = job.tasks[i].run_on.as_ref().map(|r| &r.labels);
+        let run = &self.runs.table[&id];
+        let task = run.task_id(i);
+        let spec = &job.tasks[run.machine.task_of(i)];
+        let needs = spec.run_on.as_ref().map(|r| &r.labels);
         if state == AttemptState::Dispatching {
             self.batch.writes.push(Write::AttemptStart {
                 run: id,
@@ -288,7 +293,7 @@ impl<S: Store> Engine<S> {
                 state,
                 at: now,
                 run_on: needs.cloned(),
-                priority: job.tasks[i].priority,
+                priority: spec.priority,
             });
             self.cluster.shared.insert((id, i), number);
             return;
@@ -304,7 +309,7 @@ impl<S: Store> Engine<S> {
         }
         let write = self.batch.writes.len();
         self.batch.writes.push(Write::AttemptStart {
-            priority: job.tasks[i].priority,
+            priority: spec.priority,
             run: id,
             task,
             number,
@@ -312,7 +317,7 @@ impl<S: Store> Engine<S> {
             at: starts,
             run_on: None,
         });
-        let lane = Lane::of(&job.tasks[i]);
+        let lane = Lane::of(spec);
         self.batch.effects.push(Action::Spawn {
             run: id,
             task: i,
@@ -408,8 +413,8 @@ impl<S: Store> Engine<S> {
             self.step(id, Event::Abandoned { task: i, number }, at, Some(outcome));
             return;
         }
-        let outcome = within_run(outcome, outputs_held(&run.outputs, i));
-        let end = end_of(outcome.ending.clone(), &run.job.tasks[i].skip_on_exit_code);
+        let outcome = within_run(outcome, outputs_held(run, i));
+        let end = end_of(outcome.ending.clone(), &run.spec(i).skip_on_exit_code);
         let event = Event::AttemptEnded {
             task: i,
             number,

@@ -219,6 +219,8 @@ impl<S: Store> Engine<S> {
                 .iter()
                 .enumerate()
                 .map(|(i, id)| dagcron_store::TaskRecord {
+                    item: Default::default(),
+                    note: Default::default(),
                     carried_outputs: Default::default(),
                     id: id.clone(),
                     state: machine
@@ -394,7 +396,7 @@ impl<S: Store> Engine<S> {
             .iter()
             .map(|t| record.tasks.iter().find(|r| r.id == t.id).map(|r| r.state))
             .collect();
-        let starts = match dagcron_core::rerun::start_states(&job, &before, failed_only) {
+        let mut starts = match dagcron_core::rerun::start_states(&job, &before, failed_only) {
             Ok(starts) => starts,
             Err(e) => {
                 let _ = reply.send(Err(EngineError::Conflict(format!(
@@ -413,16 +415,38 @@ impl<S: Store> Engine<S> {
             }
         };
         // The tasks carried over keep their outputs; the others make theirs.
-        let mut outputs = stored_outputs(&job, &record.tasks);
+        let mut outputs = stored_outputs(&job, &record.tasks, job.tasks.len());
         for (o, start) in outputs.iter_mut().zip(&starts) {
             if *start == TaskState::Pending {
                 *o = None;
+            }
+        }
+        // The mapped tasks it keeps the instances of, after the tasks.
+        let mut instances = Vec::new();
+        for (t, spec) in job.tasks.iter().enumerate() {
+            if !dagcron_core::rerun::keeps_expansion(&job, &starts, t) {
+                continue;
+            }
+            let of_task = |r: &&dagcron_store::TaskRecord| {
+                dagcron_core::fan_out::parse_instance(&r.id).is_some_and(|(p, _)| p == spec.id)
+            };
+            for r in record.tasks.iter().filter(of_task) {
+                let Some(item) = &r.item else { continue };
+                let start = dagcron_core::rerun::instance_start(r.state);
+                instances.push((t, Arc::from(item.as_str())));
+                starts.push(start);
+                outputs.push(
+                    r.outputs()
+                        .filter(|_| start != TaskState::Pending)
+                        .map(|o| Arc::new(o.clone())),
+                );
             }
         }
         let rerun = Rerun {
             version: record.job_version,
             of: record.id,
             starts,
+            instances,
             outputs,
         };
         let run = self.new_run(

@@ -90,17 +90,17 @@ pub(super) struct ReadyQueues {
 }
 
 impl ReadyQueues {
-    /// Queues task `task` of run `run`, ready at `ready_us`.
-    pub(super) fn push(&mut self, job: &Job, run: RunId, task: usize, ready_us: i64) {
-        match Lane::of(&job.tasks[task]) {
-            Lane::Pool => self.local.push_back(
-                &job.namespace,
-                job.tasks[task].priority,
-                ready_us,
-                (run, task),
-            ),
-            Lane::Agents => self.remote.push_back((run, task)),
-            Lane::Free => self.free.push_back((run, task)),
+    /// Queues slot `slot` of run `run`, which runs task `spec` of `job`,
+    /// ready at `ready_us`.
+    pub(super) fn push(&mut self, job: &Job, spec: usize, run: RunId, slot: usize, ready_us: i64) {
+        let task = &job.tasks[spec];
+        match Lane::of(task) {
+            Lane::Pool => {
+                self.local
+                    .push_back(&job.namespace, task.priority, ready_us, (run, slot))
+            }
+            Lane::Agents => self.remote.push_back((run, slot)),
+            Lane::Free => self.free.push_back((run, slot)),
         }
     }
 
@@ -189,7 +189,7 @@ mod tests {
         assert_eq!(lanes, [Lane::Pool, Lane::Agents, Lane::Free]);
         let mut dispatch = Dispatch::default();
         for task in 0..3 {
-            dispatch.ready.push(&job, 7, task, 0);
+            dispatch.ready.push(&job, task, 7, task, 0);
         }
         assert_eq!(dispatch.ready.len(), 3);
         assert_eq!(dispatch.ready.remote.pop_front(), Some((7, 1)));

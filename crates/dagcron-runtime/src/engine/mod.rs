@@ -266,30 +266,41 @@ fn within_run(outcome: Outcome, others: usize) -> Outcome {
     }
 }
 
-/// The bytes of outputs the tasks of a run hold, `task`'s aside.
-fn outputs_held(outputs: &[Option<Arc<dagcron_core::outputs::Outputs>>], task: usize) -> usize {
-    outputs
+/// The bytes of outputs the slots of `run` other than `task` hold (a
+/// mapped task's are its instances', counted there).
+fn outputs_held(run: &RunEntry, task: usize) -> usize {
+    run.outputs
         .iter()
         .enumerate()
-        .filter(|(i, _)| *i != task)
+        .filter(|(i, _)| *i != task && run.machine.instances(*i).is_none())
         .filter_map(|(_, o)| o.as_deref())
         .map(dagcron_core::outputs::size)
         .sum()
 }
 
-/// The outputs of each task of `job`, by index, as a run's stored `tasks`
-/// have them.
+/// The outputs of each of the `slots` slots of a run of `job`, as its
+/// stored `tasks` have them: the job's tasks, then the instances of its
+/// mapped tasks in the order they are stored.
 fn stored_outputs(
     job: &Job,
     tasks: &[dagcron_store::TaskRecord],
+    slots: usize,
 ) -> Vec<Option<Arc<dagcron_core::outputs::Outputs>>> {
-    job.tasks
+    let of = |r: &dagcron_store::TaskRecord| r.outputs().cloned().map(Arc::new);
+    let mut out: Vec<_> = job
+        .tasks
         .iter()
-        .map(|t| {
-            let stored = tasks.iter().find(|r| r.id == t.id)?;
-            stored.outputs().cloned().map(Arc::new)
-        })
-        .collect()
+        .map(|t| of(tasks.iter().find(|r| r.id == t.id)?))
+        .collect();
+    out.extend(
+        tasks
+            .iter()
+            .filter(|r| r.item.is_some())
+            .map(of)
+            .take(slots - job.tasks.len()),
+    );
+    out.resize(slots, None);
+    out
 }
 
 /// The outcome of an attempt lost with its process or node.
@@ -785,6 +796,55 @@ struct RunEntry {
     trace: Option<RunTrace>,
     /// Its idempotency key, if its trigger gave one.
     trigger_key: Option<String>,
+    /// The item of each instance of its mapped tasks (JSON), by slot past
+    /// the job's tasks (see [`RunMachine::instances`]).
+    items: Vec<Arc<str>>,
+}
+
+/// The slots of a run: the job's tasks, then the instances of its mapped
+/// tasks (`outputs`, `tokens` and `times` are by slot).
+impl RunEntry {
+    /// The job's task slot `slot` runs (an instance: its mapped task).
+    fn spec(&self, slot: usize) -> &dagcron_core::Task {
+        &self.job.tasks[self.machine.task_of(slot)]
+    }
+
+    /// The task id of slot `slot`: an instance's is `task[index]`.
+    fn task_id(&self, slot: usize) -> String {
+        match self.item(slot) {
+            Some((index, _)) => dagcron_core::fan_out::instance_id(&self.spec(slot).id, index),
+            None => self.job.tasks[slot].id.clone(),
+        }
+    }
+
+    /// The slot of task id `id`, if the run has it.
+    fn slot_of(&self, id: &str) -> Option<usize> {
+        let position = |id: &str| self.job.tasks.iter().position(|t| t.id == id);
+        match dagcron_core::fan_out::parse_instance(id) {
+            Some((task, index)) => {
+                let slots = self.machine.instances(position(task)?)?;
+                let slot = slots.start + index;
+                slots.contains(&slot).then_some(slot)
+            }
+            None => position(id),
+        }
+    }
+
+    /// For an instance: its index among its task's and its item (JSON).
+    fn item(&self, slot: usize) -> Option<(usize, &str)> {
+        let declared = self.job.tasks.len();
+        let item = self.items.get(slot.checked_sub(declared)?)?;
+        let slots = self.machine.instances(self.machine.task_of(slot))?;
+        Some((slot - slots.start, item))
+    }
+
+    /// Makes room for the slots the machine has (a task just expanded).
+    fn grow(&mut self) {
+        let n = self.machine.tasks().len();
+        self.outputs.resize(n, None);
+        self.tokens.resize(n, None);
+        self.times.resize(n, TaskTimes::default());
+    }
 }
 
 /// When a task of a run last became ready, and when its current attempt

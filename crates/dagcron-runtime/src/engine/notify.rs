@@ -31,7 +31,7 @@ impl<S: Store> Engine<S> {
         let attempt = run.times[task].ended.unwrap_or(0);
         let state = run.machine.state();
         let task = PayloadTask {
-            id: job.tasks[task].id.clone(),
+            id: run.task_id(task),
             attempt,
         };
         let notes = self.run_notifications(id, made, state, (Some(task), None), now);

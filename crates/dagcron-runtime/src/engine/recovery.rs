@@ -353,11 +353,26 @@ impl<S: Store> Engine<S> {
             .enumerate()
             .map(|(i, t)| (t.id.as_str(), i))
             .collect();
+        // The instances of mapped tasks come after the job's tasks, in
+        // the order they were stored: their slots.
+        let mut instance_of = Vec::new();
+        let mut items = Vec::new();
+        let mut slot_of = |t: &dagcron_store::TaskRecord| {
+            if let Some((task, _)) = dagcron_core::fan_out::parse_instance(&t.id) {
+                let (&task, item) = (index.get(task)?, t.item.as_deref()?);
+                instance_of.push(task);
+                items.push(Arc::from(item));
+                return Some(job.tasks.len() + instance_of.len() - 1);
+            }
+            index.get(t.id.as_str()).copied()
+        };
+        let slots: Vec<Option<usize>> = record.tasks.iter().map(&mut slot_of).collect();
         let found: Vec<FoundTask> = record
             .tasks
             .iter()
-            .map(|t| FoundTask {
-                index: index.get(t.id.as_str()).copied(),
+            .zip(slots)
+            .map(|(t, slot)| FoundTask {
+                index: slot,
                 state: t.state,
                 attempts: t
                     .attempts
@@ -371,14 +386,10 @@ impl<S: Store> Engine<S> {
             })
             .collect();
         let started = record.scheduled_at.max(record.created_at);
-        let mut plan = recovery::recover(
-            record.state,
-            job.tasks.len(),
-            &found,
-            |e| alive.contains(&e),
-            started,
-        );
-        let mut tokens = vec![None; job.tasks.len()];
+        let slots = job.tasks.len() + instance_of.len();
+        let mut plan =
+            recovery::recover(record.state, slots, &found, |e| alive.contains(&e), started);
+        let mut tokens = vec![None; slots];
         for &(i, number) in &plan.going_on {
             match self.cluster.foreign.remove(&(record.id, i)) {
                 // This node already runs it for the dead owner: it is its own now.
@@ -416,13 +427,14 @@ impl<S: Store> Engine<S> {
             scheduled_at: record.scheduled_at,
             trigger: record.trigger,
             params: record.params,
-            outputs: stored_outputs(&job, &record.tasks),
-            machine: RunMachine::rebuilt(record.state, record.closing, plan.tasks),
+            outputs: stored_outputs(&job, &record.tasks, slots),
+            machine: RunMachine::rebuilt(record.state, record.closing, plan.tasks, instance_of),
             tokens,
             start_at: None,
             caught_up: false,
             created_at: record.created_at,
-            times: vec![TaskTimes::default(); job.tasks.len()],
+            times: vec![TaskTimes::default(); slots],
+            items,
             trace: self.trace_of(
                 record.id,
                 &key,

@@ -238,7 +238,7 @@ impl<S: Store> Engine<S> {
                     });
                     return;
                 };
-                let Some(index) = entry.job.tasks.iter().position(|t| t.id == task) else {
+                let Some(index) = entry.slot_of(&task) else {
                     let _ = reply.send(Err(no_such_task(run, &task)));
                     return;
                 };

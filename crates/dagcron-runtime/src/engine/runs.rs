@@ -276,32 +276,40 @@ impl<S: Store> Engine<S> {
         } else {
             RunState::Running
         };
-        self.runs.table.insert(
-            id,
-            RunEntry {
-                key: key.clone(),
-                job: job.clone(),
-                scheduled_at: at,
-                trigger,
-                params: params.clone(),
-                outputs: match &rerun {
-                    Some(r) => r.outputs.clone(),
-                    None => vec![None; job.tasks.len()],
-                },
-                machine: match &rerun {
-                    Some(r) => RunMachine::carrying(state, r.starts.clone()),
-                    None => RunMachine::new(job.tasks.len(), state),
-                },
-                tokens: vec![None; job.tasks.len()],
-                start_at: None,
-                caught_up: trigger == Trigger::Catchup,
-                created_at: now,
-                times: vec![TaskTimes::default(); job.tasks.len()],
-                trace,
-                trigger_key: None,
-            },
-        );
-        NewRun {
+        let (starts, instance_of, items, outputs) = match rerun.as_ref() {
+            Some(r) => (
+                r.starts.clone(),
+                r.instances.iter().map(|(task, _)| *task).collect(),
+                r.instances.iter().map(|(_, item)| item.clone()).collect(),
+                r.outputs.clone(),
+            ),
+            None => (
+                vec![TaskState::Pending; job.tasks.len()],
+                vec![],
+                vec![],
+                vec![None; job.tasks.len()],
+            ),
+        };
+        let slots = starts.len();
+        let entry = RunEntry {
+            key: key.clone(),
+            job: job.clone(),
+            scheduled_at: at,
+            trigger,
+            params: params.clone(),
+            outputs,
+            machine: RunMachine::carrying(state, starts.clone(), instance_of),
+            tokens: vec![None; slots],
+            start_at: None,
+            caught_up: trigger == Trigger::Catchup,
+            created_at: now,
+            times: vec![TaskTimes::default(); slots],
+            trace,
+            trigger_key: None,
+            items,
+        };
+        let ids: Vec<String> = (0..slots).map(|slot| entry.task_id(slot)).collect();
+        let new = NewRun {
             id,
             namespace: key.0.clone(),
             job: key.1.clone(),
@@ -310,32 +318,33 @@ impl<S: Store> Engine<S> {
             scheduled_at: at,
             params,
             state,
-            tasks: job.tasks.iter().map(|t| t.id.clone()).collect(),
             created_at: now,
             trace: caller.map(|c| c.stored()),
             rerun_of: rerun.as_ref().map(|r| r.of),
-            carried_outputs: rerun
-                .as_ref()
-                .map(|r| {
-                    job.tasks
-                        .iter()
-                        .zip(&r.outputs)
-                        .filter_map(|(t, o)| Some((t.id.clone(), (**o.as_ref()?).clone())))
-                        .collect()
+            carried_outputs: ids
+                .iter()
+                .zip(&entry.outputs)
+                .filter_map(|(t, o)| Some((t.clone(), (**o.as_ref()?).clone())))
+                .collect(),
+            carried: ids
+                .iter()
+                .zip(&starts)
+                .filter(|(_, s)| **s != TaskState::Pending)
+                .map(|(t, s)| (t.clone(), *s))
+                .collect(),
+            items: (job.tasks.len()..slots)
+                .map(|slot| {
+                    (
+                        ids[slot].clone(),
+                        entry.items[slot - job.tasks.len()].to_string(),
+                    )
                 })
-                .unwrap_or_default(),
-            carried: rerun
-                .map(|r| {
-                    job.tasks
-                        .iter()
-                        .zip(r.starts)
-                        .filter(|(_, s)| *s != TaskState::Pending)
-                        .map(|(t, s)| (t.id.clone(), s))
-                        .collect()
-                })
-                .unwrap_or_default(),
+                .collect(),
+            tasks: ids,
             key: None,
-        }
+        };
+        self.runs.table.insert(id, entry);
+        new
     }
 }
 
@@ -345,9 +354,12 @@ pub(super) struct Rerun {
     pub(super) version: i64,
     /// The run re-run.
     pub(super) of: RunId,
-    /// The state each task starts in (see [`dagcron_core::rerun::start_states`]).
+    /// The state each slot starts in (see [`dagcron_core::rerun::start_states`]).
     pub(super) starts: Vec<TaskState>,
-    /// The outputs of the tasks it carries over, by index.
+    /// The instances it keeps of the mapped tasks it runs again, by slot
+    /// past the job's tasks: their task and item.
+    pub(super) instances: Vec<(usize, Arc<str>)>,
+    /// The outputs of the slots it carries over.
     pub(super) outputs: Vec<Option<Arc<dagcron_core::outputs::Outputs>>>,
 }
 
@@ -543,7 +555,7 @@ impl<S: Store> Engine<S> {
         now: Timestamp,
         outcome: &mut Option<Outcome>,
     ) {
-        let name = |task: usize| job.tasks[task].id.clone();
+        let name = |engine: &Self, task: usize| engine.runs.table[&id].task_id(task);
         match effect {
             Effect::Run { from, to } => self.batch.writes.push(Write::RunState {
                 run: id,
@@ -553,15 +565,57 @@ impl<S: Store> Engine<S> {
             }),
             Effect::Closing { to } => self.batch.writes.push(Write::RunClosing { run: id, to }),
             Effect::Task { task, from, to } => {
+                let task_id = name(self, task);
                 self.batch.writes.push(Write::TaskState {
                     run: id,
-                    task: name(task),
+                    task: task_id.clone(),
                     from,
                     to,
                 });
                 if to == TaskState::Held {
                     self.notify_held(id, task, now);
                 }
+                let run = self.runs.table.get_mut(&id).expect("run");
+                if let Some(slots) = run
+                    .machine
+                    .instances(task)
+                    .filter(|_| to == TaskState::Succeeded)
+                {
+                    // A mapped task hands its instances' outputs downstream.
+                    let outputs =
+                        dagcron_core::fan_out::gather(slots.map(|s| run.outputs[s].as_deref()))
+                            .unwrap_or_default();
+                    run.outputs[task] = (!outputs.is_empty()).then(|| Arc::new(outputs.clone()));
+                    self.batch.writes.push(Write::Gathered {
+                        run: id,
+                        task: task_id,
+                        note: None,
+                        outputs,
+                    });
+                }
+            }
+            Effect::Expand { task, items } => {
+                let run = self.runs.table.get_mut(&id).expect("run");
+                run.items
+                    .extend(items.iter().map(|i| Arc::from(i.as_str())));
+                run.grow();
+                let key = &run.key;
+                tracing::info!(namespace = %key.0, job = %key.1, run = id, task = %job.tasks[task].id, "expanded into {} instances", items.len());
+                self.batch.writes.push(Write::Expand {
+                    run: id,
+                    task: job.tasks[task].id.clone(),
+                    items,
+                });
+            }
+            Effect::Note { task, note } => {
+                let key = &self.runs.table[&id].key;
+                tracing::info!(namespace = %key.0, job = %key.1, run = id, task = %job.tasks[task].id, "{note}");
+                self.batch.writes.push(Write::Gathered {
+                    run: id,
+                    task: job.tasks[task].id.clone(),
+                    note: Some(note),
+                    outputs: Default::default(),
+                });
             }
             Effect::AttemptStarted {
                 task,
@@ -578,7 +632,9 @@ impl<S: Store> Engine<S> {
                     .take()
                     .unwrap_or_else(|| failed("the attempt ended without a report".into()));
                 let run = &self.runs.table[&id];
-                let (namespace, job_name, task_id) = (&run.key.0, &run.key.1, &job.tasks[task].id);
+                let task_id = run.task_id(task);
+                let executor = run.spec(task).executor.kind();
+                let (namespace, job_name) = (&run.key.0, &run.key.1);
                 if to == AttemptState::Succeeded {
                     tracing::debug!(%namespace, job = %job_name, run = id, task = %task_id, attempt = number, "attempt succeeded");
                 } else {
@@ -586,7 +642,7 @@ impl<S: Store> Engine<S> {
                     tracing::warn!(%namespace, job = %job_name, run = id, task = %task_id, attempt = number, "attempt {}: {why}", to.as_str());
                 }
                 if let Some(m) = &self.config.metrics {
-                    m.attempt_ended(&run.key, job.tasks[task].executor.kind(), to);
+                    m.attempt_ended(&run.key, executor, to);
                 }
                 let run = self.runs.table.get_mut(&id).expect("run");
                 let times = std::mem::take(&mut run.times[task]);
@@ -598,8 +654,8 @@ impl<S: Store> Engine<S> {
                         key: run.key.clone(),
                         run: id,
                         scheduled_at: run.scheduled_at,
-                        task: job.tasks[task].id.clone(),
-                        executor: job.tasks[task].executor.kind(),
+                        task: task_id.clone(),
+                        executor,
                         number,
                         ready: times.ready,
                         start: times.started.unwrap_or(now),
@@ -612,7 +668,7 @@ impl<S: Store> Engine<S> {
                 }
                 self.batch.writes.push(Write::AttemptEnd {
                     run: id,
-                    task: name(task),
+                    task: task_id,
                     number,
                     from,
                     to,
@@ -629,9 +685,10 @@ impl<S: Store> Engine<S> {
             Effect::Withdraw { task, number } => {
                 // The node running it sees that and stops it.
                 self.cluster.shared.remove(&(id, task));
+                let task = name(self, task);
                 self.batch.writes.push(Write::AttemptWithdraw {
                     run: id,
-                    task: name(task),
+                    task,
                     number,
                     at: now,
                 });
@@ -642,14 +699,16 @@ impl<S: Store> Engine<S> {
                 }
             }
             Effect::Ready { task } => {
-                self.runs.table.get_mut(&id).expect("run").times[task].ready = Some(now);
+                let run = self.runs.table.get_mut(&id).expect("run");
+                run.times[task].ready = Some(now);
+                let spec = run.machine.task_of(task);
                 self.dispatch
                     .ready
-                    .push(job, id, task, now.as_microsecond());
+                    .push(job, spec, id, task, now.as_microsecond());
             }
             Effect::ArmRetry { task, at } => {
                 let key = &self.runs.table[&id].key;
-                tracing::info!(namespace = %key.0, job = %key.1, run = id, task = %job.tasks[task].id, "retrying at {at}");
+                tracing::info!(namespace = %key.0, job = %key.1, run = id, task = %name(self, task), "retrying at {at}");
                 if let Some(m) = &self.config.metrics {
                     m.retry(key);
                 }

@@ -135,11 +135,20 @@ impl<S: Store> Engine<S> {
         job: Option<Arc<Job>>,
         now: Timestamp,
     ) {
+        // Its slot is its place among the run's tasks; an instance runs its
+        // mapped task, with its item.
         let found = job.and_then(|job| {
-            let i = job.tasks.iter().position(|t| t.id == claim.task)?;
-            Some((job, i))
+            let declared = match dagcron_core::fan_out::parse_instance(&claim.task) {
+                Some((task, _)) if claim.item.is_some() && claim.position >= job.tasks.len() => {
+                    task
+                }
+                Some(_) => return None,
+                None => &claim.task,
+            };
+            let spec = job.tasks.iter().position(|t| t.id == declared)?;
+            (spec == claim.position || declared != claim.task).then_some((job, spec))
         });
-        let Some((job, i)) = found else {
+        let Some((job, spec)) = found else {
             // A claim is recorded running by the node that took it.
             let (from, to) = recovery::unplaceable_attempt(AttemptState::Running)
                 .expect("a running attempt can fail");
@@ -163,8 +172,12 @@ impl<S: Store> Engine<S> {
             });
             return;
         };
+        let own = self.runs.table.get(&claim.run);
+        let i = own
+            .and_then(|run| run.slot_of(&claim.task))
+            .unwrap_or(claim.position);
         let token = self.life.kill_switch.child_token();
-        *self.dispatch.lane(Lane::of(&job.tasks[i])) += 1;
+        *self.dispatch.lane(Lane::of(&job.tasks[spec])) += 1;
         if self.runs.table.contains_key(&claim.run) {
             // Handed over earlier, taken back now.
             self.cluster.shared.remove(&(claim.run, i));
@@ -189,6 +202,10 @@ impl<S: Store> Engine<S> {
                 .and_then(TraceParent::from_stored)
                 .as_ref(),
         );
+        let item = claim.item.as_ref().and_then(|item| {
+            let (_, index) = dagcron_core::fan_out::parse_instance(&claim.task)?;
+            Some((index, dagcron_core::fan_out::item_text(item)))
+        });
         let ctx = AttemptContext {
             idempotency_key: AttemptContext::idempotency_key_for(
                 &claim.namespace,
@@ -203,39 +220,43 @@ impl<S: Store> Engine<S> {
             attempt: claim.number,
             scheduled_at: claim.scheduled_at,
             params: claim.params,
-            outputs: attempts::upstream_outputs(&job, i, |j| {
+            outputs: attempts::upstream_outputs(&job, spec, |j| {
                 claim.outputs.get(&job.tasks[j].id).cloned().map(Arc::new)
             }),
+            item,
             secrets: Default::default(),
             trace: trace
                 .as_ref()
                 .and_then(|t| t.for_task(&claim.task, claim.number, self.config.tracing.is_some())),
             policy: None,
         };
+        // A mapped task's outputs are its instances', counted there.
+        let mapped = |id: &str| job.tasks.iter().any(|t| t.id == id && t.for_each.is_some());
+        let outputs_held = claim
+            .outputs
+            .iter()
+            .filter(|(task, _)| **task != claim.task && !mapped(task))
+            .map(|(_, o)| dagcron_core::outputs::size(o))
+            .sum();
         self.cluster.foreign.insert(
             (claim.run, i),
             Foreign {
                 key,
-                executor: job.tasks[i].executor.kind(),
+                executor: job.tasks[spec].executor.kind(),
                 trace,
                 scheduled_at,
                 started: now,
                 task: claim.task,
                 number: claim.number,
-                skip_on_exit_code: job.tasks[i].skip_on_exit_code.clone(),
-                outputs_held: claim
-                    .outputs
-                    .iter()
-                    .filter(|(task, _)| **task != job.tasks[i].id)
-                    .map(|(_, o)| dagcron_core::outputs::size(o))
-                    .sum(),
+                skip_on_exit_code: job.tasks[spec].skip_on_exit_code.clone(),
+                outputs_held,
                 token: token.clone(),
                 withdrawn: false,
             },
         );
         // An attempt of a run made ahead of its instant waits for it.
         let start_at = Some(scheduled_at).filter(|t| *t > now);
-        self.launch(&job, i, ctx, token, start_at);
+        self.launch(&job, spec, i, ctx, token, start_at);
     }
 
     /// News of an attempt of this node's that another node claimed.
@@ -243,7 +264,7 @@ impl<S: Store> Engine<S> {
         let Some(run) = self.runs.table.get(&remote.run) else {
             return;
         };
-        let Some(i) = run.job.tasks.iter().position(|t| t.id == remote.task) else {
+        let Some(i) = run.slot_of(&remote.task) else {
             return;
         };
         if self.cluster.shared.get(&(remote.run, i)) != Some(&remote.number) {
@@ -280,15 +301,13 @@ impl<S: Store> Engine<S> {
             AttemptState::Skipped => End::Skipped,
             AttemptState::Cancelled => End::Cancelled,
             AttemptState::TimedOut => End::Failed(Failure::Timeout),
-            AttemptState::Failed => {
-                End::Failed(match (&run.job.tasks[i].executor, remote.exit_code) {
-                    (dagcron_core::Executor::Http(_), Some(code)) => {
-                        Failure::HttpStatus(u16::try_from(code).unwrap_or(0))
-                    }
-                    (_, Some(code)) => Failure::Exit(Some(code)),
-                    (_, None) => Failure::Error(remote.error.clone().unwrap_or_default()),
-                })
-            }
+            AttemptState::Failed => End::Failed(match (&run.spec(i).executor, remote.exit_code) {
+                (dagcron_core::Executor::Http(_), Some(code)) => {
+                    Failure::HttpStatus(u16::try_from(code).unwrap_or(0))
+                }
+                (_, Some(code)) => Failure::Exit(Some(code)),
+                (_, None) => Failure::Error(remote.error.clone().unwrap_or_default()),
+            }),
         };
         self.cluster.shared.remove(&(id, i));
         if end == End::Succeeded {
