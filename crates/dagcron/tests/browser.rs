@@ -318,6 +318,30 @@ fn the_ui_in_a_browser_signs_in_runs_a_job_follows_its_log_and_hides_actions_fro
     b.shot("job-dark");
     b.dark(false);
 
+    // A fan-out: the instances of `load` grouped under it, with their
+    // items; `report` got their outputs as a list.
+    b.goto(&format!("{url}/jobs/demo/partitions"));
+    b.click("#trigger");
+    wait_for(10, "the run's page", || {
+        b.url().contains("/runs/").then_some(())
+    });
+    let state = b.text_until(60, "#run-state", |s| {
+        s == "succeeded" || s == "failed" || s == "cancelled"
+    });
+    assert_eq!(state, "succeeded");
+    let group = b.text("#instances-load summary");
+    assert_eq!(group, "4 instances: 4 succeeded");
+    let instances = b.text("#instances-load");
+    for item in ["load[0]", "\"eu-west\"", "load[3]", "\"ap-south\""] {
+        assert!(instances.contains(item), "{item} in {instances}");
+    }
+    assert!(
+        b.text("#tasks ~ table")
+            .contains(r#"rows = ["7","107","207","307"]"#),
+        "the gathered outputs are shown"
+    );
+    b.shot("run-fan-out");
+
     // A log followed live: its lines come while the page stays.
     b.goto(&format!("{url}/jobs/demo/slow-log"));
     b.click("#trigger");

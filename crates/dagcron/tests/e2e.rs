@@ -1336,3 +1336,103 @@ fn the_server_starts_higher_priorities_first() {
         "high\nlow-a\nlow-b\nlow-c\n"
     );
 }
+
+/// `examples/fan-out.yaml` through a real server: each region and feed an
+/// instance with its item, the report gets the orders as a list, an empty
+/// list skips the fan-out with a note; an instance held for an operator is
+/// marked through the API by its percent-encoded id, and the command line
+/// shows the instances and their logs.
+#[test]
+fn the_fan_out_example_runs_an_instance_per_item_and_operators_act_on_one() {
+    let (_dir, data) = setup();
+    let server = Server::start(&data, &[]);
+    let ns = server.namespace.clone();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/fan-out.yaml");
+    let yaml = std::fs::read_to_string(path).unwrap();
+    server.apply(&yaml.replace("namespace: shop", &format!("namespace: {ns}")));
+    let run = server.trigger("nightly-sync");
+    let r = server.wait_run(run, "succeeded");
+    let tasks: Vec<(String, String, String)> = r["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let s = |k: &str| t[k].as_str().unwrap_or("").to_string();
+            (s("id"), s("state"), s("item"))
+        })
+        .collect();
+    let t = |id: &str, item: &str| (id.to_string(), "succeeded".to_string(), item.to_string());
+    assert_eq!(
+        tasks,
+        [
+            t("discover", ""),
+            t("sync", ""),
+            t("check-feed", ""),
+            t("report", ""),
+            t("sync[0]", "\"eu-west\""),
+            t("sync[1]", "\"eu-central\""),
+            t("sync[2]", "\"us-east\""),
+            t("check-feed[0]", "\"prices\""),
+            t("check-feed[1]", "\"stock\""),
+            t("check-feed[2]", "\"images\""),
+        ]
+    );
+    assert_eq!(r["tasks"][1]["outputs"]["orders"], r#"["40","80","120"]"#);
+    let id = run.to_string();
+    let logs = |task: &str| {
+        let out = server.cli().args(["logs", &id, task]).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(logs("sync[1]"), "syncing eu-central (instance 1)\n");
+    assert_eq!(
+        logs("report"),
+        "orders per region: [\"40\",\"80\",\"120\"]\n"
+    );
+    let out = server.cli().args(["runs", "show", &id]).output().unwrap();
+    let shown = String::from_utf8(out.stdout).unwrap();
+    assert!(shown.contains("instances: 3 succeeded"), "{shown}");
+    // Values are printed escaped, one line each.
+    assert!(
+        shown.contains(r#"output orders = [\"40\",\"80\",\"120\"]"#),
+        "{shown}"
+    );
+
+    // No regions: the fan-out is skipped, saying why.
+    let (status, body) = server.post(
+        &format!("/api/v1/namespaces/{ns}/jobs/nightly-sync/trigger"),
+        r#"{"params": {"regions": "[]"}}"#,
+        "application/json",
+    );
+    assert_eq!(status, 201, "{body}");
+    let r = server.wait_run(body["id"].as_i64().unwrap(), "succeeded");
+    assert_eq!(r["tasks"][1]["state"], "skipped");
+    assert_eq!(
+        r["tasks"][1]["note"],
+        "`for_each` gave no items: nothing to run"
+    );
+
+    // An instance held for an operator, marked by its id.
+    server.apply(&format!(
+        "namespace: {ns}\njobs:\n  - name: held\n    retry: {{ max_attempts: 1 }}\n    tasks:\n      - {{ id: x, for_each: [1, 2, 3], on_exhausted: hold, shell: 'test {{{{item}}}} != 2' }}\n      - {{ id: after, depends_on: [x], shell: 'echo after' }}\n"
+    ));
+    let run = server.trigger("held");
+    until("x[1] held", || {
+        server.get(&format!("/api/v1/runs/{run}"))["tasks"][3]["state"] == "held"
+    });
+    let (status, body) = server.post(
+        &format!("/api/v1/runs/{run}/tasks/x%5B1%5D/mark_succeeded"),
+        "",
+        "application/json",
+    );
+    assert_eq!(status, 200, "{body}");
+    let r = server.wait_run(run, "succeeded");
+    assert_eq!(r["tasks"][3]["id"], "x[1]");
+    assert_eq!(r["tasks"][3]["state"], "succeeded");
+    let (status, body) = server.post(
+        &format!("/api/v1/runs/{run}/tasks/x%5B9%5D/mark_succeeded"),
+        "",
+        "application/json",
+    );
+    assert_eq!(status, 404, "an instance the run does not have: {body}");
+}

@@ -59,6 +59,17 @@ pub struct TaskAnswer {
     /// the run re-run (it did not run here, and has no attempt).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub carried: bool,
+    /// An instance of a mapped task (`for_each`; its id is `task[index]`):
+    /// its item, as JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<String>,
+    /// A mapped task: why it has no instances, or failed by them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// A task with no attempt of its own: a carried task's outputs, or a
+    /// mapped task's, gathered from its instances (a JSON list per name).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub outputs: BTreeMap<String, String>,
 }
 
 /// One attempt of a task.
@@ -113,6 +124,9 @@ impl From<&TaskRecord> for TaskAnswer {
             state: t.state.as_str().into(),
             attempts: t.attempts.iter().map(AttemptAnswer::from).collect(),
             carried: t.carried,
+            item: t.item.clone(),
+            note: t.note.clone(),
+            outputs: t.carried_outputs.clone(),
         }
     }
 }

@@ -75,6 +75,17 @@ struct TaskView {
     attempts: Vec<AttemptView>,
     /// What an operator may do to it now: (action, button label).
     actions: &'static [(&'static str, &'static str)],
+    /// An instance of a mapped task: its item (JSON).
+    item: String,
+    /// A mapped task: why it has no instances, or failed by them.
+    note: String,
+    /// A task with no attempt of its own: its outputs (a mapped task's,
+    /// gathered from its instances).
+    outputs: Vec<(String, String)>,
+    /// A mapped task: its instances (grouped under it), and how many are
+    /// in each state.
+    instances: Vec<TaskView>,
+    counts: String,
 }
 
 /// The interventions the API takes on a task in `state` of a run that
@@ -165,7 +176,7 @@ async fn readable<S: Store>(ui: &Ui<S>, v: &Viewer, id: RunId) -> Result<RunReco
 fn timeline(run: &RunRecord, now: Timestamp) -> (Vec<Row>, Timestamp, Timestamp) {
     let start = run.started_at.unwrap_or(run.created_at);
     let end = run.finished_at.unwrap_or(now).max(start);
-    let rows = run
+    let rows: Vec<Row> = run
         .tasks
         .iter()
         .map(|t| {
@@ -213,7 +224,19 @@ fn timeline(run: &RunRecord, now: Timestamp) -> (Vec<Row>, Timestamp, Timestamp)
             }
         })
         .collect();
-    (rows, start, end)
+    // A mapped task's row holds its instances' attempts (a thousand
+    // instances make one row, not a thousand).
+    let mut grouped: Vec<Row> = Vec::new();
+    for (t, row) in run.tasks.iter().zip(rows) {
+        let of = dagcron_core::fan_out::parse_instance(&t.id)
+            .filter(|_| t.item.is_some())
+            .map(|(task, _)| task);
+        match grouped.iter_mut().find(|g| Some(g.label.as_str()) == of) {
+            Some(group) => group.bars.extend(row.bars),
+            None => grouped.push(row),
+        }
+    }
+    (grouped, start, end)
 }
 
 /// The log part of an attempt: its end, and the poll that follows it
@@ -375,40 +398,64 @@ pub(crate) async fn page<S: Store>(
     let may_intervene = v.may(Need::Operate, Some(&run.namespace))
         && run.state == dagcron_core::RunState::Running
         && run.closing.is_none();
-    let tasks = run
+    let view = |t: &dagcron_store::TaskRecord| TaskView {
+        id: t.id.clone(),
+        state: t.state.as_str(),
+        carried: t.carried,
+        actions: if may_intervene {
+            task_actions(t.state)
+        } else {
+            &[]
+        },
+        item: t.item.clone().unwrap_or_default(),
+        note: t.note.clone().unwrap_or_default(),
+        outputs: t
+            .carried_outputs
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        instances: Vec::new(),
+        counts: String::new(),
+        attempts: t
+            .attempts
+            .iter()
+            .map(|a| AttemptView {
+                number: a.number,
+                state: a.state.as_str(),
+                started: format::time(a.started_at, zone),
+                took: format::duration(a.finished_at.unwrap_or(now).duration_since(a.started_at)),
+                exit: a.exit_code.map_or(String::new(), |c| c.to_string()),
+                error: a.error.clone().unwrap_or_default(),
+                outputs: a
+                    .outputs
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                selected: chosen.as_ref() == Some(&(t.id.clone(), a.number)),
+            })
+            .collect(),
+    };
+    // The instances of a mapped task are grouped under it.
+    let mut tasks: Vec<TaskView> = run
         .tasks
         .iter()
-        .map(|t| TaskView {
-            id: t.id.clone(),
-            state: t.state.as_str(),
-            carried: t.carried,
-            actions: if may_intervene {
-                task_actions(t.state)
-            } else {
-                &[]
-            },
-            attempts: t
-                .attempts
-                .iter()
-                .map(|a| AttemptView {
-                    number: a.number,
-                    state: a.state.as_str(),
-                    started: format::time(a.started_at, zone),
-                    took: format::duration(
-                        a.finished_at.unwrap_or(now).duration_since(a.started_at),
-                    ),
-                    exit: a.exit_code.map_or(String::new(), |c| c.to_string()),
-                    error: a.error.clone().unwrap_or_default(),
-                    outputs: a
-                        .outputs
-                        .iter()
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect(),
-                    selected: chosen.as_ref() == Some(&(t.id.clone(), a.number)),
-                })
-                .collect(),
-        })
+        .filter(|t| t.item.is_none())
+        .map(view)
         .collect();
+    for t in run.tasks.iter().filter(|t| t.item.is_some()) {
+        let of = dagcron_core::fan_out::parse_instance(&t.id).map(|(task, _)| task);
+        if let Some(group) = tasks.iter_mut().find(|g| Some(g.id.as_str()) == of) {
+            group.instances.push(view(t));
+        }
+    }
+    for group in tasks.iter_mut().filter(|g| !g.instances.is_empty()) {
+        let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
+        for i in &group.instances {
+            *counts.entry(i.state).or_default() += 1;
+        }
+        let counts: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+        group.counts = format!("{} instances: {}", group.instances.len(), counts.join(", "));
+    }
     let params = run
         .params
         .iter()

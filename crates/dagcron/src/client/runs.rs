@@ -1,10 +1,11 @@
 //! `dagcron runs ...` and `dagcron logs`.
 
+use std::collections::BTreeMap;
 use std::io::{self, Write};
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
-use dagcron_api::wire::{HeldPage, RerunBody, RunAnswer, RunPage};
+use dagcron_api::wire::{HeldPage, RerunBody, RunAnswer, RunPage, TaskAnswer};
 
 use super::output::{Output, Show, instant, or_dash};
 use super::{Client, Empty, job_path};
@@ -96,31 +97,77 @@ impl Show for RunAnswer {
             Some(of) => writeln!(out, "  rerun of {of}")?,
             None => writeln!(out)?,
         }
-        for t in &self.tasks {
-            let carried = if t.carried {
-                "  (carried over from the run re-run)"
-            } else {
-                ""
-            };
-            writeln!(out, "  {:<20} {}{carried}", t.id, t.state)?;
-            for a in &t.attempts {
-                writeln!(
-                    out,
-                    "    attempt {} {:<10} exit={} {} {}",
-                    a.number,
-                    a.state,
-                    or_dash(a.exit_code.as_ref()),
-                    a.started_at,
-                    a.error.as_deref().unwrap_or("")
-                )?;
-                for (k, v) in &a.outputs {
-                    // One line each: a value's own lines stay visible as \n.
-                    writeln!(out, "      output {k} = {}", v.escape_debug())?;
+        // A mapped task's instances are shown under it: counted by state,
+        // the ones that did not succeed listed (`-o json` has them all).
+        let tasks = &self.tasks;
+        fn instances_of<'a>(
+            tasks: &'a [TaskAnswer],
+            id: &'a str,
+        ) -> impl Iterator<Item = &'a TaskAnswer> {
+            tasks.iter().filter(move |t| {
+                t.item.is_some()
+                    && dagcron_core::fan_out::parse_instance(&t.id).is_some_and(|(p, _)| p == id)
+            })
+        }
+        for t in self.tasks.iter().filter(|t| t.item.is_none()) {
+            task_text(out, t, 2)?;
+            if let Some(note) = &t.note {
+                writeln!(out, "    {note}")?;
+            }
+            for (k, v) in &t.outputs {
+                writeln!(out, "    output {k} = {}", v.escape_debug())?;
+            }
+            let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+            for i in instances_of(tasks, &t.id) {
+                *counts.entry(&i.state).or_default() += 1;
+            }
+            if counts.is_empty() {
+                continue;
+            }
+            let counts: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+            writeln!(out, "    instances: {}", counts.join(", "))?;
+            let unwell = instances_of(tasks, &t.id).filter(|i| i.state != "succeeded");
+            for (k, i) in unwell.enumerate() {
+                if k == 20 {
+                    writeln!(out, "    ... (-o json lists every instance)")?;
+                    break;
                 }
+                task_text(out, i, 4)?;
             }
         }
         Ok(())
     }
+}
+
+/// One task of a run, with its attempts, indented by `indent`.
+fn task_text(out: &mut dyn Write, t: &TaskAnswer, indent: usize) -> io::Result<()> {
+    let pad = " ".repeat(indent);
+    let carried = if t.carried {
+        "  (carried over from the run re-run)"
+    } else {
+        ""
+    };
+    let item = match &t.item {
+        Some(item) => format!("  item {}", item.escape_debug()),
+        None => String::new(),
+    };
+    writeln!(out, "{pad}{:<20} {}{carried}{item}", t.id, t.state)?;
+    for a in &t.attempts {
+        writeln!(
+            out,
+            "{pad}  attempt {} {:<10} exit={} {} {}",
+            a.number,
+            a.state,
+            or_dash(a.exit_code.as_ref()),
+            a.started_at,
+            a.error.as_deref().unwrap_or("")
+        )?;
+        for (k, v) in &a.outputs {
+            // One line each: a value's own lines stay visible as \n.
+            writeln!(out, "{pad}    output {k} = {}", v.escape_debug())?;
+        }
+    }
+    Ok(())
 }
 
 impl Show for RunPage {
@@ -192,7 +239,7 @@ pub(super) async fn run(c: &Client, cmd: RunsCommand, out: &mut Output) -> Resul
 async fn intervene(c: &Client, run: i64, task: &str, action: &str, out: &mut Output) -> Result<()> {
     let r: RunAnswer = c
         .post(
-            &format!("/api/v1/runs/{run}/tasks/{task}/{action}"),
+            &format!("/api/v1/runs/{run}/tasks/{}/{action}", segment(task)),
             &Empty {},
         )
         .await?;
@@ -232,7 +279,8 @@ pub(super) async fn logs(
     }
     let mut resp = c
         .send(c.http.get(c.url(&format!(
-            "/api/v1/runs/{run}/tasks/{task}/attempts/{n}/log{}",
+            "/api/v1/runs/{run}/tasks/{}/attempts/{n}/log{}",
+            segment(task),
             if follow { "?follow=true" } else { "" }
         ))))
         .await?;
@@ -250,4 +298,10 @@ pub(super) async fn logs(
         );
     }
     Ok(())
+}
+
+/// A task id as one segment of a path: an instance's brackets
+/// (`load[3]`) percent-encoded.
+fn segment(task: &str) -> String {
+    task.replace('[', "%5B").replace(']', "%5D")
 }
