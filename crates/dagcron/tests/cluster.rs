@@ -1325,7 +1325,9 @@ fn a_running_attempts_output_is_read_through_every_node() {
 /// either node's run hands outputs to a task on the agent (connected to
 /// node 1 only, so node 0's runs reach it through the cluster's shared
 /// attempts), whose own outputs come back to a task on the run's node. A
-/// hostile value stays data all the way.
+/// hostile value stays data all the way. A fan-out on the agent: its
+/// instances go there with their items (through node 1 for node 0's runs),
+/// and their outputs come back gathered in a list.
 #[test]
 fn outputs_cross_an_agent_and_the_other_node() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -1358,12 +1360,18 @@ jobs:
   - name: flow
     schedule: '0 0 0 1 1 *'
     tasks:
-      - { id: extract, shell: "echo rows=42 >> $DAGCRON_OUTPUTS; echo 'q=x; touch pwned' >> $DAGCRON_OUTPUTS" }
+      - { id: extract, shell: "echo rows=42 >> $DAGCRON_OUTPUTS; echo 'q=x; touch pwned' >> $DAGCRON_OUTPUTS; echo 'parts=[\"p; touch pwned\", \"b\"]' >> $DAGCRON_OUTPUTS" }
       - id: remote
         depends_on: [extract]
         run_on: { labels: { site: edge } }
         shell: "echo got {{tasks.extract.outputs.rows}} {{tasks.extract.outputs.q}} $DAGCRON_OUTPUT_EXTRACT_ROWS; echo seen=on-the-edge-{{tasks.extract.outputs.rows}} >> $DAGCRON_OUTPUTS"
       - { id: back, depends_on: [remote], shell: "echo back {{tasks.remote.outputs.seen}}" }
+      - id: fan
+        depends_on: [extract]
+        run_on: { labels: { site: edge } }
+        for_each: "{{tasks.extract.outputs.parts}}"
+        shell: "echo item {{item}} $DAGCRON_INDEX; echo \"got=$DAGCRON_ITEM\" >> $DAGCRON_OUTPUTS"
+      - { id: gather, depends_on: [fan], shell: "echo gathered {{tasks.fan.outputs.got}}" }
 "#,
     );
     cluster.wait_converged(1);
@@ -1379,6 +1387,21 @@ jobs:
             "got 42 x; touch pwned 42\n"
         );
         assert_eq!(log(cluster.node(1), id, "back", 1), "back on-the-edge-42\n");
+        assert_eq!(
+            log(cluster.node(0), id, "fan[0]", 1),
+            "item p; touch pwned 0\n"
+        );
+        assert_eq!(log(cluster.node(1), id, "fan[1]", 1), "item b 1\n");
+        assert_eq!(
+            log(cluster.node(0), id, "gather", 1),
+            "gathered [\"p; touch pwned\",\"b\"]\n"
+        );
+        assert_eq!(run["tasks"][5]["id"], "fan[0]");
+        assert_eq!(
+            run["tasks"][5]["attempts"][0]["node_epoch"].as_i64(),
+            Some(cluster.epoch_of(1)),
+            "the instance ran through node 1's agent"
+        );
         let epoch = |task: usize| run["tasks"][task]["attempts"][0]["node_epoch"].as_i64();
         assert_eq!(
             (epoch(0), epoch(1), epoch(2)),

@@ -536,6 +536,48 @@ jobs:
 }
 
 #[test]
+fn fan_outs_are_checked_with_their_paths() {
+    let yaml = r#"
+jobs:
+  - name: j
+    tasks:
+      - { id: list, shell: "echo x" }
+      - { id: a, depends_on: [list], for_each: "{{tasks.list.outputs.parts}}", max_parallel: 0, shell: "echo {{item}}" }
+      - { id: b, for_each: "{{tasks.list.outputs.parts}}", shell: "echo {{ index }}" }
+      - { id: c, for_each: "parts", shell: "echo" }
+      - { id: d, max_parallel: 2, shell: "echo {{item}}" }
+      - { id: e, depends_on: [list], for_each: "{{tasks.lst.outputs.parts}}", noop: true }
+      - { id: f, for_each: [{ big: true }, 2], http: { url: "https://x/{{index}}", body: "{{item}}" } }
+"#;
+    expect_test::expect![[r#"
+        [
+            "jobs[0].tasks[1].max_parallel: must be at least 1 (omit it for no bound)",
+            "jobs[0].tasks[3].for_each: `parts` is not one placeholder: write a list, `{{tasks.<task>.outputs.<name>}}` or `{{params.<name>}}`",
+            "jobs[0].tasks[4].max_parallel: only a task with `for_each` has instances to bound: drop `max_parallel`",
+            "jobs[0].tasks[4].shell: `{{item}}` and `{{index}}` are a mapped task's: add `for_each`",
+            "jobs[0].tasks[2].for_each: task `list` is not upstream of `b`, so its outputs do not exist when `b` starts: add it to `depends_on`",
+            "jobs[0].tasks[5].for_each: there is no task `lst` in this job (did you mean `list`?)",
+        ]
+    "#]]
+    .assert_debug_eq(&errors(yaml));
+    let good = r#"
+jobs:
+  - name: j
+    tasks:
+      - { id: list, shell: "echo x" }
+      - { id: a, depends_on: [list], for_each: "{{tasks.list.outputs.parts}}", max_parallel: 3, shell: "echo {{item}}" }
+      - { id: b, for_each: "{{params.days}}", shell: "echo {{index}}" }
+"#;
+    let job = load(good).validate().unwrap().remove(0);
+    assert_eq!(job.tasks[1].max_parallel, Some(3));
+    assert_eq!(job.tasks[1].reads, [0], "its list's task");
+    assert_eq!(
+        job.tasks[2].for_each,
+        Some(dagcron_core::fan_out::Source::Param("days".into()))
+    );
+}
+
+#[test]
 fn outputs_conditions_and_skip_codes_are_checked_with_their_paths() {
     let yaml = r#"
 jobs:

@@ -640,8 +640,9 @@ pub fn log(server: &Api, id: i64, task: &str, attempt: u32) -> String {
     server
         .http()
         .get(format!(
-            "{}/api/v1/runs/{id}/tasks/{task}/attempts/{attempt}/log",
-            server.url
+            "{}/api/v1/runs/{id}/tasks/{}/attempts/{attempt}/log",
+            server.url,
+            task.replace('[', "%5B").replace(']', "%5D")
         ))
         .send()
         .unwrap()
