@@ -24,6 +24,9 @@ use crate::{Chrome, Ui, Viewer, call_api, error_page, format, from_htmx, render,
 /// The most of a log a page shows: its end.
 const LOG_TAIL: usize = 64 << 10;
 
+/// The most instances of a mapped task a run's page lists.
+const MAX_INSTANCES_SHOWN: usize = 200;
+
 #[derive(Deserialize, Default)]
 pub(crate) struct RunQuery {
     task: Option<String>,
@@ -455,6 +458,15 @@ pub(crate) async fn page<S: Store>(
         }
         let counts: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
         group.counts = format!("{} instances: {}", group.instances.len(), counts.join(", "));
+        // A page shows the first of a large fan-out: those that did not
+        // succeed first (the API lists every instance).
+        if group.instances.len() > MAX_INSTANCES_SHOWN {
+            group.instances.sort_by_key(|i| i.state == "succeeded");
+            group.instances.truncate(MAX_INSTANCES_SHOWN);
+            group.counts.push_str(&format!(
+                " (the first {MAX_INSTANCES_SHOWN} shown, those that did not succeed first)"
+            ));
+        }
     }
     let params = run
         .params
