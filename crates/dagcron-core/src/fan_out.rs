@@ -31,6 +31,9 @@ pub const MAX_ITEM: usize = 8 * 1024;
 /// bytes of its JSON (a downstream shell task gets it in one variable).
 pub const MAX_GATHERED: usize = 96 * 1024;
 
+/// The most bytes of names and lists a mapped task hands downstream.
+pub const MAX_GATHERED_TOTAL: usize = 256 * 1024;
+
 /// What a task's `for_each` is, as written in a job file: a list, or a text
 /// naming where the list is.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -144,11 +147,16 @@ fn check_items(items: &[String]) -> Result<(), String> {
     if items.len() > MAX_ITEMS {
         return Err(too_many(items.len()));
     }
-    if let Some((i, item)) = items.iter().enumerate().find(|(_, i)| i.len() > MAX_ITEM) {
-        return Err(format!(
-            "item {i} is {} bytes of JSON; at most {MAX_ITEM} are taken",
-            item.len()
-        ));
+    for (i, item) in items.iter().enumerate() {
+        if item.len() > MAX_ITEM {
+            return Err(format!(
+                "item {i} is {} bytes of JSON; at most {MAX_ITEM} are taken",
+                item.len()
+            ));
+        }
+        if item_text(item).contains('\0') {
+            return Err(format!("item {i} holds a NUL byte"));
+        }
     }
     Ok(())
 }
@@ -205,30 +213,39 @@ pub fn gathered_state(states: impl IntoIterator<Item = TaskState>) -> TaskState 
 
 /// What a mapped task hands downstream: for each name any of its
 /// instances gave, the JSON list of their values in order (a string each,
-/// `null` for an instance that gave none), or why it is too long.
+/// `null` for an instance that gave none), or why it is too much: more
+/// than [`crate::outputs::MAX_KEYS`] names, a list longer than
+/// [`MAX_GATHERED`], or more than [`MAX_GATHERED_TOTAL`] in all.
 pub fn gather<'a>(
-    instances: impl IntoIterator<Item = Option<&'a Outputs>> + Clone,
+    instances: impl ExactSizeIterator<Item = Option<&'a Outputs>>,
 ) -> Result<Outputs, String> {
-    let mut names: Vec<&str> = instances
-        .clone()
-        .into_iter()
-        .flatten()
-        .flat_map(|o| o.keys().map(String::as_str))
-        .collect();
-    names.sort_unstable();
-    names.dedup();
+    let n = instances.len();
+    let mut lists: BTreeMap<&str, Vec<Option<&str>>> = BTreeMap::new();
+    for (k, outputs) in instances.enumerate() {
+        for (name, value) in outputs.into_iter().flatten() {
+            if !lists.contains_key(name.as_str()) && lists.len() == crate::outputs::MAX_KEYS {
+                return Err(format!(
+                    "the instances' outputs have more than {} names; at most that many are handed downstream",
+                    crate::outputs::MAX_KEYS
+                ));
+            }
+            lists.entry(name).or_insert_with(|| vec![None; n])[k] = Some(value);
+        }
+    }
     let mut out = Outputs::new();
-    for name in names {
-        let list: Vec<Option<&str>> = instances
-            .clone()
-            .into_iter()
-            .map(|o| o.and_then(|o| o.get(name)).map(String::as_str))
-            .collect();
+    let mut total = 0;
+    for (name, list) in lists {
         let json = serde_json::to_string(&list).expect("strings serialize");
         if json.len() > MAX_GATHERED {
             return Err(format!(
                 "the instances' outputs `{name}` make a list of {} bytes; at most {MAX_GATHERED} are handed downstream",
                 json.len()
+            ));
+        }
+        total += name.len() + json.len();
+        if total > MAX_GATHERED_TOTAL {
+            return Err(format!(
+                "the instances' outputs make more than {MAX_GATHERED_TOTAL} bytes of lists; at most that many are handed downstream"
             ));
         }
         out.insert(name.to_string(), json);
@@ -316,6 +333,12 @@ mod tests {
         assert!(err(&big).contains("1001 items; a task expands into at most 1000"));
         let long = format!("[\"{}\"]", "x".repeat(MAX_ITEM));
         assert!(err(&long).contains("item 0 is 8194 bytes"));
+        assert!(err(r#"["a", "x\u0000y"]"#).contains("item 1 holds a NUL byte"));
+        assert!(
+            r.items(&params, |_| Some(r#"[{"a": "\u0000"}]"#.into()))
+                .is_ok(),
+            "JSON, not a NUL"
+        );
         assert!(
             r.items(&params, |_| None)
                 .unwrap_err()
@@ -350,15 +373,38 @@ mod tests {
     fn outputs_are_gathered_in_lists_with_nulls_for_the_missing() {
         let a = Outputs::from([("n".into(), "1".into()), ("f".into(), "a b".into())]);
         let b = Outputs::from([("n".into(), "2".into())]);
-        let out = gather([Some(&a), None, Some(&b)]).unwrap();
+        let out = gather([Some(&a), None, Some(&b)].into_iter()).unwrap();
         assert_eq!(out["n"], r#"["1",null,"2"]"#);
         assert_eq!(out["f"], r#"["a b",null,null]"#);
         let big = Outputs::from([("f".into(), "x".repeat(MAX_GATHERED / 2))]);
         assert!(
-            gather([Some(&big), Some(&big)])
+            gather([Some(&big), Some(&big)].into_iter())
                 .unwrap_err()
                 .contains("at most 98304 are handed downstream")
         );
-        assert_eq!(gather([None, None]), Ok(Outputs::new()));
+        assert_eq!(gather([None, None].into_iter()), Ok(Outputs::new()));
+        // Names of their own per instance: refused past 64, before any
+        // list of a thousand nulls is made.
+        let own: Vec<Outputs> = (0..1000)
+            .map(|i| (0..64).map(|k| (format!("k{i}_{k}"), "1".into())).collect())
+            .collect();
+        assert!(
+            gather(own.iter().map(Some))
+                .unwrap_err()
+                .contains("more than 64 names")
+        );
+        // Lists each within their bound, too much together.
+        let wide: Vec<Outputs> = (0..40)
+            .map(|_| {
+                (0..8)
+                    .map(|k| (format!("k{k}"), "x".repeat(1000)))
+                    .collect()
+            })
+            .collect();
+        assert!(
+            gather(wide.iter().map(Some))
+                .unwrap_err()
+                .contains("more than 262144 bytes of lists")
+        );
     }
 }

@@ -74,13 +74,15 @@ pub fn start_states(
         .collect())
 }
 
-/// Whether a re-run that starts its tasks in `starts` keeps the expansion
-/// mapped task `task` had in the run re-run: the task runs again and none
-/// upstream of it does, so its list is the same; its instances that
-/// succeeded or were skipped are then carried over
-/// ([`instance_start`]) and only the others run again.
-pub fn keeps_expansion(job: &Job, starts: &[TaskState], task: usize) -> bool {
-    job.tasks[task].for_each.is_some()
+/// Whether a re-run of the failed tasks (`failed_only`) that starts its
+/// tasks in `starts` keeps the expansion mapped task `task` had in the run
+/// re-run: the task runs again and none upstream of it does, so its list
+/// is the same; its instances that succeeded or were skipped are then
+/// carried over ([`instance_start`]) and only the others run again. A
+/// whole re-run starts every task over.
+pub fn keeps_expansion(job: &Job, starts: &[TaskState], task: usize, failed_only: bool) -> bool {
+    failed_only
+        && job.tasks[task].for_each.is_some()
         && starts[task] == TaskState::Pending
         && job.dag.upstream[task]
             .iter()
@@ -118,6 +120,46 @@ mod tests {
         }))
         .unwrap();
         file.validate().unwrap().pop().unwrap()
+    }
+
+    /// A mapped task keeps its instances in a re-run of the failed tasks
+    /// when nothing upstream of it runs again; never in a whole re-run.
+    #[test]
+    fn a_fan_out_is_kept_only_when_its_list_cannot_have_changed() {
+        let file: crate::JobFile = serde_json::from_value(serde_json::json!({
+            "namespace": "n",
+            "jobs": [{
+                "name": "fan",
+                "tasks": [
+                    { "id": "list", "shell": "x" },
+                    { "id": "x", "depends_on": ["list"], "for_each": "{{tasks.list.outputs.p}}", "shell": "x" },
+                    { "id": "root", "for_each": [1, 2], "shell": "x" },
+                ]
+            }]
+        }))
+        .unwrap();
+        let job = file.validate().unwrap().pop().unwrap();
+        let keeps = |starts: &[TaskState], failed_only| {
+            (0..3)
+                .map(|t| keeps_expansion(&job, starts, t, failed_only))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            keeps(&[Succeeded, Pending, Pending], true),
+            [false, true, true]
+        );
+        assert_eq!(
+            keeps(&[Pending, Pending, Pending], true),
+            [false, false, true],
+            "its list runs again"
+        );
+        assert_eq!(
+            keeps(&[Pending, Pending, Pending], false),
+            [false; 3],
+            "a whole re-run"
+        );
+        assert_eq!(instance_start(Skipped), Skipped);
+        assert_eq!(instance_start(UpstreamFailed), Pending);
     }
 
     #[test]

@@ -422,17 +422,22 @@ impl RunData<'static> {
     };
 }
 
-impl RunData<'_> {
+/// The outputs of a run's task by its index.
+type Lookup<'l, 'o> = &'l dyn Fn(usize) -> Option<&'o Outputs>;
+
+impl<'a> RunData<'a> {
     /// Whether task `task` of `job` runs once it may start: its `when`
     /// holds (or it has none).
     pub fn runs(&self, job: &Job, task: usize) -> bool {
+        self.runs_over(job, task, &|i| self.outputs.get(i)?.as_deref())
+    }
+
+    /// [`RunData::runs`], the tasks' outputs read through `of`.
+    fn runs_over<'o>(&self, job: &Job, task: usize, of: Lookup<'_, 'o>) -> bool {
         let Some(when) = &job.tasks[task].when else {
             return true;
         };
-        let outputs = |id: &str| {
-            let i = job.tasks.iter().position(|t| t.id == id)?;
-            self.outputs.get(i)?.as_deref()
-        };
+        let outputs = |id: &str| of(job.tasks.iter().position(|t| t.id == id)?);
         when.holds(&crate::condition::Facts {
             params: self.params,
             outputs: &outputs,
@@ -440,23 +445,23 @@ impl RunData<'_> {
     }
 
     /// The items mapped task `task` of `job` expands into, or why it has
-    /// none to take.
-    fn items(&self, job: &Job, task: usize) -> Result<Vec<String>, String> {
+    /// none to take; the tasks' outputs read through `of`.
+    fn items(&self, job: &Job, task: usize, of: Lookup<'_, '_>) -> Result<Vec<String>, String> {
         let source = job.tasks[task].for_each.as_ref().expect("a mapped task");
         source.items(self.params, |r| {
-            let i = job.tasks.iter().position(|t| t.id == r.task)?;
-            self.outputs.get(i)?.as_deref()?.get(&r.key).cloned()
+            of(job.tasks.iter().position(|t| t.id == r.task)?)?
+                .get(&r.key)
+                .cloned()
         })
     }
 
     /// What the instances in `slots` hand downstream together.
-    pub fn gathered(
-        &self,
-        slots: std::ops::Range<usize>,
-    ) -> Result<crate::outputs::Outputs, String> {
+    fn gathered(&self, slots: std::ops::Range<usize>) -> Result<Outputs, String> {
         crate::fan_out::gather(slots.map(|s| self.outputs.get(s).and_then(|o| o.as_deref())))
     }
 }
+
+use crate::outputs::Outputs;
 
 /// One run: its state, its tasks' states and their current attempts.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -471,6 +476,8 @@ pub struct RunMachine {
     instance_of: Vec<usize>,
     /// The slots of each job task's instances, once it is expanded.
     mapped: Vec<Option<std::ops::Range<usize>>>,
+    /// What each mapped task that succeeded here hands downstream.
+    gathered: Vec<Option<std::sync::Arc<Outputs>>>,
 }
 
 type Step = Result<(), IllegalTransition>;
@@ -529,6 +536,7 @@ impl RunMachine {
             tasks: tasks.into_iter().map(|t| t.state).collect(),
             closing,
             instance_of,
+            gathered: vec![None; mapped.len()],
             mapped,
         }
     }
@@ -552,6 +560,21 @@ impl RunMachine {
     /// The job's task each instance slot is of, in order.
     pub fn instance_of(&self) -> &[usize] {
         &self.instance_of
+    }
+
+    /// What mapped task `task` hands downstream, once it has succeeded
+    /// here: its instances' outputs, gathered in lists.
+    pub fn gathered_outputs(&self, task: usize) -> Option<&std::sync::Arc<Outputs>> {
+        self.gathered.get(task)?.as_ref()
+    }
+
+    /// The outputs of the run's tasks by index: those `data` has, and the
+    /// lists of the mapped tasks that succeeded in this step.
+    fn lookup<'s>(&'s self, data: RunData<'s>) -> impl Fn(usize) -> Option<&'s Outputs> {
+        move |i| match self.gathered.get(i) {
+            Some(Some(g)) => Some(&**g),
+            _ => data.outputs.get(i)?.as_deref(),
+        }
     }
 
     /// The run's state.
@@ -939,7 +962,9 @@ impl RunMachine {
                 for (task, to) in changes {
                     // A task its condition declines is skipped where it
                     // would have started.
-                    let to = if to == TaskState::Ready && !data.runs(job, task) {
+                    let to = if to == TaskState::Ready
+                        && !data.runs_over(job, task, &self.lookup(data))
+                    {
                         TaskState::Skipped
                     } else {
                         to
@@ -975,7 +1000,7 @@ impl RunMachine {
     /// they are; skipped with no items, failed with a list it cannot take.
     fn expand(&mut self, job: &Job, data: RunData<'_>, task: usize, out: &mut Vec<Effect>) -> Step {
         if self.instances(task).is_none() {
-            let items = data.items(job, task).and_then(|items| {
+            let items = data.items(job, task, &self.lookup(data)).and_then(|items| {
                 let total = self.instance_of.len() + items.len();
                 if total > crate::fan_out::MAX_INSTANCES {
                     Err(format!(
@@ -1009,7 +1034,14 @@ impl RunMachine {
             out.push(Effect::Expand { task, items });
         }
         self.set_task(task, TaskState::Running, out)?;
-        self.fill(job, task, out)
+        self.fill(job, task, out)?;
+        // A re-run may have carried every instance over: it ends now.
+        let slots = self.instances(task).expect("expanded");
+        if self.tasks[slots.clone()].iter().all(|t| t.is_terminal()) {
+            let to = self.gathered(data, task, slots, out);
+            self.set_task(task, to, out)?;
+        }
+        Ok(())
     }
 
     /// Readies the pending instances of mapped task `task` that its
@@ -1071,9 +1103,9 @@ impl RunMachine {
 
     /// What mapped task `task` ends in, its instances in `slots` all
     /// ended: by their states, failed if their outputs cannot be handed
-    /// downstream.
+    /// downstream (kept, if they can, for [`RunMachine::gathered_outputs`]).
     fn gathered(
-        &self,
+        &mut self,
         data: RunData<'_>,
         task: usize,
         slots: std::ops::Range<usize>,
@@ -1084,7 +1116,10 @@ impl RunMachine {
             return to;
         }
         match data.gathered(slots) {
-            Ok(_) => to,
+            Ok(outputs) => {
+                self.gathered[task] = Some(std::sync::Arc::new(outputs));
+                to
+            }
             Err(note) => {
                 out.push(Effect::Note { task, note });
                 TaskState::Failed

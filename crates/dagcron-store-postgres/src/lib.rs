@@ -438,9 +438,16 @@ async fn claim_some(
     let runs: BTreeMap<RunId, _> = runs.into_iter().map(|r| (r.0, r)).collect();
     let corrupt = |e: StorageError| sqlx::Error::Decode(Box::new(e));
     let mut out = Vec::with_capacity(claimed.len());
+    // Each run's tasks read once, however many of its attempts were claimed.
+    let mut parsed: BTreeMap<RunId, Vec<dagcron_store::run_row::Task>> = BTreeMap::new();
     for (run, task, number) in claimed {
         let (_, namespace, job, scheduled_at, params, trace, job_version, tasks) = &runs[&run];
-        let tasks = dagcron_store::run_row::parse_tasks(run, tasks).map_err(corrupt)?;
+        let tasks = match parsed.entry(run) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(dagcron_store::run_row::parse_tasks(run, tasks).map_err(corrupt)?)
+            }
+        };
         let position = tasks
             .iter()
             .position(|t| t.id == task)
@@ -458,7 +465,7 @@ async fn claim_some(
                 .map_err(|e| corrupt(StorageError::Corrupt(format!("run {run} params: {e}"))))?,
             trace: trace.clone(),
             job_version: *job_version,
-            outputs: dagcron_store::run_row::task_outputs(&tasks),
+            outputs: dagcron_store::run_row::task_outputs(tasks),
         });
     }
     Ok(out)

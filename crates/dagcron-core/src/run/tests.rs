@@ -1451,3 +1451,100 @@ fn stopping_a_run_cancels_the_instances_and_their_mapped_task_ends_with_them() {
     "#]]
     .assert_eq(&text);
 }
+
+#[test]
+fn a_re_run_that_carries_every_instance_ends_the_mapped_task_at_once() {
+    let job = fan_out();
+    use TaskState::*;
+    let mut run = RunMachine::carrying(
+        RunState::Running,
+        vec![Succeeded, Pending, Pending, Succeeded, Skipped, Succeeded],
+        vec![1, 1, 1],
+    );
+    let text = steps(&job, &mut run, vec![Event::Begin]);
+    expect_test::expect![[r#"
+        Begin
+          task x pending -> ready
+          task x ready -> running
+          task x running -> succeeded
+          task d pending -> ready
+          queue d
+    "#]]
+    .assert_eq(&text);
+}
+
+/// The lists a mapped task hands downstream decide a `when` and feed
+/// another fan-out in the step that ends it.
+#[test]
+fn gathered_outputs_decide_conditions_and_feed_a_fan_out_downstream() {
+    let job = job(
+        "      - { id: x, shell: \"x\", for_each: [1, 2] }\n\
+         \x20     - { id: d, depends_on: [x], shell: \"x\", when: \"tasks.x.outputs.n == '[\\\"5\\\",\\\"6\\\"]'\" }\n\
+         \x20     - { id: y, depends_on: [x], shell: \"x\", for_each: \"{{tasks.x.outputs.n}}\" }\n",
+        "",
+    );
+    let mut run = RunMachine::new(3, RunState::Running);
+    let five = |v: &str| Some(std::sync::Arc::new(Outputs::from([("n".into(), v.into())])));
+    let mut outputs = vec![None, None, None, five("5"), five("6")];
+    let mut text = String::new();
+    for event in [
+        Event::Begin,
+        dispatch(3),
+        dispatch(4),
+        ended(3, 1, End::Succeeded),
+        ended(4, 1, End::Succeeded),
+    ] {
+        outputs.resize(run.tasks().len().max(outputs.len()), None);
+        let params = Default::default();
+        let data = RunData {
+            params: &params,
+            outputs: &outputs,
+        };
+        let mut out = Vec::new();
+        run.step_with(&job, data, event.clone(), t0(), &mut || 0, &mut out)
+            .unwrap();
+        text.push_str(&format!("{event:?}\n"));
+        for effect in out {
+            text.push_str(&format!("  {}\n", render(&job, &effect)));
+        }
+    }
+    expect_test::expect![[r#"
+        Begin
+          task x pending -> ready
+          expand x into 1 2
+          task x ready -> running
+          task #3 pending -> ready
+          queue #3
+          task #4 pending -> ready
+          queue #4
+        Dispatch { task: 3, shared: false }
+          task #3 ready -> dispatching
+          task #3 dispatching -> running
+          attempt #3#1 starts running
+        Dispatch { task: 4, shared: false }
+          task #4 ready -> dispatching
+          task #4 dispatching -> running
+          attempt #4#1 starts running
+        AttemptEnded { task: 3, number: 1, end: Succeeded, recorded: false }
+          attempt #3#1 running -> succeeded
+          task #3 running -> succeeded
+        AttemptEnded { task: 4, number: 1, end: Succeeded, recorded: false }
+          attempt #4#1 running -> succeeded
+          task #4 running -> succeeded
+          task x running -> succeeded
+          task d pending -> ready
+          queue d
+          task y pending -> ready
+          expand y into "5" "6"
+          task y ready -> running
+          task #5 pending -> ready
+          queue #5
+          task #6 pending -> ready
+          queue #6
+    "#]]
+    .assert_eq(&text);
+    assert_eq!(
+        run.gathered_outputs(0).map(|o| o["n"].as_str()),
+        Some(r#"["5","6"]"#)
+    );
+}

@@ -424,7 +424,7 @@ impl<S: Store> Engine<S> {
         // The mapped tasks it keeps the instances of, after the tasks.
         let mut instances = Vec::new();
         for (t, spec) in job.tasks.iter().enumerate() {
-            if !dagcron_core::rerun::keeps_expansion(&job, &starts, t) {
+            if !dagcron_core::rerun::keeps_expansion(&job, &starts, t, failed_only) {
                 continue;
             }
             let of_task = |r: &&dagcron_store::TaskRecord| {

@@ -272,7 +272,7 @@ fn outputs_held(run: &RunEntry, task: usize) -> usize {
     run.outputs
         .iter()
         .enumerate()
-        .filter(|(i, _)| *i != task && run.machine.instances(*i).is_none())
+        .filter(|(i, _)| *i != task && !run.job.tasks.get(*i).is_some_and(|t| t.for_each.is_some()))
         .filter_map(|(_, o)| o.as_deref())
         .map(dagcron_core::outputs::size)
         .sum()
@@ -823,7 +823,7 @@ impl RunEntry {
         match dagcron_core::fan_out::parse_instance(id) {
             Some((task, index)) => {
                 let slots = self.machine.instances(position(task)?)?;
-                let slot = slots.start + index;
+                let slot = slots.start.checked_add(index)?;
                 slots.contains(&slot).then_some(slot)
             }
             None => position(id),

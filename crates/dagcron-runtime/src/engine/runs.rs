@@ -576,22 +576,17 @@ impl<S: Store> Engine<S> {
                     self.notify_held(id, task, now);
                 }
                 let run = self.runs.table.get_mut(&id).expect("run");
-                if let Some(slots) = run
-                    .machine
-                    .instances(task)
-                    .filter(|_| to == TaskState::Succeeded)
+                if to == TaskState::Succeeded
+                    && let Some(outputs) = run.machine.gathered_outputs(task).cloned()
                 {
                     // A mapped task hands its instances' outputs downstream.
-                    let outputs =
-                        dagcron_core::fan_out::gather(slots.map(|s| run.outputs[s].as_deref()))
-                            .unwrap_or_default();
-                    run.outputs[task] = (!outputs.is_empty()).then(|| Arc::new(outputs.clone()));
                     self.batch.writes.push(Write::Gathered {
                         run: id,
                         task: task_id,
                         note: None,
-                        outputs,
+                        outputs: (*outputs).clone(),
                     });
+                    run.outputs[task] = (!outputs.is_empty()).then_some(outputs);
                 }
             }
             Effect::Expand { task, items } => {

@@ -235,7 +235,10 @@ fn timeline(run: &RunRecord, now: Timestamp) -> (Vec<Row>, Timestamp, Timestamp)
             .filter(|_| t.item.is_some())
             .map(|(task, _)| task);
         match grouped.iter_mut().find(|g| Some(g.label.as_str()) == of) {
-            Some(group) => group.bars.extend(row.bars),
+            // Its attempts only: each instance's wait counts from the run's start.
+            Some(group) => group
+                .bars
+                .extend(row.bars.into_iter().filter(|b| b.class != "wait")),
             None => grouped.push(row),
         }
     }
