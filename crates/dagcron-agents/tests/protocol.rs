@@ -125,7 +125,7 @@ async fn a_newer_protocol_revision_is_refused_with_a_reason() {
                 "{}",
                 r.reason
             );
-            assert_eq!(r.supported_versions, [1]);
+            assert_eq!(r.supported_versions, [1, 2]);
         }
         other => panic!("expected a refusal, got {other:?}"),
     }
