@@ -836,6 +836,16 @@ impl Remote for AgentPool {
             .any(|a| a.tx.is_some() && !a.draining && a.serves(namespace, labels))
     }
 
+    fn serves_instances(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
+        let state = self.state.lock().expect("pool lock");
+        state.agents.values().any(|a| {
+            a.tx.is_some()
+                && !a.draining
+                && a.serves(namespace, labels)
+                && a.protocol >= dagcron_proto::ITEMS_SINCE
+        })
+    }
+
     fn rooms(&self) -> Vec<(BTreeMap<String, String>, usize)> {
         let state = self.state.lock().expect("pool lock");
         // Attempts already waiting here come first.
@@ -1191,6 +1201,20 @@ mod tests {
         mapped.ctx.item = Some((0, "eu".into()));
         assert!(old.takes(&plain));
         assert!(!old.takes(&mapped));
+        // In a cluster, a node whose agents are all of that revision hands
+        // instances to the others.
+        let pool = AgentPool::new(PoolConfig::default());
+        let labels = BTreeMap::new();
+        for protocol in [1, dagcron_proto::ITEMS_SINCE] {
+            let (tx, _rx) = mpsc::unbounded_channel();
+            pool.with_state(|state, at, _| {
+                let mut a = agent(tx, at);
+                a.protocol = protocol;
+                state.agents.insert(1, a);
+            });
+            assert!(pool.serves("ns", &labels));
+            assert_eq!(pool.serves_instances("ns", &labels), protocol >= 2);
+        }
         old.protocol = dagcron_proto::ITEMS_SINCE;
         assert!(old.takes(&mapped));
     }

@@ -65,7 +65,11 @@ mod tests {
     #[test]
     fn the_current_revision_is_accepted_and_others_explained() {
         assert_eq!(check_version(PROTOCOL_VERSION), Ok(PROTOCOL_VERSION));
-        assert_eq!(check_version(1), Ok(1), "agents of revision 1 are still taken");
+        assert_eq!(
+            check_version(1),
+            Ok(1),
+            "agents of revision 1 are still taken"
+        );
         let newer = check_version(PROTOCOL_VERSION + 1).unwrap_err().to_string();
         assert!(newer.contains("newer than this server's"), "{newer}");
         let missing = check_version(0).unwrap_err().to_string();

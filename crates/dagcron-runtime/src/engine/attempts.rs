@@ -256,8 +256,12 @@ impl<S: Store> Engine<S> {
         // could run it (an agent may be connected to any node); the node
         // that claims it must have an agent with its labels.
         let needs = run.spec(i).run_on.as_ref().map(|r| &r.labels);
+        let instance = run.item(i).is_some();
         let elsewhere = self.config.node.is_some()
             && match (needs, &self.config.remote) {
+                (Some(labels), Some(remote)) if instance => {
+                    !remote.0.serves_instances(&run.key.0, labels)
+                }
                 (Some(labels), Some(remote)) => !remote.0.serves(&run.key.0, labels),
                 _ => false,
             };

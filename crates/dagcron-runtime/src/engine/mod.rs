@@ -360,6 +360,16 @@ pub trait Remote: Send + Sync + 'static {
         true
     }
 
+    /// [`Remote::serves`] for an instance of a mapped task, which needs an
+    /// agent that takes items.
+    fn serves_instances(
+        &self,
+        namespace: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> bool {
+        self.serves(namespace, labels)
+    }
+
     /// The connected agents with room: their labels and free slots, for
     /// claiming attempts other nodes could not place.
     fn rooms(&self) -> Vec<(std::collections::BTreeMap<String, String>, usize)> {
