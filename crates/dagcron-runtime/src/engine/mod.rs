@@ -272,7 +272,7 @@ fn outputs_held(run: &RunEntry, task: usize) -> usize {
     run.outputs
         .iter()
         .enumerate()
-        .filter(|(i, _)| *i != task && !run.job.tasks.get(*i).is_some_and(|t| t.for_each.is_some()))
+        .filter(|(i, _)| *i != task && run.job.tasks.get(*i).is_none_or(|t| t.for_each.is_none()))
         .filter_map(|(_, o)| o.as_deref())
         .map(dagcron_core::outputs::size)
         .sum()
