@@ -1036,7 +1036,12 @@ impl RunMachine {
         self.set_task(task, TaskState::Running, out)?;
         self.fill(job, task, out)?;
         // A re-run may have carried every instance over: it ends now.
-        let slots = self.instances(task).expect("expanded");
+        self.end_when_done(data, task, out)
+    }
+
+    /// Running mapped task `task` ends by its instances once all have.
+    fn end_when_done(&mut self, data: RunData<'_>, task: usize, out: &mut Vec<Effect>) -> Step {
+        let slots = self.instances(task).expect("a mapped task");
         if self.tasks[slots.clone()].iter().all(|t| t.is_terminal()) {
             let to = self.gathered(data, task, slots, out);
             self.set_task(task, to, out)?;
@@ -1084,19 +1089,13 @@ impl RunMachine {
     /// as others end; once all have ended, the task ends by them.
     fn settle(&mut self, job: &Job, data: RunData<'_>, out: &mut Vec<Effect>) -> Step {
         for task in 0..self.mapped.len() {
-            let Some(slots) = self.instances(task) else {
-                continue;
-            };
-            if self.tasks[task] != TaskState::Running {
+            if self.instances(task).is_none() || self.tasks[task] != TaskState::Running {
                 continue;
             }
             if self.closing.is_none() {
                 self.fill(job, task, out)?;
             }
-            if self.tasks[slots.clone()].iter().all(|t| t.is_terminal()) {
-                let to = self.gathered(data, task, slots, out);
-                self.set_task(task, to, out)?;
-            }
+            self.end_when_done(data, task, out)?;
         }
         Ok(())
     }
