@@ -185,9 +185,42 @@ pub fn run_outcome(tasks: &[TaskState]) -> Option<RunState> {
     })
 }
 
+/// Whether the server's ready backlog (`total` tasks waiting for a worker,
+/// at most `limit` by default) takes `runs` more runs made by hand in a
+/// namespace that has `own` of the waiting tasks, while `others` other
+/// namespaces have some too. Within the limit, always; past it, a
+/// namespace still under its share (the limit split evenly between the
+/// namespaces waiting) is let in, up to twice the limit in all, so that one
+/// namespace's backlog (a large fan-out, say) does not refuse the others'.
+pub fn backlog_admits(limit: usize, total: usize, own: usize, others: usize, runs: usize) -> bool {
+    if total + runs <= limit {
+        return true;
+    }
+    let share = limit / (others + 1);
+    own + runs <= share && total + runs <= limit.saturating_mul(2)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_namespace_under_its_share_of_a_full_backlog_is_let_in() {
+        // Within the limit: yes, whoever holds it.
+        assert!(backlog_admits(100, 99, 99, 0, 1));
+        // Full, all of it one namespace's: that one is refused ...
+        assert!(!backlog_admits(100, 100, 100, 0, 1));
+        // ... another one with nothing waiting is let in (its share is 50).
+        assert!(backlog_admits(100, 100, 0, 1, 1));
+        assert!(backlog_admits(100, 149, 49, 1, 1));
+        assert!(!backlog_admits(100, 150, 50, 1, 1), "its share is used");
+        // Three namespaces waiting: a share of 33 each.
+        assert!(backlog_admits(100, 120, 32, 2, 1));
+        assert!(!backlog_admits(100, 120, 33, 2, 1));
+        // Never past twice the limit.
+        assert!(!backlog_admits(100, 200, 0, 1, 1));
+        assert!(!backlog_admits(0, 0, 0, 0, 1));
+    }
 
     /// 8,760 seconds of a namespace firing 600 jobs every second against a
     /// quota of 100 a second, simulated: exactly 100 fires pass each second;

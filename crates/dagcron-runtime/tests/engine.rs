@@ -1968,7 +1968,22 @@ async fn backpressure_bounds_waiting_runs_and_refuses_manual_work() {
         .unwrap();
     let busy = h.handle.trigger("t", "wide", BTreeMap::new()).await;
     assert!(
-        matches!(&busy, Err(dagcron_runtime::EngineError::Busy(m)) if m.contains("ready")),
+        matches!(&busy, Err(dagcron_runtime::EngineError::Busy(m)) if m.contains("ready") && m.contains("3 of them t's")),
+        "{busy:?}"
+    );
+    // The backlog is namespace t's: another namespace, under its share
+    // (half of the limit of 2), still gets one run in, not two.
+    h.apply(&format!(
+        "namespace: u\njobs:\n  - {{ name: other, tasks: [{{ id: a, shell: '{wait}' }}] }}\n"
+    ))
+    .await;
+    h.handle
+        .trigger("u", "other", BTreeMap::new())
+        .await
+        .unwrap();
+    let busy = h.handle.trigger("u", "other", BTreeMap::new()).await;
+    assert!(
+        matches!(&busy, Err(dagcron_runtime::EngineError::Busy(m)) if m.contains("1 of them u's")),
         "{busy:?}"
     );
     let backfill = h

@@ -15,11 +15,35 @@ impl<S: Store> Engine<S> {
     }
 
     /// Whether the ready backlog leaves room for `runs` more runs made by
-    /// hand: past `max_ready_backlog` tasks waiting (counting each run as
-    /// one), triggers and backfills are refused (scheduled fires go on).
-    pub(super) fn backlog_allows(&self, runs: usize) -> Result<(), EngineError> {
+    /// hand in `namespace`: past `max_ready_backlog` tasks waiting
+    /// (counting each run as one), triggers and backfills are refused
+    /// (scheduled fires go on), but for a namespace still under its share
+    /// of the backlog (see [`dagcron_core::policy::backlog_admits`]).
+    pub(super) fn backlog_allows(&self, namespace: &str, runs: usize) -> Result<(), EngineError> {
+        let limit = self.config.max_ready_backlog;
         let waiting = self.dispatch.ready.len();
-        if waiting + runs <= self.config.max_ready_backlog {
+        if waiting + runs <= limit {
+            return Ok(());
+        }
+        // Who holds the backlog: the pool's queue counts by namespace; the
+        // agents' and the no-op lanes are looked through.
+        let mut held: HashMap<&str, usize> = self
+            .dispatch
+            .ready
+            .local
+            .counts()
+            .iter()
+            .map(|(ns, n)| (ns.as_str(), *n))
+            .collect();
+        let ready = &self.dispatch.ready;
+        for (run, _) in ready.remote.iter().chain(&ready.free) {
+            if let Some(r) = self.runs.table.get(run) {
+                *held.entry(r.key.0.as_str()).or_default() += 1;
+            }
+        }
+        let own = held.get(namespace).copied().unwrap_or(0);
+        let others = held.keys().filter(|ns| **ns != namespace).count();
+        if dagcron_core::policy::backlog_admits(limit, waiting, own, others, runs) {
             return Ok(());
         }
         let more = match runs {
@@ -27,8 +51,7 @@ impl<S: Store> Engine<S> {
             n => format!(" and {n} more runs would pass"),
         };
         Err(EngineError::Busy(format!(
-            "{waiting} tasks are ready and waiting for a worker{more}, over this server's limit of {}; scheduled fires go on, manual triggers and backfills are refused until the backlog drains",
-            self.config.max_ready_backlog
+            "{waiting} tasks are ready and waiting for a worker ({own} of them {namespace}'s){more}, over this server's limit of {limit}; scheduled fires go on, manual triggers and backfills are refused until the backlog drains"
         )))
     }
 
@@ -333,7 +356,7 @@ impl<S: Store> Engine<S> {
         job: &Job,
         runs: usize,
     ) -> Result<Vec<FireDecision>, EngineError> {
-        self.backlog_allows(runs)?;
+        self.backlog_allows(&key.0, runs)?;
         job::on_trigger(&JobPolicy::of(&job.spec), self.job_runs(key), runs).map_err(|refusal| {
             // A refusal because of runs of this same trigger says so.
             let ahead = |n: u32| match n {

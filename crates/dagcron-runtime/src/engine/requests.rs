@@ -163,7 +163,7 @@ impl<S: Store> Engine<S> {
                     ))));
                     return;
                 }
-                if let Err(e) = self.backlog_allows(1) {
+                if let Err(e) = self.backlog_allows(&key.0, 1) {
                     let _ = reply.send(Err(e));
                     return;
                 }

@@ -21,6 +21,8 @@ pub(super) struct Shares<T> {
     /// Items taken from the namespace at the front in its current turn.
     taken: u32,
     len: usize,
+    /// Items waiting, by namespace.
+    counts: HashMap<String, usize>,
 }
 
 impl<T> Default for Shares<T> {
@@ -30,6 +32,7 @@ impl<T> Default for Shares<T> {
             turn: VecDeque::new(),
             taken: 0,
             len: 0,
+            counts: HashMap::new(),
         }
     }
 }
@@ -46,6 +49,7 @@ impl<T> Shares<T> {
         };
         queue.push(priority, ready_us).push_back((ready_us, item));
         self.len += 1;
+        *self.counts.entry(namespace.to_string()).or_default() += 1;
     }
 
     /// The next item of the namespace whose turn it is (of its level served
@@ -59,6 +63,12 @@ impl<T> Shares<T> {
             .expect("a queue in turn is not empty");
         self.taken += 1;
         self.len -= 1;
+        match self.counts.get_mut(namespace) {
+            Some(n) if *n > 1 => *n -= 1,
+            _ => {
+                self.counts.remove(namespace);
+            }
+        }
         if queue.is_empty() {
             let namespace = self.turn.pop_front().expect("its turn");
             self.queues.remove(&namespace);
@@ -73,6 +83,11 @@ impl<T> Shares<T> {
 
     pub(super) fn len(&self) -> usize {
         self.len
+    }
+
+    /// The items waiting of each namespace that has some.
+    pub(super) fn counts(&self) -> &HashMap<String, usize> {
+        &self.counts
     }
 }
 
@@ -90,12 +105,16 @@ mod tests {
         }
         q.push_back("beta", 0, 600, ("beta", 0));
         assert_eq!(q.len(), 601);
+        assert_eq!((q.counts()["alpha"], q.counts()["beta"]), (600, 1));
         assert_eq!(q.pop_front(|_| 1), Some(("alpha", 0)));
         assert_eq!(q.pop_front(|_| 1), Some(("beta", 0)));
+        assert_eq!(q.counts().get("beta"), None, "none left waiting");
+        assert_eq!(q.counts()["alpha"], 599);
         let rest: Vec<_> = std::iter::from_fn(|| q.pop_front(|_| 1)).collect();
         assert_eq!(rest.len(), 599);
         assert!(rest.windows(2).all(|w| w[0].1 < w[1].1), "in order");
         assert_eq!(q.len(), 0);
+        assert!(q.counts().is_empty());
         assert_eq!(q.pop_front(|_| 1), None);
     }
 
