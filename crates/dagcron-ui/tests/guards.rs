@@ -767,3 +767,55 @@ jobs:
     let up = ui.send(Method::GET, "/jobs/a/up", &cookie, "", None).await;
     assert!(!up.body.contains(r#"id="triggers""#));
 }
+
+/// The jobs page pages by 25, with or without a filter: 30 jobs make a
+/// page of 25 and one of 5; a filter skips what it leaves out.
+#[tokio::test]
+async fn the_jobs_page_pages_by_twenty_five_with_or_without_a_filter() {
+    let ui = ui().await;
+    let admin = ui.token(Role::Admin, None).await;
+    let jobs: String = (0..30)
+        .map(|i| {
+            format!(
+                "  - {{ name: j{i:02}, paused: {}, tasks: [{{ id: t, noop: true }}] }}\n",
+                i % 3 == 0
+            )
+        })
+        .collect();
+    let file = format!("namespace: a\njobs:\n{jobs}");
+    let a = ui
+        .send(Method::POST, "/api/v1/apply", "", &file, Some(&admin))
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    let (cookie, _) = ui.sign_in(&admin).await;
+    let names = |body: &str| -> Vec<String> {
+        (0..30)
+            .map(|i| format!("j{i:02}"))
+            .filter(|n| body.contains(&format!("href=\"/jobs/a/{n}\"")))
+            .collect()
+    };
+    let next = |body: &str| -> Option<String> {
+        let at = body.find("rel=\"next\"")?;
+        let href = body[..at].rfind("href=\"")? + 6;
+        Some(body[href..].split('"').next()?.replace("&amp;", "&"))
+    };
+    let first = ui.send(Method::GET, "/jobs?ns=a", &cookie, "", None).await;
+    assert_eq!(names(&first.body).len(), 25);
+    let rest = ui
+        .send(
+            Method::GET,
+            &next(&first.body).expect("a next page"),
+            &cookie,
+            "",
+            None,
+        )
+        .await;
+    assert_eq!(names(&rest.body), ["j25", "j26", "j27", "j28", "j29"]);
+    assert_eq!(next(&rest.body), None);
+    let paused = ui
+        .send(Method::GET, "/jobs?ns=a&show=paused", &cookie, "", None)
+        .await;
+    let want: Vec<String> = (0..30).step_by(3).map(|i| format!("j{i:02}")).collect();
+    assert_eq!(names(&paused.body), want);
+    assert_eq!(next(&paused.body), None);
+}

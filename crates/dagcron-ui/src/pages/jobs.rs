@@ -142,9 +142,15 @@ pub(crate) async fn index<S: Store>(
     let mut scanned = 0;
     let mut next = None;
     let mut scanned_out = false;
+    // Without a filter every job read is shown: a page's worth is read.
+    let scan_page = if needle.is_empty() && show == "all" {
+        PAGE as u32
+    } else {
+        SCAN_PAGE
+    };
     if listed {
         loop {
-            let page = match store.list_jobs(&ns, SCAN_PAGE, cursor.as_deref()).await {
+            let page = match store.list_jobs(&ns, scan_page, cursor.as_deref()).await {
                 Ok(p) => p,
                 Err(e) => return error_page(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
             };
