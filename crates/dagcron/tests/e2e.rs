@@ -1350,6 +1350,9 @@ fn the_fan_out_example_runs_an_instance_per_item_and_operators_act_on_one() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/fan-out.yaml");
     let yaml = std::fs::read_to_string(path).unwrap();
     server.apply(&yaml.replace("namespace: shop", &format!("namespace: {ns}")));
+    let job = server.get(&format!("/api/v1/namespaces/{ns}/jobs/nightly-sync"));
+    assert_eq!(job["spec"]["priority"], 20, "{job}");
+    assert_eq!(job["spec"]["tasks"][2]["priority"], -10, "{job}");
     let run = server.trigger("nightly-sync");
     let r = server.wait_run(run, "succeeded");
     let tasks: Vec<(String, String, String)> = r["tasks"]
