@@ -84,14 +84,13 @@ impl<S: Store> Engine<S> {
         token: CancellationToken,
         start_at: Option<Timestamp>,
     ) {
-        let task = slot;
         let spec = &job.tasks[spec];
         let (run_id, number) = (ctx.run_id, ctx.attempt);
         self.dispatch.started += 1;
         let lane = Lane::of(spec);
         if spec.executor == dagcron_core::Executor::Noop && start_at.is_none() {
             // Nothing to run: report at once, without a task.
-            self.noop_done(run_id, task, number, lane);
+            self.noop_done(run_id, slot, number, lane);
             return;
         }
         let executor = spec.executor.clone();
@@ -113,7 +112,7 @@ impl<S: Store> Engine<S> {
         let finish = move |outcome, agent| {
             let _ = tx.send(Finished {
                 run: run_id,
-                task,
+                task: slot,
                 number,
                 outcome,
                 at: clock.now(),

@@ -27,14 +27,7 @@ impl<S: Store> Engine<S> {
         }
         // Who holds the backlog: the pool's queue counts by namespace; the
         // agents' and the no-op lanes are looked through.
-        let mut held: HashMap<&str, usize> = self
-            .dispatch
-            .ready
-            .local
-            .counts()
-            .iter()
-            .map(|(ns, n)| (ns.as_str(), *n))
-            .collect();
+        let mut held: HashMap<&str, usize> = self.dispatch.ready.local.counts().collect();
         let ready = &self.dispatch.ready;
         for (run, _) in ready.remote.iter().chain(&ready.free) {
             if let Some(r) = self.runs.table.get(run) {

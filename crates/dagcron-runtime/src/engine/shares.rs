@@ -8,8 +8,9 @@ use std::collections::{HashMap, VecDeque};
 
 use dagcron_core::priority::Levels;
 
-/// A namespace's waiting items: by level, each ready at its instant.
-type Namespace<T> = Levels<VecDeque<(i64, T)>>;
+/// A namespace's waiting items: how many, and by level, each ready at its
+/// instant.
+type Namespace<T> = (usize, Levels<VecDeque<(i64, T)>>);
 
 /// A queue per namespace, taken in turn: while several namespaces wait,
 /// the pool's slots are shared between them by weight (a namespace of
@@ -21,8 +22,6 @@ pub(super) struct Shares<T> {
     /// Items taken from the namespace at the front in its current turn.
     taken: u32,
     len: usize,
-    /// Items waiting, by namespace.
-    counts: HashMap<String, usize>,
 }
 
 impl<T> Default for Shares<T> {
@@ -32,7 +31,6 @@ impl<T> Default for Shares<T> {
             turn: VecDeque::new(),
             taken: 0,
             len: 0,
-            counts: HashMap::new(),
         }
     }
 }
@@ -47,9 +45,9 @@ impl<T> Shares<T> {
                 self.queues.entry(namespace.to_string()).or_default()
             }
         };
-        queue.push(priority, ready_us).push_back((ready_us, item));
+        queue.0 += 1;
+        queue.1.push(priority, ready_us).push_back((ready_us, item));
         self.len += 1;
-        *self.counts.entry(namespace.to_string()).or_default() += 1;
     }
 
     /// The next item of the namespace whose turn it is (of its level served
@@ -59,17 +57,13 @@ impl<T> Shares<T> {
         let namespace = self.turn.front()?;
         let queue = self.queues.get_mut(namespace).expect("a queue per turn");
         let (_, item) = queue
+            .1
             .take(VecDeque::pop_front, |i| i.0)
             .expect("a queue in turn is not empty");
+        queue.0 -= 1;
         self.taken += 1;
         self.len -= 1;
-        match self.counts.get_mut(namespace) {
-            Some(n) if *n > 1 => *n -= 1,
-            _ => {
-                self.counts.remove(namespace);
-            }
-        }
-        if queue.is_empty() {
+        if queue.0 == 0 {
             let namespace = self.turn.pop_front().expect("its turn");
             self.queues.remove(&namespace);
             self.taken = 0;
@@ -86,8 +80,8 @@ impl<T> Shares<T> {
     }
 
     /// The items waiting of each namespace that has some.
-    pub(super) fn counts(&self) -> &HashMap<String, usize> {
-        &self.counts
+    pub(super) fn counts(&self) -> impl Iterator<Item = (&str, usize)> {
+        self.queues.iter().map(|(ns, q)| (ns.as_str(), q.0))
     }
 }
 
@@ -105,16 +99,27 @@ mod tests {
         }
         q.push_back("beta", 0, 600, ("beta", 0));
         assert_eq!(q.len(), 601);
-        assert_eq!((q.counts()["alpha"], q.counts()["beta"]), (600, 1));
+        let counts = |q: &Shares<_>| {
+            q.counts()
+                .map(|(n, c)| (n.to_string(), c))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        assert_eq!(
+            counts(&q),
+            [("alpha".to_string(), 600), ("beta".to_string(), 1)].into()
+        );
         assert_eq!(q.pop_front(|_| 1), Some(("alpha", 0)));
         assert_eq!(q.pop_front(|_| 1), Some(("beta", 0)));
-        assert_eq!(q.counts().get("beta"), None, "none left waiting");
-        assert_eq!(q.counts()["alpha"], 599);
+        assert_eq!(
+            counts(&q),
+            [("alpha".to_string(), 599)].into(),
+            "none of beta's left waiting"
+        );
         let rest: Vec<_> = std::iter::from_fn(|| q.pop_front(|_| 1)).collect();
         assert_eq!(rest.len(), 599);
         assert!(rest.windows(2).all(|w| w[0].1 < w[1].1), "in order");
         assert_eq!(q.len(), 0);
-        assert!(q.counts().is_empty());
+        assert_eq!(q.counts().count(), 0);
         assert_eq!(q.pop_front(|_| 1), None);
     }
 
