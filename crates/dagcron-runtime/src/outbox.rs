@@ -39,7 +39,10 @@ pub struct OutboxConfig {
     /// Who claims (a cluster node's name; any name alone).
     pub owner: String,
     /// How often the outbox looks for notifications due when nothing
-    /// wakes it (a retry coming due, another node's notifications).
+    /// wakes it: the engine wakes it when it commits notifications, and
+    /// its own retries when they come due, so only what another process
+    /// wrote waits for this (another node's notifications, claims left
+    /// by a crash). A node alone may poll rarely; a cluster's nodes often.
     pub poll: Duration,
     /// How long a claim holds: past it, another node may take the
     /// notification (this one is presumed dead).
@@ -108,6 +111,8 @@ pub struct Outbox<S: Store> {
     policies: Option<PolicySource>,
     metrics: OutboxMetrics,
     wake: Arc<Notify>,
+    /// The soonest retry this outbox decided and has not passed since.
+    retry: std::sync::Mutex<Option<Timestamp>>,
 }
 
 impl<S: Store> Outbox<S> {
@@ -131,11 +136,13 @@ impl<S: Store> Outbox<S> {
             policies,
             metrics,
             wake,
+            retry: std::sync::Mutex::new(None),
         }
     }
 
     /// Delivers until `stop`: a pass whenever the engine commits
-    /// notifications, and every `poll` besides. A pass cut short by `stop`
+    /// notifications, when a retry it decided comes due, and every `poll`
+    /// besides (an idle node wakes no more often). A pass cut short by `stop`
     /// leaves its notifications claimed until their claims end; any of
     /// them sent meanwhile is sent again then, with the same key.
     pub async fn run(self, stop: CancellationToken) {
@@ -154,9 +161,17 @@ impl<S: Store> Outbox<S> {
             if full {
                 continue;
             }
+            let retry = *self.retry.lock().expect("retry lock");
+            let retry_due = async {
+                match retry {
+                    Some(at) => self.clock.sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = self.wake.notified() => {}
+                () = retry_due => {}
                 () = tokio::time::sleep(self.config.poll) => {}
             }
         }
@@ -166,6 +181,13 @@ impl<S: Store> Outbox<S> {
     /// answers how many it claimed.
     pub async fn pass(&self) -> dagcron_store::Result<usize> {
         let now = self.clock.now();
+        {
+            // Retries due by now are claimed by this pass.
+            let mut retry = self.retry.lock().expect("retry lock");
+            if retry.is_some_and(|at| at <= now) {
+                *retry = None;
+            }
+        }
         let until = now
             .checked_add(SignedDuration::try_from(self.config.claim).unwrap_or(SignedDuration::MAX))
             .unwrap_or(Timestamp::MAX);
@@ -213,6 +235,10 @@ impl<S: Store> Outbox<S> {
                 None => DeliveryEnd::Failed,
             }
         };
+        if let DeliveryEnd::Retry(at) = end {
+            let mut retry = self.retry.lock().expect("retry lock");
+            *retry = Some(retry.map_or(at, |r| r.min(at)));
+        }
         match (&end, &answer.error) {
             (DeliveryEnd::Retry(at), Some(e)) => {
                 tracing::info!(key = %made.key, attempt = number, "notification not delivered, again at {at}: {e}");

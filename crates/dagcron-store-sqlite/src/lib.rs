@@ -230,9 +230,12 @@ fn active_runs_sql() -> String {
 }
 
 /// Jobs with their specs (the current version's: the spec is stored once,
-/// in `job_versions`), as [`read::job`] reads them; the `WHERE` follows.
+/// in `job_versions`), as [`read::job`] reads them; the `WHERE` follows,
+/// on the columns of `jobs`. `CROSS JOIN` keeps `jobs` the outer loop:
+/// with the statistics of `ANALYZE`, SQLite otherwise chose to scan every
+/// version and sort (a page of 25 jobs of 10,000 took 8 ms, not 0.3).
 pub(crate) const SELECT_JOBS: &str = "SELECT j.namespace, j.name, j.version, v.spec, j.paused, j.updated_at, j.rules, j.breaker_opened_at, j.breaker_run, j.breaker_failures
-     FROM jobs AS j JOIN job_versions AS v ON v.namespace = j.namespace AND v.name = j.name AND v.version = j.version";
+     FROM jobs AS j CROSS JOIN job_versions AS v ON v.namespace = j.namespace AND v.name = j.name AND v.version = j.version";
 
 impl SqliteStore {
     /// `read` through the bulk reader, on a blocking thread.
@@ -275,6 +278,46 @@ mod tests {
         assert!(
             plan.iter()
                 .any(|step| step.contains("USING INDEX runs_active")),
+            "{plan:?}"
+        );
+    }
+
+    /// A page of a namespace's jobs walks the jobs by their key and looks
+    /// up each one's spec, with the statistics of `ANALYZE` on 10,000 jobs
+    /// of one namespace too (SQLite then preferred scanning every version
+    /// and sorting them, unless told the order).
+    #[tokio::test]
+    async fn a_page_of_jobs_reads_the_jobs_in_key_order_whatever_the_statistics() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        drop(super::SqliteStore::open(&path).await.unwrap());
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 10000)
+             INSERT INTO jobs (namespace, name, version, timing, updated_at)
+               SELECT 'ns', printf('job-%05d', i), 1, '{}', 0 FROM n;
+             INSERT INTO job_versions (namespace, name, version, spec, created_at)
+               SELECT namespace, name, 1, '{}', 0 FROM jobs;
+             ANALYZE;",
+        )
+        .unwrap();
+        let sql = format!(
+            "EXPLAIN QUERY PLAN {} WHERE j.namespace = ?1 AND j.name > ?2 ORDER BY j.name LIMIT ?3",
+            super::SELECT_JOBS
+        );
+        let plan: Vec<String> = conn
+            .prepare(&sql)
+            .unwrap()
+            .query_map(rusqlite::params!["ns", "", 26], |r| r.get::<_, String>(3))
+            .unwrap()
+            .map(|row| row.unwrap())
+            .collect();
+        assert!(
+            plan[0].starts_with("SEARCH j USING PRIMARY KEY"),
+            "{plan:?}"
+        );
+        assert!(
+            !plan.iter().any(|step| step.contains("TEMP B-TREE")),
             "{plan:?}"
         );
     }

@@ -12,9 +12,9 @@ use jiff::Timestamp;
 use dagcron_core::Rules;
 
 use crate::{
-    Actor, ApplyResult, BreakerWrite, DeliveryAttempt, DeliveryEnd, JobUpsert, NewNotification,
-    NewRun, NotificationRecord, NotificationState, Origin, RunFilter, RunId, RunRecord,
-    StorageError, Store, Trigger, Write, WriteResult,
+    Actor, ApplyResult, BreakerWrite, DeliveryAttempt, DeliveryEnd, JobSummary, JobUpsert,
+    NewNotification, NewRun, NotificationRecord, NotificationState, Origin, RunFilter, RunId,
+    RunRecord, StorageError, Store, Trigger, Write, WriteResult,
 };
 
 /// Generates one `#[tokio::test]` per conformance case.
@@ -43,6 +43,7 @@ macro_rules! conformance_tests {
             changes_of_one_row_in_a_batch_apply_in_order,
             attempts_and_logs,
             runs_are_paginated_newest_first,
+            a_job_summary_is_its_last_runs_and_its_fires_counted,
             the_runs_browser_filters_across_jobs_newest_first,
             the_overview_finds_paused_jobs_and_fires_that_made_no_run,
             fires_and_recovery_queries,
@@ -1377,6 +1378,84 @@ pub async fn runs_are_paginated_newest_first<S: Store>(s: &S) {
             .await
             .unwrap()
             .items
+            .is_empty()
+    );
+}
+
+/// The jobs list's light read gives, per job asked and in that order,
+/// what the full reads give: its last runs, and its first fires of a
+/// window counted by outcome.
+pub async fn a_job_summary_is_its_last_runs_and_its_fires_counted<S: Store>(s: &S) {
+    let outcomes = [
+        FireOutcome::Fired,
+        FireOutcome::SkippedOverlap,
+        FireOutcome::MissedSkipped,
+        FireOutcome::Suppressed,
+    ];
+    let mut batch = Vec::new();
+    for i in 1..=40i64 {
+        let ns = if i % 7 == 0 { "other" } else { "ns" };
+        let job = ["j", "k"][(i % 2) as usize];
+        let outcome = outcomes[((i / 2) % 4) as usize];
+        let run = (outcome == FireOutcome::Fired).then(|| {
+            let mut run = new_run(i, 100 * i);
+            run.namespace = ns.into();
+            run.job = job.into();
+            run.state = [RunState::Running, RunState::Pending][((i / 3) % 2) as usize];
+            run
+        });
+        batch.push(Write::Fire {
+            namespace: ns.into(),
+            job: job.into(),
+            scheduled_at: t(100 * i),
+            outcome,
+            calendar: (outcome == FireOutcome::Suppressed).then(|| "holidays".into()),
+            run,
+        });
+    }
+    // Manual runs of j, newer than its scheduled ones.
+    batch.extend((41..=42).map(|i| Write::Run(new_run(i, 100 * i))));
+    s.write(&batch).await.unwrap();
+    let asked: Vec<String> = ["k", "j", "none"].map(String::from).to_vec();
+    let window = (t(500), t(3500));
+    for (strip, fires) in [(3, 4), (10, 1000), (1, 1)] {
+        let got = s
+            .job_summaries("ns", &asked, strip, window, fires)
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 3);
+        for (job, got) in asked.iter().zip(&got) {
+            let runs = s.list_runs("ns", job, strip, None).await.unwrap().items;
+            let ledger = s
+                .list_fires("ns", job, window.0, window.1, fires)
+                .await
+                .unwrap();
+            let want: Vec<(RunId, RunState)> = runs.iter().map(|r| (r.id, r.state)).collect();
+            assert_eq!(got.runs, want, "runs of {job}, strip {strip}");
+            assert_eq!(got.fires_read(), ledger.len() as u64, "fires of {job}");
+            for outcome in outcomes {
+                let n = ledger.iter().filter(|f| f.outcome == outcome).count();
+                assert_eq!(got.fires_of(&[outcome]), n as u64, "{outcome:?} of {job}");
+            }
+        }
+    }
+    // Pinned: j's newest runs are the manual ones, then its fires'.
+    let got = s
+        .job_summaries("ns", &asked, 3, window, 1000)
+        .await
+        .unwrap();
+    assert_eq!(
+        got[1].runs.iter().map(|r| r.0).collect::<Vec<_>>(),
+        [42, 41, 40]
+    );
+    assert_eq!(got[2], JobSummary::default());
+    // k's fires in [500, 3500): the 15 odd seconds' hundreds from 5 to
+    // 33, less 7 and 21 (in the other namespace).
+    assert_eq!(got[0].fires_read(), 13);
+    assert!(
+        s.job_summaries("ns", &[], 3, window, 10)
+            .await
+            .unwrap()
             .is_empty()
     );
 }

@@ -1054,6 +1054,43 @@ impl fmt::Debug for SecretRecord {
     }
 }
 
+/// A job as the jobs list shows it (see [`RunStore::job_summaries`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobSummary {
+    /// Its last runs, newest first.
+    pub runs: Vec<(RunId, RunState)>,
+    /// How many of the fires read had each outcome met, in the order of
+    /// the outcomes' names.
+    pub fires: Vec<(FireOutcome, u64)>,
+}
+
+impl JobSummary {
+    /// Adds `n` fires of `outcome`.
+    pub fn count(&mut self, outcome: FireOutcome, n: u64) {
+        match self
+            .fires
+            .binary_search_by(|(o, _)| o.as_str().cmp(outcome.as_str()))
+        {
+            Ok(i) => self.fires[i].1 += n,
+            Err(i) => self.fires.insert(i, (outcome, n)),
+        }
+    }
+
+    /// How many of the fires read had one of `outcomes`.
+    pub fn fires_of(&self, outcomes: &[FireOutcome]) -> u64 {
+        self.fires
+            .iter()
+            .filter(|(o, _)| outcomes.contains(o))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// How many fires were read.
+    pub fn fires_read(&self) -> u64 {
+        self.fires.iter().map(|(_, n)| n).sum()
+    }
+}
+
 /// A row of the fire ledger.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FireRecord {
@@ -1578,6 +1615,37 @@ pub trait RunStore: Send + Sync {
         limit: u32,
         cursor: Option<&str>,
     ) -> impl Future<Output = Result<Page<RunRecord>>> + Send;
+    /// What the jobs list shows of each of `jobs` of a namespace, in the
+    /// order asked: the ids and states of its last `strip` runs, newest
+    /// first, and the outcomes of its first `fires` fires in `[from, to)`,
+    /// counted. A light read for a page of jobs: no run's tasks, no
+    /// fire's other fields. The SQL stores answer a page in two
+    /// statements; this default reads each job in full.
+    fn job_summaries(
+        &self,
+        namespace: &str,
+        jobs: &[String],
+        strip: u32,
+        (from, to): (Timestamp, Timestamp),
+        fires: u32,
+    ) -> impl Future<Output = Result<Vec<JobSummary>>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(jobs.len());
+            for job in jobs {
+                let runs = self.list_runs(namespace, job, strip, None).await?;
+                let ledger = self.list_fires(namespace, job, from, to, fires).await?;
+                let mut summary = JobSummary {
+                    runs: runs.items.iter().map(|r| (r.id, r.state)).collect(),
+                    ..JobSummary::default()
+                };
+                for fire in ledger {
+                    summary.count(fire.outcome, 1);
+                }
+                out.push(summary);
+            }
+            Ok(out)
+        }
+    }
     /// Runs across jobs, newest first (by id), filtered, paginated: the
     /// runs browser. Served by the index of runs by namespace and id and
     /// by that of runs by job; the other filters are checked on at most

@@ -159,6 +159,17 @@ macro_rules! shared_reads {
         }
     };
     (runs) => {
+        async fn job_summaries(
+            &self,
+            namespace: &str,
+            jobs: &[String],
+            strip: u32,
+            range: ($crate::sql::Timestamp, $crate::sql::Timestamp),
+            fires: u32,
+        ) -> $crate::Result<Vec<$crate::JobSummary>> {
+            $crate::sql::job_summaries(self, namespace, jobs, strip, range, fires).await
+        }
+
         async fn last_fires(
             &self,
         ) -> $crate::Result<Vec<(String, String, $crate::sql::Timestamp)>> {
@@ -631,6 +642,76 @@ pub async fn list_fires(
         })
     })
     .await
+}
+
+/// See [`RunStore::job_summaries`](crate::RunStore::job_summaries): two
+/// statements for a page of jobs, a branch per job in each (each branch
+/// an index range: the job's newest runs, its first fires from `from`).
+pub async fn job_summaries(
+    db: &impl Reader,
+    namespace: &str,
+    jobs: &[String],
+    strip: u32,
+    (from, to): (Timestamp, Timestamp),
+    fires: u32,
+) -> Result<Vec<crate::JobSummary>> {
+    /// Jobs a statement: well under SQLite's 500 branches of a compound
+    /// select and its 32,766 placeholders.
+    const CHUNK: usize = 100;
+    let mut out = vec![crate::JobSummary::default(); jobs.len()];
+    for (c, chunk) in jobs.chunks(CHUNK).enumerate() {
+        // Branch i, for the job at placeholder $(first + i).
+        let union = |first: usize, branch: &dyn Fn(usize, String) -> String| {
+            (0..chunk.len())
+                .map(|i| branch(i, format!("${}", first + i)))
+                .collect::<Vec<_>>()
+                .join(" UNION ALL ")
+        };
+        // Limits are numbers of ours: written into the statements.
+        let runs_sql = union(2, &|i, job| {
+            format!(
+                "SELECT * FROM (SELECT job, id, state FROM runs WHERE namespace = $1 AND job = {job} ORDER BY id DESC LIMIT {strip}) AS r{i}"
+            )
+        });
+        let fires_sql = union(4, &|i, job| {
+            format!(
+                "SELECT job, outcome, count(*) FROM (SELECT job, outcome FROM fires WHERE namespace = $1 AND job = {job} AND scheduled_at >= $2 AND scheduled_at < $3 ORDER BY scheduled_at LIMIT {fires}) AS f{i} GROUP BY job, outcome"
+            )
+        });
+        let names = || chunk.iter().map(|j| Arg::from(j.as_str()));
+        let at = |job: &str| {
+            chunk
+                .iter()
+                .position(|j| j == job)
+                .map(|i| c * CHUNK + i)
+                .ok_or_else(|| StorageError::Corrupt(format!("a row of job {job:?}, not asked")))
+        };
+        let args = std::iter::once(namespace.into()).chain(names()).collect();
+        for row in db.rows(&runs_sql, args).await? {
+            let state = read::parse(&row.text(2))?;
+            out[at(&row.text(0))?].runs.push((row.int(1), state));
+        }
+        let args = [
+            namespace.into(),
+            from.as_microsecond().into(),
+            to.as_microsecond().into(),
+        ]
+        .into_iter()
+        .chain(names())
+        .collect();
+        for row in db.rows(&fires_sql, args).await? {
+            let outcome = row.text(1);
+            let outcome = dagcron_core::FireOutcome::parse(&outcome)
+                .ok_or_else(|| StorageError::Corrupt(format!("fire outcome {outcome:?}")))?;
+            let n = u64::try_from(row.int(2)).unwrap_or(0);
+            out[at(&row.text(0))?].count(outcome, n);
+        }
+    }
+    // A compound select keeps no order across its branches.
+    for summary in &mut out {
+        summary.runs.sort_by_key(|r| std::cmp::Reverse(r.0));
+    }
+    Ok(out)
 }
 
 /// The statement of [`RunStore::browse_runs`](crate::RunStore::browse_runs)

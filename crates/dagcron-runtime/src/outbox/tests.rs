@@ -226,6 +226,40 @@ async fn a_retry_waits_for_its_backoff() {
     assert_eq!(s.the_one().await.state, NotificationState::Delivered);
 }
 
+/// An outbox whose poll is far off (a node alone polls rarely) still
+/// tries a failed delivery again when its retry comes due: it wakes for
+/// the retries it decided.
+#[tokio::test]
+async fn a_retry_wakes_an_outbox_that_polls_rarely() {
+    let (url, got) = receiver(vec![500]).await;
+    let s = Setup::new();
+    let channel = serde_json::json!({ "name": "oncall", "webhook": { "url": url } });
+    s.store
+        .write(&[note("k1", "failed", channel)])
+        .await
+        .unwrap();
+    let mut outbox = s.outbox("node-a", Some(loopback_allowed()));
+    outbox.config.poll = std::time::Duration::from_secs(3600);
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(outbox.run(stop.clone()));
+    let next = dagcron_testkit::until_async("the first attempt recorded", async || {
+        let n = s.the_one().await;
+        n.next_at.filter(|_| n.attempts == 1).ok_or(n.attempts)
+    })
+    .await;
+    s.clock.set(next);
+    dagcron_testkit::until_async("the retry delivered", async || {
+        match s.the_one().await.state {
+            NotificationState::Delivered => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(got.lock().unwrap().len(), 2);
+    stop.cancel();
+    running.await.unwrap();
+}
+
 #[tokio::test]
 async fn a_slack_notifier_gets_one_line_at_the_address_its_secret_holds() {
     let (url, got) = receiver(vec![]).await;

@@ -231,8 +231,8 @@ pub(crate) async fn namespaces<S: Store>(store: &S) -> dagcron_store::Result<Vec
     Ok(out)
 }
 
-/// Each picked job's row: its runs and its last day of fires, read for
-/// all the jobs of the page at once.
+/// Each picked job's row: its last runs and its last day of fires, read
+/// for all the jobs of the page at once.
 async fn job_rows<S: Store>(
     ui: &Ui<S>,
     ns: &str,
@@ -240,22 +240,15 @@ async fn job_rows<S: Store>(
     now: Timestamp,
     zone: &jiff::tz::TimeZone,
 ) -> dagcron_store::Result<Vec<JobRow>> {
-    let mut set = tokio::task::JoinSet::new();
-    for (i, job) in jobs.into_iter().enumerate() {
-        let store = ui.st.store.clone();
-        let ns = ns.to_string();
-        set.spawn(async move {
-            let runs = store.list_runs(&ns, &job.name, STRIP, None).await?;
-            let day = now - SignedDuration::from_hours(24);
-            let fires = store
-                .list_fires(&ns, &job.name, day, now, FIRES_24H)
-                .await?;
-            Ok::<_, dagcron_store::StorageError>((i, job, runs.items, fires))
-        });
-    }
-    let mut rows: Vec<(usize, JobRow)> = Vec::new();
-    while let Some(done) = set.join_next().await {
-        let (i, job, runs, fires) = done.expect("a page's read does not panic")?;
+    let names: Vec<String> = jobs.iter().map(|j| j.name.clone()).collect();
+    let day = (now - SignedDuration::from_hours(24), now);
+    let summaries = ui
+        .st
+        .store
+        .job_summaries(ns, &names, STRIP, day, FIRES_24H)
+        .await?;
+    let mut rows = Vec::with_capacity(jobs.len());
+    for (job, summary) in jobs.into_iter().zip(summaries) {
         let parsed = Job::from_canonical(&job.namespace, &job.spec).ok();
         let (schedule, expr) = schedule_text(parsed.as_ref());
         let next_fire = match &parsed {
@@ -264,14 +257,14 @@ async fn job_rows<S: Store>(
             Some(j) => format::maybe_time(j.next_unsuppressed_after(now), zone),
             None => "—".into(),
         };
-        let count =
-            |pick: &[FireOutcome]| fires.iter().filter(|f| pick.contains(&f.outcome)).count();
-        let strip: Vec<Cell> = runs
+        let count = |pick: &[FireOutcome]| summary.fires_of(pick) as usize;
+        let strip: Vec<Cell> = summary
+            .runs
             .iter()
             .rev()
-            .map(|r| Cell {
-                id: r.id,
-                state: r.state.as_str(),
+            .map(|(id, state)| Cell {
+                id: *id,
+                state: state.as_str(),
             })
             .collect();
         let strip_label = format!(
@@ -279,29 +272,25 @@ async fn job_rows<S: Store>(
             strip.len(),
             strip.iter().map(|c| c.state).collect::<Vec<_>>().join(", ")
         );
-        rows.push((
-            i,
-            JobRow {
-                name: job.name.clone(),
-                schedule,
-                expr,
-                next_fire,
-                paused: job.paused,
-                strip,
-                strip_label,
-                missed: count(&[FireOutcome::MissedCaughtUp, FireOutcome::MissedSkipped]),
-                skipped: count(&[
-                    FireOutcome::SkippedOverlap,
-                    FireOutcome::SkippedBacklog,
-                    FireOutcome::SkippedQuota,
-                    FireOutcome::SkippedBreaker,
-                ]),
-                suppressed: count(&[FireOutcome::Suppressed]),
-                seen: fires.len(),
-                more: fires.len() == FIRES_24H as usize,
-            },
-        ));
+        rows.push(JobRow {
+            name: job.name.clone(),
+            schedule,
+            expr,
+            next_fire,
+            paused: job.paused,
+            strip,
+            strip_label,
+            missed: count(&[FireOutcome::MissedCaughtUp, FireOutcome::MissedSkipped]),
+            skipped: count(&[
+                FireOutcome::SkippedOverlap,
+                FireOutcome::SkippedBacklog,
+                FireOutcome::SkippedQuota,
+                FireOutcome::SkippedBreaker,
+            ]),
+            suppressed: count(&[FireOutcome::Suppressed]),
+            seen: summary.fires_read() as usize,
+            more: summary.fires_read() == u64::from(FIRES_24H),
+        });
     }
-    rows.sort_by_key(|r| r.0);
-    Ok(rows.into_iter().map(|r| r.1).collect())
+    Ok(rows)
 }

@@ -225,6 +225,13 @@ impl<S: Store> Node<S> {
                     jiff::Timestamp::now().as_microsecond()
                 ),
                 smtp: config.smtp.clone(),
+                // Alone, only claims left by a crash are not woken for:
+                // an idle node looks once a claim's length.
+                poll: if cluster.is_some() {
+                    OutboxConfig::default().poll
+                } else {
+                    OutboxConfig::default().claim
+                },
                 ..OutboxConfig::default()
             },
             Some(secrets),
