@@ -346,6 +346,11 @@ impl State {
     /// Ends agents whose lease passed (their attempts are lost once the
     /// agent has killed them), sends unaccepted assignments elsewhere, and
     /// stops cancelled attempts.
+    /// No agent, and no assignment out: the upkeep has nothing to do.
+    fn nothing_to_watch(&self) -> bool {
+        self.agents.is_empty() && self.inflight.is_empty()
+    }
+
     fn upkeep(&mut self, config: &PoolConfig, at: Moment, outs: &mut Outs) {
         let state = self;
         let ttl = config.lease_ttl;
@@ -603,6 +608,9 @@ pub struct AgentPool {
     authenticate: Arc<std::sync::OnceLock<Authenticate>>,
     /// Cancelled when the pool stops: every agent stream ends.
     closing: CancellationToken,
+    /// Signalled when an agent joins: the upkeep, asleep while there is
+    /// nothing to watch, starts again.
+    joined: Arc<tokio::sync::Notify>,
     /// The wall clock (the monotonic one is tokio's).
     clock: Arc<dyn dagcron_runtime::Clock>,
 }
@@ -689,6 +697,7 @@ impl AgentPool {
             config,
             authenticate: Arc::default(),
             closing: CancellationToken::new(),
+            joined: Arc::default(),
             clock,
         }
     }
@@ -717,13 +726,22 @@ impl AgentPool {
 
     /// Runs the pool's upkeep (expired agents, unaccepted assignments)
     /// until `stop`; then ends every agent's stream (the server can close
-    /// its connections; the agents reconnect to whoever comes next).
+    /// its connections; the agents reconnect to whoever comes next). With
+    /// no agent and no assignment out, the upkeep sleeps until an agent
+    /// joins: a server that has no agents does not wake for them.
     pub fn start(&self, stop: CancellationToken) {
         let pool = self.clone();
         let every = (self.config.lease_ttl / 8).max(Duration::from_millis(50));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
+                if pool.state.lock().expect("pool lock").nothing_to_watch() {
+                    tokio::select! {
+                        () = stop.cancelled() => break,
+                        () = pool.joined.notified() => tick.reset(),
+                    }
+                    continue;
+                }
                 tokio::select! {
                     () = stop.cancelled() => break,
                     _ = tick.tick() => {
@@ -996,6 +1014,7 @@ impl Agents for AgentPool {
             state.assign(at, outs);
             session
         });
+        self.joined.notify_one();
         tracing::info!(agent = %hello.agent_id, labels = ?hello.labels, capacity = hello.capacity, "agent connected");
         let pool = self.clone();
         tokio::spawn(async move {

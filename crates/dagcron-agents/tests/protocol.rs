@@ -482,3 +482,33 @@ async fn a_result_sent_twice_is_taken_once_and_not_counted_stale() {
     );
     stop.cancel();
 }
+
+/// The pool's upkeep sleeps while no agent is there, and wakes when one
+/// joins: an agent that then falls silent is let go after its lease, and
+/// one that joins after it is watched the same way.
+#[tokio::test]
+async fn a_silent_agent_is_let_go_even_when_it_joined_an_idle_pool() {
+    let pool = AgentPool::new(PoolConfig {
+        lease_ttl: Duration::from_millis(400),
+        ..PoolConfig::default()
+    });
+    let stop = CancellationToken::new();
+    pool.start(stop.clone());
+    let addr = free_addr();
+    let server = serve(&pool, addr, stop.clone()).await;
+    for id in ["first", "second"] {
+        // The hand agent says hello and nothing more: no heartbeat.
+        let (tx, _inbound) = hand_agent(addr, id, "worker").await;
+        until_async("the agent is connected", async || {
+            pool.workers().iter().any(|w| w.id == id)
+        })
+        .await;
+        until_async("the silent agent is let go", async || {
+            pool.workers().is_empty()
+        })
+        .await;
+        drop(tx);
+    }
+    stop.cancel();
+    let _ = server.await;
+}

@@ -57,6 +57,9 @@ pub mod mail;
 pub mod notify;
 mod outputs;
 mod quote;
+// Drops the program's clean file pages after start-up (`madvise`).
+#[allow(unsafe_code)]
+pub mod residency;
 // The other module with unsafe code: the set-up of a task's sandbox, between
 // fork and exec.
 #[allow(unsafe_code)]

@@ -477,4 +477,73 @@ pub struct EngineGauges {
     pub remote_running: u64,
     /// How far behind its instant the earliest due timer is (0 when on time).
     pub timers_overdue_seconds: f64,
+    /// The earliest instant the engine wakes for (a fire, a retry, a
+    /// deadline), if any.
+    pub next_timer_at: Option<Timestamp>,
+}
+
+impl EngineGauges {
+    /// Whether the engine is quiet at `now` for `ahead` at least: no run
+    /// in memory, nothing ready or running, and no timer before then.
+    pub fn quiet_for(&self, now: Timestamp, ahead: jiff::SignedDuration) -> bool {
+        let idle = self.runs.is_empty()
+            && self.ready_local == 0
+            && self.ready_remote == 0
+            && self.pool_in_use == 0
+            && self.remote_running == 0;
+        idle && self
+            .next_timer_at
+            .is_none_or(|at| now.checked_add(ahead).is_ok_and(|until| at >= until))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jiff::SignedDuration;
+
+    /// Quiet: nothing in memory, running or ready, and no timer within the
+    /// span asked; anything else is not.
+    #[test]
+    fn the_engine_is_quiet_only_with_nothing_to_do_for_the_span() {
+        let now = Timestamp::from_second(1_000).unwrap();
+        let span = SignedDuration::from_secs(60);
+        let quiet = EngineGauges::default();
+        assert!(quiet.quiet_for(now, span));
+        let at = |s: i64| Some(Timestamp::from_second(s).unwrap());
+        let later = EngineGauges {
+            next_timer_at: at(1_060),
+            ..EngineGauges::default()
+        };
+        assert!(later.quiet_for(now, span));
+        let busy = [
+            EngineGauges {
+                next_timer_at: at(1_059),
+                ..EngineGauges::default()
+            },
+            EngineGauges {
+                runs: vec![("ns".into(), "running", 1)],
+                ..EngineGauges::default()
+            },
+            EngineGauges {
+                ready_local: 1,
+                ..EngineGauges::default()
+            },
+            EngineGauges {
+                ready_remote: 1,
+                ..EngineGauges::default()
+            },
+            EngineGauges {
+                pool_in_use: 1,
+                ..EngineGauges::default()
+            },
+            EngineGauges {
+                remote_running: 1,
+                ..EngineGauges::default()
+            },
+        ];
+        for gauges in busy {
+            assert!(!gauges.quiet_for(now, span), "{gauges:?}");
+        }
+    }
 }

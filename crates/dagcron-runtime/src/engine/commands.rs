@@ -74,11 +74,8 @@ impl<S: Store> Engine<S> {
             .map(|((ns, state), n)| (ns.to_string(), state, n))
             .collect();
         runs.sort();
-        let overdue = self
-            .timers
-            .queue
-            .next_at()
-            .map_or(0.0, |at| now.duration_since(at).as_secs_f64().max(0.0));
+        let next_timer_at = self.timers.queue.next_at();
+        let overdue = next_timer_at.map_or(0.0, |at| now.duration_since(at).as_secs_f64().max(0.0));
         crate::EngineGauges {
             runs,
             held: held
@@ -91,6 +88,7 @@ impl<S: Store> Engine<S> {
             pool_in_use: self.dispatch.running as u64,
             remote_running: self.dispatch.remote_running as u64,
             timers_overdue_seconds: overdue,
+            next_timer_at,
         }
     }
 

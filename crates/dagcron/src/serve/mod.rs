@@ -24,8 +24,8 @@ use dagcron_api::secrets::StoredSecrets;
 use dagcron_api::{AppState, router};
 use dagcron_core::JobFile;
 use dagcron_runtime::{
-    Engine, EngineConfig, EngineMetrics, Outbox, OutboxConfig, OutputReserve, PolicySource,
-    PruneConfig, Pruner, RemoteWorkers, SecretSource, SystemClock,
+    Engine, EngineConfig, EngineHandle, EngineMetrics, Outbox, OutboxConfig, OutputReserve,
+    PolicySource, PruneConfig, Pruner, RemoteWorkers, SecretSource, SystemClock,
 };
 use dagcron_store::StorageError;
 use dagcron_store::prelude::*;
@@ -287,6 +287,8 @@ impl<S: Store> Node<S> {
         if let Some(file) = &config.address_file {
             write_address(file, address)?;
         }
+        release_start_up_pages();
+        let _trim_task = AbortOnDrop(tokio::spawn(give_back_pages_when_quiet(handle.clone())));
         let fenced = |e: &StorageError| matches!(e, StorageError::Fenced(_));
         let mut shutdown = std::pin::pin!(shutdown);
         let mut asked = false;
@@ -464,4 +466,34 @@ async fn serve_api<S: Store>(
         shutdown,
         crate::listen::Limits::default(),
     )))
+}
+
+/// How often a server looks whether it is quiet, to give back the code
+/// pages mapped since (by its periodic passes: retention, the peak of
+/// fires, the outbox), and for how long it must have nothing to do.
+const QUIET_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
+const QUIET_FOR: jiff::SignedDuration = jiff::SignedDuration::from_secs(60);
+
+/// Gives back the program's code pages whenever the engine is quiet for
+/// [`QUIET_FOR`]: nothing runs, nothing is due. A node with work keeps
+/// its pages (a fire never waits for its code to be mapped again).
+async fn give_back_pages_when_quiet(engine: EngineHandle) {
+    loop {
+        tokio::time::sleep(QUIET_EVERY).await;
+        if let Ok(gauges) = engine.gauges().await
+            && gauges.quiet_for(jiff::Timestamp::now(), QUIET_FOR)
+        {
+            release_start_up_pages();
+        }
+    }
+}
+
+/// Code that does not run again (start-up's, or a quiet server's periodic
+/// passes) goes back to the page cache instead of staying counted in this
+/// process's resident memory (see `dagcron_exec::residency`).
+pub fn release_start_up_pages() {
+    match dagcron_exec::residency::release_program_pages() {
+        Ok(bytes) => tracing::debug!(bytes, "start-up's code pages given back"),
+        Err(e) => tracing::debug!("start-up's code pages kept: {e}"),
+    }
 }
