@@ -97,6 +97,12 @@ fn the_readme_tour_runs_from_start_to_end() {
             .env("PASSWORD", "s3cret")
             .output()
             .unwrap();
+        // Seen with --nocapture: each command and the start of its answer.
+        let said = String::from_utf8_lossy(&out.stdout);
+        println!("$ {command}   [{}]", out.status);
+        for shown in said.lines().take(3) {
+            println!("    {shown}");
+        }
         assert!(
             out.status.success(),
             "the tour breaks at `{line}` ({}):\n{}{}",
