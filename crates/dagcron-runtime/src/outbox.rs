@@ -111,8 +111,9 @@ pub struct Outbox<S: Store> {
     policies: Option<PolicySource>,
     metrics: OutboxMetrics,
     wake: Arc<Notify>,
-    /// The soonest retry this outbox decided and has not passed since.
-    retry: std::sync::Mutex<Option<Timestamp>>,
+    /// The instants of the retries this outbox decided that no pass has
+    /// reached yet: it wakes at the first.
+    retries: std::sync::Mutex<BTreeSet<Timestamp>>,
 }
 
 impl<S: Store> Outbox<S> {
@@ -136,7 +137,7 @@ impl<S: Store> Outbox<S> {
             policies,
             metrics,
             wake,
-            retry: std::sync::Mutex::new(None),
+            retries: std::sync::Mutex::default(),
         }
     }
 
@@ -161,7 +162,7 @@ impl<S: Store> Outbox<S> {
             if full {
                 continue;
             }
-            let retry = *self.retry.lock().expect("retry lock");
+            let retry = self.retries.lock().expect("retries lock").first().copied();
             let retry_due = async {
                 match retry {
                     Some(at) => self.clock.sleep_until(at).await,
@@ -183,10 +184,9 @@ impl<S: Store> Outbox<S> {
         let now = self.clock.now();
         {
             // Retries due by now are claimed by this pass.
-            let mut retry = self.retry.lock().expect("retry lock");
-            if retry.is_some_and(|at| at <= now) {
-                *retry = None;
-            }
+            let mut retries = self.retries.lock().expect("retries lock");
+            *retries = retries.split_off(&now);
+            retries.remove(&now);
         }
         let until = now
             .checked_add(SignedDuration::try_from(self.config.claim).unwrap_or(SignedDuration::MAX))
@@ -236,8 +236,7 @@ impl<S: Store> Outbox<S> {
             }
         };
         if let DeliveryEnd::Retry(at) = end {
-            let mut retry = self.retry.lock().expect("retry lock");
-            *retry = Some(retry.map_or(at, |r| r.min(at)));
+            self.retries.lock().expect("retries lock").insert(at);
         }
         match (&end, &answer.error) {
             (DeliveryEnd::Retry(at), Some(e)) => {

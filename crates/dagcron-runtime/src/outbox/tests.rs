@@ -227,35 +227,55 @@ async fn a_retry_waits_for_its_backoff() {
 }
 
 /// An outbox whose poll is far off (a node alone polls rarely) still
-/// tries a failed delivery again when its retry comes due: it wakes for
-/// the retries it decided.
+/// tries failed deliveries again when their retries come due: it wakes
+/// for each retry it decided, the later ones too.
 #[tokio::test]
-async fn a_retry_wakes_an_outbox_that_polls_rarely() {
-    let (url, got) = receiver(vec![500]).await;
+async fn retries_wake_an_outbox_that_polls_rarely() {
+    let (url, got) = receiver(vec![500, 500]).await;
     let s = Setup::new();
     let channel = serde_json::json!({ "name": "oncall", "webhook": { "url": url } });
     s.store
-        .write(&[note("k1", "failed", channel)])
+        .write(&[
+            note("k1", "failed", channel.clone()),
+            note("k2", "failed", channel),
+        ])
         .await
         .unwrap();
     let mut outbox = s.outbox("node-a", Some(loopback_allowed()));
     outbox.config.poll = std::time::Duration::from_secs(3600);
     let stop = CancellationToken::new();
     let running = tokio::spawn(outbox.run(stop.clone()));
-    let next = dagcron_testkit::until_async("the first attempt recorded", async || {
-        let n = s.the_one().await;
-        n.next_at.filter(|_| n.attempts == 1).ok_or(n.attempts)
+    let all = async || {
+        s.store
+            .list_notifications("billing", false, None, 10)
+            .await
+            .unwrap()
+    };
+    let mut due = dagcron_testkit::until_async("both first attempts recorded", async || {
+        let due: Vec<_> = all()
+            .await
+            .iter()
+            .filter(|n| n.attempts == 1)
+            .filter_map(|n| n.next_at)
+            .collect();
+        (due.len() == 2).then_some(due)
     })
     .await;
-    s.clock.set(next);
-    dagcron_testkit::until_async("the retry delivered", async || {
-        match s.the_one().await.state {
-            NotificationState::Delivered => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
-    assert_eq!(got.lock().unwrap().len(), 2);
+    due.sort();
+    assert_ne!(due[0], due[1], "the retries' jitter differs by key");
+    for (i, at) in due.into_iter().enumerate() {
+        s.clock.set(at);
+        dagcron_testkit::until_async("the retry due delivered", async || {
+            let delivered = all()
+                .await
+                .iter()
+                .filter(|n| n.state == NotificationState::Delivered)
+                .count();
+            (delivered == i + 1).then_some(())
+        })
+        .await;
+    }
+    assert_eq!(got.lock().unwrap().len(), 4);
     stop.cancel();
     running.await.unwrap();
 }
