@@ -1,10 +1,12 @@
 //! Links the binary with its relative relocations packed (`DT_RELR`),
-//! where the linker and the C library know them (GNU ld 2.38, glibc
-//! 2.36): a position-independent binary otherwise carries a table of
-//! 24 bytes for each of its ~90,000 pointers (2 MiB here), which the
-//! loader reads whole at every start, and which stays resident. Packed,
-//! it is a few KiB. Whether they are known is probed by linking an empty
-//! program with the flag, with the C compiler Rust links through.
+//! where the C library runs them (glibc 2.36 and later): a
+//! position-independent binary otherwise carries a table of 24 bytes for
+//! each of its ~90,000 pointers (2 MiB here), which the loader reads whole
+//! at every start, and which stays resident. Packed, it is a few KiB.
+//! Such a binary needs glibc 2.36 wherever it runs (the loader refuses it
+//! before, saying so); on an older system the flag is not used. Probed by
+//! building and running a small program with the flag and a pointer to
+//! relocate, with the C compiler, after checking the C library's version.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -21,25 +23,44 @@ fn main() {
     }
 }
 
-/// Whether an empty C program links with [`FLAG`].
+/// Whether this system's C library is glibc 2.36 or later, and a small
+/// program with a relative relocation links with [`FLAG`] and runs.
 fn links_with_packed_relocations() -> bool {
     let Some(out) = std::env::var_os("OUT_DIR").map(PathBuf::from) else {
         return false;
     };
+    let glibc = Command::new("getconf")
+        .arg("GNU_LIBC_VERSION")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|v| {
+            let (major, minor) = v.trim().strip_prefix("glibc ")?.split_once('.')?;
+            Some((major.parse::<u32>().ok()?, minor.parse::<u32>().ok()?))
+        });
+    if glibc.is_none_or(|v| v < (2, 36)) {
+        return false;
+    }
     let source = out.join("relr-probe.c");
-    if std::fs::write(&source, "int main(void) { return 0; }\n").is_err() {
+    let program = out.join("relr-probe");
+    let text =
+        "static const char *word = \"relr\";\nint main(void) { return word[0] == 'r' ? 0 : 1; }\n";
+    if std::fs::write(&source, text).is_err() {
         return false;
     }
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    Command::new(cc)
-        .arg("-pie")
-        .arg("-fPIE")
-        .arg(FLAG)
-        .arg(&source)
-        .arg("-o")
-        .arg(out.join("relr-probe"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    let quiet = |command: &mut Command| {
+        command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    quiet(
+        Command::new(cc)
+            .args(["-pie", "-fPIE", "-Wl,--fatal-warnings", FLAG])
+            .arg(&source)
+            .arg("-o")
+            .arg(&program),
+    ) && quiet(&mut Command::new(&program))
 }

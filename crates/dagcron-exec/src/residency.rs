@@ -10,131 +10,214 @@
 //! cache: code that runs again maps its page back in (a minor fault,
 //! nothing read from disk).
 //!
-//! Only mappings of the executable that are not writable and either
-//! executable or the start of the file (its headers and read-only data)
-//! are dropped: nothing ever writes to them, so their pages are the
-//! file's bytes. The relocated read-only data (RELRO) is read-only too,
-//! but the loader wrote it: it is neither executable nor at the start of
-//! the file (it follows the code), and is left alone.
+//! The ranges come from the program's own headers as the loader saw them
+//! (`dl_iterate_phdr`), never from a listing of mappings that another
+//! thread could change meanwhile: the loadable segments that are not
+//! writable, whole pages only, none that overlaps the relocated read-only
+//! data (`PT_GNU_RELRO`: read-only, but written by the loader). A program
+//! with text relocations (written code or read-only data) gives back
+//! nothing. What is dropped is therefore never written: its pages are the
+//! file's bytes.
+
+/// A segment of the program, as its header says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Segment {
+    kind: u32,
+    flags: u32,
+    vaddr: u64,
+    memsz: u64,
+}
+
+const PT_LOAD: u32 = 1;
+const PT_GNU_RELRO: u32 = 0x6474_e552;
+const PF_W: u32 = 2;
 
 /// Drops this program's clean file pages from its page tables (see the
-/// module); answers how many bytes of mappings were advised.
+/// module); answers how many bytes were advised.
 pub fn release_program_pages() -> std::io::Result<usize> {
-    let exe = std::fs::read_link("/proc/self/exe")?;
-    let exe = exe.to_string_lossy();
-    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let Some(program) = program() else {
+        return Ok(0);
+    };
+    // SAFETY: sysconf only reads a constant of the system.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let page = u64::try_from(page).unwrap_or(4096);
     let mut released = 0;
-    for (start, end) in maps
-        .lines()
-        .filter_map(|line| clean_program_mapping(line, &exe))
-    {
-        let len = end - start;
-        // SAFETY: `start..end` is a whole mapping of this program's file
-        // that nothing writes (see `clean_program_mapping`): its pages
-        // hold the file's bytes, so dropping them changes no byte this
-        // process reads; the next access maps the same page again.
-        let rc = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+    for (start, end) in clean_ranges(&program, page) {
+        // SAFETY: `start..end` is whole pages of a loaded segment of this
+        // program that nothing writes (see `clean_ranges`): they hold the
+        // file's bytes, so dropping them changes no byte this process
+        // reads; the next access maps the same page again.
+        let rc =
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
         if rc != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        released += len;
+        released += end - start;
     }
     Ok(released)
 }
 
-/// The address range of a line of `/proc/self/maps` if it maps the file
-/// `exe` read-only, private, and either executable or from the file's
-/// first byte.
-fn clean_program_mapping(line: &str, exe: &str) -> Option<(usize, usize)> {
-    let mut fields = line.split_ascii_whitespace();
-    let range = fields.next()?;
-    let perms = fields.next()?;
-    let offset = fields.next()?;
-    let path = fields.nth(2)?;
-    if path != exe || perms.len() != 4 {
-        return None;
+/// The program as loaded: where, its segments, whether it has text
+/// relocations.
+#[derive(Debug, Default)]
+struct Program {
+    base: u64,
+    segments: Vec<Segment>,
+    text_relocations: bool,
+}
+
+/// Whole pages of the loadable segments that are not writable and do not
+/// overlap the relocated read-only data; none with text relocations.
+fn clean_ranges(program: &Program, page: u64) -> Vec<(usize, usize)> {
+    if program.text_relocations || page == 0 {
+        return vec![];
     }
-    let p = perms.as_bytes();
-    let clean = p[0] == b'r' && p[1] == b'-' && p[3] == b'p';
-    let at_start = u64::from_str_radix(offset, 16).ok()? == 0;
-    if !clean || !(p[2] == b'x' || at_start) {
-        return None;
+    let span = |s: &Segment| {
+        let start = program.base.checked_add(s.vaddr)?;
+        Some((start, start.checked_add(s.memsz)?))
+    };
+    let relro: Vec<(u64, u64)> = program
+        .segments
+        .iter()
+        .filter(|s| s.kind == PT_GNU_RELRO)
+        .filter_map(span)
+        .collect();
+    program
+        .segments
+        .iter()
+        .filter(|s| s.kind == PT_LOAD && s.flags & PF_W == 0)
+        .filter_map(span)
+        .filter(|&(start, end)| relro.iter().all(|&(r0, r1)| end <= r0 || r1 <= start))
+        .filter_map(|(start, end)| {
+            let start = start.div_ceil(page) * page;
+            let end = end / page * page;
+            (end > start)
+                .then(|| Some((usize::try_from(start).ok()?, usize::try_from(end).ok()?)))?
+        })
+        .collect()
+}
+
+/// The program's headers, from the loader.
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+fn program() -> Option<Program> {
+    const DT_NULL: u64 = 0;
+    const DT_TEXTREL: u64 = 22;
+    const DT_FLAGS: u64 = 30;
+    const DF_TEXTREL: u64 = 4;
+    const PT_DYNAMIC: u32 = 2;
+
+    unsafe extern "C" fn first(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: the loader hands each loaded object's description, valid
+        // during the call; `data` is the `Program` passed below. The
+        // program itself comes first.
+        let (info, found) = unsafe { (&*info, &mut *data.cast::<Program>()) };
+        // SAFETY: `dlpi_phdr` points at `dlpi_phnum` headers, mapped for
+        // the life of the process.
+        let headers =
+            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) };
+        found.base = info.dlpi_addr;
+        for h in headers {
+            found.segments.push(Segment {
+                kind: h.p_type,
+                flags: h.p_flags,
+                vaddr: h.p_vaddr,
+                memsz: h.p_memsz,
+            });
+            if h.p_type == PT_DYNAMIC {
+                let entries = usize::try_from(h.p_memsz / 16).unwrap_or(0);
+                let at = info.dlpi_addr.wrapping_add(h.p_vaddr) as *const [u64; 2];
+                // SAFETY: the dynamic section is loaded, `entries` pairs of
+                // tag and value long.
+                let dynamic = unsafe { std::slice::from_raw_parts(at, entries) };
+                for &[tag, value] in dynamic {
+                    if tag == DT_NULL {
+                        break;
+                    }
+                    if tag == DT_TEXTREL || (tag == DT_FLAGS && value & DF_TEXTREL != 0) {
+                        found.text_relocations = true;
+                    }
+                }
+            }
+        }
+        1
     }
-    let (start, end) = range.split_once('-')?;
-    Some((
-        usize::from_str_radix(start, 16).ok()?,
-        usize::from_str_radix(end, 16).ok()?,
-    ))
+
+    let mut found = Program::default();
+    // SAFETY: `first` only reads what the loader hands it and writes to
+    // `found`, which outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(first), (&raw mut found).cast()) };
+    (!found.segments.is_empty()).then_some(found)
+}
+
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+fn program() -> Option<Program> {
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const EXE: &str = "/opt/dagcron/bin/dagcron";
-
-    /// The code and the file's start are taken; the relocated read-only
-    /// data, the writable data, other files and anonymous memory are not.
-    #[test]
-    fn only_clean_mappings_of_the_program_are_taken() {
-        let maps = [
-            (
-                "5600a0000000-5600a0c3c000 r--p 00000000 08:01 42 /opt/dagcron/bin/dagcron",
-                true,
-            ),
-            (
-                "5600a0c3c000-5600a3253000 r-xp 00c3b000 08:01 42 /opt/dagcron/bin/dagcron",
-                true,
-            ),
-            (
-                "5600a3254000-5600a33a4000 r--p 03252000 08:01 42 /opt/dagcron/bin/dagcron",
-                false,
-            ),
-            (
-                "5600a33a4000-5600a33b4000 rw-p 033a2000 08:01 42 /opt/dagcron/bin/dagcron",
-                false,
-            ),
-            (
-                "7f0000000000-7f0000028000 r--p 00000000 08:01 77 /usr/lib/x86_64-linux-gnu/libc.so.6",
-                false,
-            ),
-            (
-                "7f0000028000-7f000019d000 r-xp 00028000 08:01 77 /usr/lib/x86_64-linux-gnu/libc.so.6",
-                false,
-            ),
-            ("7f1000000000-7f1000021000 rw-p 00000000 00:00 0 ", false),
-            (
-                "7f2000000000-7f2000001000 r-xs 00000000 08:01 42 /opt/dagcron/bin/dagcron",
-                false,
-            ),
-        ];
-        for (line, taken) in maps {
-            assert_eq!(clean_program_mapping(line, EXE).is_some(), taken, "{line}");
+    fn segment(kind: u32, flags: u32, vaddr: u64, memsz: u64) -> Segment {
+        Segment {
+            kind,
+            flags,
+            vaddr,
+            memsz,
         }
-        assert_eq!(
-            clean_program_mapping(maps[0].0, EXE),
-            Some((0x5600_a000_0000, 0x5600_a0c3_c000))
-        );
     }
 
-    /// In a real process: the code and the start of the file are found and
-    /// advised, and the program runs on (its pages come back as used).
-    /// What it saves is measured by `scripts/idle-footprint`: the pages a
-    /// test process maps again just by reading its own maps hide it here.
+    /// Read-only and executable segments are taken, whole pages only;
+    /// writable ones and any that overlaps the relocated read-only data
+    /// are not; a program with text relocations gives back nothing.
+    #[test]
+    fn only_whole_pages_of_segments_nothing_writes_are_taken() {
+        const R: u32 = 4;
+        const X: u32 = 1;
+        let mut program = Program {
+            base: 0x5600_0000_0000,
+            segments: vec![
+                segment(PT_LOAD, R, 0, 0xc3_b558),
+                segment(PT_LOAD, R | X, 0xc3_c580, 0x0261_6b30),
+                segment(PT_LOAD, R | PF_W, 0x0325_40b0, 0x14_ff50),
+                segment(PT_GNU_RELRO, R, 0x0325_40b0, 0x14_ff50),
+                // Read-only but inside the relocated data: never taken.
+                segment(PT_LOAD, R, 0x0326_0000, 0x1000),
+            ],
+            text_relocations: false,
+        };
+        assert_eq!(
+            clean_ranges(&program, 4096),
+            [
+                (0x5600_0000_0000, 0x5600_00c3_b000),
+                (0x5600_00c3_d000, 0x5600_0325_3000),
+            ]
+        );
+        program.text_relocations = true;
+        assert!(clean_ranges(&program, 4096).is_empty());
+    }
+
+    /// In this test process: the ranges come from the loader, one holds
+    /// this very code, and after giving them back the code runs on (its
+    /// pages come back as used). What it saves is measured by
+    /// `scripts/idle-footprint`.
     #[test]
     fn the_program_gives_back_its_code_and_runs_on() {
-        let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        let exe = exe.to_string_lossy().into_owned();
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        let code: usize = maps
-            .lines()
-            .filter(|l| l.ends_with(exe.as_str()) && l.contains(" r-xp "))
-            .filter_map(|l| clean_program_mapping(l, &exe))
-            .map(|(start, end)| end - start)
-            .sum();
-        assert!(code > 0, "no code mapping of {exe} in\n{maps}");
+        let program = program().expect("the program's headers");
+        let code = release_program_pages as *const () as usize;
+        let ranges = clean_ranges(&program, 4096);
+        assert!(
+            ranges
+                .iter()
+                .any(|&(start, end)| start <= code && code < end),
+            "{code:#x} not in {ranges:x?}"
+        );
         let released = release_program_pages().unwrap();
-        assert!(released > code, "{released} bytes advised, code {code}");
+        assert!(released > 0);
         let text: String = (0..1000).map(|i| format!("{i:x}")).collect();
         assert_eq!(text.len(), 2_728);
     }

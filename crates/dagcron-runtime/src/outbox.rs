@@ -182,21 +182,35 @@ impl<S: Store> Outbox<S> {
     /// answers how many it claimed.
     pub async fn pass(&self) -> dagcron_store::Result<usize> {
         let now = self.clock.now();
-        {
-            // Retries due by now are claimed by this pass.
+        // Retries due by now are claimed by this pass; if it cannot claim,
+        // they are looked at again a second later.
+        let due = {
             let mut retries = self.retries.lock().expect("retries lock");
-            *retries = retries.split_off(&now);
-            retries.remove(&now);
-        }
+            let later = retries.split_off(
+                &now.checked_add(SignedDuration::from_nanos(1))
+                    .unwrap_or(now),
+            );
+            std::mem::replace(&mut *retries, later)
+        };
         let until = now
             .checked_add(SignedDuration::try_from(self.config.claim).unwrap_or(SignedDuration::MAX))
             .unwrap_or(Timestamp::MAX);
-        let due = self
+        let claimed = match self
             .store
             .claim_notifications(&self.config.owner, now, until, self.config.batch)
-            .await?;
-        let n = due.len();
-        let sends = due.into_iter().map(|note| self.deliver(note));
+            .await
+        {
+            Ok(claimed) => claimed,
+            Err(e) => {
+                if !due.is_empty() {
+                    let again = now.checked_add(SignedDuration::from_secs(1)).unwrap_or(now);
+                    self.retries.lock().expect("retries lock").insert(again);
+                }
+                return Err(e);
+            }
+        };
+        let n = claimed.len();
+        let sends = claimed.into_iter().map(|note| self.deliver(note));
         for result in futures_util::future::join_all(sends).await {
             if let Err(e) = result {
                 // Left claimed: another pass takes it once the claim ends.

@@ -1416,14 +1416,16 @@ pub async fn a_job_summary_is_its_last_runs_and_its_fires_counted<S: Store>(s: &
     // Manual runs of j, newer than its scheduled ones.
     batch.extend((41..=42).map(|i| Write::Run(new_run(i, 100 * i))));
     s.write(&batch).await.unwrap();
-    let asked: Vec<String> = ["k", "j", "none"].map(String::from).to_vec();
+    // A name asked twice gets its summary twice.
+    let asked: Vec<String> = ["k", "j", "none", "k"].map(String::from).to_vec();
     let window = (t(500), t(3500));
     for (strip, fires) in [(3, 4), (10, 1000), (1, 1)] {
         let got = s
             .job_summaries("ns", &asked, strip, window, fires)
             .await
             .unwrap();
-        assert_eq!(got.len(), 3);
+        assert_eq!(got.len(), 4);
+        assert_eq!(got[0], got[3]);
         for (job, got) in asked.iter().zip(&got) {
             let runs = s.list_runs("ns", job, strip, None).await.unwrap().items;
             let ledger = s

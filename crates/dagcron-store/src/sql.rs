@@ -658,8 +658,13 @@ pub async fn job_summaries(
     /// Jobs a statement: well under SQLite's 500 branches of a compound
     /// select and its 32,766 placeholders.
     const CHUNK: usize = 100;
-    let mut out = vec![crate::JobSummary::default(); jobs.len()];
-    for (c, chunk) in jobs.chunks(CHUNK).enumerate() {
+    // Each name once; a name asked twice gets the same summary twice.
+    let mut by_name: std::collections::BTreeMap<&str, crate::JobSummary> = jobs
+        .iter()
+        .map(|j| (j.as_str(), Default::default()))
+        .collect();
+    let names: Vec<&str> = by_name.keys().copied().collect();
+    for chunk in names.chunks(CHUNK) {
         // Branch i, for the job at placeholder $(first + i).
         let union = |first: usize, branch: &dyn Fn(usize, String) -> String| {
             (0..chunk.len())
@@ -678,40 +683,43 @@ pub async fn job_summaries(
                 "SELECT job, outcome, count(*) FROM (SELECT job, outcome FROM fires WHERE namespace = $1 AND job = {job} AND scheduled_at >= $2 AND scheduled_at < $3 ORDER BY scheduled_at LIMIT {fires}) AS f{i} GROUP BY job, outcome"
             )
         });
-        let names = || chunk.iter().map(|j| Arg::from(j.as_str()));
-        let at = |job: &str| {
-            chunk
-                .iter()
-                .position(|j| j == job)
-                .map(|i| c * CHUNK + i)
+        let args = || chunk.iter().map(|j| Arg::from(*j));
+        fn of<'a>(
+            by_name: &'a mut std::collections::BTreeMap<&str, crate::JobSummary>,
+            job: &str,
+        ) -> Result<&'a mut crate::JobSummary> {
+            by_name
+                .get_mut(job)
                 .ok_or_else(|| StorageError::Corrupt(format!("a row of job {job:?}, not asked")))
-        };
-        let args = std::iter::once(namespace.into()).chain(names()).collect();
-        for row in db.rows(&runs_sql, args).await? {
-            let state = read::parse(&row.text(2))?;
-            out[at(&row.text(0))?].runs.push((row.int(1), state));
         }
-        let args = [
+        let runs_args = std::iter::once(namespace.into()).chain(args()).collect();
+        for row in db.rows(&runs_sql, runs_args).await? {
+            let state = read::parse(&row.text(2))?;
+            of(&mut by_name, &row.text(0))?
+                .runs
+                .push((row.int(1), state));
+        }
+        let fires_args = [
             namespace.into(),
             from.as_microsecond().into(),
             to.as_microsecond().into(),
         ]
         .into_iter()
-        .chain(names())
+        .chain(args())
         .collect();
-        for row in db.rows(&fires_sql, args).await? {
+        for row in db.rows(&fires_sql, fires_args).await? {
             let outcome = row.text(1);
             let outcome = dagcron_core::FireOutcome::parse(&outcome)
                 .ok_or_else(|| StorageError::Corrupt(format!("fire outcome {outcome:?}")))?;
             let n = u64::try_from(row.int(2)).unwrap_or(0);
-            out[at(&row.text(0))?].count(outcome, n);
+            of(&mut by_name, &row.text(0))?.count(outcome, n);
         }
     }
     // A compound select keeps no order across its branches.
-    for summary in &mut out {
+    for summary in by_name.values_mut() {
         summary.runs.sort_by_key(|r| std::cmp::Reverse(r.0));
     }
-    Ok(out)
+    Ok(jobs.iter().map(|j| by_name[j.as_str()].clone()).collect())
 }
 
 /// The statement of [`RunStore::browse_runs`](crate::RunStore::browse_runs)
