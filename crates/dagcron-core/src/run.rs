@@ -1144,8 +1144,10 @@ impl RunMachine {
         if !self.tasks[slots.clone()].iter().all(|t| t.is_terminal()) {
             return Ok(());
         }
+        // Decided again only when the mark mended it: with an instance
+        // still failed, or one cancelled, it stays failed.
         let to = self.gathered(data, task, slots, out);
-        if to != TaskState::Failed {
+        if matches!(to, TaskState::Succeeded | TaskState::Skipped) {
             self.set_task(task, to, out)?;
             self.reopen_downstream(job, task, out)?;
         }
