@@ -42,7 +42,10 @@ pub struct OutboxConfig {
     /// wakes it: the engine wakes it when it commits notifications, and
     /// its own retries when they come due, so only what another process
     /// wrote waits for this (another node's notifications, claims left
-    /// by a crash). A node alone may poll rarely; a cluster's nodes often.
+    /// by a crash). Looks that find nothing grow apart, from a second
+    /// (or `poll`, if shorter) up to `poll`; a pass that finds some, or a
+    /// wake, starts again from a second. A node alone may poll rarely; a
+    /// cluster's nodes often.
     pub poll: Duration,
     /// How long a claim holds: past it, another node may take the
     /// notification (this one is presumed dead).
@@ -147,21 +150,24 @@ impl<S: Store> Outbox<S> {
     /// leaves its notifications claimed until their claims end; any of
     /// them sent meanwhile is sent again then, with the same key.
     pub async fn run(self, stop: CancellationToken) {
+        let first = self.config.poll.min(Duration::from_secs(1));
+        let mut pause = first;
         loop {
             let passed = tokio::select! {
                 () = stop.cancelled() => return,
                 passed = self.pass() => passed,
             };
-            let full = match passed {
-                Ok(n) => n == self.config.batch as usize,
+            let (full, found) = match passed {
+                Ok(n) => (n == self.config.batch as usize, n > 0),
                 Err(e) => {
                     tracing::warn!("the outbox could not be read, to be tried again: {e}");
-                    false
+                    (false, false)
                 }
             };
             if full {
                 continue;
             }
+            pause = if found { first } else { pause };
             let retry = self.retries.lock().expect("retries lock").first().copied();
             let retry_due = async {
                 match retry {
@@ -171,9 +177,9 @@ impl<S: Store> Outbox<S> {
             };
             tokio::select! {
                 () = stop.cancelled() => return,
-                () = self.wake.notified() => {}
+                () = self.wake.notified() => pause = first,
                 () = retry_due => {}
-                () = tokio::time::sleep(self.config.poll) => {}
+                () = tokio::time::sleep(pause) => pause = (pause * 2).min(self.config.poll),
             }
         }
     }

@@ -225,8 +225,9 @@ impl<S: Store> Node<S> {
                     jiff::Timestamp::now().as_microsecond()
                 ),
                 smtp: config.smtp.clone(),
-                // Alone, only claims left by a crash are not woken for:
-                // an idle node looks once a claim's length.
+                // Alone, only what a previous process left (its retries,
+                // its claims) is not woken for: an idle node's looks grow
+                // apart up to a claim's length.
                 poll: if cluster.is_some() {
                     OutboxConfig::default().poll
                 } else {
