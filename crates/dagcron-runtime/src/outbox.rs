@@ -145,8 +145,8 @@ impl<S: Store> Outbox<S> {
     }
 
     /// Delivers until `stop`: a pass whenever the engine commits
-    /// notifications, when a retry it decided comes due, and every `poll`
-    /// besides (an idle node wakes no more often). A pass cut short by `stop`
+    /// notifications, when a retry it decided comes due, and besides at
+    /// looks that grow apart up to `poll`. A pass cut short by `stop`
     /// leaves its notifications claimed until their claims end; any of
     /// them sent meanwhile is sent again then, with the same key.
     pub async fn run(self, stop: CancellationToken) {
@@ -167,7 +167,9 @@ impl<S: Store> Outbox<S> {
             if full {
                 continue;
             }
-            pause = if found { first } else { pause };
+            if found {
+                pause = first;
+            }
             let retry = self.retries.lock().expect("retries lock").first().copied();
             let retry_due = async {
                 match retry {
@@ -190,13 +192,11 @@ impl<S: Store> Outbox<S> {
         let now = self.clock.now();
         // Retries due by now are claimed by this pass; if it cannot claim,
         // they are looked at again a second later.
-        let due = {
+        let had_due = {
             let mut retries = self.retries.lock().expect("retries lock");
-            let later = retries.split_off(
-                &now.checked_add(SignedDuration::from_nanos(1))
-                    .unwrap_or(now),
-            );
-            std::mem::replace(&mut *retries, later)
+            let before = retries.len();
+            retries.retain(|at| *at > now);
+            retries.len() < before
         };
         let until = now
             .checked_add(SignedDuration::try_from(self.config.claim).unwrap_or(SignedDuration::MAX))
@@ -208,7 +208,7 @@ impl<S: Store> Outbox<S> {
         {
             Ok(claimed) => claimed,
             Err(e) => {
-                if !due.is_empty() {
+                if had_due {
                     let again = now.checked_add(SignedDuration::from_secs(1)).unwrap_or(now);
                     self.retries.lock().expect("retries lock").insert(again);
                 }

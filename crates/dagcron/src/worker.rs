@@ -91,7 +91,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<ExitCode> {
             _ => None,
         },
     };
-    dagcron::serve::release_start_up_pages();
+    dagcron::serve::give_back_code_pages();
     agent::run(config, shutdown).await?;
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)

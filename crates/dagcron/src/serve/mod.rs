@@ -288,7 +288,7 @@ impl<S: Store> Node<S> {
         if let Some(file) = &config.address_file {
             write_address(file, address)?;
         }
-        release_start_up_pages();
+        give_back_code_pages();
         let _trim_task = AbortOnDrop(tokio::spawn(give_back_pages_when_quiet(handle.clone())));
         let fenced = |e: &StorageError| matches!(e, StorageError::Fenced(_));
         let mut shutdown = std::pin::pin!(shutdown);
@@ -484,7 +484,7 @@ async fn give_back_pages_when_quiet(engine: EngineHandle) {
         if let Ok(gauges) = engine.gauges().await
             && gauges.quiet_for(jiff::Timestamp::now(), QUIET_FOR)
         {
-            release_start_up_pages();
+            give_back_code_pages();
         }
     }
 }
@@ -492,7 +492,7 @@ async fn give_back_pages_when_quiet(engine: EngineHandle) {
 /// Code that does not run again (start-up's, or a quiet server's periodic
 /// passes) goes back to the page cache instead of staying counted in this
 /// process's resident memory (see `dagcron_exec::residency`).
-pub fn release_start_up_pages() {
+pub fn give_back_code_pages() {
     match dagcron_exec::residency::release_program_pages() {
         Ok(bytes) => tracing::debug!(bytes, "start-up's code pages given back"),
         Err(e) => tracing::debug!("start-up's code pages kept: {e}"),
